@@ -1,0 +1,173 @@
+//! The `Agent` trait and the values that cross it: plans, turns, outcomes, agent errors
+//! (DESIGN §2, S4, S5).
+//!
+//! This module owns the contract between user code and the runtime. It must not know
+//! about actors or stores: the TurnLoop calls these methods from a turn task it owns.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::cancel::Canceled;
+use crate::session::TurnCx;
+
+/// An agent: user code that plans and runs turns over pushed items.
+///
+/// One runtime hosts many agent kinds that share one item type and one event type;
+/// their state types may differ (records hold the state as encoded bytes).
+pub trait Agent: Send + Sync + Sized + 'static {
+    /// What clients push: a user message, a tool result, a task.
+    type Item: Clone + Send + Sync + Serialize + DeserializeOwned + Debug + 'static;
+    /// What the agent emits while running a turn (streamed to subscribers).
+    type Event: Clone + Send + Sync + Debug + 'static;
+    /// The turn's resumable state, recorded at safe points and saved in checkpoints.
+    type State: Clone + Send + Sync + Serialize + DeserializeOwned + Debug + 'static;
+
+    /// Chooses what the next turn consumes (S5). The default consumes everything
+    /// offered, preempted items first, then the buffer, in order.
+    ///
+    /// Items in neither `consumed` nor `remaining` are dropped by the agent's decision:
+    /// the runtime counts and traces them. Returning more items than offered is an
+    /// error. A failed plan puts every offered item back in its original order (S6).
+    fn plan(
+        &self,
+        offer: PlanInput<Self::Item>,
+    ) -> impl Future<Output = Result<Plan<Self::Item>, AgentError>> + Send {
+        async move { Ok(offer.consume_all()) }
+    }
+
+    /// Runs one turn. Call `cx.safe_point(..)` after every model call and after every
+    /// round of tool calls and propagate its error with `?`; emit events with
+    /// `cx.emit(..)`.
+    fn run_turn(
+        &self,
+        turn: Turn<Self>,
+        cx: TurnCx<Self>,
+    ) -> impl Future<Output = Result<TurnOutcome<Self::State>, AgentError>> + Send;
+}
+
+/// What a plan is offered (S5, S8).
+#[derive(Clone, Debug)]
+pub struct PlanInput<I> {
+    /// The index of the turn being planned.
+    pub turn_index: u64,
+    /// Items of the previous turn, which was preempted before it could finish them (S8).
+    pub preempted: Vec<I>,
+    /// Buffered items in push order.
+    pub buffered: Vec<I>,
+}
+
+impl<I> PlanInput<I> {
+    /// The default plan: consume the preempted items, then the buffer.
+    pub fn consume_all(self) -> Plan<I> {
+        let mut consumed = self.preempted;
+        consumed.extend(self.buffered);
+        Plan {
+            consumed,
+            remaining: Vec::new(),
+        }
+    }
+
+    /// All offered items, preempted first (the original push order).
+    pub fn into_items(self) -> Vec<I> {
+        let mut all = self.preempted;
+        all.extend(self.buffered);
+        all
+    }
+
+    /// How many items are offered.
+    pub fn len(&self) -> usize {
+        self.preempted.len() + self.buffered.len()
+    }
+
+    /// Whether nothing is offered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A plan's decision (S5).
+#[derive(Clone, Debug)]
+pub struct Plan<I> {
+    /// What this turn consumes.
+    pub consumed: Vec<I>,
+    /// What goes back to the front of the buffer, ahead of anything pushed later.
+    pub remaining: Vec<I>,
+}
+
+/// A turn as handed to [`Agent::run_turn`].
+pub struct Turn<A: Agent> {
+    /// The turn's index within the session (counts from 0, continues across resumes).
+    pub index: u64,
+    /// The items this turn consumes.
+    pub items: Vec<A::Item>,
+    /// Whether some of the items come from a preempted turn (S8).
+    pub has_preempted_items: bool,
+    /// When this is a resume turn (S17): the state saved at the cut turn's last safe
+    /// point. The agent continues from it.
+    pub resume: Option<A::State>,
+}
+
+impl<A: Agent> Debug for Turn<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("index", &self.index)
+            .field("items", &self.items)
+            .field("has_preempted_items", &self.has_preempted_items)
+            .field("resume", &self.resume)
+            .finish()
+    }
+}
+
+/// Why an agent ended a turn with a business interrupt (S4), e.g. waiting for a human.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterruptInfo {
+    /// A short reason, e.g. `"approval required"`.
+    pub reason: String,
+}
+
+impl InterruptInfo {
+    /// An interrupt with this reason.
+    pub fn new(reason: impl Into<String>) -> Self {
+        InterruptInfo {
+            reason: reason.into(),
+        }
+    }
+}
+
+/// How a turn ended from the agent's point of view.
+#[derive(Clone, Debug)]
+pub enum TurnOutcome<S> {
+    /// The turn finished its work.
+    Completed,
+    /// The agent ended the turn with a business interrupt (S4): the loop exits with
+    /// `ExitReason::Interrupted`, the consumed items become `interrupted_items`, and the
+    /// state is checkpointed so a later resume continues the turn.
+    Interrupted {
+        /// Why.
+        info: InterruptInfo,
+        /// Where to continue from.
+        state: S,
+    },
+}
+
+/// An error returned by agent code.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AgentError {
+    /// A safe point reported a matching cancel; propagate it with `?`.
+    #[error(transparent)]
+    Canceled(#[from] Canceled),
+    /// The agent failed; the message says why (it is kept in the exit state and in the
+    /// session record).
+    #[error("agent failed: {0}")]
+    Failed(String),
+}
+
+impl AgentError {
+    /// A failure with this message.
+    pub fn failed(msg: impl Into<String>) -> Self {
+        AgentError::Failed(msg.into())
+    }
+}

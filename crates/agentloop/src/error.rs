@@ -1,0 +1,36 @@
+//! Errors at the session API boundary (spawn, stop, inspect). Push rejections have their
+//! own type (`PushError`) because they hand the item back; store errors live in
+//! `store`; option errors in `options`.
+
+use crate::options::OptionsError;
+use crate::session::SessionIdError;
+
+/// A session could not be spawned.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The id is invalid.
+    #[error("cannot spawn session: {0}")]
+    InvalidId(#[from] SessionIdError),
+    /// The persistent session has no store.
+    #[error("cannot spawn session `{0}`: it is persistent but no checkpoint store was given; pass a store or turn persistence off")]
+    NoStore(String),
+    /// The actor system refused the spawn.
+    #[error("cannot spawn session `{id}`: the actor did not start ({reason})")]
+    Actor {
+        /// The session.
+        id: String,
+        /// ractor's reason.
+        reason: String,
+    },
+}
+
+/// A request to a session failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    /// The options were invalid.
+    #[error("invalid options: {0}")]
+    InvalidOptions(#[from] OptionsError),
+    /// The session has exited; read its exit state with `SessionHandle::wait`.
+    #[error("session `{0}` has exited; read its exit state with `wait()`")]
+    Exited(String),
+}

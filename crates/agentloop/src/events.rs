@@ -1,0 +1,344 @@
+//! Session events and their delivery to subscribers (DESIGN S20, S21).
+//!
+//! This module owns the event vocabulary, the subscriber registry and the stream a
+//! subscriber reads. Delivery rules:
+//!
+//! * Each subscriber has its own bounded channel. Turn events (turn started, agent
+//!   events, preempted, turn ended) are sent from the turn task and wait for capacity,
+//!   so a slow but live subscriber slows the agent down (backpressure) without ever
+//!   blocking the TurnLoop actor. A dropped subscriber's sends fail at once: it costs
+//!   nothing and is pruned.
+//! * `StopRequested` is sent by the actor, which never waits: when a subscriber's buffer
+//!   is full it is skipped for that subscriber (the cause is repeated in `Ended`).
+//! * `Ended` never needs buffer capacity: teardown writes it into each subscriber's
+//!   terminal slot, which the stream reads after its buffer drains. Teardown never
+//!   waits on a subscriber, and `Ended` is always the last event; `None` after it is the
+//!   authoritative end of the stream.
+//!
+//! It must not decide anything about turns or stops.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use futures::task::AtomicWaker;
+use tokio::sync::mpsc;
+
+use crate::agent::InterruptInfo;
+use crate::cancel::{CancelInfo, CancelMode};
+use crate::session::ExitSummary;
+
+/// The default capacity of a subscriber's event buffer.
+pub const DEFAULT_EVENT_CAPACITY: usize = 256;
+
+/// How a turn ended, as reported by [`SessionEvent::TurnEnded`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnEnd {
+    /// The turn completed its work.
+    Completed,
+    /// A preemption ended the turn (S8); its items are offered to the next plan.
+    Preempted(CancelInfo),
+    /// A stop's cancel ended the turn.
+    Canceled(CancelInfo),
+    /// The agent ended the turn with a business interrupt (S4).
+    Interrupted(InterruptInfo),
+    /// The agent returned an error or panicked.
+    Failed(String),
+    /// The plan failed or a stop arrived while planning; the offered items went back to
+    /// the buffer in their original order (S6). No `TurnStarted` preceded this.
+    PlanAborted(String),
+}
+
+/// An event of a session's stream (S20).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SessionEvent<E> {
+    /// A turn's plan is done and the turn runs.
+    TurnStarted {
+        /// The turn's index.
+        turn: u64,
+        /// How many items it consumes.
+        items: usize,
+        /// Whether it resumes a cut turn (S17).
+        resumed: bool,
+    },
+    /// An event emitted by the agent.
+    Agent {
+        /// The turn that emitted it.
+        turn: u64,
+        /// The event.
+        event: E,
+    },
+    /// The turn was preempted and ends at a safe point (S8).
+    Preempted {
+        /// The turn's index.
+        turn: u64,
+    },
+    /// A turn ended.
+    TurnEnded {
+        /// The turn's index.
+        turn: u64,
+        /// How it ended.
+        outcome: TurnEnd,
+    },
+    /// A stop request was accepted (best effort when the buffer is full).
+    StopRequested {
+        /// The cancel mode the stop carried, if any.
+        cancel: Option<CancelMode>,
+        /// The cause it carried, if any.
+        cause: Option<String>,
+    },
+    /// The session ended. Always the last event.
+    Ended(ExitSummary),
+}
+
+/// The per-subscriber slot that carries `Ended` without using buffer capacity, and the
+/// count of final turn events still being delivered to that subscriber.
+#[derive(Default)]
+pub(crate) struct TerminalSlot {
+    summary: Mutex<Option<ExitSummary>>,
+    waker: AtomicWaker,
+    /// Final turn events sent after the turn reported its end and not delivered yet.
+    /// `Ended` waits for them, so it is always last.
+    inflight: AtomicUsize,
+}
+
+impl TerminalSlot {
+    fn set(&self, summary: ExitSummary) {
+        *self.summary.lock() = Some(summary);
+        self.waker.wake();
+    }
+
+    fn get(&self) -> Option<ExitSummary> {
+        self.summary.lock().clone()
+    }
+}
+
+/// Decrements a subscriber's in-flight count when a final send finishes or is dropped.
+struct InflightGuard(Arc<TerminalSlot>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        if self.0.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.waker.wake();
+        }
+    }
+}
+
+struct SubscriberTx<E> {
+    tx: mpsc::Sender<SessionEvent<E>>,
+    slot: Arc<TerminalSlot>,
+}
+
+impl<E> Clone for SubscriberTx<E> {
+    fn clone(&self) -> Self {
+        SubscriberTx {
+            tx: self.tx.clone(),
+            slot: self.slot.clone(),
+        }
+    }
+}
+
+/// The subscriber registry of one session, shared by the TurnLoop actor (which adds
+/// subscribers and ends them) and its turn tasks (which send turn events).
+///
+/// Invariants:
+/// * once [`Subscribers::end`] ran, the registry is empty, so nothing new is queued;
+/// * a turn task holds the order gate from its start until its final events are
+///   delivered, so turn N+1's events never overtake turn N's.
+pub(crate) struct Subscribers<E> {
+    // Copy-on-write: senders take a cheap snapshot and never hold the lock across an
+    // await.
+    list: RwLock<Arc<Vec<SubscriberTx<E>>>>,
+    ended: Mutex<Option<ExitSummary>>,
+    order: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<E: Clone + Send + 'static> Subscribers<E> {
+    pub(crate) fn new() -> Self {
+        Subscribers {
+            list: RwLock::new(Arc::new(Vec::new())),
+            ended: Mutex::new(None),
+            order: Arc::new(tokio::sync::Mutex::new(())),
+        }
+    }
+
+    /// Adds a subscriber; after the end it gets a stream that yields `Ended` at once.
+    pub(crate) fn subscribe(&self, capacity: usize) -> EventStream<E> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let slot = Arc::new(TerminalSlot::default());
+        let ended = self.ended.lock().clone();
+        match ended {
+            Some(summary) => slot.set(summary),
+            None => {
+                let mut list = self.list.write();
+                let mut next: Vec<SubscriberTx<E>> = list
+                    .iter()
+                    .filter(|s| !s.tx.is_closed())
+                    .cloned()
+                    .collect();
+                next.push(SubscriberTx {
+                    tx,
+                    slot: slot.clone(),
+                });
+                *list = Arc::new(next);
+            }
+        }
+        EventStream {
+            rx,
+            slot,
+            finished: false,
+        }
+    }
+
+    fn snapshot(&self) -> Arc<Vec<SubscriberTx<E>>> {
+        self.list.read().clone()
+    }
+
+    /// Waits for the order gate (turn tasks call this before sending anything).
+    pub(crate) async fn order_gate(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.order.clone().lock_owned().await
+    }
+
+    /// Sends to every live subscriber, waiting for capacity (backpressure). Called from
+    /// turn tasks only, never from the actor.
+    pub(crate) async fn send(&self, event: SessionEvent<E>) {
+        let subs = self.snapshot();
+        for s in subs.iter() {
+            // A closed subscriber fails at once; it is pruned on the next subscribe.
+            let _ = s.tx.send(event.clone()).await;
+        }
+    }
+
+    /// Registers the final events of a turn as in flight, synchronously, and returns the
+    /// future that delivers them (each subscriber independently, so one stuck
+    /// subscriber does not hold back another). Call before reporting the turn's end to
+    /// the actor, then await the future: teardown may run meanwhile and `Ended` still
+    /// comes after these events.
+    pub(crate) fn send_final(
+        &self,
+        events: Vec<SessionEvent<E>>,
+        gate: tokio::sync::OwnedMutexGuard<()>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let subs = self.snapshot();
+        let sends: Vec<_> = subs
+            .iter()
+            .map(|s| {
+                s.slot.inflight.fetch_add(1, Ordering::AcqRel);
+                let guard = InflightGuard(s.slot.clone());
+                let tx = s.tx.clone();
+                let events = events.clone();
+                async move {
+                    let _guard = guard;
+                    for ev in events {
+                        if tx.send(ev).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            })
+            .collect();
+        async move {
+            futures::future::join_all(sends).await;
+            drop(gate);
+        }
+    }
+
+    /// Sends without waiting; a full or closed subscriber is skipped. Returns how many
+    /// subscribers were skipped because their buffer was full.
+    pub(crate) fn try_send(&self, event: SessionEvent<E>) -> usize {
+        let mut skipped = 0;
+        for s in self.snapshot().iter() {
+            if let Err(mpsc::error::TrySendError::Full(_)) = s.tx.try_send(event.clone()) {
+                skipped += 1;
+            }
+        }
+        skipped
+    }
+
+    /// Whether anybody listens (lets the turn task skip building events).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.list.read().is_empty()
+    }
+
+    /// Ends every stream: writes `Ended` into each terminal slot and empties the
+    /// registry. Never waits. Idempotent.
+    pub(crate) fn end(&self, summary: ExitSummary) {
+        {
+            let mut ended = self.ended.lock();
+            if ended.is_some() {
+                return;
+            }
+            *ended = Some(summary.clone());
+        }
+        let list = std::mem::take(&mut *self.list.write());
+        for s in list.iter() {
+            s.slot.set(summary.clone());
+        }
+    }
+}
+
+/// A subscriber's view of a session: its events in order, `Ended` last, then `None`.
+///
+/// Read it with [`EventStream::next`] or as a `futures::Stream`. Dropping it
+/// unsubscribes; the session never waits on a dropped stream.
+pub struct EventStream<E> {
+    rx: mpsc::Receiver<SessionEvent<E>>,
+    slot: Arc<TerminalSlot>,
+    finished: bool,
+}
+
+impl<E> EventStream<E> {
+    /// The next event, or `None` once `Ended` was returned.
+    pub async fn next(&mut self) -> Option<SessionEvent<E>> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<SessionEvent<E>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        // Buffered events always come before `Ended`.
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(ev)) => return Poll::Ready(Some(ev)),
+            Poll::Ready(None) | Poll::Pending => {}
+        }
+        // Register the waker before checking the slot so a concurrent `set` (or the last
+        // in-flight final event) is not missed.
+        self.slot.waker.register(cx.waker());
+        if let Some(summary) = self.slot.get() {
+            if self.slot.inflight.load(Ordering::Acquire) > 0 {
+                // A turn's final events are still on their way (the subscriber freed
+                // capacity; the sender will queue them): `Ended` waits behind them.
+                return match self.rx.poll_recv(cx) {
+                    Poll::Ready(Some(ev)) => Poll::Ready(Some(ev)),
+                    _ => Poll::Pending,
+                };
+            }
+            if let Ok(ev) = self.rx.try_recv() {
+                return Poll::Ready(Some(ev));
+            }
+            self.finished = true;
+            return Poll::Ready(Some(SessionEvent::Ended(summary)));
+        }
+        Poll::Pending
+    }
+}
+
+impl<E> futures::Stream for EventStream<E> {
+    type Item = SessionEvent<E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_event(cx)
+    }
+}
+
+impl<E> std::fmt::Debug for EventStream<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStream")
+            .field("finished", &self.finished)
+            .finish()
+    }
+}

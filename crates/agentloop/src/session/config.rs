@@ -1,0 +1,154 @@
+//! How one session is configured: its id, agent kind, persistence, event buffer and
+//! session-end hooks (DESIGN S21, S32).
+//!
+//! This module owns session-id validation; it does not start anything.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::events::DEFAULT_EVENT_CAPACITY;
+use crate::session::ExitSummary;
+
+/// The longest session id, in bytes.
+pub const MAX_SESSION_ID_LEN: usize = 128;
+
+/// A session id that cannot be used (S32).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SessionIdError {
+    /// The id is empty.
+    #[error("session id is empty; use 1 to 128 bytes without control characters")]
+    Empty,
+    /// The id is too long.
+    #[error("session id is {len} bytes long; the limit is 128 bytes")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
+    /// The id holds a control character.
+    #[error("session id contains a control character at byte {at}; use printable characters only")]
+    ControlCharacter {
+        /// Byte offset of the first one.
+        at: usize,
+    },
+}
+
+/// Checks a session id: 1–128 bytes, no control characters.
+pub fn validate_session_id(id: &str) -> Result<(), SessionIdError> {
+    if id.is_empty() {
+        return Err(SessionIdError::Empty);
+    }
+    if id.len() > MAX_SESSION_ID_LEN {
+        return Err(SessionIdError::TooLong { len: id.len() });
+    }
+    if let Some((at, _)) = id.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(SessionIdError::ControlCharacter { at });
+    }
+    Ok(())
+}
+
+/// A session-end hook (S21): runs after the final checkpoint and before `Ended`, bounded
+/// by [`SessionConfig::hook_timeout`] and isolated from the other hooks (a failing,
+/// panicking or hanging hook does not stop the next one).
+pub type EndHook = Arc<dyn Fn(ExitSummary) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// The configuration of one session.
+#[derive(Clone)]
+pub struct SessionConfig {
+    /// The session's id (1–128 bytes, no control characters).
+    pub id: String,
+    /// The agent kind (recorded so the session can be rebuilt from its record).
+    pub agent_kind: String,
+    /// Whether the session loads and saves checkpoints (needs a store).
+    pub persist: bool,
+    /// The default capacity of each subscriber's event buffer.
+    pub event_capacity: usize,
+    /// Session-end hooks, run in order.
+    pub end_hooks: Vec<EndHook>,
+    /// The bound on each hook.
+    pub hook_timeout: Duration,
+}
+
+impl fmt::Debug for SessionConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionConfig")
+            .field("id", &self.id)
+            .field("agent_kind", &self.agent_kind)
+            .field("persist", &self.persist)
+            .field("event_capacity", &self.event_capacity)
+            .field("end_hooks", &self.end_hooks.len())
+            .field("hook_timeout", &self.hook_timeout)
+            .finish()
+    }
+}
+
+impl SessionConfig {
+    /// A non-persistent session with default settings.
+    pub fn new(id: impl Into<String>) -> Self {
+        SessionConfig {
+            id: id.into(),
+            agent_kind: "default".into(),
+            persist: false,
+            event_capacity: DEFAULT_EVENT_CAPACITY,
+            end_hooks: Vec::new(),
+            hook_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Sets the agent kind.
+    pub fn agent_kind(mut self, kind: impl Into<String>) -> Self {
+        self.agent_kind = kind.into();
+        self
+    }
+
+    /// Loads and saves checkpoints.
+    pub fn persistent(mut self, persist: bool) -> Self {
+        self.persist = persist;
+        self
+    }
+
+    /// Sets the default subscriber buffer capacity.
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = capacity.max(1);
+        self
+    }
+
+    /// Adds a session-end hook.
+    pub fn on_end<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(ExitSummary) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
+    {
+        self.end_hooks
+            .push(Arc::new(move |s| Box::pin(hook(s)) as BoxFuture<'static, _>));
+        self
+    }
+
+    /// Sets the bound on each session-end hook.
+    pub fn hook_timeout(mut self, d: Duration) -> Self {
+        self.hook_timeout = d;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s32_session_ids_are_validated() {
+        assert_eq!(validate_session_id(""), Err(SessionIdError::Empty));
+        assert_eq!(
+            validate_session_id(&"x".repeat(129)),
+            Err(SessionIdError::TooLong { len: 129 })
+        );
+        assert!(validate_session_id(&"x".repeat(128)).is_ok());
+        assert_eq!(
+            validate_session_id("ab\ncd"),
+            Err(SessionIdError::ControlCharacter { at: 2 })
+        );
+        assert!(validate_session_id("user-42/chat").is_ok());
+    }
+}

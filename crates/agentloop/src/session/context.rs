@@ -1,0 +1,149 @@
+//! The turn context handed to agent code (DESIGN S1, S1a, S8, S13).
+//!
+//! [`TurnCx`] is the agent's only window on the runtime during a turn: emit events,
+//! mark safe points, log steps before they start, and watch the stopped / preempted
+//! signals. It reads and writes the turn's control block and the session's shared
+//! state; it never talks to the actor directly.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::agent::{Agent, AgentError, InterruptInfo, TurnOutcome};
+use crate::cancel::{Canceled, SafePoint};
+use crate::events::{SessionEvent, Subscribers};
+use crate::session::control::TurnControl;
+use crate::session::shared::SessionShared;
+
+/// The kind of step a turn is about to take (S1a).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A model call.
+    ModelCall,
+    /// A round of tool calls.
+    ToolCalls,
+}
+
+/// The context of one running turn.
+pub struct TurnCx<A: Agent> {
+    pub(crate) turn: u64,
+    pub(crate) session: Arc<SessionShared<A::Item>>,
+    pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
+    pub(crate) subscribers: Arc<Subscribers<A::Event>>,
+    pub(crate) preempted: watch::Receiver<bool>,
+    pub(crate) stopped: watch::Receiver<bool>,
+}
+
+impl<A: Agent> Clone for TurnCx<A> {
+    fn clone(&self) -> Self {
+        TurnCx {
+            turn: self.turn,
+            session: self.session.clone(),
+            control: self.control.clone(),
+            subscribers: self.subscribers.clone(),
+            preempted: self.preempted.clone(),
+            stopped: self.stopped.clone(),
+        }
+    }
+}
+
+impl<A: Agent> TurnCx<A> {
+    /// The session's id.
+    pub fn session_id(&self) -> &str {
+        &self.session.id
+    }
+
+    /// The turn's index.
+    pub fn turn_index(&self) -> u64 {
+        self.turn
+    }
+
+    /// Emits an agent event to every subscriber. Waits while a live subscriber's buffer
+    /// is full (backpressure); never waits on a dropped subscriber.
+    pub async fn emit(&self, event: A::Event) {
+        if self.subscribers.is_empty() {
+            return;
+        }
+        self.subscribers
+            .send(SessionEvent::Agent {
+                turn: self.turn,
+                event,
+            })
+            .await;
+    }
+
+    /// A safe point (S1): records `state` as the turn's last resumable state and
+    /// returns `Err(Canceled)` when a pending cancel matches `kind`. Propagate it with
+    /// `?`. The runtime captures the cancel itself, so swallowing the error does not
+    /// hide it.
+    pub fn safe_point(&self, kind: SafePoint, state: &A::State) -> Result<(), Canceled> {
+        let r = self.control.safe_point(kind, state);
+        if let Err(c) = &r {
+            tracing::debug!(session = %self.session.id, turn = self.turn, at = %c.at, "cancel captured at safe point");
+        }
+        r
+    }
+
+    /// Puts a step on record before it runs (S1a), so work cut short by a forced
+    /// cancel or a kill still shows up in cost audits.
+    pub fn begin_step(&self, step: Step, attributes: &[(&str, i64)]) {
+        tracing::info!(
+            target: "agentloop::audit",
+            session = %self.session.id,
+            turn = self.turn,
+            step = ?step,
+            attributes = ?attributes,
+            "step begins"
+        );
+    }
+
+    /// Whether a stop has committed.
+    pub fn is_stopped(&self) -> bool {
+        *self.stopped.borrow()
+    }
+
+    /// Resolves once a stop has committed (S13).
+    pub async fn stopped(&self) {
+        let mut rx = self.stopped.clone();
+        // An error means the session is gone, which also counts as stopped.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// The business cause of the stop: the first non-empty one (S11). `None` until
+    /// [`TurnCx::stopped`] has fired, and when no stop carried a cause.
+    pub fn stop_cause(&self) -> Option<String> {
+        if self.is_stopped() {
+            self.session.cause()
+        } else {
+            None
+        }
+    }
+
+    /// Whether this turn has been preempted (S8).
+    pub fn is_preempted(&self) -> bool {
+        *self.preempted.borrow()
+    }
+
+    /// Resolves once this turn is preempted (S8).
+    pub async fn preempted(&self) {
+        let mut rx = self.preempted.clone();
+        let _ = rx.wait_for(|p| *p).await;
+    }
+
+    /// Whether a cancel was captured at one of this turn's safe points.
+    pub fn is_canceled(&self) -> bool {
+        self.control.is_captured()
+    }
+
+    /// Ends the turn with a business interrupt (S4): return this from `run_turn`.
+    pub fn interrupt(
+        &self,
+        reason: impl Into<String>,
+        state: A::State,
+    ) -> Result<TurnOutcome<A::State>, AgentError> {
+        Ok(TurnOutcome::Interrupted {
+            info: InterruptInfo::new(reason),
+            state,
+        })
+    }
+}

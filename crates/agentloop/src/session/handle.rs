@@ -1,0 +1,251 @@
+//! `SessionHandle`: the typed, async face of one TurnLoop actor.
+//!
+//! It owns nothing but references (the actor, the session's shared state and its
+//! subscriber registry), so it is cheap to clone and keeps working after the session
+//! exited: pushes come back as late, stops are no-ops, subscribers get `Ended` at once,
+//! `wait` returns the exit state.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use ractor::{Actor, ActorCell, ActorRef, MessagingErr, RpcReplyPort};
+
+use crate::agent::Agent;
+use crate::error::{SessionError, SpawnError};
+use crate::events::{EventStream, Subscribers};
+use crate::options::{PushOptions, StopOptions};
+use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg};
+use crate::session::shared::SessionShared;
+use crate::session::turn_loop::{TurnLoop, TurnLoopArgs};
+use crate::session::{validate_session_id, ExitReason, ExitState, SessionConfig};
+use crate::store::CheckpointStore;
+
+/// A handle on one session. Generic only over the item and event types, so sessions of
+/// different agent kinds can sit side by side.
+pub struct SessionHandle<I, E> {
+    actor: ActorRef<TurnLoopMsg<I, E>>,
+    shared: Arc<SessionShared<I>>,
+    subscribers: Arc<Subscribers<E>>,
+    event_capacity: usize,
+}
+
+impl<I, E> Clone for SessionHandle<I, E> {
+    fn clone(&self) -> Self {
+        SessionHandle {
+            actor: self.actor.clone(),
+            shared: self.shared.clone(),
+            subscribers: self.subscribers.clone(),
+            event_capacity: self.event_capacity,
+        }
+    }
+}
+
+impl<I, E> std::fmt::Debug for SessionHandle<I, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("id", &self.shared.id)
+            .finish()
+    }
+}
+
+impl<I, E> SessionHandle<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// Spawns a session of `agent` (unsupervised).
+    pub async fn spawn<A>(
+        config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+    ) -> Result<Self, SpawnError>
+    where
+        A: Agent<Item = I, Event = E>,
+    {
+        Self::spawn_inner(config, agent, store, None).await
+    }
+
+    /// Spawns a session of `agent` linked under `supervisor` (S25).
+    pub async fn spawn_linked<A>(
+        config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        supervisor: ActorCell,
+    ) -> Result<Self, SpawnError>
+    where
+        A: Agent<Item = I, Event = E>,
+    {
+        Self::spawn_inner(config, agent, store, Some(supervisor)).await
+    }
+
+    async fn spawn_inner<A>(
+        config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        supervisor: Option<ActorCell>,
+    ) -> Result<Self, SpawnError>
+    where
+        A: Agent<Item = I, Event = E>,
+    {
+        validate_session_id(&config.id)?;
+        if config.persist && store.is_none() {
+            return Err(SpawnError::NoStore(config.id));
+        }
+        let shared = Arc::new(SessionShared::new(config.id.clone()));
+        let subscribers = Arc::new(Subscribers::new());
+        let id = config.id.clone();
+        let event_capacity = config.event_capacity;
+        let args = TurnLoopArgs {
+            config,
+            agent,
+            store,
+            shared: shared.clone(),
+            subscribers: subscribers.clone(),
+        };
+        let spawned = match supervisor {
+            None => Actor::spawn(None, TurnLoop::<A>::default(), args).await,
+            Some(sup) => Actor::spawn_linked(None, TurnLoop::<A>::default(), args, sup).await,
+        };
+        let (actor, _join) = spawned.map_err(|e| SpawnError::Actor {
+            id,
+            reason: e.to_string(),
+        })?;
+        Ok(SessionHandle {
+            actor,
+            shared,
+            subscribers,
+            event_capacity,
+        })
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// The TurnLoop actor, for `cast!` / `call!` and supervision.
+    pub fn actor(&self) -> &ActorRef<TurnLoopMsg<I, E>> {
+        &self.actor
+    }
+
+    /// Pushes an item (S5). Returns `PreemptAck::NotRequested` once accepted.
+    pub async fn push(&self, item: I) -> Result<PreemptAck, PushError<I>> {
+        self.push_with(item, PushOptions::new()).await
+    }
+
+    /// Pushes an item with options (S7, S9). Resolves when the item was accepted and its
+    /// preempt (if any) was submitted or found nothing to cancel; a rejection hands the
+    /// item back (S14).
+    pub async fn push_with(
+        &self,
+        item: I,
+        options: PushOptions<I>,
+    ) -> Result<PreemptAck, PushError<I>> {
+        // A copy for the one case where the actor drops the message unanswered (it was
+        // killed with the push still queued): the caller still gets the item back.
+        let copy = item.clone();
+        let (tx, rx) = oneshot::channel();
+        let msg = TurnLoopMsg::Push {
+            item,
+            options,
+            reply: Some(RpcReplyPort::from(tx)),
+        };
+        if let Err(e) = self.actor.send_message(msg) {
+            let item = match e {
+                MessagingErr::SendErr(TurnLoopMsg::Push { item, .. }) => item,
+                _ => copy,
+            };
+            self.shared.push_late(item.clone());
+            return Err(PushError::Late { item });
+        }
+        match rx.await {
+            Ok(r) => r,
+            Err(_) => {
+                self.shared.push_late(copy.clone());
+                Err(PushError::Late { item: copy })
+            }
+        }
+    }
+
+    /// Stops the session (S11). Idempotent: stopping an exited session is Ok.
+    pub async fn stop(&self, options: StopOptions) -> Result<(), SessionError> {
+        options.validate()?;
+        let (tx, rx) = oneshot::channel();
+        let msg = TurnLoopMsg::Stop {
+            options,
+            reply: Some(RpcReplyPort::from(tx)),
+        };
+        if self.actor.send_message(msg).is_err() {
+            return Ok(());
+        }
+        match rx.await {
+            Ok(r) => r.map_err(SessionError::from),
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Subscribes to the session's events with the session's default capacity (S20).
+    /// After the exit the stream yields `Ended` at once.
+    pub fn subscribe(&self) -> EventStream<E> {
+        self.subscribers.subscribe(self.event_capacity)
+    }
+
+    /// Subscribes with an explicit buffer capacity.
+    pub fn subscribe_with_capacity(&self, capacity: usize) -> EventStream<E> {
+        self.subscribers.subscribe(capacity)
+    }
+
+    /// A snapshot of the session.
+    pub async fn inspect(&self) -> Result<SessionInfo, SessionError> {
+        let (tx, rx) = oneshot::channel();
+        let msg = TurnLoopMsg::Inspect {
+            reply: RpcReplyPort::from(tx),
+        };
+        if self.actor.send_message(msg).is_err() {
+            return Err(SessionError::Exited(self.shared.id.clone()));
+        }
+        rx.await
+            .map_err(|_| SessionError::Exited(self.shared.id.clone()))
+    }
+
+    /// Waits for the session to end and returns its exit state (S13).
+    pub async fn wait(&self) -> ExitState<I> {
+        let mut rx = self.shared.exit_signal();
+        let exit = match rx.wait_for(|e| e.is_some()).await {
+            Ok(e) => e.clone(),
+            // Unreachable while this handle holds the shared state; answer anyway.
+            Err(_) => None,
+        };
+        match exit {
+            Some(e) => (*e).clone(),
+            None => ExitState {
+                session_id: self.shared.id.clone(),
+                reason: ExitReason::Failed("the session's exit state was lost".into()),
+                stop_cause: self.shared.cause(),
+                unhandled_items: Vec::new(),
+                interrupted_items: Vec::new(),
+                late_items: self.shared.late_snapshot(),
+                has_mid_turn_state: false,
+                checkpoint: crate::session::CheckpointOutcome::NotAttempted,
+                counters: Default::default(),
+                next_turn_index: 0,
+            },
+        }
+    }
+
+    /// The exit state if the session has ended.
+    pub fn exit_state(&self) -> Option<ExitState<I>> {
+        self.shared.exited().map(|e| (*e).clone())
+    }
+
+    /// Takes the late items recorded so far (S14): every push rejected after the stop
+    /// committed, including those whose callers ignored the error.
+    pub fn take_late_items(&self) -> Vec<I> {
+        self.shared.take_late()
+    }
+
+    /// Whether a stop has committed (or the session exited).
+    pub fn is_stopped(&self) -> bool {
+        self.shared.is_stopped()
+    }
+}

@@ -1,0 +1,180 @@
+//! The TurnLoop's public message type and its replies (DESIGN S7, S11, S14, S25).
+//!
+//! Other actors can `cast!` and `call!` a session with these messages; most users go
+//! through [`crate::SessionHandle`] instead. This module only defines shapes; the
+//! behaviour is in `turn_loop.rs`.
+
+use std::fmt;
+
+use ractor::RpcReplyPort;
+
+use crate::events::EventStream;
+use crate::options::{OptionsError, PushOptions, StopOptions, TurnPhase};
+
+/// What a push's preempt did (S7). A push without a preempt answers `NotRequested`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreemptAck {
+    /// The push carried no preempt; the item was buffered.
+    NotRequested,
+    /// No turn was planning or running: the item was only buffered.
+    NoTarget,
+    /// The cancel was submitted to this turn (at once, when a planning turn started
+    /// running, or when a delay elapsed).
+    Submitted {
+        /// The target turn.
+        turn: u64,
+    },
+    /// The target turn ended before the cancel could be submitted (a delayed preempt,
+    /// or a planning turn that never ran); nothing was canceled.
+    TargetEnded {
+        /// The target turn.
+        turn: u64,
+    },
+}
+
+/// A push that was not accepted. The item always comes back (S14).
+#[derive(Clone, PartialEq)]
+pub enum PushError<I> {
+    /// The stop already committed (or the session exited): the push is late. A copy is
+    /// also kept in the session's late list.
+    Late {
+        /// The item, handed back.
+        item: I,
+    },
+    /// The push options were invalid; the item was not accepted and is handed back.
+    InvalidOptions {
+        /// The item, handed back.
+        item: I,
+        /// What was wrong.
+        error: OptionsError,
+    },
+}
+
+impl<I> PushError<I> {
+    /// The item that was not accepted.
+    pub fn into_item(self) -> I {
+        match self {
+            PushError::Late { item } | PushError::InvalidOptions { item, .. } => item,
+        }
+    }
+}
+
+impl<I> fmt::Debug for PushError<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl<I> fmt::Display for PushError<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PushError::Late { .. } => f.write_str(
+                "push rejected: the session is stopping or has exited; the item is handed back \
+                 in this error and kept in the session's late list",
+            ),
+            PushError::InvalidOptions { error, .. } => {
+                write!(f, "push rejected: {error}; the item is handed back")
+            }
+        }
+    }
+}
+
+impl<I> std::error::Error for PushError<I> {}
+
+/// The reply port of a push: resolves with the preempt acknowledgement (S7) or the
+/// rejection (S14).
+pub type PushReply<I> = RpcReplyPort<Result<PreemptAck, PushError<I>>>;
+
+/// A snapshot of a session (answer to [`TurnLoopMsg::Inspect`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// The session's id.
+    pub session_id: String,
+    /// The current turn's phase (Idle between turns).
+    pub phase: TurnPhase,
+    /// The current turn's index, or the next one when idle.
+    pub turn_index: u64,
+    /// Items waiting in the buffer (not counting items of a preempted turn).
+    pub buffered: usize,
+    /// Items of a preempted turn waiting for the next plan.
+    pub preempted: usize,
+    /// Whether a stop has committed.
+    pub stop_committed: bool,
+    /// Whether the session has exited.
+    pub exited: bool,
+}
+
+/// Messages a TurnLoop actor accepts.
+pub enum TurnLoopMsg<I, E> {
+    /// Push an item (S5, S7, S9). The reply resolves when the preempt (if any) was
+    /// submitted or found nothing to cancel.
+    Push {
+        /// The item.
+        item: I,
+        /// Preempt options.
+        options: PushOptions<I>,
+        /// Where to answer; without one, a rejection is still recorded in the late list.
+        reply: Option<PushReply<I>>,
+    },
+    /// Stop the session (S11). A stop on an exited session is a no-op that answers Ok.
+    Stop {
+        /// What kind of stop.
+        options: StopOptions,
+        /// Where to answer.
+        reply: Option<RpcReplyPort<Result<(), OptionsError>>>,
+    },
+    /// Subscribe to the event stream (S20). After the exit the stream yields `Ended` at
+    /// once.
+    Subscribe {
+        /// The subscriber's buffer capacity.
+        capacity: usize,
+        /// Where to answer.
+        reply: RpcReplyPort<EventStream<E>>,
+    },
+    /// Take a snapshot.
+    Inspect {
+        /// Where to answer.
+        reply: RpcReplyPort<SessionInfo>,
+    },
+    /// Internal: sent by the session's own turn task and timers. Cannot be built
+    /// outside this crate.
+    Internal(Internal<I>),
+}
+
+impl<I, E> fmt::Debug for TurnLoopMsg<I, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TurnLoopMsg::Push { options, .. } => write!(f, "Push({options:?})"),
+            TurnLoopMsg::Stop { options, .. } => write!(f, "Stop({options:?})"),
+            TurnLoopMsg::Subscribe { .. } => f.write_str("Subscribe"),
+            TurnLoopMsg::Inspect { .. } => f.write_str("Inspect"),
+            TurnLoopMsg::Internal(i) => write!(f, "Internal({:?})", i.0.name()),
+        }
+    }
+}
+
+/// An internal message (opaque outside the crate).
+pub struct Internal<I>(pub(crate) InternalMsg<I>);
+
+pub(crate) enum InternalMsg<I> {
+    /// The turn task of `turn` is done; its ending is in the control block.
+    TurnFinished { turn: u64 },
+    /// A delayed preempt is due (S7).
+    PreemptDue {
+        turn: u64,
+        preempt: crate::options::Preempt,
+        reply: Option<PushReply<I>>,
+    },
+    /// An idle timer fired (S11 `until_idle_for`).
+    IdleDue { epoch: u64 },
+}
+
+impl<I> InternalMsg<I> {
+    fn name(&self) -> &'static str {
+        match self {
+            InternalMsg::TurnFinished { .. } => "TurnFinished",
+            InternalMsg::PreemptDue { .. } => "PreemptDue",
+            InternalMsg::IdleDue { .. } => "IdleDue",
+        }
+    }
+}

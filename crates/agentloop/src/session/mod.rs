@@ -1,0 +1,25 @@
+//! Sessions: the TurnLoop actor and everything one session is made of (DESIGN §2–§6).
+//!
+//! One file per concern: `turn_loop` (the actor and its decisions), `turn_task` (the
+//! task that runs agent code), `control` (what a turn shares with its task), `context`
+//! (the agent's `TurnCx`), `stop` (how stop requests combine), `exit` (the exit state),
+//! `messages` (the public message type), `handle` (the typed async handle), `config`,
+//! and `shared` (the state handles read after the actor is gone).
+
+mod config;
+mod context;
+pub(crate) mod control;
+mod exit;
+mod handle;
+mod messages;
+pub(crate) mod shared;
+mod stop;
+mod turn_loop;
+mod turn_task;
+
+pub use config::{validate_session_id, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN};
+pub use context::{Step, TurnCx};
+pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary};
+pub use handle::SessionHandle;
+pub use messages::{Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
+pub use turn_loop::{LoopState, TurnLoop, TurnLoopArgs};

@@ -1,0 +1,98 @@
+//! State one session shares outside its actor: the stop signal and cause (S13), the
+//! late list (S14) and the exit state (S13) that handles wait on.
+//!
+//! Only the TurnLoop actor writes here (handles only append to the late list when the
+//! actor is already gone); readers are handles and turn contexts. Critical sections are
+//! short and never span an await.
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::session::ExitState;
+
+/// Shared, non-actor state of one session.
+pub(crate) struct SessionShared<I> {
+    pub(crate) id: String,
+    /// Pushes rejected after the stop committed (S14), not yet taken.
+    late: Mutex<Vec<I>>,
+    /// Fires once, when a stop commits (S13 `stopped()`).
+    stopped: watch::Sender<bool>,
+    /// The first non-empty stop cause (S11). Set before `stopped` fires.
+    cause: Mutex<Option<String>>,
+    /// The exit state, published once at teardown.
+    exit: watch::Sender<Option<Arc<ExitState<I>>>>,
+}
+
+impl<I: Clone> SessionShared<I> {
+    pub(crate) fn new(id: String) -> Self {
+        SessionShared {
+            id,
+            late: Mutex::new(Vec::new()),
+            stopped: watch::Sender::new(false),
+            cause: Mutex::new(None),
+            exit: watch::Sender::new(None),
+        }
+    }
+
+    /// Records a late item (S14).
+    pub(crate) fn push_late(&self, item: I) {
+        self.late.lock().push(item);
+    }
+
+    /// Takes the late items recorded so far.
+    pub(crate) fn take_late(&self) -> Vec<I> {
+        std::mem::take(&mut *self.late.lock())
+    }
+
+    /// A copy of the late items recorded so far.
+    pub(crate) fn late_snapshot(&self) -> Vec<I> {
+        self.late.lock().clone()
+    }
+
+    /// Records the cause if none is set yet (first non-empty wins).
+    pub(crate) fn offer_cause(&self, cause: Option<&str>) {
+        if let Some(c) = cause.filter(|c| !c.is_empty()) {
+            let mut slot = self.cause.lock();
+            if slot.is_none() {
+                *slot = Some(c.to_string());
+            }
+        }
+    }
+
+    /// The first non-empty cause.
+    pub(crate) fn cause(&self) -> Option<String> {
+        self.cause.lock().clone()
+    }
+
+    /// Fires the stopped signal (idempotent).
+    pub(crate) fn fire_stopped(&self) {
+        self.stopped.send_if_modified(|s| {
+            let changed = !*s;
+            *s = true;
+            changed
+        });
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        *self.stopped.borrow()
+    }
+
+    pub(crate) fn stopped_signal(&self) -> watch::Receiver<bool> {
+        self.stopped.subscribe()
+    }
+
+    /// Publishes the exit state (once).
+    pub(crate) fn publish_exit(&self, exit: ExitState<I>) {
+        self.exit.send_replace(Some(Arc::new(exit)));
+    }
+
+    pub(crate) fn exit_signal(&self) -> watch::Receiver<Option<Arc<ExitState<I>>>> {
+        self.exit.subscribe()
+    }
+
+    pub(crate) fn exited(&self) -> Option<Arc<ExitState<I>>> {
+        self.exit.borrow().clone()
+    }
+}

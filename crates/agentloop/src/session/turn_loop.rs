@@ -1,0 +1,933 @@
+//! The TurnLoop actor: one session's item buffer, current turn, stop state and
+//! teardown (DESIGN S5–S14, S16, S17, S20, S21).
+//!
+//! It owns every decision about the session: when a turn starts, what it is offered,
+//! where a push's preempt goes, what a stop commits, how a turn's end is accounted for
+//! (S10: every accepted item ends in exactly one place), and the teardown order of S21.
+//! It never runs agent code (that is `turn_task`) and never blocks: store calls are
+//! async, events from the actor never wait for capacity, and the exit uses ractor's
+//! `drain()` (never `stop()`), so messages already queued are answered, not dropped.
+
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::agent::{Agent, PlanInput};
+use crate::events::{SessionEvent, Subscribers, TurnEnd};
+use crate::options::{Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
+use crate::session::control::{Ending, Origin, Phase, Submitted, TurnControl};
+use crate::session::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState};
+use crate::session::messages::{
+    Internal, InternalMsg, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg,
+};
+use crate::session::shared::SessionShared;
+use crate::session::stop::{StopEffect, StopState};
+use crate::session::turn_task::{TurnTask, TurnWork};
+use crate::session::{SessionConfig, TurnCx};
+use crate::store::{codec, now_ms, CheckpointStore, SessionRecord, SessionStatus, StoreError};
+
+/// The TurnLoop actor (one per session). Spawn it through
+/// [`crate::SessionHandle::spawn`] or [`crate::SessionHandle::spawn_linked`].
+pub struct TurnLoop<A: Agent>(PhantomData<fn() -> A>);
+
+impl<A: Agent> Default for TurnLoop<A> {
+    fn default() -> Self {
+        TurnLoop(PhantomData)
+    }
+}
+
+/// What a TurnLoop is started with.
+pub struct TurnLoopArgs<A: Agent> {
+    pub(crate) config: SessionConfig,
+    pub(crate) agent: Arc<A>,
+    pub(crate) store: Option<Arc<dyn CheckpointStore<A::Item>>>,
+    pub(crate) shared: Arc<SessionShared<A::Item>>,
+    pub(crate) subscribers: Arc<Subscribers<A::Event>>,
+}
+
+/// The cut turn a record hands to the first turn (S17).
+struct ResumeSeed<A: Agent> {
+    items: Vec<A::Item>,
+    state: Option<A::State>,
+}
+
+/// The turn that is planning or running.
+struct ActiveTurn<A: Agent> {
+    index: u64,
+    control: Arc<TurnControl<A::Item, A::State>>,
+    /// The offered items, kept so a plan that does not complete can put them back in
+    /// their original order (S6).
+    offered: Vec<A::Item>,
+    /// How many of `offered` came from a preempted turn.
+    offered_preempted: usize,
+    is_resume: bool,
+    /// Aborts the turn task if the actor dies.
+    task: tokio::task::AbortHandle,
+}
+
+/// How the session is going to end, decided when a turn ends it.
+struct PendingExit<A: Agent> {
+    reason: ExitReason,
+    interrupted: Vec<A::Item>,
+    turn_index: u64,
+    state: Option<A::State>,
+}
+
+/// The TurnLoop's state.
+pub struct LoopState<A: Agent> {
+    config: SessionConfig,
+    agent: Arc<A>,
+    store: Option<Arc<dyn CheckpointStore<A::Item>>>,
+    shared: Arc<SessionShared<A::Item>>,
+    subscribers: Arc<Subscribers<A::Event>>,
+    /// Accepted items waiting for a plan, in push order (remaining items of a plan at
+    /// the front).
+    buffer: VecDeque<A::Item>,
+    /// Items of a preempted turn, offered first to the next plan (S8).
+    preempted: Vec<A::Item>,
+    resume: Option<ResumeSeed<A>>,
+    turn: Option<ActiveTurn<A>>,
+    next_index: u64,
+    stop: StopState,
+    idle_epoch: u64,
+    counters: ExitCounters,
+    exit: Option<PendingExit<A>>,
+    exited: bool,
+    load_error: Option<StoreError>,
+    created_at_ms: u64,
+    span: tracing::Span,
+}
+
+impl<A: Agent> LoopState<A> {
+    fn persists(&self) -> bool {
+        self.config.persist && self.store.is_some()
+    }
+
+    fn phase(&self) -> TurnPhase {
+        match &self.turn {
+            None => TurnPhase::Idle,
+            Some(t) => match t.control.phase() {
+                Phase::Planning => TurnPhase::Planning,
+                Phase::Running => TurnPhase::Running,
+                Phase::Ended => TurnPhase::Idle,
+            },
+        }
+    }
+
+    fn info(&self) -> SessionInfo {
+        SessionInfo {
+            session_id: self.config.id.clone(),
+            phase: if self.exited {
+                TurnPhase::Idle
+            } else {
+                self.phase()
+            },
+            turn_index: self.turn.as_ref().map_or(self.next_index, |t| t.index),
+            buffered: self.buffer.len(),
+            preempted: self.preempted.len(),
+            stop_committed: self.stop.committed,
+            exited: self.exited,
+        }
+    }
+
+    /// A push after the stop committed or the exit (S14): hand the item back, keep a copy.
+    fn reject_late(&mut self, item: A::Item, reply: Option<PushReply<A::Item>>) {
+        self.counters.items_late += 1;
+        self.shared.push_late(item.clone());
+        tracing::debug!(session = %self.config.id, "push rejected as late");
+        if let Some(r) = reply {
+            let _ = r.send(Err(PushError::Late { item }));
+        }
+    }
+}
+
+impl<A: Agent> Drop for LoopState<A> {
+    fn drop(&mut self) {
+        // The actor was killed or failed before teardown (ractor skips post_stop then).
+        // Hand everything back through the exit state so nothing is lost and `wait`
+        // returns; stop the turn task.
+        if self.exited {
+            return;
+        }
+        let mut unhandled = std::mem::take(&mut self.preempted);
+        let mut interrupted = Vec::new();
+        if let Some(t) = self.turn.take() {
+            t.task.abort();
+            interrupted = t.offered;
+        }
+        unhandled.extend(self.buffer.drain(..));
+        let exit = ExitState {
+            session_id: self.config.id.clone(),
+            reason: ExitReason::Failed(
+                "the session actor stopped before its teardown (killed or failed)".into(),
+            ),
+            stop_cause: self.shared.cause(),
+            unhandled_items: unhandled,
+            interrupted_items: interrupted,
+            late_items: self.shared.late_snapshot(),
+            has_mid_turn_state: false,
+            checkpoint: CheckpointOutcome::NotAttempted,
+            counters: self.counters,
+            next_turn_index: self.next_index,
+        };
+        self.subscribers.end(exit.summary());
+        self.shared.fire_stopped();
+        self.shared.publish_exit(exit);
+    }
+}
+
+type Myself<A> = ActorRef<TurnLoopMsg<<A as Agent>::Item, <A as Agent>::Event>>;
+
+fn spawn_timer<A: Agent>(myself: &Myself<A>, after: std::time::Duration, msg: InternalMsg<A::Item>) {
+    let myself = myself.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        // The session may have exited meanwhile; then the timer has nothing to do.
+        let _ = myself.send_message(TurnLoopMsg::Internal(Internal(msg)));
+    });
+}
+
+impl<A: Agent> Actor for TurnLoop<A> {
+    type Msg = TurnLoopMsg<A::Item, A::Event>;
+    type State = LoopState<A>;
+    type Arguments = TurnLoopArgs<A>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: TurnLoopArgs<A>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let span = tracing::info_span!("session", id = %args.config.id, kind = %args.config.agent_kind);
+        let mut state = LoopState {
+            config: args.config,
+            agent: args.agent,
+            store: args.store,
+            shared: args.shared,
+            subscribers: args.subscribers,
+            buffer: VecDeque::new(),
+            preempted: Vec::new(),
+            resume: None,
+            turn: None,
+            next_index: 0,
+            stop: StopState::default(),
+            idle_epoch: 0,
+            counters: ExitCounters::default(),
+            exit: None,
+            exited: false,
+            load_error: None,
+            created_at_ms: now_ms(),
+            span,
+        };
+        if state.persists() {
+            let span = state.span.clone();
+            load_record(&mut state).instrument(span).await;
+        }
+        Ok(state)
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        async {
+            if let Some(e) = state.load_error.clone() {
+                // S18: a failed load leaves the record as it was and reports the error.
+                tracing::error!(error = %e, "loading the session record failed");
+                state.exit = Some(PendingExit {
+                    reason: ExitReason::Failed(e.to_string()),
+                    interrupted: Vec::new(),
+                    turn_index: 0,
+                    state: None,
+                });
+            }
+            boundary(&myself, state).await;
+        }
+        .instrument(span)
+        .await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = state.span.clone();
+        handle_msg(&myself, msg, state).instrument(span).await;
+        Ok(())
+    }
+}
+
+/// Loads the record and seeds the buffer or the resume turn (S17). Errors are kept for
+/// `post_start`, which ends the session without touching the record (S18).
+async fn load_record<A: Agent>(state: &mut LoopState<A>) {
+    let Some(store) = state.store.clone() else {
+        return;
+    };
+    let id = state.config.id.clone();
+    let record = match store.load(&id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            state.load_error = Some(e);
+            return;
+        }
+    };
+    let resume_state = match &record.state {
+        Some(bytes) => match codec::decode_state::<A::State>(&id, bytes) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                state.load_error = Some(e);
+                return;
+            }
+        },
+        None => None,
+    };
+    state.created_at_ms = record.created_at_ms;
+    state.next_index = record.turn_index;
+    state.buffer.extend(record.unhandled_items);
+    if resume_state.is_some() || !record.interrupted_items.is_empty() {
+        tracing::info!(
+            turn = record.turn_index,
+            items = record.interrupted_items.len(),
+            "resuming a cut turn"
+        );
+        state.resume = Some(ResumeSeed {
+            items: record.interrupted_items,
+            state: resume_state,
+        });
+    }
+}
+
+async fn handle_msg<A: Agent>(
+    myself: &Myself<A>,
+    msg: TurnLoopMsg<A::Item, A::Event>,
+    state: &mut LoopState<A>,
+) {
+    match msg {
+        TurnLoopMsg::Push {
+            item,
+            options,
+            reply,
+        } => on_push(myself, state, item, options, reply).await,
+        TurnLoopMsg::Stop { options, reply } => on_stop(myself, state, options, reply).await,
+        TurnLoopMsg::Subscribe { capacity, reply } => {
+            let _ = reply.send(state.subscribers.subscribe(capacity));
+        }
+        TurnLoopMsg::Inspect { reply } => {
+            let _ = reply.send(state.info());
+        }
+        TurnLoopMsg::Internal(Internal(msg)) => match msg {
+            InternalMsg::TurnFinished { turn } => on_turn_finished(myself, state, turn).await,
+            InternalMsg::PreemptDue {
+                turn,
+                preempt,
+                reply,
+            } => on_preempt_due(state, turn, preempt, reply),
+            InternalMsg::IdleDue { epoch } => {
+                let idle = state.turn.is_none()
+                    && state.buffer.is_empty()
+                    && state.preempted.is_empty()
+                    && state.resume.is_none();
+                if epoch == state.idle_epoch && idle && !state.exited && state.exit.is_none() {
+                    tracing::info!("idle long enough; exiting (until_idle_for)");
+                    teardown(myself, state, ExitReason::Completed, Vec::new(), 0, None).await;
+                }
+            }
+        },
+    }
+}
+
+async fn on_push<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    item: A::Item,
+    options: PushOptions<A::Item>,
+    reply: Option<PushReply<A::Item>>,
+) {
+    if state.exited || state.stop.committed || state.exit.is_some() {
+        state.reject_late(item, reply);
+        return;
+    }
+    // S9: a strategy sees exactly the turn this push lands on.
+    let preempt = match &options.strategy {
+        Some(strategy) => match &state.turn {
+            Some(t) => t.control.with_consumed(|phase, consumed| {
+                let phase = match phase {
+                    Phase::Planning => TurnPhase::Planning,
+                    Phase::Running => TurnPhase::Running,
+                    Phase::Ended => TurnPhase::Idle,
+                };
+                strategy(&TurnView {
+                    index: Some(t.index),
+                    phase,
+                    consumed,
+                })
+            }),
+            None => strategy(&TurnView {
+                index: None,
+                phase: TurnPhase::Idle,
+                consumed: &[],
+            }),
+        },
+        None => options.preempt,
+    };
+    if let Some(p) = &preempt {
+        if let Err(error) = p.validate() {
+            if let Some(r) = reply {
+                let _ = r.send(Err(PushError::InvalidOptions { item, error }));
+            }
+            return;
+        }
+    }
+    state.counters.items_accepted += 1;
+    state.buffer.push_back(item);
+    state.idle_epoch += 1;
+    match preempt {
+        None => {
+            if let Some(r) = reply {
+                let _ = r.send(Ok(PreemptAck::NotRequested));
+            }
+        }
+        Some(p) => {
+            let target = state
+                .turn
+                .as_ref()
+                .filter(|t| t.control.phase() != Phase::Ended);
+            match (target, p.delay) {
+                (None, _) => {
+                    if let Some(r) = reply {
+                        let _ = r.send(Ok(PreemptAck::NoTarget));
+                    }
+                }
+                (Some(t), Some(delay)) => spawn_timer::<A>(
+                    myself,
+                    delay,
+                    InternalMsg::PreemptDue {
+                        turn: t.index,
+                        preempt: Preempt { delay: None, ..p },
+                        reply,
+                    },
+                ),
+                (Some(t), None) => submit_preempt(t, p, reply),
+            }
+        }
+    }
+    if state.turn.is_none() {
+        boundary(myself, state).await;
+    }
+}
+
+/// Submits a preempt to its target turn and answers the push (S7).
+fn submit_preempt<A: Agent>(
+    t: &ActiveTurn<A>,
+    p: Preempt,
+    reply: Option<PushReply<A::Item>>,
+) {
+    let turn = t.index;
+    let (submitted, reply) =
+        t.control
+            .submit(p.cancel_request(), Origin::Preempt, Instant::now(), reply);
+    let ack = match submitted {
+        Submitted::Active => {
+            tracing::debug!(turn, at = %p.at, "preempt submitted");
+            PreemptAck::Submitted { turn }
+        }
+        // Held by the control block; answered when the turn starts or ends planning.
+        Submitted::Pending => return,
+        Submitted::TurnEnded => PreemptAck::TargetEnded { turn },
+    };
+    if let Some(r) = reply {
+        let _ = r.send(Ok(ack));
+    }
+}
+
+fn on_preempt_due<A: Agent>(
+    state: &mut LoopState<A>,
+    turn: u64,
+    preempt: Preempt,
+    reply: Option<PushReply<A::Item>>,
+) {
+    match state.turn.as_ref().filter(|t| t.index == turn) {
+        Some(t) if !state.exited => submit_preempt(t, preempt, reply),
+        _ => {
+            // S7: a delayed preempt whose target has ended does nothing.
+            tracing::debug!(turn, "delayed preempt found its target ended");
+            if let Some(r) = reply {
+                let _ = r.send(Ok(PreemptAck::TargetEnded { turn }));
+            }
+        }
+    }
+}
+
+async fn on_stop<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    options: StopOptions,
+    reply: Option<RpcReplyPort<Result<(), crate::options::OptionsError>>>,
+) {
+    if let Err(e) = options.validate() {
+        if let Some(r) = reply {
+            let _ = r.send(Err(e));
+        }
+        return;
+    }
+    if state.exited {
+        // Idempotent: a stop on an exited session is a no-op.
+        if let Some(r) = reply {
+            let _ = r.send(Ok(()));
+        }
+        return;
+    }
+    state.shared.offer_cause(options.cause.as_deref());
+    let effect = state.stop.apply(&options);
+    let skipped = state.subscribers.try_send(SessionEvent::StopRequested {
+        cancel: if options.is_idle_only() {
+            None
+        } else {
+            options.cancel.map(|c| c.mode)
+        },
+        cause: options.cause.clone(),
+    });
+    if skipped > 0 {
+        tracing::debug!(
+            skipped,
+            "StopRequested skipped for subscribers with a full buffer"
+        );
+    }
+    tracing::info!(?options, ?effect, "stop requested");
+    match effect {
+        StopEffect::IdleOnly => {
+            if state.turn.is_none() {
+                boundary(myself, state).await;
+            }
+        }
+        StopEffect::Commit { cancel, newly } => {
+            if newly {
+                state.shared.fire_stopped();
+            }
+            match &state.turn {
+                Some(t) => {
+                    // S6: a committing stop (not drain) aborts a planning turn; its
+                    // offered items go back in order when the task reports.
+                    let aborted =
+                        !state.stop.drain && !t.is_resume && t.control.abort_planning();
+                    if !aborted {
+                        if let Some(c) = cancel {
+                            let _ = t.control.submit(c, Origin::Stop, Instant::now(), None);
+                        }
+                    }
+                }
+                None => boundary(myself, state).await,
+            }
+        }
+    }
+    if let Some(r) = reply {
+        let _ = r.send(Ok(()));
+    }
+}
+
+async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>, turn: u64) {
+    let Some(active) = state.turn.take_if(|t| t.index == turn) else {
+        return;
+    };
+    let Some((ending, remaining, dropped)) = active.control.take_ending() else {
+        state.exit = Some(PendingExit {
+            reason: ExitReason::Failed("turn task ended without reporting how".into()),
+            interrupted: active.offered,
+            turn_index: active.index,
+            state: None,
+        });
+        boundary(myself, state).await;
+        return;
+    };
+    match ending {
+        Ending::PlanAborted {
+            reason,
+            plan_failed,
+        } => {
+            // S6: back to the front in their original push order, whatever the plan did.
+            tracing::info!(turn, %reason, "turn aborted while planning; offered items restored");
+            if active.is_resume {
+                state.resume = Some(ResumeSeed {
+                    items: active.offered,
+                    state: None,
+                });
+            } else {
+                let mut offered = active.offered;
+                let rest = offered.split_off(active.offered_preempted);
+                state.preempted = offered;
+                for item in rest.into_iter().rev() {
+                    state.buffer.push_front(item);
+                }
+            }
+            if plan_failed {
+                state.exit = Some(PendingExit {
+                    reason: ExitReason::Failed(reason),
+                    interrupted: Vec::new(),
+                    turn_index: turn,
+                    state: None,
+                });
+            }
+        }
+        Ending::Ran {
+            end,
+            consumed,
+            resume_state,
+        } => {
+            for item in remaining.into_iter().rev() {
+                state.buffer.push_front(item);
+            }
+            if dropped > 0 {
+                state.counters.items_dropped_by_plan += dropped;
+                tracing::info!(turn, dropped, "items dropped by the plan's decision");
+            }
+            tracing::debug!(turn, outcome = ?end, "turn ended");
+            match end {
+                TurnEnd::Completed => {
+                    state.counters.turns_completed += 1;
+                    state.counters.items_delivered += consumed.len() as u64;
+                    if active.is_resume && state.persists() {
+                        replace_resumed_record(state).await;
+                    }
+                }
+                TurnEnd::Preempted(_) => {
+                    // S8: no exit reason, no checkpoint, no interrupted items.
+                    state.counters.turns_preempted += 1;
+                    state.preempted = consumed;
+                }
+                TurnEnd::Canceled(info) => {
+                    let reason = if state.stop.shutdown {
+                        ExitReason::Shutdown
+                    } else {
+                        ExitReason::Canceled(info)
+                    };
+                    state.exit = Some(PendingExit {
+                        reason,
+                        interrupted: consumed,
+                        turn_index: turn,
+                        state: resume_state,
+                    });
+                }
+                TurnEnd::Interrupted(info) => {
+                    state.exit = Some(PendingExit {
+                        reason: ExitReason::Interrupted(info),
+                        interrupted: consumed,
+                        turn_index: turn,
+                        state: resume_state,
+                    });
+                }
+                TurnEnd::Failed(e) => {
+                    tracing::warn!(turn, error = %e, "turn failed");
+                    state.exit = Some(PendingExit {
+                        reason: ExitReason::Failed(e),
+                        interrupted: consumed,
+                        turn_index: turn,
+                        state: None,
+                    });
+                }
+                TurnEnd::PlanAborted(_) => {}
+            }
+        }
+    }
+    boundary(myself, state).await;
+}
+
+/// S17: a resumed turn that completed replaces its record, so the same state is never
+/// resumed twice.
+async fn replace_resumed_record<A: Agent>(state: &mut LoopState<A>) {
+    let Some(store) = state.store.clone() else {
+        return;
+    };
+    let result = if state.buffer.is_empty() && state.preempted.is_empty() {
+        store.delete(&state.config.id).await.map(|_| ())
+    } else {
+        let mut unhandled = state.preempted.clone();
+        unhandled.extend(state.buffer.iter().cloned());
+        store
+            .save(record(
+                state,
+                SessionStatus::Running,
+                state.next_index,
+                unhandled,
+                Vec::new(),
+                None,
+            ))
+            .await
+    };
+    if let Err(e) = result {
+        tracing::error!(error = %e, "replacing the resumed record failed; the old mid-turn state may be resumed again");
+    }
+}
+
+fn record<A: Agent>(
+    state: &LoopState<A>,
+    status: SessionStatus,
+    turn_index: u64,
+    unhandled: Vec<A::Item>,
+    interrupted: Vec<A::Item>,
+    encoded_state: Option<Vec<u8>>,
+) -> SessionRecord<A::Item> {
+    let now = now_ms();
+    SessionRecord {
+        session_id: state.config.id.clone(),
+        agent_kind: state.config.agent_kind.clone(),
+        status,
+        turn_index,
+        unhandled_items: unhandled,
+        interrupted_items: interrupted,
+        state: encoded_state,
+        stop_cause: state.shared.cause(),
+        last_error: None,
+        created_at_ms: state.created_at_ms,
+        updated_at_ms: now,
+        version: 0,
+    }
+}
+
+/// What happens at a turn boundary: exit, start the next turn, or go idle.
+async fn boundary<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
+    if state.exited || state.turn.is_some() {
+        return;
+    }
+    if let Some(exit) = state.exit.take() {
+        teardown(
+            myself,
+            state,
+            exit.reason,
+            exit.interrupted,
+            exit.turn_index,
+            exit.state,
+        )
+        .await;
+        return;
+    }
+    let has_work =
+        state.resume.is_some() || !state.preempted.is_empty() || !state.buffer.is_empty();
+    if state.stop.committed && !(state.stop.drain && has_work) {
+        // Bare/graceful/immediate stop at a boundary, or a drain with nothing left.
+        let reason = if state.stop.shutdown {
+            ExitReason::Shutdown
+        } else {
+            ExitReason::Completed
+        };
+        teardown(myself, state, reason, Vec::new(), 0, None).await;
+        return;
+    }
+    if has_work {
+        start_turn(myself, state);
+        return;
+    }
+    if let Some(d) = state.stop.idle_for {
+        state.idle_epoch += 1;
+        spawn_timer::<A>(
+            myself,
+            d,
+            InternalMsg::IdleDue {
+                epoch: state.idle_epoch,
+            },
+        );
+    }
+}
+
+fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
+    let index = state.next_index;
+    state.next_index += 1;
+    let (work, offered, offered_preempted, is_resume, input_state) = match state.resume.take() {
+        Some(seed) => (
+            TurnWork::Resume {
+                items: seed.items.clone(),
+                state: seed.state.clone(),
+            },
+            seed.items,
+            0,
+            true,
+            seed.state,
+        ),
+        None => {
+            let preempted = std::mem::take(&mut state.preempted);
+            let buffered: Vec<A::Item> = state.buffer.drain(..).collect();
+            let n_pre = preempted.len();
+            let mut offered = preempted.clone();
+            offered.extend(buffered.iter().cloned());
+            (
+                TurnWork::Plan(PlanInput {
+                    turn_index: index,
+                    preempted,
+                    buffered,
+                }),
+                offered,
+                n_pre,
+                false,
+                None,
+            )
+        }
+    };
+    let control = Arc::new(TurnControl::new(index, input_state));
+    let cx = TurnCx::<A> {
+        turn: index,
+        session: state.shared.clone(),
+        control: control.clone(),
+        subscribers: state.subscribers.clone(),
+        preempted: control.preempted_signal(),
+        stopped: state.shared.stopped_signal(),
+    };
+    let task = TurnTask {
+        agent: state.agent.clone(),
+        control: control.clone(),
+        cx,
+        subscribers: state.subscribers.clone(),
+        myself: myself.clone(),
+        work,
+    };
+    let span = tracing::info_span!(parent: &state.span, "turn", index, resume = is_resume);
+    let handle = tokio::spawn(task.run().instrument(span));
+    state.turn = Some(ActiveTurn {
+        index,
+        control,
+        offered,
+        offered_preempted,
+        is_resume,
+        task: handle.abort_handle(),
+    });
+}
+
+/// S21 teardown: final checkpoint → session-end hooks → `Ended` → stream close →
+/// actor exit (drain, so queued messages are answered).
+async fn teardown<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    reason: ExitReason,
+    interrupted: Vec<A::Item>,
+    cut_turn_index: u64,
+    mid_state: Option<A::State>,
+) {
+    let mut unhandled = std::mem::take(&mut state.preempted);
+    unhandled.extend(state.buffer.drain(..));
+    if let Some(seed) = state.resume.take() {
+        // A resume turn that never ran: it is still the cut turn to resume.
+        let mut items = seed.items;
+        items.extend(unhandled);
+        unhandled = items;
+    }
+    let checkpoint =
+        final_checkpoint(state, &reason, &unhandled, &interrupted, cut_turn_index, &mid_state).await;
+    let exit = ExitState {
+        session_id: state.config.id.clone(),
+        reason,
+        stop_cause: state.shared.cause(),
+        unhandled_items: unhandled,
+        interrupted_items: interrupted,
+        late_items: state.shared.late_snapshot(),
+        has_mid_turn_state: mid_state.is_some(),
+        checkpoint,
+        counters: state.counters,
+        next_turn_index: state.next_index,
+    };
+    let summary = exit.summary();
+    tracing::info!(reason = ?summary.reason, cause = ?summary.stop_cause, checkpoint = ?summary.checkpoint,
+        unhandled = summary.unhandled, interrupted = summary.interrupted, "session ended");
+    run_end_hooks(state, &summary).await;
+    state.exited = true;
+    state.shared.fire_stopped();
+    state.shared.publish_exit(exit);
+    state.subscribers.end(summary);
+    // Process what is already queued (pushes become late, with their items handed
+    // back), then stop; later sends are refused with the message handed back.
+    let _ = myself.drain();
+}
+
+/// S16: save when the exit was caused by a stop, an interrupt or shutdown, something is
+/// left to resume and skip_checkpoint is not set; otherwise delete a stale record. A
+/// failure (of the load, the plan or the turn) leaves the record as it was (S18).
+async fn final_checkpoint<A: Agent>(
+    state: &mut LoopState<A>,
+    reason: &ExitReason,
+    unhandled: &[A::Item],
+    interrupted: &[A::Item],
+    cut_turn_index: u64,
+    mid_state: &Option<A::State>,
+) -> CheckpointOutcome {
+    if !state.persists() || state.load_error.is_some() || matches!(reason, ExitReason::Failed(_))
+    {
+        return CheckpointOutcome::NotAttempted;
+    }
+    let Some(store) = state.store.clone() else {
+        return CheckpointOutcome::NotAttempted;
+    };
+    let caused_by_stop = state.stop.committed
+        || matches!(
+            reason,
+            ExitReason::Interrupted(_) | ExitReason::Shutdown | ExitReason::Canceled(_)
+        );
+    let left = !unhandled.is_empty() || !interrupted.is_empty() || mid_state.is_some();
+    if caused_by_stop && left && !state.stop.skip_checkpoint {
+        let encoded = match mid_state {
+            Some(s) => match codec::encode_state(&state.config.id, s) {
+                Ok(b) => Some(b),
+                Err(e) => return CheckpointOutcome::Failed(e.to_string()),
+            },
+            None => None,
+        };
+        let status = if state.stop.shutdown || matches!(reason, ExitReason::Shutdown) {
+            SessionStatus::Interrupted
+        } else {
+            SessionStatus::Stopped
+        };
+        let turn_index = if interrupted.is_empty() && mid_state.is_none() {
+            state.next_index
+        } else {
+            cut_turn_index
+        };
+        let rec = record(
+            state,
+            status,
+            turn_index,
+            unhandled.to_vec(),
+            interrupted.to_vec(),
+            encoded,
+        );
+        match store.save(rec).await {
+            Ok(()) => CheckpointOutcome::Saved,
+            Err(e) => {
+                tracing::error!(error = %e, "final checkpoint failed");
+                CheckpointOutcome::Failed(e.to_string())
+            }
+        }
+    } else {
+        match store.delete(&state.config.id).await {
+            Ok(true) => CheckpointOutcome::Deleted,
+            Ok(false) => CheckpointOutcome::NotAttempted,
+            Err(e) => {
+                tracing::error!(error = %e, "deleting the stale record failed");
+                CheckpointOutcome::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+/// S21: each hook bounded by the timeout and isolated (its own task: a panic or a hang
+/// does not stop the next one).
+async fn run_end_hooks<A: Agent>(state: &LoopState<A>, summary: &crate::session::ExitSummary) {
+    for (i, hook) in state.config.end_hooks.iter().enumerate() {
+        let fut = hook(summary.clone());
+        let task = tokio::spawn(fut);
+        let abort = task.abort_handle();
+        match tokio::time::timeout(state.config.hook_timeout, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(hook = i, error = %e, "session-end hook failed"),
+            Ok(Err(e)) => tracing::warn!(hook = i, error = %e, "session-end hook panicked"),
+            Err(_) => {
+                abort.abort();
+                tracing::warn!(hook = i, timeout = ?state.config.hook_timeout, "session-end hook timed out");
+            }
+        }
+    }
+}

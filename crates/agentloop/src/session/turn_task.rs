@@ -1,0 +1,223 @@
+//! The turn task: the tokio task that plans and runs one turn of agent code (DESIGN §1
+//! "the agent's own code never runs inside an actor handler", S2, S5, S6).
+//!
+//! It owns the agent's futures for the turn: it waits for the order gate, runs `plan`
+//! (dropping it if a stop aborts planning), starts the turn, runs `run_turn` while
+//! watching the control block for Immediate cancels and cancel deadlines, catches
+//! panics, classifies the end, reports `TurnFinished` to the actor, and then delivers
+//! the turn's final events. It never touches the actor's state.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use ractor::ActorRef;
+use tokio::time::Instant;
+
+use crate::agent::{Agent, PlanInput, Turn};
+use crate::events::{SessionEvent, Subscribers, TurnEnd};
+use crate::session::control::{RunEnd, TurnControl};
+use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
+use crate::session::TurnCx;
+
+/// What the turn works on.
+pub(crate) enum TurnWork<A: Agent> {
+    /// A normal turn: plan over these items first.
+    Plan(PlanInput<A::Item>),
+    /// A resume turn (S17): no plan; these items and this state.
+    Resume {
+        items: Vec<A::Item>,
+        state: Option<A::State>,
+    },
+}
+
+/// Everything a turn task needs.
+pub(crate) struct TurnTask<A: Agent> {
+    pub(crate) agent: Arc<A>,
+    pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
+    pub(crate) cx: TurnCx<A>,
+    pub(crate) subscribers: Arc<Subscribers<A::Event>>,
+    pub(crate) myself: ActorRef<TurnLoopMsg<A::Item, A::Event>>,
+    pub(crate) work: TurnWork<A>,
+}
+
+fn panic_message(p: Box<dyn Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn report_finished<I, E>(myself: &ActorRef<TurnLoopMsg<I, E>>, turn: u64)
+where
+    I: Send + 'static,
+    E: Send + 'static,
+{
+    // The actor may be gone (killed); then nobody needs the report.
+    let _ = myself.send_message(TurnLoopMsg::Internal(Internal(InternalMsg::TurnFinished {
+        turn,
+    })));
+}
+
+impl<A: Agent> TurnTask<A> {
+    /// Runs the turn to its end. See the module docs for the sequence.
+    pub(crate) async fn run(self) {
+        let TurnTask {
+            agent,
+            control,
+            cx,
+            subscribers,
+            myself,
+            work,
+        } = self;
+        let index = control.index;
+        let resumed = matches!(work, TurnWork::Resume { .. });
+
+        // 1. The order gate and the plan, both abandoned if a stop aborts planning (S6).
+        let gate_and_plan = async {
+            let gate = subscribers.order_gate().await;
+            let planned = match work {
+                TurnWork::Resume { items, state } => Ok((items, Vec::new(), 0, false, state)),
+                TurnWork::Plan(input) => {
+                    let offered = input.len();
+                    let had_preempted = !input.preempted.is_empty();
+                    match AssertUnwindSafe(agent.plan(input)).catch_unwind().await {
+                        Err(p) => Err(format!("plan panicked: {}", panic_message(p))),
+                        Ok(Err(e)) => Err(format!("plan failed: {e}")),
+                        Ok(Ok(plan)) => {
+                            let returned = plan.consumed.len() + plan.remaining.len();
+                            if returned > offered {
+                                Err(format!(
+                                    "plan returned {returned} items but was offered {offered}; \
+                                     a plan may only consume, hand back or drop offered items"
+                                ))
+                            } else {
+                                let dropped = (offered - returned) as u64;
+                                Ok((plan.consumed, plan.remaining, dropped, had_preempted, None))
+                            }
+                        }
+                    }
+                }
+            };
+            (gate, planned)
+        };
+        let planned = {
+            let gate_and_plan = gate_and_plan.fuse();
+            tokio::pin!(gate_and_plan);
+            loop {
+                let changed = control.changed();
+                tokio::pin!(changed);
+                if control.planning_aborted() {
+                    break None;
+                }
+                tokio::select! {
+                    biased;
+                    _ = &mut changed => continue,
+                    r = &mut gate_and_plan => break Some(r),
+                }
+            }
+        };
+        let (gate, planned) = match planned {
+            None => {
+                control.end_planning("a stop committed while the turn was planning".into(), false);
+                report_finished(&myself, index);
+                return;
+            }
+            Some(r) => r,
+        };
+        let (items, remaining, dropped, had_preempted, resume_state) = match planned {
+            Err(reason) => {
+                control.end_planning(reason.clone(), true);
+                let fin = subscribers.send_final(
+                    vec![SessionEvent::TurnEnded {
+                        turn: index,
+                        outcome: TurnEnd::PlanAborted(reason),
+                    }],
+                    gate,
+                );
+                report_finished(&myself, index);
+                fin.await;
+                return;
+            }
+            Ok(p) => p,
+        };
+        if !control.start_running(items.clone(), remaining, dropped, Instant::now()) {
+            control.end_planning("a stop committed while the turn was planning".into(), false);
+            report_finished(&myself, index);
+            return;
+        }
+
+        // 2. Run the agent, watching for Immediate cancels and deadlines (S2).
+        let turn = Turn::<A> {
+            index,
+            has_preempted_items: had_preempted,
+            items,
+            resume: resume_state,
+        };
+        let n_items = turn.items.len();
+        let run_subscribers = subscribers.clone();
+        let run_end = {
+            let run = async move {
+                if !run_subscribers.is_empty() {
+                    run_subscribers
+                        .send(SessionEvent::TurnStarted {
+                            turn: index,
+                            items: n_items,
+                            resumed,
+                        })
+                        .await;
+                }
+                agent.run_turn(turn, cx).await
+            };
+            let run = AssertUnwindSafe(run).catch_unwind();
+            tokio::pin!(run);
+            loop {
+                let changed = control.changed();
+                tokio::pin!(changed);
+                if control.must_kill() {
+                    break RunEnd::Killed;
+                }
+                let deadline = control.deadline();
+                tokio::select! {
+                    biased;
+                    _ = &mut changed => continue,
+                    _ = sleep_until_opt(deadline) => {
+                        control.escalate_on_timeout(Instant::now());
+                        continue;
+                    }
+                    r = &mut run => break match r {
+                        Ok(v) => RunEnd::Returned(v),
+                        Err(p) => RunEnd::Panicked(panic_message(p)),
+                    },
+                }
+            }
+            // Leaving this block drops the agent's future (if it was killed) now.
+        };
+
+        // 3. Classify, report, then deliver the final events (never holding up the
+        // actor; `Ended` waits for them).
+        let end = control.finish(run_end);
+        let mut finals = Vec::with_capacity(2);
+        if matches!(end, TurnEnd::Preempted(_)) {
+            finals.push(SessionEvent::Preempted { turn: index });
+        }
+        finals.push(SessionEvent::TurnEnded {
+            turn: index,
+            outcome: end,
+        });
+        let fin = subscribers.send_final(finals, gate);
+        report_finished(&myself, index);
+        fin.await;
+    }
+}
