@@ -257,14 +257,18 @@ mod tests {
     }
 
     fn state_strategy(base: Instant) -> impl Strategy<Value = Option<CancelState>> {
-        proptest::option::of((mode_strategy(), proptest::option::of(0u64..20), any::<bool>()))
-            .prop_map(move |o| {
-                o.map(|(mode, d, timed_out)| CancelState {
-                    mode,
-                    deadline: d.map(|ms| base + Duration::from_millis(ms)),
-                    timed_out,
-                })
+        proptest::option::of((
+            mode_strategy(),
+            proptest::option::of(0u64..20),
+            any::<bool>(),
+        ))
+        .prop_map(move |o| {
+            o.map(|(mode, d, timed_out)| CancelState {
+                mode,
+                deadline: d.map(|ms| base + Duration::from_millis(ms)),
+                timed_out,
             })
+        })
     }
 
     fn now_and_states() -> impl Strategy<

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use futures::task::AtomicWaker;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
-use futures::task::AtomicWaker;
 use tokio::sync::mpsc;
 
 use crate::agent::InterruptInfo;
@@ -174,11 +174,8 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             Some(summary) => slot.set(summary),
             None => {
                 let mut list = self.list.write();
-                let mut next: Vec<SubscriberTx<E>> = list
-                    .iter()
-                    .filter(|s| !s.tx.is_closed())
-                    .cloned()
-                    .collect();
+                let mut next: Vec<SubscriberTx<E>> =
+                    list.iter().filter(|s| !s.tx.is_closed()).cloned().collect();
                 next.push(SubscriberTx {
                     tx,
                     slot: slot.clone(),

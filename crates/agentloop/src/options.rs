@@ -14,7 +14,9 @@ use crate::cancel::{CancelMode, CancelRequest, SafePoint};
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OptionsError {
     /// A duration was zero or negative.
-    #[error("option `{option}` must be a positive duration (got {got}); pass a value greater than zero")]
+    #[error(
+        "option `{option}` must be a positive duration (got {got}); pass a value greater than zero"
+    )]
     NonPositiveDuration {
         /// The option's name, e.g. `graceful_timeout`.
         option: &'static str,
@@ -22,7 +24,9 @@ pub enum OptionsError {
         got: String,
     },
     /// A preempt or cancel targets no safe point.
-    #[error("option `{option}` names no safe point; use AfterModelCall, AfterToolCalls or AnySafePoint")]
+    #[error(
+        "option `{option}` names no safe point; use AfterModelCall, AfterToolCalls or AnySafePoint"
+    )]
     NoSafePoint {
         /// The option's name.
         option: &'static str,

@@ -121,8 +121,9 @@ impl SessionConfig {
         F: Fn(ExitSummary) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<(), String>> + Send + 'static,
     {
-        self.end_hooks
-            .push(Arc::new(move |s| Box::pin(hook(s)) as BoxFuture<'static, _>));
+        self.end_hooks.push(Arc::new(move |s| {
+            Box::pin(hook(s)) as BoxFuture<'static, _>
+        }));
         self
     }
 

@@ -351,10 +351,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         st.phase = Phase::Ended;
         let killed = matches!(run, RunEnd::Killed);
         let cut = if killed || st.captured.is_some() {
-            let mode = st
-                .active
-                .map(|c| c.mode)
-                .unwrap_or(CancelMode::Immediate);
+            let mode = st.active.map(|c| c.mode).unwrap_or(CancelMode::Immediate);
             let first = st.first_mode.unwrap_or(mode);
             Some(CancelInfo {
                 mode,

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
 use ractor::{Actor, ActorCell, ActorRef, MessagingErr, RpcReplyPort};
+use tokio::sync::oneshot;
 
 use crate::agent::Agent;
 use crate::error::{SessionError, SpawnError};

@@ -182,7 +182,11 @@ impl<A: Agent> Drop for LoopState<A> {
 
 type Myself<A> = ActorRef<TurnLoopMsg<<A as Agent>::Item, <A as Agent>::Event>>;
 
-fn spawn_timer<A: Agent>(myself: &Myself<A>, after: std::time::Duration, msg: InternalMsg<A::Item>) {
+fn spawn_timer<A: Agent>(
+    myself: &Myself<A>,
+    after: std::time::Duration,
+    msg: InternalMsg<A::Item>,
+) {
     let myself = myself.clone();
     tokio::spawn(async move {
         tokio::time::sleep(after).await;
@@ -201,7 +205,8 @@ impl<A: Agent> Actor for TurnLoop<A> {
         _myself: ActorRef<Self::Msg>,
         args: TurnLoopArgs<A>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let span = tracing::info_span!("session", id = %args.config.id, kind = %args.config.agent_kind);
+        let span =
+            tracing::info_span!("session", id = %args.config.id, kind = %args.config.agent_kind);
         let mut state = LoopState {
             config: args.config,
             agent: args.agent,
@@ -426,11 +431,7 @@ async fn on_push<A: Agent>(
 }
 
 /// Submits a preempt to its target turn and answers the push (S7).
-fn submit_preempt<A: Agent>(
-    t: &ActiveTurn<A>,
-    p: Preempt,
-    reply: Option<PushReply<A::Item>>,
-) {
+fn submit_preempt<A: Agent>(t: &ActiveTurn<A>, p: Preempt, reply: Option<PushReply<A::Item>>) {
     let turn = t.index;
     let (submitted, reply) =
         t.control
@@ -517,8 +518,7 @@ async fn on_stop<A: Agent>(
                 Some(t) => {
                     // S6: a committing stop (not drain) aborts a planning turn; its
                     // offered items go back in order when the task reports.
-                    let aborted =
-                        !state.stop.drain && !t.is_resume && t.control.abort_planning();
+                    let aborted = !state.stop.drain && !t.is_resume && t.control.abort_planning();
                     if !aborted {
                         if let Some(c) = cancel {
                             let _ = t.control.submit(c, Origin::Stop, Instant::now(), None);
@@ -817,8 +817,15 @@ async fn teardown<A: Agent>(
         items.extend(unhandled);
         unhandled = items;
     }
-    let checkpoint =
-        final_checkpoint(state, &reason, &unhandled, &interrupted, cut_turn_index, &mid_state).await;
+    let checkpoint = final_checkpoint(
+        state,
+        &reason,
+        &unhandled,
+        &interrupted,
+        cut_turn_index,
+        &mid_state,
+    )
+    .await;
     let exit = ExitState {
         session_id: state.config.id.clone(),
         reason,
@@ -855,8 +862,7 @@ async fn final_checkpoint<A: Agent>(
     cut_turn_index: u64,
     mid_state: &Option<A::State>,
 ) -> CheckpointOutcome {
-    if !state.persists() || state.load_error.is_some() || matches!(reason, ExitReason::Failed(_))
-    {
+    if !state.persists() || state.load_error.is_some() || matches!(reason, ExitReason::Failed(_)) {
         return CheckpointOutcome::NotAttempted;
     }
     let Some(store) = state.store.clone() else {

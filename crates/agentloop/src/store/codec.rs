@@ -76,8 +76,11 @@ mod tests {
             assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
         }
         // A huge announced length must hit the limit, not allocate.
-        let e = decode_state::<Vec<u8>>("s1", &[0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f])
-            .unwrap_err();
+        let e = decode_state::<Vec<u8>>(
+            "s1",
+            &[0xfd, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f],
+        )
+        .unwrap_err();
         assert!(matches!(e, StoreError::Corrupt { .. }));
     }
 }
