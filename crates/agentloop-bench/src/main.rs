@@ -1,1 +1,61 @@
-fn main(){}
+//! The agentloop benchmark harness (DESIGN §10): each figure runs its baseline and
+//! agentloop in the same process and run, and reports the ratio. Absolute times are
+//! noise; the ratios are the figures.
+//!
+//! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
+//! `b1` or `all`.
+
+use std::process::ExitCode;
+
+mod b1;
+mod probe;
+mod report;
+
+/// The figures, in the order `all` runs them.
+const FIGURES: &[&str] = &["b1"];
+
+fn usage() -> String {
+    format!(
+        "usage: agentloop-bench <figure>\n  figures: {} | all",
+        FIGURES.join(" | ")
+    )
+}
+
+async fn run_figure(id: &str) {
+    match id {
+        "b1" => b1::run().await,
+        other => unreachable!("figure {other} is listed but not dispatched"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let figures: Vec<&str> = match args.as_slice() {
+        [one] if one == "alonly" => {
+            tokio::task::spawn_blocking(probe::al_only).await.unwrap();
+            return ExitCode::SUCCESS;
+        }
+        [one] if one == "probe" => {
+            probe::run().await;
+            return ExitCode::SUCCESS;
+        }
+        [one] if one == "all" => FIGURES.to_vec(),
+        [one] if FIGURES.contains(&one.as_str()) => vec![one.as_str()],
+        [one] if one == "-h" || one == "--help" => {
+            println!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprintln!("{}", usage());
+            return ExitCode::from(2);
+        }
+    };
+    for (i, id) in figures.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        run_figure(id).await;
+    }
+    ExitCode::SUCCESS
+}

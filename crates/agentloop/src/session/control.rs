@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::agent::TurnOutcome;
 use crate::cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 use crate::events::TurnEnd;
-use crate::session::messages::{PreemptAck, PushReply};
+use crate::session::messages::{PendingAck, PreemptAck};
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ pub(crate) struct ControlState<I, S> {
     pending_by_stop: bool,
     pending_by_preempt: bool,
     /// Preempt acknowledgements waiting for the turn to become active.
-    pending_acks: Vec<(PushReply<I>, u64)>,
+    pending_acks: Vec<PendingAck<I>>,
     /// The merged cancel of the running turn.
     active: Option<CancelState>,
     first_mode: Option<CancelMode>,
@@ -170,8 +170,8 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         req: CancelRequest,
         origin: Origin,
         now: Instant,
-        ack: Option<PushReply<I>>,
-    ) -> (Submitted, Option<PushReply<I>>) {
+        ack: Option<PendingAck<I>>,
+    ) -> (Submitted, Option<PendingAck<I>>) {
         let mut st = self.state.lock();
         match st.phase {
             Phase::Ended => (Submitted::TurnEnded, ack),
@@ -185,7 +185,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                     Origin::Preempt => st.pending_by_preempt = true,
                 }
                 if let Some(a) = ack {
-                    st.pending_acks.push((a, self.index));
+                    st.pending_acks.push(a);
                 }
                 (Submitted::Pending, None)
             }
@@ -261,8 +261,8 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         if preempted {
             self.preempted.send_replace(true);
         }
-        for (reply, turn) in acks {
-            let _ = reply.send(Ok(PreemptAck::Submitted { turn }));
+        for ack in acks {
+            ack.answer(PreemptAck::Submitted { turn: self.index });
         }
         true
     }
@@ -335,8 +335,8 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         });
         let acks = std::mem::take(&mut st.pending_acks);
         drop(st);
-        for (reply, turn) in acks {
-            let _ = reply.send(Ok(PreemptAck::TargetEnded { turn }));
+        for ack in acks {
+            ack.answer(PreemptAck::TargetEnded { turn: self.index });
         }
     }
 

@@ -85,6 +85,39 @@ impl<I> std::error::Error for PushError<I> {}
 /// rejection (S14).
 pub type PushReply<I> = RpcReplyPort<Result<PreemptAck, PushError<I>>>;
 
+/// The acknowledgement of an accepted push whose preempt is still pending (a planning
+/// target or a delay). Invariant: the item is already accepted, so the caller must hear
+/// `Ok`: if this is dropped unanswered (the session exited or was killed first), it
+/// answers `TargetEnded`, so the caller never mistakes an accepted item for a lost one.
+pub(crate) struct PendingAck<I> {
+    port: Option<PushReply<I>>,
+    turn: u64,
+}
+
+impl<I> PendingAck<I> {
+    pub(crate) fn new(port: PushReply<I>, turn: u64) -> Self {
+        PendingAck {
+            port: Some(port),
+            turn,
+        }
+    }
+
+    /// Answers with `ack`.
+    pub(crate) fn answer(mut self, ack: PreemptAck) {
+        if let Some(p) = self.port.take() {
+            let _ = p.send(Ok(ack));
+        }
+    }
+}
+
+impl<I> Drop for PendingAck<I> {
+    fn drop(&mut self) {
+        if let Some(p) = self.port.take() {
+            let _ = p.send(Ok(PreemptAck::TargetEnded { turn: self.turn }));
+        }
+    }
+}
+
 /// A snapshot of a session (answer to [`TurnLoopMsg::Inspect`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionInfo {
@@ -163,7 +196,7 @@ pub(crate) enum InternalMsg<I> {
     PreemptDue {
         turn: u64,
         preempt: crate::options::Preempt,
-        reply: Option<PushReply<I>>,
+        reply: Option<PendingAck<I>>,
     },
     /// An idle timer fired (S11 `until_idle_for`).
     IdleDue { epoch: u64 },

@@ -22,7 +22,7 @@ use crate::options::{Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 use crate::session::control::{Ending, Origin, Phase, Submitted, TurnControl};
 use crate::session::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState};
 use crate::session::messages::{
-    Internal, InternalMsg, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg,
+    Internal, InternalMsg, PendingAck, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg,
 };
 use crate::session::shared::SessionShared;
 use crate::session::stop::{StopEffect, StopState};
@@ -418,10 +418,10 @@ async fn on_push<A: Agent>(
                     InternalMsg::PreemptDue {
                         turn: t.index,
                         preempt: Preempt { delay: None, ..p },
-                        reply,
+                        reply: reply.map(|r| PendingAck::new(r, t.index)),
                     },
                 ),
-                (Some(t), None) => submit_preempt(t, p, reply),
+                (Some(t), None) => submit_preempt(t, p, reply.map(|r| PendingAck::new(r, t.index))),
             }
         }
     }
@@ -431,7 +431,7 @@ async fn on_push<A: Agent>(
 }
 
 /// Submits a preempt to its target turn and answers the push (S7).
-fn submit_preempt<A: Agent>(t: &ActiveTurn<A>, p: Preempt, reply: Option<PushReply<A::Item>>) {
+fn submit_preempt<A: Agent>(t: &ActiveTurn<A>, p: Preempt, reply: Option<PendingAck<A::Item>>) {
     let turn = t.index;
     let (submitted, reply) =
         t.control
@@ -446,7 +446,7 @@ fn submit_preempt<A: Agent>(t: &ActiveTurn<A>, p: Preempt, reply: Option<PushRep
         Submitted::TurnEnded => PreemptAck::TargetEnded { turn },
     };
     if let Some(r) = reply {
-        let _ = r.send(Ok(ack));
+        r.answer(ack);
     }
 }
 
@@ -454,7 +454,7 @@ fn on_preempt_due<A: Agent>(
     state: &mut LoopState<A>,
     turn: u64,
     preempt: Preempt,
-    reply: Option<PushReply<A::Item>>,
+    reply: Option<PendingAck<A::Item>>,
 ) {
     match state.turn.as_ref().filter(|t| t.index == turn) {
         Some(t) if !state.exited => submit_preempt(t, preempt, reply),
@@ -462,7 +462,7 @@ fn on_preempt_due<A: Agent>(
             // S7: a delayed preempt whose target has ended does nothing.
             tracing::debug!(turn, "delayed preempt found its target ended");
             if let Some(r) = reply {
-                let _ = r.send(Ok(PreemptAck::TargetEnded { turn }));
+                r.answer(PreemptAck::TargetEnded { turn });
             }
         }
     }

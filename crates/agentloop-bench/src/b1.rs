@@ -1,0 +1,249 @@
+//! B1: turn round trip (push, then wait for the turn-ended event), no-op agent, one
+//! session, against the bare mechanism in the same process and run (DESIGN §10).
+//!
+//! * Baseline: a ractor actor that, on each push message, spawns a tokio task; the task
+//!   casts `Done` back to the actor; the actor then sends one event on a tokio mpsc
+//!   channel to the waiting client. The client casts the push and awaits the event.
+//! * agentloop: one session of the simulated agent with a no-op script; the client
+//!   awaits `push` (its acceptance) and then reads its event stream until `TurnEnded`.
+//!
+//! Both sides run in rounds of `OPS_PER_ROUND` round trips, interleaved (the side that
+//! goes first alternates), after a warm-up of each. A round's sample is its mean time
+//! per round trip; each side's figure is the median over its rounds.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentloop::{SessionConfig, SessionEvent, SessionHandle, StopOptions};
+use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tokio::sync::mpsc;
+
+use crate::report::{print_table, ratio_line_max, summarize};
+
+/// Round trips per round.
+const OPS_PER_ROUND: u64 = 20_000;
+/// Rounds per side (odd, so the median is one round).
+const ROUNDS: usize = 15;
+/// Warm-up round trips per side before the first timed round.
+const WARMUP_OPS: u64 = 5_000;
+/// The target: agentloop ≤ 2 × baseline.
+const TARGET: f64 = 2.0;
+/// The capacity of the baseline's event channel (agentloop's default subscriber
+/// capacity, so both sides use the same kind of channel).
+const EVENT_CAPACITY: usize = agentloop::events::DEFAULT_EVENT_CAPACITY;
+
+// ---------------------------------------------------------------------------------
+// Baseline: the bare mechanism.
+
+/// The baseline actor's messages.
+enum BaseMsg {
+    /// A client push: start the "turn".
+    Push(u64),
+    /// The "turn" task finished.
+    Done(u64),
+}
+
+struct BaseActor;
+
+struct BaseState {
+    events: mpsc::Sender<u64>,
+}
+
+impl Actor for BaseActor {
+    type Msg = BaseMsg;
+    type State = BaseState;
+    type Arguments = mpsc::Sender<u64>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        events: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(BaseState { events })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            BaseMsg::Push(n) => {
+                tokio::spawn(async move {
+                    // The actor may be stopping; then nobody waits for this.
+                    let _ = myself.send_message(BaseMsg::Done(n));
+                });
+            }
+            BaseMsg::Done(n) => {
+                // The client may have gone; then nobody waits for this.
+                let _ = state.events.send(n).await;
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Baseline {
+    actor: ActorRef<BaseMsg>,
+    join: tokio::task::JoinHandle<()>,
+    events: mpsc::Receiver<u64>,
+    next: u64,
+}
+
+impl Baseline {
+    async fn start() -> Self {
+        let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
+        let (actor, join) = Actor::spawn(None, BaseActor, tx)
+            .await
+            .expect("spawning the baseline actor");
+        Baseline {
+            actor,
+            join,
+            events: rx,
+            next: 0,
+        }
+    }
+
+    /// One round trip: cast the push, await the event.
+    async fn round_trip(&mut self) {
+        let n = self.next;
+        self.next += 1;
+        self.actor
+            .send_message(BaseMsg::Push(n))
+            .unwrap_or_else(|_| panic!("the baseline actor is gone"));
+        let got = self
+            .events
+            .recv()
+            .await
+            .expect("the baseline event channel closed");
+        assert_eq!(got, n, "baseline event out of order");
+    }
+
+    async fn run(&mut self, ops: u64) -> Duration {
+        let t0 = Instant::now();
+        for _ in 0..ops {
+            self.round_trip().await;
+        }
+        t0.elapsed()
+    }
+
+    async fn stop(self) {
+        self.actor.stop(None);
+        self.join.await.expect("the baseline actor panicked");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// agentloop: one session of the no-op agent.
+
+struct Agentloop {
+    handle: SessionHandle<SimItem, SimEvent>,
+    events: agentloop::EventStream<SimEvent>,
+    next: u64,
+}
+
+impl Agentloop {
+    async fn start() -> Self {
+        let agent = SimAgent::new(Script::noop());
+        let handle = SessionHandle::spawn(SessionConfig::new("b1"), Arc::new(agent), None)
+            .await
+            .expect("spawning the B1 session");
+        let events = handle.subscribe();
+        Agentloop {
+            handle,
+            events,
+            next: 0,
+        }
+    }
+
+    /// One round trip: push (awaiting its acceptance), then read until `TurnEnded`.
+    async fn round_trip(&mut self) {
+        let n = self.next;
+        self.next += 1;
+        self.handle
+            .push(SimItem::new(n, "x"))
+            .await
+            .expect("the B1 session refused a push");
+        loop {
+            match self.events.next().await {
+                Some(SessionEvent::TurnEnded { .. }) => break,
+                Some(SessionEvent::Ended(summary)) => {
+                    panic!("the B1 session ended during the run: {summary:?}")
+                }
+                Some(_) => {}
+                None => panic!("the B1 event stream closed during the run"),
+            }
+        }
+    }
+
+    async fn run(&mut self, ops: u64) -> Duration {
+        let t0 = Instant::now();
+        for _ in 0..ops {
+            self.round_trip().await;
+        }
+        t0.elapsed()
+    }
+
+    async fn stop(self) {
+        self.handle
+            .stop(StopOptions::bare())
+            .await
+            .expect("stopping the B1 session");
+        let exit = self.handle.wait().await;
+        assert_eq!(
+            exit.counters.turns_completed, self.next,
+            "every push should have made exactly one completed turn"
+        );
+    }
+}
+
+fn micros_per_op(d: Duration, ops: u64) -> f64 {
+    d.as_secs_f64() * 1e6 / ops as f64
+}
+
+/// Runs B1 and prints its table and verdict line (the last line).
+pub async fn run() {
+    println!(
+        "B1: turn round trip, no-op agent, 1 session; {ROUNDS} interleaved rounds of \
+         {OPS_PER_ROUND} round trips per side, warm-up {WARMUP_OPS}; tokio workers: {}",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
+    let mut base = Baseline::start().await;
+    let mut al = Agentloop::start().await;
+
+    base.run(WARMUP_OPS).await;
+    al.run(WARMUP_OPS).await;
+
+    let mut base_us = Vec::with_capacity(ROUNDS);
+    let mut al_us = Vec::with_capacity(ROUNDS);
+    for round in 0..ROUNDS {
+        // Alternate which side goes first so neither always runs on a "fresh" or a
+        // "tired" runtime.
+        if round % 2 == 0 {
+            base_us.push(micros_per_op(base.run(OPS_PER_ROUND).await, OPS_PER_ROUND));
+            al_us.push(micros_per_op(al.run(OPS_PER_ROUND).await, OPS_PER_ROUND));
+        } else {
+            al_us.push(micros_per_op(al.run(OPS_PER_ROUND).await, OPS_PER_ROUND));
+            base_us.push(micros_per_op(base.run(OPS_PER_ROUND).await, OPS_PER_ROUND));
+        }
+    }
+
+    base.stop().await;
+    al.stop().await;
+
+    let base_s = summarize(&base_us);
+    let al_s = summarize(&al_us);
+    println!();
+    print_table(
+        "B1 turn round trip",
+        "µs/op",
+        &[("baseline (bare mechanism)", base_s), ("agentloop", al_s)],
+    );
+    println!();
+    println!(
+        "{}",
+        ratio_line_max("B1", al_s.median / base_s.median, TARGET)
+    );
+}

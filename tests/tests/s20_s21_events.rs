@@ -1,0 +1,235 @@
+//! S20–S21: the event stream, backpressure, the teardown order, and the terminal-event
+//! guarantee (`Ended` last for every attached subscriber, no buffer capacity needed,
+//! teardown never waits on a subscriber). Paused clock.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop::{
+    CheckpointStore, ExitReason, MemoryStore, SessionConfig, SessionEvent, SessionHandle,
+    StopOptions, TurnEnd,
+};
+use agentloop_sim::{Gate, Notice, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+
+fn kinds(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
+    evs.iter()
+        .map(|e| match e {
+            SessionEvent::TurnStarted { turn, .. } => format!("start{turn}"),
+            SessionEvent::Agent {
+                turn,
+                event: SimEvent::StepDone { step, .. },
+            } => format!("step{turn}.{step}"),
+            SessionEvent::Preempted { turn } => format!("preempted{turn}"),
+            SessionEvent::TurnEnded { turn, .. } => format!("end{turn}"),
+            SessionEvent::StopRequested { .. } => "stop".into(),
+            SessionEvent::Ended(_) => "Ended".into(),
+        })
+        .collect()
+}
+
+/// S20: the stream carries turn started, agent events, turn ended, stop requested and
+/// finally Ended, in order; `None` follows Ended.
+#[tokio::test(start_paused = true)]
+async fn s20_events_arrive_in_order_and_end_with_ended() {
+    let (tx, mut probe) = probe();
+    let h = spawn("events", SimAgent::new(steps(2)).with_probe(tx)).await;
+    let events = h.subscribe();
+    h.push(item(1)).await.unwrap();
+    probe
+        .until("turn 0 done", |n| matches!(n, Notice::TurnDone { turn: 0 }))
+        .await;
+    tokio::task::yield_now().await;
+    h.stop(StopOptions::bare().cause("bye")).await.unwrap();
+    let evs = collect(events).await;
+    assert_eq!(
+        kinds(&evs),
+        vec!["start0", "step0.0", "step0.1", "end0", "stop", "Ended"]
+    );
+    assert!(matches!(
+        evs[3],
+        SessionEvent::TurnEnded {
+            turn: 0,
+            outcome: TurnEnd::Completed
+        }
+    ));
+    match evs.last() {
+        Some(SessionEvent::Ended(s)) => {
+            assert_eq!(s.stop_cause.as_deref(), Some("bye"));
+            assert_eq!(s.reason, ExitReason::Completed);
+        }
+        e => panic!("expected Ended last, got {e:?}"),
+    }
+}
+
+/// S21: a subscriber that stopped reading with a full buffer does not delay the exit;
+/// when it reads again it still gets everything that was queued or in flight, then
+/// Ended last.
+#[tokio::test(start_paused = true)]
+async fn s21_stuck_subscriber_does_not_delay_exit() {
+    let (tx, mut probe) = probe();
+    let h = spawn("stuck", SimAgent::new(steps(1)).with_probe(tx)).await;
+    // Capacity 2: TurnStarted and the step event fill it; TurnEnded stays in flight.
+    let mut stuck = h.subscribe_with_capacity(2);
+    h.push(item(1)).await.unwrap();
+    probe
+        .until("turn 0 done", |n| matches!(n, Notice::TurnDone { turn: 0 }))
+        .await;
+    let start = tokio::time::Instant::now();
+    h.stop(StopOptions::bare()).await.unwrap();
+    let exit = within("exit despite a stuck subscriber", h.wait()).await;
+    assert_eq!(start.elapsed(), Duration::ZERO, "teardown waited on nobody");
+    assert_eq!(exit.counters.turns_completed, 1);
+    // The subscriber wakes up later: queued events, the in-flight TurnEnded, then Ended.
+    let mut evs = Vec::new();
+    while let Some(e) = within("stuck stream", stuck.next()).await {
+        evs.push(e);
+    }
+    let k = kinds(&evs);
+    assert_eq!(k.first().map(String::as_str), Some("start0"));
+    assert!(k.contains(&"end0".to_string()), "{k:?}");
+    assert_eq!(k.last().map(String::as_str), Some("Ended"), "{k:?}");
+    assert!(stuck.next().await.is_none());
+}
+
+/// S20/S21: a slow but live subscriber applies backpressure (the agent waits for it),
+/// receives every event in order, and Ended last.
+#[tokio::test(start_paused = true)]
+async fn s21_slow_subscriber_gets_everything_and_ended_last() {
+    let h = spawn("slow", SimAgent::new(steps(3))).await;
+    let mut slow = h.subscribe_with_capacity(1);
+    let reader = tokio::spawn(async move {
+        let mut evs = Vec::new();
+        while let Some(e) = slow.next().await {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            evs.push(e);
+        }
+        evs
+    });
+    h.push(item(1)).await.unwrap();
+    h.push(item(2)).await.unwrap();
+    h.stop(StopOptions::drain()).await.unwrap();
+    within("exit", h.wait()).await;
+    let evs = within("reader", reader).await.unwrap();
+    let k: Vec<String> = kinds(&evs)
+        .into_iter()
+        .filter(|k| k != "stop") // best effort by design when the buffer is full
+        .collect();
+    let mut expected = Vec::new();
+    let turns = evs
+        .iter()
+        .filter(|e| matches!(e, SessionEvent::TurnStarted { .. }))
+        .count();
+    assert!(turns >= 1);
+    for t in 0..turns {
+        expected.extend([
+            format!("start{t}"),
+            format!("step{t}.0"),
+            format!("step{t}.1"),
+            format!("step{t}.2"),
+            format!("end{t}"),
+        ]);
+    }
+    expected.push("Ended".into());
+    assert_eq!(k, expected);
+}
+
+/// S20: a dropped subscriber costs nothing: the session runs on unhindered.
+#[tokio::test(start_paused = true)]
+async fn s20_dropped_subscriber_costs_nothing() {
+    let h = spawn("dropped", SimAgent::new(steps(5))).await;
+    drop(h.subscribe_with_capacity(1));
+    for id in 0..10 {
+        h.push(item(id)).await.unwrap();
+    }
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.counters.items_delivered, 10);
+}
+
+/// S21: teardown order: final checkpoint → session-end hooks (bounded, isolated: a
+/// failing, a panicking and a hanging hook do not stop the next) → Ended → stream end.
+#[tokio::test(start_paused = true)]
+async fn s21_teardown_order_and_isolated_bounded_hooks() {
+    let store: Arc<MemoryStore<SimItem>> = Arc::new(MemoryStore::new());
+    let last_hook_ran = Arc::new(AtomicBool::new(false));
+    let saw_record = Arc::new(AtomicBool::new(false));
+    let config = {
+        let store = store.clone();
+        let last = last_hook_ran.clone();
+        let saw = saw_record.clone();
+        SessionConfig::new("hooks")
+            .persistent(true)
+            .hook_timeout(Duration::from_secs(2))
+            .on_end(|_| async { Err("hook 1 fails".to_string()) })
+            .on_end(|_| async { panic!("hook 2 panics") })
+            .on_end(|_| async {
+                std::future::pending::<()>().await;
+                Ok(())
+            })
+            .on_end(move |summary| {
+                let store = store.clone();
+                let last = last.clone();
+                let saw = saw.clone();
+                async move {
+                    // The final checkpoint is already written.
+                    saw.store(store.get(&summary.session_id).is_some(), Ordering::SeqCst);
+                    last.store(true, Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+    };
+    let dyn_store: Arc<dyn CheckpointStore<SimItem>> = store.clone();
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let h: Handle = SessionHandle::spawn(
+        config,
+        Arc::new(
+            SimAgent::new(steps(2))
+                .with_step_gate(gate.clone())
+                .with_probe(tx),
+        ),
+        Some(dyn_store),
+    )
+    .await
+    .unwrap();
+    let mut events = h.subscribe();
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.push(item(2)).await.unwrap();
+    h.stop(StopOptions::bare()).await.unwrap();
+    gate.open_all();
+    let start = tokio::time::Instant::now();
+    loop {
+        match within("events", events.next()).await {
+            Some(SessionEvent::Ended(_)) => {
+                assert!(
+                    last_hook_ran.load(Ordering::SeqCst),
+                    "hooks run before Ended"
+                );
+                break;
+            }
+            Some(_) => assert!(!last_hook_ran.load(Ordering::SeqCst)),
+            None => panic!("stream ended without Ended"),
+        }
+    }
+    assert!(events.next().await.is_none(), "None after Ended");
+    assert!(saw_record.load(Ordering::SeqCst), "checkpoint before hooks");
+    assert!(
+        start.elapsed() >= Duration::from_secs(2),
+        "the hanging hook was waited for up to its bound"
+    );
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.checkpoint, agentloop::CheckpointOutcome::Saved);
+}
+
+/// Bad input: subscribing after the exit gets Ended at once, then None.
+#[tokio::test(start_paused = true)]
+async fn s21_subscribe_after_exit_gets_ended_at_once() {
+    let h = spawn("late-sub", SimAgent::new(steps(1))).await;
+    h.stop(StopOptions::bare()).await.unwrap();
+    within("exit", h.wait()).await;
+    let evs = collect(h.subscribe()).await;
+    assert_eq!(kinds(&evs), vec!["Ended"]);
+}
