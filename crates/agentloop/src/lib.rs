@@ -44,4 +44,9 @@ pub use session::{
     CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, PreemptAck, PushError,
     SessionConfig, SessionHandle, SessionInfo, Step, TurnCx, TurnLoop, TurnLoopMsg,
 };
+/// The README's API tour, compiled as a doctest so it cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
+
 pub use store::{CheckpointStore, MemoryStore, SessionRecord, SessionStatus, StoreError};
