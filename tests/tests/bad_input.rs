@@ -132,3 +132,35 @@ async fn inspect_reports_and_after_exit_says_exited() {
         tokio::task::yield_now().await;
     }
 }
+
+/// S10 even when the actor is killed (ractor kill skips post_stop): the state's
+/// destructor publishes an exit state holding every item, `wait` returns, subscribers
+/// get Ended, and later pushes come back late.
+#[tokio::test(start_paused = true)]
+async fn a_killed_session_still_hands_back_every_item() {
+    let gate = agentloop_sim::Gate::new();
+    let (tx, mut probe) = probe();
+    let h = spawn(
+        "killed",
+        SimAgent::new(steps(2))
+            .with_step_gate(gate.clone())
+            .with_probe(tx),
+    )
+    .await;
+    let events = h.subscribe();
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.push(item(2)).await.unwrap();
+    h.actor().kill();
+    let exit = within("exit after kill", h.wait()).await;
+    assert!(matches!(exit.reason, agentloop::ExitReason::Failed(ref e) if e.contains("killed")));
+    assert_eq!(ids(&exit.interrupted_items), vec![1]);
+    assert_eq!(ids(&exit.unhandled_items), vec![2]);
+    let evs = collect(events).await;
+    assert!(matches!(
+        evs.last(),
+        Some(agentloop::SessionEvent::Ended(_))
+    ));
+    let e = within("late push", h.push(item(3))).await.unwrap_err();
+    assert!(matches!(e, PushError::Late { ref item } if item.id == 3));
+}

@@ -65,6 +65,8 @@ struct ActiveTurn<A: Agent> {
     /// How many of `offered` came from a preempted turn.
     offered_preempted: usize,
     is_resume: bool,
+    /// A resume turn's saved state (its input), kept so it is never lost.
+    input_state: Option<A::State>,
     /// Aborts the turn task if the actor dies.
     task: tokio::task::AbortHandle,
 }
@@ -158,6 +160,9 @@ impl<A: Agent> Drop for LoopState<A> {
         if let Some(t) = self.turn.take() {
             t.task.abort();
             interrupted = t.offered;
+        }
+        if let Some(seed) = self.resume.take() {
+            interrupted.extend(seed.items);
         }
         unhandled.extend(self.buffer.drain(..));
         let exit = ExitState {
@@ -558,7 +563,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
             if active.is_resume {
                 state.resume = Some(ResumeSeed {
                     items: active.offered,
-                    state: None,
+                    state: active.input_state,
                 });
             } else {
                 let mut offered = active.offered;
@@ -770,7 +775,7 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
             )
         }
     };
-    let control = Arc::new(TurnControl::new(index, input_state));
+    let control = Arc::new(TurnControl::new(index, input_state.clone()));
     let cx = TurnCx::<A> {
         turn: index,
         session: state.shared.clone(),
@@ -795,6 +800,7 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         offered,
         offered_preempted,
         is_resume,
+        input_state,
         task: handle.abort_handle(),
     });
 }
@@ -811,11 +817,21 @@ async fn teardown<A: Agent>(
 ) {
     let mut unhandled = std::mem::take(&mut state.preempted);
     unhandled.extend(state.buffer.drain(..));
+    let (mut interrupted, mut mid_state, mut cut_turn_index) =
+        (interrupted, mid_state, cut_turn_index);
     if let Some(seed) = state.resume.take() {
-        // A resume turn that never ran: it is still the cut turn to resume.
-        let mut items = seed.items;
-        items.extend(unhandled);
-        unhandled = items;
+        // A resume turn that never ran is still the cut turn to resume (S17): keep its
+        // items and state as they were loaded. (Only a load-failed exit has no cut
+        // turn of its own here, and that one leaves the record untouched anyway.)
+        if interrupted.is_empty() && mid_state.is_none() {
+            interrupted = seed.items;
+            mid_state = seed.state;
+            cut_turn_index = state.next_index;
+        } else {
+            let mut items = seed.items;
+            items.extend(unhandled);
+            unhandled = items;
+        }
     }
     let checkpoint = final_checkpoint(
         state,
