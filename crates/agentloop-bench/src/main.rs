@@ -8,7 +8,6 @@
 use std::process::ExitCode;
 
 mod b1;
-mod probe;
 mod report;
 
 /// The figures, in the order `all` runs them.
@@ -32,14 +31,6 @@ async fn run_figure(id: &str) {
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let figures: Vec<&str> = match args.as_slice() {
-        [one] if one == "alonly" => {
-            tokio::task::spawn_blocking(probe::al_only).await.unwrap();
-            return ExitCode::SUCCESS;
-        }
-        [one] if one == "probe" => {
-            probe::run().await;
-            return ExitCode::SUCCESS;
-        }
         [one] if one == "all" => FIGURES.to_vec(),
         [one] if FIGURES.contains(&one.as_str()) => vec![one.as_str()],
         [one] if one == "-h" || one == "--help" => {
