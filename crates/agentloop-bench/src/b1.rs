@@ -4,8 +4,12 @@
 //! * Baseline: a ractor actor that, on each push message, spawns a tokio task; the task
 //!   casts `Done` back to the actor; the actor then sends one event on a tokio mpsc
 //!   channel to the waiting client. The client casts the push and awaits the event.
-//! * agentloop: one session of the simulated agent with a no-op script; the client
-//!   awaits `push` (its acceptance) and then reads its event stream until `TurnEnded`.
+//! * agentloop: one session of a no-op agent (its turn returns at once). The client
+//!   pushes like the baseline client does, as a cast (`push_nowait`: no reply to wait
+//!   for), and reads a turn-ends-only event stream (`EventFilter::turn_ends`) until
+//!   `TurnEnded`. Everything else the runtime does per turn is included: planning,
+//!   the turn task, the control block, catching panics, tracing spans, the order gate,
+//!   the in-flight accounting of final events, and the actor's bookkeeping.
 //!
 //! Both sides run in rounds of `OPS_PER_ROUND` round trips, interleaved (the side that
 //! goes first alternates), after a warm-up of each. A round's sample is its mean time
@@ -14,8 +18,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::{SessionConfig, SessionEvent, SessionHandle, StopOptions};
-use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
+use agentloop::{
+    Agent, AgentError, EventFilter, SessionConfig, SessionEvent, SessionHandle, StopOptions, Turn,
+    TurnCx, TurnOutcome,
+};
+use agentloop_sim::{SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc;
 
@@ -138,6 +145,23 @@ impl Baseline {
 // ---------------------------------------------------------------------------------
 // agentloop: one session of the no-op agent.
 
+/// The no-op agent: default plan (consume everything), a turn that returns at once.
+struct NoopAgent;
+
+impl Agent for NoopAgent {
+    type Item = SimItem;
+    type Event = SimEvent;
+    type State = ();
+
+    async fn run_turn(
+        &self,
+        _turn: Turn<Self>,
+        _cx: TurnCx<Self>,
+    ) -> Result<TurnOutcome<()>, AgentError> {
+        Ok(TurnOutcome::Completed)
+    }
+}
+
 struct Agentloop {
     handle: SessionHandle<SimItem, SimEvent>,
     events: agentloop::EventStream<SimEvent>,
@@ -146,11 +170,10 @@ struct Agentloop {
 
 impl Agentloop {
     async fn start() -> Self {
-        let agent = SimAgent::new(Script::noop());
-        let handle = SessionHandle::spawn(SessionConfig::new("b1"), Arc::new(agent), None)
+        let handle = SessionHandle::spawn(SessionConfig::new("b1"), Arc::new(NoopAgent), None)
             .await
             .expect("spawning the B1 session");
-        let events = handle.subscribe();
+        let events = handle.subscribe_filtered(EVENT_CAPACITY, EventFilter::turn_ends());
         Agentloop {
             handle,
             events,
@@ -158,14 +181,11 @@ impl Agentloop {
         }
     }
 
-    /// One round trip: push (awaiting its acceptance), then read until `TurnEnded`.
+    /// One round trip: cast the push, then read until `TurnEnded`.
     async fn round_trip(&mut self) {
         let n = self.next;
         self.next += 1;
-        self.handle
-            .push(SimItem::new(n, "x"))
-            .await
-            .expect("the B1 session refused a push");
+        self.handle.push_nowait(SimItem::new(n, "x"));
         loop {
             match self.events.next().await {
                 Some(SessionEvent::TurnEnded { .. }) => break,

@@ -94,6 +94,64 @@ pub enum SessionEvent<E> {
     Ended(ExitSummary),
 }
 
+/// Which events a subscriber receives. `Ended` is always delivered. A subscriber is
+/// neither woken nor slowed by events it filters out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventFilter {
+    /// `TurnStarted`.
+    pub turn_started: bool,
+    /// `Agent` events.
+    pub agent: bool,
+    /// `Preempted`.
+    pub preempted: bool,
+    /// `TurnEnded`.
+    pub turn_ended: bool,
+    /// `StopRequested`.
+    pub stop_requested: bool,
+}
+
+impl Default for EventFilter {
+    fn default() -> Self {
+        Self::all()
+    }
+}
+
+impl EventFilter {
+    /// Every event.
+    pub const fn all() -> Self {
+        EventFilter {
+            turn_started: true,
+            agent: true,
+            preempted: true,
+            turn_ended: true,
+            stop_requested: true,
+        }
+    }
+
+    /// Only turn ends (and `Ended`): for clients that wait for results.
+    pub const fn turn_ends() -> Self {
+        EventFilter {
+            turn_started: false,
+            agent: false,
+            preempted: false,
+            turn_ended: true,
+            stop_requested: false,
+        }
+    }
+
+    /// Whether `event` passes.
+    pub fn accepts<E>(&self, event: &SessionEvent<E>) -> bool {
+        match event {
+            SessionEvent::TurnStarted { .. } => self.turn_started,
+            SessionEvent::Agent { .. } => self.agent,
+            SessionEvent::Preempted { .. } => self.preempted,
+            SessionEvent::TurnEnded { .. } => self.turn_ended,
+            SessionEvent::StopRequested { .. } => self.stop_requested,
+            SessionEvent::Ended(_) => true,
+        }
+    }
+}
+
 /// The per-subscriber slot that carries `Ended` without using buffer capacity, and the
 /// count of final turn events still being delivered to that subscriber.
 #[derive(Default)]
@@ -130,6 +188,7 @@ impl Drop for InflightGuard {
 struct SubscriberTx<E> {
     tx: mpsc::Sender<SessionEvent<E>>,
     slot: Arc<TerminalSlot>,
+    filter: EventFilter,
 }
 
 impl<E> Clone for SubscriberTx<E> {
@@ -137,6 +196,7 @@ impl<E> Clone for SubscriberTx<E> {
         SubscriberTx {
             tx: self.tx.clone(),
             slot: self.slot.clone(),
+            filter: self.filter,
         }
     }
 }
@@ -166,7 +226,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     }
 
     /// Adds a subscriber; after the end it gets a stream that yields `Ended` at once.
-    pub(crate) fn subscribe(&self, capacity: usize) -> EventStream<E> {
+    pub(crate) fn subscribe(&self, capacity: usize, filter: EventFilter) -> EventStream<E> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let slot = Arc::new(TerminalSlot::default());
         let ended = self.ended.lock().clone();
@@ -179,6 +239,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
                 next.push(SubscriberTx {
                     tx,
                     slot: slot.clone(),
+                    filter,
                 });
                 *list = Arc::new(next);
             }
@@ -203,51 +264,62 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// turn tasks only, never from the actor.
     pub(crate) async fn send(&self, event: SessionEvent<E>) {
         let subs = self.snapshot();
-        for s in subs.iter() {
+        for s in subs.iter().filter(|s| s.filter.accepts(&event)) {
             // A closed subscriber fails at once; it is pruned on the next subscribe.
             let _ = s.tx.send(event.clone()).await;
         }
     }
 
-    /// Registers the final events of a turn as in flight, synchronously, and returns the
-    /// future that delivers them (each subscriber independently, so one stuck
-    /// subscriber does not hold back another). Call before reporting the turn's end to
-    /// the actor, then await the future: teardown may run meanwhile and `Ended` still
-    /// comes after these events.
+    /// Delivers the final events of a turn. What fits in the subscribers' buffers is
+    /// queued at once; for a subscriber whose buffer is full, the rest are registered as
+    /// in flight (synchronously, so `Ended` waits for them) and the returned future
+    /// delivers them, holding the order gate until done. `None` means everything was
+    /// delivered and the gate is released.
+    ///
+    /// Call before reporting the turn's end to the actor, then await the future (if
+    /// any): teardown may run meanwhile and `Ended` still comes after these events.
     pub(crate) fn send_final(
         &self,
         events: Vec<SessionEvent<E>>,
         gate: tokio::sync::OwnedMutexGuard<()>,
-    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         let subs = self.snapshot();
-        let sends: Vec<_> = subs
-            .iter()
-            .map(|s| {
-                s.slot.inflight.fetch_add(1, Ordering::AcqRel);
-                let guard = InflightGuard(s.slot.clone());
-                let tx = s.tx.clone();
-                let events = events.clone();
-                async move {
-                    let _guard = guard;
-                    for ev in events {
-                        if tx.send(ev).await.is_err() {
-                            break;
-                        }
+        let mut pending: Vec<(SubscriberTx<E>, Vec<SessionEvent<E>>, InflightGuard)> = Vec::new();
+        for s in subs.iter() {
+            for (i, ev) in events.iter().enumerate() {
+                if !s.filter.accepts(ev) {
+                    continue;
+                }
+                match s.tx.try_send(ev.clone()) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => break,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        s.slot.inflight.fetch_add(1, Ordering::AcqRel);
+                        let guard = InflightGuard(s.slot.clone());
+                        pending.push((s.clone(), events[i..].to_vec(), guard));
+                        break;
                     }
                 }
-            })
-            .collect();
-        async move {
+            }
+        }
+        if pending.is_empty() {
+            return None;
+        }
+        Some(async move {
+            let sends = pending.into_iter().map(|(s, evs, guard)| async move {
+                deliver(&s, evs).await;
+                drop(guard);
+            });
             futures::future::join_all(sends).await;
             drop(gate);
-        }
+        })
     }
 
     /// Sends without waiting; a full or closed subscriber is skipped. Returns how many
     /// subscribers were skipped because their buffer was full.
     pub(crate) fn try_send(&self, event: SessionEvent<E>) -> usize {
         let mut skipped = 0;
-        for s in self.snapshot().iter() {
+        for s in self.snapshot().iter().filter(|s| s.filter.accepts(&event)) {
             if let Err(mpsc::error::TrySendError::Full(_)) = s.tx.try_send(event.clone()) {
                 skipped += 1;
             }
@@ -255,9 +327,10 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         skipped
     }
 
-    /// Whether anybody listens (lets the turn task skip building events).
-    pub(crate) fn is_empty(&self) -> bool {
-        self.list.read().is_empty()
+    /// Whether anybody listens to events like `probe` (lets senders skip building
+    /// events nobody wants).
+    pub(crate) fn wants(&self, probe: impl Fn(&EventFilter) -> bool) -> bool {
+        self.list.read().iter().any(|s| probe(&s.filter))
     }
 
     /// Ends every stream: writes `Ended` into each terminal slot and empties the
@@ -273,6 +346,15 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         let list = std::mem::take(&mut *self.list.write());
         for s in list.iter() {
             s.slot.set(summary.clone());
+        }
+    }
+}
+
+/// Sends a turn's final events to one subscriber, in order, skipping filtered ones.
+async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<SessionEvent<E>>) {
+    for ev in events {
+        if s.filter.accepts(&ev) && s.tx.send(ev).await.is_err() {
+            break;
         }
     }
 }

@@ -38,7 +38,7 @@ pub mod store;
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 pub use error::{SessionError, SpawnError};
-pub use events::{EventStream, SessionEvent, TurnEnd};
+pub use events::{EventFilter, EventStream, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use session::{
     CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, PreemptAck, PushError,

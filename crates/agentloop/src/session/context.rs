@@ -30,7 +30,6 @@ pub struct TurnCx<A: Agent> {
     pub(crate) session: Arc<SessionShared<A::Item>>,
     pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
-    pub(crate) preempted: watch::Receiver<bool>,
     pub(crate) stopped: watch::Receiver<bool>,
 }
 
@@ -41,7 +40,6 @@ impl<A: Agent> Clone for TurnCx<A> {
             session: self.session.clone(),
             control: self.control.clone(),
             subscribers: self.subscribers.clone(),
-            preempted: self.preempted.clone(),
             stopped: self.stopped.clone(),
         }
     }
@@ -61,7 +59,7 @@ impl<A: Agent> TurnCx<A> {
     /// Emits an agent event to every subscriber. Waits while a live subscriber's buffer
     /// is full (backpressure); never waits on a dropped subscriber.
     pub async fn emit(&self, event: A::Event) {
-        if self.subscribers.is_empty() {
+        if !self.subscribers.wants(|f| f.agent) {
             return;
         }
         self.subscribers
@@ -121,13 +119,12 @@ impl<A: Agent> TurnCx<A> {
 
     /// Whether this turn has been preempted (S8).
     pub fn is_preempted(&self) -> bool {
-        *self.preempted.borrow()
+        self.control.is_preempted()
     }
 
     /// Resolves once this turn is preempted (S8).
     pub async fn preempted(&self) {
-        let mut rx = self.preempted.clone();
-        let _ = rx.wait_for(|p| *p).await;
+        self.control.preempted().await
     }
 
     /// Whether a cancel was captured at one of this turn's safe points.

@@ -10,7 +10,9 @@
 //! the turn as having no target for new cancels.
 
 use parking_lot::Mutex;
-use tokio::sync::{watch, Notify};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::agent::TurnOutcome;
@@ -116,7 +118,9 @@ pub(crate) struct TurnControl<I, S> {
     state: Mutex<ControlState<I, S>>,
     /// Wakes the turn task when the cancel changed (a new deadline, Immediate).
     wake: Notify,
-    preempted: watch::Sender<bool>,
+    /// Set once a preempt is submitted to the running turn (S8).
+    preempted: AtomicBool,
+    preempted_notify: Notify,
 }
 
 impl<I: Clone, S: Clone> TurnControl<I, S> {
@@ -143,7 +147,8 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 ending: None,
             }),
             wake: Notify::new(),
-            preempted: watch::Sender::new(false),
+            preempted: AtomicBool::new(false),
+            preempted_notify: Notify::new(),
         }
     }
 
@@ -157,8 +162,27 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         f(st.phase, &st.consumed)
     }
 
-    pub(crate) fn preempted_signal(&self) -> watch::Receiver<bool> {
-        self.preempted.subscribe()
+    fn fire_preempted(&self) {
+        self.preempted.store(true, Ordering::Release);
+        self.preempted_notify.notify_waiters();
+    }
+
+    pub(crate) fn is_preempted(&self) -> bool {
+        self.preempted.load(Ordering::Acquire)
+    }
+
+    /// Resolves once a preempt was submitted to this turn.
+    pub(crate) async fn preempted(&self) {
+        loop {
+            let notified = self.preempted_notify.notified();
+            tokio::pin!(notified);
+            // Register before checking the flag, so a concurrent fire is not missed.
+            notified.as_mut().enable();
+            if self.is_preempted() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Submits a cancel (actor side). A planning turn holds it until it runs; a running
@@ -197,7 +221,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 }
                 drop(st);
                 if origin == Origin::Preempt {
-                    self.preempted.send_replace(true);
+                    self.fire_preempted();
                 }
                 self.wake.notify_one();
                 (Submitted::Active, ack)
@@ -259,7 +283,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         let acks = std::mem::take(&mut st.pending_acks);
         drop(st);
         if preempted {
-            self.preempted.send_replace(true);
+            self.fire_preempted();
         }
         for ack in acks {
             ack.answer(PreemptAck::Submitted { turn: self.index });

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 
 use crate::agent::Agent;
 use crate::error::{SessionError, SpawnError};
-use crate::events::{EventStream, Subscribers};
+use crate::events::{EventFilter, EventStream, Subscribers};
 use crate::options::{PushOptions, StopOptions};
 use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg};
 use crate::session::shared::SessionShared;
@@ -167,6 +167,23 @@ where
         }
     }
 
+    /// Pushes an item without waiting for the session's answer, like another actor's
+    /// `cast!`. A rejection is not reported to the caller, but the item is never lost:
+    /// a late item goes to the late list (S14), and so does an item whose send fails
+    /// because the session is gone.
+    pub fn push_nowait(&self, item: I) {
+        let msg = TurnLoopMsg::Push {
+            item,
+            options: PushOptions::new(),
+            reply: None,
+        };
+        if let Err(MessagingErr::SendErr(TurnLoopMsg::Push { item, .. })) =
+            self.actor.send_message(msg)
+        {
+            self.shared.push_late(item);
+        }
+    }
+
     /// Stops the session (S11). Idempotent: stopping an exited session is Ok.
     pub async fn stop(&self, options: StopOptions) -> Result<(), SessionError> {
         options.validate()?;
@@ -187,12 +204,19 @@ where
     /// Subscribes to the session's events with the session's default capacity (S20).
     /// After the exit the stream yields `Ended` at once.
     pub fn subscribe(&self) -> EventStream<E> {
-        self.subscribers.subscribe(self.event_capacity)
+        self.subscribers
+            .subscribe(self.event_capacity, EventFilter::all())
     }
 
     /// Subscribes with an explicit buffer capacity.
     pub fn subscribe_with_capacity(&self, capacity: usize) -> EventStream<E> {
-        self.subscribers.subscribe(capacity)
+        self.subscribers.subscribe(capacity, EventFilter::all())
+    }
+
+    /// Subscribes to the events `filter` lets through (and `Ended`). Events filtered
+    /// out neither wake nor slow this subscriber.
+    pub fn subscribe_filtered(&self, capacity: usize, filter: EventFilter) -> EventStream<E> {
+        self.subscribers.subscribe(capacity, filter)
     }
 
     /// A snapshot of the session.

@@ -161,6 +161,8 @@ pub enum TurnLoopMsg<I, E> {
     Subscribe {
         /// The subscriber's buffer capacity.
         capacity: usize,
+        /// Which events it wants (`Ended` always comes).
+        filter: crate::events::EventFilter,
         /// Where to answer.
         reply: RpcReplyPort<EventStream<E>>,
     },

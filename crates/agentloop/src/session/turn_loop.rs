@@ -328,8 +328,12 @@ async fn handle_msg<A: Agent>(
             reply,
         } => on_push(myself, state, item, options, reply).await,
         TurnLoopMsg::Stop { options, reply } => on_stop(myself, state, options, reply).await,
-        TurnLoopMsg::Subscribe { capacity, reply } => {
-            let _ = reply.send(state.subscribers.subscribe(capacity));
+        TurnLoopMsg::Subscribe {
+            capacity,
+            filter,
+            reply,
+        } => {
+            let _ = reply.send(state.subscribers.subscribe(capacity, filter));
         }
         TurnLoopMsg::Inspect { reply } => {
             let _ = reply.send(state.info());
@@ -781,7 +785,6 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         session: state.shared.clone(),
         control: control.clone(),
         subscribers: state.subscribers.clone(),
-        preempted: control.preempted_signal(),
         stopped: state.shared.stopped_signal(),
     };
     let task = TurnTask {
@@ -793,7 +796,8 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         work,
     };
     let span = tracing::info_span!(parent: &state.span, "turn", index, resume = is_resume);
-    let handle = tokio::spawn(task.run().instrument(span));
+    // Boxed: the turn future is large, and spawning it by value copies it around.
+    let handle = tokio::spawn(Box::pin(task.run().instrument(span)));
     state.turn = Some(ActiveTurn {
         index,
         control,

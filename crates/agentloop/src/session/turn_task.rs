@@ -147,7 +147,9 @@ impl<A: Agent> TurnTask<A> {
                     gate,
                 );
                 report_finished(&myself, index);
-                fin.await;
+                if let Some(fin) = fin {
+                    fin.await;
+                }
                 return;
             }
             Ok(p) => p,
@@ -169,7 +171,7 @@ impl<A: Agent> TurnTask<A> {
         let run_subscribers = subscribers.clone();
         let run_end = {
             let run = async move {
-                if !run_subscribers.is_empty() {
+                if run_subscribers.wants(|f| f.turn_started) {
                     run_subscribers
                         .send(SessionEvent::TurnStarted {
                             turn: index,
@@ -218,6 +220,8 @@ impl<A: Agent> TurnTask<A> {
         });
         let fin = subscribers.send_final(finals, gate);
         report_finished(&myself, index);
-        fin.await;
+        if let Some(fin) = fin {
+            fin.await;
+        }
     }
 }
