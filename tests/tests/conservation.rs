@@ -75,18 +75,20 @@ fn schedule() -> impl Strategy<Value = Schedule> {
         })
 }
 
-fn script() -> Script {
+/// Time unit of a schedule: milliseconds on the paused clock, microseconds on real
+/// threads (so the multi-thread run stays fast).
+fn script(unit: fn(u64) -> Duration) -> Script {
     Script {
         steps: (0..4)
             .map(|i| {
                 if i % 2 == 0 {
                     SimStep::ModelCall {
-                        latency: Duration::from_millis(7),
+                        latency: unit(7),
                         input_tokens: 10,
                     }
                 } else {
                     SimStep::ToolRound {
-                        latency: Duration::from_millis(5),
+                        latency: unit(5),
                         calls: 1,
                     }
                 }
@@ -95,8 +97,8 @@ fn script() -> Script {
     }
 }
 
-async fn run(s: Schedule) -> Result<(), String> {
-    let mut agent = SimAgent::new(script()).with_plan(PlanPolicy {
+async fn run(s: Schedule, unit: fn(u64) -> Duration) -> Result<(), String> {
+    let mut agent = SimAgent::new(script(unit)).with_plan(PlanPolicy {
         limit: s.plan_limit,
         drop_prefix: s.drop_every.then(|| "drop".to_string()),
         ..Default::default()
@@ -133,10 +135,10 @@ async fn run(s: Schedule) -> Result<(), String> {
                     } => {
                         let mut p = Preempt::at(SafePoint::from_bits(at));
                         if let Some(t) = timeout_ms {
-                            p = p.timeout(Duration::from_millis(t));
+                            p = p.timeout(unit(t));
                         }
                         if let Some(d) = delay_ms {
-                            p = p.delay(Duration::from_millis(d));
+                            p = p.delay(unit(d));
                         }
                         PushOptions::preempt(p)
                     }
@@ -153,17 +155,15 @@ async fn run(s: Schedule) -> Result<(), String> {
                 let opts = match k {
                     StopKind::Bare => StopOptions::bare(),
                     StopKind::Graceful => StopOptions::graceful(),
-                    StopKind::GracefulTimeout(ms) => {
-                        StopOptions::graceful_timeout(Duration::from_millis(ms))
-                    }
+                    StopKind::GracefulTimeout(ms) => StopOptions::graceful_timeout(unit(ms)),
                     StopKind::Immediate => StopOptions::immediate(),
                     StopKind::Drain => StopOptions::drain(),
-                    StopKind::Idle(ms) => StopOptions::until_idle_for(Duration::from_millis(ms)),
+                    StopKind::Idle(ms) => StopOptions::until_idle_for(unit(ms)),
                     StopKind::Skip => StopOptions::bare().skip_checkpoint(),
                 };
                 h.stop(opts).await.map_err(|e| e.to_string())?;
             }
-            Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Op::Wait(ms) => tokio::time::sleep(unit(ms)).await,
         }
     }
     h.stop(StopOptions::bare())
@@ -224,7 +224,27 @@ proptest! {
             .start_paused(true)
             .build()
             .expect("runtime");
-        let r = rt.block_on(run(s));
+        let r = rt.block_on(run(s, Duration::from_millis));
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse::<u32>().ok()).map_or(64, |c| c / 4),
+        ..ProptestConfig::default()
+    })]
+
+    /// S10 on real threads: the actor and its turn tasks race for real (multi-thread
+    /// runtime, real clock, durations in microseconds).
+    #[test]
+    fn s10_conservation_on_a_multi_thread_runtime(s in schedule()) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let r = rt.block_on(run(s, Duration::from_micros));
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
 }
