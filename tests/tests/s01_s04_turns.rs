@@ -204,14 +204,45 @@ async fn s12_escalation_graceful_then_immediate_and_no_deescalation() {
     }
 }
 
-/// S12: a bare stop after an immediate stop does not weaken it (the turn is still cut
-/// even though the bare stop arrives before the turn task observes the cancel).
+/// S12: later, weaker stops never weaken the cancel in force: an At(AfterToolCalls)
+/// stop followed by a bare stop still ends the turn at the tool-calls safe point with
+/// the same mode (the bare stop is "no cancel intent").
 #[tokio::test(start_paused = true)]
-async fn s12_bare_after_immediate_does_not_deescalate() {
+async fn s12_bare_after_a_cancel_does_not_deescalate() {
     let gate = Gate::new();
     let (tx, mut probe) = probe();
     let h = spawn(
         "s12-bare",
+        SimAgent::new(steps(4))
+            .with_step_gate(gate.clone())
+            .with_probe(tx),
+    )
+    .await;
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.stop(StopOptions::at(SafePoint::AfterToolCalls))
+        .await
+        .unwrap();
+    h.stop(StopOptions::bare()).await.unwrap();
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    match exit.reason {
+        ExitReason::Canceled(info) => {
+            assert_eq!(info.mode, CancelMode::At(SafePoint::AfterToolCalls));
+            assert_eq!(info.at, Some(SafePoint::AfterToolCalls));
+            assert!(!info.escalated);
+        }
+        r => panic!("expected Canceled, got {r:?}"),
+    }
+}
+
+/// S12: an Immediate stop followed by a weaker graceful one stays Immediate.
+#[tokio::test(start_paused = true)]
+async fn s12_graceful_after_immediate_does_not_deescalate() {
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let h = spawn(
+        "s12-imm-grace",
         SimAgent::new(steps(2))
             .with_step_gate(gate.clone())
             .with_probe(tx),
@@ -220,11 +251,10 @@ async fn s12_bare_after_immediate_does_not_deescalate() {
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
     h.stop(StopOptions::immediate()).await.unwrap();
-    h.stop(StopOptions::bare()).await.unwrap();
-    gate.open_all();
+    h.stop(StopOptions::graceful()).await.unwrap();
     let exit = within("exit", h.wait()).await;
     assert!(
-        matches!(exit.reason, ExitReason::Canceled(ref i) if i.mode == CancelMode::Immediate),
+        matches!(exit.reason, ExitReason::Canceled(ref i) if i.mode == CancelMode::Immediate && i.at.is_none()),
         "{:?}",
         exit.reason
     );

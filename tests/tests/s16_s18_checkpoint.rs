@@ -66,7 +66,6 @@ async fn s16_clean_exit_deletes_the_stale_record() {
     let store = store();
     store.insert(stale_record("clean"));
     let h = spawn_persistent("clean", SimAgent::new(steps(1)), store.clone()).await;
-    h.push(item(1)).await.unwrap();
     h.stop(StopOptions::drain()).await.unwrap();
     let exit = within("exit", h.wait()).await;
     assert_eq!(exit.reason, ExitReason::Completed);
@@ -267,4 +266,43 @@ async fn s18_failed_resume_turn_keeps_the_record() {
     assert_eq!(exit.checkpoint, CheckpointOutcome::NotAttempted);
     assert_eq!(ids(&exit.interrupted_items), vec![1]);
     assert_eq!(store.get("resume-fails"), Some(rec));
+}
+
+/// S17/S18: a loaded between-turns record is replaced once a turn completes, so a
+/// later failure (which leaves the record alone) cannot replay delivered items.
+#[tokio::test(start_paused = true)]
+async fn s17_loaded_record_is_replaced_after_a_completed_turn() {
+    let store = store();
+    let mut rec = stale_record("stale");
+    rec.turn_index = 0;
+    rec.unhandled_items = vec![item(1)];
+    store.insert(rec);
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let h = spawn_persistent(
+        "stale",
+        SimAgent::new(steps(2))
+            .with_step_gate(gate.clone())
+            .with_probe(tx)
+            .with_fault(Some(1), 0, Fault::Fail, true),
+        store.clone(),
+    )
+    .await;
+    assert_eq!(probe.turn_begins(0).await.0, vec![1]);
+    h.push(item(2)).await.unwrap();
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    assert!(
+        matches!(exit.reason, ExitReason::Failed(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(ids(&exit.interrupted_items), vec![2]);
+    // Item 1 was delivered: the record must not offer it again.
+    let rec = store.get("stale");
+    assert!(
+        rec.as_ref()
+            .is_none_or(|r| !ids(&r.unhandled_items).contains(&1)),
+        "{rec:?}"
+    );
 }

@@ -129,11 +129,12 @@ pub struct CancelRequest {
 }
 
 impl CancelRequest {
-    /// Turns the request into a state, anchoring its timeout at `now`.
+    /// Turns the request into a state, anchoring its timeout at `now`. A timeout too
+    /// large to represent as an instant (e.g. `Duration::MAX`) means no deadline.
     pub fn at(self, now: Instant) -> CancelState {
         CancelState {
             mode: self.mode,
-            deadline: self.timeout.map(|t| now + t),
+            deadline: self.timeout.and_then(|t| now.checked_add(t)),
             timed_out: false,
         }
         .normalized(now)
@@ -327,6 +328,18 @@ mod tests {
             }
             prop_assert_eq!(CancelState::merge_opt(a, None, now), a.map(|s| s.normalized(now)));
         }
+    }
+
+    #[test]
+    fn s2_huge_timeout_means_no_deadline_not_a_panic() {
+        let now = Instant::now();
+        let s = CancelRequest {
+            mode: CancelMode::At(SafePoint::AnySafePoint),
+            timeout: Some(Duration::MAX),
+        }
+        .at(now);
+        assert_eq!(s.deadline, None);
+        assert_eq!(s.mode, CancelMode::At(SafePoint::AnySafePoint));
     }
 
     #[test]

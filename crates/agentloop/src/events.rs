@@ -229,11 +229,13 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     pub(crate) fn subscribe(&self, capacity: usize, filter: EventFilter) -> EventStream<E> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         let slot = Arc::new(TerminalSlot::default());
+        // Checked under the list lock: `end` sets `ended` before it takes the list, so
+        // a subscriber is either in the list `end` takes or sees `ended` here.
+        let mut list = self.list.write();
         let ended = self.ended.lock().clone();
         match ended {
             Some(summary) => slot.set(summary),
             None => {
-                let mut list = self.list.write();
                 let mut next: Vec<SubscriberTx<E>> =
                     list.iter().filter(|s| !s.tx.is_closed()).cloned().collect();
                 next.push(SubscriberTx {
@@ -244,6 +246,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
                 *list = Arc::new(next);
             }
         }
+        drop(list);
         EventStream {
             rx,
             slot,

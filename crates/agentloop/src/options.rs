@@ -23,6 +23,9 @@ pub enum OptionsError {
         /// The value as given.
         got: String,
     },
+    /// A push strategy panicked; the push was refused and its item handed back.
+    #[error("the push strategy panicked; the push was refused and its item is handed back")]
+    StrategyPanicked,
     /// A preempt or cancel targets no safe point.
     #[error(
         "option `{option}` names no safe point; use AfterModelCall, AfterToolCalls or AnySafePoint"
@@ -154,12 +157,16 @@ pub struct TurnView<'a, I> {
 /// `None` to only buffer the item).
 pub type PushStrategy<I> = Arc<dyn Fn(&TurnView<'_, I>) -> Option<Preempt> + Send + Sync>;
 
-/// Options for one push.
+/// Options for one push. Build with [`PushOptions::new`], [`PushOptions::preempt`] or
+/// [`PushOptions::strategy`].
 pub struct PushOptions<I> {
     /// A static preempt.
     pub preempt: Option<Preempt>,
     /// A dynamic strategy; when set it replaces `preempt`.
     pub strategy: Option<PushStrategy<I>>,
+    /// Set by `SessionHandle::push_nowait`: accounts for the item if the message is
+    /// dropped unprocessed.
+    pub(crate) unprocessed: Option<crate::session::UnprocessedPush<I>>,
 }
 
 impl<I> Default for PushOptions<I> {
@@ -167,6 +174,7 @@ impl<I> Default for PushOptions<I> {
         PushOptions {
             preempt: None,
             strategy: None,
+            unprocessed: None,
         }
     }
 }
@@ -176,6 +184,7 @@ impl<I> Clone for PushOptions<I> {
         PushOptions {
             preempt: self.preempt,
             strategy: self.strategy.clone(),
+            unprocessed: None,
         }
     }
 }
@@ -199,7 +208,7 @@ impl<I> PushOptions<I> {
     pub fn preempt(p: Preempt) -> Self {
         PushOptions {
             preempt: Some(p),
-            strategy: None,
+            ..Self::default()
         }
     }
 
@@ -209,8 +218,8 @@ impl<I> PushOptions<I> {
         F: Fn(&TurnView<'_, I>) -> Option<Preempt> + Send + Sync + 'static,
     {
         PushOptions {
-            preempt: None,
             strategy: Some(Arc::new(f)),
+            ..Self::default()
         }
     }
 

@@ -71,6 +71,9 @@ pub(crate) enum Ending<I, S> {
         /// arriving while planning.
         plan_failed: bool,
     },
+    /// The plan consumed nothing, so no turn ran; what it handed back waits for new
+    /// input.
+    Deferred,
     /// The turn ran.
     Ran {
         /// How it ended.
@@ -156,10 +159,11 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         self.state.lock().phase
     }
 
-    /// A copy of the consumed items, for push strategies (S9).
-    pub(crate) fn with_consumed<R>(&self, f: impl FnOnce(Phase, &[I]) -> R) -> R {
+    /// The phase and a copy of the consumed items, for push strategies (S9). A copy,
+    /// so user code never runs under this lock.
+    pub(crate) fn phase_and_consumed(&self) -> (Phase, Vec<I>) {
         let st = self.state.lock();
-        f(st.phase, &st.consumed)
+        (st.phase, st.consumed.clone())
     }
 
     fn fire_preempted(&self) {
@@ -239,12 +243,23 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
 
     /// A stop committed while planning (S6): the turn must not run. Returns whether the
     /// turn was still planning.
-    pub(crate) fn abort_planning(&self) -> bool {
+    ///
+    /// The stop's cancel (if any) is held as pending too: if the plan completes before
+    /// the task sees the abort, the plan's decision stands (it is never discarded
+    /// after it returned) and the turn runs under that cancel instead.
+    pub(crate) fn abort_planning(&self, cancel: Option<CancelRequest>) -> bool {
         let mut st = self.state.lock();
         if st.phase != Phase::Planning {
             return false;
         }
         st.abort_planning = true;
+        if let Some(req) = cancel {
+            st.pending = Some(match st.pending {
+                Some(p) => p.merge(req),
+                None => req,
+            });
+            st.pending_by_stop = true;
+        }
         drop(st);
         self.wake.notify_one();
         true
@@ -256,19 +271,17 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     }
 
     /// Planning is done (turn-task side): the turn becomes active, pending cancels are
-    /// submitted and their acknowledgements sent. Returns `false` when a stop aborted
-    /// the planning first.
+    /// submitted and their acknowledgements sent. A plan that returned is never
+    /// discarded, even if a stop asked to abort planning meanwhile: the stop's cancel is
+    /// among the pending ones (see [`TurnControl::abort_planning`]).
     pub(crate) fn start_running(
         &self,
         consumed: Vec<I>,
         remaining: Vec<I>,
         dropped: u64,
         now: Instant,
-    ) -> bool {
+    ) {
         let mut st = self.state.lock();
-        if st.abort_planning {
-            return false;
-        }
         st.phase = Phase::Running;
         st.consumed = consumed;
         st.remaining = remaining;
@@ -288,7 +301,6 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         for ack in acks {
             ack.answer(PreemptAck::Submitted { turn: self.index });
         }
-        true
     }
 
     /// The absolute deadline after which the turn must be dropped, if any.
@@ -364,6 +376,20 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         }
     }
 
+    /// The plan consumed nothing (turn-task side): no turn runs.
+    pub(crate) fn end_deferred(&self, remaining: Vec<I>, dropped: u64) {
+        let mut st = self.state.lock();
+        st.phase = Phase::Ended;
+        st.remaining = remaining;
+        st.dropped = dropped;
+        st.ending = Some(Ending::Deferred);
+        let acks = std::mem::take(&mut st.pending_acks);
+        drop(st);
+        for ack in acks {
+            ack.answer(PreemptAck::TargetEnded { turn: self.index });
+        }
+    }
+
     /// The turn is over (turn-task side): classify it and return the `TurnEnd` for the
     /// `TurnEnded` event.
     ///
@@ -418,6 +444,53 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             resume_state,
         });
         end
+    }
+
+    /// The turn task died without classifying the turn (a panic outside the agent's
+    /// futures, e.g. in a future's destructor): record a failure so the actor can
+    /// account for the items. No-op when an ending exists.
+    pub(crate) fn abandon(&self, reason: String) {
+        let mut st = self.state.lock();
+        if st.ending.is_some() {
+            return;
+        }
+        let ending = match st.phase {
+            Phase::Planning => Ending::PlanAborted {
+                reason,
+                plan_failed: true,
+            },
+            Phase::Running | Phase::Ended => Ending::Ran {
+                end: TurnEnd::Failed(reason),
+                consumed: std::mem::take(&mut st.consumed),
+                resume_state: st.last_state.clone().or_else(|| st.input_state.clone()),
+            },
+        };
+        st.phase = Phase::Ended;
+        st.ending = Some(ending);
+        let acks = std::mem::take(&mut st.pending_acks);
+        drop(st);
+        for ack in acks {
+            ack.answer(PreemptAck::TargetEnded { turn: self.index });
+        }
+    }
+
+    /// Where the turn's items are right now, for an actor that dies before the turn
+    /// reported (S10): `None` while planning (the offered items are all still to be
+    /// handled), else (consumed, remaining, dropped, ending) as far as known.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn salvage(&self) -> Option<(Vec<I>, Vec<I>, u64, Option<TurnEnd>)> {
+        let mut st = self.state.lock();
+        let remaining = std::mem::take(&mut st.remaining);
+        let dropped = st.dropped;
+        match st.ending.take() {
+            None if st.phase == Phase::Planning => None,
+            None => Some((std::mem::take(&mut st.consumed), remaining, dropped, None)),
+            Some(Ending::PlanAborted { .. }) => None,
+            Some(Ending::Deferred) => Some((Vec::new(), remaining, dropped, None)),
+            Some(Ending::Ran { end, consumed, .. }) => {
+                Some((consumed, remaining, dropped, Some(end)))
+            }
+        }
     }
 
     /// Takes the ending (actor side, after `TurnFinished`).

@@ -14,7 +14,7 @@ use crate::agent::Agent;
 use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream, Subscribers};
 use crate::options::{PushOptions, StopOptions};
-use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg};
+use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg, UnprocessedPush};
 use crate::session::shared::SessionShared;
 use crate::session::turn_loop::{TurnLoop, TurnLoopArgs};
 use crate::session::{validate_session_id, ExitReason, ExitState, SessionConfig};
@@ -172,16 +172,16 @@ where
     /// a late item goes to the late list (S14), and so does an item whose send fails
     /// because the session is gone.
     pub fn push_nowait(&self, item: I) {
+        let mut options = PushOptions::new();
+        options.unprocessed = Some(UnprocessedPush::new(item.clone(), self.shared.clone()));
         let msg = TurnLoopMsg::Push {
             item,
-            options: PushOptions::new(),
+            options,
             reply: None,
         };
-        if let Err(MessagingErr::SendErr(TurnLoopMsg::Push { item, .. })) =
-            self.actor.send_message(msg)
-        {
-            self.shared.push_late(item);
-        }
+        // A refused send hands the message back; dropping it lets its guard put the
+        // item on the late list.
+        drop(self.actor.send_message(msg));
     }
 
     /// Stops the session (S11). Idempotent: stopping an exited session is Ok.

@@ -21,5 +21,7 @@ pub use config::{validate_session_id, EndHook, SessionConfig, SessionIdError, MA
 pub use context::{Step, TurnCx};
 pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary};
 pub use handle::SessionHandle;
-pub use messages::{Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
+pub use messages::{
+    Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,
+};
 pub use turn_loop::{LoopState, TurnLoop, TurnLoopArgs};

@@ -12,6 +12,13 @@ use tokio::sync::watch;
 
 use crate::session::ExitState;
 
+impl<I> SessionShared<I> {
+    /// Records a late item from a destructor (no `Clone` bound needed).
+    pub(crate) fn push_late_unchecked(&self, item: I) {
+        self.late.lock().push(item);
+    }
+}
+
 /// Shared, non-actor state of one session.
 pub(crate) struct SessionShared<I> {
     pub(crate) id: String,

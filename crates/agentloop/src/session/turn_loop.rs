@@ -95,9 +95,20 @@ pub struct LoopState<A: Agent> {
     turn: Option<ActiveTurn<A>>,
     next_index: u64,
     stop: StopState,
+    /// Bumped by every accepted push: an idle timer armed before it is void.
     idle_epoch: u64,
+    /// The epoch an idle timer is armed for (one timer per idle period, S11).
+    idle_armed: Option<u64>,
+    /// The last plan consumed nothing: wait for a push before planning again.
+    await_input: bool,
+    /// The stored record was loaded and turns have run since: it is stale and is
+    /// replaced after each completed turn (so it never replays delivered items).
+    record_stale: bool,
     counters: ExitCounters,
     exit: Option<PendingExit<A>>,
+    /// The exit state from the moment teardown computed it until it is published, so
+    /// an actor killed mid-teardown still hands every item back.
+    final_exit: Option<ExitState<A::Item>>,
     exited: bool,
     load_error: Option<StoreError>,
     created_at_ms: u64,
@@ -149,23 +160,56 @@ impl<A: Agent> LoopState<A> {
 
 impl<A: Agent> Drop for LoopState<A> {
     fn drop(&mut self) {
-        // The actor was killed or failed before teardown (ractor skips post_stop then).
-        // Hand everything back through the exit state so nothing is lost and `wait`
-        // returns; stop the turn task.
+        // The actor was killed or failed before teardown finished (ractor skips
+        // post_stop then). Hand everything back through the exit state so nothing is
+        // lost and `wait` returns; stop the turn task.
         if self.exited {
             return;
         }
-        let mut unhandled = std::mem::take(&mut self.preempted);
+        if let Some(t) = self.turn.as_ref() {
+            t.task.abort();
+        }
+        let exit = match self.final_exit.take() {
+            // Teardown had computed the exit (and done the checkpoint): publish it.
+            Some(exit) => exit,
+            None => self.salvage_exit(),
+        };
+        self.subscribers.end(exit.summary());
+        self.shared.fire_stopped();
+        self.shared.publish_exit(exit);
+    }
+}
+
+impl<A: Agent> LoopState<A> {
+    /// The exit state of an actor that died before its teardown: every item the
+    /// session holds, placed by what the current turn had done with it (S10).
+    fn salvage_exit(&mut self) -> ExitState<A::Item> {
+        let mut unhandled = Vec::new();
         let mut interrupted = Vec::new();
         if let Some(t) = self.turn.take() {
-            t.task.abort();
-            interrupted = t.offered;
+            match t.control.salvage() {
+                // Still planning: every offered item is still to be handled.
+                None => unhandled.extend(t.offered),
+                Some((consumed, remaining, dropped, end)) => {
+                    self.counters.items_dropped_by_plan += dropped;
+                    match end {
+                        Some(TurnEnd::Completed) => {
+                            self.counters.turns_completed += 1;
+                            self.counters.items_delivered += consumed.len() as u64;
+                        }
+                        Some(TurnEnd::Preempted(_)) => unhandled.extend(consumed),
+                        _ => interrupted.extend(consumed),
+                    }
+                    unhandled.extend(remaining);
+                }
+            }
         }
         if let Some(seed) = self.resume.take() {
             interrupted.extend(seed.items);
         }
+        unhandled.append(&mut self.preempted);
         unhandled.extend(self.buffer.drain(..));
-        let exit = ExitState {
+        ExitState {
             session_id: self.config.id.clone(),
             reason: ExitReason::Failed(
                 "the session actor stopped before its teardown (killed or failed)".into(),
@@ -178,10 +222,7 @@ impl<A: Agent> Drop for LoopState<A> {
             checkpoint: CheckpointOutcome::NotAttempted,
             counters: self.counters,
             next_turn_index: self.next_index,
-        };
-        self.subscribers.end(exit.summary());
-        self.shared.fire_stopped();
-        self.shared.publish_exit(exit);
+        }
     }
 }
 
@@ -225,8 +266,12 @@ impl<A: Agent> Actor for TurnLoop<A> {
             next_index: 0,
             stop: StopState::default(),
             idle_epoch: 0,
+            idle_armed: None,
+            await_input: false,
+            record_stale: false,
             counters: ExitCounters::default(),
             exit: None,
+            final_exit: None,
             exited: false,
             load_error: None,
             created_at_ms: now_ms(),
@@ -283,7 +328,10 @@ async fn load_record<A: Agent>(state: &mut LoopState<A>) {
     };
     let id = state.config.id.clone();
     let record = match store.load(&id).await {
-        Ok(Some(r)) => r,
+        Ok(Some(r)) => {
+            state.record_stale = true;
+            r
+        }
         Ok(None) => return,
         Err(e) => {
             state.load_error = Some(e);
@@ -366,31 +414,50 @@ async fn on_push<A: Agent>(
     options: PushOptions<A::Item>,
     reply: Option<PushReply<A::Item>>,
 ) {
+    let mut options = options;
+    if let Some(guard) = options.unprocessed.take() {
+        // The message is being processed: from here on the actor accounts for the item.
+        guard.disarm();
+    }
     if state.exited || state.stop.committed || state.exit.is_some() {
         state.reject_late(item, reply);
         return;
     }
-    // S9: a strategy sees exactly the turn this push lands on.
+    // S9: a strategy sees exactly the turn this push lands on. It runs on a copy of the
+    // turn's items (never under the turn's lock) and a panic in it refuses the push
+    // instead of killing the session.
     let preempt = match &options.strategy {
-        Some(strategy) => match &state.turn {
-            Some(t) => t.control.with_consumed(|phase, consumed| {
-                let phase = match phase {
-                    Phase::Planning => TurnPhase::Planning,
-                    Phase::Running => TurnPhase::Running,
-                    Phase::Ended => TurnPhase::Idle,
-                };
-                strategy(&TurnView {
-                    index: Some(t.index),
-                    phase,
-                    consumed,
-                })
-            }),
-            None => strategy(&TurnView {
-                index: None,
-                phase: TurnPhase::Idle,
-                consumed: &[],
-            }),
-        },
+        Some(strategy) => {
+            let (index, phase, consumed) = match &state.turn {
+                Some(t) => {
+                    let (phase, consumed) = t.control.phase_and_consumed();
+                    let phase = match phase {
+                        Phase::Planning => TurnPhase::Planning,
+                        Phase::Running => TurnPhase::Running,
+                        Phase::Ended => TurnPhase::Idle,
+                    };
+                    (Some(t.index), phase, consumed)
+                }
+                None => (None, TurnPhase::Idle, Vec::new()),
+            };
+            let view = TurnView {
+                index,
+                phase,
+                consumed: &consumed,
+            };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| strategy(&view))) {
+                Ok(p) => p,
+                Err(_) => {
+                    if let Some(r) = reply {
+                        let _ = r.send(Err(PushError::InvalidOptions {
+                            item,
+                            error: crate::options::OptionsError::StrategyPanicked,
+                        }));
+                    }
+                    return;
+                }
+            }
+        }
         None => options.preempt,
     };
     if let Some(p) = &preempt {
@@ -401,6 +468,7 @@ async fn on_push<A: Agent>(
             return;
         }
     }
+    state.await_input = false;
     state.counters.items_accepted += 1;
     state.buffer.push_back(item);
     state.idle_epoch += 1;
@@ -527,7 +595,8 @@ async fn on_stop<A: Agent>(
                 Some(t) => {
                     // S6: a committing stop (not drain) aborts a planning turn; its
                     // offered items go back in order when the task reports.
-                    let aborted = !state.stop.drain && !t.is_resume && t.control.abort_planning();
+                    let aborted =
+                        !state.stop.drain && !t.is_resume && t.control.abort_planning(cancel);
                     if !aborted {
                         if let Some(c) = cancel {
                             let _ = t.control.submit(c, Origin::Stop, Instant::now(), None);
@@ -558,6 +627,18 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
         return;
     };
     match ending {
+        Ending::Deferred => {
+            // The plan consumed nothing: what it handed back waits for new input.
+            for item in remaining.into_iter().rev() {
+                state.buffer.push_front(item);
+            }
+            if dropped > 0 {
+                state.counters.items_dropped_by_plan += dropped;
+                tracing::info!(turn, dropped, "items dropped by the plan's decision");
+            }
+            tracing::debug!(turn, "the plan consumed nothing; waiting for new input");
+            state.await_input = true;
+        }
         Ending::PlanAborted {
             reason,
             plan_failed,
@@ -603,8 +684,8 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                 TurnEnd::Completed => {
                     state.counters.turns_completed += 1;
                     state.counters.items_delivered += consumed.len() as u64;
-                    if active.is_resume && state.persists() {
-                        replace_resumed_record(state).await;
+                    if state.record_stale && state.persists() {
+                        replace_stale_record(state).await;
                     }
                 }
                 TurnEnd::Preempted(_) => {
@@ -649,13 +730,17 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
     boundary(myself, state).await;
 }
 
-/// S17: a resumed turn that completed replaces its record, so the same state is never
-/// resumed twice.
-async fn replace_resumed_record<A: Agent>(state: &mut LoopState<A>) {
+/// S17: once a turn completed after the record was loaded, the record is stale (a
+/// resumed turn's state, or items since delivered): replace it with what the session
+/// still holds, or delete it when nothing is left, so the same state is never resumed
+/// twice and a later failure (which leaves the record alone, S18) cannot replay
+/// delivered items.
+async fn replace_stale_record<A: Agent>(state: &mut LoopState<A>) {
     let Some(store) = state.store.clone() else {
         return;
     };
-    let result = if state.buffer.is_empty() && state.preempted.is_empty() {
+    let nothing_left = state.buffer.is_empty() && state.preempted.is_empty();
+    let result = if nothing_left {
         store.delete(&state.config.id).await.map(|_| ())
     } else {
         let mut unhandled = state.preempted.clone();
@@ -671,8 +756,11 @@ async fn replace_resumed_record<A: Agent>(state: &mut LoopState<A>) {
             ))
             .await
     };
-    if let Err(e) = result {
-        tracing::error!(error = %e, "replacing the resumed record failed; the old mid-turn state may be resumed again");
+    match result {
+        Ok(()) => state.record_stale = !nothing_left,
+        Err(e) => {
+            tracing::error!(error = %e, "replacing the stale record failed; it may be resumed again")
+        }
     }
 }
 
@@ -718,10 +806,12 @@ async fn boundary<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         .await;
         return;
     }
-    let has_work =
-        state.resume.is_some() || !state.preempted.is_empty() || !state.buffer.is_empty();
+    // After a plan that consumed nothing, only a new push makes another plan worth it.
+    let has_work = !state.await_input
+        && (state.resume.is_some() || !state.preempted.is_empty() || !state.buffer.is_empty());
     if state.stop.committed && !(state.stop.drain && has_work) {
-        // Bare/graceful/immediate stop at a boundary, or a drain with nothing left.
+        // Bare/graceful/immediate stop at a boundary, or a drain with nothing it can
+        // still finish.
         let reason = if state.stop.shutdown {
             ExitReason::Shutdown
         } else {
@@ -734,15 +824,19 @@ async fn boundary<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         start_turn(myself, state);
         return;
     }
+    // Idle: one timer per idle period (a second until_idle_for must not postpone the
+    // exit); every accepted push bumps the epoch, which voids the armed timer.
     if let Some(d) = state.stop.idle_for {
-        state.idle_epoch += 1;
-        spawn_timer::<A>(
-            myself,
-            d,
-            InternalMsg::IdleDue {
-                epoch: state.idle_epoch,
-            },
-        );
+        if state.idle_armed != Some(state.idle_epoch) {
+            state.idle_armed = Some(state.idle_epoch);
+            spawn_timer::<A>(
+                myself,
+                d,
+                InternalMsg::IdleDue {
+                    epoch: state.idle_epoch,
+                },
+            );
+        }
     }
 }
 
@@ -796,8 +890,32 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         work,
     };
     let span = tracing::info_span!(parent: &state.span, "turn", index, resume = is_resume);
-    // Boxed: the turn future is large, and spawning it by value copies it around.
-    let handle = tokio::spawn(Box::pin(task.run().instrument(span)));
+    // The task always reports: a panic that escapes the agent's guarded futures (e.g.
+    // in a future's destructor) is recorded as the turn's failure, so the session never
+    // waits for a turn that is gone. Boxed: the future is large, and spawning it by
+    // value copies it around.
+    let guarded = {
+        let control = control.clone();
+        let myself = myself.clone();
+        async move {
+            use futures::FutureExt;
+            if let Err(p) = std::panic::AssertUnwindSafe(task.run())
+                .catch_unwind()
+                .await
+            {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                control.abandon(format!("turn task panicked: {msg}"));
+                let _ = myself.send_message(TurnLoopMsg::Internal(Internal(
+                    InternalMsg::TurnFinished { turn: index },
+                )));
+            }
+        }
+    };
+    let handle = tokio::spawn(Box::pin(guarded.instrument(span)));
     state.turn = Some(ActiveTurn {
         index,
         control,
@@ -837,6 +955,21 @@ async fn teardown<A: Agent>(
             unhandled = items;
         }
     }
+    // Invariant: from here until it is published, the exit state lives in
+    // `state.final_exit`, so an actor killed during the awaits below (store, hooks)
+    // still hands every item back from its destructor.
+    state.final_exit = Some(ExitState {
+        session_id: state.config.id.clone(),
+        reason: reason.clone(),
+        stop_cause: state.shared.cause(),
+        unhandled_items: unhandled.clone(),
+        interrupted_items: interrupted.clone(),
+        late_items: state.shared.late_snapshot(),
+        has_mid_turn_state: mid_state.is_some(),
+        checkpoint: CheckpointOutcome::NotAttempted,
+        counters: state.counters,
+        next_turn_index: state.next_index,
+    });
     let checkpoint = final_checkpoint(
         state,
         &reason,
@@ -846,25 +979,22 @@ async fn teardown<A: Agent>(
         &mid_state,
     )
     .await;
-    let exit = ExitState {
-        session_id: state.config.id.clone(),
-        reason,
-        stop_cause: state.shared.cause(),
-        unhandled_items: unhandled,
-        interrupted_items: interrupted,
-        late_items: state.shared.late_snapshot(),
-        has_mid_turn_state: mid_state.is_some(),
-        checkpoint,
-        counters: state.counters,
-        next_turn_index: state.next_index,
+    drop((unhandled, interrupted));
+    let summary = match state.final_exit.as_mut() {
+        Some(exit) => {
+            exit.checkpoint = checkpoint;
+            exit.summary()
+        }
+        None => return, // unreachable: set above and only taken below
     };
-    let summary = exit.summary();
     tracing::info!(reason = ?summary.reason, cause = ?summary.stop_cause, checkpoint = ?summary.checkpoint,
         unhandled = summary.unhandled, interrupted = summary.interrupted, "session ended");
     run_end_hooks(state, &summary).await;
-    state.exited = true;
-    state.shared.fire_stopped();
-    state.shared.publish_exit(exit);
+    if let Some(exit) = state.final_exit.take() {
+        state.exited = true;
+        state.shared.fire_stopped();
+        state.shared.publish_exit(exit);
+    }
     state.subscribers.end(summary);
     // Process what is already queued (pushes become late, with their items handed
     // back), then stop; later sends are refused with the message handed back.
@@ -943,8 +1073,10 @@ async fn final_checkpoint<A: Agent>(
 /// does not stop the next one).
 async fn run_end_hooks<A: Agent>(state: &LoopState<A>, summary: &crate::session::ExitSummary) {
     for (i, hook) in state.config.end_hooks.iter().enumerate() {
-        let fut = hook(summary.clone());
-        let task = tokio::spawn(fut);
+        // The hook is called inside its task, so even a panic before its future exists
+        // stays isolated from the session and from the next hook.
+        let (hook, summary) = (hook.clone(), summary.clone());
+        let task = tokio::spawn(async move { hook(summary).await });
         let abort = task.abort_handle();
         match tokio::time::timeout(state.config.hook_timeout, task).await {
             Ok(Ok(Ok(()))) => {}

@@ -61,13 +61,13 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 
 fn report_finished<I, E>(myself: &ActorRef<TurnLoopMsg<I, E>>, turn: u64)
 where
-    I: Send + 'static,
+    I: Send + Sync + 'static,
     E: Send + 'static,
 {
     // The actor may be gone (killed); then nobody needs the report.
-    let _ = myself.send_message(TurnLoopMsg::Internal(Internal(InternalMsg::TurnFinished {
-        turn,
-    })));
+    let msg: TurnLoopMsg<I, E> =
+        TurnLoopMsg::Internal(Internal(InternalMsg::TurnFinished { turn }));
+    let _ = myself.send_message(msg);
 }
 
 impl<A: Agent> TurnTask<A> {
@@ -92,7 +92,10 @@ impl<A: Agent> TurnTask<A> {
                 TurnWork::Plan(input) => {
                     let offered = input.len();
                     let had_preempted = !input.preempted.is_empty();
-                    match AssertUnwindSafe(agent.plan(input)).catch_unwind().await {
+                    match AssertUnwindSafe(async { agent.plan(input).await })
+                        .catch_unwind()
+                        .await
+                    {
                         Err(p) => Err(format!("plan panicked: {}", panic_message(p))),
                         Ok(Err(e)) => Err(format!("plan failed: {e}")),
                         Ok(Ok(plan)) => {
@@ -123,8 +126,10 @@ impl<A: Agent> TurnTask<A> {
                 }
                 tokio::select! {
                     biased;
-                    _ = &mut changed => continue,
+                    // A plan that returned wins over an abort noticed at the same time:
+                    // its decision is never discarded (its cancel is pending instead).
                     r = &mut gate_and_plan => break Some(r),
+                    _ = &mut changed => continue,
                 }
             }
         };
@@ -154,11 +159,15 @@ impl<A: Agent> TurnTask<A> {
             }
             Ok(p) => p,
         };
-        if !control.start_running(items.clone(), remaining, dropped, Instant::now()) {
-            control.end_planning("a stop committed while the turn was planning".into(), false);
+        if items.is_empty() {
+            // The plan consumed nothing: no turn runs; what it handed back waits for
+            // new input (the actor does not re-plan the same items in a loop).
+            control.end_deferred(remaining, dropped);
             report_finished(&myself, index);
+            drop(gate);
             return;
         }
+        control.start_running(items.clone(), remaining, dropped, Instant::now());
 
         // 2. Run the agent, watching for Immediate cancels and deadlines (S2).
         let turn = Turn::<A> {
