@@ -202,3 +202,20 @@ pub fn check_conservation(
     }
     Ok(())
 }
+
+/// A session whose agent's every step waits at a gate the test opens, with a probe on
+/// where the agent is.
+pub async fn gated(id: &str, agent: SimAgent) -> (Handle, agentloop_sim::Gate, Probe) {
+    let gate = agentloop_sim::Gate::new();
+    let (tx, probe) = probe();
+    let h = spawn(id, agent.with_step_gate(gate.clone()).with_probe(tx)).await;
+    (h, gate, probe)
+}
+
+/// [`gated`], with item 1 pushed and turn 0 waiting at its first step.
+pub async fn running(id: &str, agent: SimAgent) -> (Handle, agentloop_sim::Gate, Probe) {
+    let (h, gate, mut probe) = gated(id, agent).await;
+    h.push(item(1)).await.expect("push");
+    probe.at_step(0, 0).await;
+    (h, gate, probe)
+}

@@ -275,17 +275,7 @@ async fn a_kill_during_a_hanging_hook_loses_nothing() {
 /// A cast push queued when the actor is killed goes to the late list, not nowhere.
 #[tokio::test(start_paused = true)]
 async fn push_nowait_queued_at_a_kill_is_not_lost() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "nowait-kill",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) = running("nowait-kill", SimAgent::new(steps(2))).await;
     h.push_nowait(item(2)); // queued: the actor has not run since
     h.actor().kill();
     let exit = within("exit", h.wait()).await;

@@ -14,17 +14,7 @@ use agentloop_tests::*;
 /// is at the next AfterToolCalls one; the state recorded there is the resumable state.
 #[tokio::test(start_paused = true)]
 async fn s1_safe_point_honours_only_matching_kinds() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s1",
-        SimAgent::new(steps(4))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, mut probe) = running("s1", SimAgent::new(steps(4))).await;
     h.stop(StopOptions::at(SafePoint::AfterToolCalls))
         .await
         .unwrap();
@@ -144,17 +134,7 @@ async fn s2_immediate_drops_the_future_now() {
 /// matching safe point in time; the info records escalated and timed_out.
 #[tokio::test(start_paused = true)]
 async fn s2_graceful_timeout_escalates_to_immediate() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s2-timeout",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) = running("s2-timeout", SimAgent::new(steps(3))).await;
     let start = tokio::time::Instant::now();
     h.stop(StopOptions::graceful_timeout(Duration::from_secs(5)))
         .await
@@ -177,17 +157,7 @@ async fn s2_graceful_timeout_escalates_to_immediate() {
 /// not timed out); a bare stop after that does not de-escalate.
 #[tokio::test(start_paused = true)]
 async fn s12_escalation_graceful_then_immediate_and_no_deescalation() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s12",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) = running("s12", SimAgent::new(steps(3))).await;
     h.stop(StopOptions::graceful_timeout(Duration::from_secs(60)))
         .await
         .unwrap();
@@ -209,17 +179,7 @@ async fn s12_escalation_graceful_then_immediate_and_no_deescalation() {
 /// the same mode (the bare stop is "no cancel intent").
 #[tokio::test(start_paused = true)]
 async fn s12_bare_after_a_cancel_does_not_deescalate() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s12-bare",
-        SimAgent::new(steps(4))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) = running("s12-bare", SimAgent::new(steps(4))).await;
     h.stop(StopOptions::at(SafePoint::AfterToolCalls))
         .await
         .unwrap();
@@ -239,17 +199,7 @@ async fn s12_bare_after_a_cancel_does_not_deescalate() {
 /// S12: an Immediate stop followed by a weaker graceful one stays Immediate.
 #[tokio::test(start_paused = true)]
 async fn s12_graceful_after_immediate_does_not_deescalate() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s12-imm-grace",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) = running("s12-imm-grace", SimAgent::new(steps(2))).await;
     h.stop(StopOptions::immediate()).await.unwrap();
     h.stop(StopOptions::graceful()).await.unwrap();
     let exit = within("exit", h.wait()).await;

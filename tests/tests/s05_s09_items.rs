@@ -184,17 +184,7 @@ async fn s7_preempt_when_idle_has_no_target() {
 /// S7: a push landing on a running turn answers Submitted once the cancel is in.
 #[tokio::test(start_paused = true)]
 async fn s7_preempt_running_turn_is_submitted() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s7-running",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) = running("s7-running", SimAgent::new(steps(2))).await;
     let ack = h
         .push_with(item(2), PushOptions::preempt(Preempt::after_model_call()))
         .await
@@ -249,17 +239,7 @@ async fn s7_preempt_during_planning_cancels_the_turn_when_it_starts() {
 /// later turn.
 #[tokio::test(start_paused = true)]
 async fn s7_delayed_preempt_after_target_ended_does_nothing() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s7-delay",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, mut probe) = running("s7-delay", SimAgent::new(steps(2))).await;
     let h2 = h.clone();
     let ack = tokio::spawn(async move {
         h2.push_with(
@@ -287,17 +267,7 @@ async fn s7_delayed_preempt_after_target_ended_does_nothing() {
 /// S7: a delayed preempt whose target is still running is submitted after the delay.
 #[tokio::test(start_paused = true)]
 async fn s7_delayed_preempt_is_submitted_after_the_delay() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s7-delay-run",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) = running("s7-delay-run", SimAgent::new(steps(2))).await;
     let start = tokio::time::Instant::now();
     let ack = h
         .push_with(
@@ -317,15 +287,7 @@ async fn s7_delayed_preempt_is_submitted_after_the_delay() {
 /// S7/S2: a preempt with a timeout escalates to Immediate when no safe point comes.
 #[tokio::test(start_paused = true)]
 async fn s7_preempt_timeout_escalates() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s7-timeout",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
+    let (h, gate, mut probe) = gated("s7-timeout", SimAgent::new(steps(2))).await;
     let mut events = h.subscribe();
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
@@ -446,15 +408,7 @@ async fn s8_preempted_signal_fires() {
 /// turn the push lands on (its index, phase and consumed items).
 #[tokio::test(start_paused = true)]
 async fn s9_strategy_sees_the_turn_it_lands_on() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "s9",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
+    let (h, gate, mut probe) = gated("s9", SimAgent::new(steps(2))).await;
     let views = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let strategy = {
         let views = views.clone();

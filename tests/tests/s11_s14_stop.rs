@@ -43,17 +43,7 @@ async fn s11_bare_stop_completes_the_turn_and_leaves_the_buffer_unhandled() {
 /// S11 graceful: cancel at the next safe point of any kind.
 #[tokio::test(start_paused = true)]
 async fn s11_graceful_stop_cuts_at_the_next_safe_point() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "graceful",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) = running("graceful", SimAgent::new(steps(3))).await;
     h.push(item(2)).await.unwrap();
     h.stop(StopOptions::graceful()).await.unwrap();
     gate.open_all();
@@ -74,17 +64,7 @@ async fn s11_graceful_stop_cuts_at_the_next_safe_point() {
 /// turn ends there and nothing is escalated.
 #[tokio::test(start_paused = true)]
 async fn s11_graceful_timeout_ends_at_a_safe_point_when_one_comes_in_time() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "graceful-timeout",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) = running("graceful-timeout", SimAgent::new(steps(3))).await;
     h.stop(StopOptions::graceful_timeout(Duration::from_secs(30)))
         .await
         .unwrap();
@@ -102,17 +82,7 @@ async fn s11_graceful_timeout_ends_at_a_safe_point_when_one_comes_in_time() {
 /// S11 immediate: the running turn is dropped now.
 #[tokio::test(start_paused = true)]
 async fn s11_immediate_stop_drops_the_turn() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "immediate",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) = running("immediate", SimAgent::new(steps(3))).await;
     h.stop(StopOptions::immediate()).await.unwrap();
     let exit = within("exit", h.wait()).await;
     assert!(matches!(exit.reason, ExitReason::Canceled(i) if i.mode == CancelMode::Immediate));
@@ -254,17 +224,7 @@ async fn s11_skip_checkpoint_is_sticky_across_stops() {
 /// count, later causes do not overwrite.
 #[tokio::test(start_paused = true)]
 async fn s11_first_non_empty_cause_wins() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "cause",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) = running("cause", SimAgent::new(steps(2))).await;
     h.stop(StopOptions::bare().cause("")).await.unwrap();
     h.stop(StopOptions::bare()).await.unwrap();
     h.stop(StopOptions::bare().cause("quota exceeded"))
@@ -322,17 +282,7 @@ async fn s13_stop_cause_readable_after_stopped_fires() {
 /// copy goes to the late list, even for a caller that ignores the result.
 #[tokio::test(start_paused = true)]
 async fn s14_late_pushes_come_back_and_are_listed() {
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn(
-        "late",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) = running("late", SimAgent::new(steps(2))).await;
     h.stop(StopOptions::bare()).await.unwrap();
     match h.push(item(2)).await {
         Err(PushError::Late { item }) => assert_eq!(item.id, 2),
