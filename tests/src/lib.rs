@@ -127,20 +127,33 @@ pub async fn spawn(id: &str, agent: SimAgent) -> Handle {
         .expect("spawn")
 }
 
-/// Spawns a persistent session on `store`.
+/// Spawns a persistent session on `store` with `exit` durability (records written at
+/// exit only, S16).
 pub async fn spawn_persistent(
     id: &str,
     agent: SimAgent,
     store: Arc<MemoryStore<SimItem>>,
 ) -> Handle {
-    let store: Arc<dyn CheckpointStore<SimItem>> = store;
-    SessionHandle::spawn(
-        SessionConfig::new(id).persistent(true).agent_kind("sim"),
-        Arc::new(agent),
-        Some(store),
+    spawn_on(
+        SessionConfig::new(id)
+            .persistent(true)
+            .agent_kind("sim")
+            .durability(agentloop::Durability::Exit),
+        agent,
+        store,
     )
     .await
-    .expect("spawn")
+}
+
+/// Spawns a session with `config` on any store.
+pub async fn spawn_on(
+    config: SessionConfig,
+    agent: SimAgent,
+    store: Arc<dyn CheckpointStore<SimItem>>,
+) -> Handle {
+    SessionHandle::spawn(config, Arc::new(agent), Some(store))
+        .await
+        .expect("spawn")
 }
 
 /// Reads a stream to its end (`None`), bounded.

@@ -25,6 +25,8 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         state: None,
         stop_cause: None,
         last_error: None,
+        owner: None,
+        heartbeat_ms: 1,
         created_at_ms: 1,
         updated_at_ms: 1,
         version: 1,

@@ -41,12 +41,15 @@ pub use error::{SessionError, SpawnError};
 pub use events::{EventFilter, EventStream, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use session::{
-    CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, PreemptAck, PushError,
-    SessionConfig, SessionHandle, SessionInfo, Step, TurnCx, TurnLoop, TurnLoopMsg,
+    CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary, PreemptAck,
+    PushError, SessionConfig, SessionHandle, SessionInfo, Step, TurnCx, TurnLoop, TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use store::{CheckpointStore, MemoryStore, SessionRecord, SessionStatus, StoreError};
+pub use store::{
+    CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,
+    SessionRecord, SessionStatus, StatusKind, StoreError,
+};

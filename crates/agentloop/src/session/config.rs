@@ -54,6 +54,18 @@ pub fn validate_session_id(id: &str) -> Result<(), SessionIdError> {
 /// panicking or hanging hook does not stop the next one).
 pub type EndHook = Arc<dyn Fn(ExitSummary) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
+/// When a persistent session writes its record (S16a).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Only at exit (S16): cheapest; a crash loses what the process held.
+    Exit,
+    /// Also whenever an item is accepted and whenever a turn ends or reaches a safe
+    /// point, group-committed; `push` is acknowledged only after the write that holds
+    /// the item is flushed. A SIGKILL at any moment loses no acknowledged item.
+    #[default]
+    Sync,
+}
+
 /// The configuration of one session.
 #[derive(Clone)]
 pub struct SessionConfig {
@@ -69,6 +81,13 @@ pub struct SessionConfig {
     pub end_hooks: Vec<EndHook>,
     /// The bound on each hook.
     pub hook_timeout: Duration,
+    /// When a persistent session writes its record.
+    pub durability: Durability,
+    /// The runtime instance that owns the session (recorded in `Running` records).
+    pub owner: Option<String>,
+    /// How old an owner's heartbeat may be before its `Running` records are
+    /// recoverable by another instance (S19).
+    pub lease_timeout: Duration,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -80,6 +99,8 @@ impl fmt::Debug for SessionConfig {
             .field("event_capacity", &self.event_capacity)
             .field("end_hooks", &self.end_hooks.len())
             .field("hook_timeout", &self.hook_timeout)
+            .field("durability", &self.durability)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -94,7 +115,28 @@ impl SessionConfig {
             event_capacity: DEFAULT_EVENT_CAPACITY,
             end_hooks: Vec::new(),
             hook_timeout: Duration::from_secs(5),
+            durability: Durability::Sync,
+            owner: None,
+            lease_timeout: crate::store::lease::DEFAULT_LEASE_TIMEOUT,
         }
+    }
+
+    /// Sets when a persistent session writes its record (default `Sync`).
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
+    /// Names the runtime instance that owns the session.
+    pub fn owner(mut self, instance: impl Into<String>) -> Self {
+        self.owner = Some(instance.into());
+        self
+    }
+
+    /// Sets the lease timeout used to judge other owners' heartbeats.
+    pub fn lease_timeout(mut self, d: Duration) -> Self {
+        self.lease_timeout = d;
+        self
     }
 
     /// Sets the agent kind.

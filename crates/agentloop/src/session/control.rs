@@ -159,6 +159,18 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         self.state.lock().phase
     }
 
+    /// What a `sync` record needs of the turn now: its phase, consumed items, the items
+    /// its plan handed back (not yet in the buffer), and its resumable state.
+    pub(crate) fn live(&self) -> (Phase, Vec<I>, Vec<I>, Option<S>) {
+        let st = self.state.lock();
+        (
+            st.phase,
+            st.consumed.clone(),
+            st.remaining.clone(),
+            st.last_state.clone().or_else(|| st.input_state.clone()),
+        )
+    }
+
     /// The phase and a copy of the consumed items, for push strategies (S9). A copy,
     /// so user code never runs under this lock.
     pub(crate) fn phase_and_consumed(&self) -> (Phase, Vec<I>) {

@@ -41,6 +41,12 @@ pub enum PushError<I> {
         /// The item, handed back.
         item: I,
     },
+    /// `sync` durability: the item was accepted and stays in the session (it shows up in
+    /// the exit state), but the write that would have made it durable failed.
+    NotDurable {
+        /// The store's error.
+        error: String,
+    },
     /// The push options were invalid; the item was not accepted and is handed back.
     InvalidOptions {
         /// The item, handed back.
@@ -51,10 +57,11 @@ pub enum PushError<I> {
 }
 
 impl<I> PushError<I> {
-    /// The item that was not accepted.
-    pub fn into_item(self) -> I {
+    /// The item that was not accepted (`None` for `NotDurable`: that item was accepted).
+    pub fn into_item(self) -> Option<I> {
         match self {
-            PushError::Late { item } | PushError::InvalidOptions { item, .. } => item,
+            PushError::Late { item } | PushError::InvalidOptions { item, .. } => Some(item),
+            PushError::NotDurable { .. } => None,
         }
     }
 }
@@ -75,6 +82,11 @@ impl<I> fmt::Display for PushError<I> {
             PushError::InvalidOptions { error, .. } => {
                 write!(f, "push rejected: {error}; the item is handed back")
             }
+            PushError::NotDurable { error } => write!(
+                f,
+                "push accepted but not durable: the checkpoint write failed ({error}); the item \
+                 stays in the session and in its exit state; check the store"
+            ),
         }
     }
 }
@@ -235,6 +247,13 @@ pub(crate) enum InternalMsg<I> {
     },
     /// An idle timer fired (S11 `until_idle_for`).
     IdleDue { epoch: u64 },
+    /// `sync` durability: the write with this sequence number finished.
+    Synced {
+        seq: u64,
+        result: Result<(), crate::store::StoreError>,
+    },
+    /// `sync` durability: the running turn recorded a new state at a safe point.
+    SafePointReached { turn: u64 },
 }
 
 impl<I> InternalMsg<I> {
@@ -243,6 +262,8 @@ impl<I> InternalMsg<I> {
             InternalMsg::TurnFinished { .. } => "TurnFinished",
             InternalMsg::PreemptDue { .. } => "PreemptDue",
             InternalMsg::IdleDue { .. } => "IdleDue",
+            InternalMsg::Synced { .. } => "Synced",
+            InternalMsg::SafePointReached { .. } => "SafePointReached",
         }
     }
 }

@@ -11,13 +11,15 @@ mod context;
 pub(crate) mod control;
 mod exit;
 mod handle;
-mod messages;
+pub(crate) mod messages;
 pub(crate) mod shared;
 mod stop;
 mod turn_loop;
 mod turn_task;
 
-pub use config::{validate_session_id, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN};
+pub use config::{
+    validate_session_id, Durability, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN,
+};
 pub use context::{Step, TurnCx};
 pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary};
 pub use handle::SessionHandle;

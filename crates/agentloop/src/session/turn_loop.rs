@@ -27,8 +27,10 @@ use crate::session::messages::{
 use crate::session::shared::SessionShared;
 use crate::session::stop::{StopEffect, StopState};
 use crate::session::turn_task::{TurnTask, TurnWork};
-use crate::session::{SessionConfig, TurnCx};
-use crate::store::{codec, now_ms, CheckpointStore, SessionRecord, SessionStatus, StoreError};
+use crate::session::{Durability, SessionConfig, TurnCx};
+use crate::store::{
+    codec, lease, now_ms, CheckpointStore, SessionRecord, SessionStatus, StoreError,
+};
 
 /// The TurnLoop actor (one per session). Spawn it through
 /// [`crate::SessionHandle::spawn`] or [`crate::SessionHandle::spawn_linked`].
@@ -71,6 +73,15 @@ struct ActiveTurn<A: Agent> {
     task: tokio::task::AbortHandle,
 }
 
+/// A push accepted under `sync` durability, answered once the write holding its item
+/// is flushed. Its preempt is applied then too, to the turn it targeted when accepted.
+struct UnsyncedPush<I> {
+    seq: u64,
+    reply: Option<PushReply<I>>,
+    preempt: Option<Preempt>,
+    target: Option<u64>,
+}
+
 /// How the session is going to end, decided when a turn ends it.
 struct PendingExit<A: Agent> {
     reason: ExitReason,
@@ -106,6 +117,10 @@ pub struct LoopState<A: Agent> {
     record_stale: bool,
     counters: ExitCounters,
     exit: Option<PendingExit<A>>,
+    /// `sync` durability: the sequence number of the last write issued.
+    sync_seq: u64,
+    /// `sync` durability: accepted pushes waiting for the write that holds their item.
+    unsynced: VecDeque<UnsyncedPush<A::Item>>,
     /// The exit state from the moment teardown computed it until it is published, so
     /// an actor killed mid-teardown still hands every item back.
     final_exit: Option<ExitState<A::Item>>,
@@ -118,6 +133,10 @@ pub struct LoopState<A: Agent> {
 impl<A: Agent> LoopState<A> {
     fn persists(&self) -> bool {
         self.config.persist && self.store.is_some()
+    }
+
+    fn syncs(&self) -> bool {
+        self.persists() && self.config.durability == Durability::Sync
     }
 
     fn phase(&self) -> TurnPhase {
@@ -169,6 +188,16 @@ impl<A: Agent> Drop for LoopState<A> {
         if let Some(t) = self.turn.as_ref() {
             t.task.abort();
         }
+        // Pushes waiting for a sync write were accepted: they are in the exit state, and
+        // their callers must hear that, not a silence that looks like a lost item.
+        answer_unsynced(
+            self,
+            Err(StoreError::Backend {
+                operation: "save",
+                session: self.config.id.clone(),
+                message: "the session actor stopped before the write was confirmed".into(),
+            }),
+        );
         let exit = match self.final_exit.take() {
             // Teardown had computed the exit (and done the checkpoint): publish it.
             Some(exit) => exit,
@@ -271,6 +300,8 @@ impl<A: Agent> Actor for TurnLoop<A> {
             record_stale: false,
             counters: ExitCounters::default(),
             exit: None,
+            sync_seq: 0,
+            unsynced: VecDeque::new(),
             final_exit: None,
             exited: false,
             load_error: None,
@@ -338,6 +369,14 @@ async fn load_record<A: Agent>(state: &mut LoopState<A>) {
             return;
         }
     };
+    if let Err(e) = check_resumable(state, &*store, &record).await {
+        state.load_error = Some(e);
+        return;
+    }
+    if record.status == SessionStatus::Completed {
+        // A finished session: nothing to resume; this run starts afresh under the id.
+        return;
+    }
     let resume_state = match &record.state {
         Some(bytes) => match codec::decode_state::<A::State>(&id, bytes) {
             Ok(s) => Some(s),
@@ -361,6 +400,47 @@ async fn load_record<A: Agent>(state: &mut LoopState<A>) {
             items: record.interrupted_items,
             state: resume_state,
         });
+    }
+}
+
+/// S19: a record may be resumed unless it is `Canceled`, `Failed`, or `Running` under
+/// another live owner (fresh heartbeat). A `Running` record whose owner's heartbeat is
+/// stale (the process died) is recoverable, and so is one this instance owns.
+async fn check_resumable<A: Agent>(
+    state: &LoopState<A>,
+    store: &dyn CheckpointStore<A::Item>,
+    record: &SessionRecord<A::Item>,
+) -> Result<(), StoreError> {
+    let refuse = |why: String| StoreError::Refused {
+        session: record.session_id.clone(),
+        status: record.status.to_string(),
+        why,
+    };
+    match &record.status {
+        SessionStatus::Canceled => Err(refuse("it was canceled".into())),
+        SessionStatus::Failed(e) => Err(refuse(format!("it failed: {e}"))),
+        SessionStatus::Running => {
+            let Some(owner) = record.owner.as_deref() else {
+                return Ok(()); // no owner recorded: nothing can hold it
+            };
+            if state.config.owner.as_deref() == Some(owner) {
+                return Ok(());
+            }
+            let beat = store.heartbeat(owner).await?.unwrap_or(record.heartbeat_ms);
+            let age_ms = now_ms().saturating_sub(beat);
+            if lease::is_fresh(beat, now_ms(), state.config.lease_timeout) {
+                Err(refuse(format!(
+                    "it is running on instance `{owner}`, whose heartbeat is {age_ms} ms old \
+                     (fresh under the {} ms lease); stop it there, or wait for the lease to expire \
+                     if that process is gone",
+                    state.config.lease_timeout.as_millis()
+                )))
+            } else {
+                tracing::info!(owner, age_ms, "recovering a session whose owner's heartbeat is stale");
+                Ok(())
+            }
+        }
+        SessionStatus::Stopped | SessionStatus::Interrupted | SessionStatus::Completed => Ok(()),
     }
 }
 
@@ -393,6 +473,12 @@ async fn handle_msg<A: Agent>(
                 preempt,
                 reply,
             } => on_preempt_due(state, turn, preempt, reply),
+            InternalMsg::Synced { seq, result } => on_synced(myself, state, seq, result).await,
+            InternalMsg::SafePointReached { turn } => {
+                if state.syncs() && state.turn.as_ref().is_some_and(|t| t.index == turn) {
+                    sync_write(myself, state);
+                }
+            }
             InternalMsg::IdleDue { epoch } => {
                 let idle = state.turn.is_none()
                     && state.buffer.is_empty()
@@ -472,38 +558,177 @@ async fn on_push<A: Agent>(
     state.counters.items_accepted += 1;
     state.buffer.push_back(item);
     state.idle_epoch += 1;
-    match preempt {
-        None => {
-            if let Some(r) = reply {
-                let _ = r.send(Ok(PreemptAck::NotRequested));
-            }
-        }
-        Some(p) => {
-            let target = state
-                .turn
-                .as_ref()
-                .filter(|t| t.control.phase() != Phase::Ended);
-            match (target, p.delay) {
-                (None, _) => {
-                    if let Some(r) = reply {
-                        let _ = r.send(Ok(PreemptAck::NoTarget));
-                    }
-                }
-                (Some(t), Some(delay)) => spawn_timer::<A>(
-                    myself,
-                    delay,
-                    InternalMsg::PreemptDue {
-                        turn: t.index,
-                        preempt: Preempt { delay: None, ..p },
-                        reply: reply.map(|r| PendingAck::new(r, t.index)),
-                    },
-                ),
-                (Some(t), None) => submit_preempt(t, p, reply.map(|r| PendingAck::new(r, t.index))),
-            }
-        }
+    let target = state
+        .turn
+        .as_ref()
+        .filter(|t| t.control.phase() != Phase::Ended)
+        .map(|t| t.index);
+    if state.syncs() {
+        // S16a: answered (and its preempt applied) once the write holding it is flushed.
+        let seq = sync_write(myself, state);
+        state.unsynced.push_back(UnsyncedPush {
+            seq,
+            reply,
+            preempt,
+            target,
+        });
+    } else {
+        apply_preempt(myself, state, preempt, target, reply);
     }
     if state.turn.is_none() {
         boundary(myself, state).await;
+    }
+}
+
+/// Applies a push's preempt to the turn it targeted when the push was accepted, and
+/// answers the push (S7).
+fn apply_preempt<A: Agent>(
+    myself: &Myself<A>,
+    state: &LoopState<A>,
+    preempt: Option<Preempt>,
+    target: Option<u64>,
+    reply: Option<PushReply<A::Item>>,
+) {
+    let Some(p) = preempt else {
+        if let Some(r) = reply {
+            let _ = r.send(Ok(PreemptAck::NotRequested));
+        }
+        return;
+    };
+    let Some(turn) = target else {
+        if let Some(r) = reply {
+            let _ = r.send(Ok(PreemptAck::NoTarget));
+        }
+        return;
+    };
+    let reply = reply.map(|r| PendingAck::new(r, turn));
+    match (state.turn.as_ref().filter(|t| t.index == turn), p.delay) {
+        (Some(_), Some(delay)) => spawn_timer::<A>(
+            myself,
+            delay,
+            InternalMsg::PreemptDue {
+                turn,
+                preempt: Preempt { delay: None, ..p },
+                reply,
+            },
+        ),
+        (Some(t), None) => submit_preempt(t, p, reply),
+        // The target ended while the push waited for its write.
+        (None, _) => {
+            if let Some(r) = reply {
+                r.answer(PreemptAck::TargetEnded { turn });
+            }
+        }
+    }
+}
+
+/// `sync` durability: rewrites the record with everything the session holds now.
+/// Returns the write's sequence number; `Synced` reports its completion.
+fn sync_write<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) -> u64 {
+    state.sync_seq += 1;
+    let seq = state.sync_seq;
+    let Some(store) = state.store.clone() else {
+        return seq;
+    };
+    let write = match live_record(state) {
+        Ok(rec) => store.save(rec),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    };
+    let myself = myself.clone();
+    tokio::spawn(async move {
+        let result = write.await;
+        let _ = myself.send_message(TurnLoopMsg::Internal(Internal(InternalMsg::Synced {
+            seq,
+            result,
+        })));
+    });
+    seq
+}
+
+/// The `Running` record of a live session: the cut-turn fields describe the turn in
+/// flight (so a crash resumes it), everything else waiting is unhandled, in order.
+fn live_record<A: Agent>(state: &LoopState<A>) -> Result<SessionRecord<A::Item>, StoreError> {
+    let mut unhandled = Vec::new();
+    let mut interrupted = Vec::new();
+    let mut mid_state = None;
+    let mut turn_index = state.next_index;
+    if let Some(seed) = &state.resume {
+        interrupted = seed.items.clone();
+        mid_state = seed.state.clone();
+    }
+    if let Some(t) = &state.turn {
+        let (phase, consumed, remaining, last) = t.control.live();
+        match phase {
+            // Not consumed yet: still to be handled, in their original order.
+            Phase::Planning => unhandled.extend(t.offered.iter().cloned()),
+            Phase::Running | Phase::Ended => {
+                turn_index = t.index;
+                interrupted = consumed;
+                mid_state = last;
+                unhandled.extend(remaining);
+            }
+        }
+    }
+    unhandled.extend(state.preempted.iter().cloned());
+    unhandled.extend(state.buffer.iter().cloned());
+    let encoded = match &mid_state {
+        Some(s) => Some(codec::encode_state(&state.config.id, s)?),
+        None => None,
+    };
+    Ok(record(
+        state,
+        SessionStatus::Running,
+        turn_index,
+        unhandled,
+        interrupted,
+        encoded,
+    ))
+}
+
+/// `sync` durability: a write finished; answer the pushes it covers (S16a).
+async fn on_synced<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    seq: u64,
+    result: Result<(), StoreError>,
+) {
+    if let Err(e) = &result {
+        tracing::error!(seq, error = %e, "sync checkpoint write failed");
+    }
+    while state.unsynced.front().is_some_and(|u| u.seq <= seq) {
+        let Some(u) = state.unsynced.pop_front() else {
+            break;
+        };
+        match &result {
+            Ok(()) => apply_preempt(myself, state, u.preempt, u.target, u.reply),
+            Err(e) => {
+                if let Some(r) = u.reply {
+                    let _ = r.send(Err(PushError::NotDurable {
+                        error: e.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// Answers every push still waiting for its write: called at teardown, after a write
+/// (the final checkpoint or an explicit flush) that covers all of them.
+fn answer_unsynced<A: Agent>(state: &mut LoopState<A>, result: Result<(), StoreError>) {
+    for u in std::mem::take(&mut state.unsynced) {
+        if let Some(r) = u.reply {
+            let _ = r.send(match &result {
+                // The loop is over: no preempt is left to apply.
+                Ok(()) => Ok(match (u.preempt, u.target) {
+                    (None, _) => PreemptAck::NotRequested,
+                    (Some(_), None) => PreemptAck::NoTarget,
+                    (Some(_), Some(turn)) => PreemptAck::TargetEnded { turn },
+                }),
+                Err(e) => Err(PushError::NotDurable {
+                    error: e.to_string(),
+                }),
+            });
+        }
     }
 }
 
@@ -684,7 +909,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                 TurnEnd::Completed => {
                     state.counters.turns_completed += 1;
                     state.counters.items_delivered += consumed.len() as u64;
-                    if state.record_stale && state.persists() {
+                    if state.record_stale && state.persists() && !state.syncs() {
                         replace_stale_record(state).await;
                     }
                 }
@@ -726,6 +951,12 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                 TurnEnd::PlanAborted(_) => {}
             }
         }
+    }
+    // S16a: the turn's end is on record before the next turn starts (unless the
+    // session is about to exit: teardown writes the final record).
+    let exiting = state.exit.is_some() || (state.stop.committed && !state.stop.drain);
+    if state.syncs() && !exiting {
+        sync_write(myself, state);
     }
     boundary(myself, state).await;
 }
@@ -783,6 +1014,8 @@ fn record<A: Agent>(
         state: encoded_state,
         stop_cause: state.shared.cause(),
         last_error: None,
+        owner: state.config.owner.clone(),
+        heartbeat_ms: now,
         created_at_ms: state.created_at_ms,
         updated_at_ms: now,
         version: 0,
@@ -880,6 +1113,7 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         control: control.clone(),
         subscribers: state.subscribers.clone(),
         stopped: state.shared.stopped_signal(),
+        sync_notify: state.syncs().then(|| myself.clone()),
     };
     let task = TurnTask {
         agent: state.agent.clone(),
@@ -980,6 +1214,14 @@ async fn teardown<A: Agent>(
     )
     .await;
     drop((unhandled, interrupted));
+    if state.syncs() || !state.unsynced.is_empty() {
+        // Every sync write was issued before this flush, so its success covers them.
+        let flushed = match state.store.clone() {
+            Some(store) => store.flush().await,
+            None => Ok(()),
+        };
+        answer_unsynced(state, flushed);
+    }
     let summary = match state.final_exit.as_mut() {
         Some(exit) => {
             exit.checkpoint = checkpoint;

@@ -1,13 +1,111 @@
-//! Encoding of agent state for records (DESIGN S15). The only module that uses bincode.
+//! Encoding of records and agent state (DESIGN S15). The only module that uses bincode.
 //!
 //! bincode `=2.0.1` is unmaintained (RUSTSEC-2025-0141) and pinned; keeping it behind
-//! these functions means the format can be migrated in one place. Decoding always runs
-//! with a size limit and never panics: bad bytes become `StoreError::Corrupt`.
+//! these functions means the format can be migrated in one place. A stored record is an
+//! envelope:
+//!
+//! ```text
+//! magic "ALCK" (4 bytes) | format version (u16 LE) | payload length (u32 LE) | payload
+//! ```
+//!
+//! where the payload is the bincode (serde, standard config) encoding of the record.
+//! Decoding checks the magic, the version and the length before touching the payload,
+//! always runs with a size limit, and never panics: bad bytes become
+//! `StoreError::Corrupt` naming the session and what is wrong.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::store::StoreError;
+use crate::store::{SessionRecord, StoreError};
+
+/// The first bytes of every stored record.
+pub const MAGIC: [u8; 4] = *b"ALCK";
+/// The record format this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// The largest record payload decoded, in bytes (64 MiB).
+pub const RECORD_LIMIT: usize = 64 << 20;
+const HEADER: usize = 4 + 2 + 4;
+
+fn record_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<RECORD_LIMIT>()
+}
+
+/// Encodes a record into its envelope.
+pub fn encode_record<I: Serialize>(record: &SessionRecord<I>) -> Result<Vec<u8>, StoreError> {
+    let payload = bincode::serde::encode_to_vec(record, record_config()).map_err(|e| {
+        StoreError::Encode {
+            session: record.session_id.clone(),
+            reason: e.to_string(),
+        }
+    })?;
+    let len = u32::try_from(payload.len()).map_err(|_| StoreError::Encode {
+        session: record.session_id.clone(),
+        reason: format!("record is {} bytes; the limit is {RECORD_LIMIT}", payload.len()),
+    })?;
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Decodes a record envelope. `session` names the key the bytes were read under (for
+/// the error; the record's own id is checked against it).
+pub fn decode_record<I: DeserializeOwned>(
+    session: &str,
+    bytes: &[u8],
+) -> Result<SessionRecord<I>, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        session: session.to_string(),
+        reason,
+    };
+    if bytes.len() < HEADER {
+        return Err(corrupt(format!(
+            "record is {} bytes, shorter than its {HEADER}-byte header (truncated)",
+            bytes.len()
+        )));
+    }
+    if bytes[..4] != MAGIC {
+        return Err(corrupt(format!(
+            "bad magic bytes {:02x?} (expected {:02x?}): not an agentloop record",
+            &bytes[..4],
+            MAGIC
+        )));
+    }
+    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+    if version != FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "unknown format version {version}; this build reads version {FORMAT_VERSION}"
+        )));
+    }
+    let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
+    if len > RECORD_LIMIT {
+        return Err(corrupt(format!(
+            "payload length {len} exceeds the {RECORD_LIMIT}-byte limit"
+        )));
+    }
+    let payload = &bytes[HEADER..];
+    if payload.len() != len {
+        return Err(corrupt(format!(
+            "payload is {} bytes but the header says {len} (truncated or padded)",
+            payload.len()
+        )));
+    }
+    let (record, used): (SessionRecord<I>, usize) =
+        bincode::serde::decode_from_slice(payload, record_config())
+            .map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
+    if used != len {
+        return Err(corrupt(format!("payload has {} trailing bytes", len - used)));
+    }
+    if record.session_id != session {
+        return Err(corrupt(format!(
+            "record names session `{}` but is stored under `{session}`",
+            record.session_id
+        )));
+    }
+    Ok(record)
+}
 
 /// The largest agent state decoded, in bytes (64 MiB).
 pub const STATE_LIMIT: usize = 64 << 20;
@@ -44,6 +142,121 @@ pub fn decode_state<S: DeserializeOwned>(session: &str, bytes: &[u8]) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::SessionStatus;
+    use proptest::prelude::*;
+
+    fn status() -> impl Strategy<Value = SessionStatus> {
+        prop_oneof![
+            Just(SessionStatus::Running),
+            Just(SessionStatus::Stopped),
+            Just(SessionStatus::Interrupted),
+            Just(SessionStatus::Completed),
+            Just(SessionStatus::Canceled),
+            ".{0,20}".prop_map(SessionStatus::Failed),
+        ]
+    }
+
+    fn record() -> impl Strategy<Value = SessionRecord<(u64, String)>> {
+        let items = || proptest::collection::vec((any::<u64>(), ".{0,12}"), 0..6);
+        (
+            "[a-z0-9-]{1,20}",
+            status(),
+            any::<u64>(),
+            items(),
+            items(),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64)),
+            proptest::option::of(".{0,16}"),
+            proptest::option::of("[a-z0-9]{1,8}"),
+            (any::<u64>(), any::<u64>(), any::<u64>()),
+        )
+            .prop_map(
+                |(id, status, turn, unhandled, interrupted, state, cause, owner, (t, hb, v))| {
+                    SessionRecord {
+                        session_id: id,
+                        agent_kind: "sim".into(),
+                        status,
+                        turn_index: turn,
+                        unhandled_items: unhandled,
+                        interrupted_items: interrupted,
+                        state,
+                        stop_cause: cause,
+                        last_error: None,
+                        owner,
+                        heartbeat_ms: hb,
+                        created_at_ms: t,
+                        updated_at_ms: t,
+                        version: v,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        /// S15: every record round-trips through the envelope.
+        #[test]
+        fn s15_record_round_trips(rec in record()) {
+            let bytes = encode_record(&rec).unwrap();
+            let back: SessionRecord<(u64, String)> = decode_record(&rec.session_id, &bytes).unwrap();
+            prop_assert_eq!(back, rec);
+        }
+
+        /// S15/S32: every truncation of a valid record is Corrupt, never a panic.
+        #[test]
+        fn s15_every_truncation_is_corrupt(rec in record()) {
+            let bytes = encode_record(&rec).unwrap();
+            for cut in 0..bytes.len() {
+                let r = decode_record::<(u64, String)>(&rec.session_id, &bytes[..cut]);
+                let corrupt = matches!(r, Err(StoreError::Corrupt { .. }));
+                prop_assert!(corrupt, "cut {}", cut);
+            }
+        }
+
+        /// S15/S32: random garbage is Corrupt, never a panic (with or without a valid
+        /// header in front of it).
+        #[test]
+        fn s15_garbage_is_corrupt(mut junk in proptest::collection::vec(any::<u8>(), 0..200), with_header in any::<bool>()) {
+            if with_header {
+                let mut framed = MAGIC.to_vec();
+                framed.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+                framed.extend_from_slice(&(junk.len() as u32).to_le_bytes());
+                framed.append(&mut junk);
+                junk = framed;
+            }
+            let r = decode_record::<(u64, String)>("s", &junk);
+            prop_assert!(r.is_err());
+            let corrupt = matches!(r, Err(StoreError::Corrupt { .. }));
+            prop_assert!(corrupt);
+        }
+    }
+
+    #[test]
+    fn s15_unknown_version_names_the_version() {
+        let rec = SessionRecord::<u64>::new("v", "sim", 1);
+        let mut bytes = encode_record(&rec).unwrap();
+        bytes[4..6].copy_from_slice(&7u16.to_le_bytes());
+        let e = decode_record::<u64>("v", &bytes).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("unknown format version 7"), "{msg}");
+        assert!(msg.contains("`v`"), "names the session: {msg}");
+    }
+
+    #[test]
+    fn s15_bad_magic_and_huge_length_are_corrupt() {
+        let rec = SessionRecord::<u64>::new("m", "sim", 1);
+        let mut bytes = encode_record(&rec).unwrap();
+        bytes[0] = b'X';
+        assert!(decode_record::<u64>("m", &bytes).unwrap_err().to_string().contains("magic"));
+        let mut bytes = encode_record(&rec).unwrap();
+        bytes[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(decode_record::<u64>("m", &bytes), Err(StoreError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn s15_a_record_under_the_wrong_key_is_corrupt() {
+        let rec = SessionRecord::<u64>::new("a", "sim", 1);
+        let bytes = encode_record(&rec).unwrap();
+        assert!(decode_record::<u64>("b", &bytes).unwrap_err().to_string().contains("stored under"));
+    }
 
     #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
     struct St {

@@ -7,13 +7,19 @@
 //! state is held as encoded bytes (see [`codec`]), so one store serves agent kinds with
 //! different state types.
 
+pub mod actor;
 pub mod codec;
+pub mod lease;
 pub mod memory;
+pub mod sled;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
+pub use lease::InstanceLease;
 pub use memory::MemoryStore;
+pub use self::sled::SledBackend;
 
 /// Where a session stands in its life (S19).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,6 +36,75 @@ pub enum SessionStatus {
     Canceled,
     /// Failed; not resumable. The text says why.
     Failed(String),
+}
+
+impl SessionStatus {
+    /// The status without its payload.
+    pub fn kind(&self) -> StatusKind {
+        match self {
+            SessionStatus::Running => StatusKind::Running,
+            SessionStatus::Stopped => StatusKind::Stopped,
+            SessionStatus::Interrupted => StatusKind::Interrupted,
+            SessionStatus::Completed => StatusKind::Completed,
+            SessionStatus::Canceled => StatusKind::Canceled,
+            SessionStatus::Failed(_) => StatusKind::Failed,
+        }
+    }
+
+    /// Whether no later status can follow (S19): `Completed`, `Canceled`, `Failed`.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            SessionStatus::Completed | SessionStatus::Canceled | SessionStatus::Failed(_)
+        )
+    }
+}
+
+impl std::fmt::Display for SessionStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionStatus::Failed(e) => write!(f, "Failed({e})"),
+            other => write!(f, "{:?}", other.kind()),
+        }
+    }
+}
+
+/// A status without its payload, for filters and compare-and-swap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StatusKind {
+    /// `Running`.
+    Running,
+    /// `Stopped`.
+    Stopped,
+    /// `Interrupted`.
+    Interrupted,
+    /// `Completed`.
+    Completed,
+    /// `Canceled`.
+    Canceled,
+    /// `Failed`.
+    Failed,
+}
+
+/// What a status compare-and-swap found (S19, S24).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// The status was one of the expected ones and is now the new one. Carries the
+    /// previous status.
+    Swapped(SessionStatus),
+    /// The status was not one of the expected ones; nothing changed. Carries it.
+    Mismatch(SessionStatus),
+    /// There is no record.
+    Missing,
+}
+
+/// One entry of a listing: a record, or why it could not be read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ListEntry<I> {
+    /// The key it is stored under.
+    pub session_id: String,
+    /// The decoded record, or the decode error (a corrupt record is listed, not hidden).
+    pub record: Result<SessionRecord<I>, StoreError>,
 }
 
 /// The stored record of one session (S15).
@@ -54,6 +129,12 @@ pub struct SessionRecord<I> {
     pub stop_cause: Option<String>,
     /// The last error, if the session failed.
     pub last_error: Option<String>,
+    /// The runtime instance that owns a `Running` record (S19).
+    pub owner: Option<String>,
+    /// The owner's heartbeat when the record was last written, milliseconds since the
+    /// Unix epoch. Liveness is read from the instance's own heartbeat (one write per
+    /// instance, not per session); this is the fallback when none is stored.
+    pub heartbeat_ms: u64,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at_ms: u64,
     /// Last update time, milliseconds since the Unix epoch.
@@ -63,6 +144,27 @@ pub struct SessionRecord<I> {
 }
 
 impl<I> SessionRecord<I> {
+    /// An empty `Stopped` record for `session_id` at turn `turn_index`.
+    pub fn new(session_id: impl Into<String>, agent_kind: impl Into<String>, turn_index: u64) -> Self {
+        let now = now_ms();
+        SessionRecord {
+            session_id: session_id.into(),
+            agent_kind: agent_kind.into(),
+            status: SessionStatus::Stopped,
+            turn_index,
+            unhandled_items: Vec::new(),
+            interrupted_items: Vec::new(),
+            state: None,
+            stop_cause: None,
+            last_error: None,
+            owner: None,
+            heartbeat_ms: now,
+            created_at_ms: now,
+            updated_at_ms: now,
+            version: 0,
+        }
+    }
+
     /// Whether the record holds a cut turn to resume (S17).
     pub fn is_mid_turn(&self) -> bool {
         self.state.is_some() || !self.interrupted_items.is_empty()
@@ -80,6 +182,27 @@ pub fn now_ms() -> u64 {
 /// A store failure. Every variant says what to do.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
+    /// The session id is not usable as a key (S32).
+    #[error("invalid session id {id:?}: {reason}")]
+    InvalidId {
+        /// The id as given.
+        id: String,
+        /// What is wrong with it.
+        reason: crate::session::SessionIdError,
+    },
+    /// A stored record may not be resumed (S19).
+    #[error("session `{session}` cannot be resumed: its record is {status} because {why}")]
+    Refused {
+        /// The session.
+        session: String,
+        /// Its status.
+        status: String,
+        /// Why it is refused, and what to do.
+        why: String,
+    },
+    /// The store is closed (its actor stopped).
+    #[error("the checkpoint store is closed; start the runtime (or its checkpoint actor) again")]
+    Closed,
     /// A stored record or state could not be decoded. The record is left as it is.
     #[error("record of session `{session}` is corrupt: {reason}; it was left untouched: inspect it with `agentloop sessions show`, restore it from a backup or delete it")]
     Corrupt {
@@ -108,7 +231,13 @@ pub enum StoreError {
     },
 }
 
-/// A checkpoint store (S15–S18). Implementations must not block tokio workers.
+/// A checkpoint store (S15–S19). Implementations must not block tokio workers.
+///
+/// Ordering contract: a write (`save`, `delete`, `cas_status`, `beat`) is ordered when
+/// the method is *called*, not when its future is first polled, so a caller that issues
+/// two writes and awaits them from different tasks still gets them applied in call
+/// order. A write's future resolves once the write is durable to the store's guarantee
+/// (for the sled store: flushed).
 pub trait CheckpointStore<I>: Send + Sync + 'static {
     /// Loads a session's record, if any.
     fn load<'a>(
@@ -116,10 +245,32 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         session_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<SessionRecord<I>>, StoreError>>;
 
-    /// Writes a session's record (replacing any previous one). Resolves once durable to
-    /// the store's guarantee.
-    fn save(&self, record: SessionRecord<I>) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// Writes a session's record (replacing any previous one).
+    fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>>;
 
     /// Deletes a session's record; resolves to whether one existed.
-    fn delete<'a>(&'a self, session_id: &'a str) -> BoxFuture<'a, Result<bool, StoreError>>;
+    fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;
+
+    /// Lists records, optionally only those whose status is one of `statuses`.
+    fn list(
+        &self,
+        statuses: Option<Vec<StatusKind>>,
+    ) -> BoxFuture<'static, Result<Vec<ListEntry<I>>, StoreError>>;
+
+    /// Atomically sets the status to `to` if it is one of `from` (S19, S24).
+    fn cas_status(
+        &self,
+        session_id: &str,
+        from: Vec<StatusKind>,
+        to: SessionStatus,
+    ) -> BoxFuture<'static, Result<CasOutcome, StoreError>>;
+
+    /// Resolves once every write issued before it is durable.
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// Renews the heartbeat of runtime instance `instance` (one write per instance).
+    fn beat(&self, instance: &str, now_ms: u64) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// The last heartbeat of runtime instance `instance`, if any.
+    fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>>;
 }

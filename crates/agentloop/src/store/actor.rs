@@ -1,0 +1,590 @@
+//! The CheckpointActor: owns the sled store and runs its writes as group commits
+//! (DESIGN §1, S15–S19).
+//!
+//! Every write (save, delete, status compare-and-swap, heartbeat) joins the *pending
+//! wave*. When no wave is being written, the pending one is dispatched to a blocking
+//! job that applies its operations in arrival order and flushes once; writes that
+//! arrive meanwhile form the next wave. So one flush covers everything that arrived
+//! together, and each waiter is answered only after the flush that covers its write.
+//! Two saves of the same session in one wave are coalesced (the later one wins, both
+//! waiters are answered). Reads of a key with writes pending or in flight are ordered
+//! into the wave, so a read never sees an older value than a write issued before it.
+//!
+//! The actor never blocks: sled runs on blocking threads. It owns the backend; nothing
+//! else writes it while the actor lives. [`CheckpointClient`] is its typed face and
+//! implements [`CheckpointStore`].
+
+use std::collections::{HashMap, HashSet};
+use std::marker::PhantomData;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::session::validate_session_id;
+use crate::store::sled::{OpResult, WriteOp};
+use crate::store::{
+    codec, CasOutcome, CheckpointStore, ListEntry, SessionRecord, SessionStatus, SledBackend,
+    StatusKind, StoreError,
+};
+
+type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
+/// A list request waiting for the wave it must see (by wave number).
+type WaitingList<I> = (u64, Option<Vec<StatusKind>>, Reply<Vec<ListEntry<I>>>);
+
+/// Counters of the checkpoint actor (answer to [`CheckpointMsg::Stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// Save requests received.
+    pub saves: u64,
+    /// Saves absorbed by a later save of the same session in the same wave.
+    pub coalesced: u64,
+    /// Waves written (each with one flush).
+    pub waves: u64,
+    /// Operations written, over all waves.
+    pub ops: u64,
+    /// The largest wave, in operations.
+    pub max_wave: u64,
+    /// Bytes of encoded records written.
+    pub bytes: u64,
+}
+
+/// Messages of the checkpoint actor. Other actors may `call!` it directly; sessions use
+/// [`CheckpointClient`].
+pub enum CheckpointMsg<I> {
+    /// Write a record; answered after the flush that covers it.
+    Save {
+        /// The record.
+        record: SessionRecord<I>,
+        /// Where to answer.
+        reply: Reply<()>,
+    },
+    /// Read a record.
+    Load {
+        /// The session.
+        session_id: String,
+        /// Where to answer.
+        reply: Reply<Option<SessionRecord<I>>>,
+    },
+    /// Delete a record; answers whether one existed, after the flush.
+    Delete {
+        /// The session.
+        session_id: String,
+        /// Where to answer.
+        reply: Reply<bool>,
+    },
+    /// Compare-and-swap a record's status (S19, S24); answered after the flush.
+    Cas {
+        /// The session.
+        session_id: String,
+        /// The statuses that allow the swap.
+        from: Vec<StatusKind>,
+        /// The new status.
+        to: SessionStatus,
+        /// Where to answer.
+        reply: Reply<CasOutcome>,
+    },
+    /// List records (ordered after the writes issued before it).
+    List {
+        /// Only these statuses, if given.
+        statuses: Option<Vec<StatusKind>>,
+        /// Where to answer.
+        reply: Reply<Vec<ListEntry<I>>>,
+    },
+    /// Answered once every write issued before it is flushed.
+    Flush {
+        /// Where to answer.
+        reply: Reply<()>,
+    },
+    /// Renew an instance heartbeat; answered after the flush.
+    Beat {
+        /// The instance.
+        instance: String,
+        /// The time.
+        now_ms: u64,
+        /// Where to answer.
+        reply: Reply<()>,
+    },
+    /// Read an instance heartbeat.
+    Heartbeat {
+        /// The instance.
+        instance: String,
+        /// Where to answer.
+        reply: Reply<Option<u64>>,
+    },
+    /// Counters.
+    Stats {
+        /// Where to answer.
+        reply: RpcReplyPort<CheckpointStats>,
+    },
+    /// Internal: a wave was written (cannot be built outside the crate).
+    WaveDone(WaveDone),
+}
+
+/// Internal: the results of a written wave (opaque).
+pub struct WaveDone(Vec<Result<OpResult, StoreError>>);
+
+/// How one operation of a wave is answered.
+enum Waiter<I> {
+    Unit(Vec<Reply<()>>),
+    Deleted(Reply<bool>),
+    Cas(Reply<CasOutcome>),
+    Load(String, Reply<Option<SessionRecord<I>>>),
+}
+
+/// The checkpoint actor.
+pub struct CheckpointActor<I>(PhantomData<fn() -> I>);
+
+/// The actor's state.
+pub struct CheckpointState<I> {
+    backend: Arc<SledBackend>,
+    pending: Vec<(WriteOp, Waiter<I>)>,
+    /// Key → index in `pending` of its last operation, when that is a put (coalescing).
+    last_put: HashMap<String, usize>,
+    /// Keys with an operation pending or in flight (reads of them join the wave).
+    busy: HashSet<String>,
+    in_flight: Option<Vec<Waiter<I>>>,
+    /// Lists wait for the waves that held writes issued before them (by wave number),
+    /// so they see every earlier write without waiting for later ones.
+    lists: Vec<WaitingList<I>>,
+    completed_waves: u64,
+    stats: CheckpointStats,
+}
+
+fn check_id(id: &str) -> Result<(), StoreError> {
+    validate_session_id(id).map_err(|reason| StoreError::InvalidId {
+        id: id.to_string(),
+        reason,
+    })
+}
+
+impl<I> CheckpointActor<I>
+where
+    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    /// Opens the sled store in `dir` (off the tokio workers) and starts the actor.
+    pub async fn spawn(dir: impl AsRef<Path>) -> Result<CheckpointClient<I>, StoreError> {
+        Self::spawn_inner(dir.as_ref().to_path_buf(), None).await
+    }
+
+    /// Like [`CheckpointActor::spawn`], linked under `supervisor`.
+    pub async fn spawn_linked(
+        dir: impl AsRef<Path>,
+        supervisor: ActorCell,
+    ) -> Result<CheckpointClient<I>, StoreError> {
+        Self::spawn_inner(dir.as_ref().to_path_buf(), Some(supervisor)).await
+    }
+
+    async fn spawn_inner(
+        dir: std::path::PathBuf,
+        supervisor: Option<ActorCell>,
+    ) -> Result<CheckpointClient<I>, StoreError> {
+        let backend = tokio::task::spawn_blocking(move || SledBackend::open(dir))
+            .await
+            .map_err(|e| StoreError::Backend {
+                operation: "open",
+                session: String::new(),
+                message: e.to_string(),
+            })??;
+        let backend = Arc::new(backend);
+        let actor = CheckpointActor::<I>(PhantomData);
+        let spawned = match supervisor {
+            None => Actor::spawn(None, actor, backend).await,
+            Some(s) => Actor::spawn_linked(None, actor, backend, s).await,
+        };
+        let (actor, _join) = spawned.map_err(|e| StoreError::Backend {
+            operation: "open",
+            session: String::new(),
+            message: format!("the checkpoint actor did not start: {e}"),
+        })?;
+        Ok(CheckpointClient { actor })
+    }
+}
+
+impl<I> CheckpointState<I>
+where
+    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    fn push(&mut self, key: Option<&str>, op: WriteOp, waiter: Waiter<I>) {
+        if let Some(k) = key {
+            self.last_put.remove(k);
+            self.busy.insert(k.to_string());
+        }
+        self.pending.push((op, waiter));
+    }
+
+    fn save(&mut self, record: SessionRecord<I>, reply: Reply<()>) {
+        self.stats.saves += 1;
+        if let Err(e) = check_id(&record.session_id) {
+            let _ = reply.send(Err(e));
+            return;
+        }
+        let bytes = match codec::encode_record(&record) {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let key = record.session_id;
+        if let Some(&i) = self.last_put.get(&key) {
+            // Coalesce: the later record replaces the earlier one in this wave.
+            if let (WriteOp::Put { bytes: old, .. }, Waiter::Unit(waiters)) = &mut self.pending[i] {
+                *old = bytes;
+                waiters.push(reply);
+                self.stats.coalesced += 1;
+                return;
+            }
+        }
+        self.busy.insert(key.clone());
+        self.last_put.insert(key.clone(), self.pending.len());
+        self.pending
+            .push((WriteOp::Put { key, bytes }, Waiter::Unit(vec![reply])));
+    }
+
+    /// Starts writing the pending wave if none is in flight.
+    fn dispatch(&mut self, myself: &ActorRef<CheckpointMsg<I>>) {
+        if self.in_flight.is_some() {
+            return;
+        }
+        if self.pending.is_empty() {
+            self.serve_lists();
+            return;
+        }
+        self.serve_lists();
+        let wave = std::mem::take(&mut self.pending);
+        self.last_put.clear();
+        let (ops, waiters): (Vec<WriteOp>, Vec<Waiter<I>>) = wave.into_iter().unzip();
+        self.stats.waves += 1;
+        self.stats.ops += ops.len() as u64;
+        self.stats.max_wave = self.stats.max_wave.max(ops.len() as u64);
+        self.stats.bytes += ops
+            .iter()
+            .map(|o| match o {
+                WriteOp::Put { bytes, .. } => bytes.len() as u64,
+                _ => 0,
+            })
+            .sum::<u64>();
+        self.in_flight = Some(waiters);
+        let backend = self.backend.clone();
+        let myself = myself.clone();
+        tokio::task::spawn_blocking(move || {
+            let results = backend.apply::<I>(ops);
+            // The actor may be gone (shut down); then nobody waits for the answers.
+            let _ = myself.send_message(CheckpointMsg::WaveDone(WaveDone(results)));
+        });
+    }
+
+    fn wave_done(&mut self, results: Vec<Result<OpResult, StoreError>>) {
+        self.completed_waves += 1;
+        let waiters = self.in_flight.take().unwrap_or_default();
+        for (waiter, result) in waiters.into_iter().zip(results) {
+            match waiter {
+                Waiter::Unit(replies) => {
+                    let r = result.map(|_| ());
+                    for reply in replies {
+                        let _ = reply.send(r.clone());
+                    }
+                }
+                Waiter::Deleted(reply) => {
+                    let _ = reply.send(result.and_then(|r| match r {
+                        OpResult::Deleted(d) => Ok(d),
+                        other => Err(unexpected(other)),
+                    }));
+                }
+                Waiter::Cas(reply) => {
+                    let _ = reply.send(result.and_then(|r| match r {
+                        OpResult::Cas(c) => Ok(c),
+                        other => Err(unexpected(other)),
+                    }));
+                }
+                Waiter::Load(key, reply) => {
+                    let _ = reply.send(result.and_then(|r| match r {
+                        OpResult::Read(Some(bytes)) => codec::decode_record(&key, &bytes).map(Some),
+                        OpResult::Read(None) => Ok(None),
+                        other => Err(unexpected(other)),
+                    }));
+                }
+            }
+        }
+        // Keys stay busy while the next wave holds them.
+        self.busy = self
+            .pending
+            .iter()
+            .filter_map(|(op, _)| op_key(op).map(str::to_string))
+            .collect();
+    }
+
+    /// A list sees the writes of every wave up to the one that held writes issued
+    /// before it.
+    fn list_target(&self) -> u64 {
+        let in_flight = u64::from(self.in_flight.is_some());
+        let pending = u64::from(!self.pending.is_empty());
+        self.completed_waves + in_flight + pending
+    }
+
+    fn serve_lists(&mut self) {
+        let done = self.completed_waves;
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.lists)
+            .into_iter()
+            .partition(|(target, _, _)| *target <= done);
+        self.lists = waiting;
+        for (_, statuses, reply) in ready {
+            let backend = self.backend.clone();
+            tokio::task::spawn_blocking(move || {
+                let _ = reply.send(backend.list::<I>(statuses.as_deref()));
+            });
+        }
+    }
+}
+
+fn op_key(op: &WriteOp) -> Option<&str> {
+    match op {
+        WriteOp::Put { key, .. }
+        | WriteOp::Delete { key }
+        | WriteOp::Cas { key, .. }
+        | WriteOp::Read { key } => Some(key),
+        WriteOp::Beat { .. } | WriteOp::Flush => None,
+    }
+}
+
+fn unexpected(r: OpResult) -> StoreError {
+    StoreError::Backend {
+        operation: "apply",
+        session: String::new(),
+        message: format!("internal: unexpected result {r:?}"),
+    }
+}
+
+impl<I> Actor for CheckpointActor<I>
+where
+    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    type Msg = CheckpointMsg<I>;
+    type State = CheckpointState<I>;
+    type Arguments = Arc<SledBackend>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        backend: Arc<SledBackend>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(CheckpointState {
+            backend,
+            pending: Vec::new(),
+            last_put: HashMap::new(),
+            busy: HashSet::new(),
+            in_flight: None,
+            lists: Vec::new(),
+            completed_waves: 0,
+            stats: CheckpointStats::default(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            CheckpointMsg::Save { record, reply } => st.save(record, reply),
+            CheckpointMsg::Delete { session_id, reply } => match check_id(&session_id) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(()) => st.push(
+                    Some(&session_id.clone()),
+                    WriteOp::Delete { key: session_id },
+                    Waiter::Deleted(reply),
+                ),
+            },
+            CheckpointMsg::Cas {
+                session_id,
+                from,
+                to,
+                reply,
+            } => match check_id(&session_id) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(()) => st.push(
+                    Some(&session_id.clone()),
+                    WriteOp::Cas {
+                        key: session_id,
+                        from,
+                        to,
+                    },
+                    Waiter::Cas(reply),
+                ),
+            },
+            CheckpointMsg::Load { session_id, reply } => {
+                if let Err(e) = check_id(&session_id) {
+                    let _ = reply.send(Err(e));
+                } else if st.busy.contains(&session_id) {
+                    // Ordered after the writes issued before it.
+                    st.push(
+                        Some(&session_id.clone()),
+                        WriteOp::Read {
+                            key: session_id.clone(),
+                        },
+                        Waiter::Load(session_id, reply),
+                    );
+                } else {
+                    let backend = st.backend.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let _ = reply.send(backend.load::<I>(&session_id));
+                    });
+                }
+            }
+            CheckpointMsg::List { statuses, reply } => {
+                let target = st.list_target();
+                st.lists.push((target, statuses, reply));
+            }
+            CheckpointMsg::Flush { reply } => {
+                st.push(None, WriteOp::Flush, Waiter::Unit(vec![reply]))
+            }
+            CheckpointMsg::Beat {
+                instance,
+                now_ms,
+                reply,
+            } => st.push(
+                None,
+                WriteOp::Beat { instance, now_ms },
+                Waiter::Unit(vec![reply]),
+            ),
+            CheckpointMsg::Heartbeat { instance, reply } => {
+                let backend = st.backend.clone();
+                tokio::task::spawn_blocking(move || {
+                    let _ = reply.send(backend.heartbeat(&instance));
+                });
+            }
+            CheckpointMsg::Stats { reply } => {
+                let _ = reply.send(st.stats);
+            }
+            CheckpointMsg::WaveDone(WaveDone(results)) => st.wave_done(results),
+        }
+        st.dispatch(&myself);
+        Ok(())
+    }
+}
+
+/// The typed, cloneable face of the checkpoint actor. Implements [`CheckpointStore`];
+/// every write is sent to the actor when the method is called (the trait's ordering
+/// contract).
+pub struct CheckpointClient<I> {
+    actor: ActorRef<CheckpointMsg<I>>,
+}
+
+impl<I> Clone for CheckpointClient<I> {
+    fn clone(&self) -> Self {
+        CheckpointClient {
+            actor: self.actor.clone(),
+        }
+    }
+}
+
+impl<I> CheckpointClient<I>
+where
+    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    /// The actor, for supervision or direct `call!`.
+    pub fn actor(&self) -> &ActorRef<CheckpointMsg<I>> {
+        &self.actor
+    }
+
+    fn ask<T: Send + 'static>(
+        &self,
+        build: impl FnOnce(Reply<T>) -> CheckpointMsg<I>,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.actor.send_message(build(RpcReplyPort::from(tx)));
+        Box::pin(async move {
+            sent.map_err(|_| StoreError::Closed)?;
+            rx.await.map_err(|_| StoreError::Closed)?
+        })
+    }
+
+    /// The actor's counters.
+    pub async fn stats(&self) -> Result<CheckpointStats, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.actor
+            .send_message(CheckpointMsg::Stats {
+                reply: RpcReplyPort::from(tx),
+            })
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)
+    }
+
+    /// Stops the actor after the writes already sent are answered, and waits.
+    pub async fn close(&self) -> Result<(), StoreError> {
+        self.flush().await?;
+        self.actor.drain_and_wait(None).await.map_err(|_| StoreError::Closed)
+    }
+}
+
+impl<I> CheckpointStore<I> for CheckpointClient<I>
+where
+    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+{
+    fn load<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<SessionRecord<I>>, StoreError>> {
+        let session_id = session_id.to_string();
+        self.ask(|reply| CheckpointMsg::Load { session_id, reply })
+    }
+
+    fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.ask(|reply| CheckpointMsg::Save { record, reply })
+    }
+
+    fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let session_id = session_id.to_string();
+        self.ask(|reply| CheckpointMsg::Delete { session_id, reply })
+    }
+
+    fn list(
+        &self,
+        statuses: Option<Vec<StatusKind>>,
+    ) -> BoxFuture<'static, Result<Vec<ListEntry<I>>, StoreError>> {
+        self.ask(|reply| CheckpointMsg::List { statuses, reply })
+    }
+
+    fn cas_status(
+        &self,
+        session_id: &str,
+        from: Vec<StatusKind>,
+        to: SessionStatus,
+    ) -> BoxFuture<'static, Result<CasOutcome, StoreError>> {
+        let session_id = session_id.to_string();
+        self.ask(|reply| CheckpointMsg::Cas {
+            session_id,
+            from,
+            to,
+            reply,
+        })
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.ask(|reply| CheckpointMsg::Flush { reply })
+    }
+
+    fn beat(&self, instance: &str, now_ms: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        let instance = instance.to_string();
+        self.ask(|reply| CheckpointMsg::Beat {
+            instance,
+            now_ms,
+            reply,
+        })
+    }
+
+    fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let instance = instance.to_string();
+        self.ask(|reply| CheckpointMsg::Heartbeat { instance, reply })
+    }
+}
