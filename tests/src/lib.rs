@@ -48,7 +48,7 @@ pub fn steps(n: usize) -> Script {
 /// Fails the test instead of hanging: on a paused clock, an idle runtime jumps to this
 /// deadline at once.
 pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(24 * 3600), fut).await {
+    match tokio::time::timeout(Duration::from_secs(120), fut).await {
         Ok(v) => v,
         Err(_) => panic!("timed out waiting for {what}"),
     }
@@ -231,4 +231,34 @@ pub async fn running(id: &str, agent: SimAgent) -> (Handle, agentloop_sim::Gate,
     h.push(item(1)).await.expect("push");
     probe.at_step(0, 0).await;
     (h, gate, probe)
+}
+
+/// A unique temporary directory, removed on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// A fresh directory named after `label`.
+    pub fn new(label: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "agentloop-{label}-{}-{}-{}",
+            std::process::id(),
+            agentloop::store::now_ms(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

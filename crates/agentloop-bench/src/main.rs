@@ -3,15 +3,16 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1` or `all`.
+//! `b1`, `b3` or `all`.
 
 use std::process::ExitCode;
 
 mod b1;
+mod b3;
 mod report;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1"];
+const FIGURES: &[&str] = &["b1", "b3"];
 
 fn usage() -> String {
     format!(
@@ -23,6 +24,7 @@ fn usage() -> String {
 async fn run_figure(id: &str) {
     match id {
         "b1" => b1::run().await,
+        "b3" => b3::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }
 }

@@ -1,127 +1,99 @@
 //! The `agentloop` binary (DESIGN §9).
 //!
-//! `agentloop run` runs sessions of the simulated agent, pushes items to them, drains
-//! them and prints each session's exit state and a total. Sessions run in memory for
-//! now; the sled store, live progress, signals and the shutdown report come with the
-//! checkpoint and shutdown issues.
+//! - `agentloop run` runs sessions of the simulated agent (see [`run`]).
+//! - `agentloop sessions list|show` prints the stored session records of a data
+//!   directory, offline (see [`sessions`]).
+//!
+//! Exit codes: 0 success, 1 failure (the message says what and what to do), 2 bad
+//! arguments (with the usage).
 
+mod run;
+mod sessions;
+mod timefmt;
+
+use std::io::Write as _;
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use agentloop::{SessionConfig, SessionHandle, StopOptions};
-use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
+const USAGE: &str = "\
+usage: agentloop run [--sessions N] [--items-per-session M] [--model-ms MS] [--tool-ms MS]
+       agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
+       agentloop sessions show <id> [--data-dir DIR] [--json]";
 
-const USAGE: &str =
-    "usage: agentloop run [--sessions N] [--items-per-session M] [--model-ms MS] [--tool-ms MS]";
-
-struct RunArgs {
-    sessions: usize,
-    items: u64,
-    model_ms: u64,
-    tool_ms: u64,
+/// Why a command did not succeed.
+pub(crate) enum Failure {
+    /// Bad arguments: the message and the usage to print with it (exit 2).
+    Usage {
+        message: String,
+        usage: &'static str,
+    },
+    /// The command failed (exit 1).
+    Error(String),
 }
 
-fn parse_run(args: &[String]) -> Result<RunArgs, String> {
-    let mut run = RunArgs {
-        sessions: 4,
-        items: 5,
-        model_ms: 20,
-        tool_ms: 10,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let n: u64 = value
-            .parse()
-            .map_err(|_| format!("{flag} takes a whole number, got `{value}`\n{USAGE}"))?;
-        match flag.as_str() {
-            "--sessions" if n > 0 => run.sessions = n as usize,
-            "--items-per-session" if n > 0 => run.items = n,
-            "--model-ms" => run.model_ms = n,
-            "--tool-ms" => run.tool_ms = n,
-            "--sessions" | "--items-per-session" => {
-                return Err(format!("{flag} must be at least 1\n{USAGE}"))
+fn main() -> ExitCode {
+    let mut args = Vec::new();
+    for arg in std::env::args_os().skip(1) {
+        match arg.into_string() {
+            Ok(a) => args.push(a),
+            Err(bad) => {
+                eprintln!("agentloop: argument {bad:?} is not valid UTF-8\n{USAGE}");
+                return ExitCode::from(2);
             }
-            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
-    Ok(run)
-}
-
-async fn run(args: RunArgs) -> Result<(), String> {
-    let started = Instant::now();
-    let script = Script::react(
-        1,
-        Duration::from_millis(args.model_ms),
-        Duration::from_millis(args.tool_ms),
-    );
-    let mut handles: Vec<SessionHandle<SimItem, SimEvent>> = Vec::new();
-    for s in 0..args.sessions {
-        let agent = Arc::new(SimAgent::new(script.clone()));
-        let h = SessionHandle::spawn(SessionConfig::new(format!("session-{s}")), agent, None)
-            .await
-            .map_err(|e| e.to_string())?;
-        handles.push(h);
-    }
-    println!(
-        "agentloop: {} sessions running the simulated agent",
-        handles.len()
-    );
-    for (s, h) in handles.iter().enumerate() {
-        for i in 0..args.items {
-            let id = s as u64 * args.items + i;
-            h.push(SimItem::new(id, format!("message {i}")))
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        h.stop(StopOptions::drain().cause("all items pushed"))
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    let (mut turns, mut delivered) = (0, 0);
-    for h in &handles {
-        let exit = h.wait().await;
-        turns += exit.counters.turns_completed;
-        delivered += exit.counters.items_delivered;
-        println!(
-            "{:<12} {:?}  turns {:>3}  items {:>4}  unhandled {}",
-            exit.session_id,
-            exit.reason,
-            exit.counters.turns_completed,
-            exit.counters.items_delivered,
-            exit.unhandled_items.len()
-        );
-    }
-    println!(
-        "done: {} sessions, {turns} turns, {delivered} items delivered in {:.2?}",
-        handles.len(),
-        started.elapsed()
-    );
-    Ok(())
-}
-
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("run") => match parse_run(&args[1..]) {
-            Ok(a) => run(a).await,
-            Err(e) => Err(e),
+    match args.first().map(String::as_str) {
+        Some("run") => run_command(&args[1..]),
+        Some("sessions") => match sessions::main(&args[1..]) {
+            Ok(out) => print_stdout(&out),
+            Err(Failure::Usage { message, usage }) => {
+                eprintln!("agentloop: {message}\n{usage}");
+                ExitCode::from(2)
+            }
+            Err(Failure::Error(message)) => {
+                eprintln!("agentloop: {message}");
+                ExitCode::from(1)
+            }
         },
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
+        Some("-h" | "--help" | "help") => print_stdout(&format!("{USAGE}\n")),
+        _ => {
+            eprintln!("agentloop: {USAGE}");
+            ExitCode::from(2)
         }
-        _ => Err(USAGE.to_string()),
-    };
+    }
+}
+
+/// `agentloop run`: parses its arguments, then runs it on a multi-threaded tokio
+/// runtime. Any failure exits 2, as it always has.
+fn run_command(args: &[String]) -> ExitCode {
+    let result = run::parse_run(args).and_then(|a| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the tokio runtime: {e}"))?
+            .block_on(run::run(a))
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agentloop: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// Writes `out` to stdout; a closed pipe (`agentloop sessions list | head`) is not an
+/// error.
+fn print_stdout(out: &str) -> ExitCode {
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentloop: cannot write to stdout: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -32,9 +32,8 @@ pub struct TurnCx<A: Agent> {
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
     pub(crate) stopped: watch::Receiver<bool>,
     /// `sync` durability: told when a safe point recorded a new state.
-    pub(crate) sync_notify: Option<
-        ractor::ActorRef<crate::session::TurnLoopMsg<A::Item, A::Event>>,
-    >,
+    pub(crate) sync_notify:
+        Option<ractor::ActorRef<crate::session::TurnLoopMsg<A::Item, A::Event>>>,
 }
 
 impl<A: Agent> Clone for TurnCx<A> {

@@ -436,7 +436,11 @@ async fn check_resumable<A: Agent>(
                     state.config.lease_timeout.as_millis()
                 )))
             } else {
-                tracing::info!(owner, age_ms, "recovering a session whose owner's heartbeat is stale");
+                tracing::info!(
+                    owner,
+                    age_ms,
+                    "recovering a session whose owner's heartbeat is stale"
+                );
                 Ok(())
             }
         }

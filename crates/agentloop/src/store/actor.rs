@@ -523,7 +523,10 @@ where
     /// Stops the actor after the writes already sent are answered, and waits.
     pub async fn close(&self) -> Result<(), StoreError> {
         self.flush().await?;
-        self.actor.drain_and_wait(None).await.map_err(|_| StoreError::Closed)
+        self.actor
+            .drain_and_wait(None)
+            .await
+            .map_err(|_| StoreError::Closed)
     }
 }
 

@@ -32,15 +32,17 @@ fn record_config() -> impl bincode::config::Config {
 
 /// Encodes a record into its envelope.
 pub fn encode_record<I: Serialize>(record: &SessionRecord<I>) -> Result<Vec<u8>, StoreError> {
-    let payload = bincode::serde::encode_to_vec(record, record_config()).map_err(|e| {
-        StoreError::Encode {
+    let payload =
+        bincode::serde::encode_to_vec(record, record_config()).map_err(|e| StoreError::Encode {
             session: record.session_id.clone(),
             reason: e.to_string(),
-        }
-    })?;
+        })?;
     let len = u32::try_from(payload.len()).map_err(|_| StoreError::Encode {
         session: record.session_id.clone(),
-        reason: format!("record is {} bytes; the limit is {RECORD_LIMIT}", payload.len()),
+        reason: format!(
+            "record is {} bytes; the limit is {RECORD_LIMIT}",
+            payload.len()
+        ),
     })?;
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.extend_from_slice(&MAGIC);
@@ -96,7 +98,10 @@ pub fn decode_record<I: DeserializeOwned>(
         bincode::serde::decode_from_slice(payload, record_config())
             .map_err(|e| corrupt(format!("payload does not decode: {e}")))?;
     if used != len {
-        return Err(corrupt(format!("payload has {} trailing bytes", len - used)));
+        return Err(corrupt(format!(
+            "payload has {} trailing bytes",
+            len - used
+        )));
     }
     if record.session_id != session {
         return Err(corrupt(format!(
@@ -245,17 +250,26 @@ mod tests {
         let rec = SessionRecord::<u64>::new("m", "sim", 1);
         let mut bytes = encode_record(&rec).unwrap();
         bytes[0] = b'X';
-        assert!(decode_record::<u64>("m", &bytes).unwrap_err().to_string().contains("magic"));
+        assert!(decode_record::<u64>("m", &bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("magic"));
         let mut bytes = encode_record(&rec).unwrap();
         bytes[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(decode_record::<u64>("m", &bytes), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            decode_record::<u64>("m", &bytes),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 
     #[test]
     fn s15_a_record_under_the_wrong_key_is_corrupt() {
         let rec = SessionRecord::<u64>::new("a", "sim", 1);
         let bytes = encode_record(&rec).unwrap();
-        assert!(decode_record::<u64>("b", &bytes).unwrap_err().to_string().contains("stored under"));
+        assert!(decode_record::<u64>("b", &bytes)
+            .unwrap_err()
+            .to_string()
+            .contains("stored under"));
     }
 
     #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]

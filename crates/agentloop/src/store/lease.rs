@@ -25,7 +25,9 @@ pub struct InstanceLease {
 
 impl std::fmt::Debug for InstanceLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InstanceLease").field("id", &self.id).finish()
+        f.debug_struct("InstanceLease")
+            .field("id", &self.id)
+            .finish()
     }
 }
 

@@ -16,10 +16,10 @@ pub mod sled;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
+pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
 pub use lease::InstanceLease;
 pub use memory::MemoryStore;
-pub use self::sled::SledBackend;
 
 /// Where a session stands in its life (S19).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,7 +145,11 @@ pub struct SessionRecord<I> {
 
 impl<I> SessionRecord<I> {
     /// An empty `Stopped` record for `session_id` at turn `turn_index`.
-    pub fn new(session_id: impl Into<String>, agent_kind: impl Into<String>, turn_index: u64) -> Self {
+    pub fn new(
+        session_id: impl Into<String>,
+        agent_kind: impl Into<String>,
+        turn_index: u64,
+    ) -> Self {
         let now = now_ms();
         SessionRecord {
             session_id: session_id.into(),

@@ -129,7 +129,10 @@ impl SledBackend {
     }
 
     /// A decoded record. Blocks.
-    pub fn load<I: DeserializeOwned>(&self, key: &str) -> Result<Option<SessionRecord<I>>, StoreError> {
+    pub fn load<I: DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<SessionRecord<I>>, StoreError> {
         match self.get_raw(key)? {
             Some(bytes) => codec::decode_record(key, &bytes).map(Some),
             None => Ok(None),

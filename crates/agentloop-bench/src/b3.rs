@@ -1,0 +1,645 @@
+//! B3: checkpoints saved and flushed per second, ~4 KiB of agent state, 64 concurrent
+//! stops, against raw sled in the same process and run (DESIGN §10).
+//!
+//! * Baseline (raw sled): its own sled database in a temp dir; per round, 64 records
+//!   (distinct keys, fresh every round, values of the same size as agentloop's encoded
+//!   checkpoint records) inserted as one `sled::Batch` followed by one `db.flush()`, on
+//!   a blocking thread. Rate = 64 / (batch + flush time).
+//! * agentloop: one `CheckpointActor` (one sled dir) for the whole run. Per round, 64
+//!   persistent sessions (fresh ids) of a simulated agent with a 4 KiB state payload;
+//!   each has a turn in flight, parked at its second step after the first safe point
+//!   (so its state is recorded). Untimed setup ends there. The timed part: issue
+//!   `stop(StopOptions::immediate())` on all 64 at once (one task each) and wait until
+//!   all 64 exits are in; every exit must say `CheckpointOutcome::Saved` with the cut
+//!   item and mid-turn state. Rate = 64 / that time. Measured for both durability
+//!   modes: `Exit` (the stop path writes only the checkpoint) and `Sync` (the default;
+//!   the stop also flushes once more to answer pushes waiting for a write).
+//! * Not sides of the ratio: raw sled with one flush per save (the same 64 records,
+//!   each inserted and flushed on its own: what group commit saves), the actor's
+//!   waves per stop round, and the push throughput (acknowledged pushes per second) of
+//!   one and of 64 concurrent `Sync` sessions of a no-op agent. Two diagnostics split
+//!   the agentloop side in its halves: 64 concurrent `save`s of the same records
+//!   straight to the `CheckpointClient` (the store alone), and 64 non-persistent
+//!   sessions parked and stopped the same way (the sessions alone).
+//!
+//! The figure is agentloop with `Exit` durability over the baseline; `Sync`'s ratio is
+//! printed next to it. All sides run in interleaved rounds (the order reverses every
+//! round) after a warm-up round of each; each side's value is the median over rounds.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentloop::store::CheckpointStats;
+use agentloop::{
+    CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
+    SessionConfig, SessionHandle, StopOptions,
+};
+use agentloop_sim::{Gate, Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::report::{median, print_table, summarize};
+
+/// Concurrent stops (and records per baseline batch).
+const SESSIONS: usize = 64;
+/// Agent state payload per turn.
+const STATE_BYTES: usize = 4096;
+/// Timed rounds per side (odd, so the median is one round).
+const ROUNDS: usize = 31;
+/// The target: agentloop ≥ 0.80 × baseline.
+const TARGET: f64 = 0.80;
+/// Push-throughput measurements (odd; the median is printed).
+const PUSH_RUNS: usize = 3;
+/// How long one push-throughput measurement runs.
+const PUSH_WINDOW: Duration = Duration::from_millis(1500);
+
+type Handle = SessionHandle<SimItem, SimEvent>;
+type Store = CheckpointClient<SimItem>;
+
+// ---------------------------------------------------------------------------------
+// Temp dirs (removed at the end, and on a panic by `Drop`).
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("agentloop-b3-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating a B3 temp dir");
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Baseline: raw sled.
+
+struct RawSled {
+    db: sled::Db,
+    value: Arc<Vec<u8>>,
+    next_key: u64,
+}
+
+impl RawSled {
+    fn open(dir: &Path, value_len: usize) -> Self {
+        let db = sled::Config::new()
+            .path(dir)
+            .open()
+            .expect("opening the baseline sled db");
+        RawSled {
+            db,
+            value: Arc::new(vec![0x5A; value_len]),
+            next_key: 0,
+        }
+    }
+
+    fn keys(&mut self) -> Vec<String> {
+        let keys = (self.next_key..self.next_key + SESSIONS as u64)
+            .map(|k| format!("b3-raw-{k:08}"))
+            .collect();
+        self.next_key += SESSIONS as u64;
+        keys
+    }
+
+    /// One round: 64 inserts as one batch, one flush. Returns records per second.
+    async fn batch_round(&mut self) -> f64 {
+        let (db, value, keys) = (self.db.clone(), self.value.clone(), self.keys());
+        tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            let mut batch = sled::Batch::default();
+            for k in &keys {
+                batch.insert(k.as_bytes(), value.as_slice());
+            }
+            db.apply_batch(batch).expect("sled apply_batch");
+            db.flush().expect("sled flush");
+            keys.len() as f64 / t0.elapsed().as_secs_f64()
+        })
+        .await
+        .expect("the baseline blocking job panicked")
+    }
+
+    /// One round: 64 inserts, each followed by its own flush. Returns records per second.
+    async fn per_save_round(&mut self) -> f64 {
+        let (db, value, keys) = (self.db.clone(), self.value.clone(), self.keys());
+        tokio::task::spawn_blocking(move || {
+            let t0 = Instant::now();
+            for k in &keys {
+                db.insert(k.as_bytes(), value.as_slice())
+                    .expect("sled insert");
+                db.flush().expect("sled flush");
+            }
+            keys.len() as f64 / t0.elapsed().as_secs_f64()
+        })
+        .await
+        .expect("the per-save blocking job panicked")
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// agentloop: 64 concurrent stops through the CheckpointActor.
+
+/// Two zero-latency steps: the first ends at a safe point (state recorded), the second
+/// waits at its gate, so the turn is in flight with mid-turn state when it is stopped.
+fn two_step_script() -> Script {
+    Script {
+        steps: vec![
+            SimStep::ModelCall {
+                latency: Duration::ZERO,
+                input_tokens: 1,
+            },
+            SimStep::ToolRound {
+                latency: Duration::ZERO,
+                calls: 1,
+            },
+        ],
+    }
+}
+
+fn mode_name(d: Durability) -> &'static str {
+    match d {
+        Durability::Exit => "exit",
+        Durability::Sync => "sync",
+    }
+}
+
+/// The result of one stop round.
+struct StopRound {
+    /// Checkpoints per second.
+    rate: f64,
+    /// The actor's counters over the timed part.
+    waves: u64,
+    ops: u64,
+    /// Encoded bytes per save over the timed part.
+    bytes_per_save: f64,
+}
+
+fn stats_delta(after: CheckpointStats, before: CheckpointStats) -> CheckpointStats {
+    CheckpointStats {
+        saves: after.saves - before.saves,
+        coalesced: after.coalesced - before.coalesced,
+        waves: after.waves - before.waves,
+        ops: after.ops - before.ops,
+        max_wave: after.max_wave,
+        bytes: after.bytes - before.bytes,
+    }
+}
+
+async fn stats(store: &Store) -> CheckpointStats {
+    store.stats().await.expect("the checkpoint actor is gone")
+}
+
+struct Agentloop {
+    store: Store,
+    round: u64,
+}
+
+impl Agentloop {
+    /// Spawns 64 sessions with a turn parked after its first safe point.
+    async fn setup(&mut self, durability: Durability) -> Vec<Handle> {
+        let round = self.round;
+        self.round += 1;
+        let before = stats(&self.store).await;
+        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+        let dyn_store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(self.store.clone());
+        let mut handles = Vec::with_capacity(SESSIONS);
+        for s in 0..SESSIONS {
+            let gate = Gate::new();
+            gate.open(1); // the first step passes; the second waits
+            let agent = SimAgent::new(two_step_script())
+                .with_state_payload(STATE_BYTES)
+                .with_step_gate(gate)
+                .with_probe(probe_tx.clone());
+            let id = format!("b3-{}-r{round:04}-s{s:02}", mode_name(durability));
+            let config = SessionConfig::new(id)
+                .agent_kind("sim")
+                .persistent(true)
+                .durability(durability);
+            let h = SessionHandle::spawn(config, Arc::new(agent), Some(dyn_store.clone()))
+                .await
+                .expect("spawning a B3 session");
+            h.push(SimItem::new(s as u64, "b3"))
+                .await
+                .expect("pushing the B3 item");
+            handles.push(h);
+        }
+        drop(probe_tx);
+        let mut parked = 0;
+        while parked < SESSIONS {
+            match probe_rx.recv().await {
+                Some(Notice::StepBegin { step: 1, .. }) => parked += 1,
+                Some(_) => {}
+                None => panic!("a B3 session ended before its turn was parked"),
+            }
+        }
+        if durability == Durability::Sync {
+            // Let the safe-point writes (one per session, after the push's) land
+            // before the timed part, so it measures only the stops.
+            let want = before.saves + 2 * SESSIONS as u64;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while stats(&self.store).await.saves < want {
+                assert!(
+                    Instant::now() < deadline,
+                    "the B3 sync sessions' safe-point writes never arrived"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            self.store.flush().await.expect("flushing before the stops");
+        }
+        handles
+    }
+
+    /// One round: 64 concurrent immediate stops, timed until every exit is in.
+    async fn stop_round(&mut self, durability: Durability) -> StopRound {
+        let handles = self.setup(durability).await;
+        let before = stats(&self.store).await;
+        let t0 = Instant::now();
+        let mut set = JoinSet::new();
+        for h in handles {
+            set.spawn(async move {
+                h.stop(StopOptions::immediate())
+                    .await
+                    .expect("stopping a B3 session");
+                h.wait().await
+            });
+        }
+        let mut exits = Vec::with_capacity(SESSIONS);
+        while let Some(exit) = set.join_next().await {
+            exits.push(exit.expect("a B3 stop task panicked"));
+        }
+        let elapsed = t0.elapsed();
+        let d = stats_delta(stats(&self.store).await, before);
+        for e in &exits {
+            assert_eq!(
+                e.checkpoint,
+                CheckpointOutcome::Saved,
+                "B3 session {} did not save its checkpoint: {:?}",
+                e.session_id,
+                e.reason
+            );
+            assert!(
+                e.has_mid_turn_state && e.interrupted_items.len() == 1,
+                "B3 session {} should have been cut mid-turn with its item",
+                e.session_id
+            );
+        }
+        assert_eq!(
+            d.saves, SESSIONS as u64,
+            "expected one save per stop in the timed part"
+        );
+        StopRound {
+            rate: SESSIONS as f64 / elapsed.as_secs_f64(),
+            waves: d.waves,
+            ops: d.ops,
+            bytes_per_save: d.bytes as f64 / d.saves as f64,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Diagnostics: the two halves of the agentloop side.
+
+/// 64 concurrent `save`s straight to the CheckpointClient (no sessions), each a record
+/// like a stopped session's (4 KiB state, one interrupted item). Returns checkpoints
+/// per second and the waves they took.
+async fn direct_saves_round(store: &Store, round: u64) -> (f64, u64) {
+    let state = vec![0xA5u8; STATE_BYTES];
+    let recs: Vec<_> = (0..SESSIONS)
+        .map(|s| {
+            let mut r =
+                agentloop::SessionRecord::new(format!("b3-direct-r{round:04}-s{s:02}"), "sim", 0);
+            r.interrupted_items = vec![SimItem::new(s as u64, "b3")];
+            r.state = Some(state.clone());
+            r
+        })
+        .collect();
+    let before = stats(store).await;
+    let t0 = Instant::now();
+    let mut set = JoinSet::new();
+    for r in recs {
+        set.spawn(store.save(r));
+    }
+    while let Some(r) = set.join_next().await {
+        r.expect("a save task panicked")
+            .expect("a direct save failed");
+    }
+    let rate = SESSIONS as f64 / t0.elapsed().as_secs_f64();
+    let d = stats_delta(stats(store).await, before);
+    (rate, d.waves)
+}
+
+/// 64 non-persistent sessions parked like the figure's, stopped the same way: the
+/// session side of a stop without any store work. Stops / s.
+async fn no_store_round(round: u64) -> f64 {
+    let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+    let mut handles = Vec::with_capacity(SESSIONS);
+    for s in 0..SESSIONS {
+        let gate = Gate::new();
+        gate.open(1);
+        let agent = SimAgent::new(two_step_script())
+            .with_state_payload(STATE_BYTES)
+            .with_step_gate(gate)
+            .with_probe(probe_tx.clone());
+        let config = SessionConfig::new(format!("b3-nostore-r{round:04}-s{s:02}"));
+        let h: Handle = SessionHandle::spawn(config, Arc::new(agent), None)
+            .await
+            .expect("spawning a B3 session");
+        h.push(SimItem::new(s as u64, "b3")).await.expect("push");
+        handles.push(h);
+    }
+    drop(probe_tx);
+    let mut parked = 0;
+    while parked < SESSIONS {
+        match probe_rx.recv().await {
+            Some(Notice::StepBegin { step: 1, .. }) => parked += 1,
+            Some(_) => {}
+            None => panic!("a B3 session ended before its turn was parked"),
+        }
+    }
+    let t0 = Instant::now();
+    let mut set = JoinSet::new();
+    for h in handles {
+        set.spawn(async move {
+            h.stop(StopOptions::immediate()).await.expect("stop");
+            h.wait().await
+        });
+    }
+    while let Some(e) = set.join_next().await {
+        let e = e.expect("a stop task panicked");
+        assert_eq!(e.interrupted_items.len(), 1);
+    }
+    SESSIONS as f64 / t0.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------
+// Push throughput of `Sync` sessions (acknowledged pushes per second).
+
+async fn spawn_noop_sync(store: &Store, id: String) -> Handle {
+    let dyn_store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(store.clone());
+    let config = SessionConfig::new(id)
+        .agent_kind("sim")
+        .persistent(true)
+        .durability(Durability::Sync);
+    SessionHandle::spawn(
+        config,
+        Arc::new(SimAgent::new(Script::noop())),
+        Some(dyn_store),
+    )
+    .await
+    .expect("spawning a push-throughput session")
+}
+
+/// Sequential `push().await` for `window`; returns acknowledged pushes.
+async fn push_for(h: Handle, window: Duration) -> u64 {
+    let t0 = Instant::now();
+    let mut n = 0;
+    while t0.elapsed() < window {
+        h.push(SimItem::new(n, "p"))
+            .await
+            .expect("a sync push failed");
+        n += 1;
+    }
+    h.stop(StopOptions::bare())
+        .await
+        .expect("stopping a push session");
+    let exit = h.wait().await;
+    assert_eq!(
+        exit.counters.items_accepted, n,
+        "every acked push was accepted"
+    );
+    n
+}
+
+/// `sessions` sync sessions each pushing in its own task; acknowledged pushes / s.
+async fn push_throughput(store: &Store, tag: &str, sessions: usize, window: Duration) -> f64 {
+    let mut handles = Vec::with_capacity(sessions);
+    for s in 0..sessions {
+        handles.push(spawn_noop_sync(store, format!("b3-push-{tag}-s{s:02}")).await);
+    }
+    let t0 = Instant::now();
+    let mut set = JoinSet::new();
+    for h in handles {
+        set.spawn(push_for(h, window));
+    }
+    let mut acked = 0;
+    while let Some(n) = set.join_next().await {
+        acked += n.expect("a push task panicked");
+    }
+    // The window is per task; the last task may overrun it by one push.
+    acked as f64 / t0.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------
+
+/// The verdict line of a ratio figure whose target is a lower bound.
+fn ratio_line_min(id: &str, ratio: f64, target: f64) -> String {
+    let verdict = if ratio >= target { "ok" } else { "FAIL" };
+    format!("{id} ratio={ratio:.2} target>={target:.2} {verdict}")
+}
+
+#[derive(Default)]
+struct Samples {
+    base: Vec<f64>,
+    per_save: Vec<f64>,
+    exit: Vec<f64>,
+    sync: Vec<f64>,
+    exit_waves: Vec<f64>,
+    exit_wave_size: Vec<f64>,
+    sync_waves: Vec<f64>,
+    sync_wave_size: Vec<f64>,
+    direct: Vec<f64>,
+    direct_waves: Vec<f64>,
+    no_store: Vec<f64>,
+}
+
+impl Samples {
+    fn record_direct(&mut self, (rate, waves): (f64, u64)) {
+        self.direct.push(rate);
+        self.direct_waves.push(waves as f64);
+    }
+
+    fn record(&mut self, mode: Durability, r: StopRound) {
+        let size = r.ops as f64 / r.waves as f64;
+        match mode {
+            Durability::Exit => {
+                self.exit.push(r.rate);
+                self.exit_waves.push(r.waves as f64);
+                self.exit_wave_size.push(size);
+            }
+            Durability::Sync => {
+                self.sync.push(r.rate);
+                self.sync_waves.push(r.waves as f64);
+                self.sync_wave_size.push(size);
+            }
+        }
+    }
+}
+
+/// Runs B3 and prints its tables and verdict line (the last line).
+pub async fn run() {
+    let started = Instant::now();
+    println!(
+        "B3: checkpoints saved and flushed per second, {STATE_BYTES} B state, {SESSIONS} \
+         concurrent stops; {ROUNDS} interleaved rounds per side, warm-up 1 round per side; \
+         tokio workers: {}",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
+    let al_dir = TempDir::new("agentloop");
+    let raw_dir = TempDir::new("raw");
+    let store: Store = CheckpointActor::<SimItem>::spawn(al_dir.path())
+        .await
+        .expect("starting the checkpoint actor");
+    let mut al = Agentloop {
+        store: store.clone(),
+        round: 0,
+    };
+
+    // Warm-up of the agentloop sides; it also gives the record size the baseline uses.
+    let warm_exit = al.stop_round(Durability::Exit).await;
+    al.stop_round(Durability::Sync).await;
+    let record_len = warm_exit.bytes_per_save.round() as usize;
+    let raw_path = raw_dir.path().to_path_buf();
+    let mut raw = tokio::task::spawn_blocking(move || RawSled::open(&raw_path, record_len))
+        .await
+        .expect("opening the baseline db panicked");
+    raw.batch_round().await;
+    raw.per_save_round().await;
+    direct_saves_round(&store, u64::MAX).await;
+    no_store_round(u64::MAX).await;
+    println!(
+        "record size: {record_len} B (agentloop's encoded checkpoint; the baseline writes values of this size)"
+    );
+
+    let mut s = Samples::default();
+    for round in 0..ROUNDS {
+        if round % 2 == 0 {
+            s.base.push(raw.batch_round().await);
+            s.per_save.push(raw.per_save_round().await);
+            let r = al.stop_round(Durability::Exit).await;
+            s.record(Durability::Exit, r);
+            let r = al.stop_round(Durability::Sync).await;
+            s.record(Durability::Sync, r);
+            s.record_direct(direct_saves_round(&store, round as u64).await);
+            s.no_store.push(no_store_round(round as u64).await);
+        } else {
+            s.no_store.push(no_store_round(round as u64).await);
+            s.record_direct(direct_saves_round(&store, round as u64).await);
+            let r = al.stop_round(Durability::Sync).await;
+            s.record(Durability::Sync, r);
+            let r = al.stop_round(Durability::Exit).await;
+            s.record(Durability::Exit, r);
+            s.per_save.push(raw.per_save_round().await);
+            s.base.push(raw.batch_round().await);
+        }
+    }
+    let total_stats = stats(&store).await;
+
+    // Push throughput of sync sessions (not a side of the ratio).
+    let mut one = Vec::new();
+    let mut many = Vec::new();
+    for run in 0..PUSH_RUNS {
+        one.push(push_throughput(&store, &format!("one-{run}"), 1, PUSH_WINDOW).await);
+        many.push(push_throughput(&store, &format!("many-{run}"), SESSIONS, PUSH_WINDOW).await);
+    }
+
+    store.close().await.expect("closing the checkpoint actor");
+    drop(raw);
+    drop((al_dir, raw_dir));
+
+    let base_s = summarize(&s.base);
+    let exit_s = summarize(&s.exit);
+    let sync_s = summarize(&s.sync);
+    let per_save_s = summarize(&s.per_save);
+    println!();
+    print_table(
+        "B3 checkpoints saved and flushed per second (higher is better; the figure: Exit)",
+        "ckpt/s",
+        &[
+            ("baseline: raw sled, batch of 64 + 1 flush", base_s),
+            ("agentloop: 64 stops, Durability::Exit", exit_s),
+            ("agentloop: 64 stops, Durability::Sync", sync_s),
+        ],
+    );
+    println!();
+    print_table(
+        "Not sides of the ratio",
+        "per s",
+        &[
+            ("raw sled, 1 flush per save", per_save_s),
+            ("diag: 64 saves straight to the actor", summarize(&s.direct)),
+            ("diag: 64 stops, not persistent", summarize(&s.no_store)),
+        ],
+    );
+    println!();
+    println!(
+        "group commit on raw sled: batch of 64 + 1 flush = {:.1} x one flush per save",
+        base_s.median / per_save_s.median
+    );
+    println!(
+        "CheckpointActor waves per round (median): Exit stops {} ({:.1} ops/wave), Sync stops {} ({:.1} ops/wave; 64 saves + 64 flushes), direct saves {}",
+        median(&s.exit_waves),
+        median(&s.exit_wave_size),
+        median(&s.sync_waves),
+        median(&s.sync_wave_size),
+        median(&s.direct_waves)
+    );
+    println!(
+        "CheckpointActor totals before the push runs: saves={} coalesced={} waves={} ops={} max_wave={} bytes={}",
+        total_stats.saves,
+        total_stats.coalesced,
+        total_stats.waves,
+        total_stats.ops,
+        total_stats.max_wave,
+        total_stats.bytes
+    );
+    println!(
+        "sync push throughput, 1 session (sequential push().await, no-op agent): {:.0} acked pushes/s (median of {PUSH_RUNS} x {} ms)",
+        median(&one),
+        PUSH_WINDOW.as_millis()
+    );
+    println!(
+        "sync push throughput, {SESSIONS} sessions (one pushing task each): {:.0} acked pushes/s (median of {PUSH_RUNS} x {} ms)",
+        median(&many),
+        PUSH_WINDOW.as_millis()
+    );
+    println!(
+        "Sync-mode ratio (not the figure)={:.2}; B3 wall time {:.1} s",
+        sync_s.median / base_s.median,
+        started.elapsed().as_secs_f64()
+    );
+    println!();
+    println!(
+        "{}",
+        ratio_line_min("B3", exit_s.median / base_s.median, TARGET)
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ratio_line_min;
+
+    #[test]
+    fn verdict_line() {
+        assert_eq!(
+            ratio_line_min("B3", 0.804, 0.80),
+            "B3 ratio=0.80 target>=0.80 ok"
+        );
+        assert_eq!(
+            ratio_line_min("B3", 0.79, 0.80),
+            "B3 ratio=0.79 target>=0.80 FAIL"
+        );
+    }
+}

@@ -1,0 +1,334 @@
+//! `agentloop sessions list|show` against a real sled data directory (DESIGN §9, issue 3
+//! item 7): runs the built binary on records written through `SledBackend`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use agentloop::store::codec::encode_record;
+use agentloop::store::sled::WriteOp;
+use agentloop::store::{SessionRecord, SessionStatus, SledBackend};
+use agentloop_sim::SimItem;
+use serde_json::Value;
+
+/// 2026-11-22 03:15:38 UTC.
+const UPDATED_MS: u64 = 1_795_317_338_000;
+
+/// A temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!(
+            "agentloop-cli-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn items(ids: &[u64]) -> Vec<SimItem> {
+    ids.iter()
+        .map(|&i| SimItem::new(i, format!("message {i}")))
+        .collect()
+}
+
+/// Writes four good records and one corrupt one, then closes the database.
+fn populate(dir: &Path) {
+    let mut alpha = SessionRecord::<SimItem>::new("alpha", "sim", 3);
+    alpha.unhandled_items = items(&[10, 11]);
+    alpha.stop_cause = Some("user left".into());
+    alpha.updated_at_ms = UPDATED_MS;
+    alpha.version = 4;
+
+    let mut beta = SessionRecord::<SimItem>::new("beta", "sim", 7);
+    beta.status = SessionStatus::Interrupted;
+    beta.unhandled_items = items(&[20]);
+    beta.interrupted_items = items(&[21, 22]);
+    beta.state = Some(vec![7; 42]);
+    beta.owner = Some("instance-1".into());
+
+    let mut gamma = SessionRecord::<SimItem>::new("gamma", "sim", 1);
+    gamma.status = SessionStatus::Failed("model exploded".into());
+    gamma.last_error = Some("model exploded".into());
+
+    let mut delta = SessionRecord::<SimItem>::new("delta", "sim", 2);
+    delta.status = SessionStatus::Running;
+    delta.owner = Some("instance-9".into());
+
+    let mut ops: Vec<WriteOp> = [alpha, beta, gamma, delta]
+        .iter()
+        .map(|r| WriteOp::Put {
+            key: r.session_id.clone(),
+            bytes: encode_record(r).unwrap(),
+        })
+        .collect();
+    ops.push(WriteOp::Put {
+        key: "bad".into(),
+        bytes: b"garbage, not a record".to_vec(),
+    });
+    ops.push(WriteOp::Beat {
+        instance: "instance-9".into(),
+        now_ms: agentloop::store::now_ms(),
+    });
+    let backend = SledBackend::open(dir).unwrap();
+    for r in backend.apply::<SimItem>(ops) {
+        r.unwrap();
+    }
+    drop(backend); // releases sled's lock on the directory
+}
+
+fn agentloop(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(args)
+        .output()
+        .expect("run the agentloop binary")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn fails(out: &Output, code: i32, needle: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr:\n{err}");
+    assert!(
+        err.contains(needle),
+        "stderr should contain {needle:?}:\n{err}"
+    );
+    assert!(out.stdout.is_empty(), "stdout: {}", text(&out.stdout));
+}
+
+/// The table row of session `id` (its first column), split on whitespace.
+fn row<'a>(table: &'a str, id: &str) -> Vec<&'a str> {
+    table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id))
+        .unwrap_or_else(|| panic!("no row for {id} in:\n{table}"))
+        .split_whitespace()
+        .collect()
+}
+
+#[test]
+fn sessions_list_and_show() {
+    let tmp = TempDir::new("sessions");
+    let dir = tmp.0.join("data");
+    let d = dir.to_str().unwrap();
+    populate(&dir);
+
+    // The table: id, status, turn, unhandled, interrupted, mid-turn state, ...
+    let list = ok(&agentloop(&["sessions", "list", "--data-dir", d]));
+    assert!(list.lines().next().unwrap().starts_with("ID"), "{list}");
+    assert_eq!(
+        row(&list, "alpha")[..6],
+        ["alpha", "Stopped", "3", "2", "0", "no"]
+    );
+    assert!(
+        list.contains("user left") && list.contains("2026-11-22 03:15:38Z"),
+        "{list}"
+    );
+    assert_eq!(
+        row(&list, "beta")[..8],
+        ["beta", "Interrupted", "7", "1", "2", "yes", "(42", "B)"]
+    );
+    assert_eq!(*row(&list, "beta").last().unwrap(), "instance-1");
+    assert_eq!(
+        row(&list, "gamma")[..3],
+        ["gamma", "Failed(model", "exploded)"]
+    );
+    assert_eq!(row(&list, "bad")[..2], ["bad", "CORRUPT"]);
+    assert!(list.contains("5 records (1 corrupt)"), "{list}");
+    assert!(
+        list.contains("CORRUPT bad: record of session `bad` is corrupt"),
+        "{list}"
+    );
+
+    // A status filter; corrupt records are always listed.
+    let stopped = ok(&agentloop(&[
+        "sessions",
+        "list",
+        "--data-dir",
+        d,
+        "--status",
+        "stopped",
+    ]));
+    assert!(
+        stopped.contains("alpha") && stopped.contains("CORRUPT"),
+        "{stopped}"
+    );
+    for other in ["beta", "gamma", "delta"] {
+        assert!(!stopped.contains(other), "{stopped}");
+    }
+
+    // JSON.
+    let json: Value = serde_json::from_str(&ok(&agentloop(&[
+        "sessions",
+        "list",
+        "--data-dir",
+        d,
+        "--json",
+    ])))
+    .expect("list --json is JSON");
+    let rows = json.as_array().expect("an array");
+    assert_eq!(rows.len(), 5);
+    let by_id = |id: &str| {
+        rows.iter()
+            .find(|r| r["session_id"] == id)
+            .unwrap_or_else(|| panic!("{id} in {json}"))
+            .clone()
+    };
+    let alpha = by_id("alpha");
+    assert_eq!(alpha["status"], "Stopped");
+    assert_eq!(alpha["turn_index"], 3);
+    assert_eq!(alpha["unhandled_count"], 2);
+    assert_eq!(alpha["interrupted_count"], 0);
+    assert_eq!(alpha["state_bytes"], Value::Null);
+    assert_eq!(alpha["stop_cause"], "user left");
+    assert_eq!(alpha["updated_at_ms"], UPDATED_MS);
+    assert_eq!(alpha["updated_at"], "2026-11-22 03:15:38Z");
+    assert_eq!(alpha["version"], 4);
+    let beta = by_id("beta");
+    assert_eq!(beta["status"], "Interrupted");
+    assert_eq!(beta["mid_turn"], true);
+    assert_eq!(beta["state_bytes"], 42);
+    assert_eq!(beta["owner"], "instance-1");
+    let gamma = by_id("gamma");
+    assert_eq!(gamma["status"], "Failed");
+    assert_eq!(gamma["failure"], "model exploded");
+    let bad = by_id("bad");
+    assert_eq!(bad["status"], "CORRUPT");
+    assert!(
+        bad["error"].as_str().unwrap().contains("bad magic"),
+        "{bad}"
+    );
+
+    // show: every field and the item lists.
+    let show = ok(&agentloop(&["sessions", "show", "beta", "--data-dir", d]));
+    for needle in [
+        "status       Interrupted (resumable)",
+        "turn index   7",
+        "yes: 42 bytes of agent state",
+        "owner        instance-1",
+        "unhandled items (1):",
+        "[0] id=20 \"message 20\"",
+        "interrupted items (2):",
+        "[1] id=22 \"message 22\"",
+    ] {
+        assert!(
+            show.contains(needle),
+            "show should contain {needle:?}:\n{show}"
+        );
+    }
+    let show = ok(&agentloop(&["sessions", "show", "alpha", "--data-dir", d]));
+    assert!(show.contains("interrupted items (0): none"), "{show}");
+    assert!(show.contains("updated      2026-11-22 03:15:38Z"), "{show}");
+    let shown: Value = serde_json::from_str(&ok(&agentloop(&[
+        "sessions",
+        "show",
+        "beta",
+        "--data-dir",
+        d,
+        "--json",
+    ])))
+    .expect("show --json is JSON");
+    assert_eq!(shown["interrupted_items"][0]["id"], 21);
+    assert_eq!(shown["interrupted_items"][1]["text"], "message 22");
+    assert_eq!(shown["unhandled_items"][0]["id"], 20);
+    // A Running record: its owner's instance heartbeat is judged (S19).
+    let show = ok(&agentloop(&["sessions", "show", "delta", "--data-dir", d]));
+    assert!(show.contains("lease        instance heartbeat"), "{show}");
+    assert!(
+        show.contains("fresh: a resume elsewhere is refused"),
+        "{show}"
+    );
+    let corrupt = ok(&agentloop(&["sessions", "show", "bad", "--data-dir", d]));
+    assert!(
+        corrupt.contains("CORRUPT") && corrupt.contains("bad magic"),
+        "{corrupt}"
+    );
+    let corrupt: Value = serde_json::from_str(&ok(&agentloop(&[
+        "sessions",
+        "show",
+        "bad",
+        "--data-dir",
+        d,
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(corrupt["status"], "CORRUPT");
+    assert_eq!(corrupt["raw_bytes"], 21);
+
+    // Failures: unknown id, missing or foreign directory, bad arguments.
+    fails(
+        &agentloop(&["sessions", "show", "missing", "--data-dir", d]),
+        1,
+        "no record for session `missing`",
+    );
+    let nowhere = tmp.0.join("nowhere");
+    fails(
+        &agentloop(&["sessions", "list", "--data-dir", nowhere.to_str().unwrap()]),
+        1,
+        "no data directory at",
+    );
+    assert!(!nowhere.exists(), "listing must not create the directory");
+    let empty = tmp.0.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    fails(
+        &agentloop(&["sessions", "list", "--data-dir", empty.to_str().unwrap()]),
+        1,
+        "holds no agentloop data",
+    );
+    assert_eq!(
+        std::fs::read_dir(&empty).unwrap().count(),
+        0,
+        "nothing created"
+    );
+    for bad in [
+        &["sessions"][..],
+        &["sessions", "lsit"],
+        &["sessions", "list", "--status", "sleepy"],
+        &["sessions", "list", "--data-dir"],
+        &["sessions", "show"],
+        &["sessions", "show", "a", "b"],
+        &["sessions", "list", "--frobnicate"],
+    ] {
+        fails(&agentloop(bad), 2, "usage: agentloop sessions");
+    }
+
+    // The records are untouched by reading them, and the lock was released each time.
+    let backend = SledBackend::open(&dir).unwrap();
+    assert_eq!(backend.list::<SimItem>(None).unwrap().len(), 5);
+    assert!(
+        backend.get_raw("bad").unwrap().is_some(),
+        "corrupt record kept"
+    );
+
+    // While a process holds the directory, the command says so.
+    fails(
+        &agentloop(&["sessions", "list", "--data-dir", d]),
+        1,
+        "in use",
+    );
+    drop(backend);
+}
