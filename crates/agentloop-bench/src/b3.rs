@@ -195,6 +195,7 @@ fn stats_delta(after: CheckpointStats, before: CheckpointStats) -> CheckpointSta
         ops: after.ops - before.ops,
         max_wave: after.max_wave,
         bytes: after.bytes - before.bytes,
+        flushes: after.flushes - before.flushes,
     }
 }
 

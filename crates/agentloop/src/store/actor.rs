@@ -2,13 +2,21 @@
 //! (DESIGN §1, S15–S19).
 //!
 //! Every write (save, delete, status compare-and-swap, heartbeat) joins the *pending
-//! wave*. When no wave is being written, the pending one is dispatched to a blocking
-//! job that applies its operations in arrival order and flushes once; writes that
-//! arrive meanwhile form the next wave. So one flush covers everything that arrived
-//! together, and each waiter is answered only after the flush that covers its write.
-//! Two saves of the same session in one wave are coalesced (the later one wins, both
-//! waiters are answered). Reads of a key with writes pending or in flight are ordered
-//! into the wave, so a read never sees an older value than a write issued before it.
+//! wave*. The commit is pipelined in two stages, each on a blocking thread:
+//!
+//! 1. **apply**: when no wave is being applied, the pending wave is applied to sled in
+//!    arrival order (visible to readers, not yet durable); writes that arrive meanwhile
+//!    form the next wave;
+//! 2. **flush**: when no flush is running, one starts and covers every write applied
+//!    before it started; writes applied meanwhile wait for the next flush.
+//!
+//! So one flush covers everything that arrived together, applying the next wave
+//! overlaps the current flush, and each waiter is answered only after a flush that
+//! started after its write was applied. Two saves of the same session in one wave are
+//! coalesced (the later one wins, both waiters are answered). Reads of a key with
+//! writes pending or being applied are ordered into the wave, so a read never sees an
+//! older value than a write issued before it. Records are encoded by the caller
+//! ([`CheckpointClient::save`]), not in this actor's loop.
 //!
 //! The actor never blocks: sled runs on blocking threads. It owns the backend; nothing
 //! else writes it while the actor lives. [`CheckpointClient`] is its typed face and
@@ -49,6 +57,8 @@ pub struct CheckpointStats {
     pub ops: u64,
     /// The largest wave, in operations.
     pub max_wave: u64,
+    /// Flushes run (each covers every write applied before it started).
+    pub flushes: u64,
     /// Bytes of encoded records written.
     pub bytes: u64,
 }
@@ -60,6 +70,16 @@ pub enum CheckpointMsg<I> {
     Save {
         /// The record.
         record: SessionRecord<I>,
+        /// Where to answer.
+        reply: Reply<()>,
+    },
+    /// Write a record already encoded by [`codec::encode_record`] (what
+    /// [`CheckpointClient::save`] sends, so encoding runs in the caller, not here).
+    SaveEncoded {
+        /// The session (the record's id; validated by the sender).
+        session_id: String,
+        /// The codec envelope.
+        bytes: Vec<u8>,
         /// Where to answer.
         reply: Reply<()>,
     },
@@ -121,12 +141,17 @@ pub enum CheckpointMsg<I> {
         /// Where to answer.
         reply: RpcReplyPort<CheckpointStats>,
     },
-    /// Internal: a wave was written (cannot be built outside the crate).
-    WaveDone(WaveDone),
+    /// Internal: a wave was applied (cannot be built outside the crate).
+    Applied(Applied),
+    /// Internal: a flush finished (cannot be built outside the crate).
+    Flushed(Flushed),
 }
 
-/// Internal: the results of a written wave (opaque).
-pub struct WaveDone(Vec<Result<OpResult, StoreError>>);
+/// Internal: the results of an applied wave (opaque).
+pub struct Applied(Vec<Result<OpResult, StoreError>>);
+
+/// Internal: the result of a flush (opaque).
+pub struct Flushed(Result<(), StoreError>);
 
 /// How one operation of a wave is answered.
 enum Waiter<I> {
@@ -141,13 +166,19 @@ pub struct CheckpointActor<I>(PhantomData<fn() -> I>);
 
 /// The actor's state.
 pub struct CheckpointState<I> {
-    backend: Arc<SledBackend>,
+    /// `None` once the actor stopped (post_stop releases sled's lock).
+    backend: Option<Arc<SledBackend>>,
     pending: Vec<(WriteOp, Waiter<I>)>,
     /// Key → index in `pending` of its last operation, when that is a put (coalescing).
     last_put: HashMap<String, usize>,
     /// Keys with an operation pending or in flight (reads of them join the wave).
     busy: HashSet<String>,
-    in_flight: Option<Vec<Waiter<I>>>,
+    /// The wave being applied.
+    applying: Option<Vec<Waiter<I>>>,
+    /// Applied writes waiting for a flush that starts after them.
+    unflushed: Vec<(Waiter<I>, Result<OpResult, StoreError>)>,
+    /// Writes covered by the flush in flight.
+    flushing: Option<Vec<(Waiter<I>, Result<OpResult, StoreError>)>>,
     /// Lists wait for the waves that held writes issued before them (by wave number),
     /// so they see every earlier write without waiting for later ones.
     lists: Vec<WaitingList<I>>,
@@ -218,19 +249,22 @@ where
     }
 
     fn save(&mut self, record: SessionRecord<I>, reply: Reply<()>) {
-        self.stats.saves += 1;
         if let Err(e) = check_id(&record.session_id) {
+            self.stats.saves += 1;
             let _ = reply.send(Err(e));
             return;
         }
-        let bytes = match codec::encode_record(&record) {
-            Ok(b) => b,
+        match codec::encode_record(&record) {
+            Ok(bytes) => self.save_encoded(record.session_id, bytes, reply),
             Err(e) => {
+                self.stats.saves += 1;
                 let _ = reply.send(Err(e));
-                return;
             }
-        };
-        let key = record.session_id;
+        }
+    }
+
+    fn save_encoded(&mut self, key: String, bytes: Vec<u8>, reply: Reply<()>) {
+        self.stats.saves += 1;
         if let Some(&i) = self.last_put.get(&key) {
             // Coalesce: the later record replaces the earlier one in this wave.
             if let (WriteOp::Put { bytes: old, .. }, Waiter::Unit(waiters)) = &mut self.pending[i] {
@@ -246,43 +280,84 @@ where
             .push((WriteOp::Put { key, bytes }, Waiter::Unit(vec![reply])));
     }
 
-    /// Starts writing the pending wave if none is in flight.
+    /// Moves the pipeline along: applies the pending wave if none is being applied,
+    /// starts a flush if none is running and writes wait for one.
     fn dispatch(&mut self, myself: &ActorRef<CheckpointMsg<I>>) {
-        if self.in_flight.is_some() {
-            return;
-        }
-        if self.pending.is_empty() {
-            self.serve_lists();
-            return;
-        }
         self.serve_lists();
-        let wave = std::mem::take(&mut self.pending);
-        self.last_put.clear();
-        let (ops, waiters): (Vec<WriteOp>, Vec<Waiter<I>>) = wave.into_iter().unzip();
-        self.stats.waves += 1;
-        self.stats.ops += ops.len() as u64;
-        self.stats.max_wave = self.stats.max_wave.max(ops.len() as u64);
-        self.stats.bytes += ops
-            .iter()
-            .map(|o| match o {
-                WriteOp::Put { bytes, .. } => bytes.len() as u64,
-                _ => 0,
-            })
-            .sum::<u64>();
-        self.in_flight = Some(waiters);
-        let backend = self.backend.clone();
-        let myself = myself.clone();
-        tokio::task::spawn_blocking(move || {
-            let results = backend.apply::<I>(ops);
-            // The actor may be gone (shut down); then nobody waits for the answers.
-            let _ = myself.send_message(CheckpointMsg::WaveDone(WaveDone(results)));
-        });
+        if self.applying.is_none() && !self.pending.is_empty() {
+            let wave = std::mem::take(&mut self.pending);
+            self.last_put.clear();
+            let (ops, waiters): (Vec<WriteOp>, Vec<Waiter<I>>) = wave.into_iter().unzip();
+            self.stats.waves += 1;
+            self.stats.ops += ops.len() as u64;
+            self.stats.max_wave = self.stats.max_wave.max(ops.len() as u64);
+            self.stats.bytes += ops
+                .iter()
+                .map(|o| match o {
+                    WriteOp::Put { bytes, .. } => bytes.len() as u64,
+                    _ => 0,
+                })
+                .sum::<u64>();
+            let Some(backend) = self.backend.clone() else {
+                return;
+            };
+            self.applying = Some(waiters);
+            let myself = myself.clone();
+            tokio::task::spawn_blocking(move || {
+                let results = backend.apply_unflushed::<I>(ops);
+                // Invariant: blocking jobs release the backend before they report, so
+                // once the actor has stopped nothing holds sled's lock.
+                drop(backend);
+                // The actor may be gone (shut down); then nobody waits for the answers.
+                let _ = myself.send_message(CheckpointMsg::Applied(Applied(results)));
+            });
+        }
+        if self.flushing.is_none() && !self.unflushed.is_empty() {
+            let Some(backend) = self.backend.clone() else {
+                return;
+            };
+            // Invariant: everything in `unflushed` was applied before this flush starts.
+            self.flushing = Some(std::mem::take(&mut self.unflushed));
+            self.stats.flushes += 1;
+            let myself = myself.clone();
+            tokio::task::spawn_blocking(move || {
+                let r = backend.flush();
+                drop(backend);
+                let _ = myself.send_message(CheckpointMsg::Flushed(Flushed(r)));
+            });
+        }
     }
 
-    fn wave_done(&mut self, results: Vec<Result<OpResult, StoreError>>) {
+    fn applied(&mut self, results: Vec<Result<OpResult, StoreError>>) {
         self.completed_waves += 1;
-        let waiters = self.in_flight.take().unwrap_or_default();
+        let waiters = self.applying.take().unwrap_or_default();
         for (waiter, result) in waiters.into_iter().zip(results) {
+            match waiter {
+                // Reads need no flush: answer them now, in order with the writes.
+                Waiter::Load(key, reply) => {
+                    let _ = reply.send(result.and_then(|r| match r {
+                        OpResult::Read(Some(bytes)) => codec::decode_record(&key, &bytes).map(Some),
+                        OpResult::Read(None) => Ok(None),
+                        other => Err(unexpected(other)),
+                    }));
+                }
+                w => self.unflushed.push((w, result)),
+            }
+        }
+        // Keys stay busy while the next wave holds them.
+        self.busy = self
+            .pending
+            .iter()
+            .filter_map(|(op, _)| op_key(op).map(str::to_string))
+            .collect();
+    }
+
+    fn flushed(&mut self, flush: Result<(), StoreError>) {
+        for (waiter, result) in self.flushing.take().unwrap_or_default() {
+            let result = match &flush {
+                Ok(()) => result,
+                Err(e) => Err(e.clone()),
+            };
             match waiter {
                 Waiter::Unit(replies) => {
                     let r = result.map(|_| ());
@@ -302,27 +377,17 @@ where
                         other => Err(unexpected(other)),
                     }));
                 }
-                Waiter::Load(key, reply) => {
-                    let _ = reply.send(result.and_then(|r| match r {
-                        OpResult::Read(Some(bytes)) => codec::decode_record(&key, &bytes).map(Some),
-                        OpResult::Read(None) => Ok(None),
-                        other => Err(unexpected(other)),
-                    }));
+                Waiter::Load(_, reply) => {
+                    let _ = reply.send(Err(unexpected(OpResult::Done)));
                 }
             }
         }
-        // Keys stay busy while the next wave holds them.
-        self.busy = self
-            .pending
-            .iter()
-            .filter_map(|(op, _)| op_key(op).map(str::to_string))
-            .collect();
     }
 
     /// A list sees the writes of every wave up to the one that held writes issued
     /// before it.
     fn list_target(&self) -> u64 {
-        let in_flight = u64::from(self.in_flight.is_some());
+        let in_flight = u64::from(self.applying.is_some());
         let pending = u64::from(!self.pending.is_empty());
         self.completed_waves + in_flight + pending
     }
@@ -334,9 +399,14 @@ where
             .partition(|(target, _, _)| *target <= done);
         self.lists = waiting;
         for (_, statuses, reply) in ready {
-            let backend = self.backend.clone();
+            let Some(backend) = self.backend.clone() else {
+                let _ = reply.send(Err(StoreError::Closed));
+                continue;
+            };
             tokio::task::spawn_blocking(move || {
-                let _ = reply.send(backend.list::<I>(statuses.as_deref()));
+                let r = backend.list::<I>(statuses.as_deref());
+                drop(backend);
+                let _ = reply.send(r);
             });
         }
     }
@@ -374,15 +444,28 @@ where
         backend: Arc<SledBackend>,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(CheckpointState {
-            backend,
+            backend: Some(backend),
             pending: Vec::new(),
             last_put: HashMap::new(),
             busy: HashSet::new(),
-            in_flight: None,
+            applying: None,
+            unflushed: Vec::new(),
+            flushing: None,
             lists: Vec::new(),
             completed_waves: 0,
             stats: CheckpointStats::default(),
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Release sled (and its directory lock) before the actor reports stopped; the
+        // blocking jobs hold no clone by then (they release it before reporting).
+        drop(st.backend.take());
+        Ok(())
     }
 
     async fn handle(
@@ -393,6 +476,16 @@ where
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             CheckpointMsg::Save { record, reply } => st.save(record, reply),
+            CheckpointMsg::SaveEncoded {
+                session_id,
+                bytes,
+                reply,
+            } => match check_id(&session_id) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(()) => st.save_encoded(session_id, bytes, reply),
+            },
             CheckpointMsg::Delete { session_id, reply } => match check_id(&session_id) {
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -434,11 +527,14 @@ where
                         },
                         Waiter::Load(session_id, reply),
                     );
-                } else {
-                    let backend = st.backend.clone();
+                } else if let Some(backend) = st.backend.clone() {
                     tokio::task::spawn_blocking(move || {
-                        let _ = reply.send(backend.load::<I>(&session_id));
+                        let r = backend.load::<I>(&session_id);
+                        drop(backend);
+                        let _ = reply.send(r);
                     });
+                } else {
+                    let _ = reply.send(Err(StoreError::Closed));
                 }
             }
             CheckpointMsg::List { statuses, reply } => {
@@ -458,15 +554,21 @@ where
                 Waiter::Unit(vec![reply]),
             ),
             CheckpointMsg::Heartbeat { instance, reply } => {
-                let backend = st.backend.clone();
+                let Some(backend) = st.backend.clone() else {
+                    let _ = reply.send(Err(StoreError::Closed));
+                    return Ok(());
+                };
                 tokio::task::spawn_blocking(move || {
-                    let _ = reply.send(backend.heartbeat(&instance));
+                    let r = backend.heartbeat(&instance);
+                    drop(backend);
+                    let _ = reply.send(r);
                 });
             }
             CheckpointMsg::Stats { reply } => {
                 let _ = reply.send(st.stats);
             }
-            CheckpointMsg::WaveDone(WaveDone(results)) => st.wave_done(results),
+            CheckpointMsg::Applied(Applied(results)) => st.applied(results),
+            CheckpointMsg::Flushed(Flushed(r)) => st.flushed(r),
         }
         st.dispatch(&myself);
         Ok(())
@@ -543,7 +645,20 @@ where
     }
 
     fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.ask(|reply| CheckpointMsg::Save { record, reply })
+        // Encoded here, in the caller, so sessions encode in parallel and the actor's
+        // loop only moves bytes.
+        let encoded = check_id(&record.session_id).and_then(|()| codec::encode_record(&record));
+        match encoded {
+            Ok(bytes) => {
+                let session_id = record.session_id;
+                self.ask(|reply| CheckpointMsg::SaveEncoded {
+                    session_id,
+                    bytes,
+                    reply,
+                })
+            }
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {

@@ -187,10 +187,27 @@ impl SledBackend {
         &self,
         ops: Vec<WriteOp>,
     ) -> Vec<Result<OpResult, StoreError>> {
+        let mut results = self.apply_unflushed::<I>(ops);
+        if let Err(e) = self.flush() {
+            for r in results.iter_mut() {
+                if !matches!(r, Ok(OpResult::Read(_))) {
+                    *r = Err(e.clone());
+                }
+            }
+        }
+        results
+    }
+
+    /// Applies one wave of operations in order without flushing: the writes are visible
+    /// to readers at once and durable after the next [`SledBackend::flush`] that starts
+    /// after this returns. Blocks.
+    pub fn apply_unflushed<I: Serialize + DeserializeOwned>(
+        &self,
+        ops: Vec<WriteOp>,
+    ) -> Vec<Result<OpResult, StoreError>> {
         let mut results = Vec::with_capacity(ops.len());
         let mut batch = sled::Batch::default();
         let mut batched = 0usize;
-        let mut wrote = false;
         let commit = |batch: &mut sled::Batch, batched: &mut usize| -> Result<(), StoreError> {
             if *batched > 0 {
                 *batched = 0;
@@ -205,40 +222,29 @@ impl SledBackend {
                 WriteOp::Put { key, bytes } => {
                     batch.insert(key.as_bytes(), bytes);
                     batched += 1;
-                    wrote = true;
                     Ok(OpResult::Done)
                 }
-                WriteOp::Delete { key } => {
-                    wrote = true;
-                    commit(&mut batch, &mut batched).and_then(|()| {
-                        self.records
-                            .remove(key.as_bytes())
-                            .map(|old| OpResult::Deleted(old.is_some()))
-                            .map_err(|e| backend_err("delete", &key, e))
-                    })
-                }
+                WriteOp::Delete { key } => commit(&mut batch, &mut batched).and_then(|()| {
+                    self.records
+                        .remove(key.as_bytes())
+                        .map(|old| OpResult::Deleted(old.is_some()))
+                        .map_err(|e| backend_err("delete", &key, e))
+                }),
                 WriteOp::Cas { key, from, to } => {
-                    wrote = true;
                     commit(&mut batch, &mut batched).and_then(|()| self.cas::<I>(&key, &from, to))
                 }
-                WriteOp::Beat { instance, now_ms } => {
-                    wrote = true;
-                    self.instances
-                        .insert(instance.as_bytes(), &now_ms.to_le_bytes())
-                        .map(|_| OpResult::Done)
-                        .map_err(|e| backend_err("heartbeat", &instance, e))
-                }
+                WriteOp::Beat { instance, now_ms } => self
+                    .instances
+                    .insert(instance.as_bytes(), &now_ms.to_le_bytes())
+                    .map(|_| OpResult::Done)
+                    .map_err(|e| backend_err("heartbeat", &instance, e)),
                 WriteOp::Read { key } => commit(&mut batch, &mut batched)
                     .and_then(|()| self.get_raw(&key).map(OpResult::Read)),
                 WriteOp::Flush => Ok(OpResult::Done),
             };
             results.push(r);
         }
-        let mut flush = commit(&mut batch, &mut batched);
-        if flush.is_ok() && (wrote || results.is_empty()) {
-            flush = self.flush();
-        }
-        if let Err(e) = flush {
+        if let Err(e) = commit(&mut batch, &mut batched) {
             for r in results.iter_mut() {
                 if !matches!(r, Ok(OpResult::Read(_))) {
                     *r = Err(e.clone());
