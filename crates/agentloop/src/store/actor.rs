@@ -41,6 +41,8 @@ use crate::store::{
 };
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
+/// An applied operation waiting for a flush: who to answer, and what it did.
+type AppliedOp<I> = (Waiter<I>, Result<OpResult, StoreError>);
 /// A list request waiting for the wave it must see (by wave number).
 type WaitingList<I> = (u64, Option<Vec<StatusKind>>, Reply<Vec<ListEntry<I>>>);
 
@@ -176,9 +178,9 @@ pub struct CheckpointState<I> {
     /// The wave being applied.
     applying: Option<Vec<Waiter<I>>>,
     /// Applied writes waiting for a flush that starts after them.
-    unflushed: Vec<(Waiter<I>, Result<OpResult, StoreError>)>,
+    unflushed: Vec<AppliedOp<I>>,
     /// Writes covered by the flush in flight.
-    flushing: Option<Vec<(Waiter<I>, Result<OpResult, StoreError>)>>,
+    flushing: Option<Vec<AppliedOp<I>>>,
     /// Lists wait for the waves that held writes issued before them (by wave number),
     /// so they see every earlier write without waiting for later ones.
     lists: Vec<WaitingList<I>>,
