@@ -61,6 +61,23 @@ pub(crate) enum RunEnd<S> {
     Killed,
 }
 
+/// Where a turn's items are, for a `sync` record (S16a).
+pub(crate) enum LiveTurn<I, S> {
+    /// Nothing consumed yet: the offered items are all still to be handled.
+    Planning,
+    /// In flight, or cut / interrupted / failed: the consumed items are the turn to
+    /// resume, with its state; the plan's remaining items are still to be handled.
+    Cut {
+        consumed: Vec<I>,
+        remaining: Vec<I>,
+        state: Option<S>,
+    },
+    /// Completed (or the plan consumed nothing): only the remaining items are left.
+    Done { remaining: Vec<I> },
+    /// Preempted: its items go to the next plan first, then the remaining ones.
+    Requeued { consumed: Vec<I>, remaining: Vec<I> },
+}
+
 /// How the whole turn ended, read by the actor after the task's `TurnFinished`.
 pub(crate) enum Ending<I, S> {
     /// Planning did not complete: the offered items go back untouched (S6).
@@ -159,16 +176,43 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         self.state.lock().phase
     }
 
-    /// What a `sync` record needs of the turn now: its phase, consumed items, the items
-    /// its plan handed back (not yet in the buffer), and its resumable state.
-    pub(crate) fn live(&self) -> (Phase, Vec<I>, Vec<I>, Option<S>) {
+    /// Where the turn's items are right now, for a `sync` record (S16a), read from the
+    /// ending once the turn is over (the consumed items move into it).
+    pub(crate) fn live(&self) -> LiveTurn<I, S> {
         let st = self.state.lock();
-        (
-            st.phase,
-            st.consumed.clone(),
-            st.remaining.clone(),
-            st.last_state.clone().or_else(|| st.input_state.clone()),
-        )
+        match (&st.ending, st.phase) {
+            (None, Phase::Planning) => LiveTurn::Planning,
+            (None, _) => LiveTurn::Cut {
+                consumed: st.consumed.clone(),
+                remaining: st.remaining.clone(),
+                state: st.last_state.clone().or_else(|| st.input_state.clone()),
+            },
+            (Some(Ending::PlanAborted { .. }), _) => LiveTurn::Planning,
+            (Some(Ending::Deferred), _) => LiveTurn::Done {
+                remaining: st.remaining.clone(),
+            },
+            (
+                Some(Ending::Ran {
+                    end,
+                    consumed,
+                    resume_state,
+                }),
+                _,
+            ) => match end {
+                TurnEnd::Completed => LiveTurn::Done {
+                    remaining: st.remaining.clone(),
+                },
+                TurnEnd::Preempted(_) => LiveTurn::Requeued {
+                    consumed: consumed.clone(),
+                    remaining: st.remaining.clone(),
+                },
+                _ => LiveTurn::Cut {
+                    consumed: consumed.clone(),
+                    remaining: st.remaining.clone(),
+                    state: resume_state.clone(),
+                },
+            },
+        }
     }
 
     /// The phase and a copy of the consumed items, for push strategies (S9). A copy,

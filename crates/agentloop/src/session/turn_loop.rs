@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::agent::{Agent, PlanInput};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::options::{Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
-use crate::session::control::{Ending, Origin, Phase, Submitted, TurnControl};
+use crate::session::control::{Ending, LiveTurn, Origin, Phase, Submitted, TurnControl};
 use crate::session::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState};
 use crate::session::messages::{
     Internal, InternalMsg, PendingAck, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg,
@@ -121,6 +121,9 @@ pub struct LoopState<A: Agent> {
     sync_seq: u64,
     /// `sync` durability: accepted pushes waiting for the write that holds their item.
     unsynced: VecDeque<UnsyncedPush<A::Item>>,
+    /// `sync` durability: writes not yet reported by `Synced`, by sequence number; each
+    /// task returns its own write's result, so teardown can await exactly those.
+    sync_tasks: VecDeque<(u64, tokio::task::JoinHandle<Result<(), StoreError>>)>,
     /// The exit state from the moment teardown computed it until it is published, so
     /// an actor killed mid-teardown still hands every item back.
     final_exit: Option<ExitState<A::Item>>,
@@ -190,13 +193,9 @@ impl<A: Agent> Drop for LoopState<A> {
         }
         // Pushes waiting for a sync write were accepted: they are in the exit state, and
         // their callers must hear that, not a silence that looks like a lost item.
-        answer_unsynced(
+        abandon_unsynced(
             self,
-            Err(StoreError::Backend {
-                operation: "save",
-                session: self.config.id.clone(),
-                message: "the session actor stopped before the write was confirmed".into(),
-            }),
+            "the session actor stopped before the write was confirmed",
         );
         let exit = match self.final_exit.take() {
             // Teardown had computed the exit (and done the checkpoint): publish it.
@@ -302,6 +301,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             exit: None,
             sync_seq: 0,
             unsynced: VecDeque::new(),
+            sync_tasks: VecDeque::new(),
             final_exit: None,
             exited: false,
             load_error: None,
@@ -639,13 +639,15 @@ fn sync_write<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) -> u64 {
         Err(e) => Box::pin(std::future::ready(Err(e))),
     };
     let myself = myself.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let result = write.await;
         let _ = myself.send_message(TurnLoopMsg::Internal(Internal(InternalMsg::Synced {
             seq,
-            result,
+            result: result.clone(),
         })));
+        result
     });
+    state.sync_tasks.push_back((seq, task));
     seq
 }
 
@@ -661,14 +663,34 @@ fn live_record<A: Agent>(state: &LoopState<A>) -> Result<SessionRecord<A::Item>,
         mid_state = seed.state.clone();
     }
     if let Some(t) = &state.turn {
-        let (phase, consumed, remaining, last) = t.control.live();
-        match phase {
-            // Not consumed yet: still to be handled, in their original order.
-            Phase::Planning => unhandled.extend(t.offered.iter().cloned()),
-            Phase::Running | Phase::Ended => {
-                turn_index = t.index;
+        // The turn's index until it is known to be done: a resume turn still planning
+        // is its seed (S17), any other planning turn holds its offered items.
+        turn_index = t.index;
+        match t.control.live() {
+            LiveTurn::Planning if t.is_resume => {
+                interrupted = t.offered.clone();
+                mid_state = t.input_state.clone();
+            }
+            LiveTurn::Planning => unhandled.extend(t.offered.iter().cloned()),
+            LiveTurn::Cut {
+                consumed,
+                remaining,
+                state: last,
+            } => {
                 interrupted = consumed;
                 mid_state = last;
+                unhandled.extend(remaining);
+            }
+            LiveTurn::Done { remaining } => {
+                turn_index = t.index + 1;
+                unhandled.extend(remaining);
+            }
+            LiveTurn::Requeued {
+                consumed,
+                remaining,
+            } => {
+                turn_index = t.index + 1;
+                unhandled.extend(consumed);
                 unhandled.extend(remaining);
             }
         }
@@ -699,6 +721,11 @@ async fn on_synced<A: Agent>(
     if let Err(e) = &result {
         tracing::error!(seq, error = %e, "sync checkpoint write failed");
     }
+    while state.sync_tasks.front().is_some_and(|(s, _)| *s <= seq) {
+        state.sync_tasks.pop_front();
+    }
+    // Writes complete in order (the store's ordering contract), so a push whose write is
+    // `seq` is answered by this result, and earlier ones were answered by theirs.
     while state.unsynced.front().is_some_and(|u| u.seq <= seq) {
         let Some(u) = state.unsynced.pop_front() else {
             break;
@@ -716,23 +743,56 @@ async fn on_synced<A: Agent>(
     }
 }
 
-/// Answers every push still waiting for its write: called at teardown, after a write
-/// (the final checkpoint or an explicit flush) that covers all of them.
-fn answer_unsynced<A: Agent>(state: &mut LoopState<A>, result: Result<(), StoreError>) {
+/// Answers every push still waiting for its write, each with its own write's result:
+/// called at teardown, which awaits the outstanding writes (the loop is over, so no
+/// preempt is left to apply).
+async fn settle_unsynced<A: Agent>(state: &mut LoopState<A>) {
+    let mut results = std::collections::HashMap::new();
+    for (seq, task) in std::mem::take(&mut state.sync_tasks) {
+        let r = task.await.unwrap_or_else(|e| {
+            Err(StoreError::Backend {
+                operation: "save",
+                session: state.config.id.clone(),
+                message: format!("the write task failed: {e}"),
+            })
+        });
+        results.insert(seq, r);
+    }
     for u in std::mem::take(&mut state.unsynced) {
-        if let Some(r) = u.reply {
-            let _ = r.send(match &result {
-                // The loop is over: no preempt is left to apply.
-                Ok(()) => Ok(match (u.preempt, u.target) {
-                    (None, _) => PreemptAck::NotRequested,
-                    (Some(_), None) => PreemptAck::NoTarget,
-                    (Some(_), Some(turn)) => PreemptAck::TargetEnded { turn },
-                }),
-                Err(e) => Err(PushError::NotDurable {
-                    error: e.to_string(),
-                }),
-            });
-        }
+        let result = results.remove(&u.seq).unwrap_or(Ok(()));
+        answer_push(u, result);
+    }
+}
+
+/// Answers one push that waited for its write, after the loop is over.
+fn answer_push<I>(u: UnsyncedPush<I>, result: Result<(), StoreError>) {
+    let Some(r) = u.reply else {
+        return;
+    };
+    let _ = r.send(match result {
+        Ok(()) => Ok(match (u.preempt, u.target) {
+            (None, _) => PreemptAck::NotRequested,
+            (Some(_), None) => PreemptAck::NoTarget,
+            (Some(_), Some(turn)) => PreemptAck::TargetEnded { turn },
+        }),
+        Err(e) => Err(PushError::NotDurable {
+            error: e.to_string(),
+        }),
+    });
+}
+
+/// Answers every waiting push with `NotDurable`: the actor is dying and cannot learn
+/// its writes' results (the items are in the exit state).
+fn abandon_unsynced<A: Agent>(state: &mut LoopState<A>, why: &str) {
+    for u in std::mem::take(&mut state.unsynced) {
+        answer_push(
+            u,
+            Err(StoreError::Backend {
+                operation: "save",
+                session: state.config.id.clone(),
+                message: why.to_string(),
+            }),
+        );
     }
 }
 
@@ -1218,14 +1278,8 @@ async fn teardown<A: Agent>(
     )
     .await;
     drop((unhandled, interrupted));
-    if state.syncs() || !state.unsynced.is_empty() {
-        // Every sync write was issued before this flush, so its success covers them.
-        let flushed = match state.store.clone() {
-            Some(store) => store.flush().await,
-            None => Ok(()),
-        };
-        answer_unsynced(state, flushed);
-    }
+    // Each push waiting for its write is answered with that write's own result.
+    settle_unsynced(state).await;
     let summary = match state.final_exit.as_mut() {
         Some(exit) => {
             exit.checkpoint = checkpoint;

@@ -138,6 +138,13 @@ pub enum CheckpointMsg<I> {
         /// Where to answer.
         reply: Reply<Option<u64>>,
     },
+    /// Stop taking writes (they are answered `Closed`), finish every write already
+    /// taken (answered after its flush), release sled and its directory lock, answer,
+    /// and stop.
+    Close {
+        /// Where to answer.
+        reply: Reply<()>,
+    },
     /// Counters.
     Stats {
         /// Where to answer.
@@ -185,6 +192,8 @@ pub struct CheckpointState<I> {
     /// so they see every earlier write without waiting for later ones.
     lists: Vec<WaitingList<I>>,
     completed_waves: u64,
+    /// Set by `Close`: new writes are refused; answered once the pipeline is empty.
+    closing: Option<Reply<()>>,
     stats: CheckpointStats,
 }
 
@@ -386,6 +395,34 @@ where
         }
     }
 
+    /// Closing: once every write taken is applied and flushed, release sled off the
+    /// workers, answer the closer and stop.
+    async fn finish_close(
+        &mut self,
+        myself: &ActorRef<CheckpointMsg<I>>,
+    ) -> Result<(), ActorProcessingErr> {
+        let idle = self.pending.is_empty()
+            && self.applying.is_none()
+            && self.unflushed.is_empty()
+            && self.flushing.is_none();
+        if !idle || self.closing.is_none() {
+            return Ok(());
+        }
+        for (_, _, reply) in std::mem::take(&mut self.lists) {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        if let Some(backend) = self.backend.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(backend)).await;
+        }
+        if let Some(reply) = self.closing.take() {
+            let _ = reply.send(Ok(()));
+        }
+        // Everything taken was answered; messages still queued are dropped with the
+        // mailbox, and their callers see `Closed` (their reply port closes).
+        myself.stop(None);
+        Ok(())
+    }
+
     /// A list sees the writes of every wave up to the one that held writes issued
     /// before it.
     fn list_target(&self) -> u64 {
@@ -411,6 +448,35 @@ where
                 let _ = reply.send(r);
             });
         }
+    }
+}
+
+/// Answers a message that arrived while closing.
+fn refuse_closed<I>(msg: CheckpointMsg<I>) {
+    match msg {
+        CheckpointMsg::Save { reply, .. }
+        | CheckpointMsg::SaveEncoded { reply, .. }
+        | CheckpointMsg::Flush { reply }
+        | CheckpointMsg::Beat { reply, .. }
+        | CheckpointMsg::Close { reply } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::Load { reply, .. } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::Delete { reply, .. } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::Cas { reply, .. } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::List { reply, .. } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::Heartbeat { reply, .. } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::Stats { .. } | CheckpointMsg::Applied(_) | CheckpointMsg::Flushed(_) => {}
     }
 }
 
@@ -455,6 +521,7 @@ where
             flushing: None,
             lists: Vec::new(),
             completed_waves: 0,
+            closing: None,
             stats: CheckpointStats::default(),
         })
     }
@@ -466,7 +533,10 @@ where
     ) -> Result<(), ActorProcessingErr> {
         // Release sled (and its directory lock) before the actor reports stopped; the
         // blocking jobs hold no clone by then (they release it before reporting).
-        drop(st.backend.take());
+        // Dropping sled flushes and joins its threads: do it on a blocking thread.
+        if let Some(backend) = st.backend.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(backend)).await;
+        }
         Ok(())
     }
 
@@ -476,7 +546,25 @@ where
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if st.closing.is_some() {
+            // Closing: refuse new work; the pipeline's own messages still flow.
+            match msg {
+                CheckpointMsg::Applied(Applied(results)) => st.applied(results),
+                CheckpointMsg::Flushed(Flushed(r)) => st.flushed(r),
+                CheckpointMsg::Stats { reply } => {
+                    let _ = reply.send(st.stats);
+                }
+                other => refuse_closed(other),
+            }
+            st.dispatch(&myself);
+            return st.finish_close(&myself).await;
+        }
         match msg {
+            CheckpointMsg::Close { reply } => {
+                st.closing = Some(reply);
+                st.dispatch(&myself);
+                return st.finish_close(&myself).await;
+            }
             CheckpointMsg::Save { record, reply } => st.save(record, reply),
             CheckpointMsg::SaveEncoded {
                 session_id,
@@ -624,13 +712,17 @@ where
         rx.await.map_err(|_| StoreError::Closed)
     }
 
-    /// Stops the actor after the writes already sent are answered, and waits.
+    /// Closes the store: writes sent before this call are finished and answered, later
+    /// ones are refused with `Closed`, sled is released (its directory can be opened
+    /// again once this returns), and the actor stops.
     pub async fn close(&self) -> Result<(), StoreError> {
-        self.flush().await?;
+        let (tx, rx) = oneshot::channel();
         self.actor
-            .drain_and_wait(None)
-            .await
-            .map_err(|_| StoreError::Closed)
+            .send_message(CheckpointMsg::Close {
+                reply: RpcReplyPort::from(tx),
+            })
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
     }
 }
 

@@ -37,13 +37,19 @@ pub fn encode_record<I: Serialize>(record: &SessionRecord<I>) -> Result<Vec<u8>,
             session: record.session_id.clone(),
             reason: e.to_string(),
         })?;
-    let len = u32::try_from(payload.len()).map_err(|_| StoreError::Encode {
-        session: record.session_id.clone(),
-        reason: format!(
-            "record is {} bytes; the limit is {RECORD_LIMIT}",
-            payload.len()
-        ),
-    })?;
+    // bincode's limit only bounds decoding: refuse here what could not be read back, so
+    // an oversized record never replaces a good one (S18).
+    if payload.len() > RECORD_LIMIT {
+        return Err(StoreError::Encode {
+            session: record.session_id.clone(),
+            reason: format!(
+                "record is {} bytes; the limit is {RECORD_LIMIT}: keep agent state and item \
+                 backlogs smaller",
+                payload.len()
+            ),
+        });
+    }
+    let len = payload.len() as u32;
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -260,6 +266,14 @@ mod tests {
             decode_record::<u64>("m", &bytes),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    #[test]
+    fn s15_an_oversized_record_is_refused_at_encode() {
+        let mut rec = SessionRecord::<u64>::new("big", "sim", 1);
+        rec.state = Some(vec![0u8; RECORD_LIMIT + 1]);
+        let e = encode_record(&rec).unwrap_err();
+        assert!(matches!(e, StoreError::Encode { .. }), "{e}");
     }
 
     #[test]

@@ -205,52 +205,57 @@ impl SledBackend {
         &self,
         ops: Vec<WriteOp>,
     ) -> Vec<Result<OpResult, StoreError>> {
-        let mut results = Vec::with_capacity(ops.len());
+        let mut results: Vec<Result<OpResult, StoreError>> = Vec::with_capacity(ops.len());
         let mut batch = sled::Batch::default();
-        let mut batched = 0usize;
-        let commit = |batch: &mut sled::Batch, batched: &mut usize| -> Result<(), StoreError> {
-            if *batched > 0 {
-                *batched = 0;
-                self.records
-                    .apply_batch(std::mem::take(batch))
-                    .map_err(|e| backend_err("save", "", e))?;
+        // Indices (in `results`) of the puts in `batch`: a failed commit fails exactly
+        // those, not the operation that happened to trigger the commit.
+        let mut batched: Vec<usize> = Vec::new();
+        let commit = |batch: &mut sled::Batch,
+                      batched: &mut Vec<usize>,
+                      results: &mut Vec<Result<OpResult, StoreError>>| {
+            if batched.is_empty() {
+                return;
             }
-            Ok(())
+            if let Err(e) = self.records.apply_batch(std::mem::take(batch)) {
+                let e = backend_err("save", "", e);
+                for &i in batched.iter() {
+                    results[i] = Err(e.clone());
+                }
+            }
+            batched.clear();
         };
         for op in ops {
             let r = match op {
                 WriteOp::Put { key, bytes } => {
                     batch.insert(key.as_bytes(), bytes);
-                    batched += 1;
+                    batched.push(results.len());
                     Ok(OpResult::Done)
                 }
-                WriteOp::Delete { key } => commit(&mut batch, &mut batched).and_then(|()| {
+                WriteOp::Delete { key } => {
+                    commit(&mut batch, &mut batched, &mut results);
                     self.records
                         .remove(key.as_bytes())
                         .map(|old| OpResult::Deleted(old.is_some()))
                         .map_err(|e| backend_err("delete", &key, e))
-                }),
+                }
                 WriteOp::Cas { key, from, to } => {
-                    commit(&mut batch, &mut batched).and_then(|()| self.cas::<I>(&key, &from, to))
+                    commit(&mut batch, &mut batched, &mut results);
+                    self.cas::<I>(&key, &from, to)
                 }
                 WriteOp::Beat { instance, now_ms } => self
                     .instances
                     .insert(instance.as_bytes(), &now_ms.to_le_bytes())
                     .map(|_| OpResult::Done)
                     .map_err(|e| backend_err("heartbeat", &instance, e)),
-                WriteOp::Read { key } => commit(&mut batch, &mut batched)
-                    .and_then(|()| self.get_raw(&key).map(OpResult::Read)),
+                WriteOp::Read { key } => {
+                    commit(&mut batch, &mut batched, &mut results);
+                    self.get_raw(&key).map(OpResult::Read)
+                }
                 WriteOp::Flush => Ok(OpResult::Done),
             };
             results.push(r);
         }
-        if let Err(e) = commit(&mut batch, &mut batched) {
-            for r in results.iter_mut() {
-                if !matches!(r, Ok(OpResult::Read(_))) {
-                    *r = Err(e.clone());
-                }
-            }
-        }
+        commit(&mut batch, &mut batched, &mut results);
         results
     }
 
