@@ -34,6 +34,7 @@ pub mod events;
 pub mod options;
 pub mod session;
 pub mod store;
+pub mod supervisor;
 
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
@@ -52,4 +53,8 @@ pub struct ReadmeDoctests;
 pub use store::{
     CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,
     SessionRecord, SessionStatus, StatusKind, StoreError,
+};
+pub use supervisor::{
+    agent_kind, AgentKind, RestartBudget, RestartPolicy, RoutedPushError, SessionSpec,
+    SessionSupervisor, SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg,
 };

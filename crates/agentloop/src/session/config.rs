@@ -88,6 +88,10 @@ pub struct SessionConfig {
     /// How old an owner's heartbeat may be before its `Running` records are
     /// recoverable by another instance (S19).
     pub lease_timeout: Duration,
+    /// Whether a persistent session loads its stored record at start (default). The
+    /// supervisor turns it off when it restarts a session from the items the failed
+    /// incarnation handed back, which are fresher than any record.
+    pub load_record: bool,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -118,6 +122,7 @@ impl SessionConfig {
             durability: Durability::Sync,
             owner: None,
             lease_timeout: crate::store::lease::DEFAULT_LEASE_TIMEOUT,
+            load_record: true,
         }
     }
 

@@ -308,7 +308,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             created_at_ms: now_ms(),
             span,
         };
-        if state.persists() {
+        if state.persists() && state.config.load_record {
             let span = state.span.clone();
             load_record(&mut state).instrument(span).await;
         }

@@ -412,7 +412,7 @@ where
             let _ = reply.send(Err(StoreError::Closed));
         }
         if let Some(backend) = self.backend.take() {
-            let _ = tokio::task::spawn_blocking(move || drop(backend)).await;
+            let _ = tokio::task::spawn_blocking(move || release(backend)).await;
         }
         if let Some(reply) = self.closing.take() {
             let _ = reply.send(Ok(()));
@@ -449,6 +449,25 @@ where
             });
         }
     }
+}
+
+/// Drops sled and waits (bounded) until its directory lock is really free: sled's
+/// background IO threads can hold the file a moment after the database is dropped.
+/// Blocks: call on a blocking thread.
+fn release(backend: Arc<SledBackend>) {
+    let lock_file = backend.path().join("db");
+    drop(backend);
+    let Ok(file) = std::fs::File::open(&lock_file) else {
+        return;
+    };
+    for _ in 0..200 {
+        if file.try_lock().is_ok() {
+            let _ = file.unlock();
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    tracing::warn!(path = %lock_file.display(), "sled still holds its lock 1 s after close");
 }
 
 /// Answers a message that arrived while closing.

@@ -1,0 +1,890 @@
+//! The SessionSupervisor: spawns sessions by message, keeps the registry of live
+//! sessions, routes requests by id, and restarts failed sessions under a restart policy
+//! and budget (DESIGN S25, S26).
+//!
+//! It owns the registry and the agent kinds (named factories, so a session can be
+//! rebuilt from its record after a restart or a crash). Sessions are its linked
+//! children: it overrides ractor's default supervision (which would stop the supervisor
+//! when any child exits) and learns of every end from the child's exit state. It never
+//! runs agent code and never stops a session with ractor's `stop()`: stops are in-band
+//! `Stop` messages.
+//!
+//! Restart (S26): a session that ended `Failed` is restarted when its policy allows and
+//! its budget (at most `max_restarts` in `window`) is not spent. A `sync`-persistent
+//! session restarts from its last durable record; any other session restarts from what
+//! the failed incarnation handed back (its interrupted, then unhandled items), without
+//! loading a record. A push the supervisor routes to an incarnation that has just ended
+//! triggers the restart first and goes to the new incarnation, so messages that arrive
+//! while a session restarts are delivered to it, not bounced. Past the budget the
+//! session stays ended `Failed` (its record is marked `Failed`) and leaves the registry.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use ractor::{
+    Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
+};
+use tokio::time::Instant;
+
+use crate::agent::Agent;
+use crate::error::{SessionError, SpawnError};
+use crate::events::{EventFilter, EventStream};
+use crate::options::{PushOptions, StopOptions};
+use crate::session::{
+    validate_session_id, Durability, ExitReason, PreemptAck, PushError, SessionConfig,
+    SessionHandle, SessionIdError, SessionInfo,
+};
+use crate::store::{CheckpointStore, SessionStatus, StatusKind};
+
+/// When a session that ended `Failed` is restarted (S26).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestartPolicy {
+    /// Restart after any failure (an agent error, a panic, an internal error).
+    #[default]
+    Permanent,
+    /// Restart only after a panic or an internal error, not after an error the agent
+    /// returned on purpose.
+    Transient,
+    /// Never restart.
+    Never,
+}
+
+/// At most `max_restarts` restarts within `window` (OTP's intensity and period).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartBudget {
+    /// Restarts allowed within the window.
+    pub max_restarts: u32,
+    /// The window.
+    pub window: Duration,
+}
+
+impl Default for RestartBudget {
+    /// 3 restarts per 60 s.
+    fn default() -> Self {
+        RestartBudget {
+            max_restarts: 3,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What to spawn.
+#[derive(Clone)]
+pub struct SessionSpec<I> {
+    /// The session's id.
+    pub id: String,
+    /// The registered agent kind.
+    pub kind: String,
+    /// The agent's configuration, serialized, handed to the kind's factory.
+    pub agent_config: Vec<u8>,
+    /// Whether the session loads and saves checkpoints (needs the supervisor's store).
+    pub persist: bool,
+    /// When a persistent session writes its record.
+    pub durability: Durability,
+    /// When to restart it.
+    pub restart: RestartPolicy,
+    /// Items to push right after it starts, in order.
+    pub initial_items: Vec<I>,
+}
+
+impl<I> SessionSpec<I> {
+    /// A non-persistent session of `kind`, permanent restart policy, no initial items.
+    pub fn new(id: impl Into<String>, kind: impl Into<String>) -> Self {
+        SessionSpec {
+            id: id.into(),
+            kind: kind.into(),
+            agent_config: Vec::new(),
+            persist: false,
+            durability: Durability::Sync,
+            restart: RestartPolicy::Permanent,
+            initial_items: Vec::new(),
+        }
+    }
+
+    /// Sets the serialized agent configuration.
+    pub fn config(mut self, bytes: Vec<u8>) -> Self {
+        self.agent_config = bytes;
+        self
+    }
+
+    /// Loads and saves checkpoints.
+    pub fn persistent(mut self, persist: bool) -> Self {
+        self.persist = persist;
+        self
+    }
+
+    /// Sets the durability mode.
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
+    /// Sets the restart policy.
+    pub fn restart(mut self, policy: RestartPolicy) -> Self {
+        self.restart = policy;
+        self
+    }
+
+    /// Items to push right after the start.
+    pub fn initial_items(mut self, items: Vec<I>) -> Self {
+        self.initial_items = items;
+        self
+    }
+}
+
+impl<I> fmt::Debug for SessionSpec<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionSpec")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("persist", &self.persist)
+            .field("durability", &self.durability)
+            .field("restart", &self.restart)
+            .field("initial_items", &self.initial_items.len())
+            .finish()
+    }
+}
+
+/// A supervisor request that could not be served. Every variant says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// The id is invalid.
+    #[error("invalid session id: {0}")]
+    InvalidId(#[from] SessionIdError),
+    /// A live session already has this id.
+    #[error("a session with id `{0}` is already running; pick another id or stop it first")]
+    Duplicate(String),
+    /// No live session has this id.
+    #[error("no live session has id `{0}`; list sessions to see the live ones")]
+    UnknownSession(String),
+    /// No agent kind is registered under this name.
+    #[error("no agent kind named `{kind}` is registered (known: {known}); register it when building the runtime")]
+    UnknownKind {
+        /// The kind asked for.
+        kind: String,
+        /// The registered kinds.
+        known: String,
+    },
+    /// The kind's factory refused the configuration.
+    #[error("agent kind `{kind}` refused its configuration: {reason}")]
+    BadConfig {
+        /// The kind.
+        kind: String,
+        /// Why.
+        reason: String,
+    },
+    /// A persistent session was asked for but the supervisor has no store.
+    #[error("session `{0}` is persistent but the supervisor has no checkpoint store; build the runtime with a store or spawn it non-persistent")]
+    NoStore(String),
+    /// Spawning failed.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// The session refused the request.
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+/// A registered agent kind: builds the agent from its serialized configuration and
+/// spawns its session. Implemented for closures by [`agent_kind`].
+pub trait AgentKind<I, E>: Send + Sync + 'static {
+    /// Builds the agent and spawns its session linked under `supervisor`.
+    fn spawn(
+        &self,
+        config: SessionConfig,
+        agent_config: &[u8],
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        supervisor: ActorCell,
+    ) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>>;
+}
+
+struct FnKind<F>(F, String);
+
+impl<A, F> AgentKind<A::Item, A::Event> for FnKind<F>
+where
+    A: Agent,
+    F: Fn(&[u8]) -> Result<A, String> + Send + Sync + 'static,
+{
+    fn spawn(
+        &self,
+        config: SessionConfig,
+        agent_config: &[u8],
+        store: Option<Arc<dyn CheckpointStore<A::Item>>>,
+        supervisor: ActorCell,
+    ) -> BoxFuture<'static, Result<SessionHandle<A::Item, A::Event>, SupervisorError>> {
+        let agent = (self.0)(agent_config).map_err(|reason| SupervisorError::BadConfig {
+            kind: self.1.clone(),
+            reason,
+        });
+        Box::pin(async move {
+            let agent = Arc::new(agent?);
+            Ok(SessionHandle::spawn_linked(config, agent, store, supervisor).await?)
+        })
+    }
+}
+
+/// Wraps a factory (serialized configuration → agent) as an [`AgentKind`].
+pub fn agent_kind<A, F>(
+    name: impl Into<String>,
+    factory: F,
+) -> Arc<dyn AgentKind<A::Item, A::Event>>
+where
+    A: Agent,
+    F: Fn(&[u8]) -> Result<A, String> + Send + Sync + 'static,
+{
+    Arc::new(FnKind(factory, name.into()))
+}
+
+/// One line of a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionSummary {
+    /// The session's id.
+    pub id: String,
+    /// Its agent kind.
+    pub kind: String,
+    /// How many times it was restarted.
+    pub restarts: u32,
+}
+
+/// Messages of the SessionSupervisor (public: other actors may `cast!` / `call!` it).
+pub enum SupervisorMsg<I, E> {
+    /// Spawn a session (S25).
+    Spawn {
+        /// What to spawn.
+        spec: SessionSpec<I>,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<SessionHandle<I, E>, SupervisorError>>,
+    },
+    /// Push to a session by id. Rejections come back in the reply with the item.
+    Push {
+        /// The session.
+        id: String,
+        /// The item.
+        item: I,
+        /// Preempt options.
+        options: PushOptions<I>,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
+    },
+    /// Stop a session by id (an in-band Stop; never ractor's stop).
+    Stop {
+        /// The session.
+        id: String,
+        /// What kind of stop.
+        options: StopOptions,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<(), SupervisorError>>,
+    },
+    /// Subscribe to a session's current incarnation.
+    Subscribe {
+        /// The session.
+        id: String,
+        /// Buffer capacity.
+        capacity: usize,
+        /// Which events.
+        filter: EventFilter,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<EventStream<E>, SupervisorError>>,
+    },
+    /// Inspect a session by id.
+    Inspect {
+        /// The session.
+        id: String,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<SessionInfo, SupervisorError>>,
+    },
+    /// List live sessions.
+    List {
+        /// Where to answer.
+        reply: RpcReplyPort<Vec<SessionSummary>>,
+    },
+    /// Internal: a routed push found its incarnation ended and must be retried.
+    #[doc(hidden)]
+    Reroute(Reroute<I>),
+}
+
+/// Internal: a push to retry on the new incarnation (opaque).
+pub struct Reroute<I> {
+    id: String,
+    item: I,
+    options: PushOptions<I>,
+    reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
+    tries: u32,
+}
+
+/// A push routed by id that was not accepted; the item comes back when it was not.
+#[derive(Debug)]
+pub enum RoutedPushError<I> {
+    /// No live session has this id; the item is handed back.
+    UnknownSession {
+        /// The session asked for.
+        id: String,
+        /// The item.
+        item: I,
+    },
+    /// The session rejected it.
+    Push(PushError<I>),
+}
+
+impl<I> fmt::Display for RoutedPushError<I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RoutedPushError::UnknownSession { id, .. } => write!(
+                f,
+                "no live session has id `{id}`; the item is handed back in this error"
+            ),
+            RoutedPushError::Push(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+/// The supervisor actor.
+pub struct SessionSupervisor<I, E>(std::marker::PhantomData<fn() -> (I, E)>);
+
+impl<I, E> Default for SessionSupervisor<I, E> {
+    fn default() -> Self {
+        SessionSupervisor(std::marker::PhantomData)
+    }
+}
+
+/// What the supervisor is built with.
+pub struct SupervisorArgs<I, E> {
+    /// Agent kinds by name.
+    pub kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
+    /// The checkpoint store for persistent sessions.
+    pub store: Option<Arc<dyn CheckpointStore<I>>>,
+    /// The runtime instance that owns the sessions (recorded in their records).
+    pub owner: Option<String>,
+    /// The restart budget per session.
+    pub budget: RestartBudget,
+}
+
+struct Entry<I, E> {
+    spec: SessionSpec<I>,
+    handle: SessionHandle<I, E>,
+    actor: ActorId,
+    restarts: VecDeque<Instant>,
+    restarted: u32,
+}
+
+/// The supervisor's state.
+pub struct SupervisorState<I, E> {
+    kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
+    store: Option<Arc<dyn CheckpointStore<I>>>,
+    owner: Option<String>,
+    budget: RestartBudget,
+    sessions: HashMap<String, Entry<I, E>>,
+    by_actor: HashMap<ActorId, String>,
+}
+
+impl<I, E> SupervisorState<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    fn session_config(&self, spec: &SessionSpec<I>, load_record: bool) -> SessionConfig {
+        let mut config = SessionConfig::new(spec.id.clone())
+            .agent_kind(spec.kind.clone())
+            .persistent(spec.persist)
+            .durability(spec.durability);
+        config.load_record = load_record;
+        if let Some(owner) = &self.owner {
+            config = config.owner(owner.clone());
+        }
+        config
+    }
+
+    async fn start(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        spec: SessionSpec<I>,
+        seed: Vec<I>,
+        load_record: bool,
+        restarts: VecDeque<Instant>,
+        restarted: u32,
+    ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        let kind = self.kinds.get(&spec.kind).cloned().ok_or_else(|| {
+            let mut known: Vec<&str> = self.kinds.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            SupervisorError::UnknownKind {
+                kind: spec.kind.clone(),
+                known: known.join(", "),
+            }
+        })?;
+        if spec.persist && self.store.is_none() {
+            return Err(SupervisorError::NoStore(spec.id.clone()));
+        }
+        let store = if spec.persist {
+            self.store.clone()
+        } else {
+            None
+        };
+        let config = self.session_config(&spec, load_record);
+        let handle = kind
+            .spawn(config, &spec.agent_config, store, myself.get_cell())
+            .await?;
+        // Ordered before anything routed later: casts from this actor arrive in order.
+        for item in seed {
+            handle.push_nowait(item);
+        }
+        let actor = handle.actor().get_id();
+        self.by_actor.insert(actor, spec.id.clone());
+        self.sessions.insert(
+            spec.id.clone(),
+            Entry {
+                spec,
+                handle: handle.clone(),
+                actor,
+                restarts,
+                restarted,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// The session's incarnation ended: restart it if its policy and budget allow,
+    /// else forget it. Returns whether a new incarnation runs.
+    async fn on_end(&mut self, myself: &ActorRef<SupervisorMsg<I, E>>, id: &str) -> bool {
+        let Some(entry) = self.sessions.remove(id) else {
+            return false;
+        };
+        self.by_actor.remove(&entry.actor);
+        let exit = match entry.handle.exit_state() {
+            Some(e) => e,
+            // Published by the actor's teardown or its destructor; wait for it.
+            None => entry.handle.wait().await,
+        };
+        let failed = match &exit.reason {
+            ExitReason::Failed(e) => Some(e.clone()),
+            _ => None,
+        };
+        let Some(error) = failed else {
+            tracing::info!(session = id, reason = ?exit.reason, "session ended");
+            return false;
+        };
+        let panicked = error.contains("panicked") || error.contains("killed or failed");
+        let wants = match entry.spec.restart {
+            RestartPolicy::Permanent => true,
+            RestartPolicy::Transient => panicked,
+            RestartPolicy::Never => false,
+        };
+        // Failures of the session's own record (refused or unreadable) are not fixed by
+        // a restart.
+        let unrecoverable = error.contains("cannot be resumed") || error.contains("is corrupt");
+        let now = Instant::now();
+        let mut restarts = entry.restarts;
+        while restarts
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.budget.window)
+        {
+            restarts.pop_front();
+        }
+        if !wants || unrecoverable || restarts.len() as u32 >= self.budget.max_restarts {
+            if wants && !unrecoverable {
+                tracing::error!(
+                    session = id,
+                    restarts = restarts.len(),
+                    "restart budget spent; the session stays failed"
+                );
+                self.mark_failed(id, &error).await;
+            }
+            return false;
+        }
+        restarts.push_back(now);
+        let from_record = entry.spec.persist && entry.spec.durability == Durability::Sync;
+        let seed = if from_record {
+            Vec::new()
+        } else {
+            let mut items = exit.interrupted_items.clone();
+            items.extend(exit.unhandled_items.iter().cloned());
+            items
+        };
+        tracing::warn!(session = id, %error, attempt = restarts.len(), from_record, "restarting a failed session");
+        let spec = entry.spec.clone();
+        match self
+            .start(
+                myself,
+                spec,
+                seed,
+                from_record,
+                restarts,
+                entry.restarted + 1,
+            )
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(session = id, error = %e, "restart failed; the session stays failed");
+                false
+            }
+        }
+    }
+
+    /// Past the budget: the record says `Failed` with the error (S26).
+    async fn mark_failed(&self, id: &str, error: &str) {
+        if let Some(store) = &self.store {
+            let r = store
+                .cas_status(
+                    id,
+                    vec![
+                        StatusKind::Running,
+                        StatusKind::Stopped,
+                        StatusKind::Interrupted,
+                    ],
+                    SessionStatus::Failed(error.to_string()),
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::error!(session = id, error = %e, "could not mark the record Failed");
+            }
+        }
+    }
+
+    /// The live incarnation for `id`, restarting it first if it has just ended.
+    async fn live(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        id: &str,
+    ) -> Option<SessionHandle<I, E>> {
+        let ended = self.sessions.get(id)?.handle.exit_state().is_some();
+        if ended && !self.on_end(myself, id).await {
+            return None;
+        }
+        self.sessions.get(id).map(|e| e.handle.clone())
+    }
+}
+
+impl<I, E> Actor for SessionSupervisor<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    type Msg = SupervisorMsg<I, E>;
+    type State = SupervisorState<I, E>;
+    type Arguments = SupervisorArgs<I, E>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: SupervisorArgs<I, E>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(SupervisorState {
+            kinds: args.kinds,
+            store: args.store,
+            owner: args.owner,
+            budget: args.budget,
+            sessions: HashMap::new(),
+            by_actor: HashMap::new(),
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Spawn { spec, reply } => {
+                let r = match validate_session_id(&spec.id) {
+                    Err(e) => Err(SupervisorError::InvalidId(e)),
+                    Ok(()) if st.live(&myself, &spec.id).await.is_some() => {
+                        Err(SupervisorError::Duplicate(spec.id.clone()))
+                    }
+                    Ok(()) => {
+                        let seed = spec.initial_items.clone();
+                        st.start(&myself, spec, seed, true, VecDeque::new(), 0)
+                            .await
+                    }
+                };
+                let _ = reply.send(r);
+            }
+            SupervisorMsg::Push {
+                id,
+                item,
+                options,
+                reply,
+            } => {
+                route_push(&myself, st, id, item, options, reply, 0).await;
+            }
+            SupervisorMsg::Reroute(Reroute {
+                id,
+                item,
+                options,
+                reply,
+                tries,
+            }) => {
+                route_push(&myself, st, id, item, options, reply, tries).await;
+            }
+            SupervisorMsg::Stop { id, options, reply } => {
+                let r = match st.sessions.get(&id) {
+                    None => Err(SupervisorError::UnknownSession(id)),
+                    Some(e) => {
+                        let h = e.handle.clone();
+                        // Answered off the actor: a stop's reply never blocks routing.
+                        tokio::spawn(async move {
+                            let _ = reply.send(h.stop(options).await.map_err(Into::into));
+                        });
+                        return Ok(());
+                    }
+                };
+                let _ = reply.send(r);
+            }
+            SupervisorMsg::Subscribe {
+                id,
+                capacity,
+                filter,
+                reply,
+            } => {
+                let r = match st.live(&myself, &id).await {
+                    Some(h) => Ok(h.subscribe_filtered(capacity, filter)),
+                    None => Err(SupervisorError::UnknownSession(id)),
+                };
+                let _ = reply.send(r);
+            }
+            SupervisorMsg::Inspect { id, reply } => match st.live(&myself, &id).await {
+                Some(h) => {
+                    tokio::spawn(async move {
+                        let _ = reply.send(h.inspect().await.map_err(Into::into));
+                    });
+                }
+                None => {
+                    let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
+                }
+            },
+            SupervisorMsg::List { reply } => {
+                let mut v: Vec<SessionSummary> = st
+                    .sessions
+                    .values()
+                    .map(|e| SessionSummary {
+                        id: e.spec.id.clone(),
+                        kind: e.spec.kind.clone(),
+                        restarts: e.restarted,
+                    })
+                    .collect();
+                v.sort_by(|a, b| a.id.cmp(&b.id));
+                let _ = reply.send(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Overrides ractor's default, which stops the supervisor when a child exits: a
+    /// session's end is handled (restart or forget) and the supervisor lives on.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        evt: SupervisionEvent,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let cell = match &evt {
+            SupervisionEvent::ActorTerminated(cell, _, _)
+            | SupervisionEvent::ActorFailed(cell, _) => cell.clone(),
+            _ => return Ok(()),
+        };
+        // Only the current incarnation counts (an older one was already handled when a
+        // routed message found it ended).
+        if let Some(id) = st.by_actor.get(&cell.get_id()).cloned() {
+            st.on_end(&myself, &id).await;
+        }
+        Ok(())
+    }
+}
+
+/// Routes a push; a push that finds its incarnation ended (late, because it exited)
+/// is retried once the supervisor has restarted it, so it reaches the new incarnation.
+async fn route_push<I, E>(
+    myself: &ActorRef<SupervisorMsg<I, E>>,
+    st: &mut SupervisorState<I, E>,
+    id: String,
+    item: I,
+    options: PushOptions<I>,
+    reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
+    tries: u32,
+) where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let Some(h) = st.live(myself, &id).await else {
+        let _ = reply.send(Err(RoutedPushError::UnknownSession { id, item }));
+        return;
+    };
+    let myself = myself.clone();
+    let retry_options = options.clone();
+    tokio::spawn(async move {
+        match h.push_with(item, options).await {
+            Ok(ack) => {
+                let _ = reply.send(Ok(ack));
+            }
+            // The incarnation ended between routing and delivery: if it is being
+            // restarted, the supervisor routes the item again (a bounded number of
+            // times); a session that was stopped answers late as usual.
+            Err(PushError::Late { item })
+                if tries < 3
+                    && h.exit_state()
+                        .is_some_and(|e| matches!(e.reason, ExitReason::Failed(_))) =>
+            {
+                let _ = h.take_late_items();
+                let msg = SupervisorMsg::Reroute(Reroute {
+                    id,
+                    item,
+                    options: retry_options,
+                    reply,
+                    tries: tries + 1,
+                });
+                if let Err(ractor::MessagingErr::SendErr(SupervisorMsg::Reroute(r))) =
+                    myself.send_message(msg)
+                {
+                    let _ = r
+                        .reply
+                        .send(Err(RoutedPushError::Push(PushError::Late { item: r.item })));
+                }
+            }
+            Err(e) => {
+                let _ = reply.send(Err(RoutedPushError::Push(e)));
+            }
+        }
+    });
+}
+
+/// A typed handle on a SessionSupervisor.
+pub struct SupervisorHandle<I, E> {
+    actor: ActorRef<SupervisorMsg<I, E>>,
+}
+
+impl<I, E> Clone for SupervisorHandle<I, E> {
+    fn clone(&self) -> Self {
+        SupervisorHandle {
+            actor: self.actor.clone(),
+        }
+    }
+}
+
+/// The supervisor is gone.
+fn gone() -> SupervisorError {
+    SupervisorError::Session(SessionError::Exited("the session supervisor".into()))
+}
+
+impl<I, E> SupervisorHandle<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// Starts a supervisor (unlinked).
+    pub async fn start(args: SupervisorArgs<I, E>) -> Result<Self, SpawnError> {
+        let (actor, _) = Actor::spawn(None, SessionSupervisor::<I, E>::default(), args)
+            .await
+            .map_err(|e| SpawnError::Actor {
+                id: "session-supervisor".into(),
+                reason: e.to_string(),
+            })?;
+        Ok(SupervisorHandle { actor })
+    }
+
+    /// Starts a supervisor linked under `parent` (embedding in your actor tree, S25).
+    pub async fn start_linked(
+        args: SupervisorArgs<I, E>,
+        parent: ActorCell,
+    ) -> Result<Self, SpawnError> {
+        let (actor, _) =
+            Actor::spawn_linked(None, SessionSupervisor::<I, E>::default(), args, parent)
+                .await
+                .map_err(|e| SpawnError::Actor {
+                    id: "session-supervisor".into(),
+                    reason: e.to_string(),
+                })?;
+        Ok(SupervisorHandle { actor })
+    }
+
+    /// The actor, for `cast!` / `call!` and supervision.
+    pub fn actor(&self) -> &ActorRef<SupervisorMsg<I, E>> {
+        &self.actor
+    }
+
+    async fn ask<T>(
+        &self,
+        build: impl FnOnce(RpcReplyPort<T>) -> SupervisorMsg<I, E>,
+    ) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.actor
+            .send_message(build(RpcReplyPort::from(tx)))
+            .ok()?;
+        rx.await.ok()
+    }
+
+    /// Spawns a session.
+    pub async fn spawn(
+        &self,
+        spec: SessionSpec<I>,
+    ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        self.ask(|reply| SupervisorMsg::Spawn { spec, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Pushes to a session by id.
+    pub async fn push(&self, id: &str, item: I) -> Result<PreemptAck, RoutedPushError<I>> {
+        self.push_with(id, item, PushOptions::new()).await
+    }
+
+    /// Pushes with options to a session by id.
+    pub async fn push_with(
+        &self,
+        id: &str,
+        item: I,
+        options: PushOptions<I>,
+    ) -> Result<PreemptAck, RoutedPushError<I>> {
+        let copy = item.clone();
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Push {
+            id,
+            item,
+            options,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(RoutedPushError::Push(PushError::Late { item: copy })))
+    }
+
+    /// Stops a session by id.
+    pub async fn stop(&self, id: &str, options: StopOptions) -> Result<(), SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Stop { id, options, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Subscribes to a session's current incarnation.
+    pub async fn subscribe(
+        &self,
+        id: &str,
+        filter: EventFilter,
+    ) -> Result<EventStream<E>, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Subscribe {
+            id,
+            capacity: crate::events::DEFAULT_EVENT_CAPACITY,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Inspects a session by id.
+    pub async fn inspect(&self, id: &str) -> Result<SessionInfo, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Inspect { id, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Lists the live sessions.
+    pub async fn list(&self) -> Vec<SessionSummary> {
+        self.ask(|reply| SupervisorMsg::List { reply })
+            .await
+            .unwrap_or_default()
+    }
+}

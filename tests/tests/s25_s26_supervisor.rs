@@ -1,0 +1,272 @@
+//! S25–S26: the SessionSupervisor spawns sessions by message, routes by id, refuses bad
+//! requests with typed errors, survives its children, and restarts failed sessions
+//! under a restart policy and budget without losing messages.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop::{
+    agent_kind, CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore, RestartBudget,
+    RestartPolicy, RoutedPushError, SessionEvent, SessionSpec, SessionStatus, StopOptions,
+    SupervisorArgs, SupervisorError, SupervisorHandle,
+};
+use agentloop_sim::{Fault, Ledger, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+use parking_lot::Mutex;
+
+type Sup = SupervisorHandle<SimItem, SimEvent>;
+
+/// A "sim" kind whose config byte picks a fault: 0 none, 1 one panic at turn 0 step 1,
+/// 2 a panic on every turn, 3 one agent error at turn 0 step 1. The ledger of every
+/// incarnation is collected.
+fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem, SimEvent> {
+    // "Once" faults fire in the first incarnation only (each incarnation is a new agent).
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sim = agent_kind("sim", move |config: &[u8]| {
+        let first = !fired.swap(true, std::sync::atomic::Ordering::SeqCst);
+        let mut agent = SimAgent::new(steps(2));
+        agent = match config.first().copied().unwrap_or(0) {
+            0 => agent,
+            1 if first => agent.with_fault(Some(0), 1, Fault::Panic, true),
+            2 => agent.with_fault(None, 1, Fault::Panic, false),
+            3 if first => agent.with_fault(Some(0), 1, Fault::Fail, true),
+            1 | 3 => agent,
+            other => return Err(format!("unknown fault byte {other}")),
+        };
+        ledgers.lock().push(agent.ledger());
+        Ok(agent)
+    });
+    let mut map = HashMap::new();
+    map.insert("sim".to_string(), sim);
+    SupervisorArgs {
+        kinds: map,
+        store: None,
+        owner: Some("test-instance".into()),
+        budget: RestartBudget {
+            max_restarts: 2,
+            window: Duration::from_secs(60),
+        },
+    }
+}
+
+fn delivered(ledgers: &Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> Vec<u64> {
+    let mut v: Vec<u64> = ledgers
+        .lock()
+        .iter()
+        .flat_map(|l| l.lock().delivered_ids())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[tokio::test(start_paused = true)]
+async fn s25_spawn_route_list_and_typed_errors() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let sup = Sup::start(kinds(ledgers.clone())).await.unwrap();
+    sup.spawn(SessionSpec::new("a", "sim").initial_items(vec![item(1)]))
+        .await
+        .unwrap();
+    sup.spawn(SessionSpec::new("b", "sim")).await.unwrap();
+    sup.push("a", item(2)).await.unwrap();
+    sup.push("b", item(3)).await.unwrap();
+    let ids: Vec<String> = sup.list().await.into_iter().map(|s| s.id).collect();
+    assert_eq!(ids, vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(sup.inspect("a").await.unwrap().session_id, "a");
+
+    // Duplicate id, unknown kind, invalid id, unknown session, bad config.
+    assert!(matches!(
+        sup.spawn(SessionSpec::new("a", "sim")).await,
+        Err(SupervisorError::Duplicate(ref id)) if id == "a"
+    ));
+    match sup.spawn(SessionSpec::new("c", "nope")).await {
+        Err(SupervisorError::UnknownKind { kind, known }) => {
+            assert_eq!((kind.as_str(), known.as_str()), ("nope", "sim"));
+        }
+        r => panic!("expected UnknownKind, got {:?}", r.map(|_| ())),
+    }
+    assert!(matches!(
+        sup.spawn(SessionSpec::new("bad\nid", "sim")).await,
+        Err(SupervisorError::InvalidId(_))
+    ));
+    assert!(matches!(
+        sup.spawn(SessionSpec::new("cfg", "sim").config(vec![9]))
+            .await,
+        Err(SupervisorError::BadConfig { .. })
+    ));
+    assert!(matches!(
+        sup.spawn(SessionSpec::new("p", "sim").persistent(true))
+            .await,
+        Err(SupervisorError::NoStore(_))
+    ));
+    match sup.push("ghost", item(9)).await {
+        Err(RoutedPushError::UnknownSession { id, item }) => {
+            assert_eq!((id.as_str(), item.id), ("ghost", 9), "the item comes back");
+        }
+        r => panic!("expected UnknownSession, got {r:?}"),
+    }
+    assert!(matches!(
+        sup.stop("ghost", StopOptions::bare()).await,
+        Err(SupervisorError::UnknownSession(_))
+    ));
+
+    sup.stop("a", StopOptions::drain()).await.unwrap();
+    sup.stop("b", StopOptions::drain()).await.unwrap();
+    within("sessions leave the registry", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(delivered(&ledgers), vec![1, 2, 3]);
+}
+
+/// S26: an agent panic mid-turn restarts the session; items pushed while it restarts
+/// reach the new incarnation; nothing is lost; the supervisor lives on.
+#[tokio::test(start_paused = true)]
+async fn s26_panic_restarts_and_pushes_during_the_restart_are_delivered() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let sup = Sup::start(kinds(ledgers.clone())).await.unwrap();
+    sup.spawn(SessionSpec::new("p", "sim").config(vec![1]))
+        .await
+        .unwrap();
+    for id in 1..=10 {
+        sup.push("p", item(id)).await.unwrap();
+    }
+    within("the restart", async {
+        while sup.list().await.first().map(|s| s.restarts) != Some(1) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    for id in 11..=15 {
+        sup.push("p", item(id)).await.unwrap();
+    }
+    sup.stop("p", StopOptions::drain()).await.unwrap();
+    within("the drain", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(delivered(&ledgers), (1..=15).collect::<Vec<u64>>());
+    // The supervisor survived its child's failure.
+    sup.spawn(SessionSpec::new("after", "sim")).await.unwrap();
+}
+
+/// S26: a `sync`-persistent session restarts from its last durable record.
+#[tokio::test(start_paused = true)]
+async fn s26_sync_session_restarts_from_its_record() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let mut args = kinds(ledgers.clone());
+    args.store = Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>);
+    let sup = Sup::start(args).await.unwrap();
+    sup.spawn(
+        SessionSpec::new("s", "sim")
+            .config(vec![1])
+            .persistent(true)
+            .durability(Durability::Sync),
+    )
+    .await
+    .unwrap();
+    for id in 1..=5 {
+        sup.push("s", item(id)).await.unwrap();
+    }
+    within("the restart", async {
+        while sup.list().await.first().map(|s| s.restarts) != Some(1) {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    sup.stop("s", StopOptions::drain()).await.unwrap();
+    within("the drain", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(delivered(&ledgers), vec![1, 2, 3, 4, 5]);
+    assert!(mem.get("s").is_none(), "the clean end deleted the record");
+}
+
+/// S26: past the budget the session ends Failed, its subscribers get Ended, and its
+/// record is marked Failed with the error; a `Never` policy does not restart at all.
+#[tokio::test(start_paused = true)]
+async fn s26_budget_spent_ends_failed_and_never_does_not_restart() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let mut args = kinds(ledgers.clone());
+    args.store = Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>);
+    let sup = Sup::start(args).await.unwrap();
+    sup.spawn(
+        SessionSpec::new("doomed", "sim")
+            .config(vec![2])
+            .persistent(true)
+            .initial_items(vec![item(1)]),
+    )
+    .await
+    .unwrap();
+    within("the budget to be spent", async {
+        while !sup.list().await.is_empty() {
+            // Follow the incarnations: each one's stream ends with Ended.
+            if let Ok(mut events) = sup.subscribe("doomed", EventFilter::all()).await {
+                while let Some(ev) = events.next().await {
+                    if let SessionEvent::Ended(s) = ev {
+                        assert!(matches!(s.reason, ExitReason::Failed(_)), "{s:?}");
+                    }
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    match mem.get("doomed").map(|r| r.status) {
+        Some(SessionStatus::Failed(e)) => assert!(e.contains("panicked"), "{e}"),
+        other => panic!("expected a Failed record, got {other:?}"),
+    }
+    assert_eq!(ledgers.lock().len(), 3, "one start and two restarts");
+
+    let before = ledgers.lock().len();
+    sup.spawn(
+        SessionSpec::new("once", "sim")
+            .config(vec![2])
+            .restart(RestartPolicy::Never)
+            .initial_items(vec![item(7)]),
+    )
+    .await
+    .unwrap();
+    within("the failure", async {
+        while sup.list().await.iter().any(|s| s.id == "once") {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(ledgers.lock().len(), before + 1, "no restart");
+}
+
+/// S26: `Transient` restarts after a panic but not after an error the agent returned.
+#[tokio::test(start_paused = true)]
+async fn s26_transient_restarts_only_after_a_panic() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let sup = Sup::start(kinds(ledgers.clone())).await.unwrap();
+    sup.spawn(
+        SessionSpec::new("err", "sim")
+            .config(vec![3])
+            .restart(RestartPolicy::Transient)
+            .initial_items(vec![item(1)]),
+    )
+    .await
+    .unwrap();
+    within("the failure", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(
+        ledgers.lock().len(),
+        1,
+        "an agent error is not restarted under Transient"
+    );
+}
