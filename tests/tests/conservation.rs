@@ -121,7 +121,7 @@ async fn run(s: Schedule, unit: fn(u64) -> Duration) -> Result<(), String> {
         match op {
             Op::Push | Op::Preempt { .. } => {
                 next += 1;
-                let text = if s.drop_every && next % 3 == 0 {
+                let text = if s.drop_every && next.is_multiple_of(3) {
                     "drop"
                 } else {
                     "keep"
