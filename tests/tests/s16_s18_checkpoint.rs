@@ -18,6 +18,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
     SessionRecord {
         session_id: id.into(),
         agent_kind: "sim".into(),
+        agent_config: vec![],
         status: SessionStatus::Stopped,
         turn_index: 4,
         unhandled_items: vec![],

@@ -32,6 +32,7 @@ pub mod cancel;
 pub mod error;
 pub mod events;
 pub mod options;
+pub mod runtime;
 pub mod session;
 pub mod store;
 pub mod supervisor;
@@ -50,6 +51,7 @@ pub use session::{
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, StartReport};
 pub use store::{
     CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,
     SessionRecord, SessionStatus, StatusKind, StoreError,

@@ -34,7 +34,7 @@ use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
 use crate::session::{
-    validate_session_id, Durability, ExitReason, PreemptAck, PushError, SessionConfig,
+    validate_session_id, Durability, ExitReason, ExitState, PreemptAck, PushError, SessionConfig,
     SessionHandle, SessionIdError, SessionInfo,
 };
 use crate::store::{CheckpointStore, SessionStatus, StatusKind};
@@ -300,6 +300,15 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Vec<SessionSummary>>,
     },
+    /// Stop every session with an in-band Stop (never ractor's stop: queued pushes are
+    /// answered, as unhandled or late, never dropped) and answer with their exit states
+    /// once all have ended. No session is restarted from then on.
+    StopAll {
+        /// The stop to send to each.
+        options: StopOptions,
+        /// Where to answer.
+        reply: RpcReplyPort<Vec<ExitState<I>>>,
+    },
     /// Internal: a routed push found its incarnation ended and must be retried.
     #[doc(hidden)]
     Reroute(Reroute<I>),
@@ -377,6 +386,8 @@ pub struct SupervisorState<I, E> {
     budget: RestartBudget,
     sessions: HashMap<String, Entry<I, E>>,
     by_actor: HashMap<ActorId, String>,
+    /// Set by `StopAll`: no restarts, no new sessions.
+    stopping: bool,
 }
 
 impl<I, E> SupervisorState<I, E>
@@ -390,6 +401,7 @@ where
             .persistent(spec.persist)
             .durability(spec.durability);
         config.load_record = load_record;
+        config.agent_config = spec.agent_config.clone();
         if let Some(owner) = &self.owner {
             config = config.owner(owner.clone());
         }
@@ -464,6 +476,9 @@ where
             tracing::info!(session = id, reason = ?exit.reason, "session ended");
             return false;
         };
+        if self.stopping {
+            return false;
+        }
         let panicked = error.contains("panicked") || error.contains("killed or failed");
         let wants = match entry.spec.restart {
             RestartPolicy::Permanent => true,
@@ -577,6 +592,7 @@ where
             budget: args.budget,
             sessions: HashMap::new(),
             by_actor: HashMap::new(),
+            stopping: false,
         })
     }
 
@@ -590,6 +606,9 @@ where
             SupervisorMsg::Spawn { spec, reply } => {
                 let r = match validate_session_id(&spec.id) {
                     Err(e) => Err(SupervisorError::InvalidId(e)),
+                    Ok(()) if st.stopping => Err(SupervisorError::Session(SessionError::Exited(
+                        "the session supervisor is stopping".into(),
+                    ))),
                     Ok(()) if st.live(&myself, &spec.id).await.is_some() => {
                         Err(SupervisorError::Duplicate(spec.id.clone()))
                     }
@@ -654,6 +673,21 @@ where
                     let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
                 }
             },
+            SupervisorMsg::StopAll { options, reply } => {
+                st.stopping = true;
+                let handles: Vec<SessionHandle<I, E>> =
+                    st.sessions.values().map(|e| e.handle.clone()).collect();
+                tokio::spawn(async move {
+                    let mut exits = Vec::with_capacity(handles.len());
+                    for h in &handles {
+                        let _ = h.stop(options.clone()).await;
+                    }
+                    for h in handles {
+                        exits.push(h.wait().await);
+                    }
+                    let _ = reply.send(exits);
+                });
+            }
             SupervisorMsg::List { reply } => {
                 let mut v: Vec<SessionSummary> = st
                     .sessions
@@ -879,6 +913,14 @@ where
         self.ask(|reply| SupervisorMsg::Inspect { id, reply })
             .await
             .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Stops every session in-band and returns their exit states (see
+    /// [`SupervisorMsg::StopAll`]).
+    pub async fn stop_all(&self, options: StopOptions) -> Vec<ExitState<I>> {
+        self.ask(|reply| SupervisorMsg::StopAll { options, reply })
+            .await
+            .unwrap_or_default()
     }
 
     /// Lists the live sessions.

@@ -73,6 +73,8 @@ pub struct SessionConfig {
     pub id: String,
     /// The agent kind (recorded so the session can be rebuilt from its record).
     pub agent_kind: String,
+    /// The agent's serialized configuration (recorded with the kind).
+    pub agent_config: Vec<u8>,
     /// Whether the session loads and saves checkpoints (needs a store).
     pub persist: bool,
     /// The default capacity of each subscriber's event buffer.
@@ -115,6 +117,7 @@ impl SessionConfig {
         SessionConfig {
             id: id.into(),
             agent_kind: "default".into(),
+            agent_config: Vec::new(),
             persist: false,
             event_capacity: DEFAULT_EVENT_CAPACITY,
             end_hooks: Vec::new(),

@@ -1071,6 +1071,7 @@ fn record<A: Agent>(
     SessionRecord {
         session_id: state.config.id.clone(),
         agent_kind: state.config.agent_kind.clone(),
+        agent_config: state.config.agent_config.clone(),
         status,
         turn_index,
         unhandled_items: unhandled,

@@ -70,8 +70,8 @@ pub struct CheckpointStats {
 pub enum CheckpointMsg<I> {
     /// Write a record; answered after the flush that covers it.
     Save {
-        /// The record.
-        record: SessionRecord<I>,
+        /// The record (boxed: records are large next to the other messages).
+        record: Box<SessionRecord<I>>,
         /// Where to answer.
         reply: Reply<()>,
     },
@@ -584,7 +584,7 @@ where
                 st.dispatch(&myself);
                 return st.finish_close(&myself).await;
             }
-            CheckpointMsg::Save { record, reply } => st.save(record, reply),
+            CheckpointMsg::Save { record, reply } => st.save(*record, reply),
             CheckpointMsg::SaveEncoded {
                 session_id,
                 bytes,

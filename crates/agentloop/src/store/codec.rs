@@ -185,6 +185,7 @@ mod tests {
                     SessionRecord {
                         session_id: id,
                         agent_kind: "sim".into(),
+                        agent_config: vec![1, 2],
                         status,
                         turn_index: turn,
                         unhandled_items: unhandled,

@@ -114,6 +114,9 @@ pub struct SessionRecord<I> {
     pub session_id: String,
     /// The agent kind that runs it (to rebuild the agent after a restart).
     pub agent_kind: String,
+    /// The agent's serialized configuration, handed to the kind's factory when the
+    /// session is rebuilt from this record.
+    pub agent_config: Vec<u8>,
     /// The status (S19).
     pub status: SessionStatus,
     /// The index of the next turn to run (or of the cut turn, when `state` or
@@ -154,6 +157,7 @@ impl<I> SessionRecord<I> {
         SessionRecord {
             session_id: session_id.into(),
             agent_kind: agent_kind.into(),
+            agent_config: Vec::new(),
             status: SessionStatus::Stopped,
             turn_index,
             unhandled_items: Vec::new(),
