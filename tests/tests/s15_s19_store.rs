@@ -550,6 +550,14 @@ impl CheckpointStore<SimItem> for GatedStore {
             done.await
         })
     }
+    fn save_live(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
+        let done = self.inner.save_live(r);
+        let mut rx = self.release.subscribe();
+        Box::pin(async move {
+            let _ = rx.wait_for(|open| *open).await;
+            done.await
+        })
+    }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)
     }
@@ -763,5 +771,41 @@ async fn s19_instance_lease_renews_one_heartbeat() {
         first + 31_000,
         Duration::from_secs(30)
     ));
+    c.close().await.unwrap();
+}
+
+/// S19 on sled: a live (`sync`) write never overwrites a final record; it reports
+/// `Final` with the status it found and writes nothing.
+#[tokio::test]
+async fn s19_live_writes_never_overwrite_a_final_record() {
+    let dir = TempDir::new("live");
+    let c = open(&dir).await;
+    c.save(record("f", SessionStatus::Canceled, vec![1]))
+        .await
+        .unwrap();
+    let e = c
+        .save_live(record("f", SessionStatus::Running, vec![1, 2]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::Final { ref status, .. } if *status == SessionStatus::Canceled),
+        "{e}"
+    );
+    let r = raw(&c, "f").await.unwrap();
+    assert_eq!(
+        (r.status, ids(&r.unhandled_items)),
+        (SessionStatus::Canceled, vec![1])
+    );
+    // A non-final record is overwritten as usual.
+    c.save(record("g", SessionStatus::Running, vec![1]))
+        .await
+        .unwrap();
+    c.save_live(record("g", SessionStatus::Running, vec![1, 2]))
+        .await
+        .unwrap();
+    assert_eq!(
+        ids(&raw(&c, "g").await.unwrap().unhandled_items),
+        vec![1, 2]
+    );
     c.close().await.unwrap();
 }

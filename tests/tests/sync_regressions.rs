@@ -38,6 +38,10 @@ impl CheckpointStore<SimItem> for Rec {
         self.log.lock().push(r.clone());
         self.inner.save(r)
     }
+    fn save_live(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.log.lock().push(r.clone());
+        self.inner.save_live(r)
+    }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)
     }

@@ -30,6 +30,12 @@ pub enum SessionError {
     /// The options were invalid.
     #[error("invalid options: {0}")]
     InvalidOptions(#[from] OptionsError),
+    /// Detach needs a persistent session with a store (S23).
+    #[error("session `{0}` cannot be detached: it has no checkpoint store (spawn it persistent, with a store)")]
+    DetachNeedsStore(String),
+    /// A store operation failed.
+    #[error("checkpoint store: {0}")]
+    Store(#[from] crate::store::StoreError),
     /// The session has exited; read its exit state with `SessionHandle::wait`.
     #[error("session `{0}` has exited; read its exit state with `wait()`")]
     Exited(String),

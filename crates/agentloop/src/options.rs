@@ -258,6 +258,9 @@ pub struct StopOptions {
     /// Set by the shutdown coordinator: the session ends because the process shuts
     /// down, so its exit reason is `Shutdown`.
     pub shutdown: bool,
+    /// Set by `cancel(id)` (S24): the record was already flipped to `Canceled`, so the
+    /// exit leaves it as it is. Sticky.
+    pub canceled: bool,
 }
 
 impl StopOptions {

@@ -300,6 +300,22 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Vec<SessionSummary>>,
     },
+    /// Detach a session by id (S23).
+    Detach {
+        /// The session.
+        id: String,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<(), SupervisorError>>,
+    },
+    /// Cancel a session by id (S24): flips a `Running` record to `Canceled` atomically
+    /// and stops the live session Immediate; on a terminal record it changes nothing.
+    /// Answers the record's status afterwards.
+    Cancel {
+        /// The session.
+        id: String,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<SessionStatus, SupervisorError>>,
+    },
     /// Stop every session with an in-band Stop (never ractor's stop: queued pushes are
     /// answered, as unhandled or late, never dropped) and answer with their exit states
     /// once all have ended. No session is restarted from then on.
@@ -673,6 +689,23 @@ where
                     let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
                 }
             },
+            SupervisorMsg::Detach { id, reply } => match st.live(&myself, &id).await {
+                Some(h) => {
+                    tokio::spawn(async move {
+                        let _ = reply.send(h.detach().await.map_err(Into::into));
+                    });
+                }
+                None => {
+                    let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
+                }
+            },
+            SupervisorMsg::Cancel { id, reply } => {
+                let live = st.sessions.get(&id).map(|e| e.handle.clone());
+                let store = st.store.clone();
+                tokio::spawn(async move {
+                    let _ = reply.send(cancel(store, live, id).await);
+                });
+            }
             SupervisorMsg::StopAll { options, reply } => {
                 st.stopping = true;
                 let handles: Vec<SessionHandle<I, E>> =
@@ -725,6 +758,41 @@ where
         }
         Ok(())
     }
+}
+
+/// S24: flip the record `Running` → `Canceled` (atomically: a finalizer that loses the
+/// race leaves it), then stop the live session Immediate.
+async fn cancel<I, E>(
+    store: Option<Arc<dyn CheckpointStore<I>>>,
+    live: Option<SessionHandle<I, E>>,
+    id: String,
+) -> Result<SessionStatus, SupervisorError>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let outcome = match &store {
+        Some(s) => Some(
+            s.cas_status(&id, vec![StatusKind::Running], SessionStatus::Canceled)
+                .await
+                .map_err(|e| SupervisorError::Session(SessionError::Store(e)))?,
+        ),
+        None => None,
+    };
+    let status = match outcome {
+        Some(crate::store::CasOutcome::Mismatch(s)) => return Ok(s), // terminal: no-op
+        Some(crate::store::CasOutcome::Swapped(_)) => SessionStatus::Canceled,
+        Some(crate::store::CasOutcome::Missing) | None => match &live {
+            Some(_) => SessionStatus::Canceled,
+            None => return Err(SupervisorError::UnknownSession(id)),
+        },
+    };
+    if let Some(h) = live {
+        let mut stop = StopOptions::immediate().cause("canceled");
+        stop.canceled = true;
+        h.stop(stop).await?;
+    }
+    Ok(status)
 }
 
 /// Routes a push; a push that finds its incarnation ended (late, because it exited)
@@ -911,6 +979,22 @@ where
     pub async fn inspect(&self, id: &str) -> Result<SessionInfo, SupervisorError> {
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::Inspect { id, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Detaches a session (S23).
+    pub async fn detach(&self, id: &str) -> Result<(), SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Detach { id, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Cancels a session by id (S24); answers the record's status afterwards.
+    pub async fn cancel(&self, id: &str) -> Result<SessionStatus, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Cancel { id, reply })
             .await
             .unwrap_or_else(|| Err(gone()))
     }

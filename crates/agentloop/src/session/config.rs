@@ -94,6 +94,9 @@ pub struct SessionConfig {
     /// supervisor turns it off when it restarts a session from the items the failed
     /// incarnation handed back, which are fresher than any record.
     pub load_record: bool,
+    /// How often a detached (background) session re-reads its own record, so a cancel
+    /// written by another process is honoured (S24).
+    pub poll_interval: Duration,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -126,6 +129,7 @@ impl SessionConfig {
             owner: None,
             lease_timeout: crate::store::lease::DEFAULT_LEASE_TIMEOUT,
             load_record: true,
+            poll_interval: crate::store::lease::DEFAULT_HEARTBEAT,
         }
     }
 

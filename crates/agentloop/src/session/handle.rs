@@ -201,6 +201,36 @@ where
         }
     }
 
+    /// Hands the session to the background (S23): see [`TurnLoopMsg::Detach`]. Refused
+    /// with `DetachNeedsStore` for a session without a store.
+    pub async fn detach(&self) -> Result<(), SessionError> {
+        let (tx, rx) = oneshot::channel();
+        let msg = TurnLoopMsg::Detach {
+            reply: RpcReplyPort::from(tx),
+        };
+        if self.actor.send_message(msg).is_err() {
+            return Err(SessionError::Exited(self.shared.id.clone()));
+        }
+        rx.await
+            .map_err(|_| SessionError::Exited(self.shared.id.clone()))?
+    }
+
+    /// Attaches a bound client (S22): while the returned guard lives the client is
+    /// connected; dropping it before [`SessionHandle::detach`] cancels the session's
+    /// work (Immediate). After a detach, dropping it does nothing.
+    pub fn attach_bound(&self) -> BoundClient<I, E> {
+        BoundClient {
+            handle: self.clone(),
+        }
+    }
+
+    /// Whether the session was detached (handed to the background).
+    pub fn is_detached(&self) -> bool {
+        self.shared
+            .detached
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Subscribes to the session's events with the session's default capacity (S20).
     /// After the exit the stream yields `Ended` at once.
     pub fn subscribe(&self) -> EventStream<E> {
@@ -271,5 +301,37 @@ where
     /// Whether a stop has committed (or the session exited).
     pub fn is_stopped(&self) -> bool {
         self.shared.is_stopped()
+    }
+}
+
+/// A bound client's connection (S22): dropping it before the session is detached
+/// cancels the session's work, Immediate.
+pub struct BoundClient<I: Send + Sync + 'static, E: Send + Sync + 'static> {
+    handle: SessionHandle<I, E>,
+}
+
+impl<I: Send + Sync + 'static, E: Send + Sync + 'static> BoundClient<I, E> {
+    /// The session.
+    pub fn session(&self) -> &SessionHandle<I, E> {
+        &self.handle
+    }
+}
+
+impl<I: Send + Sync + 'static, E: Send + Sync + 'static> Drop for BoundClient<I, E> {
+    fn drop(&mut self) {
+        if self
+            .handle
+            .shared
+            .detached
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        let msg: TurnLoopMsg<I, E> = TurnLoopMsg::Stop {
+            options: StopOptions::immediate().cause("client disconnected"),
+            reply: None,
+        };
+        // A session already gone has nothing left to cancel.
+        let _ = self.handle.actor.send_message(msg);
     }
 }

@@ -211,6 +211,13 @@ pub enum TurnLoopMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<EventStream<E>>,
     },
+    /// Hand the session to the background (S23): the record becomes `Running` with
+    /// the in-flight and queued items, the session drains, and its record is finalized
+    /// by compare-and-swap when it ends. Answered once the record is durable.
+    Detach {
+        /// Where to answer.
+        reply: RpcReplyPort<Result<(), crate::error::SessionError>>,
+    },
     /// Take a snapshot.
     Inspect {
         /// Where to answer.
@@ -228,6 +235,7 @@ impl<I, E> fmt::Debug for TurnLoopMsg<I, E> {
             TurnLoopMsg::Stop { options, .. } => write!(f, "Stop({options:?})"),
             TurnLoopMsg::Subscribe { .. } => f.write_str("Subscribe"),
             TurnLoopMsg::Inspect { .. } => f.write_str("Inspect"),
+            TurnLoopMsg::Detach { .. } => f.write_str("Detach"),
             TurnLoopMsg::Internal(i) => write!(f, "Internal({:?})", i.0.name()),
         }
     }
@@ -254,6 +262,8 @@ pub(crate) enum InternalMsg<I> {
     },
     /// `sync` durability: the running turn recorded a new state at a safe point.
     SafePointReached { turn: u64 },
+    /// A detached session re-reads its own record (S24).
+    PollRecord,
 }
 
 impl<I> InternalMsg<I> {
@@ -264,6 +274,7 @@ impl<I> InternalMsg<I> {
             InternalMsg::IdleDue { .. } => "IdleDue",
             InternalMsg::Synced { .. } => "Synced",
             InternalMsg::SafePointReached { .. } => "SafePointReached",
+            InternalMsg::PollRecord => "PollRecord",
         }
     }
 }

@@ -22,7 +22,7 @@ pub use config::{
 };
 pub use context::{Step, TurnCx};
 pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary};
-pub use handle::SessionHandle;
+pub use handle::{BoundClient, SessionHandle};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,
 };

@@ -30,6 +30,8 @@ pub(crate) struct SessionShared<I> {
     cause: Mutex<Option<String>>,
     /// The exit state, published once at teardown.
     exit: watch::Sender<Option<Arc<ExitState<I>>>>,
+    /// Set by `detach` (S23): a bound client's disconnect no longer cancels the work.
+    pub(crate) detached: std::sync::atomic::AtomicBool,
 }
 
 impl<I: Clone> SessionShared<I> {
@@ -40,6 +42,7 @@ impl<I: Clone> SessionShared<I> {
             stopped: watch::Sender::new(false),
             cause: Mutex::new(None),
             exit: watch::Sender::new(None),
+            detached: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

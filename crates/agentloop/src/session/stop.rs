@@ -25,6 +25,8 @@ pub(crate) struct StopState {
     pub(crate) skip_checkpoint: bool,
     /// Sticky: a shutdown stop was received.
     pub(crate) shutdown: bool,
+    /// Sticky: the session was canceled by id; its record already says so.
+    pub(crate) canceled: bool,
 }
 
 /// What one stop request asks the loop to do now.
@@ -46,6 +48,7 @@ impl StopState {
     pub(crate) fn apply(&mut self, opts: &StopOptions) -> StopEffect {
         self.skip_checkpoint |= opts.skip_checkpoint;
         self.shutdown |= opts.shutdown;
+        self.canceled |= opts.canceled;
         if opts.is_idle_only() {
             if self.idle_for.is_none() && !self.committed {
                 self.idle_for = opts.idle_for;

@@ -112,6 +112,8 @@ pub struct LoopState<A: Agent> {
     idle_armed: Option<u64>,
     /// The last plan consumed nothing: wait for a push before planning again.
     await_input: bool,
+    /// Handed to the background (S23): finalized by compare-and-swap at exit.
+    detached: bool,
     /// The stored record was loaded and turns have run since: it is stale and is
     /// replaced after each completed turn (so it never replays delivered items).
     record_stale: bool,
@@ -296,6 +298,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             idle_epoch: 0,
             idle_armed: None,
             await_input: false,
+            detached: false,
             record_stale: false,
             counters: ExitCounters::default(),
             exit: None,
@@ -470,6 +473,7 @@ async fn handle_msg<A: Agent>(
         TurnLoopMsg::Inspect { reply } => {
             let _ = reply.send(state.info());
         }
+        TurnLoopMsg::Detach { reply } => on_detach(myself, state, reply).await,
         TurnLoopMsg::Internal(Internal(msg)) => match msg {
             InternalMsg::TurnFinished { turn } => on_turn_finished(myself, state, turn).await,
             InternalMsg::PreemptDue {
@@ -478,6 +482,7 @@ async fn handle_msg<A: Agent>(
                 reply,
             } => on_preempt_due(state, turn, preempt, reply),
             InternalMsg::Synced { seq, result } => on_synced(myself, state, seq, result).await,
+            InternalMsg::PollRecord => on_poll(myself, state).await,
             InternalMsg::SafePointReached { turn } => {
                 if state.syncs() && state.turn.as_ref().is_some_and(|t| t.index == turn) {
                     sync_write(myself, state);
@@ -584,6 +589,68 @@ async fn on_push<A: Agent>(
     }
 }
 
+/// S23: hands the session to the background: the record becomes `Running` with the
+/// in-flight and queued items in order (answered once durable), the session drains,
+/// and it polls its own record so a cancel written elsewhere is honoured (S24).
+async fn on_detach<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    reply: RpcReplyPort<Result<(), crate::error::SessionError>>,
+) {
+    use crate::error::SessionError;
+    if state.exited || state.exit.is_some() {
+        let _ = reply.send(Err(SessionError::Exited(state.config.id.clone())));
+        return;
+    }
+    let Some(store) = state.store.clone().filter(|_| state.persists()) else {
+        let _ = reply.send(Err(SessionError::DetachNeedsStore(state.config.id.clone())));
+        return;
+    };
+    if state.detached {
+        let _ = reply.send(Ok(()));
+        return;
+    }
+    state.detached = true;
+    state
+        .shared
+        .detached
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Issued before the drain commits, so it lists everything accepted so far.
+    let write = match live_record(state) {
+        Ok(rec) => store.save_live(rec),
+        Err(e) => Box::pin(std::future::ready(Err(e))),
+    };
+    if let StopEffect::Commit { newly: true, .. } = state.stop.apply(&StopOptions::drain()) {
+        state.shared.fire_stopped();
+    }
+    spawn_timer::<A>(myself, state.config.poll_interval, InternalMsg::PollRecord);
+    tracing::info!("session detached: it drains in the background");
+    let _ = reply.send(write.await.map_err(SessionError::from));
+    if state.turn.is_none() {
+        boundary(myself, state).await;
+    }
+}
+
+/// S24: a background session re-reads its record; a `Canceled` status written by
+/// anyone (another process included) stops it Immediate.
+async fn on_poll<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
+    if state.exited || !state.detached {
+        return;
+    }
+    if let Some(store) = state.store.clone() {
+        if let Ok(Some(rec)) = store.load(&state.config.id).await {
+            if rec.status == SessionStatus::Canceled {
+                tracing::info!("the record says Canceled: stopping");
+                let mut cancel = StopOptions::immediate().cause("canceled");
+                cancel.canceled = true;
+                on_stop(myself, state, cancel, None).await;
+                return;
+            }
+        }
+    }
+    spawn_timer::<A>(myself, state.config.poll_interval, InternalMsg::PollRecord);
+}
+
 /// Applies a push's preempt to the turn it targeted when the push was accepted, and
 /// answers the push (S7).
 fn apply_preempt<A: Agent>(
@@ -634,8 +701,9 @@ fn sync_write<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) -> u64 {
     let Some(store) = state.store.clone() else {
         return seq;
     };
+    // Conditional: never overwrites a record already final (a cancel, a finalizer).
     let write = match live_record(state) {
-        Ok(rec) => store.save(rec),
+        Ok(rec) => store.save_live(rec),
         Err(e) => Box::pin(std::future::ready(Err(e))),
     };
     let myself = myself.clone();
@@ -718,7 +786,15 @@ async fn on_synced<A: Agent>(
     seq: u64,
     result: Result<(), StoreError>,
 ) {
-    if let Err(e) = &result {
+    if let Err(StoreError::Final { status, .. }) = &result {
+        // Someone finalized the record (cancel by id, another process): honour it.
+        if *status == SessionStatus::Canceled && !state.stop.canceled && !state.exited {
+            tracing::info!("the record was canceled elsewhere: stopping");
+            let mut cancel = StopOptions::immediate().cause("canceled");
+            cancel.canceled = true;
+            on_stop(myself, state, cancel, None).await;
+        }
+    } else if let Err(e) = &result {
         tracing::error!(seq, error = %e, "sync checkpoint write failed");
     }
     while state.sync_tasks.front().is_some_and(|(s, _)| *s <= seq) {
@@ -1313,12 +1389,44 @@ async fn final_checkpoint<A: Agent>(
     cut_turn_index: u64,
     mid_state: &Option<A::State>,
 ) -> CheckpointOutcome {
-    if !state.persists() || state.load_error.is_some() || matches!(reason, ExitReason::Failed(_)) {
+    if !state.persists() || state.load_error.is_some() || state.stop.canceled {
+        // No store, a record this run must not touch (S18), or a record already
+        // flipped to Canceled by `cancel(id)` (S24).
         return CheckpointOutcome::NotAttempted;
     }
     let Some(store) = state.store.clone() else {
         return CheckpointOutcome::NotAttempted;
     };
+    if state.detached && !state.stop.shutdown {
+        // S23: a background session's record is finalized by compare-and-swap, so a
+        // cancel that landed first wins over this finalizer.
+        let to = match reason {
+            ExitReason::Failed(e) => SessionStatus::Failed(e.clone()),
+            ExitReason::Canceled(_) => SessionStatus::Canceled,
+            _ => SessionStatus::Completed,
+        };
+        return match store
+            .cas_status(
+                &state.config.id,
+                vec![crate::store::StatusKind::Running],
+                to,
+            )
+            .await
+        {
+            Ok(crate::store::CasOutcome::Swapped(_)) => CheckpointOutcome::Saved,
+            Ok(other) => {
+                tracing::info!(
+                    ?other,
+                    "the record was already final; the finalizer left it"
+                );
+                CheckpointOutcome::NotAttempted
+            }
+            Err(e) => CheckpointOutcome::Failed(e.to_string()),
+        };
+    }
+    if matches!(reason, ExitReason::Failed(_)) {
+        return CheckpointOutcome::NotAttempted;
+    }
     let caused_by_stop = state.stop.committed
         || matches!(
             reason,

@@ -85,6 +85,16 @@ pub enum CheckpointMsg<I> {
         /// Where to answer.
         reply: Reply<()>,
     },
+    /// Write a live record unless the stored one is final (see
+    /// [`CheckpointStore::save_live`]); answered after the flush.
+    SaveLive {
+        /// The session.
+        session_id: String,
+        /// The codec envelope.
+        bytes: Vec<u8>,
+        /// Where to answer.
+        reply: Reply<()>,
+    },
     /// Read a record.
     Load {
         /// The session.
@@ -475,6 +485,7 @@ fn refuse_closed<I>(msg: CheckpointMsg<I>) {
     match msg {
         CheckpointMsg::Save { reply, .. }
         | CheckpointMsg::SaveEncoded { reply, .. }
+        | CheckpointMsg::SaveLive { reply, .. }
         | CheckpointMsg::Flush { reply }
         | CheckpointMsg::Beat { reply, .. }
         | CheckpointMsg::Close { reply } => {
@@ -502,6 +513,7 @@ fn refuse_closed<I>(msg: CheckpointMsg<I>) {
 fn op_key(op: &WriteOp) -> Option<&str> {
     match op {
         WriteOp::Put { key, .. }
+        | WriteOp::PutLive { key, .. }
         | WriteOp::Delete { key }
         | WriteOp::Cas { key, .. }
         | WriteOp::Read { key } => Some(key),
@@ -594,6 +606,26 @@ where
                     let _ = reply.send(Err(e));
                 }
                 Ok(()) => st.save_encoded(session_id, bytes, reply),
+            },
+            CheckpointMsg::SaveLive {
+                session_id,
+                bytes,
+                reply,
+            } => match check_id(&session_id) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(()) => {
+                    st.stats.saves += 1;
+                    st.push(
+                        Some(&session_id.clone()),
+                        WriteOp::PutLive {
+                            key: session_id,
+                            bytes,
+                        },
+                        Waiter::Unit(vec![reply]),
+                    )
+                }
             },
             CheckpointMsg::Delete { session_id, reply } => match check_id(&session_id) {
                 Err(e) => {
@@ -765,6 +797,21 @@ where
             Ok(bytes) => {
                 let session_id = record.session_id;
                 self.ask(|reply| CheckpointMsg::SaveEncoded {
+                    session_id,
+                    bytes,
+                    reply,
+                })
+            }
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
+    fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
+        let encoded = check_id(&record.session_id).and_then(|()| codec::encode_record(&record));
+        match encoded {
+            Ok(bytes) => {
+                let session_id = record.session_id;
+                self.ask(|reply| CheckpointMsg::SaveLive {
                     session_id,
                     bytes,
                     reply,

@@ -120,6 +120,22 @@ impl<I: Clone + Send + Sync + 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(r))
     }
 
+    fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
+        let final_status = self
+            .records
+            .lock()
+            .get(&record.session_id)
+            .map(|r| r.status.clone())
+            .filter(SessionStatus::is_terminal);
+        match final_status {
+            Some(status) => Box::pin(ready(Err(StoreError::Final {
+                session: record.session_id,
+                status,
+            }))),
+            None => self.save(record),
+        }
+    }
+
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let existed = self.records.lock().remove(session_id).is_some();
         if existed {

@@ -208,6 +208,14 @@ pub enum StoreError {
         /// Why it is refused, and what to do.
         why: String,
     },
+    /// A conditional write found the record already final (S19): it was not written.
+    #[error("session `{session}` is already final ({status}); its record was not overwritten")]
+    Final {
+        /// The session.
+        session: String,
+        /// The status found.
+        status: SessionStatus,
+    },
     /// The store is closed (its actor stopped).
     #[error("the checkpoint store is closed; start the runtime (or its checkpoint actor) again")]
     Closed,
@@ -255,6 +263,11 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
 
     /// Writes a session's record (replacing any previous one).
     fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    /// Writes a live session's record unless the stored one is already final
+    /// (`Completed`, `Canceled`, `Failed`): then resolves to `StoreError::Final` and
+    /// writes nothing, so a `sync` rewrite never overwrites a cancel or a finalizer (S19).
+    fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>>;
 
     /// Deletes a session's record; resolves to whether one existed.
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>>;

@@ -27,6 +27,13 @@ pub enum WriteOp {
         /// The codec envelope.
         bytes: Vec<u8>,
     },
+    /// Store an encoded record unless the stored one is final (S19).
+    PutLive {
+        /// The session id.
+        key: String,
+        /// The codec envelope.
+        bytes: Vec<u8>,
+    },
     /// Remove a record.
     Delete {
         /// The session id.
@@ -231,6 +238,10 @@ impl SledBackend {
                     batched.push(results.len());
                     Ok(OpResult::Done)
                 }
+                WriteOp::PutLive { key, bytes } => {
+                    commit(&mut batch, &mut batched, &mut results);
+                    self.put_live::<I>(&key, bytes)
+                }
                 WriteOp::Delete { key } => {
                     commit(&mut batch, &mut batched, &mut results);
                     self.records
@@ -257,6 +268,29 @@ impl SledBackend {
         }
         commit(&mut batch, &mut batched, &mut results);
         results
+    }
+
+    fn put_live<I: Serialize + DeserializeOwned>(
+        &self,
+        key: &str,
+        bytes: Vec<u8>,
+    ) -> Result<OpResult, StoreError> {
+        // Only the checkpoint actor writes this tree, one operation at a time, so the
+        // check and the write cannot be interleaved by another write.
+        if let Some(old) = self.get_raw(key)? {
+            if let Ok(current) = codec::decode_record::<I>(key, &old) {
+                if current.status.is_terminal() {
+                    return Err(StoreError::Final {
+                        session: key.to_string(),
+                        status: current.status,
+                    });
+                }
+            }
+        }
+        self.records
+            .insert(key.as_bytes(), bytes)
+            .map(|_| OpResult::Done)
+            .map_err(|e| backend_err("save", key, e))
     }
 
     fn cas<I: Serialize + DeserializeOwned>(

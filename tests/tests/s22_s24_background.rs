@@ -1,0 +1,260 @@
+//! S22–S24: attach (bound or observer), detach to the background with a CAS-finalized
+//! record, and cancel by id, including a cancel written directly to the store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop::{
+    agent_kind, CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore,
+    RestartBudget, RestartPolicy, SessionConfig, SessionError, SessionSpec, SessionStatus,
+    StatusKind, SupervisorArgs, SupervisorHandle,
+};
+use agentloop_sim::{Fault, Gate, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+
+fn config(id: &str) -> SessionConfig {
+    SessionConfig::new(id)
+        .persistent(true)
+        .agent_kind("sim")
+        .durability(Durability::Sync)
+        .owner("me")
+}
+
+async fn gated_bg(
+    id: &str,
+    mem: &Arc<MemoryStore<SimItem>>,
+    agent: SimAgent,
+) -> (Handle, Gate, Probe) {
+    let gate = Gate::new();
+    let (tx, probe) = agentloop_tests::probe();
+    let h = spawn_on(
+        config(id),
+        agent.with_step_gate(gate.clone()).with_probe(tx),
+        mem.clone() as Arc<dyn CheckpointStore<SimItem>>,
+    )
+    .await;
+    (h, gate, probe)
+}
+
+/// S23: the record lists the in-flight and queued items in order; the session drains;
+/// the record ends `Completed`.
+#[tokio::test(start_paused = true)]
+async fn s23_detach_records_items_in_order_then_completes() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let (h, gate, mut probe) = gated_bg("bg", &mem, SimAgent::new(steps(2))).await;
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.push(item(2)).await.unwrap();
+    h.push(item(3)).await.unwrap();
+    h.detach().await.unwrap();
+    let rec = mem.get("bg").unwrap();
+    assert_eq!(rec.status, SessionStatus::Running);
+    assert_eq!(ids(&rec.interrupted_items), vec![1], "in flight");
+    assert_eq!(ids(&rec.unhandled_items), vec![2, 3], "queued, in order");
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.reason, ExitReason::Completed);
+    assert_eq!(exit.counters.items_delivered, 3);
+    assert_eq!(exit.checkpoint, CheckpointOutcome::Saved);
+    assert_eq!(mem.get("bg").unwrap().status, SessionStatus::Completed);
+}
+
+/// S23: an agent error in the background ends the record `Failed` with the error text,
+/// and a later resume is refused with that text.
+#[tokio::test(start_paused = true)]
+async fn s23_background_failure_is_final_and_refuses_resume() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let (h, gate, mut probe) = gated_bg(
+        "bg-fail",
+        &mem,
+        SimAgent::new(steps(2)).with_fault(Some(0), 1, Fault::Fail, true),
+    )
+    .await;
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.detach().await.unwrap();
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    assert!(matches!(exit.reason, ExitReason::Failed(_)));
+    match mem.get("bg-fail").unwrap().status {
+        SessionStatus::Failed(e) => assert!(e.contains("simulated failure"), "{e}"),
+        s => panic!("expected Failed, got {s:?}"),
+    }
+    let again = spawn_on(
+        config("bg-fail"),
+        SimAgent::new(steps(1)),
+        mem.clone() as Arc<dyn CheckpointStore<SimItem>>,
+    )
+    .await;
+    let exit = within("refusal", again.wait()).await;
+    assert!(
+        matches!(&exit.reason, ExitReason::Failed(e) if e.contains("simulated failure") && e.contains("Failed")),
+        "{:?}",
+        exit.reason
+    );
+}
+
+/// S22: a bound client that disconnects before detach cancels the work (Immediate);
+/// after a detach its disconnect does nothing.
+#[tokio::test(start_paused = true)]
+async fn s22_bound_client_disconnect_cancels_only_before_detach() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let (h, _gate, mut probe) = gated_bg("bound", &mem, SimAgent::new(steps(2))).await;
+    let client = h.attach_bound();
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    drop(client);
+    let exit = within("exit", h.wait()).await;
+    assert!(
+        matches!(exit.reason, ExitReason::Canceled(i) if i.mode == agentloop::CancelMode::Immediate)
+    );
+    assert_eq!(exit.stop_cause.as_deref(), Some("client disconnected"));
+
+    let (h, gate, mut probe) = gated_bg("bound-2", &mem, SimAgent::new(steps(2))).await;
+    let client = h.attach_bound();
+    let observer = h.subscribe(); // an observer attach: it never cancels anything
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.detach().await.unwrap();
+    drop(client);
+    drop(observer);
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.reason, ExitReason::Completed);
+    assert_eq!(exit.counters.items_delivered, 1);
+}
+
+/// S23: detach without a store is refused with a clear error.
+#[tokio::test(start_paused = true)]
+async fn s23_detach_without_a_store_is_refused() {
+    let h = spawn("no-store", SimAgent::new(steps(1))).await;
+    let e = h.detach().await.unwrap_err();
+    assert!(matches!(e, SessionError::DetachNeedsStore(ref id) if id == "no-store"));
+    assert!(e.to_string().contains("no checkpoint store"), "{e}");
+}
+
+fn supervisor_args(
+    mem: &Arc<MemoryStore<SimItem>>,
+    gate: Gate,
+) -> SupervisorArgs<SimItem, SimEvent> {
+    let mut kinds = HashMap::new();
+    kinds.insert(
+        "sim".to_string(),
+        agent_kind("sim", move |_: &[u8]| {
+            Ok(SimAgent::new(steps(2)).with_step_gate(gate.clone()))
+        }),
+    );
+    SupervisorArgs {
+        kinds,
+        store: Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
+        owner: Some("me".into()),
+        budget: RestartBudget::default(),
+    }
+}
+
+/// S24: cancel(id) during a background run stops it and the record ends `Canceled`;
+/// on a `Completed` record it is a no-op that returns `Completed`.
+#[tokio::test(start_paused = true)]
+async fn s24_cancel_by_id_stops_a_background_run() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = Gate::new();
+    let sup = SupervisorHandle::start(supervisor_args(&mem, gate.clone()))
+        .await
+        .unwrap();
+    let h = sup
+        .spawn(
+            SessionSpec::new("c", "sim")
+                .persistent(true)
+                .restart(RestartPolicy::Never)
+                .initial_items(vec![item(1), item(2)]),
+        )
+        .await
+        .unwrap();
+    sup.detach("c").await.unwrap();
+    assert_eq!(sup.cancel("c").await.unwrap(), SessionStatus::Canceled);
+    let exit = within("exit", h.wait()).await;
+    assert!(
+        matches!(exit.reason, ExitReason::Canceled(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(mem.get("c").unwrap().status, SessionStatus::Canceled);
+
+    let mut done = agentloop::SessionRecord::new("done", "sim", 1);
+    done.status = SessionStatus::Completed;
+    mem.insert(done);
+    assert_eq!(sup.cancel("done").await.unwrap(), SessionStatus::Completed);
+    assert_eq!(mem.get("done").unwrap().status, SessionStatus::Completed);
+}
+
+/// S24/S19: a cancel that lands just before the finalizer still wins: the finalizer's
+/// compare-and-swap finds `Canceled` and leaves it (never `Completed` after `Canceled`).
+#[tokio::test(start_paused = true)]
+async fn s24_cancel_just_before_the_finalizer_wins() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let (h, gate, mut probe) = gated_bg("race", &mem, SimAgent::new(steps(2))).await;
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.detach().await.unwrap();
+    // The cancel is written first; the session has not polled yet and finishes its
+    // drain right after: its finalizer runs second.
+    mem.cas_status("race", vec![StatusKind::Running], SessionStatus::Canceled)
+        .await
+        .unwrap();
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(
+        exit.checkpoint,
+        CheckpointOutcome::NotAttempted,
+        "the finalizer lost"
+    );
+    assert_eq!(mem.get("race").unwrap().status, SessionStatus::Canceled);
+}
+
+/// S24: a cancel written directly to the store, as another process would, is noticed
+/// within one poll interval.
+#[tokio::test(start_paused = true)]
+async fn s24_cancel_written_to_the_store_is_noticed_within_one_interval() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = Gate::new();
+    let (tx, mut probe) = agentloop_tests::probe();
+    let h = spawn_on(
+        config("remote").poll_interval_for_test(Duration::from_secs(10)),
+        SimAgent::new(steps(2))
+            .with_step_gate(gate.clone())
+            .with_probe(tx),
+        mem.clone() as Arc<dyn CheckpointStore<SimItem>>,
+    )
+    .await;
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.detach().await.unwrap();
+    let written = tokio::time::Instant::now();
+    mem.cas_status("remote", vec![StatusKind::Running], SessionStatus::Canceled)
+        .await
+        .unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert!(
+        written.elapsed() <= Duration::from_secs(10),
+        "{:?}",
+        written.elapsed()
+    );
+    assert!(
+        matches!(exit.reason, ExitReason::Canceled(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(exit.stop_cause.as_deref(), Some("canceled"));
+    assert_eq!(mem.get("remote").unwrap().status, SessionStatus::Canceled);
+}
+
+trait PollForTest {
+    fn poll_interval_for_test(self, d: Duration) -> Self;
+}
+impl PollForTest for SessionConfig {
+    fn poll_interval_for_test(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+}
