@@ -258,3 +258,56 @@ impl PollForTest for SessionConfig {
         self
     }
 }
+
+/// S22 through the supervisor: a bound attachment's drop cancels the work; an observer's
+/// drop does not.
+#[tokio::test(start_paused = true)]
+async fn s22_attach_by_id_bound_and_observer() {
+    use agentloop::{AttachMode, EventFilter};
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = Gate::new();
+    let sup = SupervisorHandle::start(supervisor_args(&mem, gate.clone()))
+        .await
+        .unwrap();
+    let watched = sup
+        .spawn(SessionSpec::new("watched", "sim").initial_items(vec![item(1)]))
+        .await
+        .unwrap();
+    let observer = sup
+        .attach("watched", AttachMode::Observer, EventFilter::all())
+        .await
+        .unwrap();
+    assert!(observer.bound.is_none());
+    drop(observer);
+    let bound_session = sup
+        .spawn(SessionSpec::new("bound", "sim").initial_items(vec![item(2)]))
+        .await
+        .unwrap();
+    let bound = sup
+        .attach("bound", AttachMode::Bound, EventFilter::turn_ends())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(bound);
+    let exit = within("bound exit", bound_session.wait()).await;
+    assert!(
+        matches!(exit.reason, ExitReason::Canceled(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert!(
+        watched.exit_state().is_none(),
+        "the observer's drop cancels nothing"
+    );
+    gate.open_all();
+    sup.stop("watched", agentloop::StopOptions::drain())
+        .await
+        .unwrap();
+    assert_eq!(
+        within("watched exit", watched.wait())
+            .await
+            .counters
+            .items_delivered,
+        1
+    );
+}

@@ -57,6 +57,7 @@ pub use store::{
     SessionRecord, SessionStatus, StatusKind, StoreError,
 };
 pub use supervisor::{
-    agent_kind, AgentKind, RestartBudget, RestartPolicy, RoutedPushError, SessionSpec,
-    SessionSupervisor, SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg,
+    agent_kind, AgentKind, AttachMode, Attachment, RestartBudget, RestartPolicy, RoutedPushError,
+    SessionSpec, SessionSupervisor, SupervisorArgs, SupervisorError, SupervisorHandle,
+    SupervisorMsg,
 };

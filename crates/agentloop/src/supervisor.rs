@@ -34,8 +34,8 @@ use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
 use crate::session::{
-    validate_session_id, Durability, ExitReason, ExitState, PreemptAck, PushError, SessionConfig,
-    SessionHandle, SessionIdError, SessionInfo,
+    validate_session_id, BoundClient, Durability, ExitReason, ExitState, PreemptAck, PushError,
+    SessionConfig, SessionHandle, SessionIdError, SessionInfo,
 };
 use crate::store::{CheckpointStore, SessionStatus, StatusKind};
 
@@ -300,6 +300,18 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Vec<SessionSummary>>,
     },
+    /// Attach a client by id (S22): bound (its disconnect before a detach cancels the
+    /// session's work, Immediate) or an observer (events only).
+    Attach {
+        /// The session.
+        id: String,
+        /// Bound or observer.
+        mode: AttachMode,
+        /// Which events.
+        filter: EventFilter,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<Attachment<E>, SupervisorError>>,
+    },
     /// Detach a session by id (S23).
     Detach {
         /// The session.
@@ -337,6 +349,25 @@ pub struct Reroute<I> {
     options: PushOptions<I>,
     reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
     tries: u32,
+}
+
+/// How a client attaches (S22).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttachMode {
+    /// The client's disconnect (dropping the attachment) before a detach cancels the
+    /// session's work, Immediate.
+    Bound,
+    /// The client only watches.
+    Observer,
+}
+
+/// A client's attachment: the event stream, and for a bound client the guard whose drop
+/// is its disconnect.
+pub struct Attachment<E> {
+    /// The session's events.
+    pub events: EventStream<E>,
+    /// Present for a bound client.
+    pub bound: Option<BoundClient>,
 }
 
 /// A push routed by id that was not accepted; the item comes back when it was not.
@@ -689,6 +720,21 @@ where
                     let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
                 }
             },
+            SupervisorMsg::Attach {
+                id,
+                mode,
+                filter,
+                reply,
+            } => {
+                let r = match st.live(&myself, &id).await {
+                    Some(h) => Ok(Attachment {
+                        events: h.subscribe_filtered(crate::events::DEFAULT_EVENT_CAPACITY, filter),
+                        bound: (mode == AttachMode::Bound).then(|| h.attach_bound()),
+                    }),
+                    None => Err(SupervisorError::UnknownSession(id)),
+                };
+                let _ = reply.send(r);
+            }
             SupervisorMsg::Detach { id, reply } => match st.live(&myself, &id).await {
                 Some(h) => {
                     tokio::spawn(async move {
@@ -981,6 +1027,24 @@ where
         self.ask(|reply| SupervisorMsg::Inspect { id, reply })
             .await
             .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Attaches a client (S22).
+    pub async fn attach(
+        &self,
+        id: &str,
+        mode: AttachMode,
+        filter: EventFilter,
+    ) -> Result<Attachment<E>, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Attach {
+            id,
+            mode,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
     }
 
     /// Detaches a session (S23).

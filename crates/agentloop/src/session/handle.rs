@@ -218,9 +218,20 @@ where
     /// Attaches a bound client (S22): while the returned guard lives the client is
     /// connected; dropping it before [`SessionHandle::detach`] cancels the session's
     /// work (Immediate). After a detach, dropping it does nothing.
-    pub fn attach_bound(&self) -> BoundClient<I, E> {
+    pub fn attach_bound(&self) -> BoundClient {
+        let handle = self.clone();
         BoundClient {
-            handle: self.clone(),
+            disconnect: Some(Box::new(move || {
+                if handle.is_detached() {
+                    return;
+                }
+                let msg = TurnLoopMsg::Stop {
+                    options: StopOptions::immediate().cause("client disconnected"),
+                    reply: None,
+                };
+                // A session already gone has nothing left to cancel.
+                let _ = handle.actor.send_message(msg);
+            })),
         }
     }
 
@@ -305,33 +316,21 @@ where
 }
 
 /// A bound client's connection (S22): dropping it before the session is detached
-/// cancels the session's work, Immediate.
-pub struct BoundClient<I: Send + Sync + 'static, E: Send + Sync + 'static> {
-    handle: SessionHandle<I, E>,
+/// cancels the session's work, Immediate. After a detach, dropping it does nothing.
+pub struct BoundClient {
+    disconnect: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
-impl<I: Send + Sync + 'static, E: Send + Sync + 'static> BoundClient<I, E> {
-    /// The session.
-    pub fn session(&self) -> &SessionHandle<I, E> {
-        &self.handle
+impl std::fmt::Debug for BoundClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BoundClient")
     }
 }
 
-impl<I: Send + Sync + 'static, E: Send + Sync + 'static> Drop for BoundClient<I, E> {
+impl Drop for BoundClient {
     fn drop(&mut self) {
-        if self
-            .handle
-            .shared
-            .detached
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
+        if let Some(disconnect) = self.disconnect.take() {
+            disconnect();
         }
-        let msg: TurnLoopMsg<I, E> = TurnLoopMsg::Stop {
-            options: StopOptions::immediate().cause("client disconnected"),
-            reply: None,
-        };
-        // A session already gone has nothing left to cancel.
-        let _ = self.handle.actor.send_message(msg);
     }
 }
