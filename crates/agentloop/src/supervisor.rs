@@ -710,16 +710,10 @@ where
                 };
                 let _ = reply.send(r);
             }
-            SupervisorMsg::Inspect { id, reply } => match st.live(&myself, &id).await {
-                Some(h) => {
-                    tokio::spawn(async move {
-                        let _ = reply.send(h.inspect().await.map_err(Into::into));
-                    });
-                }
-                None => {
-                    let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
-                }
-            },
+            SupervisorMsg::Inspect { id, reply } => {
+                let h = st.live(&myself, &id).await;
+                answer_from_session(id, h, reply, |h| async move { h.inspect().await });
+            }
             SupervisorMsg::Attach {
                 id,
                 mode,
@@ -735,16 +729,10 @@ where
                 };
                 let _ = reply.send(r);
             }
-            SupervisorMsg::Detach { id, reply } => match st.live(&myself, &id).await {
-                Some(h) => {
-                    tokio::spawn(async move {
-                        let _ = reply.send(h.detach().await.map_err(Into::into));
-                    });
-                }
-                None => {
-                    let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
-                }
-            },
+            SupervisorMsg::Detach { id, reply } => {
+                let h = st.live(&myself, &id).await;
+                answer_from_session(id, h, reply, |h| async move { h.detach().await });
+            }
             SupervisorMsg::Cancel { id, reply } => {
                 let live = st.sessions.get(&id).map(|e| e.handle.clone());
                 let store = st.store.clone();
@@ -803,6 +791,32 @@ where
             st.on_end(&myself, &id).await;
         }
         Ok(())
+    }
+}
+
+/// Answers a request by id from the live session, in a task so the supervisor never
+/// waits on a session; an unknown id is answered at once.
+fn answer_from_session<I, E, T, F, Fut>(
+    id: String,
+    handle: Option<SessionHandle<I, E>>,
+    reply: RpcReplyPort<Result<T, SupervisorError>>,
+    op: F,
+) where
+    I: Send + Sync + 'static,
+    E: Send + Sync + 'static,
+    T: Send + 'static,
+    F: FnOnce(SessionHandle<I, E>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, SessionError>> + Send + 'static,
+{
+    match handle {
+        Some(h) => {
+            tokio::spawn(async move {
+                let _ = reply.send(op(h).await.map_err(Into::into));
+            });
+        }
+        None => {
+            let _ = reply.send(Err(SupervisorError::UnknownSession(id)));
+        }
     }
 }
 

@@ -752,6 +752,22 @@ where
         })
     }
 
+    /// Encodes a record here, in the caller (so sessions encode in parallel and the
+    /// actor's loop only moves bytes), then sends it.
+    fn send_encoded(
+        &self,
+        record: SessionRecord<I>,
+        build: impl FnOnce(String, Vec<u8>, Reply<()>) -> CheckpointMsg<I>,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        match check_id(&record.session_id).and_then(|()| codec::encode_record(&record)) {
+            Ok(bytes) => {
+                let session_id = record.session_id;
+                self.ask(|reply| build(session_id, bytes, reply))
+            }
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
+    }
+
     /// The actor's counters.
     pub async fn stats(&self) -> Result<CheckpointStats, StoreError> {
         let (tx, rx) = oneshot::channel();
@@ -790,35 +806,21 @@ where
     }
 
     fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        // Encoded here, in the caller, so sessions encode in parallel and the actor's
-        // loop only moves bytes.
-        let encoded = check_id(&record.session_id).and_then(|()| codec::encode_record(&record));
-        match encoded {
-            Ok(bytes) => {
-                let session_id = record.session_id;
-                self.ask(|reply| CheckpointMsg::SaveEncoded {
-                    session_id,
-                    bytes,
-                    reply,
-                })
+        self.send_encoded(record, |session_id, bytes, reply| {
+            CheckpointMsg::SaveEncoded {
+                session_id,
+                bytes,
+                reply,
             }
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
+        })
     }
 
     fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        let encoded = check_id(&record.session_id).and_then(|()| codec::encode_record(&record));
-        match encoded {
-            Ok(bytes) => {
-                let session_id = record.session_id;
-                self.ask(|reply| CheckpointMsg::SaveLive {
-                    session_id,
-                    bytes,
-                    reply,
-                })
-            }
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
+        self.send_encoded(record, |session_id, bytes, reply| CheckpointMsg::SaveLive {
+            session_id,
+            bytes,
+            reply,
+        })
     }
 
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
