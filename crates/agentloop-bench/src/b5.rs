@@ -1,0 +1,463 @@
+//! B5: recover 10k interrupted sessions at start, against raw sled scan + decode +
+//! ractor spawn in the same process and run (DESIGN §10). Target: agentloop ≤ 2 ×
+//! baseline.
+//!
+//! Setup (untimed, per side per round): a fresh sled directory holding 10 000 records
+//! written through `SledBackend::apply` the way the store writes them: status
+//! `Interrupted`, cut mid-turn (one interrupted item and ~1 KiB of encoded `SimState`)
+//! with two unhandled items queued behind it. Every side gets its own copy of the same
+//! records, so each starts from a closed directory (the setup waits until sled has
+//! released its lock).
+//!
+//! * Baseline (raw): open the sled database, iterate the records tree, decode each
+//!   record (`codec::decode_record`) and its agent state (`codec::decode_state`) on a
+//!   blocking thread, then spawn one ractor actor per record that holds the decoded
+//!   record and state and does nothing else. Timed from the open to the last spawn.
+//! * agentloop: `Runtime::builder().data_dir(dir).register_agent("sim", ..).start()`,
+//!   timed until it returns its `StartReport`, which must list all 10 000 sessions as
+//!   resumed with their 30 000 items and skip none. Then (untimed) `Runtime::stop` with
+//!   an immediate shutdown stop; every session must report an exit. Two agents:
+//!   - the figure: a `SimAgent` whose turn is one model call of an hour, so each resumed
+//!     turn waits in its first step, as a real agent waiting on its model would: the
+//!     window holds the recovery and nothing else;
+//!   - a diagnostic, not the figure: `Script::noop()`, so each resumed turn and the turn
+//!     of its queued items complete at once and write their records (`Sync`) while the
+//!     remaining sessions are still being recovered.
+//!
+//! The sides run one at a time in an order that reverses every round, after one
+//! warm-up round; each side's value is the median over rounds.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentloop::store::codec;
+use agentloop::store::sled::WriteOp;
+use agentloop::store::SledBackend;
+use agentloop::{
+    CheckpointActor, CheckpointStore, ExitReason, Runtime, SessionRecord, SessionStatus,
+    StatusKind, StopOptions,
+};
+use agentloop_sim::{Script, SimAgent, SimEvent, SimItem, SimState, SimStep};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use crate::report::{median, print_table, ratio_line_max, summarize};
+
+/// Interrupted sessions to recover.
+const SESSIONS: usize = 10_000;
+/// Encoded agent state per record (filler of `SimState`).
+const STATE_BYTES: usize = 1024;
+/// Items per record: one interrupted (the cut turn's), two unhandled.
+const ITEMS_PER_RECORD: usize = 3;
+/// Timed rounds per side (odd, so the median is one round).
+const ROUNDS: usize = 5;
+/// The target: agentloop ≤ 2 × baseline.
+const TARGET: f64 = 2.0;
+/// The parked agent's model call: far longer than any run.
+const PARKED_STEP: Duration = Duration::from_secs(3600);
+
+// ---------------------------------------------------------------------------------
+// Temp dirs (removed at the end, and on a panic by `Drop`).
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("agentloop-b5-{tag}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("creating a B5 temp dir");
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Setup: 10k interrupted records.
+
+fn session_id(i: usize) -> String {
+    format!("b5-{i:05}")
+}
+
+/// One interrupted record, cut in its first step, with two items queued behind it.
+fn record(i: usize) -> SessionRecord<SimItem> {
+    let id = session_id(i);
+    let base = (i * ITEMS_PER_RECORD) as u64;
+    let mut rec = SessionRecord::new(id.clone(), "sim", 3);
+    rec.status = SessionStatus::Interrupted;
+    rec.interrupted_items = vec![SimItem::new(base, "cut turn")];
+    rec.unhandled_items = vec![
+        SimItem::new(base + 1, "queued a"),
+        SimItem::new(base + 2, "queued b"),
+    ];
+    let state = SimState {
+        turn: 3,
+        items: vec![base],
+        steps_done: 0,
+        payload: vec![0x5A; STATE_BYTES],
+    };
+    rec.state = Some(codec::encode_state(&id, &state).expect("encoding a B5 state"));
+    rec.stop_cause = Some("shutdown".into());
+    rec
+}
+
+/// Writes the records into a fresh directory (blocking; sled's lock is released when
+/// this returns). Returns the directory and the encoded record size.
+async fn populated_dir(tag: &str) -> (TempDir, usize) {
+    let dir = TempDir::new(tag);
+    let path = dir.path().to_path_buf();
+    let record_len = tokio::task::spawn_blocking(move || {
+        let backend = SledBackend::open(&path).expect("opening the B5 setup db");
+        let mut len = 0;
+        let ops: Vec<WriteOp> = (0..SESSIONS)
+            .map(|i| {
+                let bytes = codec::encode_record(&record(i)).expect("encoding a B5 record");
+                len = bytes.len();
+                WriteOp::Put {
+                    key: session_id(i),
+                    bytes,
+                }
+            })
+            .collect();
+        for r in backend.apply::<SimItem>(ops) {
+            r.expect("writing a B5 record");
+        }
+        drop(backend);
+        len
+    })
+    .await
+    .expect("the B5 setup panicked");
+    wait_unlocked(dir.path()).await;
+    (dir, record_len)
+}
+
+/// Waits until sled's directory lock is free. Dropping a sled database does not release
+/// it at once (its background threads let go of the lock file a moment later), and
+/// opening the directory before that fails with `WouldBlock`. sled locks with `flock`,
+/// which `File::try_lock` also uses.
+async fn wait_unlocked(dir: &Path) {
+    let lock_file = dir.join("db");
+    let t0 = Instant::now();
+    loop {
+        let file = std::fs::File::open(&lock_file).expect("opening sled's lock file");
+        match file.try_lock() {
+            Ok(()) => {
+                file.unlock().expect("unlocking sled's lock file");
+                return;
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "B5: sled never released {}",
+                    lock_file.display()
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(std::fs::TryLockError::Error(e)) => panic!("locking sled's lock file: {e}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Baseline: raw sled scan + decode + one ractor actor per record.
+
+/// An actor that holds a recovered record and does nothing.
+struct Holder;
+
+impl Actor for Holder {
+    type Msg = ();
+    type State = (SessionRecord<SimItem>, SimState);
+    type Arguments = (SessionRecord<SimItem>, SimState);
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(args)
+    }
+}
+
+/// Opens sled, scans and decodes every `Interrupted` record with its state. Blocks.
+fn scan(path: &Path) -> (sled::Db, Vec<(SessionRecord<SimItem>, SimState)>) {
+    let db = sled::Config::new()
+        .path(path)
+        .open()
+        .expect("opening the B5 baseline db");
+    let tree = db.open_tree("records").expect("opening the records tree");
+    let mut out = Vec::with_capacity(SESSIONS);
+    for kv in tree.iter() {
+        let (k, v) = kv.expect("scanning the records tree");
+        let key = std::str::from_utf8(&k).expect("a non-UTF-8 key");
+        let rec = codec::decode_record::<SimItem>(key, &v).expect("decoding a record");
+        if rec.status != SessionStatus::Interrupted {
+            continue;
+        }
+        let state: SimState = codec::decode_state(key, rec.state.as_deref().expect("no state"))
+            .expect("decoding a state");
+        out.push((rec, state));
+    }
+    (db, out)
+}
+
+/// One baseline round: (total ms, of which open + scan + decode ms).
+async fn baseline_round() -> (f64, f64) {
+    let (dir, _) = populated_dir("raw").await;
+    let path = dir.path().to_path_buf();
+    let t0 = Instant::now();
+    let (db, records) = tokio::task::spawn_blocking(move || scan(&path))
+        .await
+        .expect("the B5 baseline scan panicked");
+    let scanned = t0.elapsed();
+    let mut actors = Vec::with_capacity(records.len());
+    for r in records {
+        actors.push(
+            Actor::spawn(None, Holder, r)
+                .await
+                .expect("spawning a holder"),
+        );
+    }
+    let elapsed = t0.elapsed();
+    assert_eq!(
+        actors.len(),
+        SESSIONS,
+        "B5 baseline: not every record recovered"
+    );
+    for (a, _) in &actors {
+        a.stop(None);
+    }
+    for (_, join) in actors {
+        join.await.expect("a holder's task failed");
+    }
+    tokio::task::spawn_blocking(move || drop(db))
+        .await
+        .expect("closing the baseline db panicked");
+    drop(dir);
+    (elapsed.as_secs_f64() * 1e3, scanned.as_secs_f64() * 1e3)
+}
+
+// ---------------------------------------------------------------------------------
+// agentloop: Runtime::start on the directory.
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AgentMode {
+    /// Each resumed turn waits in an hour-long model call (the figure).
+    Parked,
+    /// Each resumed turn, and the turn of its queued items, completes at once.
+    Noop,
+}
+
+fn agent(mode: AgentMode) -> SimAgent {
+    match mode {
+        AgentMode::Parked => SimAgent::new(Script {
+            steps: vec![SimStep::ModelCall {
+                latency: PARKED_STEP,
+                input_tokens: 1,
+            }],
+        })
+        .with_state_payload(STATE_BYTES),
+        AgentMode::Noop => SimAgent::new(Script::noop()).with_state_payload(STATE_BYTES),
+    }
+}
+
+async fn agentloop_round(mode: AgentMode) -> f64 {
+    let (dir, _) = populated_dir("agentloop").await;
+    let t0 = Instant::now();
+    let (runtime, report) = Runtime::<SimItem, SimEvent>::builder()
+        .data_dir(dir.path())
+        .register_agent("sim", move |_cfg: &[u8]| Ok(agent(mode)))
+        .start()
+        .await
+        .expect("starting the B5 runtime");
+    let elapsed = t0.elapsed();
+    assert!(
+        report.skipped.is_empty(),
+        "B5: records skipped: {:?}",
+        &report.skipped[..report.skipped.len().min(3)]
+    );
+    assert_eq!(
+        report.resumed.len(),
+        SESSIONS,
+        "B5: not every session resumed"
+    );
+    assert_eq!(report.items, SESSIONS * ITEMS_PER_RECORD, "B5: items lost");
+    let options = match mode {
+        AgentMode::Parked => StopOptions::immediate().shutdown(),
+        AgentMode::Noop => StopOptions::bare(),
+    };
+    let exits = runtime
+        .stop(options)
+        .await
+        .expect("stopping the B5 runtime");
+    assert_eq!(exits.len(), SESSIONS, "B5: not every session exited");
+    for e in &exits {
+        assert!(
+            !matches!(e.reason, ExitReason::Failed(_)),
+            "B5 session {} failed: {:?}",
+            e.session_id,
+            e.reason
+        );
+    }
+    drop(dir);
+    elapsed.as_secs_f64() * 1e3
+}
+
+/// Diagnostic: the store's part of `Runtime::start`, step by step, on its own
+/// `CheckpointActor`: open the directory, list the resumable records (the runtime's
+/// one scan), then load each record once through the actor, one after the other, as
+/// each resumed session's `pre_start` does. Returns (open ms, list ms, µs per load).
+async fn store_steps_round() -> (f64, f64, f64) {
+    let (dir, _) = populated_dir("steps").await;
+    let t0 = Instant::now();
+    let client = CheckpointActor::<SimItem>::spawn(dir.path())
+        .await
+        .expect("opening the B5 store");
+    let t1 = Instant::now();
+    let entries = client
+        .list(Some(vec![StatusKind::Interrupted, StatusKind::Running]))
+        .await
+        .expect("listing the B5 records");
+    let t2 = Instant::now();
+    assert_eq!(entries.len(), SESSIONS, "B5 steps: records missing");
+    for e in &entries {
+        client
+            .load(&e.session_id)
+            .await
+            .expect("loading a B5 record")
+            .expect("a B5 record vanished");
+    }
+    let t3 = Instant::now();
+    client.close().await.expect("closing the B5 store");
+    drop(dir);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    (
+        ms(t1 - t0),
+        ms(t2 - t1),
+        (t3 - t2).as_secs_f64() * 1e6 / SESSIONS as f64,
+    )
+}
+
+// ---------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Base,
+    Parked,
+    Noop,
+    StoreSteps,
+}
+
+const SIDES: [Side; 4] = [Side::Base, Side::Parked, Side::Noop, Side::StoreSteps];
+
+#[derive(Default)]
+struct Samples {
+    base: Vec<f64>,
+    base_scan: Vec<f64>,
+    parked: Vec<f64>,
+    noop: Vec<f64>,
+    open: Vec<f64>,
+    list: Vec<f64>,
+    load_us: Vec<f64>,
+}
+
+impl Samples {
+    async fn run(&mut self, side: Side) {
+        match side {
+            Side::Base => {
+                let (total, scan) = baseline_round().await;
+                self.base.push(total);
+                self.base_scan.push(scan);
+            }
+            Side::Parked => self.parked.push(agentloop_round(AgentMode::Parked).await),
+            Side::Noop => self.noop.push(agentloop_round(AgentMode::Noop).await),
+            Side::StoreSteps => {
+                let (open, list, load) = store_steps_round().await;
+                self.open.push(open);
+                self.list.push(list);
+                self.load_us.push(load);
+            }
+        }
+    }
+}
+
+/// Runs B5 and prints its table and verdict line (the last line).
+pub async fn run() {
+    let started = Instant::now();
+    let (probe, record_len) = populated_dir("probe").await;
+    drop(probe);
+    println!(
+        "B5: recover {SESSIONS} interrupted sessions at start ({record_len} B records: \
+         {STATE_BYTES} B of state, {ITEMS_PER_RECORD} items); {ROUNDS} rounds per side, sides \
+         one at a time, order reversed every round, warm-up 1 round per side; tokio workers: {}",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
+    let mut warm = Samples::default();
+    for side in SIDES {
+        warm.run(side).await;
+    }
+    let mut s = Samples::default();
+    for round in 0..ROUNDS {
+        let mut order = SIDES;
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for side in order {
+            s.run(side).await;
+        }
+    }
+    let base = summarize(&s.base);
+    let parked = summarize(&s.parked);
+    let noop = summarize(&s.noop);
+    println!();
+    print_table(
+        "B5 recovery of 10k interrupted sessions (open to last spawn / to the StartReport)",
+        "ms",
+        &[
+            ("baseline: sled scan + decode + ractor spawn", base),
+            ("agentloop: Runtime::start, turns parked", parked),
+            ("diag: Runtime::start, noop turns run", noop),
+        ],
+    );
+    println!();
+    println!(
+        "per session: baseline {:.1} µs, agentloop {:.1} µs (noop agent {:.1} µs)",
+        base.median * 1e3 / SESSIONS as f64,
+        parked.median * 1e3 / SESSIONS as f64,
+        noop.median * 1e3 / SESSIONS as f64,
+    );
+    println!(
+        "baseline split (medians): open + scan + decode {:.1} ms, {SESSIONS} spawns {:.1} ms",
+        median(&s.base_scan),
+        base.median - median(&s.base_scan)
+    );
+    println!(
+        "diag, the store's steps of Runtime::start on their own (medians): open {:.1} ms, \
+         list {:.1} ms, {SESSIONS} sequential loads through the CheckpointActor {:.1} µs each \
+         ({:.0} ms)",
+        median(&s.open),
+        median(&s.list),
+        median(&s.load_us),
+        median(&s.load_us) * SESSIONS as f64 / 1e3
+    );
+    println!(
+        "diagnostic ratio (noop agent, turns run during the recovery)={:.2}; B5 wall time {:.1} s",
+        noop.median / base.median,
+        started.elapsed().as_secs_f64()
+    );
+    println!();
+    println!(
+        "{}",
+        ratio_line_max("B5", parked.median / base.median, TARGET)
+    );
+}
