@@ -227,16 +227,19 @@ where
                 }
             }
             let items = rec.unhandled_items.len() + rec.interrupted_items.len();
-            let spec = SessionSpec::new(rec.session_id.clone(), rec.agent_kind.clone())
+            let mut spec = SessionSpec::new(rec.session_id.clone(), rec.agent_kind.clone())
                 .config(rec.agent_config.clone())
                 .persistent(true)
                 .durability(Durability::Sync);
+            let id = rec.session_id.clone();
+            // The session uses this record instead of loading it again.
+            spec.preloaded = Some(rec);
             match self.supervisor.spawn(spec).await {
                 Ok(_) => {
-                    report.resumed.push(rec.session_id.clone());
+                    report.resumed.push(id);
                     report.items += items;
                 }
-                Err(e) => report.skipped.push((rec.session_id.clone(), e.to_string())),
+                Err(e) => report.skipped.push((id, e.to_string())),
             }
         }
         tracing::info!(

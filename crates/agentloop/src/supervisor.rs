@@ -88,6 +88,8 @@ pub struct SessionSpec<I> {
     pub restart: RestartPolicy,
     /// Items to push right after it starts, in order.
     pub initial_items: Vec<I>,
+    /// The stored record, when the spawner already read it (the runtime's resume).
+    pub(crate) preloaded: Option<crate::store::SessionRecord<I>>,
 }
 
 impl<I> SessionSpec<I> {
@@ -101,6 +103,7 @@ impl<I> SessionSpec<I> {
             durability: Durability::Sync,
             restart: RestartPolicy::Permanent,
             initial_items: Vec::new(),
+            preloaded: None,
         }
     }
 
@@ -197,6 +200,7 @@ pub trait AgentKind<I, E>: Send + Sync + 'static {
         agent_config: &[u8],
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: ActorCell,
+        record: Option<crate::store::SessionRecord<I>>,
     ) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>>;
 }
 
@@ -213,6 +217,7 @@ where
         agent_config: &[u8],
         store: Option<Arc<dyn CheckpointStore<A::Item>>>,
         supervisor: ActorCell,
+        record: Option<crate::store::SessionRecord<A::Item>>,
     ) -> BoxFuture<'static, Result<SessionHandle<A::Item, A::Event>, SupervisorError>> {
         let agent = (self.0)(agent_config).map_err(|reason| SupervisorError::BadConfig {
             kind: self.1.clone(),
@@ -220,7 +225,10 @@ where
         });
         Box::pin(async move {
             let agent = Arc::new(agent?);
-            Ok(SessionHandle::spawn_linked(config, agent, store, supervisor).await?)
+            Ok(
+                SessionHandle::spawn_linked_with_record(config, agent, store, supervisor, record)
+                    .await?,
+            )
         })
     }
 }
@@ -252,8 +260,8 @@ pub struct SessionSummary {
 pub enum SupervisorMsg<I, E> {
     /// Spawn a session (S25).
     Spawn {
-        /// What to spawn.
-        spec: SessionSpec<I>,
+        /// What to spawn (boxed: specs are large next to the other messages).
+        spec: Box<SessionSpec<I>>,
         /// Where to answer.
         reply: RpcReplyPort<Result<SessionHandle<I, E>, SupervisorError>>,
     },
@@ -458,7 +466,7 @@ where
     async fn start(
         &mut self,
         myself: &ActorRef<SupervisorMsg<I, E>>,
-        spec: SessionSpec<I>,
+        mut spec: SessionSpec<I>,
         seed: Vec<I>,
         load_record: bool,
         restarts: VecDeque<Instant>,
@@ -481,8 +489,10 @@ where
             None
         };
         let config = self.session_config(&spec, load_record);
+        // Used once: a restart loads the record afresh.
+        let record = spec.preloaded.take();
         let handle = kind
-            .spawn(config, &spec.agent_config, store, myself.get_cell())
+            .spawn(config, &spec.agent_config, store, myself.get_cell(), record)
             .await?;
         // Ordered before anything routed later: casts from this actor arrive in order.
         for item in seed {
@@ -651,6 +661,7 @@ where
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Spawn { spec, reply } => {
+                let spec = *spec;
                 let r = match validate_session_id(&spec.id) {
                     Err(e) => Err(SupervisorError::InvalidId(e)),
                     Ok(()) if st.stopping => Err(SupervisorError::Session(SessionError::Exited(
@@ -981,6 +992,7 @@ where
         &self,
         spec: SessionSpec<I>,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        let spec = Box::new(spec);
         self.ask(|reply| SupervisorMsg::Spawn { spec, reply })
             .await
             .unwrap_or_else(|| Err(gone()))

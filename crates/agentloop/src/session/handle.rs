@@ -62,7 +62,7 @@ where
     where
         A: Agent<Item = I, Event = E>,
     {
-        Self::spawn_inner(config, agent, store, None).await
+        Self::spawn_inner(config, agent, store, None, None).await
     }
 
     /// Spawns a session of `agent` linked under `supervisor` (S25).
@@ -75,7 +75,22 @@ where
     where
         A: Agent<Item = I, Event = E>,
     {
-        Self::spawn_inner(config, agent, store, Some(supervisor)).await
+        Self::spawn_inner(config, agent, store, Some(supervisor), None).await
+    }
+
+    /// Like [`SessionHandle::spawn_linked`], with the stored record already read by
+    /// the caller (used instead of loading it again).
+    pub(crate) async fn spawn_linked_with_record<A>(
+        config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        supervisor: ActorCell,
+        record: Option<crate::store::SessionRecord<I>>,
+    ) -> Result<Self, SpawnError>
+    where
+        A: Agent<Item = I, Event = E>,
+    {
+        Self::spawn_inner(config, agent, store, Some(supervisor), record).await
     }
 
     async fn spawn_inner<A>(
@@ -83,6 +98,7 @@ where
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: Option<ActorCell>,
+        preloaded: Option<crate::store::SessionRecord<I>>,
     ) -> Result<Self, SpawnError>
     where
         A: Agent<Item = I, Event = E>,
@@ -101,6 +117,7 @@ where
             store,
             shared: shared.clone(),
             subscribers: subscribers.clone(),
+            preloaded,
         };
         let spawned = match supervisor {
             None => Actor::spawn(None, TurnLoop::<A>::default(), args).await,

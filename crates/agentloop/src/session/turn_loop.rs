@@ -49,6 +49,9 @@ pub struct TurnLoopArgs<A: Agent> {
     pub(crate) store: Option<Arc<dyn CheckpointStore<A::Item>>>,
     pub(crate) shared: Arc<SessionShared<A::Item>>,
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
+    /// The stored record, when the spawner already read it (the runtime's resume at
+    /// start): used instead of loading it again.
+    pub(crate) preloaded: Option<SessionRecord<A::Item>>,
 }
 
 /// The cut turn a record hands to the first turn (S17).
@@ -313,7 +316,9 @@ impl<A: Agent> Actor for TurnLoop<A> {
         };
         if state.persists() && state.config.load_record {
             let span = state.span.clone();
-            load_record(&mut state).instrument(span).await;
+            load_record(&mut state, args.preloaded)
+                .instrument(span)
+                .await;
         }
         Ok(state)
     }
@@ -359,12 +364,19 @@ impl<A: Agent> Actor for TurnLoop<A> {
 
 /// Loads the record and seeds the buffer or the resume turn (S17). Errors are kept for
 /// `post_start`, which ends the session without touching the record (S18).
-async fn load_record<A: Agent>(state: &mut LoopState<A>) {
+async fn load_record<A: Agent>(
+    state: &mut LoopState<A>,
+    preloaded: Option<SessionRecord<A::Item>>,
+) {
     let Some(store) = state.store.clone() else {
         return;
     };
     let id = state.config.id.clone();
-    let record = match store.load(&id).await {
+    let loaded = match preloaded.filter(|r| r.session_id == id) {
+        Some(r) => Ok(Some(r)),
+        None => store.load(&id).await,
+    };
+    let record = match loaded {
         Ok(Some(r)) => {
             state.record_stale = true;
             r
