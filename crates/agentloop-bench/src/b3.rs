@@ -26,7 +26,7 @@
 //! printed next to it. All sides run in interleaved rounds (the order reverses every
 //! round) after a warm-up round of each; each side's value is the median over rounds.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,30 +60,7 @@ type Store = CheckpointClient<SimItem>;
 // ---------------------------------------------------------------------------------
 // Temp dirs (removed at the end, and on a panic by `Drop`).
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir =
-            std::env::temp_dir().join(format!("agentloop-b3-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("creating a B3 temp dir");
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::tempdir::TempDir;
 
 // ---------------------------------------------------------------------------------
 // Baseline: raw sled.
@@ -498,8 +475,8 @@ pub async fn run() {
          tokio workers: {}",
         tokio::runtime::Handle::current().metrics().num_workers()
     );
-    let al_dir = TempDir::new("agentloop");
-    let raw_dir = TempDir::new("raw");
+    let al_dir = TempDir::new("b3", "agentloop");
+    let raw_dir = TempDir::new("b3", "raw");
     let store: Store = CheckpointActor::<SimItem>::spawn(al_dir.path())
         .await
         .expect("starting the checkpoint actor");

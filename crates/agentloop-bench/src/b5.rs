@@ -27,7 +27,7 @@
 //! The sides run one at a time in an order that reverses every round, after one
 //! warm-up round; each side's value is the median over rounds.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentloop::store::codec;
@@ -58,30 +58,7 @@ const PARKED_STEP: Duration = Duration::from_secs(3600);
 // ---------------------------------------------------------------------------------
 // Temp dirs (removed at the end, and on a panic by `Drop`).
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir =
-            std::env::temp_dir().join(format!("agentloop-b5-{tag}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("creating a B5 temp dir");
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use crate::tempdir::TempDir;
 
 // ---------------------------------------------------------------------------------
 // Setup: 10k interrupted records.
@@ -115,7 +92,7 @@ fn record(i: usize) -> SessionRecord<SimItem> {
 /// Writes the records into a fresh directory (blocking; sled's lock is released when
 /// this returns). Returns the directory and the encoded record size.
 async fn populated_dir(tag: &str) -> (TempDir, usize) {
-    let dir = TempDir::new(tag);
+    let dir = TempDir::new("b5", tag);
     let path = dir.path().to_path_buf();
     let record_len = tokio::task::spawn_blocking(move || {
         let backend = SledBackend::open(&path).expect("opening the B5 setup db");

@@ -12,6 +12,7 @@ mod b2;
 mod b3;
 mod b5;
 mod report;
+mod tempdir;
 
 /// The figures, in the order `all` runs them.
 const FIGURES: &[&str] = &["b1", "b2", "b3", "b5"];
