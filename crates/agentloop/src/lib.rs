@@ -43,8 +43,9 @@ pub use error::{SessionError, SpawnError};
 pub use events::{EventFilter, EventStream, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use session::{
-    CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary, PreemptAck,
-    PushError, SessionConfig, SessionHandle, SessionInfo, Step, TurnCx, TurnLoop, TurnLoopMsg,
+    CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind,
+    PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step, TurnCx, TurnLoop,
+    TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]

@@ -24,8 +24,7 @@ use crate::store::{
     StatusKind, StoreError,
 };
 use crate::supervisor::{
-    agent_kind, AgentKind, RestartBudget, SessionSpec, SupervisorArgs, SupervisorError,
-    SupervisorHandle,
+    agent_kind, AgentKind, RestartBudget, SessionSpec, SupervisorArgs, SupervisorHandle,
 };
 
 /// A runtime could not start or stop.
@@ -260,14 +259,5 @@ where
             c.close().await?;
         }
         Ok(exits)
-    }
-}
-
-impl From<SupervisorError> for RuntimeError {
-    fn from(e: SupervisorError) -> Self {
-        RuntimeError::Spawn(SpawnError::Actor {
-            id: "session-supervisor".into(),
-            reason: e.to_string(),
-        })
     }
 }

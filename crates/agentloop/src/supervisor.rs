@@ -34,8 +34,8 @@ use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
 use crate::session::{
-    validate_session_id, BoundClient, Durability, ExitReason, ExitState, PreemptAck, PushError,
-    SessionConfig, SessionHandle, SessionIdError, SessionInfo,
+    validate_session_id, BoundClient, Durability, ExitReason, ExitState, FailureKind, PreemptAck,
+    PushError, SessionConfig, SessionHandle, SessionIdError, SessionInfo,
 };
 use crate::store::{CheckpointStore, SessionStatus, StatusKind};
 
@@ -536,15 +536,16 @@ where
         if self.stopping {
             return false;
         }
-        let panicked = error.contains("panicked") || error.contains("killed or failed");
+        // The kind was decided where the failure happened (never parsed from text).
+        let kind = exit.failure.unwrap_or(FailureKind::Internal);
         let wants = match entry.spec.restart {
             RestartPolicy::Permanent => true,
-            RestartPolicy::Transient => panicked,
+            RestartPolicy::Transient => matches!(kind, FailureKind::Panic | FailureKind::Internal),
             RestartPolicy::Never => false,
         };
         // Failures of the session's own record (refused or unreadable) are not fixed by
         // a restart.
-        let unrecoverable = error.contains("cannot be resumed") || error.contains("is corrupt");
+        let unrecoverable = kind == FailureKind::Record;
         let now = Instant::now();
         let mut restarts = entry.restarts;
         while restarts

@@ -19,6 +19,7 @@ use crate::agent::TurnOutcome;
 use crate::cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 use crate::events::TurnEnd;
 use crate::session::messages::{PendingAck, PreemptAck};
+use crate::session::FailureKind;
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,9 +85,9 @@ pub(crate) enum Ending<I, S> {
     PlanAborted {
         /// Why.
         reason: String,
-        /// The plan itself failed (the session exits `Failed`) rather than a stop
-        /// arriving while planning.
-        plan_failed: bool,
+        /// The plan itself failed, and how (the session exits `Failed`); `None` when a
+        /// stop arrived while planning.
+        plan_failed: Option<FailureKind>,
     },
     /// The plan consumed nothing, so no turn ran; what it handed back waits for new
     /// input.
@@ -99,6 +100,8 @@ pub(crate) enum Ending<I, S> {
         consumed: Vec<I>,
         /// The state to resume from if the turn was cut or interrupted.
         resume_state: Option<S>,
+        /// For a failed turn, what kind of failure.
+        failure: Option<FailureKind>,
     },
 }
 
@@ -196,6 +199,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                     end,
                     consumed,
                     resume_state,
+                    ..
                 }),
                 _,
             ) => match end {
@@ -418,7 +422,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     }
 
     /// Planning did not complete (turn-task side).
-    pub(crate) fn end_planning(&self, reason: String, plan_failed: bool) {
+    pub(crate) fn end_planning(&self, reason: String, plan_failed: Option<FailureKind>) {
         let mut st = self.state.lock();
         st.phase = Phase::Ended;
         st.ending = Some(Ending::PlanAborted {
@@ -469,6 +473,14 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             None
         };
         let mut interrupt_state = None;
+        let failure = match (&cut, &run) {
+            (Some(_), _) if st.by_stop || st.by_preempt => None,
+            (Some(_), _) => Some(FailureKind::Internal),
+            (None, RunEnd::Returned(Err(_))) => Some(FailureKind::Agent),
+            (None, RunEnd::Panicked(_)) => Some(FailureKind::Panic),
+            (None, RunEnd::Killed) => Some(FailureKind::Internal),
+            (None, RunEnd::Returned(Ok(_))) => None,
+        };
         let end = match (cut, run) {
             (Some(info), _) if st.by_stop => TurnEnd::Canceled(info),
             (Some(info), _) if st.by_preempt => TurnEnd::Preempted(info),
@@ -498,6 +510,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             end: end.clone(),
             consumed: std::mem::take(&mut st.consumed),
             resume_state,
+            failure,
         });
         end
     }
@@ -513,12 +526,13 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         let ending = match st.phase {
             Phase::Planning => Ending::PlanAborted {
                 reason,
-                plan_failed: true,
+                plan_failed: Some(FailureKind::Panic),
             },
             Phase::Running | Phase::Ended => Ending::Ran {
                 end: TurnEnd::Failed(reason),
                 consumed: std::mem::take(&mut st.consumed),
                 resume_state: st.last_state.clone().or_else(|| st.input_state.clone()),
+                failure: Some(FailureKind::Panic),
             },
         };
         st.phase = Phase::Ended;

@@ -25,6 +25,20 @@ pub enum ExitReason {
     Shutdown,
 }
 
+/// What kind of failure ended a `Failed` session: decided where the failure happened,
+/// so a supervisor's restart policy reads it instead of parsing error text (S26).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FailureKind {
+    /// The agent returned an error (from `plan` or `run_turn`).
+    Agent,
+    /// Agent code panicked.
+    Panic,
+    /// The session's stored record could not be used (load error, corrupt, refused).
+    Record,
+    /// The runtime failed (a turn task or the session actor died unexpectedly).
+    Internal,
+}
+
 /// Whether a checkpoint was attempted at exit and how it went (S13, S16). Never folded
 /// into [`ExitReason`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +81,8 @@ pub struct ExitState<I> {
     pub session_id: String,
     /// The mechanism of the end.
     pub reason: ExitReason,
+    /// For a `Failed` end, what kind of failure it was.
+    pub failure: Option<FailureKind>,
     /// The business reason: the first non-empty stop cause (S11).
     pub stop_cause: Option<String>,
     /// Accepted items never consumed by a turn, in the order they would have been

@@ -303,6 +303,7 @@ where
             None => ExitState {
                 session_id: self.shared.id.clone(),
                 reason: ExitReason::Failed("the session's exit state was lost".into()),
+                failure: Some(crate::session::FailureKind::Internal),
                 stop_cause: self.shared.cause(),
                 unhandled_items: Vec::new(),
                 interrupted_items: Vec::new(),

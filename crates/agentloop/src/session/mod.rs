@@ -21,7 +21,7 @@ pub use config::{
     validate_session_id, Durability, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN,
 };
 pub use context::{Step, TurnCx};
-pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary};
+pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind};
 pub use handle::{BoundClient, SessionHandle};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,

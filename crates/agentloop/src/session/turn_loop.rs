@@ -27,7 +27,7 @@ use crate::session::messages::{
 use crate::session::shared::SessionShared;
 use crate::session::stop::{StopEffect, StopState};
 use crate::session::turn_task::{TurnTask, TurnWork};
-use crate::session::{Durability, SessionConfig, TurnCx};
+use crate::session::{Durability, FailureKind, SessionConfig, TurnCx};
 use crate::store::{
     codec, lease, now_ms, CheckpointStore, SessionRecord, SessionStatus, StoreError,
 };
@@ -88,6 +88,7 @@ struct UnsyncedPush<I> {
 /// How the session is going to end, decided when a turn ends it.
 struct PendingExit<A: Agent> {
     reason: ExitReason,
+    failure: Option<FailureKind>,
     interrupted: Vec<A::Item>,
     turn_index: u64,
     state: Option<A::State>,
@@ -247,6 +248,7 @@ impl<A: Agent> LoopState<A> {
             reason: ExitReason::Failed(
                 "the session actor stopped before its teardown (killed or failed)".into(),
             ),
+            failure: Some(FailureKind::Internal),
             stop_cause: self.shared.cause(),
             unhandled_items: unhandled,
             interrupted_items: interrupted,
@@ -335,6 +337,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
                 tracing::error!(error = %e, "loading the session record failed");
                 state.exit = Some(PendingExit {
                     reason: ExitReason::Failed(e.to_string()),
+                    failure: Some(FailureKind::Record),
                     interrupted: Vec::new(),
                     turn_index: 0,
                     state: None,
@@ -510,7 +513,16 @@ async fn handle_msg<A: Agent>(
                     && state.resume.is_none();
                 if epoch == state.idle_epoch && idle && !state.exited && state.exit.is_none() {
                     tracing::info!("idle long enough; exiting (until_idle_for)");
-                    teardown(myself, state, ExitReason::Completed, Vec::new(), 0, None).await;
+                    teardown(
+                        myself,
+                        state,
+                        ExitReason::Completed,
+                        None,
+                        Vec::new(),
+                        0,
+                        None,
+                    )
+                    .await;
                 }
             }
         },
@@ -999,6 +1011,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
     let Some((ending, remaining, dropped)) = active.control.take_ending() else {
         state.exit = Some(PendingExit {
             reason: ExitReason::Failed("turn task ended without reporting how".into()),
+            failure: Some(FailureKind::Internal),
             interrupted: active.offered,
             turn_index: active.index,
             state: None,
@@ -1038,9 +1051,10 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                     state.buffer.push_front(item);
                 }
             }
-            if plan_failed {
+            if plan_failed.is_some() {
                 state.exit = Some(PendingExit {
                     reason: ExitReason::Failed(reason),
+                    failure: plan_failed,
                     interrupted: Vec::new(),
                     turn_index: turn,
                     state: None,
@@ -1051,6 +1065,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
             end,
             consumed,
             resume_state,
+            failure,
         } => {
             for item in remaining.into_iter().rev() {
                 state.buffer.push_front(item);
@@ -1081,6 +1096,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                     };
                     state.exit = Some(PendingExit {
                         reason,
+                        failure: None,
                         interrupted: consumed,
                         turn_index: turn,
                         state: resume_state,
@@ -1089,6 +1105,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                 TurnEnd::Interrupted(info) => {
                     state.exit = Some(PendingExit {
                         reason: ExitReason::Interrupted(info),
+                        failure: None,
                         interrupted: consumed,
                         turn_index: turn,
                         state: resume_state,
@@ -1098,6 +1115,7 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                     tracing::warn!(turn, error = %e, "turn failed");
                     state.exit = Some(PendingExit {
                         reason: ExitReason::Failed(e),
+                        failure,
                         interrupted: consumed,
                         turn_index: turn,
                         state: None,
@@ -1188,6 +1206,7 @@ async fn boundary<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
             myself,
             state,
             exit.reason,
+            exit.failure,
             exit.interrupted,
             exit.turn_index,
             exit.state,
@@ -1206,7 +1225,7 @@ async fn boundary<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
         } else {
             ExitReason::Completed
         };
-        teardown(myself, state, reason, Vec::new(), 0, None).await;
+        teardown(myself, state, reason, None, Vec::new(), 0, None).await;
         return;
     }
     if has_work {
@@ -1319,10 +1338,12 @@ fn start_turn<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>) {
 
 /// S21 teardown: final checkpoint → session-end hooks → `Ended` → stream close →
 /// actor exit (drain, so queued messages are answered).
+#[allow(clippy::too_many_arguments)]
 async fn teardown<A: Agent>(
     myself: &Myself<A>,
     state: &mut LoopState<A>,
     reason: ExitReason,
+    failure: Option<FailureKind>,
     interrupted: Vec<A::Item>,
     cut_turn_index: u64,
     mid_state: Option<A::State>,
@@ -1351,6 +1372,7 @@ async fn teardown<A: Agent>(
     state.final_exit = Some(ExitState {
         session_id: state.config.id.clone(),
         reason: reason.clone(),
+        failure,
         stop_cause: state.shared.cause(),
         unhandled_items: unhandled.clone(),
         interrupted_items: interrupted.clone(),

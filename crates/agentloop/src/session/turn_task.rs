@@ -19,7 +19,7 @@ use crate::agent::{Agent, PlanInput, Turn};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::session::control::{RunEnd, TurnControl};
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
-use crate::session::TurnCx;
+use crate::session::{FailureKind, TurnCx};
 
 /// What the turn works on.
 pub(crate) enum TurnWork<A: Agent> {
@@ -96,14 +96,21 @@ impl<A: Agent> TurnTask<A> {
                         .catch_unwind()
                         .await
                     {
-                        Err(p) => Err(format!("plan panicked: {}", panic_message(p))),
-                        Ok(Err(e)) => Err(format!("plan failed: {e}")),
+                        Err(p) => Err((
+                            format!("plan panicked: {}", panic_message(p)),
+                            FailureKind::Panic,
+                        )),
+                        Ok(Err(e)) => Err((format!("plan failed: {e}"), FailureKind::Agent)),
                         Ok(Ok(plan)) => {
                             let returned = plan.consumed.len() + plan.remaining.len();
                             if returned > offered {
-                                Err(format!(
-                                    "plan returned {returned} items but was offered {offered}; \
-                                     a plan may only consume, hand back or drop offered items"
+                                Err((
+                                    format!(
+                                        "plan returned {returned} items but was offered \
+                                         {offered}; a plan may only consume, hand back or drop \
+                                         offered items"
+                                    ),
+                                    FailureKind::Agent,
                                 ))
                             } else {
                                 let dropped = (offered - returned) as u64;
@@ -135,15 +142,15 @@ impl<A: Agent> TurnTask<A> {
         };
         let (gate, planned) = match planned {
             None => {
-                control.end_planning("a stop committed while the turn was planning".into(), false);
+                control.end_planning("a stop committed while the turn was planning".into(), None);
                 report_finished(&myself, index);
                 return;
             }
             Some(r) => r,
         };
         let (items, remaining, dropped, had_preempted, resume_state) = match planned {
-            Err(reason) => {
-                control.end_planning(reason.clone(), true);
+            Err((reason, kind)) => {
+                control.end_planning(reason.clone(), Some(kind));
                 let fin = subscribers.send_final(
                     vec![SessionEvent::TurnEnded {
                         turn: index,

@@ -315,7 +315,9 @@ where
             self.stats.bytes += ops
                 .iter()
                 .map(|o| match o {
-                    WriteOp::Put { bytes, .. } => bytes.len() as u64,
+                    WriteOp::Put { bytes, .. } | WriteOp::PutLive { bytes, .. } => {
+                        bytes.len() as u64
+                    }
                     _ => 0,
                 })
                 .sum::<u64>();

@@ -121,19 +121,30 @@ impl<I: Clone + Send + Sync + 'static> CheckpointStore<I> for MemoryStore<I> {
     }
 
     fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        let final_status = self
-            .records
-            .lock()
-            .get(&record.session_id)
+        // Check and write under one lock: the write is conditional, atomically.
+        let mut map = self.records.lock();
+        let current = map.get(&record.session_id);
+        if let Some(status) = current
             .map(|r| r.status.clone())
-            .filter(SessionStatus::is_terminal);
-        match final_status {
-            Some(status) => Box::pin(ready(Err(StoreError::Final {
+            .filter(SessionStatus::is_terminal)
+        {
+            return Box::pin(ready(Err(StoreError::Final {
                 session: record.session_id,
                 status,
-            }))),
-            None => self.save(record),
+            })));
         }
+        if self.fail_saves.load(Ordering::SeqCst) {
+            return Box::pin(ready(Err(StoreError::Backend {
+                operation: "save",
+                session: record.session_id.clone(),
+                message: "injected save failure".into(),
+            })));
+        }
+        let mut record = record;
+        record.version = current.map_or(1, |r| r.version + 1);
+        map.insert(record.session_id.clone(), record);
+        self.saves.fetch_add(1, Ordering::SeqCst);
+        Box::pin(ready(Ok(())))
     }
 
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
