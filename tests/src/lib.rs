@@ -262,3 +262,27 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// [`gated`], persistent on `store` with `exit` durability.
+pub async fn gated_persistent(
+    id: &str,
+    agent: SimAgent,
+    store: Arc<MemoryStore<SimItem>>,
+) -> (Handle, agentloop_sim::Gate, Probe) {
+    let gate = agentloop_sim::Gate::new();
+    let (tx, probe) = probe();
+    let h = spawn_persistent(id, agent.with_step_gate(gate.clone()).with_probe(tx), store).await;
+    (h, gate, probe)
+}
+
+/// [`gated_persistent`], with item 1 pushed and turn 0 waiting at its first step.
+pub async fn running_persistent(
+    id: &str,
+    agent: SimAgent,
+    store: Arc<MemoryStore<SimItem>>,
+) -> (Handle, agentloop_sim::Gate, Probe) {
+    let (h, gate, mut probe) = gated_persistent(id, agent, store).await;
+    h.push(item(1)).await.expect("push");
+    probe.at_step(0, 0).await;
+    (h, gate, probe)
+}

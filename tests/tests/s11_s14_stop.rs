@@ -197,18 +197,8 @@ async fn s11_first_idle_request_counts_and_a_later_stop_commits_at_once() {
 #[tokio::test(start_paused = true)]
 async fn s11_skip_checkpoint_is_sticky_across_stops() {
     let store = Arc::new(agentloop::MemoryStore::new());
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn_persistent(
-        "skip",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-        store.clone(),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, _gate, _probe) =
+        running_persistent("skip", SimAgent::new(steps(3)), store.clone()).await;
     h.push(item(2)).await.unwrap();
     h.stop(StopOptions::bare().skip_checkpoint()).await.unwrap();
     h.stop(StopOptions::immediate()).await.unwrap();

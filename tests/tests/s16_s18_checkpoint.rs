@@ -38,18 +38,8 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
 #[tokio::test(start_paused = true)]
 async fn s16_stop_with_items_saves() {
     let store = store();
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn_persistent(
-        "save",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-        store.clone(),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) =
+        running_persistent("save", SimAgent::new(steps(2)), store.clone()).await;
     h.push(item(2)).await.unwrap();
     h.stop(StopOptions::bare().cause("night")).await.unwrap();
     gate.open_all();
@@ -81,18 +71,8 @@ async fn s16_clean_exit_deletes_the_stale_record() {
 #[tokio::test(start_paused = true)]
 async fn s16_save_error_goes_to_the_outcome_not_the_reason() {
     let store = store();
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn_persistent(
-        "save-fails",
-        SimAgent::new(steps(2))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-        store.clone(),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, _probe) =
+        running_persistent("save-fails", SimAgent::new(steps(2)), store.clone()).await;
     store.fail_saves(true);
     h.stop(StopOptions::graceful()).await.unwrap();
     gate.open_all();
@@ -116,18 +96,8 @@ async fn s16_save_error_goes_to_the_outcome_not_the_reason() {
 #[tokio::test(start_paused = true)]
 async fn s17_resume_mid_turn_then_new_items_and_no_second_resume() {
     let store = store();
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn_persistent(
-        "resume",
-        SimAgent::new(steps(3))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-        store.clone(),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
+    let (h, gate, mut probe) =
+        running_persistent("resume", SimAgent::new(steps(3)), store.clone()).await;
     gate.open(1);
     probe.at_step(0, 1).await; // step 0 done and recorded at its safe point
     h.stop(StopOptions::immediate()).await.unwrap();
@@ -173,16 +143,8 @@ async fn s17_resume_between_turns_preserves_order() {
     let mut rec = stale_record("between");
     rec.unhandled_items = vec![item(1), item(2)];
     store.insert(rec);
-    let gate = Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn_persistent(
-        "between",
-        SimAgent::new(steps(1))
-            .with_step_gate(gate.clone())
-            .with_probe(tx),
-        store.clone(),
-    )
-    .await;
+    let (h, gate, mut probe) =
+        gated_persistent("between", SimAgent::new(steps(1)), store.clone()).await;
     let (items, resumed) = probe.turn_begins(4).await;
     assert_eq!(
         (items, resumed),
