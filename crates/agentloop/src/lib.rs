@@ -29,11 +29,13 @@
 
 pub mod agent;
 pub mod cancel;
+pub mod config;
 pub mod error;
 pub mod events;
 pub mod options;
 pub mod runtime;
 pub mod session;
+pub mod shutdown;
 pub mod store;
 pub mod supervisor;
 
@@ -52,13 +54,15 @@ pub use session::{
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+pub use config::{ConfigError, RuntimeConfig, ShutdownConfig};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, StartReport};
+pub use shutdown::{CleanupHook, ShutdownHandle, ShutdownReport, ShutdownStrategy};
 pub use store::{
     CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,
     SessionRecord, SessionStatus, StatusKind, StoreError,
 };
 pub use supervisor::{
-    agent_kind, AgentKind, AttachMode, Attachment, RestartBudget, RestartPolicy, RoutedPushError,
-    SessionSpec, SessionSupervisor, SupervisorArgs, SupervisorError, SupervisorHandle,
-    SupervisorMsg,
+    agent_kind, AgentKind, AttachMode, Attachment, ClosedGate, GateMember, RestartBudget,
+    RestartPolicy, RoutedPushError, SessionSpec, SessionSupervisor, SupervisorArgs,
+    SupervisorError, SupervisorHandle, SupervisorMsg,
 };

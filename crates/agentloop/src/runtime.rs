@@ -3,8 +3,9 @@
 //! session supervisor (S25), and resumes the sessions a previous run left resumable
 //! (`Interrupted`, or `Running` under an owner whose heartbeat is stale) with a report.
 //!
-//! It owns those three pieces and their order: start store → lease → supervisor →
-//! resume; stop: every session in-band → supervisor → store. It holds no session logic.
+//! It owns those pieces and their order: start store → lease → supervisor → shutdown
+//! coordinator → resume; shut down: the coordinator's phases (S27) → supervisor →
+//! store. It holds no session logic and no shutdown logic (that is `shutdown`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,9 +16,14 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::agent::Agent;
+use crate::config::{ConfigError, RuntimeConfig, ShutdownConfig};
 use crate::error::SpawnError;
 use crate::options::StopOptions;
 use crate::session::{Durability, ExitState};
+use crate::shutdown::{
+    builtin_strategies, CleanupHook, CoordinatorArgs, LogFlush, ShutdownHandle, ShutdownReport,
+    ShutdownStrategy,
+};
 use crate::store::lease::{is_fresh, DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
 use crate::store::{
     now_ms, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, SessionStatus,
@@ -36,6 +42,20 @@ pub enum RuntimeError {
     /// An actor could not start.
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No strategy is registered under the configured name.
+    #[error("invalid configuration: `shutdown.strategy` = {name:?} is not a registered strategy; known: {known}")]
+    UnknownStrategy {
+        /// The configured name.
+        name: String,
+        /// The registered names.
+        known: String,
+    },
+    /// The shutdown coordinator was already gone.
+    #[error("the runtime was already shut down")]
+    AlreadyShutDown,
 }
 
 /// What the start found and did.
@@ -57,6 +77,18 @@ pub struct RuntimeBuilder<I, E> {
     budget: RestartBudget,
     heartbeat: Duration,
     lease_timeout: Duration,
+    durability: Durability,
+    shutdown: ShutdownConfig,
+    strategies: HashMap<String, Arc<dyn ShutdownStrategy>>,
+    hooks: Vec<CleanupHook>,
+    flush_logs: Option<LogFlush>,
+}
+
+/// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
+fn flush_std() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
 }
 
 impl<I, E> Default for RuntimeBuilder<I, E> {
@@ -68,6 +100,11 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             budget: RestartBudget::default(),
             heartbeat: DEFAULT_HEARTBEAT,
             lease_timeout: DEFAULT_LEASE_TIMEOUT,
+            durability: Durability::Sync,
+            shutdown: ShutdownConfig::default(),
+            strategies: builtin_strategies(),
+            hooks: Vec::new(),
+            flush_logs: Some(Arc::new(flush_std)),
         }
     }
 }
@@ -118,9 +155,65 @@ where
         self
     }
 
-    /// Starts the store, the lease and the supervisor, then resumes what a previous run
-    /// left resumable.
+    /// Applies a configuration file's values: the data directory, the flush policy of
+    /// resumed sessions, the restart budget, the heartbeat and lease, the shutdown.
+    pub fn config(mut self, config: &RuntimeConfig) -> Self {
+        self.data_dir = Some(config.store.data_dir.clone());
+        self.durability = config.store.flush;
+        self.budget = config.supervisor.restart_budget;
+        self.heartbeat = config.supervisor.heartbeat;
+        self.lease_timeout = config.supervisor.lease_timeout;
+        self.shutdown = config.shutdown.clone();
+        self
+    }
+
+    /// Sets the shutdown configuration (strategy, grace, force timeout, cleanup).
+    pub fn shutdown_config(mut self, config: ShutdownConfig) -> Self {
+        self.shutdown = config;
+        self
+    }
+
+    /// The durability of sessions resumed at start (default `Sync`).
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
+    /// Registers a shutdown strategy under `name` (the configuration selects it).
+    pub fn register_strategy(
+        mut self,
+        name: impl Into<String>,
+        strategy: Arc<dyn ShutdownStrategy>,
+    ) -> Self {
+        self.strategies.insert(name.into(), strategy);
+        self
+    }
+
+    /// Adds a cleanup hook; hooks run in the order they were added (S27).
+    pub fn on_shutdown(mut self, hook: CleanupHook) -> Self {
+        self.hooks.push(hook);
+        self
+    }
+
+    /// Replaces how logs are flushed at the end of cleanup (default: stdout and
+    /// stderr); `None` skips it.
+    pub fn flush_logs(mut self, flush: Option<LogFlush>) -> Self {
+        self.flush_logs = flush;
+        self
+    }
+
+    /// Starts the store, the lease, the supervisor and the shutdown coordinator, then
+    /// resumes what a previous run left resumable.
     pub async fn start(self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
+        self.shutdown.validate()?;
+        let Some(strategy) = self.strategies.get(&self.shutdown.strategy).cloned() else {
+            let mut known: Vec<&str> = self.strategies.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            return Err(RuntimeError::UnknownStrategy {
+                name: self.shutdown.strategy.clone(),
+                known: known.join(", "),
+            });
+        };
         let (store, client) = match (self.store, self.data_dir) {
             (Some(s), _) => (Some(s), None),
             (None, Some(dir)) => {
@@ -147,6 +240,15 @@ where
             budget: self.budget,
         })
         .await?;
+        let shutdown = ShutdownHandle::start(CoordinatorArgs {
+            supervisor: supervisor.clone(),
+            store: store.clone(),
+            config: self.shutdown.clone(),
+            strategy: (self.shutdown.strategy.clone(), strategy),
+            hooks: self.hooks,
+            flush_logs: self.flush_logs,
+        })
+        .await?;
         let runtime = Runtime {
             supervisor,
             store,
@@ -154,6 +256,8 @@ where
             _lease: lease,
             instance,
             lease_timeout: self.lease_timeout,
+            durability: self.durability,
+            shutdown,
         };
         let report = runtime.resume().await?;
         Ok((runtime, report))
@@ -168,6 +272,8 @@ pub struct Runtime<I, E> {
     _lease: Option<InstanceLease>,
     instance: String,
     lease_timeout: Duration,
+    durability: Durability,
+    shutdown: ShutdownHandle,
 }
 
 impl<I, E> Runtime<I, E>
@@ -229,7 +335,7 @@ where
             let mut spec = SessionSpec::new(rec.session_id.clone(), rec.agent_kind.clone())
                 .config(rec.agent_config.clone())
                 .persistent(true)
-                .durability(Durability::Sync);
+                .durability(self.durability);
             let id = rec.session_id.clone();
             // The session uses this record instead of loading it again.
             spec.preloaded = Some(rec);
@@ -250,14 +356,40 @@ where
         Ok(report)
     }
 
-    /// Stops every session in-band (queued pushes are answered, never dropped), then
-    /// the supervisor, then the store. Returns the sessions' exit states.
+    /// The shutdown coordinator: clone it into a signal listener
+    /// ([`crate::shutdown::listen_for_signals`]) or anything else that may start the
+    /// shutdown; every request gets the same report.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Shuts down (S27): runs the coordinator's phases (or joins the shutdown a signal
+    /// started), then stops the supervisor and closes the store. Returns the report.
+    pub async fn shutdown(self) -> Result<ShutdownReport, RuntimeError> {
+        let report = self
+            .shutdown
+            .shutdown()
+            .await
+            .map_err(|_| RuntimeError::AlreadyShutDown)?;
+        self.release().await?;
+        Ok(report)
+    }
+
+    /// Stops every session in-band with `options` (queued pushes are answered, never
+    /// dropped), then the supervisor, then the store, without the shutdown phases.
+    /// Returns the sessions' exit states.
     pub async fn stop(self, options: StopOptions) -> Result<Vec<ExitState<I>>, RuntimeError> {
         let exits = self.supervisor.stop_all(options).await;
+        self.release().await?;
+        Ok(exits)
+    }
+
+    async fn release(&self) -> Result<(), RuntimeError> {
         let _ = self.supervisor.actor().drain_and_wait(None).await;
+        self.shutdown.actor().stop(None);
         if let Some(c) = &self.client {
             c.close().await?;
         }
-        Ok(exits)
+        Ok(())
     }
 }

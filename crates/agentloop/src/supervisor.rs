@@ -20,6 +20,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -179,6 +180,9 @@ pub enum SupervisorError {
         /// Why.
         reason: String,
     },
+    /// The runtime is shutting down: the drain gate refuses new sessions (S27).
+    #[error("the runtime is shutting down and accepts no new sessions (`{0}` was not spawned); spawn it on the next start")]
+    ShuttingDown(String),
     /// A persistent session was asked for but the supervisor has no store.
     #[error("session `{0}` is persistent but the supervisor has no checkpoint store; build the runtime with a store or spawn it non-persistent")]
     NoStore(String),
@@ -345,9 +349,36 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Vec<ExitState<I>>>,
     },
+    /// Close the drain gate for a shutdown (S27): from now on spawns are refused with
+    /// [`SupervisorError::ShuttingDown`], routed pushes are rejected as late items
+    /// (handed back and counted), and no session is restarted. Answers with every live
+    /// session, for the shutdown coordinator to stop.
+    CloseGate {
+        /// Where to answer.
+        reply: RpcReplyPort<ClosedGate<I, E>>,
+    },
     /// Internal: a routed push found its incarnation ended and must be retried.
     #[doc(hidden)]
     Reroute(Reroute<I>),
+}
+
+/// A live session handed to the shutdown coordinator by [`SupervisorMsg::CloseGate`].
+pub struct GateMember<I, E> {
+    /// The session's spec (kind, configuration, persistence), to write its record if it
+    /// has to be killed.
+    pub spec: SessionSpec<I>,
+    /// The live incarnation.
+    pub handle: SessionHandle<I, E>,
+}
+
+/// The answer to [`SupervisorMsg::CloseGate`].
+pub struct ClosedGate<I, E> {
+    /// Every live session when the gate closed.
+    pub sessions: Vec<GateMember<I, E>>,
+    /// Pushes the gate has rejected as late so far (it keeps counting).
+    pub late: Arc<AtomicU64>,
+    /// The runtime instance that owns the sessions.
+    pub owner: Option<String>,
 }
 
 /// Internal: a push to retry on the new incarnation (opaque).
@@ -443,6 +474,10 @@ pub struct SupervisorState<I, E> {
     by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
     stopping: bool,
+    /// Set by `CloseGate`: spawns are refused as `ShuttingDown`, routed pushes late.
+    gate_closed: bool,
+    /// Pushes rejected by the closed gate.
+    gate_late: Arc<AtomicU64>,
 }
 
 impl<I, E> SupervisorState<I, E>
@@ -651,6 +686,8 @@ where
             sessions: HashMap::new(),
             by_actor: HashMap::new(),
             stopping: false,
+            gate_closed: false,
+            gate_late: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -665,6 +702,7 @@ where
                 let spec = *spec;
                 let r = match validate_session_id(&spec.id) {
                     Err(e) => Err(SupervisorError::InvalidId(e)),
+                    Ok(()) if st.gate_closed => Err(SupervisorError::ShuttingDown(spec.id.clone())),
                     Ok(()) if st.stopping => Err(SupervisorError::Session(SessionError::Exited(
                         "the session supervisor is stopping".into(),
                     ))),
@@ -752,6 +790,25 @@ where
                     let _ = reply.send(cancel(store, live, id).await);
                 });
             }
+            SupervisorMsg::CloseGate { reply } => {
+                st.gate_closed = true;
+                st.stopping = true;
+                let mut sessions: Vec<GateMember<I, E>> = st
+                    .sessions
+                    .values()
+                    .map(|e| GateMember {
+                        spec: e.spec.clone(),
+                        handle: e.handle.clone(),
+                    })
+                    .collect();
+                sessions.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+                tracing::info!(sessions = sessions.len(), "drain gate closed");
+                let _ = reply.send(ClosedGate {
+                    sessions,
+                    late: st.gate_late.clone(),
+                    owner: st.owner.clone(),
+                });
+            }
             SupervisorMsg::StopAll { options, reply } => {
                 st.stopping = true;
                 let handles: Vec<SessionHandle<I, E>> =
@@ -797,6 +854,10 @@ where
             | SupervisionEvent::ActorFailed(cell, _) => cell.clone(),
             _ => return Ok(()),
         };
+        // Invariant: a killed session's state travels inside this event (ractor boxes
+        // it into `ActorTerminated`), and its destructor is what publishes the exit
+        // state `on_end` waits for. Drop the event first, or that wait never ends.
+        drop(evt);
         // Only the current incarnation counts (an older one was already handled when a
         // routed message found it ended).
         if let Some(id) = st.by_actor.get(&cell.get_id()).cloned() {
@@ -881,6 +942,12 @@ async fn route_push<I, E>(
     I: Clone + Send + Sync + 'static,
     E: Clone + Send + Sync + 'static,
 {
+    if st.gate_closed {
+        // S27 drain gate: the item goes back to the caller as a late item.
+        st.gate_late.fetch_add(1, Ordering::Relaxed);
+        let _ = reply.send(Err(RoutedPushError::Push(PushError::Late { item })));
+        return;
+    }
     let Some(h) = st.live(myself, &id).await else {
         let _ = reply.send(Err(RoutedPushError::UnknownSession { id, item }));
         return;
@@ -1096,6 +1163,12 @@ where
         self.ask(|reply| SupervisorMsg::StopAll { options, reply })
             .await
             .unwrap_or_default()
+    }
+
+    /// Closes the drain gate (see [`SupervisorMsg::CloseGate`]). `None` if the
+    /// supervisor is gone.
+    pub async fn close_gate(&self) -> Option<ClosedGate<I, E>> {
+        self.ask(|reply| SupervisorMsg::CloseGate { reply }).await
     }
 
     /// Lists the live sessions.

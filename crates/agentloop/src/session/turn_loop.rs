@@ -1470,7 +1470,10 @@ async fn final_checkpoint<A: Agent>(
             ExitReason::Interrupted(_) | ExitReason::Shutdown | ExitReason::Canceled(_)
         );
     let left = !unhandled.is_empty() || !interrupted.is_empty() || mid_state.is_some();
-    if caused_by_stop && left && !state.stop.skip_checkpoint {
+    // S27: a session ended by shutdown is recorded `Interrupted` even when it holds
+    // nothing, so the next start brings it back (it was alive, not finished).
+    let shutdown = state.stop.shutdown || matches!(reason, ExitReason::Shutdown);
+    if caused_by_stop && (left || shutdown) && !state.stop.skip_checkpoint {
         let encoded = match mid_state {
             Some(s) => match codec::encode_state(&state.config.id, s) {
                 Ok(b) => Some(b),
@@ -1478,7 +1481,7 @@ async fn final_checkpoint<A: Agent>(
             },
             None => None,
         };
-        let status = if state.stop.shutdown || matches!(reason, ExitReason::Shutdown) {
+        let status = if shutdown {
             SessionStatus::Interrupted
         } else {
             SessionStatus::Stopped

@@ -1,0 +1,427 @@
+//! Runtime configuration read from a TOML file, `agentloop.toml` by default (DESIGN
+//! S28): `[shutdown]`, `[store]` and `[supervisor]`, with human-readable durations
+//! (`"30s"`, `"500ms"`, `"2m"`, `"1m30s"`).
+//!
+//! This module owns parsing and range checks: a value out of range is refused with a
+//! [`ConfigError`] that names the key and the allowed range. It does not start
+//! anything; the runtime builder and the CLI read the validated values. Which strategy
+//! names exist is checked where strategies are registered (the runtime builder).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::session::Durability;
+use crate::store::lease::{DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
+use crate::supervisor::RestartBudget;
+
+/// The default configuration file name, looked up in the working directory.
+pub const DEFAULT_CONFIG_FILE: &str = "agentloop.toml";
+
+/// The default data directory of the sled store.
+pub const DEFAULT_DATA_DIR: &str = "agentloop-data";
+
+/// The longest grace period accepted.
+pub const MAX_GRACE: Duration = Duration::from_secs(300);
+/// The longest cleanup phase accepted.
+pub const MAX_CLEANUP: Duration = Duration::from_secs(60);
+/// The longest force timeout accepted.
+pub const MAX_FORCE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A configuration that cannot be used. Every variant names the file or the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read the configuration file {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, has an unknown key or a value of the wrong type.
+    #[error("invalid configuration{}: {message}", origin(.path))]
+    Parse {
+        /// The file, when read from one.
+        path: Option<PathBuf>,
+        /// The parser's message (it names the line and the key).
+        message: String,
+    },
+    /// A value is out of its range.
+    #[error("invalid configuration: `{key}` = {value:?} is out of range; allowed: {allowed}")]
+    OutOfRange {
+        /// The key, e.g. `shutdown.grace`.
+        key: &'static str,
+        /// The value as written.
+        value: String,
+        /// The allowed range, in words.
+        allowed: &'static str,
+    },
+}
+
+fn origin(path: &Option<PathBuf>) -> String {
+    match path {
+        Some(p) => format!(" in {}", p.display()),
+        None => String::new(),
+    }
+}
+
+/// The `[shutdown]` table (S27).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShutdownConfig {
+    /// The strategy's registered name: `cooperative` (default), `immediate`, `drain`,
+    /// or one registered on the runtime.
+    pub strategy: String,
+    /// How long sessions get to stop gracefully (default 30 s, at most 300 s).
+    pub grace: Duration,
+    /// The whole cleanup phase's bound (default 5 s, at most 60 s).
+    pub cleanup: Duration,
+    /// How long forced sessions get before they are killed (default 5 s, at most 300 s).
+    pub force_timeout: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig {
+            strategy: "cooperative".into(),
+            grace: Duration::from_secs(30),
+            cleanup: Duration::from_secs(5),
+            force_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ShutdownConfig {
+    /// Checks every value's range (the same checks as the file's).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.strategy.trim().is_empty() {
+            return Err(ConfigError::OutOfRange {
+                key: "shutdown.strategy",
+                value: self.strategy.clone(),
+                allowed: "a registered strategy name: cooperative, immediate, drain, or your own",
+            });
+        }
+        check_range(
+            "shutdown.grace",
+            self.grace,
+            MAX_GRACE,
+            "more than 0s and at most 300s",
+        )?;
+        check_range(
+            "shutdown.cleanup",
+            self.cleanup,
+            MAX_CLEANUP,
+            "more than 0s and at most 60s",
+        )?;
+        check_range(
+            "shutdown.force_timeout",
+            self.force_timeout,
+            MAX_FORCE_TIMEOUT,
+            "more than 0s and at most 300s",
+        )
+    }
+}
+
+/// The `[store]` table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// The sled data directory (default `./agentloop-data`).
+    pub data_dir: PathBuf,
+    /// When persistent sessions write their record (`flush = "sync"`, the default, or
+    /// `"exit"`; S16a).
+    pub flush: Durability,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            flush: Durability::Sync,
+        }
+    }
+}
+
+/// The `[supervisor]` table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SupervisorConfig {
+    /// At most this many restarts of one session in `restart_window` (default 3 in 60 s).
+    pub restart_budget: RestartBudget,
+    /// The instance heartbeat interval (default 10 s).
+    pub heartbeat: Duration,
+    /// A `Running` record whose owner has not beaten for this long is recoverable
+    /// (default 30 s).
+    pub lease_timeout: Duration,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        SupervisorConfig {
+            restart_budget: RestartBudget::default(),
+            heartbeat: DEFAULT_HEARTBEAT,
+            lease_timeout: DEFAULT_LEASE_TIMEOUT,
+        }
+    }
+}
+
+/// The whole file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RuntimeConfig {
+    /// `[shutdown]`.
+    pub shutdown: ShutdownConfig,
+    /// `[store]`.
+    pub store: StoreConfig,
+    /// `[supervisor]`.
+    pub supervisor: SupervisorConfig,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    shutdown: RawShutdown,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    supervisor: RawSupervisor,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawShutdown {
+    strategy: Option<String>,
+    grace: Option<String>,
+    cleanup: Option<String>,
+    force_timeout: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    data_dir: Option<String>,
+    flush: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawSupervisor {
+    max_restarts: Option<i64>,
+    restart_window: Option<String>,
+    heartbeat: Option<String>,
+    lease_timeout: Option<String>,
+}
+
+impl RuntimeConfig {
+    /// Parses and validates a configuration text.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text, None)
+    }
+
+    /// Reads and validates a configuration file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, Some(path.to_path_buf()))
+    }
+
+    /// Reads `path` when given (it must exist), else `agentloop.toml` in the working
+    /// directory when it exists, else the defaults.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        match path {
+            Some(p) => Self::from_file(p),
+            None if Path::new(DEFAULT_CONFIG_FILE).is_file() => {
+                Self::from_file(DEFAULT_CONFIG_FILE)
+            }
+            None => Ok(Self::default()),
+        }
+    }
+
+    fn parse(text: &str, path: Option<PathBuf>) -> Result<Self, ConfigError> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path,
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let mut c = RuntimeConfig::default();
+        if let Some(s) = raw.shutdown.strategy {
+            c.shutdown.strategy = s;
+        }
+        if let Some(v) = raw.shutdown.grace {
+            c.shutdown.grace = duration("shutdown.grace", &v, "more than 0s and at most 300s")?;
+        }
+        if let Some(v) = raw.shutdown.cleanup {
+            c.shutdown.cleanup = duration("shutdown.cleanup", &v, "more than 0s and at most 60s")?;
+        }
+        if let Some(v) = raw.shutdown.force_timeout {
+            c.shutdown.force_timeout = duration(
+                "shutdown.force_timeout",
+                &v,
+                "more than 0s and at most 300s",
+            )?;
+        }
+        c.shutdown.validate()?;
+        if let Some(d) = raw.store.data_dir {
+            if d.trim().is_empty() {
+                return Err(ConfigError::OutOfRange {
+                    key: "store.data_dir",
+                    value: d,
+                    allowed: "a non-empty directory path",
+                });
+            }
+            c.store.data_dir = PathBuf::from(d);
+        }
+        if let Some(f) = raw.store.flush {
+            c.store.flush = match f.as_str() {
+                "sync" => Durability::Sync,
+                "exit" => Durability::Exit,
+                _ => {
+                    return Err(ConfigError::OutOfRange {
+                        key: "store.flush",
+                        value: f,
+                        allowed: "\"sync\" (write on every accepted item, safe point and turn end) or \"exit\" (write at exit only)",
+                    })
+                }
+            };
+        }
+        let s = raw.supervisor;
+        if let Some(n) = s.max_restarts {
+            if !(0..=1000).contains(&n) {
+                return Err(ConfigError::OutOfRange {
+                    key: "supervisor.max_restarts",
+                    value: n.to_string(),
+                    allowed: "a whole number from 0 to 1000",
+                });
+            }
+            c.supervisor.restart_budget.max_restarts = n as u32;
+        }
+        const WINDOW: &str = "more than 0s and at most 1h";
+        if let Some(v) = s.restart_window {
+            let d = duration("supervisor.restart_window", &v, WINDOW)?;
+            check_range(
+                "supervisor.restart_window",
+                d,
+                Duration::from_secs(3600),
+                WINDOW,
+            )?;
+            c.supervisor.restart_budget.window = d;
+        }
+        const BEAT: &str = "more than 0s and at most 60s";
+        if let Some(v) = s.heartbeat {
+            let d = duration("supervisor.heartbeat", &v, BEAT)?;
+            check_range("supervisor.heartbeat", d, Duration::from_secs(60), BEAT)?;
+            c.supervisor.heartbeat = d;
+        }
+        const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
+        if let Some(v) = s.lease_timeout {
+            c.supervisor.lease_timeout = duration("supervisor.lease_timeout", &v, LEASE)?;
+        }
+        let lease = c.supervisor.lease_timeout;
+        if lease <= c.supervisor.heartbeat || lease > Duration::from_secs(600) {
+            return Err(ConfigError::OutOfRange {
+                key: "supervisor.lease_timeout",
+                value: format_duration(lease),
+                allowed: LEASE,
+            });
+        }
+        Ok(c)
+    }
+}
+
+fn check_range(
+    key: &'static str,
+    d: Duration,
+    max: Duration,
+    allowed: &'static str,
+) -> Result<(), ConfigError> {
+    if d.is_zero() || d > max {
+        return Err(ConfigError::OutOfRange {
+            key,
+            value: format_duration(d),
+            allowed,
+        });
+    }
+    Ok(())
+}
+
+/// Parses a human-readable duration for `key`; zero and negative values are refused
+/// (the error names the key).
+fn duration(key: &'static str, text: &str, allowed: &'static str) -> Result<Duration, ConfigError> {
+    let bad = || ConfigError::OutOfRange {
+        key,
+        value: text.to_string(),
+        allowed,
+    };
+    let d = parse_duration(text).ok_or_else(bad)?;
+    if d.is_zero() {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+/// Parses `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1.5s"`, `"1m30s"`. `None` for anything
+/// else, including negative values.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    if t.is_empty() {
+        return None;
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return None;
+        }
+        let number: f64 = rest[..num_len].parse().ok()?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let unit = rest[..unit_len].trim();
+        rest = &rest[unit_len..];
+        let seconds = match unit {
+            "ms" => number / 1000.0,
+            "s" | "sec" | "secs" => number,
+            "m" | "min" | "mins" => number * 60.0,
+            "h" => number * 3600.0,
+            _ => return None,
+        };
+        if !seconds.is_finite() || seconds > 1e9 {
+            return None;
+        }
+        total += Duration::from_secs_f64(seconds);
+    }
+    Some(total)
+}
+
+/// Formats a duration the way the file writes it (`"30s"`, `"250ms"`).
+pub fn format_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("-5s"), None);
+        assert_eq!(parse_duration("5"), None);
+        assert_eq!(parse_duration("s"), None);
+        assert_eq!(parse_duration("5 parsecs"), None);
+        assert_eq!(parse_duration(""), None);
+    }
+}
