@@ -1,12 +1,14 @@
 //! The `agentloop` binary (DESIGN §9).
 //!
-//! - `agentloop run` runs sessions of the simulated agent (see [`run`]).
+//! - `agentloop run` runs sessions of the simulated agent on the sled store, with live
+//!   progress and a graceful shutdown on Ctrl+C / SIGTERM (see [`run`]).
 //! - `agentloop sessions list|show` prints the stored session records of a data
 //!   directory, offline (see [`sessions`]).
 //!
 //! Exit codes: 0 success, 1 failure (the message says what and what to do), 2 bad
 //! arguments (with the usage).
 
+mod report_table;
 mod run;
 mod sessions;
 mod timefmt;
@@ -15,7 +17,8 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 const USAGE: &str = "\
-usage: agentloop run [--sessions N] [--items-per-session M] [--model-ms MS] [--tool-ms MS]
+usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-per-session M]
+                     [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
        agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
        agentloop sessions show <id> [--data-dir DIR] [--json]";
 
@@ -62,21 +65,35 @@ fn main() -> ExitCode {
     }
 }
 
-/// `agentloop run`: parses its arguments, then runs it on a multi-threaded tokio
-/// runtime. Any failure exits 2, as it always has.
+/// `agentloop run`: parses its arguments (bad ones exit 2 with the usage), then runs
+/// the job on a multi-threaded tokio runtime: 0 after a clean shutdown, 1 if it could
+/// not start or a record could not be written. Logs go to stderr (`RUST_LOG`, default
+/// `warn`); progress and the report go to stdout.
 fn run_command(args: &[String]) -> ExitCode {
-    let result = run::parse_run(args).and_then(|a| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the tokio runtime: {e}"))?
-            .block_on(run::run(a))
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    let args = match run::parse_run(args) {
+        Ok(a) => a,
         Err(e) => {
             eprintln!("agentloop: {e}");
-            ExitCode::from(2)
+            return ExitCode::from(2);
+        }
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the tokio runtime: {e}"))
+        .and_then(|rt| rt.block_on(run::run(args)));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("agentloop: {e}");
+            ExitCode::from(1)
         }
     }
 }

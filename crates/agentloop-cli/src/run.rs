@@ -1,46 +1,113 @@
-//! `agentloop run`: runs sessions of the simulated agent, pushes items to them, drains
-//! them and prints each session's exit state and a total. Sessions run in memory for
-//! now; the sled store, live progress, signals and the shutdown report come with the
-//! checkpoint and shutdown issues.
+//! `agentloop run`, the main job (DESIGN §9): starts the runtime on the sled store
+//! (`./agentloop-data` unless the config file or `--data-dir` says otherwise), resumes
+//! what the previous run left `Interrupted` and says how much, spawns sessions of the
+//! simulated agent and feeds them items, shows live progress, and on Ctrl+C / SIGTERM
+//! runs the graceful shutdown (a second signal forces) and prints its report as a
+//! table. When every session has delivered its items, it shuts down by itself.
+//!
+//! This file owns the job's flow and its output; the shutdown itself is the library's
+//! (`agentloop::shutdown`), the table is in `report_table`.
 
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::{SessionConfig, SessionHandle, StopOptions};
-use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
+use agentloop::config::RuntimeConfig;
+use agentloop::shutdown::{listen_for_signals, Signal};
+use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
+use agentloop_sim::{Ledger, Script, SimAgent, SimEvent, SimItem};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 
-/// The usage line of `agentloop run`.
-pub(crate) const RUN_USAGE: &str =
-    "usage: agentloop run [--sessions N] [--items-per-session M] [--model-ms MS] [--tool-ms MS]";
+use crate::report_table::report_table;
 
+/// The usage of `agentloop run`.
+pub(crate) const RUN_USAGE: &str = "\
+usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-per-session M]
+                     [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
+  --config FILE          configuration file (default: ./agentloop.toml when it exists)
+  --data-dir DIR         sled data directory (default: [store] data_dir, ./agentloop-data)
+  --sessions N           new sessions to spawn (default 4; 0 only resumes)
+  --items-per-session M  items pushed to each new session (default 20)
+  --push-ms MS           pause between two pushes to a session (default 50)
+  --rounds R             model-call + tool-round pairs per turn (default 2)
+  --model-ms MS          latency of a simulated model call (default 40)
+  --tool-ms MS           latency of a simulated tool round (default 20)";
+
+/// Parsed arguments.
 pub(crate) struct RunArgs {
+    config: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
     sessions: usize,
     items: u64,
+    push_ms: u64,
+    agent: AgentConfig,
+}
+
+/// The simulated agent's configuration, stored in each record so a resumed session
+/// runs the same agent.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct AgentConfig {
+    rounds: usize,
     model_ms: u64,
     tool_ms: u64,
 }
 
+impl AgentConfig {
+    fn agent(&self) -> SimAgent {
+        SimAgent::new(Script::react(
+            self.rounds,
+            Duration::from_millis(self.model_ms),
+            Duration::from_millis(self.tool_ms),
+        ))
+    }
+}
+
 pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let mut run = RunArgs {
+        config: None,
+        data_dir: None,
         sessions: 4,
-        items: 5,
-        model_ms: 20,
-        tool_ms: 10,
+        items: 20,
+        push_ms: 50,
+        agent: AgentConfig {
+            rounds: 2,
+            model_ms: 40,
+            tool_ms: 20,
+        },
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it
             .next()
             .ok_or_else(|| format!("{flag} needs a value\n{RUN_USAGE}"))?;
+        match flag.as_str() {
+            "--config" => {
+                run.config = Some(PathBuf::from(value));
+                continue;
+            }
+            "--data-dir" => {
+                if value.is_empty() {
+                    return Err(format!("--data-dir needs a directory\n{RUN_USAGE}"));
+                }
+                run.data_dir = Some(PathBuf::from(value));
+                continue;
+            }
+            _ => {}
+        }
         let n: u64 = value
             .parse()
             .map_err(|_| format!("{flag} takes a whole number, got `{value}`\n{RUN_USAGE}"))?;
         match flag.as_str() {
-            "--sessions" if n > 0 => run.sessions = n as usize,
+            "--sessions" => run.sessions = n as usize,
             "--items-per-session" if n > 0 => run.items = n,
-            "--model-ms" => run.model_ms = n,
-            "--tool-ms" => run.tool_ms = n,
-            "--sessions" | "--items-per-session" => {
+            "--push-ms" => run.push_ms = n,
+            "--rounds" if n > 0 => run.agent.rounds = n as usize,
+            "--model-ms" => run.agent.model_ms = n,
+            "--tool-ms" => run.agent.tool_ms = n,
+            "--items-per-session" | "--rounds" => {
                 return Err(format!("{flag} must be at least 1\n{RUN_USAGE}"))
             }
             _ => return Err(format!("unknown option {flag}\n{RUN_USAGE}")),
@@ -49,54 +116,221 @@ pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     Ok(run)
 }
 
-pub(crate) async fn run(args: RunArgs) -> Result<(), String> {
-    let started = Instant::now();
-    let script = Script::react(
-        1,
-        Duration::from_millis(args.model_ms),
-        Duration::from_millis(args.tool_ms),
-    );
-    let mut handles: Vec<SessionHandle<SimItem, SimEvent>> = Vec::new();
-    for s in 0..args.sessions {
-        let agent = Arc::new(SimAgent::new(script.clone()));
-        let h = SessionHandle::spawn(SessionConfig::new(format!("session-{s}")), agent, None)
-            .await
-            .map_err(|e| e.to_string())?;
-        handles.push(h);
+/// Live counters: every agent's ledger (completed turns and their items, kept by the
+/// agent itself, so resumed sessions count from their first turn), the feeders still
+/// pushing.
+#[derive(Default)]
+struct Progress {
+    ledgers: Mutex<Vec<Arc<Mutex<Ledger>>>>,
+    feeders: AtomicUsize,
+    late: AtomicU64,
+}
+
+impl Progress {
+    /// Completed turns and the items they delivered.
+    fn delivered(&self) -> (usize, usize) {
+        self.ledgers.lock().iter().fold((0, 0), |(t, i), l| {
+            let l = l.lock();
+            let items: usize = l.completed.iter().map(|(_, v)| v.len()).sum();
+            (t + l.completed.len(), i + items)
+        })
     }
-    println!(
-        "agentloop: {} sessions running the simulated agent",
-        handles.len()
-    );
-    for (s, h) in handles.iter().enumerate() {
-        for i in 0..args.items {
-            let id = s as u64 * args.items + i;
-            h.push(SimItem::new(id, format!("message {i}")))
-                .await
-                .map_err(|e| e.to_string())?;
+}
+
+/// Writes a line to stdout, ignoring a closed pipe (`agentloop run | head` must not
+/// panic).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
+/// Runs the job; `Ok(true)` when the shutdown left every record safe.
+pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
+    let began = Instant::now();
+    let mut config = RuntimeConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(dir) = &args.data_dir {
+        config.store.data_dir = dir.clone();
+    }
+    let data_dir = config.store.data_dir.clone();
+    let progress = Arc::new(Progress::default());
+    let p = progress.clone();
+    let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
+        .config(&config)
+        .register_agent("sim", move |bytes: &[u8]| {
+            let cfg: AgentConfig = serde_json::from_slice(bytes)
+                .map_err(|e| format!("not a simulated agent configuration: {e}"))?;
+            let agent = cfg.agent();
+            p.ledgers.lock().push(agent.ledger());
+            Ok(agent)
+        })
+        .start()
+        .await
+        .map_err(|e| format!("cannot start on {}: {e}", data_dir.display()))?;
+    let shutdown = rt.shutdown_handle();
+    let signals = listen_for_signals(shutdown.clone(), |sig: Signal, n: usize| {
+        // Printed on its own line so it does not mix with the progress line.
+        if n == 1 {
+            say!("\nagentloop: {sig} received: shutting down gracefully (send it again to force)");
+        } else if n == 2 {
+            say!("\nagentloop: second signal ({sig}): forcing the shutdown");
         }
-        h.stop(StopOptions::drain().cause("all items pushed"))
-            .await
-            .map_err(|e| e.to_string())?;
+    })
+    .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
+
+    say!(
+        "agentloop: resumed {} interrupted session{} carrying {} item{}",
+        start.resumed.len(),
+        plural(start.resumed.len()),
+        start.items,
+        plural(start.items)
+    );
+    for (id, why) in &start.skipped {
+        say!("agentloop: not resumed: {id}: {why}");
     }
-    let (mut turns, mut delivered) = (0, 0);
-    for h in &handles {
-        let exit = h.wait().await;
-        turns += exit.counters.turns_completed;
-        delivered += exit.counters.items_delivered;
-        println!(
-            "{:<12} {:?}  turns {:>3}  items {:>4}  unhandled {}",
-            exit.session_id,
-            exit.reason,
-            exit.counters.turns_completed,
-            exit.counters.items_delivered,
-            exit.unhandled_items.len()
+
+    let sup = rt.supervisor().clone();
+    // Resumed sessions finish the items they carried, then complete.
+    for id in &start.resumed {
+        let _ = sup
+            .stop(id, StopOptions::drain().cause("resumed work done"))
+            .await;
+    }
+    // New sessions, fed one item at a time.
+    let agent_config = serde_json::to_vec(&args.agent).map_err(|e| e.to_string())?;
+    let run_tag = format!(
+        "r{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0)
+    );
+    for k in 0..args.sessions {
+        let id = format!("{run_tag}-s{k}");
+        let spec = SessionSpec::new(id.clone(), "sim")
+            .config(agent_config.clone())
+            .persistent(true)
+            .durability(config.store.flush);
+        sup.spawn(spec)
+            .await
+            .map_err(|e| format!("cannot spawn session {id}: {e}"))?;
+        progress.feeders.fetch_add(1, Ordering::Relaxed);
+        let (sup, progress, items, pause) = (
+            sup.clone(),
+            progress.clone(),
+            args.items,
+            Duration::from_millis(args.push_ms),
+        );
+        tokio::spawn(async move {
+            for i in 0..items {
+                let item = SimItem::new(k as u64 * items + i, format!("message {i} to {id}"));
+                match sup.push(&id, item).await {
+                    Ok(_) => {}
+                    Err(RoutedPushError::Push(PushError::Late { .. })) => {
+                        // The drain gate is closed: this run is shutting down.
+                        progress.late.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %id, error = %e, "push refused");
+                        break;
+                    }
+                }
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
+            }
+            let _ = sup
+                .stop(&id, StopOptions::drain().cause("all items pushed"))
+                .await;
+            progress.feeders.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+    say!(
+        "agentloop: ready: {} new and {} resumed session{} on {} (pid {}); Ctrl+C or SIGTERM shuts down gracefully",
+        args.sessions,
+        start.resumed.len(),
+        plural(start.resumed.len()),
+        data_dir.display(),
+        std::process::id()
+    );
+    let _ = std::io::stdout().flush();
+
+    // Progress until every session is done or a signal starts the shutdown.
+    let tty = std::io::stdout().is_terminal();
+    let tick = if tty {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
+    let wait_report = shutdown.wait_report();
+    tokio::pin!(wait_report);
+    let mut finished_by_itself = false;
+    loop {
+        tokio::select! {
+            _ = &mut wait_report => break,
+            _ = tokio::time::sleep(tick) => {}
+        }
+        let live = sup.list().await.len();
+        let checkpoints = rt.checkpoint_stats().await.map(|s| s.saves).unwrap_or(0);
+        let (turns, items) = progress.delivered();
+        let line = format!(
+            "sessions live {live:>4} | turns {turns:>6} | items delivered {items:>7} | checkpoints {checkpoints:>8}"
+        );
+        if tty {
+            let mut out = std::io::stdout().lock();
+            let _ = write!(out, "\r{line}");
+            let _ = out.flush();
+        } else {
+            say!("progress: {line}");
+        }
+        if live == 0 && progress.feeders.load(Ordering::Relaxed) == 0 {
+            finished_by_itself = true;
+            break;
+        }
+    }
+    if tty {
+        say!();
+    }
+    if finished_by_itself {
+        say!("agentloop: every session delivered its items; shutting down");
+    }
+    let report = rt
+        .shutdown()
+        .await
+        .map_err(|e| format!("shutdown failed: {e}"))?;
+    signals.abort();
+    say!("{}", report_table(&report).trim_end());
+    let (turns, items) = progress.delivered();
+    say!(
+        "agentloop: {turns} turns, {items} items delivered in {:.1?}",
+        began.elapsed()
+    );
+    if report.checkpoints.failed > 0 || report.store_flush_error.is_some() {
+        say!(
+            "agentloop: some records could not be written (see the report and the log); their items are listed in the log"
+        );
+        return Ok(false);
+    }
+    if report.checkpoints.saved > 0 {
+        say!(
+            "agentloop: {} session{} saved Interrupted with {} item{}; the next `agentloop run` on {} resumes them",
+            report.checkpoints.saved,
+            plural(report.checkpoints.saved as usize),
+            report.checkpoints.items_saved,
+            plural(report.checkpoints.items_saved as usize),
+            data_dir.display()
         );
     }
-    println!(
-        "done: {} sessions, {turns} turns, {delivered} items delivered in {:.2?}",
-        handles.len(),
-        started.elapsed()
-    );
-    Ok(())
+    Ok(true)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }

@@ -296,6 +296,12 @@ where
         self.store.clone()
     }
 
+    /// The checkpoint actor's counters, when the runtime runs one (built with a data
+    /// directory).
+    pub async fn checkpoint_stats(&self) -> Option<crate::store::CheckpointStats> {
+        self.client.as_ref()?.stats().await.ok()
+    }
+
     /// This runtime instance's id (the owner of its `Running` records).
     pub fn instance_id(&self) -> &str {
         &self.instance
