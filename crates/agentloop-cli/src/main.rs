@@ -45,6 +45,9 @@ fn main() -> ExitCode {
         }
     }
     match args.first().map(String::as_str) {
+        Some("run") if args[1..].iter().any(|a| a == "-h" || a == "--help") => {
+            print_stdout(&format!("{}\n", run::RUN_USAGE))
+        }
         Some("run") => run_command(&args[1..]),
         Some("sessions") => match sessions::main(&args[1..]) {
             Ok(out) => print_stdout(&out),
