@@ -3,19 +3,20 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1`, `b2`, `b3`, `b5` or `all`.
+//! `b1`, `b2`, `b3`, `b4`, `b5` or `all`.
 
 use std::process::ExitCode;
 
 mod b1;
 mod b2;
 mod b3;
+mod b4;
 mod b5;
 mod report;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1", "b2", "b3", "b5"];
+const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5"];
 
 fn usage() -> String {
     format!(
@@ -29,6 +30,7 @@ async fn run_figure(id: &str) {
         "b1" => b1::run().await,
         "b2" => b2::run().await,
         "b3" => b3::run().await,
+        "b4" => b4::run().await,
         "b5" => b5::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }

@@ -17,7 +17,10 @@ pub struct PhaseDurations {
     pub force: Duration,
     /// Store flush, cleanup hooks, log flush.
     pub cleanup: Duration,
-    /// From the request to the report.
+    /// From the start of the shutdown task (the first request, as the coordinator
+    /// handled it) to the report being assembled. A caller also sees the request's trip
+    /// through the coordinator's mailbox and the answer's trip back, which under heavy
+    /// load can add tens of milliseconds (docs/benchmarks.md, B4).
     pub total: Duration,
 }
 
