@@ -124,6 +124,18 @@ fn stored_items(rec: &SessionRecord<SimItem>) -> Vec<u64> {
     v
 }
 
+/// Waits (bounded, on the paused clock) until the grace stop has reached `h`: the
+/// coordinator sends it only after the drain gate closed.
+async fn until_stopped(h: &Handle) {
+    for _ in 0..10_000 {
+        if h.is_stopped() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the grace stop never arrived");
+}
+
 fn short(grace: u64, force: u64) -> ShutdownConfig {
     ShutdownConfig {
         grace: Duration::from_secs(grace),
@@ -372,13 +384,7 @@ async fn s27_drain_gate_refuses_spawns_and_hands_pushes_back_as_late() {
     let shutdown = rt.shutdown_handle();
     shutdown.begin();
     // The grace stop reaches the session only after the gate closed.
-    for _ in 0..10_000 {
-        if h.is_stopped() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert!(h.is_stopped(), "the grace stop arrived");
+    until_stopped(&h).await;
     let err = rt
         .supervisor()
         .spawn(SessionSpec::new("new", "sim"))
@@ -425,12 +431,7 @@ async fn s28_second_request_skips_to_force() {
     let h = session(&rt, "s", "stubborn", &[1]).await;
     let shutdown = rt.shutdown_handle();
     shutdown.begin();
-    for _ in 0..10_000 {
-        if h.is_stopped() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until_stopped(&h).await;
     let started = tokio::time::Instant::now();
     shutdown.force();
     let report = within("shutdown", rt.shutdown()).await.unwrap();
