@@ -537,3 +537,24 @@ async fn s27_new_runtime_on_the_same_data_dir_resumes_every_interrupted_session(
     assert_eq!(delivered, vec![1, 2, 3, 4, 5, 6, 7]);
     let _ = rt2.shutdown().await.unwrap();
 }
+
+/// S27 step 4: the logs are flushed once, at the end of cleanup, after the hooks.
+#[tokio::test(start_paused = true)]
+async fn s27_cleanup_flushes_logs_after_the_hooks() {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (o1, o2) = (order.clone(), order.clone());
+    let (rt, _) = builder(Arc::new(MemoryStore::new()), Gate::new())
+        .on_shutdown(CleanupHook::new("hook", move || {
+            let o = o1.clone();
+            async move {
+                o.lock().push("hook");
+                Ok(())
+            }
+        }))
+        .flush_logs(Some(Arc::new(move || o2.lock().push("logs"))))
+        .start()
+        .await
+        .unwrap();
+    within("shutdown", rt.shutdown()).await.unwrap();
+    assert_eq!(*order.lock(), vec!["hook", "logs"]);
+}

@@ -118,7 +118,7 @@ where
 
     /// Receives exits until every session has ended, `deadline` passes, or (when
     /// `watch_force`) force is requested.
-    async fn collect_until(&mut self, deadline: Instant, watch_force: bool) {
+    async fn collect_until(&mut self, deadline: Instant, mut watch_force: bool) {
         while self.live > 0 {
             if watch_force && *self.force.borrow() {
                 return;
@@ -129,24 +129,8 @@ where
                     None => return,
                 },
                 _ = tokio::time::sleep_until(deadline) => return,
-                changed = self.force.changed(), if watch_force => {
-                    if changed.is_err() {
-                        // Nobody can request force any more: stop watching.
-                        return self.collect_rest(deadline).await;
-                    }
-                }
-            }
-        }
-    }
-
-    async fn collect_rest(&mut self, deadline: Instant) {
-        while self.live > 0 {
-            tokio::select! {
-                got = self.exits.recv() => match got {
-                    Some((i, exit)) => self.ended(i, exit).await,
-                    None => return,
-                },
-                _ = tokio::time::sleep_until(deadline) => return,
+                // Nobody can request force any more: stop watching.
+                changed = self.force.changed(), if watch_force => watch_force = changed.is_ok(),
             }
         }
     }
@@ -278,7 +262,8 @@ where
         self.phase = Fate::Forced;
         tracing::warn!(sessions = self.live, force_timeout = ?self.config.force_timeout, "force: Immediate stops sent");
         self.stop_all(&StopOptions::immediate().shutdown().cause(SHUTDOWN_CAUSE));
-        self.collect_rest(started + self.config.force_timeout).await;
+        self.collect_until(started + self.config.force_timeout, false)
+            .await;
         if self.live > 0 {
             self.phase = Fate::Killed;
             tracing::error!(
@@ -291,7 +276,7 @@ where
             // A killed actor publishes its exit state from its destructor at once; the
             // bound only guards against a runtime that never runs it.
             let bound = Instant::now() + self.config.force_timeout;
-            self.collect_rest(bound).await;
+            self.collect_until(bound, false).await;
             let lost = self.live;
             if lost > 0 {
                 tracing::error!(sessions = lost, "killed sessions never reported an exit");
