@@ -307,26 +307,40 @@ impl RuntimeConfig {
             )?;
             c.supervisor.restart_budget.window = d;
         }
-        const BEAT: &str = "more than 0s and at most 60s";
         if let Some(v) = s.heartbeat {
             let d = duration("supervisor.heartbeat", &v, BEAT)?;
             check_range("supervisor.heartbeat", d, Duration::from_secs(60), BEAT)?;
             c.supervisor.heartbeat = d;
         }
-        const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
         if let Some(v) = s.lease_timeout {
             c.supervisor.lease_timeout = duration("supervisor.lease_timeout", &v, LEASE)?;
         }
-        let lease = c.supervisor.lease_timeout;
-        if lease <= c.supervisor.heartbeat || lease > Duration::from_secs(600) {
-            return Err(ConfigError::OutOfRange {
-                key: "supervisor.lease_timeout",
-                value: format_duration(lease),
-                allowed: LEASE,
-            });
-        }
+        check_lease(c.supervisor.heartbeat, c.supervisor.lease_timeout)?;
         Ok(c)
     }
+}
+
+const BEAT: &str = "more than 0s and at most 60s";
+const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
+
+/// Checks a heartbeat interval and lease timeout (the file's checks, also applied to
+/// values given to the runtime builder in code): a zero interval is refused here, not
+/// left to panic in the lease's renewal task.
+pub(crate) fn check_lease(heartbeat: Duration, lease: Duration) -> Result<(), ConfigError> {
+    check_range(
+        "supervisor.heartbeat",
+        heartbeat,
+        Duration::from_secs(60),
+        BEAT,
+    )?;
+    if lease <= heartbeat || lease > Duration::from_secs(600) {
+        return Err(ConfigError::OutOfRange {
+            key: "supervisor.lease_timeout",
+            value: format_duration(lease),
+            allowed: LEASE,
+        });
+    }
+    Ok(())
 }
 
 fn check_range(

@@ -206,6 +206,7 @@ where
     /// resumes what a previous run left resumable.
     pub async fn start(self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
         self.shutdown.validate()?;
+        crate::config::check_lease(self.heartbeat, self.lease_timeout)?;
         let Some(strategy) = self.strategies.get(&self.shutdown.strategy).cloned() else {
             let mut known: Vec<&str> = self.strategies.keys().map(String::as_str).collect();
             known.sort_unstable();

@@ -184,6 +184,27 @@ impl<A: Agent> LoopState<A> {
             let _ = r.send(Err(PushError::Late { item }));
         }
     }
+
+    /// A push refused for its options (S12): the item goes back in the error. A push
+    /// sent without a reply (a `cast!`) has nobody to hand it to, so the item is kept
+    /// in the late list instead of vanishing (S10, S14). Not counted as late.
+    fn reject_invalid(
+        &mut self,
+        item: A::Item,
+        error: crate::options::OptionsError,
+        reply: Option<PushReply<A::Item>>,
+    ) {
+        match reply {
+            Some(r) => {
+                let _ = r.send(Err(PushError::InvalidOptions { item, error }));
+            }
+            None => {
+                tracing::warn!(session = %self.config.id, %error,
+                    "push without a reply refused for its options; its item is kept in the late list");
+                self.shared.push_late(item);
+            }
+        }
+    }
 }
 
 impl<A: Agent> Drop for LoopState<A> {
@@ -570,12 +591,11 @@ async fn on_push<A: Agent>(
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| strategy(&view))) {
                 Ok(p) => p,
                 Err(_) => {
-                    if let Some(r) = reply {
-                        let _ = r.send(Err(PushError::InvalidOptions {
-                            item,
-                            error: crate::options::OptionsError::StrategyPanicked,
-                        }));
-                    }
+                    state.reject_invalid(
+                        item,
+                        crate::options::OptionsError::StrategyPanicked,
+                        reply,
+                    );
                     return;
                 }
             }
@@ -584,9 +604,7 @@ async fn on_push<A: Agent>(
     };
     if let Some(p) = &preempt {
         if let Err(error) = p.validate() {
-            if let Some(r) = reply {
-                let _ = r.send(Err(PushError::InvalidOptions { item, error }));
-            }
+            state.reject_invalid(item, error, reply);
             return;
         }
     }

@@ -83,8 +83,14 @@ pub fn decode_record<I: DeserializeOwned>(
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
     if version != FORMAT_VERSION {
+        // A newer build's record is not garbage: say so before the advice to delete.
+        let newer = if version > FORMAT_VERSION {
+            " (a newer agentloop wrote it: read it with that version rather than deleting it)"
+        } else {
+            ""
+        };
         return Err(corrupt(format!(
-            "unknown format version {version}; this build reads version {FORMAT_VERSION}"
+            "unknown format version {version}; this build reads version {FORMAT_VERSION}{newer}"
         )));
     }
     let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
