@@ -442,3 +442,32 @@ async fn s9_strategy_sees_the_turn_it_lands_on() {
     assert_eq!(v[1], (Some(0), TurnPhase::Running, vec![1]));
     assert_eq!(v[2], (Some(1), TurnPhase::Running, vec![1, 2]));
 }
+
+/// S5: a plan that consumed nothing waits for new input, but an item pushed while it
+/// was planning is new input it never saw: the loop plans again for it, without
+/// waiting for yet another push (found by the system conservation property).
+#[tokio::test(start_paused = true)]
+async fn s5_a_push_during_a_plan_that_consumed_nothing_is_planned() {
+    let agent = SimAgent::new(steps(1)).with_plan(PlanPolicy {
+        drop_prefix: Some("drop".into()),
+        latency: Some(Duration::from_millis(10)),
+        ..Default::default()
+    });
+    let ledger = agent.ledger();
+    let h = spawn("deferred", agent).await;
+    h.push(agentloop_sim::SimItem::new(1, "drop-1"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await; // the plan of [1] is running
+    h.push(item(2)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(ledger.lock().dropped, vec![1]);
+    assert_eq!(
+        ledger.lock().delivered_ids(),
+        vec![2],
+        "item 2 waited for another push"
+    );
+    h.stop(StopOptions::bare()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert!(exit.unhandled_items.is_empty());
+}

@@ -63,6 +63,6 @@ pub use store::{
 };
 pub use supervisor::{
     agent_kind, AgentKind, AttachMode, Attachment, ClosedGate, GateMember, RestartBudget,
-    RestartPolicy, RoutedPushError, SessionSpec, SessionSupervisor, SupervisorArgs,
+    RestartPolicy, RoutedPushError, SessionEnd, SessionSpec, SessionSupervisor, SupervisorArgs,
     SupervisorError, SupervisorHandle, SupervisorMsg,
 };

@@ -30,8 +30,9 @@ use crate::store::{
     StatusKind, StoreError,
 };
 use crate::supervisor::{
-    agent_kind, AgentKind, RestartBudget, SessionSpec, SupervisorArgs, SupervisorHandle,
+    agent_kind, AgentKind, RestartBudget, SessionEnd, SessionSpec, SupervisorArgs, SupervisorHandle,
 };
+use tokio::sync::mpsc;
 
 /// A runtime could not start or stop.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +83,7 @@ pub struct RuntimeBuilder<I, E> {
     strategies: HashMap<String, Arc<dyn ShutdownStrategy>>,
     hooks: Vec<CleanupHook>,
     flush_logs: Option<LogFlush>,
+    end_feeds: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -105,6 +107,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             strategies: builtin_strategies(),
             hooks: Vec::new(),
             flush_logs: Some(Arc::new(flush_std)),
+            end_feeds: Vec::new(),
         }
     }
 }
@@ -202,6 +205,15 @@ where
         self
     }
 
+    /// Reports every session end on `feed` ([`SessionEnd`]: the final exit state of each
+    /// session that leaves the supervisor for good, with the items it still held),
+    /// including the ends of sessions resumed at start. The feed closes after the
+    /// runtime has shut down and every session's end is on it.
+    pub fn session_ends(mut self, feed: mpsc::UnboundedSender<SessionEnd<I>>) -> Self {
+        self.end_feeds.push(feed);
+        self
+    }
+
     /// Starts the store, the lease, the supervisor and the shutdown coordinator, then
     /// resumes what a previous run left resumable.
     pub async fn start(self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
@@ -241,6 +253,10 @@ where
             budget: self.budget,
         })
         .await?;
+        // Before the resume below: a resumed session's end must reach the feeds too.
+        for feed in self.end_feeds {
+            supervisor.watch_ends(feed);
+        }
         let shutdown = ShutdownHandle::start(CoordinatorArgs {
             supervisor: supervisor.clone(),
             store: store.clone(),
@@ -344,8 +360,10 @@ where
                 .persistent(true)
                 .durability(self.durability);
             let id = rec.session_id.clone();
-            // The session uses this record instead of loading it again.
+            // The session uses this record instead of loading it again, and judges its
+            // owner's lease as this runtime did (S19).
             spec.preloaded = Some(rec);
+            spec.lease_timeout = Some(self.lease_timeout);
             match self.supervisor.spawn(spec).await {
                 Ok(_) => {
                     report.resumed.push(id);

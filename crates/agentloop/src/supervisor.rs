@@ -28,6 +28,7 @@ use futures::future::BoxFuture;
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::agent::Agent;
@@ -91,6 +92,10 @@ pub struct SessionSpec<I> {
     pub initial_items: Vec<I>,
     /// The stored record, when the spawner already read it (the runtime's resume).
     pub(crate) preloaded: Option<crate::store::SessionRecord<I>>,
+    /// The lease timeout the session judges a `Running` record's owner by (S19), when
+    /// not the default: the runtime's configured one for the sessions it resumes, so
+    /// the session agrees with the runtime that the owner is gone.
+    pub(crate) lease_timeout: Option<Duration>,
 }
 
 impl<I> SessionSpec<I> {
@@ -105,6 +110,7 @@ impl<I> SessionSpec<I> {
             restart: RestartPolicy::Permanent,
             initial_items: Vec::new(),
             preloaded: None,
+            lease_timeout: None,
         }
     }
 
@@ -357,9 +363,36 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<ClosedGate<I, E>>,
     },
+    /// Open a feed of session ends (see [`SessionEnd`]): from now on, every session
+    /// that leaves the registry for good is reported on it with its final exit state.
+    WatchEnds {
+        /// Where to send the ends (a cast: requests sent after it are served after it).
+        feed: mpsc::UnboundedSender<SessionEnd<I>>,
+    },
     /// Internal: a routed push found its incarnation ended and must be retried.
     #[doc(hidden)]
     Reroute(Reroute<I>),
+}
+
+/// A session that left the supervisor's registry for good: it was stopped, completed,
+/// canceled, ended by a shutdown, or failed without (or past) a restart. Its final
+/// exit state holds every item it still had (S10: unhandled, interrupted, late), so a
+/// caller that stops a session by id gets those items back here rather than losing
+/// them with the session. A failed incarnation that was restarted is not reported (its
+/// items went to the next incarnation).
+#[derive(Clone, Debug)]
+pub struct SessionEnd<I> {
+    /// The session's id.
+    pub id: String,
+    /// Its agent kind.
+    pub kind: String,
+    /// Whether it was persistent (its held items are then also in its record, when
+    /// `exit.checkpoint` says `Saved`, or in its last durable record under `sync`).
+    pub persistent: bool,
+    /// How many times it was restarted before this end.
+    pub restarts: u32,
+    /// The final incarnation's exit state.
+    pub exit: ExitState<I>,
 }
 
 /// A live session handed to the shutdown coordinator by [`SupervisorMsg::CloseGate`].
@@ -462,6 +495,8 @@ struct Entry<I, E> {
     actor: ActorId,
     restarts: VecDeque<Instant>,
     restarted: u32,
+    /// Detached (S23): a restarted incarnation is detached again.
+    detached: bool,
 }
 
 /// The supervisor's state.
@@ -478,6 +513,8 @@ pub struct SupervisorState<I, E> {
     gate_closed: bool,
     /// Pushes rejected by the closed gate.
     gate_late: Arc<AtomicU64>,
+    /// Feeds of session ends ([`SupervisorMsg::WatchEnds`]).
+    watchers: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
 }
 
 impl<I, E> SupervisorState<I, E>
@@ -491,9 +528,13 @@ where
             .persistent(spec.persist)
             .durability(spec.durability);
         config.load_record = load_record;
+        config.supervised = true;
         config.agent_config = spec.agent_config.clone();
         if let Some(owner) = &self.owner {
             config = config.owner(owner.clone());
+        }
+        if let Some(lease) = spec.lease_timeout {
+            config = config.lease_timeout(lease);
         }
         config
     }
@@ -543,6 +584,7 @@ where
                 actor,
                 restarts,
                 restarted,
+                detached: false,
             },
         );
         Ok(handle)
@@ -566,9 +608,11 @@ where
         };
         let Some(error) = failed else {
             tracing::info!(session = id, reason = ?exit.reason, "session ended");
+            self.publish_end(&entry.spec, entry.restarted, exit);
             return false;
         };
         if self.stopping {
+            self.publish_end(&entry.spec, entry.restarted, exit);
             return false;
         }
         // The kind was decided where the failure happened (never parsed from text).
@@ -596,8 +640,13 @@ where
                     restarts = restarts.len(),
                     "restart budget spent; the session stays failed"
                 );
+            }
+            // A record failure leaves the record as it was (S18); any other failure
+            // that is not restarted is final, and the record says so (S26).
+            if !unrecoverable && entry.spec.persist {
                 self.mark_failed(id, &error).await;
             }
+            self.publish_end(&entry.spec, entry.restarted, exit);
             return false;
         }
         restarts.push_back(now);
@@ -622,12 +671,41 @@ where
             )
             .await
         {
-            Ok(_) => true,
+            Ok(handle) => {
+                if entry.detached {
+                    // S23 across a restart: the new incarnation goes on in the background.
+                    if let Some(e) = self.sessions.get_mut(id) {
+                        e.detached = true;
+                    }
+                    tokio::spawn(async move {
+                        if let Err(e) = handle.detach().await {
+                            tracing::warn!(error = %e, "could not detach the restarted session");
+                        }
+                    });
+                }
+                true
+            }
             Err(e) => {
                 tracing::error!(session = id, error = %e, "restart failed; the session stays failed");
+                if entry.spec.persist {
+                    self.mark_failed(id, &error).await;
+                }
+                self.publish_end(&entry.spec, entry.restarted, exit);
                 false
             }
         }
+    }
+
+    /// Reports a session's final end to every feed (dropping closed feeds).
+    fn publish_end(&mut self, spec: &SessionSpec<I>, restarted: u32, exit: ExitState<I>) {
+        let end = SessionEnd {
+            id: spec.id.clone(),
+            kind: spec.kind.clone(),
+            persistent: spec.persist,
+            restarts: restarted,
+            exit,
+        };
+        self.watchers.retain(|w| w.send(end.clone()).is_ok());
     }
 
     /// Past the budget: the record says `Failed` with the error (S26).
@@ -688,6 +766,7 @@ where
             stopping: false,
             gate_closed: false,
             gate_late: Arc::new(AtomicU64::new(0)),
+            watchers: Vec::new(),
         })
     }
 
@@ -781,6 +860,9 @@ where
             }
             SupervisorMsg::Detach { id, reply } => {
                 let h = st.live(&myself, &id).await;
+                if let Some(e) = st.sessions.get_mut(&id) {
+                    e.detached = true;
+                }
                 answer_from_session(id, h, reply, |h| async move { h.detach().await });
             }
             SupervisorMsg::Cancel { id, reply } => {
@@ -809,6 +891,7 @@ where
                     owner: st.owner.clone(),
                 });
             }
+            SupervisorMsg::WatchEnds { feed } => st.watchers.push(feed),
             SupervisorMsg::StopAll { options, reply } => {
                 st.stopping = true;
                 let handles: Vec<SessionHandle<I, E>> =
@@ -838,6 +921,47 @@ where
                 let _ = reply.send(v);
             }
         }
+        Ok(())
+    }
+
+    /// Invariant: every session still registered when the supervisor stops is reported
+    /// to the end feeds, so a feed closes only after every session's end is on it. A
+    /// session that has not ended yet is waited for in a task that holds the feeds
+    /// open (a stopped supervisor never leaves a feed waiting forever: its sessions are
+    /// its linked children and end with their own stops).
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        st.stopping = true;
+        let ids: Vec<String> = st.sessions.keys().cloned().collect();
+        for id in ids {
+            let Some(entry) = st.sessions.remove(&id) else {
+                continue;
+            };
+            match entry.handle.exit_state() {
+                Some(exit) => st.publish_end(&entry.spec, entry.restarted, exit),
+                None if st.watchers.is_empty() => {}
+                None => {
+                    let watchers = st.watchers.clone();
+                    tokio::spawn(async move {
+                        let exit = entry.handle.wait().await;
+                        let end = SessionEnd {
+                            id: entry.spec.id.clone(),
+                            kind: entry.spec.kind.clone(),
+                            persistent: entry.spec.persist,
+                            restarts: entry.restarted,
+                            exit,
+                        };
+                        for w in watchers {
+                            let _ = w.send(end.clone());
+                        }
+                    });
+                }
+            }
+        }
+        st.watchers.clear();
         Ok(())
     }
 
@@ -1169,6 +1293,24 @@ where
     /// supervisor is gone.
     pub async fn close_gate(&self) -> Option<ClosedGate<I, E>> {
         self.ask(|reply| SupervisorMsg::CloseGate { reply }).await
+    }
+
+    /// A feed of session ends ([`SessionEnd`]): every session that leaves the registry
+    /// for good from now on, with its final exit state and so every item it still held.
+    /// Ends before this call are not replayed. The feed ends (`None`) after the
+    /// supervisor stopped and every session it held has been reported. `None` if the
+    /// supervisor is gone.
+    pub fn session_ends(&self) -> Option<mpsc::UnboundedReceiver<SessionEnd<I>>> {
+        let (feed, rx) = mpsc::unbounded_channel();
+        self.watch_ends(feed).then_some(rx)
+    }
+
+    /// Reports session ends on `feed` (see [`SupervisorHandle::session_ends`]); false if
+    /// the supervisor is gone.
+    pub fn watch_ends(&self, feed: mpsc::UnboundedSender<SessionEnd<I>>) -> bool {
+        self.actor
+            .send_message(SupervisorMsg::WatchEnds { feed })
+            .is_ok()
     }
 
     /// Lists the live sessions.

@@ -97,6 +97,10 @@ pub struct SessionConfig {
     /// How often a detached (background) session re-reads its own record, so a cancel
     /// written by another process is honoured (S24).
     pub poll_interval: Duration,
+    /// Whether a supervisor decides what a failure means (set by the supervisor, S26):
+    /// a supervised detached session that fails leaves its record for the supervisor,
+    /// which restarts the session from it or marks it `Failed`.
+    pub supervised: bool,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -130,6 +134,7 @@ impl SessionConfig {
             lease_timeout: crate::store::lease::DEFAULT_LEASE_TIMEOUT,
             load_record: true,
             poll_interval: crate::store::lease::DEFAULT_HEARTBEAT,
+            supervised: false,
         }
     }
 

@@ -260,7 +260,8 @@ pub(crate) enum InternalMsg<I> {
         seq: u64,
         result: Result<(), crate::store::StoreError>,
     },
-    /// `sync` durability: the running turn recorded a new state at a safe point.
+    /// `sync` durability: the running turn recorded a new state at a safe point, or its
+    /// plan dropped items: rewrite the record.
     SafePointReached { turn: u64 },
     /// A detached session re-reads its own record (S24).
     PollRecord,

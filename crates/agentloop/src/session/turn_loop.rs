@@ -416,8 +416,27 @@ async fn load_record<A: Agent>(
         return;
     }
     if record.status == SessionStatus::Completed {
-        // A finished session: nothing to resume; this run starts afresh under the id.
-        return;
+        // A finished session: this run starts afresh under the id. Its final record
+        // goes, or every `sync` write of the new run would be refused as overwriting a
+        // final record and no push could be acknowledged (S16a). A `Completed` record
+        // that still lists items (written by an older version) hands them to this run
+        // first, like a `Stopped` one: they are never dropped with the record (S18).
+        let holds_items = !record.unhandled_items.is_empty()
+            || !record.interrupted_items.is_empty()
+            || record.state.is_some();
+        if !holds_items {
+            match store.delete(&id).await {
+                Ok(_) => state.record_stale = false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not delete the previous run's Completed record")
+                }
+            }
+            return;
+        }
+        if let Err(e) = store.delete(&id).await {
+            state.load_error = Some(e);
+            return;
+        }
     }
     let resume_state = match &record.state {
         Some(bytes) => match codec::decode_state::<A::State>(&id, bytes) {
@@ -1039,7 +1058,9 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
     };
     match ending {
         Ending::Deferred => {
-            // The plan consumed nothing: what it handed back waits for new input.
+            // The plan consumed nothing: what it handed back waits for new input. Items
+            // pushed while it planned are new input it never saw: plan again for them.
+            let arrived_while_planning = !state.buffer.is_empty();
             for item in remaining.into_iter().rev() {
                 state.buffer.push_front(item);
             }
@@ -1047,8 +1068,12 @@ async fn on_turn_finished<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>
                 state.counters.items_dropped_by_plan += dropped;
                 tracing::info!(turn, dropped, "items dropped by the plan's decision");
             }
-            tracing::debug!(turn, "the plan consumed nothing; waiting for new input");
-            state.await_input = true;
+            tracing::debug!(
+                turn,
+                arrived_while_planning,
+                "the plan consumed nothing; waiting for new input"
+            );
+            state.await_input = !arrived_while_planning;
         }
         Ending::PlanAborted {
             reason,
@@ -1444,34 +1469,88 @@ async fn final_checkpoint<A: Agent>(
     cut_turn_index: u64,
     mid_state: &Option<A::State>,
 ) -> CheckpointOutcome {
-    if !state.persists() || state.load_error.is_some() || state.stop.canceled {
-        // No store, a record this run must not touch (S18), or a record already
-        // flipped to Canceled by `cancel(id)` (S24).
+    if !state.persists() || state.load_error.is_some() {
+        // No store, or a record this run must not touch (S18).
         return CheckpointOutcome::NotAttempted;
     }
     let Some(store) = state.store.clone() else {
         return CheckpointOutcome::NotAttempted;
     };
+    let encode_mid = |mid: &Option<A::State>| match mid {
+        Some(s) => codec::encode_state(&state.config.id, s).map(Some),
+        None => Ok(None),
+    };
+    let turn_index = if interrupted.is_empty() && mid_state.is_none() {
+        state.next_index
+    } else {
+        cut_turn_index
+    };
+    if state.stop.canceled {
+        // S24: `cancel(id)` flipped the record to `Canceled`, a terminal status nobody
+        // else writes. It is rewritten with what the session holds at its end, so it
+        // never lists an item a turn delivered after the record was last written (S10);
+        // a session canceled without a record gets none.
+        return match store.load(&state.config.id).await {
+            Ok(Some(rec)) if rec.status == SessionStatus::Canceled => {
+                let encoded = match encode_mid(mid_state) {
+                    Ok(b) => b,
+                    Err(e) => return CheckpointOutcome::Failed(e.to_string()),
+                };
+                let rec = record(
+                    state,
+                    SessionStatus::Canceled,
+                    turn_index,
+                    unhandled.to_vec(),
+                    interrupted.to_vec(),
+                    encoded,
+                );
+                match store.save(rec).await {
+                    Ok(()) => CheckpointOutcome::Saved,
+                    Err(e) => CheckpointOutcome::Failed(e.to_string()),
+                }
+            }
+            Ok(_) => CheckpointOutcome::NotAttempted,
+            Err(e) => CheckpointOutcome::Failed(e.to_string()),
+        };
+    }
     if state.detached && !state.stop.shutdown {
-        // S23: a background session's record is finalized by compare-and-swap, so a
-        // cancel that landed first wins over this finalizer.
+        if matches!(reason, ExitReason::Failed(_)) && state.config.supervised {
+            // S26: the supervisor restarts the session from this record (and detaches
+            // the new incarnation again) or marks it `Failed`; a final status here
+            // would refuse the restart's writes.
+            return CheckpointOutcome::NotAttempted;
+        }
+        // S23: a background session's record is finalized by a conditional write (it
+        // never overwrites a final record), so a cancel that landed first wins over
+        // this finalizer. The final record lists what the session still holds at its
+        // end, not what it held when it was detached: a drained session's record
+        // names no item its turns already delivered (S10).
+        // A drain that could not finish everything (its plan deferred items) leaves
+        // them resumable: `Stopped`, not a final `Completed` that lists items (S18).
+        let left = !unhandled.is_empty() || !interrupted.is_empty() || mid_state.is_some();
         let to = match reason {
             ExitReason::Failed(e) => SessionStatus::Failed(e.clone()),
             ExitReason::Canceled(_) => SessionStatus::Canceled,
+            _ if left => SessionStatus::Stopped,
             _ => SessionStatus::Completed,
         };
-        return match store
-            .cas_status(
-                &state.config.id,
-                vec![crate::store::StatusKind::Running],
-                to,
-            )
-            .await
-        {
-            Ok(crate::store::CasOutcome::Swapped(_)) => CheckpointOutcome::Saved,
-            Ok(other) => {
+        let encoded = match encode_mid(mid_state) {
+            Ok(b) => b,
+            Err(e) => return CheckpointOutcome::Failed(e.to_string()),
+        };
+        let rec = record(
+            state,
+            to,
+            turn_index,
+            unhandled.to_vec(),
+            interrupted.to_vec(),
+            encoded,
+        );
+        return match store.save_live(rec).await {
+            Ok(()) => CheckpointOutcome::Saved,
+            Err(StoreError::Final { status, .. }) => {
                 tracing::info!(
-                    ?other,
+                    %status,
                     "the record was already final; the finalizer left it"
                 );
                 CheckpointOutcome::NotAttempted
@@ -1492,22 +1571,14 @@ async fn final_checkpoint<A: Agent>(
     // nothing, so the next start brings it back (it was alive, not finished).
     let shutdown = state.stop.shutdown || matches!(reason, ExitReason::Shutdown);
     if caused_by_stop && (left || shutdown) && !state.stop.skip_checkpoint {
-        let encoded = match mid_state {
-            Some(s) => match codec::encode_state(&state.config.id, s) {
-                Ok(b) => Some(b),
-                Err(e) => return CheckpointOutcome::Failed(e.to_string()),
-            },
-            None => None,
+        let encoded = match encode_mid(mid_state) {
+            Ok(b) => b,
+            Err(e) => return CheckpointOutcome::Failed(e.to_string()),
         };
         let status = if shutdown {
             SessionStatus::Interrupted
         } else {
             SessionStatus::Stopped
-        };
-        let turn_index = if interrupted.is_empty() && mid_state.is_none() {
-            state.next_index
-        } else {
-            cut_turn_index
         };
         let rec = record(
             state,

@@ -175,6 +175,15 @@ impl<A: Agent> TurnTask<A> {
             return;
         }
         control.start_running(items.clone(), remaining, dropped, Instant::now());
+        if dropped > 0 {
+            // S10 + S16a: under `sync` the plan's drop decision goes on record before
+            // the turn can fail (the actor handles this before the turn's end, and its
+            // teardown awaits the write), so a restart from the record never offers a
+            // dropped item again. Without `sync` the actor ignores it.
+            let _ = myself.send_message(TurnLoopMsg::Internal(Internal(
+                InternalMsg::SafePointReached { turn: index },
+            )));
+        }
 
         // 2. Run the agent, watching for Immediate cancels and deadlines (S2).
         let turn = Turn::<A> {
