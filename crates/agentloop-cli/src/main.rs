@@ -13,12 +13,13 @@ mod run;
 mod sessions;
 mod timefmt;
 
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
 usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-per-session M]
                      [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
+                     [--item-log FILE]
        agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
        agentloop sessions show <id> [--data-dir DIR] [--json]";
 
@@ -85,6 +86,8 @@ fn run_command(args: &[String]) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log redirected to a file stays plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -5,11 +5,20 @@
 //! runs the graceful shutdown (a second signal forces) and prints its report as a
 //! table. When every session has delivered its items, it shuts down by itself.
 //!
+//! Item ids are unique across runs on one data directory: `(run nonce << 32) | (k ×
+//! items + i)`, the nonce being the low 32 bits of the run's start time in epoch
+//! milliseconds (the run tag in the session ids), so a resumed session's items never
+//! collide with a later run's.
+//!
+//! With `--item-log FILE` the job appends an audit line per event (see [`ItemLog`]);
+//! the crash-loop test (`tests/crash_loop.rs`) checks conservation (S10) over it
+//! across SIGKILLs (S16a, S31).
+//!
 //! This file owns the job's flow and its output; the shutdown itself is the library's
 //! (`agentloop::shutdown`), the table is in `report_table`.
 
 use std::io::{IsTerminal as _, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,19 +36,26 @@ use crate::report_table::report_table;
 pub(crate) const RUN_USAGE: &str = "\
 usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-per-session M]
                      [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
+                     [--item-log FILE]
   --config FILE          configuration file (default: ./agentloop.toml when it exists)
   --data-dir DIR         sled data directory (default: [store] data_dir, ./agentloop-data)
   --sessions N           new sessions to spawn (default 4; 0 only resumes)
-  --items-per-session M  items pushed to each new session (default 20)
+  --items-per-session M  items pushed to each new session (default 20;
+                         N x M must be below 2^32)
   --push-ms MS           pause between two pushes to a session (default 50)
   --rounds R             model-call + tool-round pairs per turn (default 2)
   --model-ms MS          latency of a simulated model call (default 40)
-  --tool-ms MS           latency of a simulated tool round (default 20)";
+  --tool-ms MS           latency of a simulated tool round (default 20)
+  --item-log FILE        append an audit line per event to FILE: `pushing <session> <id>`
+                         before a push, `acked <session> <id>` once it is acknowledged
+                         (durable under flush = \"sync\"), `turn <id>...` when a turn of
+                         the simulated agent completes (written inside the turn)";
 
 /// Parsed arguments.
 pub(crate) struct RunArgs {
     config: Option<PathBuf>,
     data_dir: Option<PathBuf>,
+    item_log: Option<PathBuf>,
     sessions: usize,
     items: u64,
     push_ms: u64,
@@ -69,6 +85,7 @@ pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let mut run = RunArgs {
         config: None,
         data_dir: None,
+        item_log: None,
         sessions: 4,
         items: 20,
         push_ms: 50,
@@ -95,6 +112,13 @@ pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
                 run.data_dir = Some(PathBuf::from(value));
                 continue;
             }
+            "--item-log" => {
+                if value.is_empty() {
+                    return Err(format!("--item-log needs a file\n{RUN_USAGE}"));
+                }
+                run.item_log = Some(PathBuf::from(value));
+                continue;
+            }
             _ => {}
         }
         let n: u64 = value
@@ -113,7 +137,68 @@ pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
             _ => return Err(format!("unknown option {flag}\n{RUN_USAGE}")),
         }
     }
+    // Item ids keep the low 32 bits for `k * items + i` (the high ones are the run's).
+    if (run.sessions as u64)
+        .checked_mul(run.items)
+        .is_none_or(|n| n >= 1 << 32)
+    {
+        return Err(format!(
+            "--sessions {} x --items-per-session {} must be below 2^32 (4294967296): item ids \
+             keep 32 bits for the item and 32 for the run, so they stay unique across runs\n{RUN_USAGE}",
+            run.sessions, run.items
+        ));
+    }
     Ok(run)
+}
+
+/// The `--item-log` audit file: one line per event, each line one `write(2)` on a file
+/// opened for appending, so a line written completely is never torn by a later SIGKILL
+/// and lines from the feeders and the turns never interleave. A SIGKILL *during* a
+/// write may leave the last line without its newline: readers drop such a line.
+///
+/// `turn` lines are written by the simulated agent's turn hook, synchronously on the
+/// turn's task (the simulated agent is not library code; a short blocking append there
+/// is acceptable, and it is what puts the line on file before the turn's end can reach
+/// the record).
+pub(crate) struct ItemLog {
+    file: std::fs::File,
+}
+
+impl ItemLog {
+    fn open(path: &Path) -> Result<Self, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("cannot open the item log {}: {e}", path.display()))?;
+        Ok(ItemLog { file })
+    }
+
+    /// Appends `line` and a newline in one write.
+    fn line(&self, mut line: String) {
+        line.push('\n');
+        if let Err(e) = (&self.file).write_all(line.as_bytes()) {
+            tracing::warn!(error = %e, "cannot write to the item log");
+        }
+    }
+
+    fn pushing(&self, session: &str, id: u64) {
+        self.line(format!("pushing {session} {id}"));
+    }
+
+    fn acked(&self, session: &str, id: u64) {
+        self.line(format!("acked {session} {id}"));
+    }
+
+    fn turn(&self, ids: &[u64]) {
+        let mut line = String::with_capacity(5 + ids.len() * 21);
+        line.push_str("turn");
+        for id in ids {
+            line.push(' ');
+            line.push_str(&id.to_string());
+        }
+        self.line(line);
+    }
 }
 
 /// Live counters: every agent's ledger (completed turns and their items, kept by the
@@ -155,14 +240,31 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
         config.store.data_dir = dir.clone();
     }
     let data_dir = config.store.data_dir.clone();
+    // The run's tag (session ids) and nonce (the high 32 bits of its item ids).
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let run_tag = format!("r{started_ms}");
+    let run_nonce = started_ms & 0xFFFF_FFFF;
+    // Opened before the runtime starts: resumed sessions log their turns too.
+    let item_log = match &args.item_log {
+        Some(path) => Some(Arc::new(ItemLog::open(path)?)),
+        None => None,
+    };
     let progress = Arc::new(Progress::default());
     let p = progress.clone();
+    let hook_log = item_log.clone();
     let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", move |bytes: &[u8]| {
             let cfg: AgentConfig = serde_json::from_slice(bytes)
                 .map_err(|e| format!("not a simulated agent configuration: {e}"))?;
-            let agent = cfg.agent();
+            let mut agent = cfg.agent();
+            if let Some(log) = &hook_log {
+                let log = log.clone();
+                agent = agent.with_turn_hook(Arc::new(move |_turn, ids: &[u64]| log.turn(ids)));
+            }
             p.ledgers.lock().push(agent.ledger());
             Ok(agent)
         })
@@ -200,13 +302,6 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     }
     // New sessions, fed one item at a time.
     let agent_config = serde_json::to_vec(&args.agent).map_err(|e| e.to_string())?;
-    let run_tag = format!(
-        "r{}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0)
-    );
     for k in 0..args.sessions {
         let id = format!("{run_tag}-s{k}");
         let spec = SessionSpec::new(id.clone(), "sim")
@@ -217,17 +312,26 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
             .await
             .map_err(|e| format!("cannot spawn session {id}: {e}"))?;
         progress.feeders.fetch_add(1, Ordering::Relaxed);
-        let (sup, progress, items, pause) = (
+        let (sup, progress, items, pause, log) = (
             sup.clone(),
             progress.clone(),
             args.items,
             Duration::from_millis(args.push_ms),
+            item_log.clone(),
         );
         tokio::spawn(async move {
             for i in 0..items {
-                let item = SimItem::new(k as u64 * items + i, format!("message {i} to {id}"));
+                let item_id = (run_nonce << 32) | (k as u64 * items + i);
+                let item = SimItem::new(item_id, format!("message {i} to {id}"));
+                if let Some(log) = &log {
+                    log.pushing(&id, item_id);
+                }
                 match sup.push(&id, item).await {
-                    Ok(_) => {}
+                    Ok(_) => {
+                        if let Some(log) = &log {
+                            log.acked(&id, item_id);
+                        }
+                    }
                     Err(RoutedPushError::Push(PushError::Late { .. })) => {
                         // The drain gate is closed: this run is shutting down.
                         progress.late.fetch_add(1, Ordering::Relaxed);

@@ -2,134 +2,12 @@
 //! temporary data directory, shut down by real signals, then started again on the same
 //! directory to resume what the first run left `Interrupted`.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A temporary directory, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!(
-            "agentloop-run-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running `agentloop run` whose stdout lines arrive on a channel.
-struct Job {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Job {
-    fn start(dir: &Path, args: &[&str]) -> Job {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentloop"))
-            .arg("run")
-            .args(["--data-dir", dir.join("data").to_str().unwrap()])
-            .args(args)
-            .current_dir(dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the agentloop binary starts");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Job {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Waits (at most 60 s) for a line containing `needle`; returns it.
-    fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if line.contains(needle) {
-                        return line;
-                    }
-                }
-                Err(_) => panic!(
-                    "no line containing {needle:?}; output so far:\n{}",
-                    self.seen.join("\n")
-                ),
-            }
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) with the pid of our own child and a valid signal number.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        assert_eq!(rc, 0, "kill failed");
-    }
-
-    /// Waits (at most 60 s) for the exit; returns it and the whole output.
-    fn finish(mut self) -> (ExitStatus, String) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("agentloop did not exit; output:\n{}", self.seen.join("\n"));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        // The reader thread ends at EOF.
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(10)) {
-            self.seen.push(line);
-        }
-        (status, self.seen.join("\n"))
-    }
-}
-
-/// The value of a report row, e.g. `row(out, "checkpoints saved")`.
-fn row(out: &str, name: &str) -> String {
-    out.lines()
-        .find(|l| l.starts_with(&format!("| {name} ")))
-        .unwrap_or_else(|| panic!("no report row {name:?} in:\n{out}"))
-        .split('|')
-        .nth(2)
-        .unwrap()
-        .trim()
-        .to_string()
-}
-
-fn number(s: &str) -> u64 {
-    s.parse()
-        .unwrap_or_else(|_| panic!("{s:?} is not a number"))
-}
+use common::{number, row, Job, TempDir};
 
 #[test]
 fn sigterm_shuts_down_gracefully_and_the_next_run_resumes() {
@@ -271,4 +149,23 @@ fn a_second_sigint_skips_to_force() {
     job.signal(libc::SIGINT);
     let (status, _) = job.finish();
     assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn item_ids_that_could_repeat_across_runs_are_refused() {
+    // Item ids keep 32 bits for the item: sessions x items must stay below 2^32.
+    let dir = TempDir::new("ids");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["run", "--sessions", "65536", "--items-per-session", "65536"])
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--sessions 65536 x --items-per-session 65536 must be below 2^32"),
+        "{err}"
+    );
+    assert!(!dir.0.join("data").exists(), "nothing was started");
 }

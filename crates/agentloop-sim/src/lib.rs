@@ -13,7 +13,9 @@
 //!   channel tells the test where the agent is, so tests synchronise on channels, never
 //!   on sleeps;
 //! * a ledger of which items completed turns consumed and which the plan dropped, for
-//!   conservation checks (S10).
+//!   conservation checks (S10), and an optional synchronous turn hook
+//!   ([`SimAgent::with_turn_hook`]) for checks that must see a completed turn before
+//!   the runtime does (the main job's crash loop).
 //!
 //! It uses no randomness: the same pushes and the same script give the same turns.
 
@@ -182,6 +184,10 @@ pub enum CancelHandling {
     CustomError(String),
 }
 
+/// A synchronous hook called when a turn completes, with the turn's index and the ids
+/// of its items (see [`SimAgent::with_turn_hook`]).
+pub type TurnHook = Arc<dyn Fn(u64, &[u64]) + Send + Sync>;
+
 /// A custom plan function (tests of S5/S6).
 pub type PlanFn =
     Arc<dyn Fn(PlanInput<SimItem>) -> Result<Plan<SimItem>, AgentError> + Send + Sync>;
@@ -281,6 +287,7 @@ pub struct SimAgent {
     ledger: Arc<Mutex<Ledger>>,
     plan_fn: Option<PlanFn>,
     on_cancel: CancelHandling,
+    turn_hook: Option<TurnHook>,
 }
 
 impl SimAgent {
@@ -297,7 +304,23 @@ impl SimAgent {
             ledger: Arc::new(Mutex::new(Ledger::default())),
             plan_fn: None,
             on_cancel: CancelHandling::Propagate,
+            turn_hook: None,
         }
+    }
+
+    /// Calls `hook(turn, item_ids)` when a turn completes: synchronously, on the turn's
+    /// task, right where the ledger records the turn and before the turn returns
+    /// `Completed`. So whatever the hook writes is done before the session can know the
+    /// turn ended (the main job's `--item-log` writes its `turn` line here, so the line
+    /// is on file before the record can drop those items, S16a). With
+    /// [`CancelHandling::Swallow`] the agent also reaches this point after a swallowed
+    /// cancel, and the runtime still ends that turn canceled (S1).
+    ///
+    /// It runs inside the turn: keep it short and never block for long (no locks held
+    /// across awaits, no network), and do not panic (a panic fails the turn).
+    pub fn with_turn_hook(mut self, hook: TurnHook) -> Self {
+        self.turn_hook = Some(hook);
+        self
     }
 
     /// Plans with `f` instead of the plan policy (after the plan gate).
@@ -491,6 +514,9 @@ impl Agent for SimAgent {
                     CancelHandling::CustomError(e) => return Err(AgentError::failed(e.clone())),
                 }
             }
+        }
+        if let Some(hook) = &self.turn_hook {
+            hook(turn.index, &ids);
         }
         self.ledger.lock().completed.push((turn.index, ids));
         self.notice(Notice::TurnDone { turn: turn.index });

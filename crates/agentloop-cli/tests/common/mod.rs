@@ -1,0 +1,160 @@
+//! Shared by the tests that run the real `agentloop` binary (`run.rs`, `crash_loop.rs`):
+//! a temporary directory and a `Job` (a running `agentloop run` whose stdout lines
+//! arrive on a channel).
+
+// Each test file uses its own part of this module.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A temporary directory, removed when dropped (kept, and named on stderr, when
+/// `AGENTLOOP_KEEP_TEST_DIR` is set: a failure's evidence).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!(
+            "agentloop-run-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::env::var_os("AGENTLOOP_KEEP_TEST_DIR").is_some() {
+            eprintln!("kept the test directory {}", self.0.display());
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `agentloop run` whose stdout lines arrive on a channel.
+pub struct Job {
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Job {
+    /// `agentloop run --data-dir DIR/data ARGS...` in `dir`, stderr discarded.
+    pub fn start(dir: &Path, args: &[&str]) -> Job {
+        Job::start_with_stderr(dir, args, Stdio::null())
+    }
+
+    /// The same, with stderr sent to `stderr` (e.g. a file, for a failure's evidence).
+    pub fn start_with_stderr(dir: &Path, args: &[&str], stderr: impl Into<Stdio>) -> Job {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .arg("run")
+            .args(["--data-dir", dir.join("data").to_str().unwrap()])
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("the agentloop binary starts");
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Job {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most 60 s) for a line containing `needle`; returns it.
+    pub fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line containing {needle:?}; output so far:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) with the pid of our own child and a valid signal number.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "kill failed");
+    }
+
+    /// Waits (at most 60 s) for the exit; returns it and the whole output.
+    pub fn finish(mut self) -> (ExitStatus, String) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("agentloop did not exit; output:\n{}", self.seen.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = self.drain();
+        (status, out)
+    }
+
+    /// SIGKILL (`Child::kill`), reap; returns the exit status and every line printed.
+    pub fn kill(mut self) -> (ExitStatus, String) {
+        // An error only means it already exited; `wait` tells how.
+        let _ = self.child.kill();
+        let status = self.child.wait().expect("reap the child");
+        let out = self.drain();
+        (status, out)
+    }
+
+    /// The lines still in the pipe (the reader thread ends at EOF), then all of them.
+    fn drain(&mut self) -> String {
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(10)) {
+            self.seen.push(line);
+        }
+        self.seen.join("\n")
+    }
+}
+
+/// The value of a report row, e.g. `row(out, "checkpoints saved")`.
+pub fn row(out: &str, name: &str) -> String {
+    out.lines()
+        .find(|l| l.starts_with(&format!("| {name} ")))
+        .unwrap_or_else(|| panic!("no report row {name:?} in:\n{out}"))
+        .split('|')
+        .nth(2)
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+pub fn number(s: &str) -> u64 {
+    s.parse()
+        .unwrap_or_else(|_| panic!("{s:?} is not a number"))
+}
