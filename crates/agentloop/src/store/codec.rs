@@ -30,8 +30,24 @@ fn record_config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<RECORD_LIMIT>()
 }
 
-/// Encodes a record into its envelope.
-pub fn encode_record<I: Serialize>(record: &SessionRecord<I>) -> Result<Vec<u8>, StoreError> {
+/// Records whose payload is at most this big always decode within [`RECORD_LIMIT`];
+/// bigger ones are decoded once when they are encoded, to prove it.
+///
+/// Invariant: bincode's decoding limit counts the bytes a value *claims* while it is
+/// decoded, not the bytes it was stored in: every integer claims its full width (8
+/// bytes for a `u64`, even when its varint took 1), strings and byte strings their
+/// length. No stored byte claims more than 8, so a payload of `RECORD_LIMIT / 8` bytes
+/// cannot exceed the limit; beyond that only a trial decode can tell (found while
+/// fuzzing the decoder: a 10 MB record of 5 million small items saved, then failed to
+/// load as `Corrupt`).
+pub const ALWAYS_DECODABLE: usize = RECORD_LIMIT / 8;
+
+/// Encodes a record into its envelope. A record that could not be decoded again
+/// (over the decoding limit) is refused here, so it never replaces a good one (S15,
+/// S18).
+pub fn encode_record<I: Serialize + DeserializeOwned>(
+    record: &SessionRecord<I>,
+) -> Result<Vec<u8>, StoreError> {
     let payload =
         bincode::serde::encode_to_vec(record, record_config()).map_err(|e| StoreError::Encode {
             session: record.session_id.clone(),
@@ -48,6 +64,20 @@ pub fn encode_record<I: Serialize>(record: &SessionRecord<I>) -> Result<Vec<u8>,
                 payload.len()
             ),
         });
+    }
+    if payload.len() > ALWAYS_DECODABLE {
+        if let Err(e) =
+            bincode::serde::decode_from_slice::<SessionRecord<I>, _>(&payload, record_config())
+        {
+            return Err(StoreError::Encode {
+                session: record.session_id.clone(),
+                reason: format!(
+                    "record is {} bytes but would not decode within the {RECORD_LIMIT}-byte \
+                     decoding limit ({e}): keep agent state and item backlogs smaller",
+                    payload.len()
+                ),
+            });
+        }
     }
     let len = payload.len() as u32;
     let mut out = Vec::with_capacity(HEADER + payload.len());
@@ -281,6 +311,30 @@ mod tests {
         rec.state = Some(vec![0u8; RECORD_LIMIT + 1]);
         let e = encode_record(&rec).unwrap_err();
         assert!(matches!(e, StoreError::Encode { .. }), "{e}");
+    }
+
+    /// Found while fuzzing (docs/fuzzing.md): millions of small items stored in ~10 MB
+    /// claim more than the 64 MiB decoding limit (8 bytes per integer). Such a record
+    /// used to save and then load as `Corrupt`; it is now refused when encoded, and
+    /// whatever `encode_record` returns decodes.
+    #[test]
+    fn s15_a_record_that_would_not_decode_is_refused_at_encode() {
+        let mut rec = SessionRecord::<u64>::new("many", "sim", 1);
+        rec.unhandled_items = vec![1u64; 9_000_000]; // 9 MB stored, 72 MB claimed
+        let e = encode_record(&rec).unwrap_err();
+        match &e {
+            StoreError::Encode { session, reason } => {
+                assert_eq!(session, "many");
+                assert!(reason.contains("would not decode"), "{reason}");
+            }
+            other => panic!("expected Encode, got {other}"),
+        }
+        // Past the always-decodable size but within the limit: written and read back.
+        let mut rec = SessionRecord::<u64>::new("big-ok", "sim", 1);
+        rec.state = Some(vec![7u8; ALWAYS_DECODABLE + 1]);
+        let bytes = encode_record(&rec).expect("decodable, so encodable");
+        let back = decode_record::<u64>("big-ok", &bytes).expect("round trip");
+        assert_eq!(back.state.map(|s| s.len()), Some(ALWAYS_DECODABLE + 1));
     }
 
     #[test]
