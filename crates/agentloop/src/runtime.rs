@@ -334,6 +334,7 @@ where
         let entries = store
             .list(Some(vec![StatusKind::Interrupted, StatusKind::Running]))
             .await?;
+        let mut spawns = Vec::new();
         for entry in entries {
             let rec = match entry.record {
                 Ok(r) => r,
@@ -364,7 +365,21 @@ where
             // owner's lease as this runtime did (S19).
             spec.preloaded = Some(rec);
             spec.lease_timeout = Some(self.lease_timeout);
-            match self.supervisor.spawn(spec).await {
+            spawns.push((id, items, spec));
+        }
+        // All spawn requests go out back to back (each future sends its request when
+        // first polled, in order) and the replies are collected afterwards: the
+        // supervisor still spawns them one by one, in this order, but no round trip
+        // waits for the previous one (B5).
+        let (meta, specs): (Vec<_>, Vec<_>) = spawns
+            .into_iter()
+            .map(|(id, items, spec)| ((id, items), spec))
+            .unzip();
+        let results =
+            futures::future::join_all(specs.into_iter().map(|spec| self.supervisor.spawn(spec)))
+                .await;
+        for ((id, items), result) in meta.into_iter().zip(results) {
+            match result {
                 Ok(_) => {
                     report.resumed.push(id);
                     report.items += items;
