@@ -21,15 +21,20 @@ use parking_lot::Mutex;
 type Rt = Runtime<SimItem, SimEvent>;
 type Store = Arc<dyn CheckpointStore<SimItem>>;
 
-/// A store that never answers the first `save` of the listed sessions (their final
-/// checkpoint hangs, so the session cannot finish its teardown and must be killed);
-/// everything else goes to the inner store.
+/// A store that never answers the final checkpoint of the listed sessions (the first
+/// write of an `Interrupted` record, by `save` or by the conditional `save_live`), so
+/// the session cannot finish its teardown and must be killed; everything else, live
+/// `Running` writes included, goes to the inner store.
 struct HangingStore {
     inner: Store,
     hang: Mutex<HashSet<String>>,
 }
 
 impl HangingStore {
+    fn hangs(&self, r: &SessionRecord<SimItem>) -> bool {
+        r.status == SessionStatus::Interrupted && self.hang.lock().remove(&r.session_id)
+    }
+
     fn new(inner: Store, hang: &[&str]) -> Arc<Self> {
         Arc::new(HangingStore {
             inner,
@@ -46,12 +51,15 @@ impl CheckpointStore<SimItem> for HangingStore {
         self.inner.load(id)
     }
     fn save(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
-        if self.hang.lock().remove(&r.session_id) {
+        if self.hangs(&r) {
             return Box::pin(std::future::pending());
         }
         self.inner.save(r)
     }
     fn save_live(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
+        if self.hangs(&r) {
+            return Box::pin(std::future::pending());
+        }
         self.inner.save_live(r)
     }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {

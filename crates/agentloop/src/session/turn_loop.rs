@@ -428,7 +428,8 @@ async fn load_record<A: Agent>(
             match store.delete(&id).await {
                 Ok(_) => state.record_stale = false,
                 Err(e) => {
-                    tracing::warn!(error = %e, "could not delete the previous run's Completed record")
+                    // Every `sync` write would be refused: refuse the start instead.
+                    state.load_error = Some(e);
                 }
             }
             return;
@@ -1192,8 +1193,9 @@ async fn replace_stale_record<A: Agent>(state: &mut LoopState<A>) {
     } else {
         let mut unhandled = state.preempted.clone();
         unhandled.extend(state.buffer.iter().cloned());
+        // Conditional: never over a cancel that landed meanwhile (S24).
         store
-            .save(record(
+            .save_live(record(
                 state,
                 SessionStatus::Running,
                 state.next_index,
@@ -1205,6 +1207,10 @@ async fn replace_stale_record<A: Agent>(state: &mut LoopState<A>) {
     };
     match result {
         Ok(()) => state.record_stale = !nothing_left,
+        Err(StoreError::Final { status, .. }) => {
+            tracing::info!(%status, "the record became final; left as it is");
+            state.record_stale = false;
+        }
         Err(e) => {
             tracing::error!(error = %e, "replacing the stale record failed; it may be resumed again")
         }
@@ -1491,7 +1497,10 @@ async fn final_checkpoint<A: Agent>(
         // never lists an item a turn delivered after the record was last written (S10);
         // a session canceled without a record gets none.
         return match store.load(&state.config.id).await {
-            Ok(Some(rec)) if rec.status == SessionStatus::Canceled => {
+            // Canceled (ours to rewrite), or not final: a write that raced the cancel
+            // put a live status back, and the cancel must still win (S24).
+            Ok(Some(rec)) if rec.status == SessionStatus::Canceled || !rec.status.is_terminal() => {
+                let was_canceled = rec.status == SessionStatus::Canceled;
                 let encoded = match encode_mid(mid_state) {
                     Ok(b) => b,
                     Err(e) => return CheckpointOutcome::Failed(e.to_string()),
@@ -1504,7 +1513,12 @@ async fn final_checkpoint<A: Agent>(
                     interrupted.to_vec(),
                     encoded,
                 );
-                match store.save(rec).await {
+                let write = if was_canceled {
+                    store.save(rec)
+                } else {
+                    store.save_live(rec)
+                };
+                match write.await {
                     Ok(()) => CheckpointOutcome::Saved,
                     Err(e) => CheckpointOutcome::Failed(e.to_string()),
                 }
@@ -1588,8 +1602,14 @@ async fn final_checkpoint<A: Agent>(
             interrupted.to_vec(),
             encoded,
         );
-        match store.save(rec).await {
+        // Conditional: a cancel that landed while the session was ending wins (S24);
+        // its items stay in the exit state.
+        match store.save_live(rec).await {
             Ok(()) => CheckpointOutcome::Saved,
+            Err(StoreError::Final { status, .. }) => {
+                tracing::info!(%status, "the record became final meanwhile; the exit leaves it");
+                CheckpointOutcome::NotAttempted
+            }
             Err(e) => {
                 tracing::error!(error = %e, "final checkpoint failed");
                 CheckpointOutcome::Failed(e.to_string())

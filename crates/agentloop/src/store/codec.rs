@@ -36,11 +36,11 @@ fn record_config() -> impl bincode::config::Config {
 /// Invariant: bincode's decoding limit counts the bytes a value *claims* while it is
 /// decoded, not the bytes it was stored in: every integer claims its full width (8
 /// bytes for a `u64`, even when its varint took 1), strings and byte strings their
-/// length. No stored byte claims more than 8, so a payload of `RECORD_LIMIT / 8` bytes
-/// cannot exceed the limit; beyond that only a trial decode can tell (found while
-/// fuzzing the decoder: a 10 MB record of 5 million small items saved, then failed to
-/// load as `Corrupt`).
-pub const ALWAYS_DECODABLE: usize = RECORD_LIMIT / 8;
+/// length. No stored byte claims more than 16 (a `u128` or `i128` in a 1-byte varint;
+/// 8 for a `u64`), so a payload of `RECORD_LIMIT / 16` bytes cannot exceed the limit;
+/// beyond that only a trial decode can tell (found while fuzzing the decoder: a 10 MB
+/// record of 5 million small items saved, then failed to load as `Corrupt`).
+pub const ALWAYS_DECODABLE: usize = RECORD_LIMIT / 16;
 
 /// Encodes a record into its envelope. A record that could not be decoded again
 /// (over the decoding limit) is refused here, so it never replaces a good one (S15,
@@ -329,6 +329,11 @@ mod tests {
             }
             other => panic!("expected Encode, got {other}"),
         }
+        // u128 items claim 16 bytes each: 4.5 MB stored, 72 MB claimed.
+        let mut rec = SessionRecord::<u128>::new("wide", "sim", 1);
+        rec.unhandled_items = vec![1u128; 4_500_000];
+        let e = encode_record(&rec).unwrap_err();
+        assert!(matches!(e, StoreError::Encode { .. }), "{e}");
         // Past the always-decodable size but within the limit: written and read back.
         let mut rec = SessionRecord::<u64>::new("big-ok", "sim", 1);
         rec.state = Some(vec![7u8; ALWAYS_DECODABLE + 1]);
