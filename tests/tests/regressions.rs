@@ -395,3 +395,60 @@ async fn a_plan_that_consumes_nothing_waits_for_input() {
     assert_eq!(delivered + exit.unhandled_items.len() as u64, 4, "{exit:?}");
     assert!(delivered >= 3);
 }
+
+/// S24: a cancel written by another process (a compare-and-swap to `Canceled`) wins over
+/// this session's own later writes. Under `exit` durability a session that resumed a
+/// record rewrites it after each completed turn (so delivered items are not resumed
+/// again); that rewrite, and the exit's save, used to put a live status back over the
+/// cancel, so the next start resumed a canceled session.
+#[tokio::test(start_paused = true)]
+async fn s24_a_cancel_wins_over_the_sessions_own_later_writes() {
+    use agentloop::{CheckpointStore, MemoryStore, SessionRecord, SessionStatus, StatusKind};
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let mut rec = SessionRecord::new("raced", "sim", 0);
+    rec.status = SessionStatus::Interrupted;
+    rec.unhandled_items = vec![item(1), item(2)];
+    store.insert(rec);
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let agent = SimAgent::new(steps(1))
+        .with_plan(PlanPolicy {
+            limit: Some(1),
+            ..Default::default()
+        })
+        .with_step_gate(gate.clone())
+        .with_probe(tx);
+    let h = spawn_on(
+        SessionConfig::new("raced")
+            .persistent(true)
+            .agent_kind("sim")
+            .durability(agentloop::Durability::Exit),
+        agent,
+        store.clone(),
+    )
+    .await;
+    probe.at_step(0, 0).await; // turn 0 holds item 1; item 2 waits
+    let swapped = store
+        .cas_status(
+            "raced",
+            vec![StatusKind::Interrupted],
+            SessionStatus::Canceled,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(swapped, agentloop::CasOutcome::Swapped(_)));
+    gate.open(1); // turn 0 completes: the session would rewrite its record now
+    probe.at_step(1, 0).await;
+    h.stop(StopOptions::immediate()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(
+        ids(&exit.interrupted_items),
+        vec![2],
+        "the item is handed back"
+    );
+    assert_eq!(
+        store.get("raced").map(|r| r.status),
+        Some(SessionStatus::Canceled),
+        "the cancel stays on record"
+    );
+}

@@ -674,14 +674,26 @@ where
             Ok(handle) => {
                 if entry.detached {
                     // S23 across a restart: the new incarnation goes on in the background.
+                    // Sent from here, before anything routed later (this actor's sends are
+                    // ordered), so no push slips in ahead of the detach; only the answer
+                    // is awaited off the actor.
                     if let Some(e) = self.sessions.get_mut(id) {
                         e.detached = true;
                     }
-                    tokio::spawn(async move {
-                        if let Err(e) = handle.detach().await {
-                            tracing::warn!(error = %e, "could not detach the restarted session");
-                        }
-                    });
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let sent = handle
+                        .actor()
+                        .send_message(crate::session::TurnLoopMsg::Detach {
+                            reply: RpcReplyPort::from(tx),
+                        })
+                        .is_ok();
+                    if sent {
+                        tokio::spawn(async move {
+                            if let Ok(Err(e)) = rx.await {
+                                tracing::warn!(error = %e, "could not detach the restarted session");
+                            }
+                        });
+                    }
                 }
                 true
             }
@@ -860,7 +872,9 @@ where
             }
             SupervisorMsg::Detach { id, reply } => {
                 let h = st.live(&myself, &id).await;
-                if let Some(e) = st.sessions.get_mut(&id) {
+                // Only a persistent session can be detached (S23); a restart detaches
+                // the new incarnation again.
+                if let Some(e) = st.sessions.get_mut(&id).filter(|e| e.spec.persist) {
                     e.detached = true;
                 }
                 answer_from_session(id, h, reply, |h| async move { h.detach().await });
@@ -927,8 +941,10 @@ where
     /// Invariant: every session still registered when the supervisor stops is reported
     /// to the end feeds, so a feed closes only after every session's end is on it. A
     /// session that has not ended yet is waited for in a task that holds the feeds
-    /// open (a stopped supervisor never leaves a feed waiting forever: its sessions are
-    /// its linked children and end with their own stops).
+    /// open; it cannot wait forever: after `post_stop` ractor kills the supervisor's
+    /// linked children, and a killed session still publishes its exit state (from its
+    /// state's destructor). A supervisor that panics skips `post_stop`: its feeds then
+    /// close without the ends of the sessions it still held.
     async fn post_stop(
         &self,
         _myself: ActorRef<Self::Msg>,

@@ -434,9 +434,29 @@ async fn load_record<A: Agent>(
             }
             return;
         }
-        if let Err(e) = store.delete(&id).await {
-            state.load_error = Some(e);
-            return;
+        // Its items stay durable: the record becomes `Stopped` (not final, so this
+        // run's writes replace it) rather than being deleted first.
+        match store
+            .cas_status(
+                &id,
+                vec![crate::store::StatusKind::Completed],
+                SessionStatus::Stopped,
+            )
+            .await
+        {
+            Ok(crate::store::CasOutcome::Swapped(_)) => {}
+            Ok(other) => {
+                state.load_error = Some(StoreError::Refused {
+                    session: id.clone(),
+                    status: format!("{other:?}"),
+                    why: "its Completed record changed while it was loaded; spawn it again".into(),
+                });
+                return;
+            }
+            Err(e) => {
+                state.load_error = Some(e);
+                return;
+            }
         }
     }
     let resume_state = match &record.state {
@@ -1552,7 +1572,11 @@ async fn final_checkpoint<A: Agent>(
             Ok(b) => b,
             Err(e) => return CheckpointOutcome::Failed(e.to_string()),
         };
-        let rec = record(
+        let last_error = match &to {
+            SessionStatus::Failed(e) => Some(e.clone()),
+            _ => None,
+        };
+        let mut rec = record(
             state,
             to,
             turn_index,
@@ -1560,6 +1584,7 @@ async fn final_checkpoint<A: Agent>(
             interrupted.to_vec(),
             encoded,
         );
+        rec.last_error = last_error;
         return match store.save_live(rec).await {
             Ok(()) => CheckpointOutcome::Saved,
             Err(StoreError::Final { status, .. }) => {
