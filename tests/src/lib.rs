@@ -12,6 +12,8 @@ use agentloop::{
 use agentloop_sim::{Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
 use tokio::sync::mpsc;
 
+pub mod conformance;
+
 /// A simulated session's handle.
 pub type Handle = SessionHandle<SimItem, SimEvent>;
 

@@ -53,8 +53,8 @@ async fn runtime_resumes_interrupted_sessions_with_their_items() {
     }
     {
         let b = agentloop::store::SledBackend::open(dir.path()).unwrap();
-        for e in b.list::<SimItem>(None).unwrap() {
-            assert_eq!(e.record.unwrap().status, SessionStatus::Interrupted);
+        for e in b.list(None).unwrap() {
+            assert_eq!(*e.record.unwrap().status(), SessionStatus::Interrupted);
         }
     }
 

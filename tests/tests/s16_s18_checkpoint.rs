@@ -31,6 +31,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         created_at_ms: 1,
         updated_at_ms: 1,
         version: 1,
+        lease_epoch: 0,
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::shutdown::{HookOutcome, ShutdownReport};
-use agentloop::store::{CasOutcome, ListEntry};
+use agentloop::store::{CasOutcome, RecordWrite, Stored, StoredEntry};
 use agentloop::{
     CheckpointActor, CheckpointStore, CleanupHook, MemoryStore, Runtime, RuntimeBuilder,
     SessionRecord, SessionSpec, SessionStatus, ShutdownConfig, StatusKind, StoreError,
@@ -31,8 +31,8 @@ struct HangingStore {
 }
 
 impl HangingStore {
-    fn hangs(&self, r: &SessionRecord<SimItem>) -> bool {
-        r.status == SessionStatus::Interrupted && self.hang.lock().remove(&r.session_id)
+    fn hangs(&self, w: &RecordWrite) -> bool {
+        w.header.status == SessionStatus::Interrupted && self.hang.lock().remove(w.session_id())
     }
 
     fn new(inner: Store, hang: &[&str]) -> Arc<Self> {
@@ -44,32 +44,23 @@ impl HangingStore {
 }
 
 impl CheckpointStore<SimItem> for HangingStore {
-    fn load<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<SessionRecord<SimItem>>, StoreError>> {
-        self.inner.load(id)
+    fn load_stored<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Stored>, StoreError>> {
+        self.inner.load_stored(id)
     }
-    fn save(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
-        if self.hangs(&r) {
+    fn write(&self, w: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        if self.hangs(&w) {
             return Box::pin(std::future::pending());
         }
-        self.inner.save(r)
-    }
-    fn save_live(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
-        if self.hangs(&r) {
-            return Box::pin(std::future::pending());
-        }
-        self.inner.save_live(r)
+        self.inner.write(w)
     }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)
     }
-    fn list(
+    fn list_stored(
         &self,
         s: Option<Vec<StatusKind>>,
-    ) -> BoxFuture<'static, Result<Vec<ListEntry<SimItem>>, StoreError>> {
-        self.inner.list(s)
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        self.inner.list_stored(s)
     }
     fn cas_status(
         &self,

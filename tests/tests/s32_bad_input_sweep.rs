@@ -13,9 +13,9 @@ use std::time::Duration;
 use agentloop::config::{ConfigError, RuntimeConfig};
 use agentloop::options::positive_millis;
 use agentloop::session::{SessionIdError, MAX_SESSION_ID_LEN};
-use agentloop::store::codec::{self, decode_record, encode_record, FORMAT_VERSION, MAGIC};
-use agentloop::store::sled::WriteOp;
-use agentloop::store::SledBackend;
+use agentloop::store::codec::{self, FORMAT_VERSION, MAGIC};
+use agentloop::store::table::{self, header_key};
+use agentloop::store::{SledBackend, WriteCondition};
 use agentloop::{
     CheckpointActor, CheckpointOutcome, CheckpointStore, ExitReason, FailureKind, MemoryStore,
     OptionsError, Preempt, PushError, PushOptions, RoutedPushError, Runtime, RuntimeError,
@@ -40,8 +40,28 @@ fn record(id: &str, status: SessionStatus, items: &[u64]) -> SessionRecord<SimIt
     r
 }
 
-/// A valid envelope of an `Interrupted` record of `id` with items and a mid-turn state.
-fn valid_bytes(id: &str) -> Vec<u8> {
+/// The stored entries (key, value), header first, of a whole record, as the store
+/// writes them (record format 2: header envelope, item entries, state entry).
+fn entries_of(r: &SessionRecord<SimItem>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let w = r.to_write(WriteCondition::Always).expect("encode record");
+    let id = w.header.session_id.clone();
+    let mut out = vec![(
+        header_key(&id),
+        codec::encode_header(&w.header).expect("encode header"),
+    )];
+    for change in &w.items {
+        if let agentloop::store::ItemChange::Put(seq, bytes) = change {
+            out.push((table::item_key(&id, *seq), bytes.to_vec()));
+        }
+    }
+    if let agentloop::store::StateChange::Put(bytes) = &w.state {
+        out.push((table::state_key(&id), bytes.to_vec()));
+    }
+    out
+}
+
+/// The entries of a valid `Interrupted` record of `id` with items and a mid-turn state.
+fn valid_entries(id: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut r = record(id, SessionStatus::Interrupted, &[1, 2]);
     r.interrupted_items = vec![item(3)];
     r.state = Some(
@@ -57,7 +77,43 @@ fn valid_bytes(id: &str) -> Vec<u8> {
         .expect("encode state"),
     );
     r.stop_cause = Some("shutdown".into());
-    encode_record(&r).expect("encode record")
+    entries_of(&r)
+}
+
+/// The header envelope of [`valid_entries`]: the part of a record these tests damage.
+fn valid_bytes(id: &str) -> Vec<u8> {
+    valid_entries(id).swap_remove(0).1
+}
+
+/// [`valid_entries`] of `id` with its header replaced by `header`.
+fn with_header(id: &str, header: Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut e = valid_entries(id);
+    e[0].1 = header;
+    e
+}
+
+/// Decodes a whole record of `id` whose header is `header` (its items and state
+/// valid), as a store reads it: assemble the entries, then decode the items.
+fn decode_record(id: &str, header: &[u8]) -> Result<(), StoreError> {
+    let entries = with_header(id, header.to_vec())
+        .into_iter()
+        .map(|(k, v)| (k, v.into()))
+        .collect();
+    match table::assemble(id, entries)? {
+        Some(r) => agentloop::store::Stored::Current(r)
+            .decode::<SimItem>()
+            .map(|_| ()),
+        None => Err(StoreError::NoRecord {
+            session: id.to_string(),
+        }),
+    }
+}
+
+/// Where `needle` starts in `hay` (the test's bytes always hold it).
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the bytes hold the needle")
 }
 
 /// Drops a sled backend and waits (bounded) until its directory lock is free: sled's
@@ -78,27 +134,25 @@ fn release(b: SledBackend) {
     file.unlock().expect("unlock");
 }
 
-/// Writes raw envelopes straight into sled (as a broken disk or another build would),
+/// Writes raw entries straight into sled (as a broken disk or another build would),
 /// off the tokio workers. The directory must not be open elsewhere.
-async fn put_raw(dir: &Path, entries: Vec<(String, Vec<u8>)>) {
+async fn put_raw(dir: &Path, entries: Vec<(Vec<u8>, Vec<u8>)>) {
     let dir = dir.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let b = SledBackend::open(&dir).expect("open sled");
-        let ops = entries
-            .into_iter()
-            .map(|(key, bytes)| WriteOp::Put { key, bytes })
-            .collect();
-        for r in b.apply::<SimItem>(ops) {
-            r.expect("raw put");
+        for (key, value) in entries {
+            b.put_raw(&key, &value).expect("raw put");
         }
+        b.flush().expect("flush");
         release(b);
     })
     .await
     .expect("blocking task");
 }
 
-/// Every stored key with its raw bytes, read straight from sled.
-async fn raw_all(dir: &Path, keys: &[&str]) -> Vec<(String, Option<Vec<u8>>)> {
+/// Every stored entry of each session with its raw bytes, read straight from sled.
+#[allow(clippy::type_complexity)]
+async fn raw_all(dir: &Path, keys: &[&str]) -> Vec<(String, Vec<(String, Vec<u8>)>)> {
     let dir = dir.to_path_buf();
     let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
     tokio::task::spawn_blocking(move || {
@@ -106,7 +160,7 @@ async fn raw_all(dir: &Path, keys: &[&str]) -> Vec<(String, Option<Vec<u8>>)> {
         let v = keys
             .into_iter()
             .map(|k| {
-                let v = b.get_raw(&k).expect("raw get");
+                let v = b.raw_entries(&k).expect("raw entries");
                 (k, v)
             })
             .collect();
@@ -220,21 +274,23 @@ async fn s32_corrupt_records_are_reported_and_left_byte_for_byte() {
     // Bad magic.
     let mut bad_magic = valid_bytes("bad-magic");
     bad_magic[..4].copy_from_slice(b"JUNK");
-    // Flipped payload bytes. The payload starts after the 10-byte header with the
-    // session id (one length byte, then the id), the agent kind, the agent config and
-    // the status discriminant.
+    // Flipped header bytes. The header's payload (after the 10-byte envelope) is a
+    // MessagePack map whose `session_id` holds the id and whose `status` names the
+    // status.
     let payload = 10;
-    let id_at = |id: &str, i: usize| {
+    let id_at = |bytes: &[u8], id: &str, i: usize| {
         assert!(i < id.len());
-        payload + 1 + i
+        find(&bytes[payload..], id.as_bytes()) + payload + i
     };
-    let status_at = |id: &str| payload + 1 + id.len() + 1 + "sim".len() + 1;
     let mut flipped_utf8 = valid_bytes("flipped-utf8");
-    flipped_utf8[id_at("flipped-utf8", 3)] ^= 0xff; // invalid UTF-8 in the id
+    let at = id_at(&flipped_utf8, "flipped-utf8", 3);
+    flipped_utf8[at] ^= 0xff; // invalid UTF-8 in the id
     let mut flipped_id = valid_bytes("flipped-id");
-    flipped_id[id_at("flipped-id", 0)] ^= 0x01; // `gl...`: another id, same length
+    let at = id_at(&flipped_id, "flipped-id", 0);
+    flipped_id[at] ^= 0x01; // `gl...`: another id, same length
     let mut flipped_status = valid_bytes("flipped-status");
-    flipped_status[status_at("flipped-status")] = 0x7f; // no such status
+    let at = find(&flipped_status, b"Interrupted");
+    flipped_status[at] = b'X'; // `Xnterrupted`: no such status
     let corrupt = vec![
         ("bad-magic".to_string(), bad_magic, "magic"),
         ("flipped-utf8".to_string(), flipped_utf8, "does not decode"),
@@ -248,18 +304,18 @@ async fn s32_corrupt_records_are_reported_and_left_byte_for_byte() {
 
     // (1) The codec: a clear Corrupt naming the session and what is wrong.
     for (key, bytes, needle) in &corrupt {
-        let e = decode_record::<SimItem>(key, bytes).unwrap_err();
+        let e = decode_record(key, bytes).unwrap_err();
         let reason = corrupt_reason(&e, key);
         assert!(reason.contains(needle), "{key}: {reason}");
     }
-    // Any single flipped payload byte decodes or is Corrupt; never a panic, never a
-    // different error. (The envelope carries no checksum: a flip inside an item's
-    // text or a number field decodes as a different, valid record.)
+    // Any single flipped header byte decodes or is Corrupt; never a panic, never a
+    // different error. (The envelope carries no checksum: a flip inside a text or a
+    // number field decodes as a different, valid record.)
     let good = valid_bytes("sweep");
     for at in payload..good.len() {
         let mut b = good.clone();
         b[at] ^= 0xff;
-        match decode_record::<SimItem>("sweep", &b) {
+        match decode_record("sweep", &b) {
             Ok(_) | Err(StoreError::Corrupt { .. }) => {}
             Err(e) => panic!("flip at {at}: {e:?}"),
         }
@@ -267,13 +323,15 @@ async fn s32_corrupt_records_are_reported_and_left_byte_for_byte() {
 
     // Sled: the corrupt records next to a good resumable one.
     let dir = TempDir::new("s32-corrupt");
-    let good_bytes =
-        encode_record(&record("good", SessionStatus::Interrupted, &[1, 2, 3])).unwrap();
-    let mut entries: Vec<(String, Vec<u8>)> = corrupt
+    let mut entries: Vec<(Vec<u8>, Vec<u8>)> = corrupt
         .iter()
-        .map(|(k, b, _)| (k.clone(), b.clone()))
+        .flat_map(|(k, b, _)| with_header(k, b.clone()))
         .collect();
-    entries.push(("good".into(), good_bytes));
+    entries.extend(entries_of(&record(
+        "good",
+        SessionStatus::Interrupted,
+        &[1, 2, 3],
+    )));
     put_raw(dir.path(), entries).await;
     let keys: Vec<&str> = corrupt.iter().map(|(k, _, _)| k.as_str()).collect();
     let before = raw_all(dir.path(), &keys).await;
@@ -376,15 +434,15 @@ async fn s32_corrupt_records_are_reported_and_left_byte_for_byte() {
 // ------------------------------------------------------------------------------------
 // Truncated records.
 
-/// Every prefix of a valid record (and every prefix of its payload re-framed with a
-/// matching length, and a padded one) is `Corrupt`, never a panic; on sled, truncated
-/// records fail the load, are skipped at start and stay as they were.
+/// Every prefix of a valid record's header (and every prefix of its payload re-framed
+/// with a matching length, and a padded one) is `Corrupt`, never a panic; on sled,
+/// truncated records fail the load, are skipped at start and stay as they were.
 #[tokio::test]
 async fn s32_truncated_records_are_corrupt_at_every_length() {
     let bytes = valid_bytes("trunc");
-    assert!(decode_record::<SimItem>("trunc", &bytes).is_ok());
+    assert!(decode_record("trunc", &bytes).is_ok());
     for cut in 0..bytes.len() {
-        let e = decode_record::<SimItem>("trunc", &bytes[..cut]).unwrap_err();
+        let e = decode_record("trunc", &bytes[..cut]).unwrap_err();
         let reason = corrupt_reason(&e, "trunc");
         assert!(reason.contains("truncated"), "cut {cut}: {reason}");
     }
@@ -395,7 +453,7 @@ async fn s32_truncated_records_are_corrupt_at_every_length() {
         framed.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         framed.extend_from_slice(&(cut as u32).to_le_bytes());
         framed.extend_from_slice(&payload[..cut]);
-        let e = decode_record::<SimItem>("trunc", &framed).unwrap_err();
+        let e = decode_record("trunc", &framed).unwrap_err();
         let reason = corrupt_reason(&e, "trunc");
         assert!(
             reason.contains("does not decode"),
@@ -405,17 +463,11 @@ async fn s32_truncated_records_are_corrupt_at_every_length() {
     // Padding is caught too: with the old length and with a length that covers it.
     let mut padded = bytes.clone();
     padded.push(0);
-    let reason = corrupt_reason(
-        &decode_record::<SimItem>("trunc", &padded).unwrap_err(),
-        "trunc",
-    );
+    let reason = corrupt_reason(&decode_record("trunc", &padded).unwrap_err(), "trunc");
     assert!(reason.contains("padded"), "{reason}");
     let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]);
     padded[6..10].copy_from_slice(&(len + 1).to_le_bytes());
-    let reason = corrupt_reason(
-        &decode_record::<SimItem>("trunc", &padded).unwrap_err(),
-        "trunc",
-    );
+    let reason = corrupt_reason(&decode_record("trunc", &padded).unwrap_err(), "trunc");
     assert!(reason.contains("trailing"), "{reason}");
 
     // Sled: truncated records next to an intact one.
@@ -425,20 +477,24 @@ async fn s32_truncated_records_are_corrupt_at_every_length() {
         let n = n.min(b.len() - 1);
         (id.to_string(), b[..n].to_vec())
     };
-    let truncated = vec![
+    let truncated = [
         cut("trunc-empty", 0),
         cut("trunc-header", 7),
         cut("trunc-payload", usize::MAX), // all but the last byte
     ];
     let keys: Vec<&str> = truncated.iter().map(|(k, _)| k.as_str()).collect();
-    let mut entries = truncated.clone();
-    entries.push((
-        "intact".into(),
-        encode_record(&record("intact", SessionStatus::Interrupted, &[4, 5])).unwrap(),
-    ));
+    let mut entries: Vec<(Vec<u8>, Vec<u8>)> = truncated
+        .iter()
+        .flat_map(|(k, b)| with_header(k, b.clone()))
+        .collect();
+    entries.extend(entries_of(&record(
+        "intact",
+        SessionStatus::Interrupted,
+        &[4, 5],
+    )));
     put_raw(dir.path(), entries).await;
     let before = raw_all(dir.path(), &keys).await;
-    assert!(before.iter().all(|(_, v)| v.is_some()));
+    assert!(before.iter().all(|(_, v)| !v.is_empty()));
 
     let client = CheckpointActor::<SimItem>::spawn(dir.path()).await.unwrap();
     for key in &keys {
@@ -489,7 +545,7 @@ async fn s32_unknown_format_versions_are_refused_and_kept() {
     };
     let newer = FORMAT_VERSION + 1;
     for v in [0, newer, u16::MAX] {
-        let e = decode_record::<SimItem>("v", &versioned("v", v)).unwrap_err();
+        let e = decode_record("v", &versioned("v", v)).unwrap_err();
         let reason = corrupt_reason(&e, "v");
         assert!(
             reason.contains(&format!("unknown format version {v}"))
@@ -498,24 +554,20 @@ async fn s32_unknown_format_versions_are_refused_and_kept() {
         );
     }
     // A record from a newer build must not be advertised as garbage to delete.
-    let e = decode_record::<SimItem>("v", &versioned("v", newer)).unwrap_err();
+    let e = decode_record("v", &versioned("v", newer)).unwrap_err();
     assert!(
         e.to_string().contains("newer"),
         "the message says the record comes from a newer build: {e}"
     );
 
     let dir = TempDir::new("s32-version");
-    put_raw(
-        dir.path(),
-        vec![
-            ("future".into(), versioned("future", newer)),
-            (
-                "present".into(),
-                encode_record(&record("present", SessionStatus::Interrupted, &[6, 7])).unwrap(),
-            ),
-        ],
-    )
-    .await;
+    let mut entries = with_header("future", versioned("future", newer));
+    entries.extend(entries_of(&record(
+        "present",
+        SessionStatus::Interrupted,
+        &[6, 7],
+    )));
+    put_raw(dir.path(), entries).await;
     let before = raw_all(dir.path(), &["future"]).await;
 
     let client = CheckpointActor::<SimItem>::spawn(dir.path()).await.unwrap();
@@ -1359,10 +1411,7 @@ async fn s32_invalid_configuration_names_the_key_and_touches_no_record() {
     let data = dir.path().join("data");
     put_raw(
         &data,
-        vec![(
-            "kept".into(),
-            encode_record(&record("kept", SessionStatus::Interrupted, &[1, 2])).unwrap(),
-        )],
+        entries_of(&record("kept", SessionStatus::Interrupted, &[1, 2])),
     )
     .await;
     let before = raw_all(&data, &["kept"]).await;

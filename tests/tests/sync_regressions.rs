@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::store::{codec, ListEntry};
+use agentloop::store::{codec, RecordWrite, Stored, StoredEntry, WriteCondition};
 use agentloop::{
     CasOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt, PushOptions,
     SessionConfig, SessionRecord, SessionStatus, StatusKind, StopOptions, StoreError,
@@ -14,7 +14,7 @@ use agentloop_tests::*;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 
-/// MemoryStore that logs every save (in call order).
+/// MemoryStore that logs the whole record after every write (in call order).
 struct Rec {
     inner: MemoryStore<SimItem>,
     log: Mutex<Vec<SessionRecord<SimItem>>>,
@@ -28,28 +28,26 @@ impl Rec {
     }
 }
 impl CheckpointStore<SimItem> for Rec {
-    fn load<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<SessionRecord<SimItem>>, StoreError>> {
-        self.inner.load(id)
+    fn load_stored<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Stored>, StoreError>> {
+        self.inner.load_stored(id)
     }
-    fn save(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.log.lock().push(r.clone());
-        self.inner.save(r)
-    }
-    fn save_live(&self, r: SessionRecord<SimItem>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.log.lock().push(r.clone());
-        self.inner.save_live(r)
+    /// Logs the whole record as it stands after each applied write.
+    fn write(&self, w: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        let id = w.session_id().to_string();
+        let done = self.inner.write(w);
+        if let Some(r) = self.inner.get(&id) {
+            self.log.lock().push(r);
+        }
+        done
     }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         self.inner.delete(id)
     }
-    fn list(
+    fn list_stored(
         &self,
         s: Option<Vec<StatusKind>>,
-    ) -> BoxFuture<'static, Result<Vec<ListEntry<SimItem>>, StoreError>> {
-        self.inner.list(s)
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        self.inner.list_stored(s)
     }
     fn cas_status(
         &self,
@@ -255,7 +253,7 @@ async fn completed_turn_written_as_cut_turn() {
 fn oversized_record_is_refused_at_encode() {
     let mut r = SessionRecord::new("big", "sim", 0);
     r.unhandled_items = vec![SimItem::new(1, "x".repeat(65 << 20))];
-    let e = codec::encode_record(&r).unwrap_err();
+    let e = r.to_write(WriteCondition::Always).unwrap_err();
     assert!(matches!(e, StoreError::Encode { .. }), "{e}");
 }
 
@@ -304,7 +302,7 @@ async fn close_with_concurrent_writers() {
         let stored: Vec<usize> = closed
             .iter()
             .copied()
-            .filter(|i| b.get_raw(&format!("w{round}-{i}")).unwrap().is_some())
+            .filter(|i| b.load(&format!("w{round}-{i}")).unwrap().is_some())
             .collect();
         assert!(
             stored.is_empty(),

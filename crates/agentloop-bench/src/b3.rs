@@ -2,9 +2,11 @@
 //! stops, against raw sled in the same process and run (DESIGN §10).
 //!
 //! * Baseline (raw sled): its own sled database in a temp dir; per round, 64 records
-//!   (distinct keys, fresh every round, values of the same size as agentloop's encoded
-//!   checkpoint records) inserted as one `sled::Batch` followed by one `db.flush()`, on
-//!   a blocking thread. Rate = 64 / (batch + flush time).
+//!   (distinct session ids, fresh every round) inserted as one `sled::Batch` followed by
+//!   one `db.flush()`, on a blocking thread. Rate = 64 / (batch + flush time). Each
+//!   record is written in agentloop's record layout (format 2): the same keys (header,
+//!   one entry per item, the state; `store::table`) and the same bytes as a checkpoint
+//!   agentloop stored in the warm-up round, read back from its store.
 //! * agentloop: one `CheckpointActor` (one sled dir) for the whole run. Per round, 64
 //!   persistent sessions (fresh ids) of a simulated agent with a 4 KiB state payload;
 //!   each has a turn in flight, parked at its second step after the first safe point
@@ -30,7 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::store::CheckpointStats;
+use agentloop::store::{table, CheckpointStats, Stored};
 use agentloop::{
     CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
     SessionConfig, SessionHandle, StopOptions,
@@ -65,21 +67,62 @@ use crate::tempdir::TempDir;
 // ---------------------------------------------------------------------------------
 // Baseline: raw sled.
 
+/// One stored checkpoint's entries: the header envelope, `(seq, item)` entries, the
+/// state (the bytes agentloop wrote for one session).
+#[derive(Clone)]
+struct Template {
+    header: Vec<u8>,
+    items: Vec<(u64, Vec<u8>)>,
+    state: Option<Vec<u8>>,
+}
+
+impl Template {
+    fn len(&self) -> usize {
+        self.header.len()
+            + self.items.iter().map(|(_, b)| b.len()).sum::<usize>()
+            + self.state.as_ref().map_or(0, Vec::len)
+    }
+
+    /// `(key, value)` of every entry of session `id`.
+    fn entries(&self, id: &str) -> Vec<(Vec<u8>, &[u8])> {
+        let mut out = vec![(table::header_key(id), self.header.as_slice())];
+        for (seq, b) in &self.items {
+            out.push((table::item_key(id, *seq), b.as_slice()));
+        }
+        if let Some(s) = &self.state {
+            out.push((table::state_key(id), s.as_slice()));
+        }
+        out
+    }
+}
+
+/// The entries agentloop stored for `id`.
+async fn template(store: &Store, id: &str) -> Template {
+    match store.load_stored(id).await.expect("loading a B3 record") {
+        Some(Stored::Current(r)) => Template {
+            header: agentloop::store::codec::encode_header(&r.header).expect("a header"),
+            items: r.items.iter().map(|(s, b)| (*s, b.to_vec())).collect(),
+            state: r.state.map(|s| s.to_vec()),
+        },
+        other => panic!("B3: no format-2 record stored for {id}: {other:?}"),
+    }
+}
+
 struct RawSled {
     db: sled::Db,
-    value: Arc<Vec<u8>>,
+    template: Arc<Template>,
     next_key: u64,
 }
 
 impl RawSled {
-    fn open(dir: &Path, value_len: usize) -> Self {
+    fn open(dir: &Path, template: Template) -> Self {
         let db = sled::Config::new()
             .path(dir)
             .open()
             .expect("opening the baseline sled db");
         RawSled {
             db,
-            value: Arc::new(vec![0x5A; value_len]),
+            template: Arc::new(template),
             next_key: 0,
         }
     }
@@ -94,12 +137,14 @@ impl RawSled {
 
     /// One round: 64 inserts as one batch, one flush. Returns records per second.
     async fn batch_round(&mut self) -> f64 {
-        let (db, value, keys) = (self.db.clone(), self.value.clone(), self.keys());
+        let (db, template, keys) = (self.db.clone(), self.template.clone(), self.keys());
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             let mut batch = sled::Batch::default();
             for k in &keys {
-                batch.insert(k.as_bytes(), value.as_slice());
+                for (key, value) in template.entries(k) {
+                    batch.insert(key, value);
+                }
             }
             db.apply_batch(batch).expect("sled apply_batch");
             db.flush().expect("sled flush");
@@ -111,12 +156,15 @@ impl RawSled {
 
     /// One round: 64 inserts, each followed by its own flush. Returns records per second.
     async fn per_save_round(&mut self) -> f64 {
-        let (db, value, keys) = (self.db.clone(), self.value.clone(), self.keys());
+        let (db, template, keys) = (self.db.clone(), self.template.clone(), self.keys());
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             for k in &keys {
-                db.insert(k.as_bytes(), value.as_slice())
-                    .expect("sled insert");
+                let mut batch = sled::Batch::default();
+                for (key, value) in template.entries(k) {
+                    batch.insert(key, value);
+                }
+                db.apply_batch(batch).expect("sled apply_batch");
                 db.flush().expect("sled flush");
             }
             keys.len() as f64 / t0.elapsed().as_secs_f64()
@@ -160,14 +208,11 @@ struct StopRound {
     /// The actor's counters over the timed part.
     waves: u64,
     ops: u64,
-    /// Encoded bytes per save over the timed part.
-    bytes_per_save: f64,
 }
 
 fn stats_delta(after: CheckpointStats, before: CheckpointStats) -> CheckpointStats {
     CheckpointStats {
         saves: after.saves - before.saves,
-        coalesced: after.coalesced - before.coalesced,
         waves: after.waves - before.waves,
         ops: after.ops - before.ops,
         max_wave: after.max_wave,
@@ -282,7 +327,6 @@ impl Agentloop {
             rate: SESSIONS as f64 / elapsed.as_secs_f64(),
             waves: d.waves,
             ops: d.ops,
-            bytes_per_save: d.bytes as f64 / d.saves as f64,
         }
     }
 }
@@ -485,12 +529,19 @@ pub async fn run() {
         round: 0,
     };
 
-    // Warm-up of the agentloop sides; it also gives the record size the baseline uses.
-    let warm_exit = al.stop_round(Durability::Exit).await;
+    // Warm-up of the agentloop sides; it also stores the record the baseline copies.
+    al.stop_round(Durability::Exit).await;
     al.stop_round(Durability::Sync).await;
-    let record_len = warm_exit.bytes_per_save.round() as usize;
+    // The warm-up's first Exit round (round 0) left its stopped sessions' records.
+    let template = template(
+        &store,
+        &format!("b3-{}-r0000-s00", mode_name(Durability::Exit)),
+    )
+    .await;
+    let record_len = template.len();
+    let entries = template.entries("x").len();
     let raw_path = raw_dir.path().to_path_buf();
-    let mut raw = tokio::task::spawn_blocking(move || RawSled::open(&raw_path, record_len))
+    let mut raw = tokio::task::spawn_blocking(move || RawSled::open(&raw_path, template))
         .await
         .expect("opening the baseline db panicked");
     raw.batch_round().await;
@@ -498,7 +549,7 @@ pub async fn run() {
     direct_saves_round(&store, u64::MAX).await;
     no_store_round(u64::MAX).await;
     println!(
-        "record size: {record_len} B (agentloop's encoded checkpoint; the baseline writes values of this size)"
+        "record size: {record_len} B in {entries} entries (agentloop's stored checkpoint, format 2; the baseline writes the same keys and bytes)"
     );
 
     let mut s = Samples::default();
@@ -575,9 +626,8 @@ pub async fn run() {
         median(&s.direct_waves)
     );
     println!(
-        "CheckpointActor totals before the push runs: saves={} coalesced={} waves={} ops={} max_wave={} bytes={}",
+        "CheckpointActor totals before the push runs: saves={} waves={} ops={} max_wave={} bytes={}",
         total_stats.saves,
-        total_stats.coalesced,
         total_stats.waves,
         total_stats.ops,
         total_stats.max_wave,

@@ -450,7 +450,6 @@ async fn stats(client: &CheckpointClient<SimItem>) -> CheckpointStats {
 fn delta(b: &CheckpointStats, a: &CheckpointStats) -> CheckpointStats {
     CheckpointStats {
         saves: b.saves - a.saves,
-        coalesced: b.coalesced - a.coalesced,
         waves: b.waves - a.waves,
         ops: b.ops - a.ops,
         max_wave: b.max_wave,
@@ -653,10 +652,9 @@ impl Round {
             .map(|t| format!("{:.0}", ms(*t)))
             .collect();
         println!(
-            "  store from the first push: {} saves, {} coalesced, {} waves ({} ops, largest {}), \
+            "  store from the first push: {} saves, {} waves ({} ops, largest {}), \
              {} flushes, {:.1} MB",
             st.saves,
-            st.coalesced,
             st.waves,
             st.ops,
             st.max_wave,

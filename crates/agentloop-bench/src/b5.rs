@@ -3,16 +3,19 @@
 //! baseline.
 //!
 //! Setup (untimed, per side per round): a fresh sled directory holding 10 000 records
-//! written through `SledBackend::apply` the way the store writes them: status
+//! written through `SledBackend::apply` the way the store writes them (record format 2:
+//! a header, one entry per item, the state; `store::table`): status
 //! `Interrupted`, cut mid-turn (one interrupted item and ~1 KiB of encoded `SimState`)
 //! with two unhandled items queued behind it. Every side gets its own copy of the same
 //! records, so each starts from a closed directory (the setup waits until sled has
 //! released its lock).
 //!
-//! * Baseline (raw): open the sled database, iterate the records tree, decode each
-//!   record (`codec::decode_record`) and its agent state (`codec::decode_state`) on a
-//!   blocking thread, then spawn one ractor actor per record that holds the decoded
-//!   record and state and does nothing else. Timed from the open to the last spawn.
+//! * Baseline (raw): open the sled database, iterate the `sessions` tree, decode each
+//!   record's header (`codec::decode_header`), its items (`codec::payload::decode`) and
+//!   its agent state (`codec::decode_state`) on a blocking thread (the keys and bytes the
+//!   store uses, read with the store's codec), then spawn one ractor actor per record
+//!   that holds the decoded record and state and does nothing else. Timed from the open
+//!   to the last spawn.
 //! * agentloop: `Runtime::builder().data_dir(dir).register_agent("sim", ..).start()`,
 //!   timed until it returns its `StartReport`, which must list all 10 000 sessions as
 //!   resumed with their 30 000 items and skip none. Then (untimed) `Runtime::stop` with
@@ -32,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use agentloop::store::codec;
 use agentloop::store::sled::WriteOp;
-use agentloop::store::SledBackend;
+use agentloop::store::table::{self, KeyKind};
+use agentloop::store::{RecordHeader, SledBackend, WriteCondition};
 use agentloop::{
     CheckpointActor, CheckpointStore, ExitReason, Runtime, SessionRecord, SessionStatus,
     StatusKind, StopOptions,
@@ -99,15 +103,14 @@ async fn populated_dir(tag: &str) -> (TempDir, usize) {
         let mut len = 0;
         let ops: Vec<WriteOp> = (0..SESSIONS)
             .map(|i| {
-                let bytes = codec::encode_record(&record(i)).expect("encoding a B5 record");
-                len = bytes.len();
-                WriteOp::Put {
-                    key: session_id(i),
-                    bytes,
-                }
+                let w = record(i)
+                    .to_write(WriteCondition::Always)
+                    .expect("encoding a B5 record");
+                len = w.payload_bytes();
+                WriteOp::Write(Box::new(w))
             })
             .collect();
-        for r in backend.apply::<SimItem>(ops) {
+        for r in backend.apply(ops) {
             r.expect("writing a B5 record");
         }
         drop(backend);
@@ -152,10 +155,13 @@ async fn wait_unlocked(dir: &Path) {
 /// An actor that holds a recovered record and does nothing.
 struct Holder;
 
+/// A recovered record: header, items (in entry order), state.
+type Recovered = (RecordHeader, Vec<SimItem>, SimState);
+
 impl Actor for Holder {
     type Msg = ();
-    type State = (SessionRecord<SimItem>, SimState);
-    type Arguments = (SessionRecord<SimItem>, SimState);
+    type State = Recovered;
+    type Arguments = Recovered;
 
     async fn pre_start(
         &self,
@@ -166,24 +172,37 @@ impl Actor for Holder {
     }
 }
 
-/// Opens sled, scans and decodes every `Interrupted` record with its state. Blocks.
-fn scan(path: &Path) -> (sled::Db, Vec<(SessionRecord<SimItem>, SimState)>) {
+/// Opens sled, scans and decodes every `Interrupted` record with its items and state
+/// (one session's keys are contiguous: header, items, state). Blocks.
+fn scan(path: &Path) -> (sled::Db, Vec<Recovered>) {
     let db = sled::Config::new()
         .path(path)
         .open()
         .expect("opening the B5 baseline db");
-    let tree = db.open_tree("records").expect("opening the records tree");
+    let tree = db.open_tree("sessions").expect("opening the sessions tree");
     let mut out = Vec::with_capacity(SESSIONS);
+    let mut current: Option<(RecordHeader, Vec<SimItem>)> = None;
     for kv in tree.iter() {
-        let (k, v) = kv.expect("scanning the records tree");
-        let key = std::str::from_utf8(&k).expect("a non-UTF-8 key");
-        let rec = codec::decode_record::<SimItem>(key, &v).expect("decoding a record");
-        if rec.status != SessionStatus::Interrupted {
-            continue;
+        let (k, v) = kv.expect("scanning the sessions tree");
+        let (id, kind) = table::parse_key(&k).expect("a key of the record layout");
+        match kind {
+            KeyKind::Header => {
+                let h = codec::decode_header(id, &v).expect("decoding a header");
+                current = (h.status == SessionStatus::Interrupted).then(|| (h, Vec::new()));
+            }
+            KeyKind::Item(_) => {
+                if let Some((_, items)) = current.as_mut() {
+                    items.push(codec::payload::decode(&v).expect("decoding an item"));
+                }
+            }
+            KeyKind::State => {
+                if let Some((h, items)) = current.take() {
+                    let state: SimState = codec::decode_state(id, &v).expect("decoding a state");
+                    out.push((h, items, state));
+                }
+            }
+            KeyKind::Other => {}
         }
-        let state: SimState = codec::decode_state(key, rec.state.as_deref().expect("no state"))
-            .expect("decoding a state");
-        out.push((rec, state));
     }
     (db, out)
 }

@@ -3,7 +3,8 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1`, `b2`, `b3`, `b4`, `b5` or `all`.
+//! `b1`, `b2`, `b3`, `b4`, `b5` or `all`; `codec` runs the (non-figure) measurement
+//! behind the payload encoding.
 
 use std::process::ExitCode;
 
@@ -12,6 +13,7 @@ mod b2;
 mod b3;
 mod b4;
 mod b5;
+mod codec_choice;
 mod report;
 mod tempdir;
 
@@ -20,7 +22,7 @@ const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5"];
 
 fn usage() -> String {
     format!(
-        "usage: agentloop-bench <figure>\n  figures: {} | all",
+        "usage: agentloop-bench <figure>\n  figures: {} | all\n  diagnostics: codec",
         FIGURES.join(" | ")
     )
 }
@@ -41,6 +43,10 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let figures: Vec<&str> = match args.as_slice() {
         [one] if one == "all" => FIGURES.to_vec(),
+        [one] if one == "codec" => {
+            codec_choice::run().await;
+            return ExitCode::SUCCESS;
+        }
         [one] if FIGURES.contains(&one.as_str()) => vec![one.as_str()],
         [one] if one == "-h" || one == "--help" => {
             println!("{}", usage());

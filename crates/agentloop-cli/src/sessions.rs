@@ -4,15 +4,16 @@
 //! Everything here is blocking and runs without a tokio runtime. The data directory is a
 //! sled database that one process at a time may open, so the command fails with a clear
 //! message while an `agentloop` process holds it. Corrupt records are shown with their
-//! error, never hidden and never modified.
+//! error, never hidden and never modified; `show --raw` shows their stored entries.
+//! Items and agent state are shown as JSON whatever type wrote them (format 2 is
+//! self-describing); format-1 records are read as the main job's `SimItem`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use agentloop::store::codec::{self, payload};
 use agentloop::store::lease::{is_fresh, DEFAULT_LEASE_TIMEOUT};
-use agentloop::store::{
-    codec, now_ms, SessionRecord, SessionStatus, SledBackend, StatusKind, StoreError,
-};
+use agentloop::store::{now_ms, SessionStatus, SledBackend, StatusKind, StoreError, Stored};
 use agentloop_sim::SimItem;
 use serde_json::{json, Value};
 
@@ -22,11 +23,13 @@ use crate::Failure;
 /// The usage text of `agentloop sessions`.
 pub(crate) const SESSIONS_USAGE: &str = "\
 usage: agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
-       agentloop sessions show <id> [--data-dir DIR] [--json]
+       agentloop sessions show <id> [--data-dir DIR] [--json] [--raw]
   --data-dir DIR  the data directory (default ./agentloop-data)
   --status        running, stopped, interrupted, completed, canceled, failed or corrupt;
                   corrupt records are always listed, since their status cannot be read
   --json          print JSON instead of a table
+  --raw           (show) every stored entry of the record undecoded, with what each
+                  part reads as: for a record that does not decode
 The directory is read offline: stop the agentloop process that uses it first.";
 
 /// The data directory used when `--data-dir` is not given.
@@ -48,6 +51,7 @@ enum Command {
         dir: PathBuf,
         id: String,
         json: bool,
+        raw: bool,
     },
     Help,
 }
@@ -61,7 +65,7 @@ pub(crate) fn main(args: &[String]) -> Result<String, Failure> {
             statuses,
             json,
         } => list(&dir, statuses.as_deref(), json),
-        Command::Show { dir, id, json } => show(&dir, &id, json),
+        Command::Show { dir, id, json, raw } => show(&dir, &id, json, raw),
     }
 }
 
@@ -88,6 +92,7 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
     let mut dir: Option<PathBuf> = None;
     let mut statuses: Option<Vec<StatusKind>> = None;
     let mut json = false;
+    let mut raw = false;
     let mut id: Option<String> = None;
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
@@ -104,6 +109,7 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
         match flag {
             "-h" | "--help" => return Ok(Command::Help),
             "--json" if inline.is_none() => json = true,
+            "--raw" if inline.is_none() && sub == "show" => raw = true,
             "--data-dir" if dir.is_some() => return Err(usage("--data-dir given twice")),
             "--data-dir" => dir = Some(PathBuf::from(value("--data-dir")?)),
             "--status" if sub == "list" => {
@@ -138,7 +144,7 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
         })
     } else {
         let id = id.ok_or_else(|| usage("`sessions show` needs a session id"))?;
-        Ok(Command::Show { dir, id, json })
+        Ok(Command::Show { dir, id, json, raw })
     }
 }
 
@@ -201,23 +207,124 @@ fn open(dir: &Path) -> Result<SledBackend, Failure> {
     })
 }
 
+/// What `list` and `show` print of one record, whatever its format and item type.
+struct View {
+    session_id: String,
+    agent_kind: String,
+    status: SessionStatus,
+    turn_index: u64,
+    /// Items as JSON, in their logical places.
+    unhandled: Vec<Value>,
+    interrupted: Vec<Value>,
+    /// The state's size and its JSON, or why it cannot be shown, if there is one.
+    state: Option<(usize, Result<Value, String>)>,
+    stop_cause: Option<String>,
+    last_error: Option<String>,
+    owner: Option<String>,
+    heartbeat_ms: u64,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    version: u64,
+    lease_epoch: u64,
+    /// "2", or "1 (converted on the next write)".
+    format: &'static str,
+}
+
+/// Builds the view of a stored record. Format 2 is read without its item type (items
+/// and state are self-describing); format 1 (bincode) only as the main job's `SimItem`.
+fn view(stored: &Stored) -> Result<View, StoreError> {
+    match stored {
+        Stored::Current(r) => {
+            let placement = r.placement()?;
+            let by_seq: std::collections::HashMap<u64, &[u8]> =
+                r.items.iter().map(|(s, b)| (*s, b.as_ref())).collect();
+            let id = &r.header.session_id;
+            let json = |seqs: &[u64]| -> Result<Vec<Value>, StoreError> {
+                seqs.iter()
+                    .map(|seq| {
+                        let bytes = by_seq.get(seq).ok_or_else(|| StoreError::Corrupt {
+                            session: id.clone(),
+                            reason: format!("item entry {seq} is missing"),
+                        })?;
+                        payload::to_json(bytes).map_err(|e| StoreError::Corrupt {
+                            session: id.clone(),
+                            reason: format!("item entry {seq}: {e}"),
+                        })
+                    })
+                    .collect()
+            };
+            let h = &r.header;
+            Ok(View {
+                session_id: h.session_id.clone(),
+                agent_kind: h.agent_kind.clone(),
+                status: h.status.clone(),
+                turn_index: h.turn_index,
+                unhandled: json(&placement.unhandled)?,
+                interrupted: json(&placement.interrupted)?,
+                state: r
+                    .state
+                    .as_ref()
+                    .map(|s| (s.len(), payload::to_json(s).map_err(|e| e.to_string()))),
+                stop_cause: h.stop_cause.clone(),
+                last_error: h.last_error.clone(),
+                owner: h.owner.clone(),
+                heartbeat_ms: h.heartbeat_ms,
+                created_at_ms: h.created_at_ms,
+                updated_at_ms: h.updated_at_ms,
+                version: h.version,
+                lease_epoch: h.lease_epoch,
+                format: "2",
+            })
+        }
+        Stored::Format1(_) => {
+            let rec = stored.decode::<SimItem>()?.into_record();
+            Ok(View {
+                session_id: rec.session_id,
+                agent_kind: rec.agent_kind,
+                status: rec.status,
+                turn_index: rec.turn_index,
+                unhandled: rec.unhandled_items.iter().map(|i| json!(i)).collect(),
+                interrupted: rec.interrupted_items.iter().map(|i| json!(i)).collect(),
+                // A format-1 state is bincode, which only its type can read.
+                state: rec.state.as_ref().map(|s| {
+                    let why = "format 1 (bincode): readable once the record is converted";
+                    (s.len().saturating_sub(4), Err(why.to_string()))
+                }),
+                stop_cause: rec.stop_cause,
+                last_error: rec.last_error,
+                owner: rec.owner,
+                heartbeat_ms: rec.heartbeat_ms,
+                created_at_ms: rec.created_at_ms,
+                updated_at_ms: rec.updated_at_ms,
+                version: rec.version,
+                lease_epoch: rec.lease_epoch,
+                format: "1 (converted to 2 on its next write)",
+            })
+        }
+    }
+}
+
 fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<String, Failure> {
     let backend = open(dir)?;
     let entries = backend
-        .list::<SimItem>(statuses)
+        .list(statuses)
         .map_err(|e| Failure::Error(e.to_string()))?;
     drop(backend);
+    let views: Vec<(String, Result<View, StoreError>)> = entries
+        .into_iter()
+        .map(|e| (e.session_id, e.record.and_then(|r| view(&r))))
+        .collect();
     if json {
-        let rows: Vec<Value> = entries
+        let rows: Vec<Value> = views
             .iter()
-            .map(|e| match &e.record {
-                Ok(rec) => record_json(rec, false),
-                Err(err) => corrupt_json(&e.session_id, err, None),
+            .map(|(id, v)| match v {
+                Ok(v) => view_json(v, false),
+                Err(err) => corrupt_json(id, err),
             })
             .collect();
         return Ok(pretty(&Value::Array(rows)));
     }
-    if entries.is_empty() {
+    if views.is_empty() {
         let which = if statuses.is_some() { "matching " } else { "" };
         return Ok(format!("no {which}records in {}\n", dir.display()));
     }
@@ -234,16 +341,16 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
     ];
     let mut rows = Vec::new();
     let mut notes = Vec::new();
-    for e in &entries {
-        match &e.record {
+    for (id, v) in &views {
+        match v {
             Ok(r) => rows.push(vec![
                 cell(&r.session_id),
                 cell(&r.status.to_string()),
                 r.turn_index.to_string(),
-                r.unhandled_items.len().to_string(),
-                r.interrupted_items.len().to_string(),
+                r.unhandled.len().to_string(),
+                r.interrupted.len().to_string(),
                 match &r.state {
-                    Some(s) => format!("yes ({} B)", s.len()),
+                    Some((n, _)) => format!("yes ({n} B)"),
                     None => "no".to_string(),
                 },
                 cell(r.stop_cause.as_deref().unwrap_or("-")),
@@ -251,12 +358,12 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
                 cell(r.owner.as_deref().unwrap_or("-")),
             ]),
             Err(err) => {
-                let mut row = vec![cell(&e.session_id), CORRUPT.to_string()];
+                let mut row = vec![cell(id), CORRUPT.to_string()];
                 row.resize(header.len(), "-".to_string());
                 rows.push(row);
                 notes.push(format!(
                     "{CORRUPT} {}: {}",
-                    clean(&e.session_id),
+                    clean(id),
                     clean(&err.to_string())
                 ));
             }
@@ -264,7 +371,7 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
     }
     let mut out = table(&header, &rows);
     let corrupt = notes.len();
-    let _ = write!(out, "\n{} record{}", entries.len(), plural(entries.len()));
+    let _ = write!(out, "\n{} record{}", views.len(), plural(views.len()));
     if corrupt > 0 {
         let _ = write!(out, " ({corrupt} corrupt)");
     }
@@ -275,23 +382,40 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
     Ok(out)
 }
 
-fn show(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
+fn show(dir: &Path, id: &str, json: bool, raw: bool) -> Result<String, Failure> {
     let backend = open(dir)?;
-    let raw = backend
-        .get_raw(id)
-        .map_err(|e| Failure::Error(e.to_string()))?;
-    let Some(bytes) = raw else {
-        return Err(Failure::Error(format!(
+    if raw {
+        let entries = backend
+            .raw_entries(id)
+            .map_err(|e| Failure::Error(e.to_string()))?;
+        drop(backend);
+        return raw_view(dir, id, &entries, json);
+    }
+    let loaded = backend.load(id);
+    // Bytes stored for the session, to report with a record that does not decode.
+    let raw_bytes: usize = match &loaded {
+        Err(_) => backend
+            .raw_entries(id)
+            .map(|e| e.iter().map(|(_, b)| b.len()).sum())
+            .unwrap_or(0),
+        Ok(_) => 0,
+    };
+    let missing = || {
+        Failure::Error(format!(
             "no record for session `{}` in {}; `agentloop sessions list --data-dir {}` shows the stored ids",
             clean(id),
             dir.display(),
             dir.display()
-        )));
+        ))
     };
-    let record = codec::decode_record::<SimItem>(id, &bytes);
+    let record = match loaded {
+        Ok(None) => return Err(missing()),
+        Ok(Some(stored)) => view(&stored),
+        Err(e) => Err(e),
+    };
     // The owner's own heartbeat (one per runtime instance, S19), for a Running record.
     let owner_beat = match &record {
-        Ok(SessionRecord {
+        Ok(View {
             status: SessionStatus::Running,
             owner: Some(owner),
             ..
@@ -303,8 +427,12 @@ fn show(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
     drop(backend);
     if json {
         return Ok(pretty(&match &record {
-            Ok(rec) => record_json(rec, true),
-            Err(err) => corrupt_json(id, err, Some(bytes.len())),
+            Ok(v) => view_json(v, true),
+            Err(err) => {
+                let mut v = corrupt_json(id, err);
+                v["raw_bytes"] = json!(raw_bytes);
+                v
+            }
         }));
     }
     let mut out = String::new();
@@ -317,10 +445,13 @@ fn show(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
             line("session", clean(id));
             line("status", CORRUPT.to_string());
             line("error", clean(&err.to_string()));
-            let head: Vec<String> = bytes.iter().take(16).map(|b| format!("{b:02x}")).collect();
             line(
-                "raw bytes",
-                format!("{} (first {}: {})", bytes.len(), head.len(), head.join(" ")),
+                "inspect",
+                format!(
+                    "agentloop sessions show {} --raw --data-dir {}",
+                    clean(id),
+                    dir.display()
+                ),
             );
             return Ok(out);
         }
@@ -341,8 +472,8 @@ fn show(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
     line(
         "mid-turn",
         match &rec.state {
-            Some(s) => format!("yes: {} bytes of agent state", s.len()),
-            None if !rec.interrupted_items.is_empty() => {
+            Some((n, _)) => format!("yes: {n} bytes of agent state"),
+            None if !rec.interrupted.is_empty() => {
                 "yes: interrupted items, no agent state".to_string()
             }
             None => "no".to_string(),
@@ -388,20 +519,100 @@ fn show(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
         format!("{} ({} ms)", utc(rec.updated_at_ms), rec.updated_at_ms),
     );
     line("version", rec.version.to_string());
-    items(&mut out, "unhandled items", &rec.unhandled_items);
-    items(&mut out, "interrupted items", &rec.interrupted_items);
+    line("lease epoch", rec.lease_epoch.to_string());
+    line("format", rec.format.to_string());
+    items(&mut out, "unhandled items", &rec.unhandled);
+    items(&mut out, "interrupted items", &rec.interrupted);
+    match &rec.state {
+        Some((_, Ok(state))) => {
+            let _ = writeln!(out, "agent state:\n  {}", clean(&state.to_string()));
+        }
+        Some((_, Err(why))) => {
+            let _ = writeln!(out, "agent state: not shown: {}", clean(why));
+        }
+        None => {}
+    }
     Ok(out)
 }
 
-fn items(out: &mut String, title: &str, items: &[SimItem]) {
+fn items(out: &mut String, title: &str, items: &[Value]) {
     if items.is_empty() {
         let _ = writeln!(out, "{title} (0): none");
         return;
     }
     let _ = writeln!(out, "{title} ({}):", items.len());
     for (i, item) in items.iter().enumerate() {
-        let _ = writeln!(out, "  [{i}] id={} {:?}", item.id, item.text);
+        let _ = writeln!(out, "  [{i}] {}", clean(&item.to_string()));
     }
+}
+
+/// `show --raw`: every stored entry of the session, undecoded, with what each part
+/// says when it does decode, so a corrupt record can be looked at.
+fn raw_view(
+    dir: &Path,
+    id: &str,
+    entries: &[(String, Vec<u8>)],
+    json: bool,
+) -> Result<String, Failure> {
+    if entries.is_empty() {
+        return Err(Failure::Error(format!(
+            "no stored entries for session `{}` in {}",
+            clean(id),
+            dir.display()
+        )));
+    }
+    let described: Vec<(String, usize, String, Value)> = entries
+        .iter()
+        .map(|(name, bytes)| {
+            let head: String = bytes.iter().take(32).map(|b| format!("{b:02x}")).collect();
+            let reading = if name == "header" {
+                match codec::decode_header(id, bytes) {
+                    Ok(h) => json!({
+                        "status": h.status.to_string(),
+                        "turn_index": h.turn_index,
+                        "cut": h.cut,
+                        "front": h.front,
+                        "next_seq": h.next_seq,
+                        "version": h.version,
+                        "lease_epoch": h.lease_epoch,
+                    }),
+                    Err(e) => json!({ "error": e.to_string() }),
+                }
+            } else if name == "format-1 record" {
+                match codec::legacy::prefix(id, bytes) {
+                    Ok((p, _)) => {
+                        json!({"status": p.status.to_string(), "agent_kind": p.agent_kind})
+                    }
+                    Err(e) => json!({ "error": e.to_string() }),
+                }
+            } else {
+                match payload::to_json(bytes) {
+                    Ok(v) => v,
+                    Err(e) => json!({ "error": e.to_string() }),
+                }
+            };
+            (name.clone(), bytes.len(), head, reading)
+        })
+        .collect();
+    if json {
+        let rows: Vec<Value> = described
+            .iter()
+            .map(|(name, len, head, reading)| {
+                json!({"entry": name, "bytes": len, "head_hex": head, "reads_as": reading})
+            })
+            .collect();
+        return Ok(pretty(&json!({ "session_id": id, "entries": rows })));
+    }
+    let mut out = format!(
+        "session `{}`: {} stored entries\n",
+        clean(id),
+        described.len()
+    );
+    for (name, len, head, reading) in described {
+        let _ = writeln!(out, "{name}: {len} bytes, first {}: {head}", head.len() / 2);
+        let _ = writeln!(out, "  reads as: {}", clean(&reading.to_string()));
+    }
+    Ok(out)
 }
 
 /// What the status means for a resume (S19).
@@ -415,7 +626,7 @@ fn lifecycle(status: &SessionStatus) -> &'static str {
     }
 }
 
-fn record_json(rec: &SessionRecord<SimItem>, with_items: bool) -> Value {
+fn view_json(rec: &View, with_items: bool) -> Value {
     let mut v = json!({
         "session_id": rec.session_id,
         "agent_kind": rec.agent_kind,
@@ -425,10 +636,10 @@ fn record_json(rec: &SessionRecord<SimItem>, with_items: bool) -> Value {
             _ => None,
         },
         "turn_index": rec.turn_index,
-        "unhandled_count": rec.unhandled_items.len(),
-        "interrupted_count": rec.interrupted_items.len(),
-        "mid_turn": rec.is_mid_turn(),
-        "state_bytes": rec.state.as_ref().map(Vec::len),
+        "unhandled_count": rec.unhandled.len(),
+        "interrupted_count": rec.interrupted.len(),
+        "mid_turn": rec.state.is_some() || !rec.interrupted.is_empty(),
+        "state_bytes": rec.state.as_ref().map(|(n, _)| *n),
         "stop_cause": rec.stop_cause,
         "last_error": rec.last_error,
         "owner": rec.owner,
@@ -437,24 +648,27 @@ fn record_json(rec: &SessionRecord<SimItem>, with_items: bool) -> Value {
         "updated_at_ms": rec.updated_at_ms,
         "updated_at": utc(rec.updated_at_ms),
         "version": rec.version,
+        "lease_epoch": rec.lease_epoch,
+        "format": rec.format,
     });
     if with_items {
-        v["unhandled_items"] = json!(rec.unhandled_items);
-        v["interrupted_items"] = json!(rec.interrupted_items);
+        v["unhandled_items"] = Value::Array(rec.unhandled.clone());
+        v["interrupted_items"] = Value::Array(rec.interrupted.clone());
+        v["state"] = match &rec.state {
+            Some((_, Ok(j))) => j.clone(),
+            Some((_, Err(why))) => json!({ "not_shown": why }),
+            None => Value::Null,
+        };
     }
     v
 }
 
-fn corrupt_json(id: &str, err: &StoreError, raw_bytes: Option<usize>) -> Value {
-    let mut v = json!({
+fn corrupt_json(id: &str, err: &StoreError) -> Value {
+    json!({
         "session_id": id,
         "status": CORRUPT,
         "error": err.to_string(),
-    });
-    if let Some(n) = raw_bytes {
-        v["raw_bytes"] = json!(n);
-    }
-    v
+    })
 }
 
 fn pretty(v: &Value) -> String {
@@ -565,7 +779,8 @@ mod tests {
             Some(Command::Show {
                 dir: PathBuf::from("/d"),
                 id: "s-1".into(),
-                json: true
+                json: true,
+                raw: false
             })
         );
         assert_eq!(parse(&args("show --help")).ok(), Some(Command::Help));
@@ -586,6 +801,7 @@ mod tests {
             "show a b",
             "show a --status stopped",
             "list --data-dir a --data-dir b",
+            "list --raw",
         ] {
             assert!(
                 matches!(parse(&args(bad)), Err(Failure::Usage { .. })),

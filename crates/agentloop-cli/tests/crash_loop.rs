@@ -191,8 +191,12 @@ fn check_store(data: &Path, when: &str) -> Stored {
         resumable: 0,
         items: HashSet::new(),
     };
-    for entry in backend.list::<SimItem>(None).expect("list the records") {
-        let rec = match entry.record {
+    for entry in backend.list(None).expect("list the records") {
+        let rec = match entry
+            .record
+            .and_then(|r| r.decode::<SimItem>())
+            .map(|r| r.into_record())
+        {
             Ok(r) => r,
             Err(e) => panic!("{when}: record {} does not decode: {e}", entry.session_id),
         };

@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use agentloop::store::codec::encode_record;
 use agentloop::store::sled::WriteOp;
-use agentloop::store::{SessionRecord, SessionStatus, SledBackend};
+use agentloop::store::table::header_key;
+use agentloop::store::{SessionRecord, SessionStatus, SledBackend, WriteCondition};
 use agentloop_sim::SimItem;
 use serde_json::Value;
 
@@ -66,25 +66,27 @@ fn populate(dir: &Path) {
     delta.status = SessionStatus::Running;
     delta.owner = Some("instance-9".into());
 
-    let mut ops: Vec<WriteOp> = [alpha, beta, gamma, delta]
-        .iter()
-        .map(|r| WriteOp::Put {
-            key: r.session_id.clone(),
-            bytes: encode_record(r).unwrap(),
-        })
+    let write = |r: &SessionRecord<SimItem>| {
+        WriteOp::Write(Box::new(r.to_write(WriteCondition::Always).unwrap()))
+    };
+    // The store counts versions itself: alpha is written four times.
+    let mut ops: Vec<WriteOp> = [&alpha, &alpha, &alpha, &alpha, &beta, &gamma, &delta]
+        .into_iter()
+        .map(write)
         .collect();
-    ops.push(WriteOp::Put {
-        key: "bad".into(),
-        bytes: b"garbage, not a record".to_vec(),
-    });
     ops.push(WriteOp::Beat {
         instance: "instance-9".into(),
         now_ms: agentloop::store::now_ms(),
     });
     let backend = SledBackend::open(dir).unwrap();
-    for r in backend.apply::<SimItem>(ops) {
+    for r in backend.apply(ops) {
         r.unwrap();
     }
+    // A damaged record: its header is not an envelope.
+    backend
+        .put_raw(&header_key("bad"), b"garbage, not a record")
+        .unwrap();
+    backend.flush().unwrap();
     drop(backend); // releases sled's lock on the directory
 }
 
@@ -231,9 +233,9 @@ fn sessions_list_and_show() {
         "yes: 42 bytes of agent state",
         "owner        instance-1",
         "unhandled items (1):",
-        "[0] id=20 \"message 20\"",
+        "[0] {\"id\":20,\"text\":\"message 20\"}",
         "interrupted items (2):",
-        "[1] id=22 \"message 22\"",
+        "[1] {\"id\":22,\"text\":\"message 22\"}",
     ] {
         assert!(
             show.contains(needle),
@@ -267,6 +269,38 @@ fn sessions_list_and_show() {
         corrupt.contains("CORRUPT") && corrupt.contains("bad magic"),
         "{corrupt}"
     );
+    // The error says how to look at it, and that way works on it.
+    assert!(corrupt.contains("sessions show bad --raw"), "{corrupt}");
+    let raw = ok(&agentloop(&[
+        "sessions",
+        "show",
+        "bad",
+        "--raw",
+        "--data-dir",
+        d,
+    ]));
+    assert!(raw.contains("header: 21 bytes"), "{raw}");
+    assert!(raw.contains("bad magic"), "{raw}");
+    let raw = ok(&agentloop(&[
+        "sessions",
+        "show",
+        "beta",
+        "--raw",
+        "--data-dir",
+        d,
+    ]));
+    for needle in [
+        "header:",
+        "item 0:",
+        "item 2:",
+        "state: 42 bytes",
+        "message 21",
+    ] {
+        assert!(
+            raw.contains(needle),
+            "--raw should contain {needle:?}:\n{raw}"
+        );
+    }
     let corrupt: Value = serde_json::from_str(&ok(&agentloop(&[
         "sessions",
         "show",
@@ -318,9 +352,10 @@ fn sessions_list_and_show() {
 
     // The records are untouched by reading them, and the lock was released each time.
     let backend = SledBackend::open(&dir).unwrap();
-    assert_eq!(backend.list::<SimItem>(None).unwrap().len(), 5);
-    assert!(
-        backend.get_raw("bad").unwrap().is_some(),
+    assert_eq!(backend.list(None).unwrap().len(), 5);
+    assert_eq!(
+        backend.raw_entries("bad").unwrap().len(),
+        1,
         "corrupt record kept"
     );
 

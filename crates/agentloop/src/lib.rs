@@ -32,6 +32,7 @@ pub mod cancel;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod ids;
 pub mod options;
 pub mod runtime;
 pub mod session;

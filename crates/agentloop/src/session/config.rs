@@ -1,7 +1,7 @@
 //! How one session is configured: its id, agent kind, persistence, event buffer and
 //! session-end hooks (DESIGN S21, S32).
 //!
-//! This module owns session-id validation; it does not start anything.
+//! Session ids are validated in `crate::ids`; this module does not start anything.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,42 +12,7 @@ use futures::future::BoxFuture;
 use crate::events::DEFAULT_EVENT_CAPACITY;
 use crate::session::ExitSummary;
 
-/// The longest session id, in bytes.
-pub const MAX_SESSION_ID_LEN: usize = 128;
-
-/// A session id that cannot be used (S32).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SessionIdError {
-    /// The id is empty.
-    #[error("session id is empty; use 1 to 128 bytes without control characters")]
-    Empty,
-    /// The id is too long.
-    #[error("session id is {len} bytes long; the limit is 128 bytes")]
-    TooLong {
-        /// Its length.
-        len: usize,
-    },
-    /// The id holds a control character.
-    #[error("session id contains a control character at byte {at}; use printable characters only")]
-    ControlCharacter {
-        /// Byte offset of the first one.
-        at: usize,
-    },
-}
-
-/// Checks a session id: 1–128 bytes, no control characters.
-pub fn validate_session_id(id: &str) -> Result<(), SessionIdError> {
-    if id.is_empty() {
-        return Err(SessionIdError::Empty);
-    }
-    if id.len() > MAX_SESSION_ID_LEN {
-        return Err(SessionIdError::TooLong { len: id.len() });
-    }
-    if let Some((at, _)) = id.char_indices().find(|(_, c)| c.is_control()) {
-        return Err(SessionIdError::ControlCharacter { at });
-    }
-    Ok(())
-}
+pub use crate::ids::{validate_session_id, SessionIdError, MAX_SESSION_ID_LEN};
 
 /// A session-end hook (S21): runs after the final checkpoint and before `Ended`, bounded
 /// by [`SessionConfig::hook_timeout`] and isolated from the other hooks (a failing,
@@ -190,25 +155,5 @@ impl SessionConfig {
     pub fn hook_timeout(mut self, d: Duration) -> Self {
         self.hook_timeout = d;
         self
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn s32_session_ids_are_validated() {
-        assert_eq!(validate_session_id(""), Err(SessionIdError::Empty));
-        assert_eq!(
-            validate_session_id(&"x".repeat(129)),
-            Err(SessionIdError::TooLong { len: 129 })
-        );
-        assert!(validate_session_id(&"x".repeat(128)).is_ok());
-        assert_eq!(
-            validate_session_id("ab\ncd"),
-            Err(SessionIdError::ControlCharacter { at: 2 })
-        );
-        assert!(validate_session_id("user-42/chat").is_ok());
     }
 }

@@ -1262,6 +1262,7 @@ fn record<A: Agent>(
         created_at_ms: state.created_at_ms,
         updated_at_ms: now,
         version: 0,
+        lease_epoch: 0,
     }
 }
 

@@ -100,7 +100,7 @@ impl<I, E> Default for ShutdownCoordinator<I, E> {
 
 impl<I, E> CoordinatorState<I, E>
 where
-    I: Clone + Send + Sync + 'static,
+    I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     E: Clone + Send + Sync + 'static,
 {
     /// Starts the shutdown task if it has not started.
@@ -134,7 +134,7 @@ where
 
 impl<I, E> Actor for ShutdownCoordinator<I, E>
 where
-    I: Clone + Send + Sync + 'static,
+    I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     E: Clone + Send + Sync + 'static,
 {
     type Msg = ShutdownMsg;
@@ -208,7 +208,7 @@ async fn run_shutdown<I, E>(
     force: watch::Receiver<bool>,
 ) -> ShutdownReport
 where
-    I: Clone + Send + Sync + 'static,
+    I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     E: Clone + Send + Sync + 'static,
 {
     let started = Instant::now();
@@ -312,7 +312,7 @@ impl ShutdownHandle {
     /// Starts a coordinator (unlinked).
     pub async fn start<I, E>(args: CoordinatorArgs<I, E>) -> Result<Self, crate::SpawnError>
     where
-        I: Clone + Send + Sync + 'static,
+        I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
         E: Clone + Send + Sync + 'static,
     {
         let (actor, _) = Actor::spawn(None, ShutdownCoordinator::<I, E>::default(), args)

@@ -67,7 +67,7 @@ pub(crate) struct SessionSet<I, E> {
 
 impl<I, E> SessionSet<I, E>
 where
-    I: Clone + Send + Sync + 'static,
+    I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     E: Clone + Send + Sync + 'static,
 {
     /// Starts watching every member's end.
@@ -290,7 +290,7 @@ where
 
 impl<I, E> Phases for SessionSet<I, E>
 where
-    I: Clone + Send + Sync + 'static,
+    I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     E: Clone + Send + Sync + 'static,
 {
     fn config(&self) -> &ShutdownConfig {

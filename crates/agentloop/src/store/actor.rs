@@ -12,47 +12,43 @@
 //!
 //! So one flush covers everything that arrived together, applying the next wave
 //! overlaps the current flush, and each waiter is answered only after a flush that
-//! started after its write was applied. Two saves of the same session in one wave are
-//! coalesced (the later one wins, both waiters are answered). Reads of a key with
+//! started after its write was applied. A wave is one sled batch: every write in it,
+//! whatever the session, is applied atomically (`sled.rs`). Reads of a session with
 //! writes pending or being applied are ordered into the wave, so a read never sees an
-//! older value than a write issued before it. Records are encoded by the caller
-//! ([`CheckpointClient::save`]), not in this actor's loop.
+//! older value than a write issued before it. Payloads are encoded by the caller (the
+//! session, or [`CheckpointClient`]'s typed methods), not in this actor's loop.
 //!
 //! The actor never blocks: sled runs on blocking threads. It owns the backend; nothing
 //! else writes it while the actor lives. [`CheckpointClient`] is its typed face and
 //! implements [`CheckpointStore`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::path::Path;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 use tokio::sync::oneshot;
 
-use crate::session::validate_session_id;
+use crate::ids::validate_session_id;
 use crate::store::sled::{OpResult, WriteOp};
 use crate::store::{
-    codec, CasOutcome, CheckpointStore, ListEntry, SessionRecord, SessionStatus, SledBackend,
-    StatusKind, StoreError,
+    CasOutcome, CheckpointStore, RecordWrite, SessionStatus, SledBackend, StatusKind, StoreError,
+    Stored, StoredEntry,
 };
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
 /// An applied operation waiting for a flush: who to answer, and what it did.
-type AppliedOp<I> = (Waiter<I>, Result<OpResult, StoreError>);
+type AppliedOp = (Waiter, Result<OpResult, StoreError>);
 /// A list request waiting for the wave it must see (by wave number).
-type WaitingList<I> = (u64, Option<Vec<StatusKind>>, Reply<Vec<ListEntry<I>>>);
+type WaitingList = (u64, Option<Vec<StatusKind>>, Reply<Vec<StoredEntry>>);
 
 /// Counters of the checkpoint actor (answer to [`CheckpointMsg::Stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointStats {
-    /// Save requests received.
+    /// Record writes received.
     pub saves: u64,
-    /// Saves absorbed by a later save of the same session in the same wave.
-    pub coalesced: u64,
     /// Waves written (each with one flush).
     pub waves: u64,
     /// Operations written, over all waves.
@@ -61,46 +57,26 @@ pub struct CheckpointStats {
     pub max_wave: u64,
     /// Flushes run (each covers every write applied before it started).
     pub flushes: u64,
-    /// Bytes of encoded records written.
+    /// Bytes of payload (items and states) written.
     pub bytes: u64,
 }
 
 /// Messages of the checkpoint actor. Other actors may `call!` it directly; sessions use
 /// [`CheckpointClient`].
-pub enum CheckpointMsg<I> {
-    /// Write a record; answered after the flush that covers it.
-    Save {
-        /// The record (boxed: records are large next to the other messages).
-        record: Box<SessionRecord<I>>,
+pub enum CheckpointMsg {
+    /// Apply a change to one session's record; answered after the flush that covers it.
+    Write {
+        /// The write (boxed: writes are large next to the other messages).
+        write: Box<RecordWrite>,
         /// Where to answer.
         reply: Reply<()>,
     },
-    /// Write a record already encoded by [`codec::encode_record`] (what
-    /// [`CheckpointClient::save`] sends, so encoding runs in the caller, not here).
-    SaveEncoded {
-        /// The session (the record's id; validated by the sender).
-        session_id: String,
-        /// The codec envelope.
-        bytes: Vec<u8>,
-        /// Where to answer.
-        reply: Reply<()>,
-    },
-    /// Write a live record unless the stored one is final (see
-    /// [`CheckpointStore::save_live`]); answered after the flush.
-    SaveLive {
-        /// The session.
-        session_id: String,
-        /// The codec envelope.
-        bytes: Vec<u8>,
-        /// Where to answer.
-        reply: Reply<()>,
-    },
-    /// Read a record.
+    /// Read a record as stored.
     Load {
         /// The session.
         session_id: String,
         /// Where to answer.
-        reply: Reply<Option<SessionRecord<I>>>,
+        reply: Reply<Option<Stored>>,
     },
     /// Delete a record; answers whether one existed, after the flush.
     Delete {
@@ -120,12 +96,12 @@ pub enum CheckpointMsg<I> {
         /// Where to answer.
         reply: Reply<CasOutcome>,
     },
-    /// List records (ordered after the writes issued before it).
+    /// List records as stored (ordered after the writes issued before it).
     List {
         /// Only these statuses, if given.
         statuses: Option<Vec<StatusKind>>,
         /// Where to answer.
-        reply: Reply<Vec<ListEntry<I>>>,
+        reply: Reply<Vec<StoredEntry>>,
     },
     /// Answered once every write issued before it is flushed.
     Flush {
@@ -173,34 +149,33 @@ pub struct Applied(Vec<Result<OpResult, StoreError>>);
 pub struct Flushed(Result<(), StoreError>);
 
 /// How one operation of a wave is answered.
-enum Waiter<I> {
-    Unit(Vec<Reply<()>>),
+enum Waiter {
+    Unit(Reply<()>),
     Deleted(Reply<bool>),
     Cas(Reply<CasOutcome>),
-    Load(String, Reply<Option<SessionRecord<I>>>),
+    Load(Reply<Option<Stored>>),
 }
 
-/// The checkpoint actor.
+/// The checkpoint actor. `I` is the item type of the clients it hands out; the actor
+/// itself moves encoded records only.
 pub struct CheckpointActor<I>(PhantomData<fn() -> I>);
 
 /// The actor's state.
-pub struct CheckpointState<I> {
+pub struct CheckpointState {
     /// `None` once the actor stopped (post_stop releases sled's lock).
     backend: Option<Arc<SledBackend>>,
-    pending: Vec<(WriteOp, Waiter<I>)>,
-    /// Key → index in `pending` of its last operation, when that is a put (coalescing).
-    last_put: HashMap<String, usize>,
-    /// Keys with an operation pending or in flight (reads of them join the wave).
+    pending: Vec<(WriteOp, Waiter)>,
+    /// Sessions with an operation pending or in flight (reads of them join the wave).
     busy: HashSet<String>,
     /// The wave being applied.
-    applying: Option<Vec<Waiter<I>>>,
+    applying: Option<Vec<Waiter>>,
     /// Applied writes waiting for a flush that starts after them.
-    unflushed: Vec<AppliedOp<I>>,
+    unflushed: Vec<AppliedOp>,
     /// Writes covered by the flush in flight.
-    flushing: Option<Vec<AppliedOp<I>>>,
+    flushing: Option<Vec<AppliedOp>>,
     /// Lists wait for the waves that held writes issued before them (by wave number),
     /// so they see every earlier write without waiting for later ones.
-    lists: Vec<WaitingList<I>>,
+    lists: Vec<WaitingList>,
     completed_waves: u64,
     /// Set by `Close`: new writes are refused; answered once the pipeline is empty.
     closing: Option<Reply<()>>,
@@ -214,10 +189,7 @@ fn check_id(id: &str) -> Result<(), StoreError> {
     })
 }
 
-impl<I> CheckpointActor<I>
-where
-    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-{
+impl<I: 'static> CheckpointActor<I> {
     /// Opens the sled store in `dir` (off the tokio workers) and starts the actor.
     pub async fn spawn(dir: impl AsRef<Path>) -> Result<CheckpointClient<I>, StoreError> {
         Self::spawn_inner(dir.as_ref().to_path_buf(), None).await
@@ -253,71 +225,35 @@ where
             session: String::new(),
             message: format!("the checkpoint actor did not start: {e}"),
         })?;
-        Ok(CheckpointClient { actor })
+        Ok(CheckpointClient {
+            actor,
+            _items: PhantomData,
+        })
     }
 }
 
-impl<I> CheckpointState<I>
-where
-    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-{
-    fn push(&mut self, key: Option<&str>, op: WriteOp, waiter: Waiter<I>) {
+impl CheckpointState {
+    fn push(&mut self, key: Option<&str>, op: WriteOp, waiter: Waiter) {
         if let Some(k) = key {
-            self.last_put.remove(k);
             self.busy.insert(k.to_string());
         }
         self.pending.push((op, waiter));
     }
 
-    fn save(&mut self, record: SessionRecord<I>, reply: Reply<()>) {
-        if let Err(e) = check_id(&record.session_id) {
-            self.stats.saves += 1;
-            let _ = reply.send(Err(e));
-            return;
-        }
-        match codec::encode_record(&record) {
-            Ok(bytes) => self.save_encoded(record.session_id, bytes, reply),
-            Err(e) => {
-                self.stats.saves += 1;
-                let _ = reply.send(Err(e));
-            }
-        }
-    }
-
-    fn save_encoded(&mut self, key: String, bytes: Vec<u8>, reply: Reply<()>) {
-        self.stats.saves += 1;
-        if let Some(&i) = self.last_put.get(&key) {
-            // Coalesce: the later record replaces the earlier one in this wave.
-            if let (WriteOp::Put { bytes: old, .. }, Waiter::Unit(waiters)) = &mut self.pending[i] {
-                *old = bytes;
-                waiters.push(reply);
-                self.stats.coalesced += 1;
-                return;
-            }
-        }
-        self.busy.insert(key.clone());
-        self.last_put.insert(key.clone(), self.pending.len());
-        self.pending
-            .push((WriteOp::Put { key, bytes }, Waiter::Unit(vec![reply])));
-    }
-
     /// Moves the pipeline along: applies the pending wave if none is being applied,
     /// starts a flush if none is running and writes wait for one.
-    fn dispatch(&mut self, myself: &ActorRef<CheckpointMsg<I>>) {
+    fn dispatch(&mut self, myself: &ActorRef<CheckpointMsg>) {
         self.serve_lists();
         if self.applying.is_none() && !self.pending.is_empty() {
             let wave = std::mem::take(&mut self.pending);
-            self.last_put.clear();
-            let (ops, waiters): (Vec<WriteOp>, Vec<Waiter<I>>) = wave.into_iter().unzip();
+            let (ops, waiters): (Vec<WriteOp>, Vec<Waiter>) = wave.into_iter().unzip();
             self.stats.waves += 1;
             self.stats.ops += ops.len() as u64;
             self.stats.max_wave = self.stats.max_wave.max(ops.len() as u64);
             self.stats.bytes += ops
                 .iter()
                 .map(|o| match o {
-                    WriteOp::Put { bytes, .. } | WriteOp::PutLive { bytes, .. } => {
-                        bytes.len() as u64
-                    }
+                    WriteOp::Write(w) => w.payload_bytes() as u64,
                     _ => 0,
                 })
                 .sum::<u64>();
@@ -327,7 +263,7 @@ where
             self.applying = Some(waiters);
             let myself = myself.clone();
             tokio::task::spawn_blocking(move || {
-                let results = backend.apply_unflushed::<I>(ops);
+                let results = backend.apply_unflushed(ops);
                 // Invariant: blocking jobs release the backend before they report, so
                 // once the actor has stopped nothing holds sled's lock.
                 drop(backend);
@@ -357,17 +293,16 @@ where
         for (waiter, result) in waiters.into_iter().zip(results) {
             match waiter {
                 // Reads need no flush: answer them now, in order with the writes.
-                Waiter::Load(key, reply) => {
+                Waiter::Load(reply) => {
                     let _ = reply.send(result.and_then(|r| match r {
-                        OpResult::Read(Some(bytes)) => codec::decode_record(&key, &bytes).map(Some),
-                        OpResult::Read(None) => Ok(None),
+                        OpResult::Read(stored) => Ok(stored.map(|b| *b)),
                         other => Err(unexpected(other)),
                     }));
                 }
                 w => self.unflushed.push((w, result)),
             }
         }
-        // Keys stay busy while the next wave holds them.
+        // Sessions stay busy while the next wave holds them.
         self.busy = self
             .pending
             .iter()
@@ -377,16 +312,14 @@ where
 
     fn flushed(&mut self, flush: Result<(), StoreError>) {
         for (waiter, result) in self.flushing.take().unwrap_or_default() {
-            let result = match &flush {
-                Ok(()) => result,
-                Err(e) => Err(e.clone()),
+            // A write its condition refused changed nothing: its own answer stands.
+            let result = match (&flush, result) {
+                (Err(e), Ok(_)) => Err(e.clone()),
+                (_, r) => r,
             };
             match waiter {
-                Waiter::Unit(replies) => {
-                    let r = result.map(|_| ());
-                    for reply in replies {
-                        let _ = reply.send(r.clone());
-                    }
+                Waiter::Unit(reply) => {
+                    let _ = reply.send(result.map(|_| ()));
                 }
                 Waiter::Deleted(reply) => {
                     let _ = reply.send(result.and_then(|r| match r {
@@ -400,7 +333,7 @@ where
                         other => Err(unexpected(other)),
                     }));
                 }
-                Waiter::Load(_, reply) => {
+                Waiter::Load(reply) => {
                     let _ = reply.send(Err(unexpected(OpResult::Done)));
                 }
             }
@@ -411,7 +344,7 @@ where
     /// workers, answer the closer and stop.
     async fn finish_close(
         &mut self,
-        myself: &ActorRef<CheckpointMsg<I>>,
+        myself: &ActorRef<CheckpointMsg>,
     ) -> Result<(), ActorProcessingErr> {
         let idle = self.pending.is_empty()
             && self.applying.is_none()
@@ -455,7 +388,7 @@ where
                 continue;
             };
             tokio::task::spawn_blocking(move || {
-                let r = backend.list::<I>(statuses.as_deref());
+                let r = backend.list(statuses.as_deref());
                 drop(backend);
                 let _ = reply.send(r);
             });
@@ -483,11 +416,9 @@ fn release(backend: Arc<SledBackend>) {
 }
 
 /// Answers a message that arrived while closing.
-fn refuse_closed<I>(msg: CheckpointMsg<I>) {
+fn refuse_closed(msg: CheckpointMsg) {
     match msg {
-        CheckpointMsg::Save { reply, .. }
-        | CheckpointMsg::SaveEncoded { reply, .. }
-        | CheckpointMsg::SaveLive { reply, .. }
+        CheckpointMsg::Write { reply, .. }
         | CheckpointMsg::Flush { reply }
         | CheckpointMsg::Beat { reply, .. }
         | CheckpointMsg::Close { reply } => {
@@ -514,11 +445,8 @@ fn refuse_closed<I>(msg: CheckpointMsg<I>) {
 
 fn op_key(op: &WriteOp) -> Option<&str> {
     match op {
-        WriteOp::Put { key, .. }
-        | WriteOp::PutLive { key, .. }
-        | WriteOp::Delete { key }
-        | WriteOp::Cas { key, .. }
-        | WriteOp::Read { key } => Some(key),
+        WriteOp::Write(w) => Some(w.session_id()),
+        WriteOp::Delete { key } | WriteOp::Cas { key, .. } | WriteOp::Read { key } => Some(key),
         WriteOp::Beat { .. } | WriteOp::Flush => None,
     }
 }
@@ -531,12 +459,9 @@ fn unexpected(r: OpResult) -> StoreError {
     }
 }
 
-impl<I> Actor for CheckpointActor<I>
-where
-    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-{
-    type Msg = CheckpointMsg<I>;
-    type State = CheckpointState<I>;
+impl<I: 'static> Actor for CheckpointActor<I> {
+    type Msg = CheckpointMsg;
+    type State = CheckpointState;
     type Arguments = Arc<SledBackend>;
 
     async fn pre_start(
@@ -547,7 +472,6 @@ where
         Ok(CheckpointState {
             backend: Some(backend),
             pending: Vec::new(),
-            last_put: HashMap::new(),
             busy: HashSet::new(),
             applying: None,
             unflushed: Vec::new(),
@@ -598,35 +522,14 @@ where
                 st.dispatch(&myself);
                 return st.finish_close(&myself).await;
             }
-            CheckpointMsg::Save { record, reply } => st.save(*record, reply),
-            CheckpointMsg::SaveEncoded {
-                session_id,
-                bytes,
-                reply,
-            } => match check_id(&session_id) {
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                Ok(()) => st.save_encoded(session_id, bytes, reply),
-            },
-            CheckpointMsg::SaveLive {
-                session_id,
-                bytes,
-                reply,
-            } => match check_id(&session_id) {
+            CheckpointMsg::Write { write, reply } => match check_id(write.session_id()) {
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
                 Ok(()) => {
                     st.stats.saves += 1;
-                    st.push(
-                        Some(&session_id.clone()),
-                        WriteOp::PutLive {
-                            key: session_id,
-                            bytes,
-                        },
-                        Waiter::Unit(vec![reply]),
-                    )
+                    let key = write.session_id().to_string();
+                    st.push(Some(&key), WriteOp::Write(write), Waiter::Unit(reply));
                 }
             },
             CheckpointMsg::Delete { session_id, reply } => match check_id(&session_id) {
@@ -665,14 +568,12 @@ where
                     // Ordered after the writes issued before it.
                     st.push(
                         Some(&session_id.clone()),
-                        WriteOp::Read {
-                            key: session_id.clone(),
-                        },
-                        Waiter::Load(session_id, reply),
+                        WriteOp::Read { key: session_id },
+                        Waiter::Load(reply),
                     );
                 } else if let Some(backend) = st.backend.clone() {
                     tokio::task::spawn_blocking(move || {
-                        let r = backend.load::<I>(&session_id);
+                        let r = backend.load(&session_id);
                         drop(backend);
                         let _ = reply.send(r);
                     });
@@ -684,9 +585,7 @@ where
                 let target = st.list_target();
                 st.lists.push((target, statuses, reply));
             }
-            CheckpointMsg::Flush { reply } => {
-                st.push(None, WriteOp::Flush, Waiter::Unit(vec![reply]))
-            }
+            CheckpointMsg::Flush { reply } => st.push(None, WriteOp::Flush, Waiter::Unit(reply)),
             CheckpointMsg::Beat {
                 instance,
                 now_ms,
@@ -694,7 +593,7 @@ where
             } => st.push(
                 None,
                 WriteOp::Beat { instance, now_ms },
-                Waiter::Unit(vec![reply]),
+                Waiter::Unit(reply),
             ),
             CheckpointMsg::Heartbeat { instance, reply } => {
                 let Some(backend) = st.backend.clone() else {
@@ -718,33 +617,32 @@ where
     }
 }
 
-/// The typed, cloneable face of the checkpoint actor. Implements [`CheckpointStore`];
-/// every write is sent to the actor when the method is called (the trait's ordering
-/// contract).
+/// The typed, cloneable face of the checkpoint actor. Implements [`CheckpointStore`]
+/// for item type `I`; every write is sent to the actor when the method is called (the
+/// trait's ordering contract).
 pub struct CheckpointClient<I> {
-    actor: ActorRef<CheckpointMsg<I>>,
+    actor: ActorRef<CheckpointMsg>,
+    _items: PhantomData<fn() -> I>,
 }
 
 impl<I> Clone for CheckpointClient<I> {
     fn clone(&self) -> Self {
         CheckpointClient {
             actor: self.actor.clone(),
+            _items: PhantomData,
         }
     }
 }
 
-impl<I> CheckpointClient<I>
-where
-    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-{
+impl<I> CheckpointClient<I> {
     /// The actor, for supervision or direct `call!`.
-    pub fn actor(&self) -> &ActorRef<CheckpointMsg<I>> {
+    pub fn actor(&self) -> &ActorRef<CheckpointMsg> {
         &self.actor
     }
 
     fn ask<T: Send + 'static>(
         &self,
-        build: impl FnOnce(Reply<T>) -> CheckpointMsg<I>,
+        build: impl FnOnce(Reply<T>) -> CheckpointMsg,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let (tx, rx) = oneshot::channel();
         let sent = self.actor.send_message(build(RpcReplyPort::from(tx)));
@@ -752,22 +650,6 @@ where
             sent.map_err(|_| StoreError::Closed)?;
             rx.await.map_err(|_| StoreError::Closed)?
         })
-    }
-
-    /// Encodes a record here, in the caller (so sessions encode in parallel and the
-    /// actor's loop only moves bytes), then sends it.
-    fn send_encoded(
-        &self,
-        record: SessionRecord<I>,
-        build: impl FnOnce(String, Vec<u8>, Reply<()>) -> CheckpointMsg<I>,
-    ) -> BoxFuture<'static, Result<(), StoreError>> {
-        match check_id(&record.session_id).and_then(|()| codec::encode_record(&record)) {
-            Ok(bytes) => {
-                let session_id = record.session_id;
-                self.ask(|reply| build(session_id, bytes, reply))
-            }
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
     }
 
     /// The actor's counters.
@@ -795,34 +677,18 @@ where
     }
 }
 
-impl<I> CheckpointStore<I> for CheckpointClient<I>
-where
-    I: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-{
-    fn load<'a>(
+impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
+    fn load_stored<'a>(
         &'a self,
         session_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<SessionRecord<I>>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Stored>, StoreError>> {
         let session_id = session_id.to_string();
         self.ask(|reply| CheckpointMsg::Load { session_id, reply })
     }
 
-    fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.send_encoded(record, |session_id, bytes, reply| {
-            CheckpointMsg::SaveEncoded {
-                session_id,
-                bytes,
-                reply,
-            }
-        })
-    }
-
-    fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        self.send_encoded(record, |session_id, bytes, reply| CheckpointMsg::SaveLive {
-            session_id,
-            bytes,
-            reply,
-        })
+    fn write(&self, write: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        let write = Box::new(write);
+        self.ask(|reply| CheckpointMsg::Write { write, reply })
     }
 
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
@@ -830,10 +696,10 @@ where
         self.ask(|reply| CheckpointMsg::Delete { session_id, reply })
     }
 
-    fn list(
+    fn list_stored(
         &self,
         statuses: Option<Vec<StatusKind>>,
-    ) -> BoxFuture<'static, Result<Vec<ListEntry<I>>, StoreError>> {
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
         self.ask(|reply| CheckpointMsg::List { statuses, reply })
     }
 

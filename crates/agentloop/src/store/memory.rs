@@ -1,57 +1,88 @@
 //! An in-memory [`CheckpointStore`], for tests and for sessions that only need to
-//! survive within one process. Writes are applied when called (the trait's ordering
-//! contract), and it can be told to fail, to exercise the error paths of S16 and S18.
+//! survive within one process. It keeps records as a real store does (encoded entries
+//! in an ordered map, laid out and written by `table.rs`, the code the sled backend
+//! runs too), applies writes when called (the trait's ordering contract), and can be
+//! told to fail, to exercise the error paths of S16 and S18.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::marker::PhantomData;
+use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use futures::future::{ready, BoxFuture};
 use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
+use crate::store::record::Payload;
+use crate::store::table::{self, Table};
 use crate::store::{
-    now_ms, CasOutcome, CheckpointStore, ListEntry, SessionRecord, SessionStatus, StatusKind,
-    StoreError,
+    now_ms, CasOutcome, CheckpointStore, RecordWrite, SessionRecord, SessionStatus, StatusKind,
+    StoreError, Stored, StoredEntry,
 };
 
-/// An in-memory store. Cloning records in and out models a real store's copy semantics.
+/// The memory store's table: the ordered map the entries live in.
+#[derive(Default)]
+struct Entries(BTreeMap<Vec<u8>, Payload>);
+
+impl Table for Entries {
+    fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+        Ok(self.0.get(key).cloned())
+    }
+    fn put(&mut self, key: Vec<u8>, value: Payload) {
+        self.0.insert(key, value);
+    }
+    fn remove(&mut self, key: Vec<u8>) {
+        self.0.remove(&key);
+    }
+    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .0
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+    fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        Ok(self
+            .0
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+}
+
+/// An in-memory store. `I` is the item type of its typed face ([`MemoryStore::get`],
+/// [`MemoryStore::insert`] and the trait's provided methods).
 pub struct MemoryStore<I> {
-    records: Mutex<HashMap<String, SessionRecord<I>>>,
+    entries: Mutex<Entries>,
     instances: Mutex<HashMap<String, u64>>,
     fail_loads: AtomicBool,
     fail_saves: AtomicBool,
     saves: AtomicU64,
     deletes: AtomicU64,
+    _items: PhantomData<fn() -> I>,
 }
 
 impl<I> Default for MemoryStore<I> {
     fn default() -> Self {
         MemoryStore {
-            records: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::default()),
             instances: Mutex::new(HashMap::new()),
             fail_loads: AtomicBool::new(false),
             fail_saves: AtomicBool::new(false),
             saves: AtomicU64::new(0),
             deletes: AtomicU64::new(0),
+            _items: PhantomData,
         }
     }
 }
 
-impl<I: Clone + Send + Sync + 'static> MemoryStore<I> {
+impl<I> MemoryStore<I> {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A copy of a record, without going through the async API.
-    pub fn get(&self, session_id: &str) -> Option<SessionRecord<I>> {
-        self.records.lock().get(session_id).cloned()
-    }
-
-    /// Writes a record directly (as another process would).
-    pub fn insert(&self, record: SessionRecord<I>) {
-        self.records
-            .lock()
-            .insert(record.session_id.clone(), record);
     }
 
     /// Makes every following load fail (or succeed again).
@@ -59,12 +90,12 @@ impl<I: Clone + Send + Sync + 'static> MemoryStore<I> {
         self.fail_loads.store(fail, Ordering::SeqCst);
     }
 
-    /// Makes every following save fail (or succeed again).
+    /// Makes every following write fail (or succeed again).
     pub fn fail_saves(&self, fail: bool) {
         self.fail_saves.store(fail, Ordering::SeqCst);
     }
 
-    /// How many saves succeeded.
+    /// How many writes succeeded.
     pub fn save_count(&self) -> u64 {
         self.saves.load(Ordering::SeqCst)
     }
@@ -76,20 +107,65 @@ impl<I: Clone + Send + Sync + 'static> MemoryStore<I> {
 
     /// How many records are stored.
     pub fn len(&self) -> usize {
-        self.records.lock().len()
+        self.entries
+            .lock()
+            .0
+            .keys()
+            .filter(|k| table::parse_key(k).map(|(_, kind)| kind) == Some(table::KeyKind::Header))
+            .count()
     }
 
     /// Whether the store is empty.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// A session's record as stored.
+    pub fn get_stored(&self, session_id: &str) -> Option<Stored> {
+        table::read(&*self.entries.lock(), session_id)
+            .ok()
+            .flatten()
+    }
+
+    /// Every stored key and value, in key order (to compare against a model in tests).
+    pub fn raw_entries(&self) -> Vec<(Vec<u8>, Payload)> {
+        self.entries
+            .lock()
+            .0
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
 }
 
-impl<I: Clone + Send + Sync + 'static> CheckpointStore<I> for MemoryStore<I> {
-    fn load<'a>(
+impl<I: Serialize + DeserializeOwned + Clone> MemoryStore<I> {
+    /// A copy of a record, decoded, without going through the async API. `None` when
+    /// there is none or it does not decode.
+    pub fn get(&self, session_id: &str) -> Option<SessionRecord<I>> {
+        self.get_stored(session_id)?
+            .decode::<I>()
+            .ok()
+            .map(|l| l.into_record())
+    }
+
+    /// Writes a record directly (as another process would), replacing whatever was
+    /// stored. Panics if the record's items do not encode: this is a test helper.
+    pub fn insert(&self, record: SessionRecord<I>) {
+        let id = record.session_id.clone();
+        let write = record
+            .to_write(crate::store::WriteCondition::Always)
+            .unwrap_or_else(|e| panic!("MemoryStore::insert of `{id}`: {e}"));
+        if let Err(e) = table::write(&mut *self.entries.lock(), write) {
+            panic!("MemoryStore::insert of `{id}`: {e}");
+        }
+    }
+}
+
+impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
+    fn load_stored<'a>(
         &'a self,
         session_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<SessionRecord<I>>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<Stored>, StoreError>> {
         let r = if self.fail_loads.load(Ordering::SeqCst) {
             Err(StoreError::Backend {
                 operation: "load",
@@ -97,84 +173,52 @@ impl<I: Clone + Send + Sync + 'static> CheckpointStore<I> for MemoryStore<I> {
                 message: "injected load failure".into(),
             })
         } else {
-            Ok(self.get(session_id))
+            table::read(&*self.entries.lock(), session_id)
         };
         Box::pin(ready(r))
     }
 
-    fn save(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn write(&self, write: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        let mut entries = self.entries.lock();
+        // The condition is checked before the injected failure: a refused write says
+        // why it was refused, as a real store would.
         let r = if self.fail_saves.load(Ordering::SeqCst) {
-            Err(StoreError::Backend {
-                operation: "save",
-                session: record.session_id.clone(),
-                message: "injected save failure".into(),
-            })
+            let id = write.session_id().to_string();
+            // Apply to a copy to learn whether the condition would refuse it.
+            let mut probe = Entries(entries.0.clone());
+            match table::write(&mut probe, write) {
+                Err(e) => Err(e),
+                Ok(()) => Err(StoreError::Backend {
+                    operation: "save",
+                    session: id,
+                    message: "injected save failure".into(),
+                }),
+            }
         } else {
-            let mut map = self.records.lock();
-            let mut record = record;
-            record.version = map.get(&record.session_id).map_or(1, |r| r.version + 1);
-            map.insert(record.session_id.clone(), record);
-            self.saves.fetch_add(1, Ordering::SeqCst);
-            Ok(())
+            table::write(&mut *entries, write)
         };
+        if r.is_ok() {
+            self.saves.fetch_add(1, Ordering::SeqCst);
+        }
         Box::pin(ready(r))
-    }
-
-    fn save_live(&self, record: SessionRecord<I>) -> BoxFuture<'static, Result<(), StoreError>> {
-        // Check and write under one lock: the write is conditional, atomically.
-        let mut map = self.records.lock();
-        let current = map.get(&record.session_id);
-        if let Some(status) = current
-            .map(|r| r.status.clone())
-            .filter(SessionStatus::is_terminal)
-        {
-            return Box::pin(ready(Err(StoreError::Final {
-                session: record.session_id,
-                status,
-            })));
-        }
-        if self.fail_saves.load(Ordering::SeqCst) {
-            return Box::pin(ready(Err(StoreError::Backend {
-                operation: "save",
-                session: record.session_id.clone(),
-                message: "injected save failure".into(),
-            })));
-        }
-        let mut record = record;
-        record.version = current.map_or(1, |r| r.version + 1);
-        map.insert(record.session_id.clone(), record);
-        self.saves.fetch_add(1, Ordering::SeqCst);
-        Box::pin(ready(Ok(())))
     }
 
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
-        let existed = self.records.lock().remove(session_id).is_some();
-        if existed {
+        let r = table::delete(&mut *self.entries.lock(), session_id);
+        if let Ok(true) = r {
             self.deletes.fetch_add(1, Ordering::SeqCst);
         }
-        Box::pin(ready(Ok(existed)))
+        Box::pin(ready(r))
     }
 
-    fn list(
+    fn list_stored(
         &self,
         statuses: Option<Vec<StatusKind>>,
-    ) -> BoxFuture<'static, Result<Vec<ListEntry<I>>, StoreError>> {
-        let mut v: Vec<ListEntry<I>> = self
-            .records
-            .lock()
-            .values()
-            .filter(|r| {
-                statuses
-                    .as_ref()
-                    .is_none_or(|s| s.contains(&r.status.kind()))
-            })
-            .map(|r| ListEntry {
-                session_id: r.session_id.clone(),
-                record: Ok(r.clone()),
-            })
-            .collect();
-        v.sort_by(|a, b| a.session_id.cmp(&b.session_id));
-        Box::pin(ready(Ok(v)))
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        let entries = self.entries.lock();
+        let scan = entries.0.iter().map(|(k, v)| Ok((k.clone(), v.clone())));
+        let r = table::list(scan, std::iter::empty(), statuses.as_deref());
+        Box::pin(ready(r))
     }
 
     fn cas_status(
@@ -183,18 +227,8 @@ impl<I: Clone + Send + Sync + 'static> CheckpointStore<I> for MemoryStore<I> {
         from: Vec<StatusKind>,
         to: SessionStatus,
     ) -> BoxFuture<'static, Result<CasOutcome, StoreError>> {
-        let mut map = self.records.lock();
-        let out = match map.get_mut(session_id) {
-            None => CasOutcome::Missing,
-            Some(r) if from.contains(&r.status.kind()) => {
-                let prev = std::mem::replace(&mut r.status, to);
-                r.updated_at_ms = now_ms();
-                r.version += 1;
-                CasOutcome::Swapped(prev)
-            }
-            Some(r) => CasOutcome::Mismatch(r.status.clone()),
-        };
-        Box::pin(ready(Ok(out)))
+        let r = table::cas(&mut *self.entries.lock(), session_id, &from, to, now_ms());
+        Box::pin(ready(r))
     }
 
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {

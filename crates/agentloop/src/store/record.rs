@@ -1,0 +1,481 @@
+//! What a session's stored record is (DESIGN S15): the header, the item entries and the
+//! cut turn's state, as a store holds them ([`StoredRecord`], payloads still encoded),
+//! as a session loads them ([`LoadedRecord`], items decoded beside their bytes and
+//! their entry numbers), and as a whole ([`SessionRecord`], the logical record that
+//! tools and tests read and write).
+//!
+//! Layout invariant (format 2): every item a session holds is one entry, numbered by a
+//! per-session sequence number (`seq`) given when the item was accepted, so entry keys
+//! keep push order. The header names the cut turn's items (`cut`, in the turn's order)
+//! and the unhandled items that are offered before the rest (`front`, in offer order);
+//! every other entry is unhandled and is offered after them, in sequence order. So the
+//! logical order of S15 is rebuilt from the entries without storing it per item, and a
+//! push writes one entry plus the header whatever the backlog.
+//!
+//! This module knows no session and no backend: it only describes and converts.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::store::codec::{self, payload};
+use crate::store::{SessionStatus, StoreError};
+
+/// An encoded payload (one item, or one agent state), shared without copying.
+pub type Payload = Arc<[u8]>;
+
+/// The header of a stored record: every S15 field that is not an item or the state.
+///
+/// Stored self-describing (MessagePack, fields by name) with `#[serde(default)]`, so a
+/// field added later reads as its default from older headers without a format bump,
+/// and fields an older build does not know are skipped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordHeader {
+    /// The session's id (checked against the key it is stored under).
+    pub session_id: String,
+    /// The agent kind that runs it.
+    pub agent_kind: String,
+    /// The agent's serialized configuration.
+    #[serde(with = "serde_bytes")]
+    pub agent_config: Vec<u8>,
+    /// The status (S19).
+    pub status: SessionStatus,
+    /// The index of the next turn to run, or of the cut turn when `cut` is not empty or
+    /// a state is stored.
+    pub turn_index: u64,
+    /// The cut turn's items (the record's `interrupted_items`), by entry number, in the
+    /// turn's order.
+    pub cut: Vec<u64>,
+    /// Unhandled items offered before all others, by entry number, in offer order
+    /// (items a plan handed back, a preempted turn's items); the remaining entries
+    /// follow in entry-number order.
+    pub front: Vec<u64>,
+    /// The entry number the next accepted item gets (above every stored one).
+    pub next_seq: u64,
+    /// The business stop cause.
+    pub stop_cause: Option<String>,
+    /// The last error, if the session failed.
+    pub last_error: Option<String>,
+    /// The runtime instance that owns a `Running` record.
+    pub owner: Option<String>,
+    /// The owner's heartbeat when the record was last written, ms since the Unix epoch.
+    pub heartbeat_ms: u64,
+    /// Creation time, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last update time, ms since the Unix epoch.
+    pub updated_at_ms: u64,
+    /// Incremented by the store on every write (the writer's value is ignored).
+    pub version: u64,
+    /// The owner's fencing token: a store refuses a write whose epoch is below the
+    /// stored one (`StoreError::Fenced`). Each new owner of a session claims the stored
+    /// epoch plus one.
+    pub lease_epoch: u64,
+}
+
+impl Default for RecordHeader {
+    fn default() -> Self {
+        RecordHeader {
+            session_id: String::new(),
+            agent_kind: String::new(),
+            agent_config: Vec::new(),
+            status: SessionStatus::Stopped,
+            turn_index: 0,
+            cut: Vec::new(),
+            front: Vec::new(),
+            next_seq: 0,
+            stop_cause: None,
+            last_error: None,
+            owner: None,
+            heartbeat_ms: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            version: 0,
+            lease_epoch: 0,
+        }
+    }
+}
+
+/// A format-2 record as stored: header, item entries (in entry-number order) and the
+/// cut turn's state, payloads encoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// The header.
+    pub header: RecordHeader,
+    /// `(entry number, encoded item)`, ascending.
+    pub items: Vec<(u64, Payload)>,
+    /// The cut turn's encoded state.
+    pub state: Option<Payload>,
+}
+
+/// Where a record's items are, by entry number.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The cut turn's items, in the turn's order.
+    pub interrupted: Vec<u64>,
+    /// The unhandled items, in offer order.
+    pub unhandled: Vec<u64>,
+}
+
+impl StoredRecord {
+    /// The logical order of the items (see the module docs). A header that names an
+    /// entry that is missing, or one entry twice, is `Corrupt`.
+    pub fn placement(&self) -> Result<Placement, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            session: self.header.session_id.clone(),
+            reason,
+        };
+        let present: HashSet<u64> = self.items.iter().map(|(s, _)| *s).collect();
+        let mut named = HashSet::new();
+        for seq in self.header.cut.iter().chain(&self.header.front) {
+            if !present.contains(seq) {
+                return Err(corrupt(format!(
+                    "the header names item entry {seq}, which is missing"
+                )));
+            }
+            if !named.insert(*seq) {
+                return Err(corrupt(format!("the header names item entry {seq} twice")));
+            }
+        }
+        let mut unhandled = self.header.front.clone();
+        unhandled.extend(
+            self.items
+                .iter()
+                .map(|(s, _)| *s)
+                .filter(|s| !named.contains(s)),
+        );
+        Ok(Placement {
+            interrupted: self.header.cut.clone(),
+            unhandled,
+        })
+    }
+}
+
+/// A record in format 1 (one bincode envelope), as a store found it. Reading its items
+/// needs their type ([`Stored::decode`]); a session that loads it replaces it with
+/// format 2 on its first write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Format1Record {
+    /// The session's id.
+    pub session_id: String,
+    /// The agent kind.
+    pub agent_kind: String,
+    /// The agent's configuration.
+    pub agent_config: Vec<u8>,
+    /// The status.
+    pub status: SessionStatus,
+    /// The whole envelope.
+    pub bytes: Vec<u8>,
+}
+
+/// A record as a store returns it, in the format it was written in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Format 2: header, item entries, state entry.
+    Current(StoredRecord),
+    /// Format 1, written before issue 12; converted on its first write.
+    Format1(Format1Record),
+}
+
+/// One item of a loaded record: its entry number, its value and its stored bytes.
+#[derive(Clone, Debug)]
+pub struct LoadedItem<I> {
+    /// The entry number.
+    pub seq: u64,
+    /// The value.
+    pub item: I,
+    /// The encoded bytes (format 2; re-encoded for a converted format-1 record).
+    pub bytes: Payload,
+}
+
+/// A record decoded for a session: the header, the items in their logical places with
+/// their entry numbers and bytes, and the encoded state.
+#[derive(Clone, Debug)]
+pub struct LoadedRecord<I> {
+    /// The header (for a format-1 record: built from it, entries numbered interrupted
+    /// items first, then unhandled ones, in order).
+    pub header: RecordHeader,
+    /// The cut turn's items, in order.
+    pub interrupted: Vec<LoadedItem<I>>,
+    /// The unhandled items, in offer order.
+    pub unhandled: Vec<LoadedItem<I>>,
+    /// The cut turn's encoded state (see [`codec::decode_state`]).
+    pub state: Option<Payload>,
+    /// It was read in format 1: the first write must replace it whole.
+    pub format1: bool,
+}
+
+impl Stored {
+    /// The session id.
+    pub fn session_id(&self) -> &str {
+        match self {
+            Stored::Current(r) => &r.header.session_id,
+            Stored::Format1(r) => &r.session_id,
+        }
+    }
+
+    /// The status.
+    pub fn status(&self) -> &SessionStatus {
+        match self {
+            Stored::Current(r) => &r.header.status,
+            Stored::Format1(r) => &r.status,
+        }
+    }
+
+    /// Decodes the items as `I` (keeping their bytes). A format-1 record is converted:
+    /// its items are re-encoded in format 2 and numbered interrupted first.
+    pub fn decode<I>(&self) -> Result<LoadedRecord<I>, StoreError>
+    where
+        I: Serialize + DeserializeOwned,
+    {
+        match self {
+            Stored::Current(r) => {
+                let id = &r.header.session_id;
+                let placement = r.placement()?;
+                let mut by_seq: std::collections::HashMap<u64, &Payload> =
+                    r.items.iter().map(|(s, b)| (*s, b)).collect();
+                let mut take = |seqs: &[u64]| -> Result<Vec<LoadedItem<I>>, StoreError> {
+                    seqs.iter()
+                        .map(|seq| {
+                            let bytes = by_seq.remove(seq).ok_or_else(|| StoreError::Corrupt {
+                                session: id.clone(),
+                                reason: format!("item entry {seq} is missing"),
+                            })?;
+                            let item =
+                                payload::decode::<I>(bytes).map_err(|e| StoreError::Corrupt {
+                                    session: id.clone(),
+                                    reason: format!("item entry {seq}: {e}"),
+                                })?;
+                            Ok(LoadedItem {
+                                seq: *seq,
+                                item,
+                                bytes: bytes.clone(),
+                            })
+                        })
+                        .collect()
+                };
+                let interrupted = take(&placement.interrupted)?;
+                let unhandled = take(&placement.unhandled)?;
+                Ok(LoadedRecord {
+                    header: r.header.clone(),
+                    interrupted,
+                    unhandled,
+                    state: r.state.clone(),
+                    format1: false,
+                })
+            }
+            Stored::Format1(f) => {
+                let rec = codec::legacy::decode_record::<I>(&f.session_id, &f.bytes)?;
+                LoadedRecord::from_record(rec, true)
+            }
+        }
+    }
+}
+
+impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
+    /// Numbers a whole record's items (interrupted first, then unhandled, in order) and
+    /// encodes them, checked: a value that would not read back is refused.
+    fn from_record(rec: SessionRecord<I>, format1: bool) -> Result<Self, StoreError> {
+        let id = rec.session_id.clone();
+        let mut next = 0u64;
+        let mut number = |items: Vec<I>| -> Result<Vec<LoadedItem<I>>, StoreError> {
+            items
+                .into_iter()
+                .map(|item| {
+                    let bytes = payload::encode_checked(&item).map_err(|e| StoreError::Encode {
+                        session: id.clone(),
+                        reason: e.to_string(),
+                    })?;
+                    let seq = next;
+                    next += 1;
+                    Ok(LoadedItem {
+                        seq,
+                        item,
+                        bytes: bytes.into(),
+                    })
+                })
+                .collect()
+        };
+        let interrupted = number(rec.interrupted_items)?;
+        let unhandled = number(rec.unhandled_items)?;
+        let header = RecordHeader {
+            session_id: rec.session_id,
+            agent_kind: rec.agent_kind,
+            agent_config: rec.agent_config,
+            status: rec.status,
+            turn_index: rec.turn_index,
+            cut: interrupted.iter().map(|i| i.seq).collect(),
+            front: Vec::new(),
+            next_seq: next,
+            stop_cause: rec.stop_cause,
+            last_error: rec.last_error,
+            owner: rec.owner,
+            heartbeat_ms: rec.heartbeat_ms,
+            created_at_ms: rec.created_at_ms,
+            updated_at_ms: rec.updated_at_ms,
+            version: rec.version,
+            lease_epoch: rec.lease_epoch,
+        };
+        Ok(LoadedRecord {
+            header,
+            interrupted,
+            unhandled,
+            state: rec.state.map(Payload::from),
+            format1,
+        })
+    }
+}
+
+impl<I> LoadedRecord<I> {
+    /// The whole logical record.
+    pub fn into_record(self) -> SessionRecord<I> {
+        let h = self.header;
+        SessionRecord {
+            session_id: h.session_id,
+            agent_kind: h.agent_kind,
+            agent_config: h.agent_config,
+            status: h.status,
+            turn_index: h.turn_index,
+            unhandled_items: self.unhandled.into_iter().map(|i| i.item).collect(),
+            interrupted_items: self.interrupted.into_iter().map(|i| i.item).collect(),
+            state: self.state.map(|s| s.to_vec()),
+            stop_cause: h.stop_cause,
+            last_error: h.last_error,
+            owner: h.owner,
+            heartbeat_ms: h.heartbeat_ms,
+            created_at_ms: h.created_at_ms,
+            updated_at_ms: h.updated_at_ms,
+            version: h.version,
+            lease_epoch: h.lease_epoch,
+        }
+    }
+
+    /// How many items the record holds.
+    pub fn item_count(&self) -> usize {
+        self.interrupted.len() + self.unhandled.len()
+    }
+}
+
+/// The stored record of one session as a whole (S15): what tools and tests read with
+/// [`crate::CheckpointStore::load`] and write with [`crate::CheckpointStore::save`].
+/// Sessions write it incrementally instead.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionRecord<I> {
+    /// The session's id.
+    pub session_id: String,
+    /// The agent kind that runs it (to rebuild the agent after a restart).
+    pub agent_kind: String,
+    /// The agent's serialized configuration, handed to the kind's factory when the
+    /// session is rebuilt from this record.
+    pub agent_config: Vec<u8>,
+    /// The status (S19).
+    pub status: SessionStatus,
+    /// The index of the next turn to run (or of the cut turn, when `state` or
+    /// `interrupted_items` is set).
+    pub turn_index: u64,
+    /// Accepted items never consumed, in offer order.
+    pub unhandled_items: Vec<I>,
+    /// The items of the cut or interrupted turn.
+    pub interrupted_items: Vec<I>,
+    /// The cut turn's state at its last safe point, encoded by
+    /// [`codec::encode_state`].
+    pub state: Option<Vec<u8>>,
+    /// The business stop cause.
+    pub stop_cause: Option<String>,
+    /// The last error, if the session failed.
+    pub last_error: Option<String>,
+    /// The runtime instance that owns a `Running` record (S19).
+    pub owner: Option<String>,
+    /// The owner's heartbeat when the record was last written, milliseconds since the
+    /// Unix epoch. Liveness is read from the instance's own heartbeat (one write per
+    /// instance, not per session); this is the fallback when none is stored.
+    pub heartbeat_ms: u64,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last update time, milliseconds since the Unix epoch.
+    pub updated_at_ms: u64,
+    /// A version counter, incremented by every write.
+    pub version: u64,
+    /// The owner's fencing token (see [`RecordHeader::lease_epoch`]).
+    pub lease_epoch: u64,
+}
+
+impl<I> SessionRecord<I> {
+    /// An empty `Stopped` record for `session_id` at turn `turn_index`.
+    pub fn new(
+        session_id: impl Into<String>,
+        agent_kind: impl Into<String>,
+        turn_index: u64,
+    ) -> Self {
+        let now = crate::store::now_ms();
+        SessionRecord {
+            session_id: session_id.into(),
+            agent_kind: agent_kind.into(),
+            agent_config: Vec::new(),
+            status: SessionStatus::Stopped,
+            turn_index,
+            unhandled_items: Vec::new(),
+            interrupted_items: Vec::new(),
+            state: None,
+            stop_cause: None,
+            last_error: None,
+            owner: None,
+            heartbeat_ms: now,
+            created_at_ms: now,
+            updated_at_ms: now,
+            version: 0,
+            lease_epoch: 0,
+        }
+    }
+
+    /// Whether the record holds a cut turn to resume (S17).
+    pub fn is_mid_turn(&self) -> bool {
+        self.state.is_some() || !self.interrupted_items.is_empty()
+    }
+}
+
+impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
+    /// The write that stores this record whole (replacing whatever was stored), under
+    /// `condition`. Items are encoded and checked: one that would not read back is
+    /// refused with `StoreError::Encode`.
+    pub fn to_write(
+        &self,
+        condition: crate::store::WriteCondition,
+    ) -> Result<crate::store::RecordWrite, StoreError> {
+        let loaded = LoadedRecord::from_record(self.clone(), false)?;
+        let mut items = Vec::with_capacity(loaded.item_count());
+        for it in loaded.interrupted.iter().chain(&loaded.unhandled) {
+            items.push(crate::store::ItemChange::Put(it.seq, it.bytes.clone()));
+        }
+        Ok(crate::store::RecordWrite {
+            header: loaded.header,
+            items,
+            state: match &loaded.state {
+                Some(s) => crate::store::StateChange::Put(s.clone()),
+                None => crate::store::StateChange::Delete,
+            },
+            replace: true,
+            condition,
+        })
+    }
+}
+
+/// One entry of a typed listing: a record, or why it could not be read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ListEntry<I> {
+    /// The key it is stored under.
+    pub session_id: String,
+    /// The decoded record, or the decode error (a corrupt record is listed, not hidden).
+    pub record: Result<SessionRecord<I>, StoreError>,
+}
+
+/// One entry of a raw listing: a record as stored, or why it could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// The session id it is stored under.
+    pub session_id: String,
+    /// The record, or the error (a corrupt record is listed, not hidden).
+    pub record: Result<Stored, StoreError>,
+}

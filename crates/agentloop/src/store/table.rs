@@ -1,0 +1,374 @@
+//! How records are laid out in an ordered key-value table, and how writes,
+//! compare-and-swaps and deletes apply to them (DESIGN S15, S19, S24). Both backends
+//! (memory and sled) run this code over their own table, so they share one semantics;
+//! the store conformance suite pins it.
+//!
+//! Keys (a session id has no control character, so `0x00` ends it and one session's
+//! keys are contiguous and never a prefix of another's):
+//!
+//! ```text
+//! <id> 0x00 'h'                 the header envelope
+//! <id> 0x00 'i' <seq: u64 BE>   one item entry (big-endian: key order is push order)
+//! <id> 0x00 's'                 the cut turn's state
+//! ```
+//!
+//! Records of format 1 live elsewhere (sled's `records` tree, key = id); a table
+//! reaches them through the `format1_*` methods. When both exist for one id, format 2
+//! wins (a conversion that crashed between its two steps left the old one behind).
+
+use crate::ids::validate_session_id;
+use crate::store::codec::{self, legacy};
+use crate::store::record::{Format1Record, Payload, RecordHeader, Stored, StoredRecord};
+use crate::store::write::{ConditionFailed, ItemChange, RecordWrite, StateChange};
+use crate::store::{CasOutcome, SessionStatus, StatusKind, StoreError, StoredEntry};
+
+const HEADER: u8 = b'h';
+const ITEM: u8 = b'i';
+const STATE: u8 = b's';
+
+/// The prefix of every key of `id`.
+pub fn session_prefix(id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(id.len() + 10);
+    k.extend_from_slice(id.as_bytes());
+    k.push(0);
+    k
+}
+
+/// The header's key.
+pub fn header_key(id: &str) -> Vec<u8> {
+    let mut k = session_prefix(id);
+    k.push(HEADER);
+    k
+}
+
+/// An item entry's key.
+pub fn item_key(id: &str, seq: u64) -> Vec<u8> {
+    let mut k = session_prefix(id);
+    k.push(ITEM);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+/// The state entry's key.
+pub fn state_key(id: &str) -> Vec<u8> {
+    let mut k = session_prefix(id);
+    k.push(STATE);
+    k
+}
+
+/// What a key is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A header.
+    Header,
+    /// An item entry.
+    Item(u64),
+    /// A state entry.
+    State,
+    /// A key this build does not know (a later format's entry): skipped.
+    Other,
+}
+
+/// Splits a key into its session id and what it is; `None` for a key that is not
+/// of this layout at all.
+pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
+    let zero = key.iter().position(|b| *b == 0)?;
+    let id = std::str::from_utf8(&key[..zero]).ok()?;
+    let rest = &key[zero + 1..];
+    let kind = match rest {
+        [HEADER] => KeyKind::Header,
+        [STATE] => KeyKind::State,
+        [ITEM, seq @ ..] if seq.len() == 8 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(seq);
+            KeyKind::Item(u64::from_be_bytes(b))
+        }
+        _ => KeyKind::Other,
+    };
+    Some((id, kind))
+}
+
+/// An ordered key-value table a backend offers (sled's tree with the writes of the
+/// wave being applied on top, or the memory store's map). Writes are buffered by the
+/// backend and made atomic by it.
+pub trait Table {
+    /// A value.
+    fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError>;
+    /// Stores a value.
+    fn put(&mut self, key: Vec<u8>, value: Payload);
+    /// Removes a value.
+    fn remove(&mut self, key: Vec<u8>);
+    /// Every key that starts with `prefix`, in order.
+    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError>;
+    /// Every `(key, value)` that starts with `prefix`, in order.
+    fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
+    /// A format-1 record's bytes.
+    fn format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    /// Stores a format-1 record's bytes (a status change in place).
+    fn format1_put(&mut self, _id: &str, _bytes: Vec<u8>) {}
+    /// Removes a format-1 record.
+    fn format1_remove(&mut self, _id: &str) {}
+}
+
+fn check_id(id: &str) -> Result<(), StoreError> {
+    validate_session_id(id).map_err(|reason| StoreError::InvalidId {
+        id: id.to_string(),
+        reason,
+    })
+}
+
+/// Assembles a format-2 record from its entries (all keys of one session, in order).
+pub fn assemble(
+    id: &str,
+    entries: Vec<(Vec<u8>, Payload)>,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let mut header = None;
+    let mut items = Vec::new();
+    let mut state = None;
+    for (k, v) in entries {
+        match parse_key(&k) {
+            Some((kid, kind)) if kid == id => match kind {
+                KeyKind::Header => header = Some(codec::decode_header(id, &v)?),
+                KeyKind::Item(seq) => items.push((seq, v)),
+                KeyKind::State => state = Some(v),
+                KeyKind::Other => {}
+            },
+            _ => {}
+        }
+    }
+    match header {
+        // Entries without a header: the header is what makes a record (a write puts
+        // it last in its batch, a delete removes everything).
+        None => Ok(None),
+        Some(header) => Ok(Some(StoredRecord {
+            header,
+            items,
+            state,
+        })),
+    }
+}
+
+fn format1(id: &str, bytes: Vec<u8>) -> Result<Stored, StoreError> {
+    let (p, _) = legacy::prefix(id, &bytes)?;
+    Ok(Stored::Format1(Format1Record {
+        session_id: p.session_id,
+        agent_kind: p.agent_kind,
+        agent_config: p.agent_config,
+        status: p.status,
+        bytes,
+    }))
+}
+
+/// Reads one session's record.
+pub fn read(t: &impl Table, id: &str) -> Result<Option<Stored>, StoreError> {
+    check_id(id)?;
+    if let Some(r) = assemble(id, t.entries_with_prefix(&session_prefix(id))?)? {
+        return Ok(Some(Stored::Current(r)));
+    }
+    match t.format1_get(id)? {
+        Some(bytes) => format1(id, bytes).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The status of the stored record, if any (format 2 or 1), and its header (format 2).
+fn current(
+    t: &impl Table,
+    id: &str,
+) -> Result<(Option<RecordHeader>, Option<Vec<u8>>), StoreError> {
+    match t.get(&header_key(id))? {
+        Some(bytes) => Ok((Some(codec::decode_header(id, &bytes)?), None)),
+        None => Ok((None, t.format1_get(id)?)),
+    }
+}
+
+/// Applies one write (see [`RecordWrite`]).
+pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
+    let id = w.header.session_id.clone();
+    check_id(&id)?;
+    let (stored, old) = match current(t, &id) {
+        Ok(c) => c,
+        // A damaged record is left alone (S18), except by an unconditional write.
+        Err(e) if w.condition != crate::store::WriteCondition::Always => return Err(e),
+        Err(_) => (None, None),
+    };
+    let status = match (&stored, &old) {
+        (Some(h), _) => Some(h.status.clone()),
+        (None, Some(bytes)) => Some(legacy::prefix(&id, bytes)?.0.status),
+        (None, None) => None,
+    };
+    if let Err(why) = w.condition.allows(status.as_ref().map(SessionStatus::kind)) {
+        return Err(match (why, status) {
+            (ConditionFailed::Final, Some(status)) => StoreError::Final {
+                session: id,
+                status,
+            },
+            _ => StoreError::NoRecord { session: id },
+        });
+    }
+    let stored_epoch = stored.as_ref().map_or(0, |h| h.lease_epoch);
+    if w.header.lease_epoch < stored_epoch {
+        return Err(StoreError::Fenced {
+            session: id,
+            held: w.header.lease_epoch,
+            current: stored_epoch,
+        });
+    }
+    if stored.is_none() && old.is_some() && !w.replace {
+        return Err(StoreError::Refused {
+            session: id,
+            status: "format 1".into(),
+            why: "a record of the previous format is converted only by a write that replaces \
+                  it whole (a session that loaded it does that on its first write)"
+                .into(),
+        });
+    }
+    let mut header = w.header;
+    header.version = stored.as_ref().map_or(0, |h| h.version) + 1;
+    let encoded = codec::encode_header(&header)?;
+    if w.replace {
+        for k in t.keys_with_prefix(&session_prefix(&id))? {
+            t.remove(k);
+        }
+        if old.is_some() {
+            t.format1_remove(&id);
+        }
+    }
+    for change in w.items {
+        match change {
+            ItemChange::Put(seq, bytes) => t.put(item_key(&id, seq), bytes),
+            ItemChange::Delete(seq) => t.remove(item_key(&id, seq)),
+        }
+    }
+    match w.state {
+        StateChange::Keep => {}
+        StateChange::Put(bytes) => t.put(state_key(&id), bytes),
+        StateChange::Delete => t.remove(state_key(&id)),
+    }
+    t.put(header_key(&id), encoded.into());
+    Ok(())
+}
+
+/// Compare-and-swap of the status (S19, S24): `to` if the stored status is one of
+/// `from`. Sets `last_error` for `Failed`, the update time and the version.
+pub fn cas(
+    t: &mut impl Table,
+    id: &str,
+    from: &[StatusKind],
+    to: SessionStatus,
+    now_ms: u64,
+) -> Result<CasOutcome, StoreError> {
+    check_id(id)?;
+    match current(t, id)? {
+        (Some(mut h), _) => {
+            if !from.contains(&h.status.kind()) {
+                return Ok(CasOutcome::Mismatch(h.status));
+            }
+            let prev = std::mem::replace(&mut h.status, to);
+            if let SessionStatus::Failed(e) = &h.status {
+                h.last_error = Some(e.clone());
+            }
+            h.updated_at_ms = now_ms;
+            h.version += 1;
+            t.put(header_key(id), codec::encode_header(&h)?.into());
+            Ok(CasOutcome::Swapped(prev))
+        }
+        (None, Some(bytes)) => {
+            let (p, _) = legacy::prefix(id, &bytes)?;
+            if !from.contains(&p.status.kind()) {
+                return Ok(CasOutcome::Mismatch(p.status));
+            }
+            t.format1_put(id, legacy::with_status(id, &bytes, to)?);
+            Ok(CasOutcome::Swapped(p.status))
+        }
+        (None, None) => Ok(CasOutcome::Missing),
+    }
+}
+
+/// Removes every entry of a session (and a format-1 record); whether anything existed.
+pub fn delete(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
+    check_id(id)?;
+    let keys = t.keys_with_prefix(&session_prefix(id))?;
+    let old = t.format1_get(id)?.is_some();
+    let existed = keys
+        .iter()
+        .any(|k| parse_key(k).map(|(_, kind)| kind) == Some(KeyKind::Header))
+        || old;
+    for k in keys {
+        t.remove(k);
+    }
+    if old {
+        t.format1_remove(id);
+    }
+    Ok(existed)
+}
+
+/// One session's entries during a scan: its id and its `(key, value)` pairs.
+type Group = (String, Vec<(Vec<u8>, Payload)>);
+
+/// Groups an ordered scan of the whole table into records, filtered by status; corrupt
+/// records are listed with their error. `format1` are the format-1 records (id, bytes)
+/// that have no format-2 record.
+pub fn list(
+    scan: impl Iterator<Item = Result<(Vec<u8>, Payload), StoreError>>,
+    format1_records: impl Iterator<Item = Result<(String, Vec<u8>), StoreError>>,
+    statuses: Option<&[StatusKind]>,
+) -> Result<Vec<StoredEntry>, StoreError> {
+    let wanted = |s: &SessionStatus| statuses.is_none_or(|f| f.contains(&s.kind()));
+    let mut out: Vec<StoredEntry> = Vec::new();
+    // Every session with format-2 entries, listed or not: a format-1 record under the
+    // same id is an unfinished conversion's leftover, never listed.
+    let mut current: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut group: Option<Group> = None;
+    let flush = |group: Option<Group>, out: &mut Vec<StoredEntry>| {
+        let Some((id, entries)) = group else { return };
+        match assemble(&id, entries) {
+            Ok(Some(r)) if wanted(&r.header.status) => out.push(StoredEntry {
+                session_id: id,
+                record: Ok(Stored::Current(r)),
+            }),
+            Ok(_) => {}
+            Err(e) => out.push(StoredEntry {
+                session_id: id,
+                record: Err(e),
+            }),
+        }
+    };
+    for kv in scan {
+        let (k, v) = kv?;
+        let Some((id, _)) = parse_key(&k) else {
+            continue;
+        };
+        match &mut group {
+            Some((gid, entries)) if gid == id => entries.push((k, v)),
+            _ => {
+                let id = id.to_string();
+                current.insert(id.clone());
+                flush(group.take(), &mut out);
+                group = Some((id, vec![(k, v)]));
+            }
+        }
+    }
+    flush(group.take(), &mut out);
+    for kv in format1_records {
+        let (id, bytes) = kv?;
+        if current.contains(&id) {
+            continue;
+        }
+        match format1(&id, bytes) {
+            Ok(r) if wanted(r.status()) => out.push(StoredEntry {
+                session_id: id,
+                record: Ok(r),
+            }),
+            Ok(_) => {}
+            Err(e) => out.push(StoredEntry {
+                session_id: id,
+                record: Err(e),
+            }),
+        }
+    }
+    out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+    Ok(out)
+}

@@ -1,0 +1,118 @@
+//! A change to one session's stored record (DESIGN S15, S16a, S19): the header, the
+//! item entries put or deleted, the state entry, and the condition under which the
+//! store applies it. A store applies one write atomically, and all the writes of one
+//! group commit together.
+//!
+//! This module only describes writes; `table.rs` says how they apply.
+
+use crate::store::record::{Payload, RecordHeader};
+use crate::store::StatusKind;
+
+/// A change to one item entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ItemChange {
+    /// Store this entry (an accepted item, or an item a plan rewrote).
+    Put(u64, Payload),
+    /// Remove this entry (delivered, or dropped by a plan).
+    Delete(u64),
+}
+
+/// A change to the cut turn's state entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateChange {
+    /// Leave it as it is.
+    Keep,
+    /// Store this state.
+    Put(Payload),
+    /// Remove it.
+    Delete,
+}
+
+/// When a store applies a write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteCondition {
+    /// Whatever is stored (restores, tools, tests).
+    Always,
+    /// Unless the stored record is final (`Completed`, `Canceled`, `Failed`): then the
+    /// write fails with `StoreError::Final` and nothing changes, so a live session never
+    /// overwrites a cancel or a finalizer (S19, S24).
+    NotFinal,
+    /// Only over a stored record that is `Canceled` or not final (`StoreError::NoRecord`
+    /// without one, `StoreError::Final` over `Completed` or `Failed`): a canceled
+    /// session writing what it holds at its end (S24).
+    CanceledOrLive,
+}
+
+impl WriteCondition {
+    /// Whether a write under this condition may replace a record of status `current`
+    /// (`None`: there is none).
+    pub fn allows(&self, current: Option<StatusKind>) -> Result<(), ConditionFailed> {
+        use StatusKind::*;
+        match (self, current) {
+            (WriteCondition::Always, _) => Ok(()),
+            (WriteCondition::NotFinal, Some(Completed | Canceled | Failed)) => {
+                Err(ConditionFailed::Final)
+            }
+            (WriteCondition::NotFinal, _) => Ok(()),
+            (WriteCondition::CanceledOrLive, None) => Err(ConditionFailed::NoRecord),
+            (WriteCondition::CanceledOrLive, Some(Completed | Failed)) => {
+                Err(ConditionFailed::Final)
+            }
+            (WriteCondition::CanceledOrLive, Some(_)) => Ok(()),
+        }
+    }
+}
+
+/// Why a condition refused a write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConditionFailed {
+    /// The stored record is final.
+    Final,
+    /// There is no stored record.
+    NoRecord,
+}
+
+/// A change to one session's record, applied atomically.
+///
+/// The store writes `header` as given except `version` (the stored version plus one),
+/// after checking `condition` and the fencing token (`header.lease_epoch` must not be
+/// below the stored one). With `replace`, every item entry the write does not put is
+/// removed, and so is the state unless it is put, and a format-1 record under the same
+/// id: the write is then the whole record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordWrite {
+    /// The header to store.
+    pub header: RecordHeader,
+    /// Item entries to put or delete, applied in order.
+    pub items: Vec<ItemChange>,
+    /// The state entry.
+    pub state: StateChange,
+    /// The write is the whole record.
+    pub replace: bool,
+    /// When to apply it.
+    pub condition: WriteCondition,
+}
+
+impl RecordWrite {
+    /// The session written.
+    pub fn session_id(&self) -> &str {
+        &self.header.session_id
+    }
+
+    /// Bytes of payload the write carries (for counters).
+    pub fn payload_bytes(&self) -> usize {
+        let items: usize = self
+            .items
+            .iter()
+            .map(|c| match c {
+                ItemChange::Put(_, b) => b.len(),
+                ItemChange::Delete(_) => 0,
+            })
+            .sum();
+        let state = match &self.state {
+            StateChange::Put(b) => b.len(),
+            _ => 0,
+        };
+        items + state
+    }
+}

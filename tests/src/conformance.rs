@@ -1,0 +1,549 @@
+//! The store conformance suite (DESIGN S15, S19, S24, S37; issue 12): what every
+//! [`CheckpointStore`] must do, as one generic test per behaviour. A backend runs it
+//! with [`run_all`] on a fresh, empty store (`tests/tests/store_conformance.rs` does for
+//! the memory store and for sled through the checkpoint actor; a networked store runs
+//! the same functions).
+//!
+//! Every check panics with a message naming the behaviour and what was found.
+
+use std::sync::Arc;
+
+use agentloop::store::{
+    ItemChange, Payload, RecordHeader, RecordWrite, StateChange, Stored, WriteCondition,
+};
+use agentloop::{
+    CasOutcome, CheckpointStore, SessionRecord, SessionStatus, StatusKind, StoreError,
+};
+use agentloop_sim::{SimItem, SimState};
+
+use crate::{ids, item};
+
+/// The store under test.
+pub type Store = Arc<dyn CheckpointStore<SimItem>>;
+
+fn payload(i: u64) -> Payload {
+    agentloop::store::codec::encode_item(&item(i))
+        .expect("an item encodes")
+        .into()
+}
+
+fn state_payload(steps: usize) -> Payload {
+    agentloop::store::codec::encode_state(
+        "conformance",
+        &SimState {
+            turn: 1,
+            items: vec![],
+            steps_done: steps,
+            payload: vec![1, 2, 3],
+        },
+    )
+    .expect("a state encodes")
+    .into()
+}
+
+fn header(id: &str, status: SessionStatus) -> RecordHeader {
+    RecordHeader {
+        session_id: id.to_string(),
+        agent_kind: "sim".into(),
+        agent_config: b"cfg".to_vec(),
+        status,
+        turn_index: 1,
+        created_at_ms: 10,
+        updated_at_ms: 20,
+        heartbeat_ms: 20,
+        ..RecordHeader::default()
+    }
+}
+
+fn write(h: RecordHeader, items: Vec<ItemChange>, state: StateChange) -> RecordWrite {
+    RecordWrite {
+        header: h,
+        items,
+        state,
+        replace: false,
+        condition: WriteCondition::NotFinal,
+    }
+}
+
+async fn stored(store: &Store, id: &str) -> agentloop::store::StoredRecord {
+    match store.load_stored(id).await.expect("load_stored") {
+        Some(Stored::Current(r)) => r,
+        other => panic!("`{id}`: expected a format-2 record, found {other:?}"),
+    }
+}
+
+async fn record(store: &Store, id: &str) -> SessionRecord<SimItem> {
+    store
+        .load(id)
+        .await
+        .expect("load")
+        .unwrap_or_else(|| panic!("`{id}`: no record"))
+}
+
+/// A whole record saved is loaded equal (items in order, state, every header field but
+/// the version, which the store counts).
+pub async fn whole_records_round_trip(store: &Store) {
+    let mut r = SessionRecord::<SimItem>::new("whole", "sim", 7);
+    r.status = SessionStatus::Interrupted;
+    r.agent_config = b"config".to_vec();
+    r.unhandled_items = vec![item(5), item(2), item(9)];
+    r.interrupted_items = vec![item(4), item(1)];
+    r.state = Some(state_payload(3).to_vec());
+    r.stop_cause = Some("shutdown".into());
+    r.last_error = Some("earlier".into());
+    r.owner = Some("instance-1".into());
+    r.lease_epoch = 3;
+    store.save(r.clone()).await.expect("save");
+    let mut back = record(store, "whole").await;
+    assert_eq!(back.version, 1, "the first write makes version 1");
+    back.version = r.version;
+    assert_eq!(back, r, "a saved record loads equal");
+    assert!(store.load("nobody").await.expect("load").is_none());
+}
+
+/// Incremental writes: each puts or deletes its item entries, sets or clears the state
+/// and rewrites the header; the logical order is rebuilt from `front`, `cut` and the
+/// entry numbers.
+pub async fn incremental_writes_build_the_record(store: &Store) {
+    let id = "incr";
+    let h = |cut: Vec<u64>, front: Vec<u64>, next: u64| RecordHeader {
+        cut,
+        front,
+        next_seq: next,
+        ..header(id, SessionStatus::Running)
+    };
+    // Three pushes, one write each.
+    for seq in 0..3 {
+        store
+            .write(write(
+                h(vec![], vec![], seq + 1),
+                vec![ItemChange::Put(seq, payload(seq))],
+                StateChange::Keep,
+            ))
+            .await
+            .expect("a push's write");
+    }
+    let r = record(store, id).await;
+    assert_eq!(ids(&r.unhandled_items), vec![0, 1, 2]);
+    assert_eq!(r.version, 3, "one version per write");
+    // A turn consumes 1 and 0 (in that order) and reaches a safe point.
+    store
+        .write(write(
+            h(vec![1, 0], vec![], 3),
+            vec![],
+            StateChange::Put(state_payload(1)),
+        ))
+        .await
+        .expect("a safe point's write");
+    let r = record(store, id).await;
+    assert_eq!(ids(&r.interrupted_items), vec![1, 0]);
+    assert_eq!(ids(&r.unhandled_items), vec![2]);
+    assert!(r.state.is_some());
+    // It is preempted: its items go first, in the turn's order; a push arrives.
+    store
+        .write(write(
+            h(vec![], vec![1, 0], 4),
+            vec![ItemChange::Put(3, payload(3))],
+            StateChange::Delete,
+        ))
+        .await
+        .expect("a preemption's write");
+    let r = record(store, id).await;
+    assert_eq!(ids(&r.unhandled_items), vec![1, 0, 2, 3]);
+    assert!(r.interrupted_items.is_empty() && r.state.is_none());
+    // A turn completes with 1, 0 and 2: their entries go.
+    store
+        .write(write(
+            h(vec![], vec![], 4),
+            vec![
+                ItemChange::Delete(1),
+                ItemChange::Delete(0),
+                ItemChange::Delete(2),
+            ],
+            StateChange::Keep,
+        ))
+        .await
+        .expect("a turn end's write");
+    let s = stored(store, id).await;
+    assert_eq!(
+        s.items.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+        vec![3],
+        "delivered entries are gone"
+    );
+    assert_eq!(s.header.version, 6);
+    assert_eq!(ids(&record(store, id).await.unhandled_items), vec![3]);
+}
+
+/// A write that replaces removes every entry it does not put, and the state unless it
+/// puts one.
+pub async fn a_replacing_write_is_the_whole_record(store: &Store) {
+    let id = "replace";
+    store
+        .write(write(
+            header(id, SessionStatus::Running),
+            (0..4).map(|s| ItemChange::Put(s, payload(s))).collect(),
+            StateChange::Put(state_payload(2)),
+        ))
+        .await
+        .expect("first write");
+    let mut w = write(
+        RecordHeader {
+            next_seq: 10,
+            ..header(id, SessionStatus::Stopped)
+        },
+        vec![ItemChange::Put(9, payload(9))],
+        StateChange::Keep,
+    );
+    w.replace = true;
+    store.write(w).await.expect("replacing write");
+    let s = stored(store, id).await;
+    assert_eq!(
+        s.items.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(),
+        vec![9]
+    );
+    assert!(
+        s.state.is_none(),
+        "a replacing write without a state clears it"
+    );
+    assert_eq!(s.header.status, SessionStatus::Stopped);
+}
+
+/// Conditions (S19, S24): `NotFinal` never overwrites a final record; `CanceledOrLive`
+/// needs a record that is canceled or live; `Always` writes over anything. A refused
+/// write changes nothing.
+pub async fn conditional_writes_keep_their_meaning(store: &Store) {
+    for (n, fin) in [
+        SessionStatus::Completed,
+        SessionStatus::Canceled,
+        SessionStatus::Failed("boom".into()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("final-{n}");
+        let mut r = SessionRecord::<SimItem>::new(id.clone(), "sim", 1);
+        r.status = fin.clone();
+        r.unhandled_items = vec![item(1)];
+        store.save(r).await.expect("save");
+        let before = stored(store, &id).await;
+        let e = store
+            .write(write(
+                header(&id, SessionStatus::Running),
+                vec![ItemChange::Put(5, payload(5))],
+                StateChange::Put(state_payload(1)),
+            ))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Final { status, .. } if *status == fin),
+            "NotFinal over {fin}: {e}"
+        );
+        assert_eq!(
+            stored(store, &id).await,
+            before,
+            "a refused write changes nothing"
+        );
+        let mut canceled = write(
+            header(&id, SessionStatus::Canceled),
+            vec![],
+            StateChange::Keep,
+        );
+        canceled.condition = WriteCondition::CanceledOrLive;
+        let r = store.write(canceled).await;
+        match fin {
+            SessionStatus::Canceled => r.expect("CanceledOrLive over Canceled is written"),
+            _ => assert!(
+                matches!(r, Err(StoreError::Final { .. })),
+                "CanceledOrLive over {fin}: {r:?}"
+            ),
+        }
+        let mut always = write(
+            header(&id, SessionStatus::Stopped),
+            vec![],
+            StateChange::Keep,
+        );
+        always.condition = WriteCondition::Always;
+        store
+            .write(always)
+            .await
+            .expect("Always writes over anything");
+        assert_eq!(
+            stored(store, &id).await.header.status,
+            SessionStatus::Stopped
+        );
+    }
+    let mut missing = write(
+        header("absent", SessionStatus::Canceled),
+        vec![],
+        StateChange::Keep,
+    );
+    missing.condition = WriteCondition::CanceledOrLive;
+    let e = store.write(missing).await.unwrap_err();
+    assert!(matches!(e, StoreError::NoRecord { .. }), "{e}");
+    assert!(store.load_stored("absent").await.unwrap().is_none());
+    for live in [
+        SessionStatus::Running,
+        SessionStatus::Stopped,
+        SessionStatus::Interrupted,
+    ] {
+        let id = format!("live-{live}");
+        store
+            .write(write(header(&id, live.clone()), vec![], StateChange::Keep))
+            .await
+            .expect("first write");
+        let mut w = write(
+            header(&id, SessionStatus::Canceled),
+            vec![],
+            StateChange::Keep,
+        );
+        w.condition = WriteCondition::CanceledOrLive;
+        store
+            .write(w)
+            .await
+            .unwrap_or_else(|e| panic!("CanceledOrLive over {live}: {e}"));
+    }
+}
+
+/// Fencing (S37): a write whose lease epoch is below the stored one is refused and
+/// changes nothing; an equal or higher one is written and the stored epoch follows it.
+pub async fn writes_are_fenced_by_the_lease_epoch(store: &Store) {
+    let id = "fenced";
+    let at = |epoch: u64, seq: u64| {
+        write(
+            RecordHeader {
+                lease_epoch: epoch,
+                next_seq: seq + 1,
+                ..header(id, SessionStatus::Running)
+            },
+            vec![ItemChange::Put(seq, payload(seq))],
+            StateChange::Keep,
+        )
+    };
+    store.write(at(2, 0)).await.expect("epoch 2 claims");
+    store
+        .write(at(2, 1))
+        .await
+        .expect("the same epoch writes on");
+    let before = stored(store, id).await;
+    let e = store.write(at(1, 2)).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            StoreError::Fenced {
+                held: 1,
+                current: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        stored(store, id).await,
+        before,
+        "a fenced write changes nothing"
+    );
+    store
+        .write(at(3, 3))
+        .await
+        .expect("a new owner claims epoch 3");
+    assert!(matches!(
+        store.write(at(2, 4)).await,
+        Err(StoreError::Fenced {
+            held: 2,
+            current: 3,
+            ..
+        })
+    ));
+    assert_eq!(stored(store, id).await.header.lease_epoch, 3);
+    // A status compare-and-swap (cancel by id) needs no epoch.
+    assert!(matches!(
+        store
+            .cas_status(id, vec![StatusKind::Running], SessionStatus::Canceled)
+            .await
+            .unwrap(),
+        CasOutcome::Swapped(SessionStatus::Running)
+    ));
+}
+
+/// Compare-and-swap of the status (S19, S24): swapped, mismatch or missing; `Failed`
+/// also sets the last error; the version counts it; the items are untouched.
+pub async fn status_compare_and_swap(store: &Store) {
+    let mut r = SessionRecord::<SimItem>::new("cas", "sim", 2);
+    r.status = SessionStatus::Running;
+    r.unhandled_items = vec![item(1), item(2)];
+    store.save(r).await.expect("save");
+    let v0 = stored(store, "cas").await.header.version;
+    assert_eq!(
+        store
+            .cas_status("cas", vec![StatusKind::Stopped], SessionStatus::Canceled)
+            .await
+            .unwrap(),
+        CasOutcome::Mismatch(SessionStatus::Running)
+    );
+    assert_eq!(
+        store
+            .cas_status(
+                "cas",
+                vec![StatusKind::Running, StatusKind::Stopped],
+                SessionStatus::Failed("it broke".into())
+            )
+            .await
+            .unwrap(),
+        CasOutcome::Swapped(SessionStatus::Running)
+    );
+    let back = record(store, "cas").await;
+    assert_eq!(back.status, SessionStatus::Failed("it broke".into()));
+    assert_eq!(back.last_error.as_deref(), Some("it broke"));
+    assert_eq!(ids(&back.unhandled_items), vec![1, 2]);
+    assert_eq!(back.version, v0 + 1);
+    assert_eq!(
+        store
+            .cas_status("nobody", vec![StatusKind::Running], SessionStatus::Canceled)
+            .await
+            .unwrap(),
+        CasOutcome::Missing
+    );
+}
+
+/// Delete removes every entry; it says whether there was a record.
+pub async fn delete_removes_everything(store: &Store) {
+    store
+        .write(write(
+            header("gone", SessionStatus::Running),
+            (0..3).map(|s| ItemChange::Put(s, payload(s))).collect(),
+            StateChange::Put(state_payload(1)),
+        ))
+        .await
+        .expect("write");
+    assert!(store.delete("gone").await.unwrap(), "there was a record");
+    assert!(store.load_stored("gone").await.unwrap().is_none());
+    assert!(
+        !store.delete("gone").await.unwrap(),
+        "nothing left to delete"
+    );
+    // Writing the id again starts from nothing (no entry of the old record returns).
+    store
+        .write(write(
+            header("gone", SessionStatus::Running),
+            vec![ItemChange::Put(7, payload(7))],
+            StateChange::Keep,
+        ))
+        .await
+        .expect("write");
+    let s = stored(store, "gone").await;
+    assert_eq!(s.items.len(), 1);
+    assert!(s.state.is_none());
+    assert_eq!(s.header.version, 1, "a new record counts from 1");
+}
+
+/// Listing filters by status and sorts by id; typed listing decodes the items.
+pub async fn list_filters_by_status(store: &Store) {
+    for (id, status) in [
+        ("list-c", SessionStatus::Interrupted),
+        ("list-a", SessionStatus::Stopped),
+        ("list-b", SessionStatus::Interrupted),
+    ] {
+        let mut r = SessionRecord::<SimItem>::new(id, "sim", 1);
+        r.status = status;
+        r.unhandled_items = vec![item(1)];
+        store.save(r).await.expect("save");
+    }
+    let listed = store
+        .list(Some(vec![StatusKind::Interrupted]))
+        .await
+        .expect("list");
+    let mine: Vec<&str> = listed
+        .iter()
+        .map(|e| e.session_id.as_str())
+        .filter(|id| id.starts_with("list-"))
+        .collect();
+    assert_eq!(mine, vec!["list-b", "list-c"]);
+    for e in &listed {
+        let r = e.record.as_ref().expect("decodes");
+        assert_eq!(r.status, SessionStatus::Interrupted);
+    }
+    let all = store.list_stored(None).await.expect("list_stored");
+    let ids: Vec<&str> = all.iter().map(|e| e.session_id.as_str()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    assert_eq!(ids, sorted, "listed in id order");
+    assert!(ids.contains(&"list-a"));
+}
+
+/// A header that names an entry the record does not hold is `Corrupt` on load, naming
+/// the session.
+pub async fn a_header_naming_a_missing_entry_is_corrupt(store: &Store) {
+    store
+        .write(write(
+            RecordHeader {
+                cut: vec![42],
+                ..header("dangling", SessionStatus::Running)
+            },
+            vec![ItemChange::Put(1, payload(1))],
+            StateChange::Keep,
+        ))
+        .await
+        .expect("write");
+    match store.load("dangling").await {
+        Err(StoreError::Corrupt { session, reason }) => {
+            assert_eq!(session, "dangling");
+            assert!(reason.contains("42"), "{reason}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+/// Invalid ids are refused by every operation (S32); nothing is written.
+pub async fn invalid_ids_are_refused(store: &Store) {
+    for bad in ["", "a\u{0}b", &"x".repeat(129)] {
+        let r = store
+            .write(write(
+                header(bad, SessionStatus::Running),
+                vec![],
+                StateChange::Keep,
+            ))
+            .await;
+        assert!(
+            matches!(r, Err(StoreError::InvalidId { .. })),
+            "{bad:?}: {r:?}"
+        );
+        assert!(matches!(
+            store.load_stored(bad).await,
+            Err(StoreError::InvalidId { .. })
+        ));
+        assert!(matches!(
+            store.delete(bad).await,
+            Err(StoreError::InvalidId { .. })
+        ));
+        assert!(matches!(
+            store
+                .cas_status(bad, vec![StatusKind::Running], SessionStatus::Canceled)
+                .await,
+            Err(StoreError::InvalidId { .. })
+        ));
+    }
+}
+
+/// One heartbeat per instance, the last one written wins.
+pub async fn heartbeats(store: &Store) {
+    assert_eq!(store.heartbeat("i-1").await.unwrap(), None);
+    store.beat("i-1", 5).await.unwrap();
+    store.beat("i-1", 9).await.unwrap();
+    store.flush().await.unwrap();
+    assert_eq!(store.heartbeat("i-1").await.unwrap(), Some(9));
+}
+
+/// Every check above, in order, on one fresh store.
+pub async fn run_all(store: Store) {
+    whole_records_round_trip(&store).await;
+    incremental_writes_build_the_record(&store).await;
+    a_replacing_write_is_the_whole_record(&store).await;
+    conditional_writes_keep_their_meaning(&store).await;
+    writes_are_fenced_by_the_lease_epoch(&store).await;
+    status_compare_and_swap(&store).await;
+    delete_removes_everything(&store).await;
+    list_filters_by_status(&store).await;
+    a_header_naming_a_missing_entry_is_corrupt(&store).await;
+    invalid_ids_are_refused(&store).await;
+    heartbeats(&store).await;
+}
