@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::Canceled;
-use crate::session::TurnCx;
+use crate::turn::TurnCx;
 
 /// An agent: user code that plans and runs turns over pushed items.
 ///

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::agent::InterruptInfo;
 use crate::cancel::{CancelInfo, CancelMode};
-use crate::session::ExitSummary;
+use crate::exit::ExitSummary;
 
 /// The default capacity of a subscriber's event buffer.
 pub const DEFAULT_EVENT_CAPACITY: usize = 256;

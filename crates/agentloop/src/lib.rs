@@ -32,13 +32,17 @@ pub mod cancel;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod exit;
 pub mod ids;
 pub mod options;
+pub mod push;
 pub mod runtime;
 pub mod session;
+pub(crate) mod shared;
 pub mod shutdown;
 pub mod store;
 pub mod supervisor;
+pub mod turn;
 
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};

@@ -166,7 +166,7 @@ pub struct PushOptions<I> {
     pub strategy: Option<PushStrategy<I>>,
     /// Set by `SessionHandle::push_nowait`: accounts for the item if the message is
     /// dropped unprocessed.
-    pub(crate) unprocessed: Option<crate::session::UnprocessedPush<I>>,
+    pub(crate) unprocessed: Option<crate::push::UnprocessedPush<I>>,
 }
 
 impl<I> Default for PushOptions<I> {

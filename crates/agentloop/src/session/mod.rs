@@ -7,21 +7,19 @@
 //! and `shared` (the state handles read after the actor is gone).
 
 mod config;
-mod context;
-pub(crate) mod control;
-mod exit;
 mod handle;
 pub(crate) mod messages;
-pub(crate) mod shared;
 mod stop;
 mod turn_loop;
 mod turn_task;
 
+pub use crate::exit::{
+    CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind,
+};
+pub use crate::turn::{Step, TurnCx};
 pub use config::{
     validate_session_id, Durability, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN,
 };
-pub use context::{Step, TurnCx};
-pub use exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind};
 pub use handle::{BoundClient, SessionHandle};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,

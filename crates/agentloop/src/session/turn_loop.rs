@@ -18,19 +18,21 @@ use tracing::Instrument;
 
 use crate::agent::{Agent, PlanInput};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
+use crate::exit::FailureKind;
+use crate::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState};
 use crate::options::{Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
-use crate::session::control::{Ending, LiveTurn, Origin, Phase, Submitted, TurnControl};
-use crate::session::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitState};
 use crate::session::messages::{
     Internal, InternalMsg, PendingAck, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg,
 };
-use crate::session::shared::SessionShared;
 use crate::session::stop::{StopEffect, StopState};
 use crate::session::turn_task::{TurnTask, TurnWork};
-use crate::session::{Durability, FailureKind, SessionConfig, TurnCx};
+use crate::session::{Durability, SessionConfig};
+use crate::shared::SessionShared;
 use crate::store::{
     codec, lease, now_ms, CheckpointStore, SessionRecord, SessionStatus, StoreError,
 };
+use crate::turn::control::{Ending, LiveTurn, Origin, Phase, Submitted, TurnControl};
+use crate::turn::TurnCx;
 
 /// The TurnLoop actor (one per session). Spawn it through
 /// [`crate::SessionHandle::spawn`] or [`crate::SessionHandle::spawn_linked`].

@@ -17,9 +17,10 @@ use tokio::time::Instant;
 
 use crate::agent::{Agent, PlanInput, Turn};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
-use crate::session::control::{RunEnd, TurnControl};
+use crate::exit::FailureKind;
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
-use crate::session::{FailureKind, TurnCx};
+use crate::turn::control::{RunEnd, TurnControl};
+use crate::turn::TurnCx;
 
 /// What the turn works on.
 pub(crate) enum TurnWork<A: Agent> {

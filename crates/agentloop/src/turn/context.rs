@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use crate::agent::{Agent, AgentError, InterruptInfo, TurnOutcome};
 use crate::cancel::{Canceled, SafePoint};
 use crate::events::{SessionEvent, Subscribers};
-use crate::session::control::TurnControl;
-use crate::session::shared::SessionShared;
+use crate::shared::SessionShared;
+use crate::turn::control::TurnControl;
 
 /// The kind of step a turn is about to take (S1a).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::session::ExitState;
+use crate::exit::ExitState;
 
 impl<I> SessionShared<I> {
     /// Records a late item from a destructor (no `Clone` bound needed).

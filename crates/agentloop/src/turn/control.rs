@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use crate::agent::TurnOutcome;
 use crate::cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 use crate::events::TurnEnd;
-use crate::session::messages::{PendingAck, PreemptAck};
-use crate::session::FailureKind;
+use crate::exit::FailureKind;
+use crate::push::{PendingAck, PreemptAck};
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
