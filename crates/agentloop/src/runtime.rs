@@ -332,35 +332,39 @@ where
             return Ok(report);
         };
         let entries = store
-            .list(Some(vec![StatusKind::Interrupted, StatusKind::Running]))
+            .list_stored(Some(vec![StatusKind::Interrupted, StatusKind::Running]))
             .await?;
         let mut spawns = Vec::new();
         for entry in entries {
-            let rec = match entry.record {
+            let rec = match entry.record.and_then(|s| s.decode::<I>()) {
                 Ok(r) => r,
                 Err(e) => {
+                    // Nobody may read the report: say it where operators look (S15).
+                    tracing::warn!(session = %entry.session_id, error = %e,
+                        "a stored record does not decode; it is not resumed and was left untouched");
                     report.skipped.push((entry.session_id, e.to_string()));
                     continue;
                 }
             };
-            if rec.status == SessionStatus::Running {
-                if let Some(owner) = rec.owner.as_deref().filter(|o| *o != self.instance) {
-                    let beat = store.heartbeat(owner).await?.unwrap_or(rec.heartbeat_ms);
+            let h = &rec.header;
+            if h.status == SessionStatus::Running {
+                if let Some(owner) = h.owner.as_deref().filter(|o| *o != self.instance) {
+                    let beat = store.heartbeat(owner).await?.unwrap_or(h.heartbeat_ms);
                     if is_fresh(beat, now_ms(), self.lease_timeout) {
                         report.skipped.push((
-                            rec.session_id.clone(),
+                            h.session_id.clone(),
                             format!("running on live instance `{owner}`"),
                         ));
                         continue;
                     }
                 }
             }
-            let items = rec.unhandled_items.len() + rec.interrupted_items.len();
-            let mut spec = SessionSpec::new(rec.session_id.clone(), rec.agent_kind.clone())
-                .config(rec.agent_config.clone())
+            let items = rec.item_count();
+            let mut spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
+                .config(h.agent_config.clone())
                 .persistent(true)
                 .durability(self.durability);
-            let id = rec.session_id.clone();
+            let id = h.session_id.clone();
             // The session uses this record instead of loading it again, and judges its
             // owner's lease as this runtime did (S19).
             spec.preloaded = Some(rec);

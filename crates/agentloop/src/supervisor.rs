@@ -91,7 +91,7 @@ pub struct SessionSpec<I> {
     /// Items to push right after it starts, in order.
     pub initial_items: Vec<I>,
     /// The stored record, when the spawner already read it (the runtime's resume).
-    pub(crate) preloaded: Option<crate::store::SessionRecord<I>>,
+    pub(crate) preloaded: Option<crate::store::LoadedRecord<I>>,
     /// The lease timeout the session judges a `Running` record's owner by (S19), when
     /// not the default: the runtime's configured one for the sessions it resumes, so
     /// the session agrees with the runtime that the owner is gone.
@@ -210,7 +210,7 @@ pub trait AgentKind<I, E>: Send + Sync + 'static {
         agent_config: &[u8],
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: ActorCell,
-        record: Option<crate::store::SessionRecord<I>>,
+        record: Option<crate::store::LoadedRecord<I>>,
     ) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>>;
 }
 
@@ -227,7 +227,7 @@ where
         agent_config: &[u8],
         store: Option<Arc<dyn CheckpointStore<A::Item>>>,
         supervisor: ActorCell,
-        record: Option<crate::store::SessionRecord<A::Item>>,
+        record: Option<crate::store::LoadedRecord<A::Item>>,
     ) -> BoxFuture<'static, Result<SessionHandle<A::Item, A::Event>, SupervisorError>> {
         let agent = (self.0)(agent_config).map_err(|reason| SupervisorError::BadConfig {
             kind: self.1.clone(),

@@ -85,7 +85,7 @@ where
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: ActorCell,
-        record: Option<crate::store::SessionRecord<I>>,
+        record: Option<crate::store::LoadedRecord<I>>,
     ) -> Result<Self, SpawnError>
     where
         A: Agent<Item = I, Event = E>,
@@ -98,7 +98,7 @@ where
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: Option<ActorCell>,
-        preloaded: Option<crate::store::SessionRecord<I>>,
+        preloaded: Option<crate::store::LoadedRecord<I>>,
     ) -> Result<Self, SpawnError>
     where
         A: Agent<Item = I, Event = E>,

@@ -105,16 +105,21 @@ pub(crate) enum InternalMsg<I> {
     },
     /// An idle timer fired (S11 `until_idle_for`).
     IdleDue { epoch: u64 },
-    /// `sync` durability: the write with this sequence number finished.
-    Synced {
+    /// The store operation with this number finished (`Ok(false)`: a delete found
+    /// nothing).
+    Written {
         seq: u64,
-        result: Result<(), crate::store::StoreError>,
+        result: Result<bool, crate::store::StoreError>,
     },
     /// `sync` durability: the running turn recorded a new state at a safe point, or its
-    /// plan dropped items: rewrite the record.
-    SafePointReached { turn: u64 },
-    /// A detached session re-reads its own record (S24).
-    PollRecord,
+    /// plan changed stored entries: write it.
+    TurnProgress { turn: u64 },
+    /// A detached session's poll interval elapsed (S24).
+    PollDue,
+    /// A detached session read its record's status.
+    Polled {
+        status: Option<crate::store::SessionStatus>,
+    },
 }
 
 impl<I> InternalMsg<I> {
@@ -123,9 +128,10 @@ impl<I> InternalMsg<I> {
             InternalMsg::TurnFinished { .. } => "TurnFinished",
             InternalMsg::PreemptDue { .. } => "PreemptDue",
             InternalMsg::IdleDue { .. } => "IdleDue",
-            InternalMsg::Synced { .. } => "Synced",
-            InternalMsg::SafePointReached { .. } => "SafePointReached",
-            InternalMsg::PollRecord => "PollRecord",
+            InternalMsg::Written { .. } => "Written",
+            InternalMsg::TurnProgress { .. } => "TurnProgress",
+            InternalMsg::PollDue => "PollDue",
+            InternalMsg::Polled { .. } => "Polled",
         }
     }
 }

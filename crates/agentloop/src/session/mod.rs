@@ -7,9 +7,10 @@
 //! and `shared` (the state handles read after the actor is gone).
 
 mod config;
+pub(crate) mod core;
 mod handle;
+pub(crate) mod ledger;
 pub(crate) mod messages;
-mod stop;
 mod turn_loop;
 mod turn_task;
 

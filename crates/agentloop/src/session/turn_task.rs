@@ -18,14 +18,21 @@ use tokio::time::Instant;
 use crate::agent::{Agent, PlanInput, Turn};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::exit::FailureKind;
+use crate::session::ledger::{self, Seq};
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
+use crate::store::{codec, Payload};
 use crate::turn::control::{RunEnd, TurnControl};
 use crate::turn::TurnCx;
 
 /// What the turn works on.
 pub(crate) enum TurnWork<A: Agent> {
-    /// A normal turn: plan over these items first.
-    Plan(PlanInput<A::Item>),
+    /// A normal turn: plan over these items first. `seqs` (and `bytes`, when the
+    /// session persists) are the offered items' entries, in the input's order.
+    Plan {
+        input: PlanInput<A::Item>,
+        seqs: Vec<Seq>,
+        bytes: Option<Vec<Payload>>,
+    },
     /// A resume turn (S17): no plan; these items and this state.
     Resume {
         items: Vec<A::Item>,
@@ -60,6 +67,20 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
+/// What planning produced.
+enum Planned<A: Agent> {
+    /// A resume turn's items and state.
+    Resume {
+        items: Vec<A::Item>,
+        state: Option<A::State>,
+    },
+    /// A plan's answer by entry.
+    Split {
+        split: ledger::PlanSplit<A::Item>,
+        had_preempted: bool,
+    },
+}
+
 fn report_finished<I, E>(myself: &ActorRef<TurnLoopMsg<I, E>>, turn: u64)
 where
     I: Send + Sync + 'static,
@@ -89,9 +110,8 @@ impl<A: Agent> TurnTask<A> {
         let gate_and_plan = async {
             let gate = subscribers.order_gate().await;
             let planned = match work {
-                TurnWork::Resume { items, state } => Ok((items, Vec::new(), 0, false, state)),
-                TurnWork::Plan(input) => {
-                    let offered = input.len();
+                TurnWork::Resume { items, state } => Ok(Planned::<A>::Resume { items, state }),
+                TurnWork::Plan { input, seqs, bytes } => {
                     let had_preempted = !input.preempted.is_empty();
                     match AssertUnwindSafe(async { agent.plan(input).await })
                         .catch_unwind()
@@ -102,22 +122,19 @@ impl<A: Agent> TurnTask<A> {
                             FailureKind::Panic,
                         )),
                         Ok(Err(e)) => Err((format!("plan failed: {e}"), FailureKind::Agent)),
-                        Ok(Ok(plan)) => {
-                            let returned = plan.consumed.len() + plan.remaining.len();
-                            if returned > offered {
-                                Err((
-                                    format!(
-                                        "plan returned {returned} items but was offered \
-                                         {offered}; a plan may only consume, hand back or drop \
-                                         offered items"
-                                    ),
-                                    FailureKind::Agent,
-                                ))
-                            } else {
-                                let dropped = (offered - returned) as u64;
-                                Ok((plan.consumed, plan.remaining, dropped, had_preempted, None))
-                            }
-                        }
+                        // Which offered entry each returned item is (checked, when the
+                        // session persists: an item that cannot be stored fails the plan).
+                        Ok(Ok(plan)) => ledger::split_plan(
+                            &seqs,
+                            bytes.as_deref(),
+                            plan,
+                            codec::encode_item::<A::Item>,
+                        )
+                        .map(|split| Planned::Split {
+                            split,
+                            had_preempted,
+                        })
+                        .map_err(|e| (e, FailureKind::Agent)),
                     }
                 }
             };
@@ -149,7 +166,7 @@ impl<A: Agent> TurnTask<A> {
             }
             Some(r) => r,
         };
-        let (items, remaining, dropped, had_preempted, resume_state) = match planned {
+        let planned = match planned {
             Err((reason, kind)) => {
                 control.end_planning(reason.clone(), Some(kind));
                 let fin = subscribers.send_final(
@@ -167,24 +184,32 @@ impl<A: Agent> TurnTask<A> {
             }
             Ok(p) => p,
         };
-        if items.is_empty() {
-            // The plan consumed nothing: no turn runs; what it handed back waits for
-            // new input (the actor does not re-plan the same items in a loop).
-            control.end_deferred(remaining, dropped);
-            report_finished(&myself, index);
-            drop(gate);
-            return;
-        }
-        control.start_running(items.clone(), remaining, dropped, Instant::now());
-        if dropped > 0 {
-            // S10 + S16a: under `sync` the plan's drop decision goes on record before
-            // the turn can fail (the actor handles this before the turn's end, and its
-            // teardown awaits the write), so a restart from the record never offers a
-            // dropped item again. Without `sync` the actor ignores it.
-            let _ = myself.send_message(TurnLoopMsg::Internal(Internal(
-                InternalMsg::SafePointReached { turn: index },
-            )));
-        }
+        let (items, had_preempted, resume_state) = match planned {
+            Planned::Resume { items, state } => {
+                control.start_running(None, Instant::now());
+                (items, false, state)
+            }
+            Planned::Split {
+                split,
+                had_preempted,
+            } => {
+                if split.consumed.is_empty() {
+                    // The plan consumed nothing: no turn runs; what it handed back waits
+                    // for new input (the session does not re-plan the same items in a
+                    // loop).
+                    control.end_deferred(split);
+                    report_finished(&myself, index);
+                    drop(gate);
+                    return;
+                }
+                let items = split.consumed.iter().map(|p| p.item.clone()).collect();
+                // S10 + S16a: a split that drops or rewrites entries is reported by the
+                // control block, so under `sync` it goes on record before the turn can
+                // fail and a restart from the record never offers a dropped item again.
+                control.start_running(Some(split), Instant::now());
+                (items, had_preempted, None)
+            }
+        };
 
         // 2. Run the agent, watching for Immediate cancels and deadlines (S2).
         let turn = Turn::<A> {

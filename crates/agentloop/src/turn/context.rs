@@ -31,9 +31,6 @@ pub struct TurnCx<A: Agent> {
     pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
     pub(crate) stopped: watch::Receiver<bool>,
-    /// `sync` durability: told when a safe point recorded a new state.
-    pub(crate) sync_notify:
-        Option<ractor::ActorRef<crate::session::TurnLoopMsg<A::Item, A::Event>>>,
 }
 
 impl<A: Agent> Clone for TurnCx<A> {
@@ -44,7 +41,6 @@ impl<A: Agent> Clone for TurnCx<A> {
             control: self.control.clone(),
             subscribers: self.subscribers.clone(),
             stopped: self.stopped.clone(),
-            sync_notify: self.sync_notify.clone(),
         }
     }
 }
@@ -80,23 +76,8 @@ impl<A: Agent> TurnCx<A> {
     /// hide it.
     pub fn safe_point(&self, kind: SafePoint, state: &A::State) -> Result<(), Canceled> {
         let r = self.control.safe_point(kind, state);
-        match &r {
-            Err(c) => {
-                tracing::debug!(session = %self.session.id, turn = self.turn, at = %c.at, "cancel captured at safe point");
-            }
-            Ok(()) => {
-                if let Some(actor) = &self.sync_notify {
-                    // The record is rewritten with this state (S16a); the agent does not
-                    // wait for it.
-                    let _ = actor.send_message(crate::session::TurnLoopMsg::Internal(
-                        crate::session::Internal(
-                            crate::session::messages::InternalMsg::SafePointReached {
-                                turn: self.turn,
-                            },
-                        ),
-                    ));
-                }
-            }
+        if let Err(c) = &r {
+            tracing::debug!(session = %self.session.id, turn = self.turn, at = %c.at, "cancel captured at safe point");
         }
         r
     }

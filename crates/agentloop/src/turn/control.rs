@@ -1,12 +1,15 @@
-//! The control block one turn shares between its TurnLoop actor and its turn task.
+//! The control block one turn shares between its session and its turn task.
 //!
 //! It owns the turn's phase (planning → running → ended), the merged cancel (S3) with
 //! its origins (stop or preempt), the capture of a cancel at a safe point (S1), the
-//! last resumable state, and, once the turn is over, its classification. The actor only
-//! submits cancels and reads the ending; the turn task only transitions phases and
-//! records what happened. Neither waits on the other while holding the lock.
+//! turn's resumable state (with its encoded bytes when the session writes each safe
+//! point, S16a), the plan's answer by entry number until the session takes it, and,
+//! once the turn is over, its classification. The session only submits cancels and
+//! reads what happened; the turn task only transitions phases and records what
+//! happened. Neither waits on the other while holding the lock, and nothing is encoded
+//! under it.
 //!
-//! Invariant: once `phase` is `Ended`, nothing changes any more, and the actor treats
+//! Invariant: once `phase` is `Ended`, nothing changes any more, and the session treats
 //! the turn as having no target for new cancels.
 
 use parking_lot::Mutex;
@@ -20,6 +23,9 @@ use crate::cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled
 use crate::events::TurnEnd;
 use crate::exit::FailureKind;
 use crate::push::{PendingAck, PreemptAck};
+use crate::session::ledger::PlanSplit;
+use crate::store::codec::PayloadError;
+use crate::store::Payload;
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,25 +68,17 @@ pub(crate) enum RunEnd<S> {
     Killed,
 }
 
-/// Where a turn's items are, for a `sync` record (S16a).
-pub(crate) enum LiveTurn<I, S> {
-    /// Nothing consumed yet: the offered items are all still to be handled.
-    Planning,
-    /// In flight, or cut / interrupted / failed: the consumed items are the turn to
-    /// resume, with its state; the plan's remaining items are still to be handled.
-    Cut {
-        consumed: Vec<I>,
-        remaining: Vec<I>,
-        state: Option<S>,
-    },
-    /// Completed (or the plan consumed nothing): only the remaining items are left.
-    Done { remaining: Vec<I> },
-    /// Preempted: its items go to the next plan first, then the remaining ones.
-    Requeued { consumed: Vec<I>, remaining: Vec<I> },
+/// A resumable state: the value, its encoded bytes (when the session writes safe
+/// points), and which state it is (0: the turn's input; then one per safe point).
+#[derive(Clone, Debug)]
+pub(crate) struct StateSnap<S> {
+    pub(crate) value: S,
+    pub(crate) bytes: Option<Payload>,
+    pub(crate) tag: u64,
 }
 
-/// How the whole turn ended, read by the actor after the task's `TurnFinished`.
-pub(crate) enum Ending<I, S> {
+/// How the whole turn ended, read by the session after the task's `TurnFinished`.
+pub(crate) enum Ending<S> {
     /// Planning did not complete: the offered items go back untouched (S6).
     PlanAborted {
         /// Why.
@@ -89,20 +87,40 @@ pub(crate) enum Ending<I, S> {
         /// stop arrived while planning.
         plan_failed: Option<FailureKind>,
     },
-    /// The plan consumed nothing, so no turn ran; what it handed back waits for new
-    /// input.
+    /// The plan consumed nothing, so no turn ran; its answer is the split.
     Deferred,
     /// The turn ran.
     Ran {
         /// How it ended.
         end: TurnEnd,
-        /// The items the turn consumed.
-        consumed: Vec<I>,
         /// The state to resume from if the turn was cut or interrupted.
-        resume_state: Option<S>,
+        resume_state: Option<StateSnap<S>>,
         /// For a failed turn, what kind of failure.
         failure: Option<FailureKind>,
     },
+}
+
+/// Encodes an agent state, checked (see `store::codec::payload::encode_checked`).
+pub(crate) type EncodeState<S> = fn(&S) -> Result<Vec<u8>, PayloadError>;
+
+/// What the session installs in each turn's control block.
+pub(crate) struct TurnHooks<S> {
+    /// When the session writes every safe point (`sync`): encodes a state (checked, so
+    /// only a state that reads back is ever written).
+    pub(crate) encode_state: Option<EncodeState<S>>,
+    /// Tells the session the turn progressed: a safe point recorded a state, or the
+    /// plan's answer changes stored entries. Called outside the lock.
+    pub(crate) progress: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl<S> TurnHooks<S> {
+    /// No hooks (a session that writes nothing while a turn runs).
+    pub(crate) fn none() -> Self {
+        TurnHooks {
+            encode_state: None,
+            progress: None,
+        }
+    }
 }
 
 pub(crate) struct ControlState<I, S> {
@@ -122,23 +140,21 @@ pub(crate) struct ControlState<I, S> {
     abort_planning: bool,
     /// The safe point at which a cancel was honoured.
     captured: Option<SafePoint>,
-    /// The state recorded at the last safe point.
-    last_state: Option<S>,
-    /// The state a resume turn started from (its input).
-    input_state: Option<S>,
-    /// A copy of the consumed items (the originals were moved into the turn).
-    pub(crate) consumed: Vec<I>,
-    /// Items the plan handed back (S5).
-    pub(crate) remaining: Vec<I>,
-    /// Items the plan dropped (S5).
-    pub(crate) dropped: u64,
-    ending: Option<Ending<I, S>>,
+    /// The resumable state: the last safe point's, or the turn's input (S2).
+    state: Option<StateSnap<S>>,
+    next_tag: u64,
+    /// A safe point's state did not encode: the turn ends `Failed` (S15a, S18).
+    state_failure: Option<String>,
+    /// The plan's answer, until the session takes it.
+    split: Option<PlanSplit<I>>,
+    ending: Option<Ending<S>>,
 }
 
 /// The shared control block of one turn.
 pub(crate) struct TurnControl<I, S> {
     pub(crate) index: u64,
     state: Mutex<ControlState<I, S>>,
+    hooks: TurnHooks<S>,
     /// Wakes the turn task when the cancel changed (a new deadline, Immediate).
     wake: Notify,
     /// Set once a preempt is submitted to the running turn (S8).
@@ -147,7 +163,7 @@ pub(crate) struct TurnControl<I, S> {
 }
 
 impl<I: Clone, S: Clone> TurnControl<I, S> {
-    pub(crate) fn new(index: u64, input_state: Option<S>) -> Self {
+    pub(crate) fn new(index: u64, input_state: Option<StateSnap<S>>, hooks: TurnHooks<S>) -> Self {
         TurnControl {
             index,
             state: Mutex::new(ControlState {
@@ -162,13 +178,14 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 by_preempt: false,
                 abort_planning: false,
                 captured: None,
-                last_state: None,
-                input_state,
-                consumed: Vec::new(),
-                remaining: Vec::new(),
-                dropped: 0,
+                state: input_state,
+                // Tags are unique across the session's turns (0 is a record's state).
+                next_tag: index.wrapping_shl(32) | 1,
+                state_failure: None,
+                split: None,
                 ending: None,
             }),
+            hooks,
             wake: Notify::new(),
             preempted: AtomicBool::new(false),
             preempted_notify: Notify::new(),
@@ -179,51 +196,28 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         self.state.lock().phase
     }
 
-    /// Where the turn's items are right now, for a `sync` record (S16a), read from the
-    /// ending once the turn is over (the consumed items move into it).
-    pub(crate) fn live(&self) -> LiveTurn<I, S> {
-        let st = self.state.lock();
-        match (&st.ending, st.phase) {
-            (None, Phase::Planning) => LiveTurn::Planning,
-            (None, _) => LiveTurn::Cut {
-                consumed: st.consumed.clone(),
-                remaining: st.remaining.clone(),
-                state: st.last_state.clone().or_else(|| st.input_state.clone()),
-            },
-            (Some(Ending::PlanAborted { .. }), _) => LiveTurn::Planning,
-            (Some(Ending::Deferred), _) => LiveTurn::Done {
-                remaining: st.remaining.clone(),
-            },
-            (
-                Some(Ending::Ran {
-                    end,
-                    consumed,
-                    resume_state,
-                    ..
-                }),
-                _,
-            ) => match end {
-                TurnEnd::Completed => LiveTurn::Done {
-                    remaining: st.remaining.clone(),
-                },
-                TurnEnd::Preempted(_) => LiveTurn::Requeued {
-                    consumed: consumed.clone(),
-                    remaining: st.remaining.clone(),
-                },
-                _ => LiveTurn::Cut {
-                    consumed: consumed.clone(),
-                    remaining: st.remaining.clone(),
-                    state: resume_state.clone(),
-                },
-            },
-        }
+    /// Takes the plan's answer (session side; once).
+    pub(crate) fn take_split(&self) -> Option<PlanSplit<I>> {
+        self.state.lock().split.take()
     }
 
-    /// The phase and a copy of the consumed items, for push strategies (S9). A copy,
-    /// so user code never runs under this lock.
-    pub(crate) fn phase_and_consumed(&self) -> (Phase, Vec<I>) {
+    /// The consumed items of a plan whose answer the session has not taken yet, for a
+    /// push strategy (S9). A copy, so user code never runs under this lock.
+    pub(crate) fn consumed_view(&self) -> Option<Vec<I>> {
         let st = self.state.lock();
-        (st.phase, st.consumed.clone())
+        let split = st.split.as_ref()?;
+        Some(split.consumed.iter().map(|p| p.item.clone()).collect())
+    }
+
+    /// The resumable state's tag and bytes, for a write (session side).
+    pub(crate) fn state_bytes(&self) -> Option<(u64, Option<Payload>)> {
+        let st = self.state.lock();
+        st.state.as_ref().map(|s| (s.tag, s.bytes.clone()))
+    }
+
+    /// A copy of the resumable state (a write that must encode it itself).
+    pub(crate) fn state_snapshot(&self) -> Option<StateSnap<S>> {
+        self.state.lock().state.clone()
     }
 
     fn fire_preempted(&self) {
@@ -249,10 +243,11 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         }
     }
 
-    /// Submits a cancel (actor side). A planning turn holds it until it runs; a running
-    /// turn merges it now (S3); an ended turn ignores it. A preempt's acknowledgement is
-    /// held with a pending cancel (answered when the turn starts or ends), under the
-    /// same lock, so it can never miss the transition; otherwise it is handed back.
+    /// Submits a cancel (session side). A planning turn holds it until it runs; a
+    /// running turn merges it now (S3); an ended turn ignores it. A preempt's
+    /// acknowledgement is held with a pending cancel (answered when the turn starts or
+    /// ends), under the same lock, so it can never miss the transition; otherwise it is
+    /// handed back.
     pub(crate) fn submit(
         &self,
         req: CancelRequest,
@@ -333,19 +328,14 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     /// Planning is done (turn-task side): the turn becomes active, pending cancels are
     /// submitted and their acknowledgements sent. A plan that returned is never
     /// discarded, even if a stop asked to abort planning meanwhile: the stop's cancel is
-    /// among the pending ones (see [`TurnControl::abort_planning`]).
-    pub(crate) fn start_running(
-        &self,
-        consumed: Vec<I>,
-        remaining: Vec<I>,
-        dropped: u64,
-        now: Instant,
-    ) {
+    /// among the pending ones (see [`TurnControl::abort_planning`]). `split` is the
+    /// plan's answer (`None` for a resume turn, whose items the session already knows);
+    /// when it changes stored entries, the session is told.
+    pub(crate) fn start_running(&self, split: Option<PlanSplit<I>>, now: Instant) {
+        let notify = split.as_ref().is_some_and(PlanSplit::changes_entries);
         let mut st = self.state.lock();
         st.phase = Phase::Running;
-        st.consumed = consumed;
-        st.remaining = remaining;
-        st.dropped = dropped;
+        st.split = split;
         let mut preempted = false;
         if let Some(req) = st.pending.take() {
             Self::activate_cancel(&mut st, req, now);
@@ -360,6 +350,15 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         }
         for ack in acks {
             ack.answer(PreemptAck::Submitted { turn: self.index });
+        }
+        if notify {
+            self.progress();
+        }
+    }
+
+    fn progress(&self) {
+        if let Some(p) = &self.hooks.progress {
+            p();
         }
     }
 
@@ -387,38 +386,78 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         }
     }
 
-    /// Waits until the cancel changes.
+    /// Waits until the cancel changed.
     pub(crate) async fn changed(&self) {
         self.wake.notified().await
     }
 
-    /// A safe point (S1): records the state; returns `Err(Canceled)` when the cancel in
-    /// force matches `kind`. The capture is recorded here, so an agent that swallows the
-    /// error does not hide the cancel.
+    /// A safe point (S1): records `state` as the turn's resumable state and returns
+    /// `Err(Canceled)` when the cancel in force matches `kind`. The capture is recorded
+    /// here, so an agent that swallows the error does not hide the cancel. When the
+    /// session writes safe points, the state is encoded first (outside the lock); a
+    /// state that does not read back is not recorded, and the turn ends at this safe
+    /// point, `Failed` (S15a: the stored record keeps its last good state).
     pub(crate) fn safe_point(&self, kind: SafePoint, state: &S) -> Result<(), Canceled> {
-        let mut st = self.state.lock();
-        if st.phase != Phase::Running {
+        if self.phase() != Phase::Running {
             return Ok(());
         }
-        st.last_state = Some(state.clone());
-        if let Some(c) = st.active {
-            if c.matches(kind) {
+        let bytes = match self.hooks.encode_state.map(|f| f(state)) {
+            None => None,
+            Some(Ok(b)) => Some(Payload::from(b)),
+            Some(Err(e)) => {
+                let mut st = self.state.lock();
+                if st.state_failure.is_none() {
+                    st.state_failure = Some(format!(
+                        "the agent state at a safe point cannot be stored: {e}"
+                    ));
+                }
                 if st.captured.is_none() {
                     st.captured = Some(kind);
                 }
                 return Err(Canceled { at: kind });
             }
+        };
+        let mut st = self.state.lock();
+        if st.phase != Phase::Running {
+            return Ok(());
         }
-        if let Some(at) = st.captured {
-            // Already captured earlier and swallowed: keep answering Canceled.
-            return Err(Canceled { at });
+        let tag = st.next_tag;
+        st.next_tag += 1;
+        st.state = Some(StateSnap {
+            value: state.clone(),
+            bytes,
+            tag,
+        });
+        let mut result = Ok(());
+        if let Some(c) = st.active {
+            if c.matches(kind) {
+                if st.captured.is_none() {
+                    st.captured = Some(kind);
+                }
+                result = Err(Canceled { at: kind });
+            }
         }
-        Ok(())
+        if result.is_ok() {
+            if let Some(at) = st.captured {
+                // Already captured earlier and swallowed: keep answering Canceled.
+                result = Err(Canceled { at });
+            }
+        }
+        drop(st);
+        if result.is_ok() && self.hooks.encode_state.is_some() {
+            self.progress();
+        }
+        result
     }
 
     /// Whether a cancel was captured at a safe point (for `TurnCx::is_canceled`).
     pub(crate) fn is_captured(&self) -> bool {
         self.state.lock().captured.is_some()
+    }
+
+    fn answer_acks(&self, st: &mut ControlState<I, S>) -> Vec<PendingAck<I>> {
+        let _ = self;
+        std::mem::take(&mut st.pending_acks)
     }
 
     /// Planning did not complete (turn-task side).
@@ -429,36 +468,56 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             reason,
             plan_failed,
         });
-        let acks = std::mem::take(&mut st.pending_acks);
+        let acks = self.answer_acks(&mut st);
         drop(st);
         for ack in acks {
             ack.answer(PreemptAck::TargetEnded { turn: self.index });
         }
     }
 
-    /// The plan consumed nothing (turn-task side): no turn runs.
-    pub(crate) fn end_deferred(&self, remaining: Vec<I>, dropped: u64) {
+    /// The plan consumed nothing (turn-task side): no turn runs; `split` is what it
+    /// handed back and dropped.
+    pub(crate) fn end_deferred(&self, split: PlanSplit<I>) {
+        let notify = split.changes_entries();
         let mut st = self.state.lock();
         st.phase = Phase::Ended;
-        st.remaining = remaining;
-        st.dropped = dropped;
+        st.split = Some(split);
         st.ending = Some(Ending::Deferred);
-        let acks = std::mem::take(&mut st.pending_acks);
+        let acks = self.answer_acks(&mut st);
         drop(st);
         for ack in acks {
             ack.answer(PreemptAck::TargetEnded { turn: self.index });
         }
+        let _ = notify; // the session reads the split at TurnFinished, which follows
     }
 
     /// The turn is over (turn-task side): classify it and return the `TurnEnd` for the
     /// `TurnEnded` event.
     ///
-    /// A captured or Immediate cancel wins over whatever the agent returned (S1, S13);
-    /// a cancel that any stop contributed to ends the session (Canceled), one that only
-    /// preempts contributed to is a preemption (S8).
+    /// A state that could not be stored fails the turn (S15a). Otherwise a captured or
+    /// Immediate cancel wins over whatever the agent returned (S1, S13); a cancel that
+    /// any stop contributed to ends the session (Canceled), one that only preempts
+    /// contributed to is a preemption (S8). An interrupt's state is encoded here when
+    /// the session writes safe points; one that does not read back fails the turn.
     pub(crate) fn finish(&self, run: RunEnd<S>) -> TurnEnd {
+        // Encoded before the lock is taken (never under it).
+        let interrupt_bytes = match (&run, self.hooks.encode_state) {
+            (RunEnd::Returned(Ok(TurnOutcome::Interrupted { state, .. })), Some(f)) => {
+                Some(f(state).map(Payload::from))
+            }
+            _ => None,
+        };
         let mut st = self.state.lock();
         st.phase = Phase::Ended;
+        if let Some(reason) = st.state_failure.take() {
+            let end = TurnEnd::Failed(reason);
+            st.ending = Some(Ending::Ran {
+                end: end.clone(),
+                resume_state: st.state.clone(),
+                failure: Some(FailureKind::Record),
+            });
+            return end;
+        }
         let killed = matches!(run, RunEnd::Killed);
         let cut = if killed || st.captured.is_some() {
             let mode = st.active.map(|c| c.mode).unwrap_or(CancelMode::Immediate);
@@ -473,7 +532,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             None
         };
         let mut interrupt_state = None;
-        let failure = match (&cut, &run) {
+        let mut failure = match (&cut, &run) {
             (Some(_), _) if st.by_stop || st.by_preempt => None,
             (Some(_), _) => Some(FailureKind::Internal),
             (None, RunEnd::Returned(Err(_))) => Some(FailureKind::Agent),
@@ -481,7 +540,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             (None, RunEnd::Killed) => Some(FailureKind::Internal),
             (None, RunEnd::Returned(Ok(_))) => None,
         };
-        let end = match (cut, run) {
+        let mut end = match (cut, run) {
             (Some(info), _) if st.by_stop => TurnEnd::Canceled(info),
             (Some(info), _) if st.by_preempt => TurnEnd::Preempted(info),
             (Some(_), _) => TurnEnd::Failed("turn was cut without a cancel request".into()),
@@ -501,14 +560,31 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             (None, RunEnd::Panicked(msg)) => TurnEnd::Failed(format!("agent panicked: {msg}")),
             (None, RunEnd::Killed) => unreachable_killed(),
         };
-        let resume_state = match &end {
-            TurnEnd::Interrupted(_) => interrupt_state,
+        let resume_state = match (&end, interrupt_state, interrupt_bytes) {
+            (TurnEnd::Interrupted(_), Some(value), Some(Err(e))) => {
+                // The interrupt's state cannot be stored: the turn fails instead, and
+                // the resumable state stays the last good one.
+                let _ = value;
+                end = TurnEnd::Failed(format!(
+                    "the agent state of the interrupt cannot be stored: {e}"
+                ));
+                failure = Some(FailureKind::Record);
+                st.state.clone()
+            }
+            (TurnEnd::Interrupted(_), Some(value), bytes) => {
+                let tag = st.next_tag;
+                st.next_tag += 1;
+                Some(StateSnap {
+                    value,
+                    bytes: bytes.and_then(Result::ok),
+                    tag,
+                })
+            }
             // The state at the last safe point, or the turn's input if none (S2).
-            _ => st.last_state.clone().or_else(|| st.input_state.clone()),
+            _ => st.state.clone(),
         };
         st.ending = Some(Ending::Ran {
             end: end.clone(),
-            consumed: std::mem::take(&mut st.consumed),
             resume_state,
             failure,
         });
@@ -516,7 +592,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     }
 
     /// The turn task died without classifying the turn (a panic outside the agent's
-    /// futures, e.g. in a future's destructor): record a failure so the actor can
+    /// futures, e.g. in a future's destructor): record a failure so the session can
     /// account for the items. No-op when an ending exists.
     pub(crate) fn abandon(&self, reason: String) {
         let mut st = self.state.lock();
@@ -530,45 +606,23 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             },
             Phase::Running | Phase::Ended => Ending::Ran {
                 end: TurnEnd::Failed(reason),
-                consumed: std::mem::take(&mut st.consumed),
-                resume_state: st.last_state.clone().or_else(|| st.input_state.clone()),
+                resume_state: st.state.clone(),
                 failure: Some(FailureKind::Panic),
             },
         };
         st.phase = Phase::Ended;
         st.ending = Some(ending);
-        let acks = std::mem::take(&mut st.pending_acks);
+        let acks = self.answer_acks(&mut st);
         drop(st);
         for ack in acks {
             ack.answer(PreemptAck::TargetEnded { turn: self.index });
         }
     }
 
-    /// Where the turn's items are right now, for an actor that dies before the turn
-    /// reported (S10): `None` while planning (the offered items are all still to be
-    /// handled), else (consumed, remaining, dropped, ending) as far as known.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn salvage(&self) -> Option<(Vec<I>, Vec<I>, u64, Option<TurnEnd>)> {
-        let mut st = self.state.lock();
-        let remaining = std::mem::take(&mut st.remaining);
-        let dropped = st.dropped;
-        match st.ending.take() {
-            None if st.phase == Phase::Planning => None,
-            None => Some((std::mem::take(&mut st.consumed), remaining, dropped, None)),
-            Some(Ending::PlanAborted { .. }) => None,
-            Some(Ending::Deferred) => Some((Vec::new(), remaining, dropped, None)),
-            Some(Ending::Ran { end, consumed, .. }) => {
-                Some((consumed, remaining, dropped, Some(end)))
-            }
-        }
-    }
-
-    /// Takes the ending (actor side, after `TurnFinished`).
-    pub(crate) fn take_ending(&self) -> Option<(Ending<I, S>, Vec<I>, u64)> {
-        let mut st = self.state.lock();
-        let ending = st.ending.take()?;
-        let remaining = std::mem::take(&mut st.remaining);
-        Some((ending, remaining, st.dropped))
+    /// Takes the ending (session side, after `TurnFinished`; or a killed session's
+    /// salvage).
+    pub(crate) fn take_ending(&self) -> Option<Ending<S>> {
+        self.state.lock().ending.take()
     }
 }
 

@@ -1,0 +1,398 @@
+//! What a persistent session writes, when, and who waits for it (DESIGN S15, S16a,
+//! S17, S23, S24).
+//!
+//! Under `sync` every change of placement is written as it happens: a push writes its
+//! own entry, a safe point the state, a turn end deletes what the turn consumed; each
+//! write also rewrites the header (status `Running`, the turn index, the cut turn's
+//! items, the out-of-order front, the next entry number), which the ledger keeps small.
+//! A push is answered only after the write holding it is flushed (S16a), a detach after
+//! its record is. Under `exit` nothing is written until the exit, except a detach's
+//! record and, once a turn completed after a record was loaded, that stale record's
+//! replacement (S17).
+//!
+//! Invariant: after every event the core handles under `sync`, the writes issued so
+//! far, applied in order, make the stored record equal the ledger's placement (a test
+//! checks it after every step). Any failed write breaks the assumption that the store
+//! holds what was written, so the next write replaces the whole record.
+//!
+//! This file builds writes and settles their waiters; it never moves an item and never
+//! decides the boundary.
+
+use std::collections::VecDeque;
+
+use tokio::time::Instant;
+
+use crate::agent::Agent;
+use crate::error::SessionError;
+use crate::options::Preempt;
+use crate::push::{PreemptAck, PushError, PushReply};
+use crate::session::core::stop::canceled_stop;
+use crate::session::core::{Core, CoreConfig, DetachReply, Effect, Effects, Event, StoreOp};
+use crate::store::{
+    now_ms, ItemChange, Payload, RecordHeader, RecordWrite, SessionStatus, StateChange, StoreError,
+    WriteCondition,
+};
+
+/// A push accepted under `sync`, answered once the write holding its item is flushed.
+/// Its preempt is applied then, to the turn it targeted when accepted.
+pub(crate) struct UnsyncedPush<I> {
+    seq: u64,
+    reply: Option<PushReply<I>>,
+    preempt: Option<Preempt>,
+    target: Option<u64>,
+}
+
+/// The session's writes in flight and what they owe.
+pub(crate) struct Durable<A: Agent> {
+    /// The last store operation issued (they are numbered in issue order).
+    pub(crate) seq: u64,
+    /// Pushes waiting for their write, in issue order.
+    unsynced: VecDeque<UnsyncedPush<A::Item>>,
+    /// A detach waiting for its record to be durable.
+    detach: Option<(u64, DetachReply)>,
+    /// Item entry changes not written yet (`sync`).
+    pending: Vec<ItemChange>,
+    /// Which state the stored record holds (its tag; `sync`).
+    stored_state: Option<u64>,
+    /// The next write replaces the whole record (a write failed, or the record was
+    /// read in format 1).
+    pub(crate) rewrite: bool,
+    /// `exit`: a record was loaded and turns have completed since; it is replaced after
+    /// each completed turn until that succeeds (S17).
+    pub(crate) record_stale: bool,
+    /// The stale record's replacement in flight: its number, and whether it deletes.
+    stale_write: Option<(u64, bool)>,
+    /// A write was fenced: another owner claimed the session (S37).
+    pub(crate) fenced: bool,
+    pub(crate) created_at_ms: u64,
+    /// This owner's fencing token.
+    pub(crate) lease_epoch: u64,
+}
+
+impl<A: Agent> Durable<A> {
+    pub(crate) fn new(_config: &CoreConfig) -> Self {
+        Durable {
+            seq: 0,
+            unsynced: VecDeque::new(),
+            detach: None,
+            pending: Vec::new(),
+            stored_state: None,
+            rewrite: false,
+            record_stale: false,
+            stale_write: None,
+            fenced: false,
+            created_at_ms: now_ms(),
+            lease_epoch: 1,
+        }
+    }
+
+    /// Keeps a move's entry changes for the next `sync` write.
+    pub(crate) fn absorb(&mut self, changes: Vec<ItemChange>) {
+        self.pending.extend(changes);
+    }
+
+    /// The stored record holds state `tag` (a loaded record's).
+    pub(crate) fn state_stored(&mut self, tag: Option<u64>) {
+        self.stored_state = tag;
+    }
+
+    pub(crate) fn answer_push_after(
+        &mut self,
+        seq: u64,
+        reply: Option<PushReply<A::Item>>,
+        preempt: Option<Preempt>,
+        target: Option<u64>,
+    ) {
+        self.unsynced.push_back(UnsyncedPush {
+            seq,
+            reply,
+            preempt,
+            target,
+        });
+    }
+
+    pub(crate) fn answer_detach_after(&mut self, seq: u64, reply: DetachReply) {
+        self.detach = Some((seq, reply));
+    }
+
+    fn next(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+}
+
+/// Answers one push that waited for its write, after the loop is over (its preempt
+/// has no turn left to apply to).
+fn answer_late<I>(u: UnsyncedPush<I>, result: Result<bool, StoreError>) {
+    let Some(r) = u.reply else {
+        return;
+    };
+    let _ = r.send(match result {
+        Ok(_) => Ok(match (u.preempt, u.target) {
+            (None, _) => PreemptAck::NotRequested,
+            (Some(_), None) => PreemptAck::NoTarget,
+            (Some(_), Some(turn)) => PreemptAck::TargetEnded { turn },
+        }),
+        Err(e) => Err(PushError::NotDurable {
+            error: e.to_string(),
+        }),
+    });
+}
+
+impl<A: Agent> Core<A> {
+    /// The header for a write with `status` at the current placement.
+    pub(super) fn header(&mut self, status: SessionStatus) -> RecordHeader {
+        let placement = self.ledger.placement();
+        let turn_index = match (&self.turn, self.ledger.cut()) {
+            (Some(t), _) => t.index,
+            (None, Some(cut)) => cut.index,
+            (None, None) => self.next_index,
+        };
+        let now = now_ms();
+        RecordHeader {
+            session_id: self.config.id.clone(),
+            agent_kind: self.config.agent_kind.clone(),
+            agent_config: self.config.agent_config.clone(),
+            status,
+            turn_index,
+            cut: placement.interrupted,
+            front: self.ledger.header_front(),
+            next_seq: self.ledger.next_seq(),
+            stop_cause: self.shared.cause(),
+            last_error: None,
+            owner: self.config.owner.clone(),
+            heartbeat_ms: now,
+            created_at_ms: self.durable.created_at_ms,
+            updated_at_ms: now,
+            version: 0,
+            lease_epoch: self.durable.lease_epoch,
+        }
+    }
+
+    /// The cut turn's state as it should be stored now: (tag, bytes), or `None` when
+    /// no state belongs in the record. Bytes are `None` for a state no safe point
+    /// encoded (the caller encodes it).
+    fn live_state(&self) -> Option<(u64, Option<Payload>)> {
+        match &self.turn {
+            // A running turn (or a resume turn) is the live record's cut turn, with
+            // its last safe point's state or its input.
+            Some(t) if self.ledger.split_known() => t.control.state_bytes(),
+            Some(_) => None,
+            None => match (&self.ledger.cut(), &self.seed_state) {
+                (Some(_), Some(seed)) => Some((seed.tag, seed.bytes.clone())),
+                _ => None,
+            },
+        }
+    }
+
+    /// A write of everything the session holds with `status`: incremental under
+    /// `sync` (unless a replacement is due), whole otherwise.
+    pub(super) fn record_write(
+        &mut self,
+        status: SessionStatus,
+        state: Option<(u64, Payload)>,
+        condition: WriteCondition,
+    ) -> RecordWrite {
+        let header = self.header(status);
+        let replace = self.durable.rewrite || !self.syncs();
+        let items = if replace {
+            self.durable.pending.clear();
+            self.ledger.all_entries()
+        } else {
+            std::mem::take(&mut self.durable.pending)
+        };
+        let state_change = match (state, replace) {
+            (Some((tag, bytes)), true) => {
+                self.durable.stored_state = Some(tag);
+                StateChange::Put(bytes)
+            }
+            (None, true) => {
+                self.durable.stored_state = None;
+                StateChange::Delete
+            }
+            (Some((tag, bytes)), false) if self.durable.stored_state != Some(tag) => {
+                self.durable.stored_state = Some(tag);
+                StateChange::Put(bytes)
+            }
+            (None, false) if self.durable.stored_state.is_some() => {
+                self.durable.stored_state = None;
+                StateChange::Delete
+            }
+            _ => StateChange::Keep,
+        };
+        self.durable.rewrite = false;
+        RecordWrite {
+            header,
+            items,
+            state: state_change,
+            replace,
+            condition,
+        }
+    }
+
+    /// Writes the live record (`Running`, never over a final one) and returns the
+    /// write's number; `Written` reports its completion. A state no safe point encoded
+    /// (a detach under `exit`) is encoded here; one that cannot be stored is left out
+    /// and logged (the record keeps what it had).
+    pub(super) fn write_live(&mut self, fx: &mut Effects<A>) -> u64 {
+        let seq = self.durable.next();
+        if !self.persists() {
+            return seq;
+        }
+        self.take_plan();
+        let state = match self.live_state() {
+            None => None,
+            Some((tag, Some(bytes))) => Some((tag, bytes)),
+            Some((tag, None)) => {
+                let value = self
+                    .turn
+                    .as_ref()
+                    .and_then(|t| t.control.state_snapshot())
+                    .map(|s| s.value)
+                    .or_else(|| self.seed_state.as_ref().map(|s| s.value.clone()));
+                match value.map(|v| crate::store::codec::encode_state(&self.config.id, &v)) {
+                    Some(Ok(b)) => Some((tag, Payload::from(b))),
+                    Some(Err(e)) => {
+                        tracing::error!(error = %e, "the cut turn's state cannot be stored; the record keeps its previous state");
+                        None
+                    }
+                    None => None,
+                }
+            }
+        };
+        let write = self.record_write(SessionStatus::Running, state, WriteCondition::NotFinal);
+        fx.push(Effect::Store {
+            seq,
+            op: StoreOp::Write(Box::new(write)),
+        });
+        seq
+    }
+
+    /// `exit` durability, once a turn completed after a record was loaded (S17): the
+    /// record is replaced with what the session still holds, or deleted when nothing
+    /// is left, so the same state is never resumed twice and a later failure (which
+    /// leaves the record alone, S18) cannot replay delivered items.
+    pub(super) fn replace_stale(&mut self, fx: &mut Effects<A>) {
+        let seq = self.durable.next();
+        let delete = self.ledger.is_empty();
+        let op = if delete {
+            StoreOp::Delete
+        } else {
+            StoreOp::Write(Box::new(self.record_write(
+                SessionStatus::Running,
+                None,
+                WriteCondition::NotFinal,
+            )))
+        };
+        self.durable.stale_write = Some((seq, delete));
+        fx.push(Effect::Store { seq, op });
+    }
+
+    /// A store operation finished: answer what waited for it (S16a, S23), honour a
+    /// cancel it revealed (S24).
+    pub(super) fn on_written(
+        &mut self,
+        seq: u64,
+        result: Result<bool, StoreError>,
+        now: Instant,
+        fx: &mut Effects<A>,
+        queue: &mut VecDeque<Event<A>>,
+    ) {
+        match &result {
+            Ok(_) => {}
+            Err(StoreError::Final { status, .. }) => {
+                // Someone finalized the record (cancel by id, another process).
+                if *status == SessionStatus::Canceled && !self.stop.canceled && !self.exited {
+                    tracing::info!("the record was canceled elsewhere: stopping");
+                    queue.push_back(Event::Stop {
+                        options: canceled_stop(),
+                        reply: None,
+                    });
+                }
+            }
+            Err(e @ StoreError::Fenced { .. }) => {
+                if !self.durable.fenced && !self.exited {
+                    tracing::error!(error = %e,
+                        "another owner claimed the session: stopping without touching its record");
+                    queue.push_back(Event::Stop {
+                        options: crate::options::StopOptions::immediate()
+                            .cause("fenced: another owner claimed the session"),
+                        reply: None,
+                    });
+                }
+                self.durable.fenced = true;
+            }
+            Err(e) => tracing::error!(seq, error = %e, "checkpoint write failed"),
+        }
+        if result.is_err() {
+            // What the store holds is no longer known: the next write is whole.
+            self.durable.rewrite = true;
+        }
+        if let Some((_, delete)) = self.durable.stale_write.filter(|(s, _)| *s == seq) {
+            self.durable.stale_write = None;
+            match &result {
+                // Deleted: nothing is stale any more; replaced: stale again once the
+                // next turn completes.
+                Ok(_) => self.durable.record_stale = !delete,
+                Err(StoreError::Final { .. }) => self.durable.record_stale = false,
+                Err(_) => {}
+            }
+        }
+        if self.durable.detach.as_ref().is_some_and(|(s, _)| *s <= seq) {
+            if let Some((_, reply)) = self.durable.detach.take() {
+                fx.push(Effect::AnswerDetach {
+                    reply,
+                    result: result.clone().map(|_| ()).map_err(SessionError::from),
+                });
+            }
+        }
+        // Writes complete in order (the store's ordering contract), so a push whose
+        // write is `seq` is answered by this result, and earlier ones were by theirs.
+        while self.durable.unsynced.front().is_some_and(|u| u.seq <= seq) {
+            let Some(u) = self.durable.unsynced.pop_front() else {
+                break;
+            };
+            match &result {
+                Ok(_) => self.apply_preempt(u.preempt, u.target, u.reply, now, fx),
+                Err(e) => {
+                    if let Some(reply) = u.reply {
+                        fx.push(Effect::AnswerPush {
+                            reply,
+                            result: Err(PushError::NotDurable {
+                                error: e.to_string(),
+                            }),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// At teardown: answers every push (and a detach) still waiting, each with its own
+    /// write's result (`result(seq)`); the loop is over, so no preempt applies.
+    pub(crate) fn settle(&mut self, result: impl Fn(u64) -> Result<bool, StoreError>) {
+        if let Some((seq, reply)) = self.durable.detach.take() {
+            let _ = reply.send(result(seq).map(|_| ()).map_err(SessionError::from));
+        }
+        for u in std::mem::take(&mut self.durable.unsynced) {
+            let r = result(u.seq);
+            answer_late(u, r);
+        }
+    }
+
+    /// The actor is dying and cannot learn its writes' results: every waiting push is
+    /// answered `NotDurable` (its item is in the exit state).
+    pub(crate) fn abandon_writes(&mut self, why: &str) {
+        let err = || StoreError::Backend {
+            operation: "save",
+            session: self.config.id.clone(),
+            message: why.to_string(),
+        };
+        if let Some((_, reply)) = self.durable.detach.take() {
+            let _ = reply.send(Err(SessionError::from(err())));
+        }
+        for u in std::mem::take(&mut self.durable.unsynced) {
+            answer_late(u, Err(err()));
+        }
+    }
+}

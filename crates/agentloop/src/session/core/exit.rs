@@ -1,0 +1,260 @@
+//! How a session ends (DESIGN S13, S16, S18, S21, S23, S24, S27): the exit state,
+//! built from the ledger's placement, and what the final checkpoint does with the
+//! record. Also the salvage of a session whose actor died before its teardown.
+//!
+//! The decision table of the final checkpoint (one place, pure):
+//!
+//! | situation | record |
+//! |---|---|
+//! | no store, a failed load, another owner claimed it | left as it is |
+//! | canceled by id (S24) | rewritten `Canceled` with what the session holds (only over a canceled or live record) |
+//! | detached, not by a shutdown (S23) | finalized `Completed` / `Stopped` (items left) / `Failed` / `Canceled`, never over a final record; a supervised failure is left to the supervisor |
+//! | failed (S18) | left as it is |
+//! | ended by a stop, an interrupt or a shutdown with something to resume (or by a shutdown at all, S27), no skip | saved `Stopped` / `Interrupted`, never over a final record |
+//! | otherwise (clean end, idle, skip) | deleted |
+//!
+//! This file never moves an item between places: it reads the placement.
+
+use crate::agent::Agent;
+use crate::events::TurnEnd;
+use crate::exit::{CheckpointOutcome, ExitReason, ExitState, FailureKind};
+use crate::session::core::{Core, Effect, Effects, ExitPlan, PendingExit};
+use crate::session::ledger::TurnFate;
+use crate::store::{Payload, RecordWrite, SessionStatus, StoreError, WriteCondition};
+use crate::turn::control::{Ending, StateSnap};
+
+/// What the final checkpoint does with the record.
+#[derive(Debug)]
+pub(crate) enum FinalAction {
+    /// Leave it as it is.
+    Nothing,
+    /// It cannot be written: the cut turn's state cannot be stored. The outcome says so.
+    Refused(String),
+    /// Write it.
+    Write {
+        write: Box<RecordWrite>,
+        kind: FinalKind,
+    },
+    /// Delete it (S16's clean end).
+    Delete,
+}
+
+/// Which final write it is (for what a refusal means).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FinalKind {
+    /// A stopped, interrupted or shut-down session's record (S16, S27).
+    Save,
+    /// A background session's finalizer (S23).
+    Finalize,
+    /// A canceled session's record, rewritten with what it holds (S24).
+    CancelRewrite,
+}
+
+impl FinalAction {
+    /// The checkpoint outcome of this action, given the store's answer (S13: never
+    /// folded into the exit reason).
+    pub(crate) fn outcome(&self, result: Result<bool, StoreError>) -> CheckpointOutcome {
+        match (self, result) {
+            (FinalAction::Nothing, _) => CheckpointOutcome::NotAttempted,
+            (FinalAction::Refused(why), _) => CheckpointOutcome::Failed(why.clone()),
+            (FinalAction::Write { .. }, Ok(_)) => CheckpointOutcome::Saved,
+            (FinalAction::Write { kind, .. }, Err(StoreError::Final { status, .. })) => {
+                // A cancel (or a finalizer) that landed first wins (S24); its items stay
+                // in the exit state.
+                tracing::info!(%status, ?kind, "the record is already final; the exit leaves it");
+                CheckpointOutcome::NotAttempted
+            }
+            (FinalAction::Write { .. }, Err(StoreError::NoRecord { .. })) => {
+                CheckpointOutcome::NotAttempted
+            }
+            (FinalAction::Write { .. }, Err(e)) => {
+                tracing::error!(error = %e, "final checkpoint failed");
+                CheckpointOutcome::Failed(e.to_string())
+            }
+            (FinalAction::Delete, Ok(true)) => CheckpointOutcome::Deleted,
+            (FinalAction::Delete, Ok(false)) => CheckpointOutcome::NotAttempted,
+            (FinalAction::Delete, Err(e)) => {
+                tracing::error!(error = %e, "deleting the stale record failed");
+                CheckpointOutcome::Failed(e.to_string())
+            }
+        }
+    }
+}
+
+impl<A: Agent> Core<A> {
+    /// The session ends (S21): the exit state from the ledger's placement, the final
+    /// action, and the effect that performs them. From here the session takes nothing.
+    pub(super) fn begin_exit(
+        &mut self,
+        reason: ExitReason,
+        failure: Option<FailureKind>,
+        state: Option<StateSnap<A::State>>,
+        fx: &mut Effects<A>,
+    ) {
+        self.exited = true;
+        // A resume turn that never ran is still the cut turn to resume (S17): its state
+        // is the record's.
+        let state = state.or_else(|| self.seed_state.take().map(|s| *s));
+        let placement = self.ledger.placement();
+        let exit = ExitState {
+            session_id: self.config.id.clone(),
+            reason: reason.clone(),
+            failure,
+            stop_cause: self.shared.cause(),
+            unhandled_items: self.ledger.values(&placement.unhandled),
+            interrupted_items: self.ledger.values(&placement.interrupted),
+            late_items: self.shared.late_snapshot(),
+            has_mid_turn_state: state.is_some(),
+            checkpoint: CheckpointOutcome::NotAttempted,
+            counters: self.counters,
+            next_turn_index: self.next_index,
+        };
+        let left =
+            !placement.unhandled.is_empty() || !placement.interrupted.is_empty() || state.is_some();
+        let last = self.final_action(&reason, state, left);
+        fx.push(Effect::Exit(Box::new(ExitPlan { exit, last })));
+    }
+
+    /// See the module docs' table.
+    fn final_action(
+        &mut self,
+        reason: &ExitReason,
+        state: Option<StateSnap<A::State>>,
+        left: bool,
+    ) -> FinalAction {
+        if !self.persists() || self.load_error.is_some() || self.durable.fenced {
+            return FinalAction::Nothing;
+        }
+        let failed = matches!(reason, ExitReason::Failed(_));
+        let shutdown = self.stop.shutdown || matches!(reason, ExitReason::Shutdown);
+        let (status, condition, kind) = if self.stop.canceled {
+            (
+                SessionStatus::Canceled,
+                WriteCondition::CanceledOrLive,
+                FinalKind::CancelRewrite,
+            )
+        } else if self.detached && !self.stop.shutdown {
+            if failed && self.config.supervised {
+                // S26: the supervisor restarts the session from this record (and
+                // detaches the new incarnation again) or marks it `Failed`.
+                return FinalAction::Nothing;
+            }
+            let to = match reason {
+                ExitReason::Failed(e) => SessionStatus::Failed(e.clone()),
+                ExitReason::Canceled(_) => SessionStatus::Canceled,
+                // A drain that could not finish everything stays resumable (S18).
+                _ if left => SessionStatus::Stopped,
+                _ => SessionStatus::Completed,
+            };
+            (to, WriteCondition::NotFinal, FinalKind::Finalize)
+        } else if failed {
+            return FinalAction::Nothing;
+        } else {
+            let caused_by_stop = self.stop.committed
+                || matches!(
+                    reason,
+                    ExitReason::Interrupted(_) | ExitReason::Shutdown | ExitReason::Canceled(_)
+                );
+            if !(caused_by_stop && (left || shutdown) && !self.stop.skip_checkpoint) {
+                return FinalAction::Delete;
+            }
+            let status = if shutdown {
+                SessionStatus::Interrupted
+            } else {
+                SessionStatus::Stopped
+            };
+            (status, WriteCondition::NotFinal, FinalKind::Save)
+        };
+        let state = match state {
+            None => None,
+            Some(StateSnap {
+                bytes: Some(b),
+                tag,
+                ..
+            }) => Some((tag, b)),
+            Some(snap) => match crate::store::codec::encode_state(&self.config.id, &snap.value) {
+                Ok(b) => Some((snap.tag, Payload::from(b))),
+                Err(e) => {
+                    tracing::error!(error = %e, "the cut turn's state cannot be stored; the record is left as it was");
+                    return FinalAction::Refused(e.to_string());
+                }
+            },
+        };
+        let mut write = self.record_write(status, state, condition);
+        if let SessionStatus::Failed(e) = &write.header.status {
+            write.header.last_error = Some(e.clone());
+        }
+        FinalAction::Write {
+            write: Box::new(write),
+            kind,
+        }
+    }
+
+    /// The exit state of a session whose actor died before its teardown: every item it
+    /// holds, placed by what the current turn had done (S10): a completed turn's items
+    /// delivered, a preempted or still-planning turn's unhandled, a running or cut
+    /// turn's interrupted.
+    pub(crate) fn salvage(&mut self) -> ExitState<A::Item> {
+        if let Some(t) = self.turn.take() {
+            if let Some(split) = t.control.take_split() {
+                let (dropped, _) = self.ledger.decide(split);
+                self.counters.items_dropped_by_plan += dropped;
+            }
+            match t.control.take_ending() {
+                Some(Ending::Ran {
+                    end: TurnEnd::Completed,
+                    ..
+                }) => {
+                    let (delivered, _) = self.ledger.end_turn(TurnFate::Completed);
+                    self.counters.turns_completed += 1;
+                    self.counters.items_delivered += delivered;
+                }
+                Some(Ending::Ran {
+                    end: TurnEnd::Preempted(_),
+                    ..
+                }) => {
+                    self.ledger.end_turn(TurnFate::Preempted);
+                }
+                Some(Ending::Deferred) | Some(Ending::PlanAborted { .. }) => {
+                    self.ledger.turn_not_run()
+                }
+                Some(Ending::Ran { .. }) => {
+                    self.ledger.end_turn(TurnFate::Cut);
+                }
+                None if self.ledger.split_known() => {
+                    self.ledger.end_turn(TurnFate::Cut);
+                }
+                None => self.ledger.turn_not_run(),
+            }
+        }
+        let placement = self.ledger.placement();
+        ExitState {
+            session_id: self.config.id.clone(),
+            reason: ExitReason::Failed(
+                "the session actor stopped before its teardown (killed or failed)".into(),
+            ),
+            failure: Some(FailureKind::Internal),
+            stop_cause: self.shared.cause(),
+            unhandled_items: self.ledger.values(&placement.unhandled),
+            interrupted_items: self.ledger.values(&placement.interrupted),
+            late_items: self.shared.late_snapshot(),
+            has_mid_turn_state: false,
+            checkpoint: CheckpointOutcome::NotAttempted,
+            counters: self.counters,
+            next_turn_index: self.next_index,
+        }
+    }
+}
+
+/// An exit decided by a turn's end (re-exported for `turns.rs`).
+pub(super) fn pending<S>(
+    reason: ExitReason,
+    failure: Option<FailureKind>,
+    state: Option<StateSnap<S>>,
+) -> Box<PendingExit<S>> {
+    Box::new(PendingExit {
+        reason,
+        failure,
+        state,
+    })
+}

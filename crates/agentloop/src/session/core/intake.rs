@@ -1,0 +1,255 @@
+//! Pushes (DESIGN S5, S7, S9, S14, S15a, S16a): whether an item is accepted, refused
+//! (late, invalid options, not storable: handed back) or accepted and written first,
+//! and which turn its preempt targets.
+//!
+//! An accepted item goes to the ledger (the only code that places it) and, in a
+//! persistent session, was encoded once and proven to read back before anything is
+//! acknowledged; the ledger keeps those bytes, so nothing is encoded again. A `sync`
+//! push is answered by `durability` once the write holding it is flushed; its preempt
+//! is applied then, to the turn it targeted when it was accepted. This file never
+//! decides the boundary and never writes by itself.
+
+use tokio::time::Instant;
+
+use crate::agent::Agent;
+use crate::options::{OptionsError, Preempt, PushOptions, TurnView};
+use crate::push::{PendingAck, PreemptAck, PushError, PushReply};
+use crate::session::core::{Core, Effect, Effects, Timed};
+use crate::store::codec;
+use crate::turn::control::{Origin, Phase, Submitted};
+
+impl<A: Agent> Core<A> {
+    pub(super) fn on_push(
+        &mut self,
+        item: A::Item,
+        options: PushOptions<A::Item>,
+        reply: Option<PushReply<A::Item>>,
+        now: Instant,
+        fx: &mut Effects<A>,
+    ) {
+        let mut options = options;
+        if let Some(guard) = options.unprocessed.take() {
+            // The message is being processed: from here on the core accounts for it.
+            guard.disarm();
+        }
+        if self.exited || self.stop.committed || self.exit.is_some() {
+            self.reject_late(item, reply, fx);
+            return;
+        }
+        // S9: a strategy sees exactly the turn this push lands on. It runs on a copy of
+        // the turn's items (never under the turn's lock); a panic in it refuses the
+        // push instead of killing the session.
+        let preempt = match &options.strategy {
+            Some(strategy) => {
+                let (index, phase, consumed) = self.turn_view();
+                let view = TurnView {
+                    index,
+                    phase,
+                    consumed: &consumed,
+                };
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| strategy(&view))) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        self.reject_invalid(item, OptionsError::StrategyPanicked, reply, fx);
+                        return;
+                    }
+                }
+            }
+            None => options.preempt,
+        };
+        if let Some(p) = &preempt {
+            if let Err(error) = p.validate() {
+                self.reject_invalid(item, error, reply, fx);
+                return;
+            }
+        }
+        // S15a: a persistent session stores the item: it must read back as written.
+        let bytes = if self.persists() {
+            match codec::encode_item(&item) {
+                Ok(b) => Some(b.into()),
+                Err(error) => {
+                    self.reject_unstorable(item, error, reply, fx);
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        self.await_input = false;
+        self.counters.items_accepted += 1;
+        self.idle_epoch += 1;
+        let (_, changes) = self.ledger.accept(item, bytes);
+        self.durable.absorb(changes);
+        let target = self
+            .turn
+            .as_ref()
+            .filter(|t| t.control.phase() != Phase::Ended)
+            .map(|t| t.index);
+        if self.syncs() {
+            // S16a: answered (and its preempt applied) once the write holding it is
+            // flushed.
+            let seq = self.write_live(fx);
+            self.durable.answer_push_after(seq, reply, preempt, target);
+        } else {
+            self.apply_preempt(preempt, target, reply, now, fx);
+        }
+    }
+
+    /// A push after the stop committed or the exit (S14): hand the item back, keep a
+    /// copy in the late list.
+    fn reject_late(
+        &mut self,
+        item: A::Item,
+        reply: Option<PushReply<A::Item>>,
+        fx: &mut Effects<A>,
+    ) {
+        self.counters.items_late += 1;
+        self.shared.push_late(item.clone());
+        tracing::debug!(session = %self.config.id, "push rejected as late");
+        if let Some(reply) = reply {
+            fx.push(Effect::AnswerPush {
+                reply,
+                result: Err(PushError::Late { item }),
+            });
+        }
+    }
+
+    /// A push refused for its options (S12): the item goes back in the error. A push
+    /// sent without a reply (a `cast!`) has nobody to hand it to, so the item is kept
+    /// in the late list instead of vanishing (S10, S14). Not counted as late.
+    fn reject_invalid(
+        &mut self,
+        item: A::Item,
+        error: OptionsError,
+        reply: Option<PushReply<A::Item>>,
+        fx: &mut Effects<A>,
+    ) {
+        match reply {
+            Some(reply) => fx.push(Effect::AnswerPush {
+                reply,
+                result: Err(PushError::InvalidOptions { item, error }),
+            }),
+            None => {
+                tracing::warn!(session = %self.config.id, %error,
+                    "push without a reply refused for its options; its item is kept in the late list");
+                self.shared.push_late(item);
+            }
+        }
+    }
+
+    /// A push whose item cannot be stored (S15a): handed back with the type, the field
+    /// and serde's reason; without a reply, kept in the late list. Nothing was
+    /// acknowledged.
+    fn reject_unstorable(
+        &mut self,
+        item: A::Item,
+        error: codec::PayloadError,
+        reply: Option<PushReply<A::Item>>,
+        fx: &mut Effects<A>,
+    ) {
+        tracing::warn!(session = %self.config.id, %error, "push refused: the item cannot be stored");
+        match reply {
+            Some(reply) => fx.push(Effect::AnswerPush {
+                reply,
+                result: Err(PushError::NotStorable { item, error }),
+            }),
+            None => self.shared.push_late(item),
+        }
+    }
+
+    /// Applies a push's preempt to the turn it targeted when the push was accepted, and
+    /// answers the push (S7).
+    pub(super) fn apply_preempt(
+        &mut self,
+        preempt: Option<Preempt>,
+        target: Option<u64>,
+        reply: Option<PushReply<A::Item>>,
+        now: Instant,
+        fx: &mut Effects<A>,
+    ) {
+        let answer = |fx: &mut Effects<A>, reply: Option<PushReply<A::Item>>, ack| {
+            if let Some(reply) = reply {
+                fx.push(Effect::AnswerPush {
+                    reply,
+                    result: Ok(ack),
+                });
+            }
+        };
+        let Some(p) = preempt else {
+            answer(fx, reply, PreemptAck::NotRequested);
+            return;
+        };
+        let Some(turn) = target else {
+            answer(fx, reply, PreemptAck::NoTarget);
+            return;
+        };
+        let reply = reply.map(|r| PendingAck::new(r, turn));
+        let current = self.turn.as_ref().filter(|t| t.index == turn);
+        match (current, p.delay) {
+            (Some(_), Some(delay)) => fx.push(Effect::Timer {
+                after: delay,
+                event: Timed::PreemptDue {
+                    turn,
+                    preempt: Preempt { delay: None, ..p },
+                    reply,
+                },
+            }),
+            (Some(_), None) => self.submit_preempt(turn, p, reply, now),
+            // The target ended while the push waited for its write.
+            (None, _) => {
+                if let Some(r) = reply {
+                    r.answer(PreemptAck::TargetEnded { turn });
+                }
+            }
+        }
+    }
+
+    /// Submits a preempt to its target turn and answers the push (S7).
+    pub(super) fn submit_preempt(
+        &mut self,
+        turn: u64,
+        p: Preempt,
+        reply: Option<PendingAck<A::Item>>,
+        now: Instant,
+    ) {
+        let Some(t) = self.turn.as_ref().filter(|t| t.index == turn) else {
+            if let Some(r) = reply {
+                r.answer(PreemptAck::TargetEnded { turn });
+            }
+            return;
+        };
+        let (submitted, reply) = t
+            .control
+            .submit(p.cancel_request(), Origin::Preempt, now, reply);
+        let ack = match submitted {
+            Submitted::Active => {
+                tracing::debug!(turn, at = %p.at, "preempt submitted");
+                PreemptAck::Submitted { turn }
+            }
+            // Held by the control block; answered when the turn starts or ends planning.
+            Submitted::Pending => return,
+            Submitted::TurnEnded => PreemptAck::TargetEnded { turn },
+        };
+        if let Some(r) = reply {
+            r.answer(ack);
+        }
+    }
+
+    pub(super) fn on_preempt_due(
+        &mut self,
+        turn: u64,
+        preempt: Preempt,
+        reply: Option<PendingAck<A::Item>>,
+        now: Instant,
+    ) {
+        if self.exited || self.turn.as_ref().is_none_or(|t| t.index != turn) {
+            // S7: a delayed preempt whose target has ended does nothing.
+            tracing::debug!(turn, "delayed preempt found its target ended");
+            if let Some(r) = reply {
+                r.answer(PreemptAck::TargetEnded { turn });
+            }
+            return;
+        }
+        self.submit_preempt(turn, preempt, reply, now);
+    }
+}

@@ -1,0 +1,120 @@
+//! What a stored record means for a session starting on it (DESIGN S17, S18, S19): may
+//! it be resumed, what to do with a finished one, and how its items and state seed the
+//! session. Pure decisions; the shell reads the record and the owner's heartbeat and
+//! performs what these say.
+
+use std::time::Duration;
+
+use crate::agent::Agent;
+use crate::session::core::Core;
+use crate::store::{lease, LoadedRecord, Payload, RecordHeader, SessionStatus, StoreError};
+use crate::turn::control::StateSnap;
+
+/// S19: a record may be resumed unless it is `Canceled`, `Failed`, or `Running` under
+/// another live owner (fresh heartbeat). A `Running` record whose owner's heartbeat is
+/// stale (the process died) is recoverable, and so is one this instance owns.
+/// `owner_beat` is the owner's instance heartbeat, if any is stored.
+pub(crate) fn check_resumable(
+    header: &RecordHeader,
+    me: Option<&str>,
+    owner_beat: Option<u64>,
+    now_ms: u64,
+    lease_timeout: Duration,
+) -> Result<(), StoreError> {
+    let refuse = |why: String| StoreError::Refused {
+        session: header.session_id.clone(),
+        status: header.status.to_string(),
+        why,
+    };
+    match &header.status {
+        SessionStatus::Canceled => Err(refuse("it was canceled".into())),
+        SessionStatus::Failed(e) => Err(refuse(format!("it failed: {e}"))),
+        SessionStatus::Running => {
+            let Some(owner) = header.owner.as_deref() else {
+                return Ok(()); // no owner recorded: nothing can hold it
+            };
+            if me == Some(owner) {
+                return Ok(());
+            }
+            let beat = owner_beat.unwrap_or(header.heartbeat_ms);
+            let age_ms = now_ms.saturating_sub(beat);
+            if lease::is_fresh(beat, now_ms, lease_timeout) {
+                Err(refuse(format!(
+                    "it is running on instance `{owner}`, whose heartbeat is {age_ms} ms old \
+                     (fresh under the {} ms lease); stop it there, or wait for the lease to \
+                     expire if that process is gone",
+                    lease_timeout.as_millis()
+                )))
+            } else {
+                tracing::info!(
+                    owner,
+                    age_ms,
+                    "recovering a session whose owner's heartbeat is stale"
+                );
+                Ok(())
+            }
+        }
+        SessionStatus::Stopped | SessionStatus::Interrupted | SessionStatus::Completed => Ok(()),
+    }
+}
+
+/// What to do with a `Completed` record a new session starts on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// It holds nothing: delete it, and start afresh (else every `sync` write would be
+    /// refused as overwriting a final record, S16a).
+    Delete,
+    /// It still lists items (written by an older version): make it `Stopped` by
+    /// compare-and-swap, so its items stay durable and this run takes them first (S18).
+    Reopen,
+}
+
+/// The action for a finished record, or `None` when it is not `Completed`.
+pub(crate) fn finished<I>(record: &LoadedRecord<I>) -> Option<Finished> {
+    if record.header.status != SessionStatus::Completed {
+        return None;
+    }
+    let holds_items = record.item_count() > 0 || record.state.is_some();
+    Some(if holds_items {
+        Finished::Reopen
+    } else {
+        Finished::Delete
+    })
+}
+
+impl<A: Agent> Core<A> {
+    /// Seeds the session from a loaded record (S17): its unhandled items at the front
+    /// of the buffer, its cut turn (items and decoded state) as the first turn, its turn
+    /// index, creation time and entry numbering; its lease epoch plus one is this
+    /// owner's. A record read in format 1 is replaced whole by the first write.
+    /// `state` is the decoded state of the cut turn, `state_bytes` its format-2 bytes.
+    pub(crate) fn seed(
+        &mut self,
+        mut record: LoadedRecord<A::Item>,
+        state: Option<A::State>,
+        state_bytes: Option<Payload>,
+    ) {
+        let header = record.header.clone();
+        self.next_index = header.turn_index;
+        self.durable.created_at_ms = header.created_at_ms;
+        self.durable.lease_epoch = header.lease_epoch + 1;
+        self.durable.record_stale = true;
+        self.durable.rewrite = record.format1;
+        if let Some(index) = self.ledger.seed(&mut record) {
+            tracing::info!(
+                turn = index,
+                items = self.ledger.cut().map_or(0, |c| c.items.len()),
+                "resuming a cut turn"
+            );
+        }
+        if let Some(value) = state {
+            self.seed_state = Some(Box::new(StateSnap {
+                value,
+                bytes: state_bytes,
+                tag: 0,
+            }));
+        }
+        self.durable
+            .state_stored(record.state.as_ref().map(|_| 0).filter(|_| !record.format1));
+    }
+}

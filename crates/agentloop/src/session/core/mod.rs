@@ -1,0 +1,381 @@
+//! The session core: every decision one session makes, as plain functions of (state,
+//! event) that return the effects to perform (DESIGN S5–S24; the *sans-IO* shape of
+//! quinn-proto and rustls).
+//!
+//! The TurnLoop actor is a thin shell around it: it turns messages into [`Event`]s,
+//! calls [`Core::handle`], and performs the [`Effect`]s it gets back (issue a store
+//! write, spawn a turn task, answer a push, arm a timer, tear down), feeding results
+//! back as events (`Written`, `TurnFinished`, `Polled`, …). The core never awaits,
+//! never spawns, never touches the store; it reads the turn control block (in-memory
+//! state it shares with the turn task) and the session's shared state. So it runs, and
+//! is tested, without a runtime.
+//!
+//! One concern per file, each a set of event handlers on [`Core`]: `intake` (pushes),
+//! `stop` (stop requests, detach, cancels from outside), `turns` (starting turns and
+//! what a turn's end means), `durability` (what is written when, and who waits for
+//! it), `exit` (the exit state and the final checkpoint), `load` (seeding from a
+//! record). Handlers never call each other: a handler that needs another decision
+//! queues an event, and after every event [`Core::advance`] decides what happens at
+//! the boundary (exit, start a turn, or wait). Items move only through the ledger.
+
+mod durability;
+mod exit;
+mod intake;
+pub(crate) mod load;
+mod stop;
+mod turns;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::RpcReplyPort;
+use tokio::time::Instant;
+
+use crate::agent::Agent;
+use crate::cancel::CancelMode;
+use crate::error::SessionError;
+use crate::exit::{ExitCounters, ExitReason, ExitState, FailureKind};
+use crate::options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase};
+use crate::push::{PendingAck, PreemptAck, PushError, PushReply};
+use crate::session::ledger::Ledger;
+use crate::session::messages::SessionInfo;
+use crate::session::turn_task::TurnWork;
+use crate::session::{Durability, SessionConfig};
+use crate::shared::SessionShared;
+use crate::store::{RecordWrite, StoreError};
+use crate::turn::control::{Phase, StateSnap, TurnControl};
+
+pub(crate) use durability::Durable;
+pub(crate) use exit::FinalAction;
+pub(crate) use stop::StopState;
+
+/// Where a stop's answer goes.
+pub(crate) type StopReply = RpcReplyPort<Result<(), OptionsError>>;
+/// Where a detach's answer goes.
+pub(crate) type DetachReply = RpcReplyPort<Result<(), SessionError>>;
+
+/// A store operation the shell issues in order and reports back (`Written`).
+#[derive(Debug)]
+pub(crate) enum StoreOp {
+    /// A change to the record (boxed: writes are large next to a delete).
+    Write(Box<RecordWrite>),
+    /// Delete the record.
+    Delete,
+}
+
+/// What happens to the core: a message, a timer, a result.
+pub(crate) enum Event<A: Agent> {
+    /// The actor started (after the load): begin.
+    Start,
+    /// A push (S5, S7, S9, S14, S15a).
+    Push {
+        item: A::Item,
+        options: PushOptions<A::Item>,
+        reply: Option<PushReply<A::Item>>,
+    },
+    /// A stop request (S11).
+    Stop {
+        options: StopOptions,
+        reply: Option<StopReply>,
+    },
+    /// Hand the session to the background (S23).
+    Detach { reply: DetachReply },
+    /// The turn task of `turn` is done; its ending is in its control block.
+    TurnFinished { turn: u64 },
+    /// The running turn recorded a state at a safe point, or its plan changed stored
+    /// entries (S16a).
+    TurnProgress { turn: u64 },
+    /// A delayed preempt is due (S7).
+    PreemptDue {
+        turn: u64,
+        preempt: Preempt,
+        reply: Option<PendingAck<A::Item>>,
+    },
+    /// An idle timer fired (S11 `until_idle_for`).
+    IdleDue { epoch: u64 },
+    /// A store operation finished.
+    Written {
+        seq: u64,
+        result: Result<bool, StoreError>,
+    },
+    /// A detached session's poll interval elapsed (S24).
+    PollDue,
+    /// The record's status, as a poll read it (`None`: no record, or unreadable).
+    Polled {
+        status: Option<crate::store::SessionStatus>,
+    },
+}
+
+/// A timer's event.
+#[allow(clippy::enum_variant_names)] // each is an event that is *due*
+pub(crate) enum Timed<I> {
+    /// A delayed preempt.
+    PreemptDue {
+        turn: u64,
+        preempt: Preempt,
+        reply: Option<PendingAck<I>>,
+    },
+    /// Idle long enough?
+    IdleDue { epoch: u64 },
+    /// Poll the record.
+    PollDue,
+}
+
+/// What the shell performs.
+pub(crate) enum Effect<A: Agent> {
+    /// Issue this store operation now (writes are ordered when issued); report
+    /// `Written { seq }`.
+    Store { seq: u64, op: StoreOp },
+    /// Spawn the task of turn `index`.
+    StartTurn {
+        index: u64,
+        work: TurnWork<A>,
+        control: Arc<TurnControl<A::Item, A::State>>,
+    },
+    /// Answer a push.
+    AnswerPush {
+        reply: PushReply<A::Item>,
+        result: Result<PreemptAck, PushError<A::Item>>,
+    },
+    /// Answer a stop.
+    AnswerStop {
+        reply: StopReply,
+        result: Result<(), OptionsError>,
+    },
+    /// Answer a detach.
+    AnswerDetach {
+        reply: DetachReply,
+        result: Result<(), SessionError>,
+    },
+    /// After `after`, feed this back.
+    Timer {
+        after: Duration,
+        event: Timed<A::Item>,
+    },
+    /// Read the record's status and report `Polled`.
+    Poll,
+    /// Tell subscribers a stop was requested (never waits).
+    StopRequested {
+        cancel: Option<CancelMode>,
+        cause: Option<String>,
+    },
+    /// The session exits: perform the final checkpoint, then the rest of the teardown
+    /// (S21).
+    Exit(Box<ExitPlan<A::Item>>),
+}
+
+/// What the teardown performs: the exit state (its checkpoint outcome filled in from
+/// the final action's result) and the final action on the record.
+pub(crate) struct ExitPlan<I> {
+    pub(crate) exit: ExitState<I>,
+    pub(crate) last: FinalAction,
+}
+
+/// The turn that is planning or running.
+pub(crate) struct ActiveTurn<A: Agent> {
+    pub(crate) index: u64,
+    pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
+    pub(crate) is_resume: bool,
+}
+
+/// How the session is going to end, decided when a turn ends it.
+pub(crate) struct PendingExit<S> {
+    pub(crate) reason: ExitReason,
+    pub(crate) failure: Option<FailureKind>,
+    /// The cut turn's state, if it left one.
+    pub(crate) state: Option<StateSnap<S>>,
+}
+
+/// The session's configuration as the core needs it.
+pub(crate) struct CoreConfig {
+    pub(crate) id: String,
+    pub(crate) agent_kind: String,
+    pub(crate) agent_config: Vec<u8>,
+    /// The session persists and has a store.
+    pub(crate) persist: bool,
+    pub(crate) durability: Durability,
+    pub(crate) owner: Option<String>,
+    pub(crate) poll_interval: Duration,
+    pub(crate) supervised: bool,
+}
+
+impl CoreConfig {
+    pub(crate) fn from_session(config: &SessionConfig, has_store: bool) -> Self {
+        CoreConfig {
+            id: config.id.clone(),
+            agent_kind: config.agent_kind.clone(),
+            agent_config: config.agent_config.clone(),
+            persist: config.persist && has_store,
+            durability: config.durability,
+            owner: config.owner.clone(),
+            poll_interval: config.poll_interval,
+            supervised: config.supervised,
+        }
+    }
+}
+
+/// One session's decisions and the state they are made from.
+pub(crate) struct Core<A: Agent> {
+    pub(crate) config: Box<CoreConfig>,
+    pub(crate) shared: Arc<SessionShared<A::Item>>,
+    /// Every accepted item's place.
+    pub(crate) ledger: Ledger<A::Item>,
+    pub(crate) stop: StopState,
+    pub(crate) turn: Option<ActiveTurn<A>>,
+    pub(crate) next_index: u64,
+    /// The state the cut turn resumes from (a record's, S17), until its turn starts.
+    pub(crate) seed_state: Option<Box<StateSnap<A::State>>>,
+    /// Bumped by every accepted push: an idle timer armed before it is void.
+    pub(crate) idle_epoch: u64,
+    /// The epoch an idle timer is armed for (one timer per idle period, S11).
+    pub(crate) idle_armed: Option<u64>,
+    /// The last plan consumed nothing: wait for a push before planning again.
+    pub(crate) await_input: bool,
+    /// Handed to the background (S23).
+    pub(crate) detached: bool,
+    pub(crate) counters: ExitCounters,
+    pub(crate) exit: Option<Box<PendingExit<A::State>>>,
+    /// The teardown has begun: the session takes nothing more.
+    pub(crate) exited: bool,
+    /// Loading the record failed: exit `Failed` at once, leaving the record (S18).
+    pub(crate) load_error: Option<Box<StoreError>>,
+    /// What is written, when, and who waits for it.
+    pub(crate) durable: Durable<A>,
+    /// Tells the shell a turn progressed (installed in `sync` turns' control blocks).
+    pub(crate) progress_hook: Option<ProgressHook>,
+}
+
+/// Called with a turn's index when it progressed (see [`TurnHooks`]).
+///
+/// [`TurnHooks`]: crate::turn::control::TurnHooks
+pub(crate) type ProgressHook = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// The effects of one event, in order.
+pub(crate) type Effects<A> = Vec<Effect<A>>;
+
+impl<A: Agent> Core<A> {
+    /// A fresh core (items and state are seeded by [`Core::seed`] when a record was
+    /// loaded).
+    pub(crate) fn new(config: CoreConfig, shared: Arc<SessionShared<A::Item>>) -> Self {
+        let persist = config.persist;
+        let durable = Durable::new(&config);
+        Core {
+            config: Box::new(config),
+            shared,
+            ledger: Ledger::new(persist),
+            stop: StopState::default(),
+            turn: None,
+            next_index: 0,
+            seed_state: None,
+            idle_epoch: 0,
+            idle_armed: None,
+            await_input: false,
+            detached: false,
+            counters: ExitCounters::default(),
+            exit: None,
+            exited: false,
+            load_error: None,
+            durable,
+            progress_hook: None,
+        }
+    }
+
+    /// Whether the session writes its record (a store, and persistence on).
+    pub(crate) fn persists(&self) -> bool {
+        self.config.persist
+    }
+
+    /// Whether every item, safe point and turn end is written (S16a `sync`).
+    pub(crate) fn syncs(&self) -> bool {
+        self.persists() && self.config.durability == Durability::Sync
+    }
+
+    /// Handles one event and returns the effects to perform, in order. Follow-up
+    /// events a handler queues are handled before returning; after each, the boundary
+    /// is decided ([`Core::advance`]).
+    pub(crate) fn handle(&mut self, event: Event<A>, now: Instant) -> Effects<A> {
+        let mut fx = Vec::new();
+        let mut queue = VecDeque::from([event]);
+        while let Some(event) = queue.pop_front() {
+            match event {
+                Event::Start => self.on_start(),
+                Event::Push {
+                    item,
+                    options,
+                    reply,
+                } => self.on_push(item, options, reply, now, &mut fx),
+                Event::Stop { options, reply } => self.on_stop(options, reply, now, &mut fx),
+                Event::Detach { reply } => self.on_detach(reply, &mut fx),
+                Event::TurnFinished { turn } => self.on_turn_finished(turn, &mut fx),
+                Event::TurnProgress { turn } => self.on_turn_progress(turn, &mut fx),
+                Event::PreemptDue {
+                    turn,
+                    preempt,
+                    reply,
+                } => self.on_preempt_due(turn, preempt, reply, now),
+                Event::IdleDue { epoch } => self.on_idle_due(epoch),
+                Event::Written { seq, result } => {
+                    self.on_written(seq, result, now, &mut fx, &mut queue)
+                }
+                Event::PollDue => self.on_poll_due(&mut fx),
+                Event::Polled { status } => self.on_polled(status, &mut fx, &mut queue),
+            }
+            self.advance(now, &mut fx);
+        }
+        fx
+    }
+
+    /// A snapshot of the session (S25 inspect).
+    pub(crate) fn info(&self) -> SessionInfo {
+        let (buffered, preempted) = self.ledger.waiting();
+        SessionInfo {
+            session_id: self.config.id.clone(),
+            phase: if self.exited {
+                TurnPhase::Idle
+            } else {
+                self.phase()
+            },
+            turn_index: self.turn.as_ref().map_or(self.next_index, |t| t.index),
+            buffered,
+            preempted,
+            stop_committed: self.stop.committed,
+            exited: self.exited,
+        }
+    }
+
+    /// The current turn's phase as users see it.
+    pub(crate) fn phase(&self) -> TurnPhase {
+        match &self.turn {
+            None => TurnPhase::Idle,
+            Some(t) => match t.control.phase() {
+                Phase::Planning => TurnPhase::Planning,
+                Phase::Running => TurnPhase::Running,
+                Phase::Ended => TurnPhase::Idle,
+            },
+        }
+    }
+
+    /// The turn a push lands on, for a push strategy (S9): its index, phase and a copy
+    /// of its consumed items (empty while it plans).
+    pub(crate) fn turn_view(&self) -> (Option<u64>, TurnPhase, Vec<A::Item>) {
+        match &self.turn {
+            None => (None, TurnPhase::Idle, Vec::new()),
+            Some(t) => {
+                let phase = self.phase();
+                let consumed = match phase {
+                    TurnPhase::Running => self
+                        .ledger
+                        .consumed_values()
+                        .or_else(|| t.control.consumed_view())
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                (Some(t.index), phase, consumed)
+            }
+        }
+    }
+}

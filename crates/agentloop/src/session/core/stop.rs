@@ -1,0 +1,265 @@
+//! Stops (DESIGN S11, S12, S22–S24): how successive stop requests combine, what a stop
+//! does to the turn in flight, detaching to the background, and cancels that come from
+//! outside (a record canceled by id, another process's cancel seen by a poll or by a
+//! refused write).
+//!
+//! The combination rules are about stops themselves, independent of turns: a stop
+//! commits once and only escalates; `until_idle_for` does not commit and only the first
+//! one counts; `drain` is the weakest committing stop and any later non-drain stop
+//! overrides it; `skip_checkpoint`, `shutdown` and `canceled` are sticky. The first
+//! non-empty cause is kept in the session's shared state. Cancels are merged by the
+//! turn's control block (S3). These handlers never move an item and never decide the
+//! boundary (`Core::advance` does).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::agent::Agent;
+use crate::cancel::CancelRequest;
+use crate::error::SessionError;
+use crate::options::StopOptions;
+use crate::session::core::{Core, DetachReply, Effect, Effects, Event, StopReply, Timed};
+use crate::store::SessionStatus;
+use crate::turn::control::Origin;
+
+/// The combined effect of all stop requests so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StopState {
+    /// A non-idle stop has been accepted: new pushes are late from now on.
+    pub(crate) committed: bool,
+    /// Every committing stop so far was `drain`: finish every accepted item first.
+    pub(crate) drain: bool,
+    /// The first `until_idle_for` (S11: only the first one counts).
+    pub(crate) idle_for: Option<Duration>,
+    /// Sticky: once set by any stop, never cleared.
+    pub(crate) skip_checkpoint: bool,
+    /// Sticky: a shutdown stop was received.
+    pub(crate) shutdown: bool,
+    /// Sticky: the session was canceled by id; its record already says so.
+    pub(crate) canceled: bool,
+}
+
+/// What one stop request asks the loop to do now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum StopEffect {
+    /// An idle-exit request: nothing to do but (re)arm the idle timer.
+    IdleOnly,
+    /// A committing stop.
+    Commit {
+        /// The cancel to submit to the running turn (ignored for drain).
+        cancel: Option<CancelRequest>,
+        /// This request is the one that committed the stop.
+        newly: bool,
+    },
+}
+
+impl StopState {
+    /// Folds one request in (S11, S12).
+    pub(crate) fn apply(&mut self, opts: &StopOptions) -> StopEffect {
+        self.skip_checkpoint |= opts.skip_checkpoint;
+        self.shutdown |= opts.shutdown;
+        self.canceled |= opts.canceled;
+        if opts.is_idle_only() {
+            if self.idle_for.is_none() && !self.committed {
+                self.idle_for = opts.idle_for;
+            }
+            return StopEffect::IdleOnly;
+        }
+        let newly = !self.committed;
+        // A drain that also asks for a cancel is a cancel: the stronger request wins.
+        let is_drain = opts.drain && opts.cancel.is_none();
+        if newly {
+            self.drain = is_drain;
+        } else if !is_drain {
+            self.drain = false;
+        }
+        self.committed = true;
+        StopEffect::Commit {
+            cancel: opts.cancel,
+            newly,
+        }
+    }
+}
+
+/// The stop a cancel by id (or any final `Canceled` status seen) applies: Immediate,
+/// cause `canceled`, and the record rewritten `Canceled` at exit (S24).
+pub(crate) fn canceled_stop() -> StopOptions {
+    let mut stop = StopOptions::immediate().cause("canceled");
+    stop.canceled = true;
+    stop
+}
+
+impl<A: Agent> Core<A> {
+    pub(super) fn on_stop(
+        &mut self,
+        options: StopOptions,
+        reply: Option<StopReply>,
+        now: Instant,
+        fx: &mut Effects<A>,
+    ) {
+        let answer = |fx: &mut Effects<A>, result| {
+            if let Some(reply) = reply {
+                fx.push(Effect::AnswerStop { reply, result });
+            }
+        };
+        if let Err(e) = options.validate() {
+            answer(fx, Err(e));
+            return;
+        }
+        if self.exited {
+            // Idempotent: a stop on an exited session is a no-op.
+            answer(fx, Ok(()));
+            return;
+        }
+        self.shared.offer_cause(options.cause.as_deref());
+        let effect = self.stop.apply(&options);
+        fx.push(Effect::StopRequested {
+            cancel: if options.is_idle_only() {
+                None
+            } else {
+                options.cancel.map(|c| c.mode)
+            },
+            cause: options.cause.clone(),
+        });
+        tracing::info!(?options, ?effect, "stop requested");
+        if let StopEffect::Commit { cancel, newly } = effect {
+            if newly {
+                self.shared.fire_stopped();
+            }
+            if let Some(t) = &self.turn {
+                // S6: a committing stop (not drain) aborts a planning turn; its offered
+                // items go back in order when the task reports.
+                let aborted = !self.stop.drain && !t.is_resume && t.control.abort_planning(cancel);
+                if !aborted {
+                    if let Some(c) = cancel {
+                        let _ = t.control.submit(c, Origin::Stop, now, None);
+                    }
+                }
+            }
+        }
+        answer(fx, Ok(()));
+    }
+
+    /// S23: hands the session to the background: the record becomes `Running` with the
+    /// in-flight and queued items in order (answered once that write is durable), the
+    /// session drains, and it polls its own record so a cancel written elsewhere is
+    /// honoured (S24).
+    pub(super) fn on_detach(&mut self, reply: DetachReply, fx: &mut Effects<A>) {
+        if self.exited || self.exit.is_some() {
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: Err(SessionError::Exited(self.config.id.clone())),
+            });
+            return;
+        }
+        if !self.persists() {
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: Err(SessionError::DetachNeedsStore(self.config.id.clone())),
+            });
+            return;
+        }
+        if self.detached {
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: Ok(()),
+            });
+            return;
+        }
+        self.detached = true;
+        self.shared
+            .detached
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Issued before the drain commits, so it lists everything accepted so far.
+        let seq = self.write_live(fx);
+        self.durable.answer_detach_after(seq, reply);
+        if let StopEffect::Commit { newly: true, .. } = self.stop.apply(&StopOptions::drain()) {
+            self.shared.fire_stopped();
+        }
+        fx.push(Effect::Timer {
+            after: self.config.poll_interval,
+            event: Timed::PollDue,
+        });
+        tracing::info!("session detached: it drains in the background");
+    }
+
+    /// S24: a background session reads its record on every poll interval.
+    pub(super) fn on_poll_due(&mut self, fx: &mut Effects<A>) {
+        if self.exited || !self.detached {
+            return;
+        }
+        fx.push(Effect::Poll);
+    }
+
+    /// The poll's answer: a `Canceled` record (written by anyone, another process
+    /// included) stops the session Immediate; otherwise poll again later.
+    pub(super) fn on_polled(
+        &mut self,
+        status: Option<SessionStatus>,
+        fx: &mut Effects<A>,
+        queue: &mut VecDeque<Event<A>>,
+    ) {
+        if self.exited {
+            return;
+        }
+        if status == Some(SessionStatus::Canceled) {
+            tracing::info!("the record says Canceled: stopping");
+            queue.push_back(Event::Stop {
+                options: canceled_stop(),
+                reply: None,
+            });
+            return;
+        }
+        fx.push(Effect::Timer {
+            after: self.config.poll_interval,
+            event: Timed::PollDue,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s11_skip_checkpoint_is_sticky() {
+        let mut s = StopState::default();
+        s.apply(&StopOptions::bare().skip_checkpoint());
+        s.apply(&StopOptions::immediate());
+        assert!(s.skip_checkpoint);
+    }
+
+    #[test]
+    fn s11_only_the_first_idle_request_counts_and_it_does_not_commit() {
+        let mut s = StopState::default();
+        assert_eq!(
+            s.apply(&StopOptions::until_idle_for(Duration::from_secs(3))),
+            StopEffect::IdleOnly
+        );
+        s.apply(&StopOptions::until_idle_for(Duration::from_secs(9)));
+        assert_eq!(s.idle_for, Some(Duration::from_secs(3)));
+        assert!(!s.committed);
+        assert!(matches!(
+            s.apply(&StopOptions::bare()),
+            StopEffect::Commit { newly: true, .. }
+        ));
+    }
+
+    #[test]
+    fn s11_drain_is_overridden_by_any_later_non_drain_stop() {
+        let mut s = StopState::default();
+        s.apply(&StopOptions::drain());
+        assert!(s.drain && s.committed);
+        s.apply(&StopOptions::drain());
+        assert!(s.drain);
+        assert!(matches!(
+            s.apply(&StopOptions::bare()),
+            StopEffect::Commit { newly: false, .. }
+        ));
+        assert!(!s.drain, "a bare stop after drain escalates");
+        s.apply(&StopOptions::drain());
+        assert!(!s.drain, "a drain after a bare stop never de-escalates");
+    }
+}

@@ -1,0 +1,256 @@
+//! Turns (DESIGN S2, S4–S8, S11, S16a, S17): what happens at the boundary (the exit,
+//! the next turn, or waiting), starting a turn, and what a turn's end means: its items
+//! move in the ledger (delivered, preempted, cut, or back in order), the session's exit
+//! is decided when the turn ends it, and under `sync` the turn's end is written before
+//! the next turn starts.
+//!
+//! This file decides turns; it never answers a push and never builds a write (it asks
+//! `durability` for one).
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::agent::Agent;
+use crate::events::TurnEnd;
+use crate::exit::{ExitReason, FailureKind};
+use crate::session::core::exit::pending;
+use crate::session::core::{ActiveTurn, Core, Effect, Effects, Timed};
+use crate::session::ledger::{Offer, TurnFate};
+use crate::session::turn_task::TurnWork;
+use crate::store::codec::{payload, PayloadError};
+use crate::turn::control::{Ending, TurnControl, TurnHooks};
+
+/// Encodes an agent state, checked (the `sync` safe-point hook).
+fn encode_state<S: serde::Serialize + serde::de::DeserializeOwned>(
+    s: &S,
+) -> Result<Vec<u8>, PayloadError> {
+    payload::encode_checked(s)
+}
+
+impl<A: Agent> Core<A> {
+    /// The actor started: a failed load ends the session at once, leaving the record
+    /// as it was (S18).
+    pub(super) fn on_start(&mut self) {
+        if let Some(e) = self.load_error.as_deref().cloned() {
+            tracing::error!(error = %e, "loading the session record failed");
+            self.exit = Some(pending(
+                ExitReason::Failed(e.to_string()),
+                Some(FailureKind::Record),
+                None,
+            ));
+        }
+    }
+
+    /// What happens at a turn boundary: exit, start the next turn, or go idle (with an
+    /// idle timer when `until_idle_for` asked for one). Runs after every event.
+    pub(super) fn advance(&mut self, _now: Instant, fx: &mut Effects<A>) {
+        if self.exited || self.turn.is_some() {
+            return;
+        }
+        if let Some(exit) = self.exit.take() {
+            let exit = *exit;
+            self.begin_exit(exit.reason, exit.failure, exit.state, fx);
+            return;
+        }
+        // After a plan that consumed nothing, only a new push makes another plan worth it.
+        let has_work = !self.await_input && self.ledger.has_work();
+        if self.stop.committed && !(self.stop.drain && has_work) {
+            // Bare/graceful/immediate stop at a boundary, or a drain with nothing it can
+            // still finish.
+            let reason = if self.stop.shutdown {
+                ExitReason::Shutdown
+            } else {
+                ExitReason::Completed
+            };
+            self.begin_exit(reason, None, None, fx);
+            return;
+        }
+        if has_work {
+            self.start_turn(fx);
+            return;
+        }
+        // Idle: one timer per idle period (a second until_idle_for must not postpone the
+        // exit); every accepted push bumps the epoch, which voids the armed timer.
+        if let Some(d) = self.stop.idle_for {
+            if self.idle_armed != Some(self.idle_epoch) {
+                self.idle_armed = Some(self.idle_epoch);
+                fx.push(Effect::Timer {
+                    after: d,
+                    event: Timed::IdleDue {
+                        epoch: self.idle_epoch,
+                    },
+                });
+            }
+        }
+    }
+
+    fn start_turn(&mut self, fx: &mut Effects<A>) {
+        let index = self.next_index;
+        self.next_index += 1;
+        let (work, is_resume, input) = match self.ledger.offer(index) {
+            Offer::Resume { items } => {
+                let seed = self.seed_state.take().map(|s| *s);
+                let state = seed.as_ref().map(|s| s.value.clone());
+                (TurnWork::Resume { items, state }, true, seed)
+            }
+            Offer::Plan { input, seqs, bytes } => {
+                (TurnWork::Plan { input, seqs, bytes }, false, None)
+            }
+        };
+        let hooks = if self.syncs() {
+            TurnHooks {
+                encode_state: Some(encode_state::<A::State>),
+                progress: self.progress_hook.as_ref().map(|h| {
+                    let h = h.clone();
+                    Box::new(move || h(index)) as Box<dyn Fn() + Send + Sync>
+                }),
+            }
+        } else {
+            TurnHooks::none()
+        };
+        let control = Arc::new(TurnControl::new(index, input, hooks));
+        self.turn = Some(ActiveTurn {
+            index,
+            control: control.clone(),
+            is_resume,
+        });
+        fx.push(Effect::StartTurn {
+            index,
+            work,
+            control,
+        });
+    }
+
+    /// Applies the plan's answer the control block holds, if the ledger has not yet:
+    /// every placement the core reads (a write, a turn's end) sees the running turn's
+    /// items where its plan put them.
+    pub(super) fn take_plan(&mut self) {
+        let Some(split) = self.turn.as_ref().and_then(|t| t.control.take_split()) else {
+            return;
+        };
+        let (dropped, changes) = self.ledger.decide(split);
+        if dropped > 0 {
+            self.counters.items_dropped_by_plan += dropped;
+            tracing::info!(dropped, "items dropped by the plan's decision");
+        }
+        self.durable.absorb(changes);
+    }
+
+    /// `sync`: the running turn reached a safe point or its plan changed entries: write
+    /// it (S16a).
+    pub(super) fn on_turn_progress(&mut self, turn: u64, fx: &mut Effects<A>) {
+        if self.exited || !self.syncs() || self.turn.as_ref().is_none_or(|t| t.index != turn) {
+            return;
+        }
+        self.take_plan();
+        self.write_live(fx);
+    }
+
+    pub(super) fn on_turn_finished(&mut self, turn: u64, fx: &mut Effects<A>) {
+        if self.turn.as_ref().is_none_or(|t| t.index != turn) {
+            return;
+        }
+        self.take_plan();
+        let Some(active) = self.turn.take() else {
+            return;
+        };
+        let Some(ending) = active.control.take_ending() else {
+            self.ledger.turn_not_run();
+            self.exit = Some(pending(
+                ExitReason::Failed("turn task ended without reporting how".into()),
+                Some(FailureKind::Internal),
+                None,
+            ));
+            return;
+        };
+        let mut completed = false;
+        match ending {
+            Ending::Deferred => {
+                // The plan consumed nothing: what it handed back waits for new input.
+                // Items pushed while it planned are new input it never saw: plan again.
+                let arrived_while_planning = self.ledger.pushed_during_turn();
+                self.ledger.turn_not_run();
+                tracing::debug!(
+                    turn,
+                    arrived_while_planning,
+                    "the plan consumed nothing; waiting for new input"
+                );
+                self.await_input = !arrived_while_planning;
+            }
+            Ending::PlanAborted {
+                reason,
+                plan_failed,
+            } => {
+                // S6: back to the front in their original push order, whatever the plan
+                // did; a resume turn's items are the cut turn again, with its state.
+                tracing::info!(turn, %reason, "turn aborted while planning; offered items restored");
+                self.ledger.turn_not_run();
+                if active.is_resume {
+                    self.seed_state = active.control.state_snapshot().map(Box::new);
+                }
+                if plan_failed.is_some() {
+                    self.exit = Some(pending(ExitReason::Failed(reason), plan_failed, None));
+                }
+            }
+            Ending::Ran {
+                end,
+                resume_state,
+                failure,
+            } => {
+                tracing::debug!(turn, outcome = ?end, "turn ended");
+                match end {
+                    TurnEnd::Completed => {
+                        let (delivered, changes) = self.ledger.end_turn(TurnFate::Completed);
+                        self.counters.turns_completed += 1;
+                        self.counters.items_delivered += delivered;
+                        self.durable.absorb(changes);
+                        completed = true;
+                    }
+                    TurnEnd::Preempted(_) => {
+                        // S8: no exit reason, no checkpoint, no interrupted items.
+                        self.ledger.end_turn(TurnFate::Preempted);
+                        self.counters.turns_preempted += 1;
+                    }
+                    TurnEnd::Canceled(info) => {
+                        self.ledger.end_turn(TurnFate::Cut);
+                        let reason = if self.stop.shutdown {
+                            ExitReason::Shutdown
+                        } else {
+                            ExitReason::Canceled(info)
+                        };
+                        self.exit = Some(pending(reason, None, resume_state));
+                    }
+                    TurnEnd::Interrupted(info) => {
+                        self.ledger.end_turn(TurnFate::Cut);
+                        self.exit =
+                            Some(pending(ExitReason::Interrupted(info), None, resume_state));
+                    }
+                    TurnEnd::Failed(e) => {
+                        tracing::warn!(turn, error = %e, "turn failed");
+                        self.ledger.end_turn(TurnFate::Cut);
+                        self.exit = Some(pending(ExitReason::Failed(e), failure, None));
+                    }
+                    TurnEnd::PlanAborted(_) => self.ledger.turn_not_run(),
+                }
+            }
+        }
+        // S16a: the turn's end is on record before the next turn starts (unless the
+        // session is about to exit: its final write records the end).
+        let exiting = self.exit.is_some() || (self.stop.committed && !self.stop.drain);
+        if self.syncs() && !exiting {
+            self.write_live(fx);
+        } else if completed && self.persists() && !self.syncs() && self.durable.record_stale {
+            self.replace_stale(fx);
+        }
+    }
+
+    /// An idle timer fired: exit if the session stayed idle for the whole period.
+    pub(super) fn on_idle_due(&mut self, epoch: u64) {
+        let idle = self.turn.is_none() && !self.ledger.has_work();
+        if epoch == self.idle_epoch && idle && !self.exited && self.exit.is_none() {
+            tracing::info!("idle long enough; exiting (until_idle_for)");
+            self.exit = Some(pending(ExitReason::Completed, None, None));
+        }
+    }
+}

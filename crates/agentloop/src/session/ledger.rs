@@ -1,0 +1,956 @@
+//! The ledger: where every accepted item of one session is (DESIGN S5, S6, S8, S10,
+//! S15, S17). It is the only code that moves an item.
+//!
+//! Every accepted item gets an entry number (`Seq`, increasing in push order, kept in
+//! the record so numbering continues after a resume) and is, at any moment, in exactly
+//! one place:
+//!
+//! | place | what it is |
+//! |---|---|
+//! | `preempted` | a preempted turn's items, offered first to the next plan (S8) |
+//! | `front` | items handed back (a plan's remaining items, an aborted plan's offer, a record's unhandled items), ahead of later pushes (S5, S6) |
+//! | `tail` | pushed since the last offer, in push order |
+//! | `cut` | the cut turn: a record's turn to resume (S17), or the turn that ended the session |
+//! | the turn's offer | offered to a planning turn |
+//! | the turn's split | consumed by the running turn / handed back by its plan |
+//!
+//! and leaves only by delivery (a completed turn consumed it), a plan's drop, or the
+//! session's exit (its items are then in the exit state). Each move returns the
+//! changes to the stored item entries it implies (a put when an item is accepted or a
+//! plan rewrites it, a delete when it is delivered or dropped); a move between places
+//! changes no entry, only the order the header records. So a push costs one entry
+//! whatever the backlog. [`Ledger::placement`] gives the full placement (for the
+//! record's header, the exit state, a killed session's salvage): the same answer from
+//! one place.
+//!
+//! Invariants (checked by [`Ledger::check`] in tests): every held item is in exactly
+//! one place; `tail` ascends and every entry number in it is above every other held
+//! one (it holds only items pushed after everything else was offered or placed), so
+//! the stored order is `front` (as the header lists it) and then the other entries in
+//! number order.
+//!
+//! It knows nothing of actors, stores or time; it must not decide when a turn runs or
+//! when a write happens (that is the session core's job).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::agent::{Plan, PlanInput};
+use crate::store::codec::PayloadError;
+use crate::store::{ItemChange, LoadedRecord, Payload};
+
+/// An accepted item's entry number.
+pub(crate) type Seq = u64;
+
+/// An item the session holds: its value and, when the session persists, the bytes its
+/// entry holds.
+#[derive(Clone, Debug)]
+pub(crate) struct Held<I> {
+    pub(crate) item: I,
+    pub(crate) bytes: Option<Payload>,
+}
+
+/// One item of a plan's answer: its entry number, its value as the plan returned it,
+/// and new bytes when the plan changed it (a persistent session's entry is rewritten).
+#[derive(Clone, Debug)]
+pub(crate) struct Planned<I> {
+    pub(crate) seq: Seq,
+    pub(crate) item: I,
+    pub(crate) rewritten: Option<Payload>,
+}
+
+/// What a plan did with its offer, by entry number (S5).
+#[derive(Clone, Debug)]
+pub(crate) struct PlanSplit<I> {
+    /// What the turn consumes, in the plan's order.
+    pub(crate) consumed: Vec<Planned<I>>,
+    /// What goes back to the front, in the plan's order.
+    pub(crate) remaining: Vec<Planned<I>>,
+    /// Dropped by the plan's decision.
+    pub(crate) dropped: Vec<Seq>,
+}
+
+impl<I> PlanSplit<I> {
+    /// Whether the split changes stored entries (drops or rewrites).
+    pub(crate) fn changes_entries(&self) -> bool {
+        !self.dropped.is_empty()
+            || self
+                .consumed
+                .iter()
+                .chain(&self.remaining)
+                .any(|p| p.rewritten.is_some())
+    }
+}
+
+/// What a turn is offered.
+pub(crate) enum Offer<I> {
+    /// Plan over these items; `seqs` and `bytes` are in the input's order (preempted
+    /// first, then buffered); `bytes` when the session persists.
+    Plan {
+        input: PlanInput<I>,
+        seqs: Vec<Seq>,
+        bytes: Option<Vec<Payload>>,
+    },
+    /// Resume the cut turn with these items (S17); no plan.
+    Resume { items: Vec<I> },
+}
+
+/// Where the items of the turn that is planning or running are.
+#[derive(Clone, Debug)]
+struct TurnItems {
+    index: u64,
+    /// Offered, in offer order (preempted first).
+    offered: Vec<Seq>,
+    /// How many of `offered` came from `preempted`.
+    from_preempted: usize,
+    is_resume: bool,
+    /// Known once the plan returned (and at once for a resume turn).
+    split: Option<(Vec<Seq>, Vec<Seq>)>,
+}
+
+/// The cut turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Cut {
+    /// Its index.
+    pub(crate) index: u64,
+    /// Its items, in the turn's order.
+    pub(crate) items: Vec<Seq>,
+}
+
+/// Where every held item is, by entry number (see [`Ledger::placement`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Placement {
+    /// The cut turn's items (a record's `interrupted_items`): the cut, or the running
+    /// turn's consumed items, or a resume turn's.
+    pub(crate) interrupted: Vec<Seq>,
+    /// Everything else, in the order it would be offered next.
+    pub(crate) unhandled: Vec<Seq>,
+}
+
+/// How a turn ended, as the ledger needs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TurnFate {
+    /// It completed: its consumed items are delivered.
+    Completed,
+    /// It was preempted (S8): its items go first to the next plan.
+    Preempted,
+    /// It was cut (canceled, interrupted, failed): its items are the cut turn.
+    Cut,
+}
+
+/// The ledger of one session.
+pub(crate) struct Ledger<I> {
+    /// Entries are stored: moves report entry changes, items keep their bytes.
+    persist: bool,
+    held: HashMap<Seq, Held<I>>,
+    next_seq: Seq,
+    preempted: Vec<Seq>,
+    front: VecDeque<Seq>,
+    tail: VecDeque<Seq>,
+    cut: Option<Cut>,
+    turn: Option<Box<TurnItems>>,
+    /// The header's `front` list, cached until a move other than a push changes it.
+    order_cache: Option<Vec<Seq>>,
+}
+
+impl<I: Clone> Ledger<I> {
+    /// An empty ledger.
+    pub(crate) fn new(persist: bool) -> Self {
+        Ledger {
+            persist,
+            held: HashMap::new(),
+            next_seq: 0,
+            preempted: Vec::new(),
+            front: VecDeque::new(),
+            tail: VecDeque::new(),
+            cut: None,
+            turn: None,
+            order_cache: None,
+        }
+    }
+
+    /// Takes a loaded record's items (S17): its cut turn (if any) and its unhandled
+    /// items, in order, with their entry numbers and bytes; numbering continues above
+    /// the record's. Call on an empty ledger. Returns the cut turn's index if there is
+    /// one.
+    pub(crate) fn seed(&mut self, record: &mut LoadedRecord<I>) -> Option<u64> {
+        let mut top = record.header.next_seq;
+        let mut take = |it: crate::store::LoadedItem<I>, held: &mut HashMap<Seq, Held<I>>| {
+            top = top.max(it.seq + 1);
+            let seq = it.seq;
+            held.insert(
+                seq,
+                Held {
+                    item: it.item,
+                    bytes: Some(it.bytes),
+                },
+            );
+            seq
+        };
+        let cut: Vec<Seq> = std::mem::take(&mut record.interrupted)
+            .into_iter()
+            .map(|it| take(it, &mut self.held))
+            .collect();
+        for it in std::mem::take(&mut record.unhandled) {
+            let seq = take(it, &mut self.held);
+            self.front.push_back(seq);
+        }
+        self.next_seq = top;
+        self.order_cache = None;
+        if cut.is_empty() && record.state.is_none() {
+            return None;
+        }
+        self.cut = Some(Cut {
+            index: record.header.turn_index,
+            items: cut,
+        });
+        Some(record.header.turn_index)
+    }
+
+    /// Accepts a pushed item: it joins the tail. Returns its entry number and the entry
+    /// to put.
+    pub(crate) fn accept(&mut self, item: I, bytes: Option<Payload>) -> (Seq, Vec<ItemChange>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let change = match (&bytes, self.persist) {
+            (Some(b), true) => vec![ItemChange::Put(seq, b.clone())],
+            _ => Vec::new(),
+        };
+        self.held.insert(seq, Held { item, bytes });
+        self.tail.push_back(seq);
+        (seq, change)
+    }
+
+    /// The next entry number (recorded in the header).
+    pub(crate) fn next_seq(&self) -> Seq {
+        self.next_seq
+    }
+
+    /// Whether an item waits for a turn (or a cut turn waits to resume).
+    pub(crate) fn has_work(&self) -> bool {
+        self.cut.is_some()
+            || !self.preempted.is_empty()
+            || !self.front.is_empty()
+            || !self.tail.is_empty()
+    }
+
+    /// Whether nothing is held at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.held.is_empty() && self.cut.is_none() && self.turn.is_none()
+    }
+
+    /// How many items wait outside a turn: (buffered, preempted).
+    pub(crate) fn waiting(&self) -> (usize, usize) {
+        (self.front.len() + self.tail.len(), self.preempted.len())
+    }
+
+    /// The cut turn, if any.
+    pub(crate) fn cut(&self) -> Option<&Cut> {
+        self.cut.as_ref()
+    }
+
+    /// Offers everything waiting to turn `index`: the cut turn (a resume, no plan), or
+    /// the preempted items then the buffer (S5, S8). Moves them into the turn.
+    pub(crate) fn offer(&mut self, index: u64) -> Offer<I> {
+        self.order_cache = None;
+        if let Some(cut) = self.cut.take() {
+            let items = cut.items.iter().map(|s| self.value(*s)).collect();
+            self.turn = Some(Box::new(TurnItems {
+                index,
+                offered: cut.items.clone(),
+                from_preempted: 0,
+                is_resume: true,
+                split: Some((cut.items, Vec::new())),
+            }));
+            return Offer::Resume { items };
+        }
+        let preempted = std::mem::take(&mut self.preempted);
+        let mut buffered: Vec<Seq> = self.front.drain(..).collect();
+        buffered.extend(self.tail.drain(..));
+        let seqs: Vec<Seq> = preempted.iter().chain(&buffered).copied().collect();
+        let input = PlanInput {
+            turn_index: index,
+            preempted: preempted.iter().map(|s| self.value(*s)).collect(),
+            buffered: buffered.iter().map(|s| self.value(*s)).collect(),
+        };
+        let bytes = self.persist.then(|| {
+            seqs.iter()
+                .filter_map(|s| self.held.get(s).and_then(|h| h.bytes.clone()))
+                .collect()
+        });
+        self.turn = Some(Box::new(TurnItems {
+            index,
+            offered: seqs.clone(),
+            from_preempted: preempted.len(),
+            is_resume: false,
+            split: None,
+        }));
+        Offer::Plan { input, seqs, bytes }
+    }
+
+    fn value(&self, seq: Seq) -> I {
+        // Invariant: every seq in a place is held (see `check`).
+        self.held[&seq].item.clone()
+    }
+
+    /// The running turn's plan answered (S5): consumed and remaining items take the
+    /// values the plan returned; dropped items leave (their entries are deleted);
+    /// rewritten items' entries are put again. No-op when the split is already known
+    /// (a resume turn, or applied before).
+    pub(crate) fn decide(&mut self, split: PlanSplit<I>) -> (u64, Vec<ItemChange>) {
+        let Some(turn) = self.turn.as_mut().filter(|t| t.split.is_none()) else {
+            return (0, Vec::new());
+        };
+        self.order_cache = None;
+        let mut changes = Vec::new();
+        let mut place = |p: Planned<I>, held: &mut HashMap<Seq, Held<I>>| {
+            let entry = held.entry(p.seq).or_insert(Held {
+                item: p.item.clone(),
+                bytes: None,
+            });
+            entry.item = p.item;
+            if let Some(b) = p.rewritten {
+                if self.persist {
+                    changes.push(ItemChange::Put(p.seq, b.clone()));
+                }
+                entry.bytes = Some(b);
+            }
+            p.seq
+        };
+        let consumed: Vec<Seq> = split
+            .consumed
+            .into_iter()
+            .map(|p| place(p, &mut self.held))
+            .collect();
+        let remaining: Vec<Seq> = split
+            .remaining
+            .into_iter()
+            .map(|p| place(p, &mut self.held))
+            .collect();
+        let dropped = split.dropped.len() as u64;
+        for seq in split.dropped {
+            self.held.remove(&seq);
+            if self.persist {
+                changes.push(ItemChange::Delete(seq));
+            }
+        }
+        turn.split = Some((consumed, remaining));
+        (dropped, changes)
+    }
+
+    /// The turn ended after its plan (S5, S8, S10): delivered, preempted, or cut; its
+    /// remaining items go back to the front. Returns how many items were delivered and
+    /// the entries to delete (the delivered ones). The split must be known.
+    pub(crate) fn end_turn(&mut self, fate: TurnFate) -> (u64, Vec<ItemChange>) {
+        let Some(turn) = self.turn.take() else {
+            return (0, Vec::new());
+        };
+        self.order_cache = None;
+        let (consumed, remaining) = turn.split.unwrap_or((Vec::new(), turn.offered));
+        for seq in remaining.into_iter().rev() {
+            self.front.push_front(seq);
+        }
+        match fate {
+            TurnFate::Completed => {
+                let mut changes = Vec::new();
+                for seq in &consumed {
+                    self.held.remove(seq);
+                    if self.persist {
+                        changes.push(ItemChange::Delete(*seq));
+                    }
+                }
+                (consumed.len() as u64, changes)
+            }
+            TurnFate::Preempted => {
+                self.preempted = consumed;
+                (0, Vec::new())
+            }
+            TurnFate::Cut => {
+                self.cut = Some(Cut {
+                    index: turn.index,
+                    items: consumed,
+                });
+                (0, Vec::new())
+            }
+        }
+    }
+
+    /// The planning turn did not run (S6): a plan that failed, a stop that aborted it,
+    /// or a plan that consumed nothing. Without a split, every offered item goes back
+    /// in its original order (preempted ones to `preempted`); a resume turn's items are
+    /// the cut turn again. With a split (the plan consumed nothing), the remaining
+    /// items go back to the front.
+    pub(crate) fn turn_not_run(&mut self) {
+        let Some(turn) = self.turn.take() else {
+            return;
+        };
+        self.order_cache = None;
+        if turn.is_resume {
+            self.cut = Some(Cut {
+                index: turn.index,
+                items: turn.offered,
+            });
+            return;
+        }
+        match turn.split {
+            Some((consumed, remaining)) => {
+                for seq in consumed.into_iter().chain(remaining).rev() {
+                    self.front.push_front(seq);
+                }
+            }
+            None => {
+                let mut offered = turn.offered;
+                let rest = offered.split_off(turn.from_preempted);
+                self.preempted = offered;
+                for seq in rest.into_iter().rev() {
+                    self.front.push_front(seq);
+                }
+            }
+        }
+    }
+
+    /// Whether items were pushed since the current turn was offered its items.
+    pub(crate) fn pushed_during_turn(&self) -> bool {
+        !self.tail.is_empty()
+    }
+
+    /// Whether the turn's split is known.
+    pub(crate) fn split_known(&self) -> bool {
+        self.turn.as_ref().is_some_and(|t| t.split.is_some())
+    }
+
+    /// The running turn's consumed items (a copy, for push strategies, S9).
+    pub(crate) fn consumed_values(&self) -> Option<Vec<I>> {
+        let (consumed, _) = self.turn.as_ref()?.split.as_ref()?;
+        Some(consumed.iter().map(|s| self.value(*s)).collect())
+    }
+
+    /// Where every held item is now (see the module docs): the cut turn's items
+    /// (`interrupted`) and the rest in the order they would be offered next.
+    pub(crate) fn placement(&self) -> Placement {
+        let mut p = Placement::default();
+        match &self.turn {
+            None => {
+                if let Some(cut) = &self.cut {
+                    p.interrupted = cut.items.clone();
+                }
+                p.unhandled.extend(&self.preempted);
+            }
+            Some(t) => match &t.split {
+                None => p.unhandled.extend(&t.offered),
+                Some((consumed, remaining)) => {
+                    p.interrupted = consumed.clone();
+                    p.unhandled.extend(remaining);
+                }
+            },
+        }
+        p.unhandled.extend(&self.front);
+        p.unhandled.extend(&self.tail);
+        p
+    }
+
+    /// The header's `front` list: the shortest prefix of the unhandled order after
+    /// which the rest ascends (so "front, then the other entries in number order" is
+    /// the order). Cached across pushes, which never change it (a push appends the
+    /// highest number to `tail`).
+    pub(crate) fn header_front(&mut self) -> Vec<Seq> {
+        if let Some(c) = &self.order_cache {
+            return c.clone();
+        }
+        let mut head = self.placement().unhandled;
+        head.truncate(head.len() - self.tail.len());
+        let mut k = head.len();
+        while k > 0 && (k == head.len() || head[k - 1] < head[k]) {
+            k -= 1;
+        }
+        if let (Some(last), Some(first_tail)) = (head.last(), self.tail.front()) {
+            // Unreachable by the tail invariant; kept exact anyway.
+            if last > first_tail {
+                k = head.len();
+            }
+        }
+        head.truncate(k);
+        self.order_cache = Some(head.clone());
+        head
+    }
+
+    /// The values of `seqs`, in order.
+    pub(crate) fn values(&self, seqs: &[Seq]) -> Vec<I> {
+        seqs.iter().map(|s| self.value(*s)).collect()
+    }
+
+    /// Every held item's entry (a write that replaces the whole record).
+    pub(crate) fn all_entries(&self) -> Vec<ItemChange> {
+        let mut seqs: Vec<&Seq> = self.held.keys().collect();
+        seqs.sort_unstable();
+        seqs.into_iter()
+            .filter_map(|s| {
+                self.held[s]
+                    .bytes
+                    .as_ref()
+                    .map(|b| ItemChange::Put(*s, b.clone()))
+            })
+            .collect()
+    }
+
+    /// The invariants of the module docs; `Err` says which broke.
+    #[cfg(test)]
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let p = self.placement();
+        let mut seen: Vec<Seq> = p.interrupted.iter().chain(&p.unhandled).copied().collect();
+        if let Some(cut) = self.cut.as_ref().filter(|_| self.turn.is_some()) {
+            seen.extend(&cut.items);
+        }
+        let n = seen.len();
+        seen.sort_unstable();
+        seen.dedup();
+        if seen.len() != n {
+            return Err(format!("an item is in two places: {p:?}"));
+        }
+        let mut held: Vec<Seq> = self.held.keys().copied().collect();
+        held.sort_unstable();
+        if held != seen {
+            return Err(format!("held {held:?} but placed {seen:?}"));
+        }
+        if !self
+            .tail
+            .iter()
+            .zip(self.tail.iter().skip(1))
+            .all(|(a, b)| a < b)
+        {
+            return Err(format!("tail does not ascend: {:?}", self.tail));
+        }
+        if let Some(first) = self.tail.front() {
+            let tail: std::collections::HashSet<&Seq> = self.tail.iter().collect();
+            if held.iter().any(|s| !tail.contains(s) && s > first) {
+                return Err(format!(
+                    "a placed item is newer than the tail's first ({first})"
+                ));
+            }
+        }
+        if self.persist && self.held.values().any(|h| h.bytes.is_none()) {
+            return Err("a persistent session holds an item without bytes".into());
+        }
+        Ok(())
+    }
+}
+
+/// Matches a plan's answer to the entries it was offered (S5; the turn task calls this
+/// when the plan returns, off the actor).
+///
+/// Values are identified by their bytes when the session persists: each returned
+/// value is encoded (checked: a value that would not read back fails the plan) and
+/// takes an offered entry with the same bytes; a value that matches none was changed
+/// by the plan and takes an unmatched entry (in offer order), whose bytes it rewrites;
+/// offered entries left over were dropped. Without a store, entries are only places:
+/// returned values take offered entries in order. Fails when the plan returns more
+/// items than it was offered.
+pub(crate) fn split_plan<I>(
+    seqs: &[Seq],
+    bytes: Option<&[Payload]>,
+    plan: Plan<I>,
+    encode: impl Fn(&I) -> Result<Vec<u8>, PayloadError>,
+) -> Result<PlanSplit<I>, String> {
+    let returned = plan.consumed.len() + plan.remaining.len();
+    if returned > seqs.len() {
+        return Err(format!(
+            "plan returned {returned} items but was offered {}; a plan may only consume, hand \
+             back or drop offered items",
+            seqs.len()
+        ));
+    }
+    let n_consumed = plan.consumed.len();
+    let all: Vec<I> = plan.consumed.into_iter().chain(plan.remaining).collect();
+    let mut planned: Vec<Planned<I>> = Vec::with_capacity(all.len());
+    let mut taken = vec![false; seqs.len()];
+    match bytes {
+        None => {
+            for (i, item) in all.into_iter().enumerate() {
+                taken[i] = true;
+                planned.push(Planned {
+                    seq: seqs[i],
+                    item,
+                    rewritten: None,
+                });
+            }
+        }
+        Some(bytes) => {
+            let mut by_bytes: HashMap<&[u8], VecDeque<usize>> = HashMap::new();
+            for (i, b) in bytes.iter().enumerate() {
+                by_bytes.entry(b.as_ref()).or_default().push_back(i);
+            }
+            let mut changed: Vec<(usize, I, Vec<u8>)> = Vec::new();
+            let mut slots: Vec<Option<Planned<I>>> = Vec::with_capacity(all.len());
+            for (pos, item) in all.into_iter().enumerate() {
+                let encoded = encode(&item)
+                    .map_err(|e| format!("the plan returned an item that cannot be stored: {e}"))?;
+                match by_bytes
+                    .get_mut(encoded.as_slice())
+                    .and_then(|q| q.pop_front())
+                {
+                    Some(i) => {
+                        taken[i] = true;
+                        slots.push(Some(Planned {
+                            seq: seqs[i],
+                            item,
+                            rewritten: None,
+                        }));
+                    }
+                    None => {
+                        changed.push((pos, item, encoded));
+                        slots.push(None);
+                    }
+                }
+            }
+            // Changed values take the entries left over, in offer order.
+            let mut free = (0..seqs.len())
+                .filter(|i| !taken[*i])
+                .collect::<VecDeque<_>>();
+            for (pos, item, encoded) in changed {
+                // There are at least as many offered entries as returned values.
+                let Some(i) = free.pop_front() else {
+                    return Err("the plan's answer could not be matched to its offer".into());
+                };
+                taken[i] = true;
+                slots[pos] = Some(Planned {
+                    seq: seqs[i],
+                    item,
+                    rewritten: Some(encoded.into()),
+                });
+            }
+            planned.extend(slots.into_iter().flatten());
+        }
+    }
+    let dropped = seqs
+        .iter()
+        .zip(&taken)
+        .filter(|(_, t)| !**t)
+        .map(|(s, _)| *s)
+        .collect();
+    let remaining = planned.split_off(n_consumed);
+    Ok(PlanSplit {
+        consumed: planned,
+        remaining,
+        dropped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Table tests: phase × event → placement and entry changes.
+    use super::*;
+
+    fn enc(v: &String) -> Result<Vec<u8>, PayloadError> {
+        crate::store::codec::payload::encode_checked(v)
+    }
+
+    fn persistent() -> Ledger<String> {
+        Ledger::new(true)
+    }
+
+    fn push(l: &mut Ledger<String>, v: &str) -> (Seq, Vec<ItemChange>) {
+        let b: Payload = enc(&v.to_string()).unwrap().into();
+        l.accept(v.to_string(), Some(b))
+    }
+
+    fn entries(changes: &[ItemChange]) -> Vec<(char, Seq)> {
+        changes
+            .iter()
+            .map(|c| match c {
+                ItemChange::Put(s, _) => ('+', *s),
+                ItemChange::Delete(s) => ('-', *s),
+            })
+            .collect()
+    }
+
+    fn plan(l: &mut Ledger<String>, index: u64, f: impl Fn(PlanInput<String>) -> Plan<String>) {
+        let Offer::Plan { input, seqs, bytes } = l.offer(index) else {
+            panic!("expected a plan offer");
+        };
+        let split = split_plan(&seqs, bytes.as_deref(), f(input), enc).unwrap();
+        l.decide(split);
+        l.check().unwrap();
+    }
+
+    fn place(l: &Ledger<String>) -> (Vec<Seq>, Vec<Seq>) {
+        let p = l.placement();
+        (p.interrupted, p.unhandled)
+    }
+
+    #[test]
+    fn idle_push_puts_one_entry_whatever_waits() {
+        let mut l = persistent();
+        for i in 0..1000 {
+            let (seq, ch) = push(&mut l, &format!("m{i}"));
+            assert_eq!(entries(&ch), vec![('+', seq)], "one entry per push");
+        }
+        assert_eq!(place(&l).1.len(), 1000);
+        assert!(l.header_front().is_empty(), "push order is key order");
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn planning_then_running_then_completed() {
+        let mut l = persistent();
+        push(&mut l, "a");
+        push(&mut l, "b");
+        let Offer::Plan { seqs, .. } = l.offer(0) else {
+            panic!()
+        };
+        assert_eq!(seqs, vec![0, 1]);
+        // Planning: everything offered is still unhandled (a crash re-plans it).
+        assert_eq!(place(&l), (vec![], vec![0, 1]));
+        push(&mut l, "c"); // arrives while planning
+        assert_eq!(place(&l), (vec![], vec![0, 1, 2]));
+        let split = PlanSplit {
+            consumed: vec![Planned {
+                seq: 0,
+                item: "a".into(),
+                rewritten: None,
+            }],
+            remaining: vec![Planned {
+                seq: 1,
+                item: "b".into(),
+                rewritten: None,
+            }],
+            dropped: vec![],
+        };
+        assert!(
+            l.decide(split).1.is_empty(),
+            "a plan that keeps its items writes none"
+        );
+        // Running: the consumed item is the cut turn of a live record.
+        assert_eq!(place(&l), (vec![0], vec![1, 2]));
+        let (delivered, ch) = l.end_turn(TurnFate::Completed);
+        assert_eq!((delivered, entries(&ch)), (1, vec![('-', 0)]));
+        assert_eq!(place(&l), (vec![], vec![1, 2]));
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn preempted_items_go_first_and_the_header_says_so() {
+        let mut l = persistent();
+        for v in ["a", "b", "c"] {
+            push(&mut l, v);
+        }
+        // A plan consumes b and a (in that order), hands c back.
+        plan(&mut l, 0, |input| {
+            let mut it = input.into_items();
+            let c = it.pop().unwrap();
+            it.reverse();
+            Plan {
+                consumed: it,
+                remaining: vec![c],
+            }
+        });
+        assert_eq!(place(&l), (vec![1, 0], vec![2]));
+        push(&mut l, "d");
+        assert_eq!(
+            l.end_turn(TurnFate::Preempted).1.len(),
+            0,
+            "a preemption writes no entry"
+        );
+        // Offered next: the preempted turn's items (in its order), then c, then d.
+        assert_eq!(place(&l), (vec![], vec![1, 0, 2, 3]));
+        assert_eq!(
+            l.header_front(),
+            vec![1],
+            "only the out-of-order prefix is listed"
+        );
+        let Offer::Plan { input, .. } = l.offer(1) else {
+            panic!()
+        };
+        assert_eq!(input.preempted, vec!["b".to_string(), "a".to_string()]);
+        assert_eq!(input.buffered, vec!["c".to_string(), "d".to_string()]);
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn drops_and_rewrites_change_entries() {
+        let mut l = persistent();
+        for v in ["keep", "spam", "edit"] {
+            push(&mut l, v);
+        }
+        let Offer::Plan { input, seqs, bytes } = l.offer(0) else {
+            panic!()
+        };
+        let items = input.into_items();
+        let p = Plan {
+            consumed: vec![items[0].clone(), "edited".to_string()],
+            remaining: vec![],
+        };
+        let split = split_plan(&seqs, bytes.as_deref(), p, enc).unwrap();
+        // The changed value cannot be told apart from the one it replaced: it takes the
+        // first entry left over in offer order (1), whose bytes it rewrites, and the
+        // entry still left over (2) is the one dropped. Values and counts are exact.
+        assert_eq!(split.dropped, vec![2]);
+        let (dropped, ch) = l.decide(split);
+        assert_eq!(dropped, 1);
+        assert_eq!(entries(&ch), vec![('+', 1), ('-', 2)]);
+        assert_eq!(place(&l), (vec![0, 1], vec![]));
+        assert_eq!(
+            l.values(&[0, 1]),
+            vec!["keep".to_string(), "edited".to_string()]
+        );
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn an_aborted_plan_restores_the_original_order() {
+        let mut l = persistent();
+        for v in ["a", "b", "c"] {
+            push(&mut l, v);
+        }
+        plan(&mut l, 0, |input| Plan {
+            consumed: input.into_items(),
+            remaining: vec![],
+        });
+        l.end_turn(TurnFate::Preempted); // a, b, c preempted
+        push(&mut l, "d");
+        let _ = l.offer(1);
+        push(&mut l, "e"); // arrives while planning
+        l.turn_not_run();
+        assert_eq!(place(&l), (vec![], vec![0, 1, 2, 3, 4]));
+        let Offer::Plan { input, .. } = l.offer(2) else {
+            panic!()
+        };
+        assert_eq!(
+            input.preempted.len(),
+            3,
+            "preempted items stay preempted (S6)"
+        );
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_cut_turn_and_its_resume() {
+        let mut l = persistent();
+        for v in ["a", "b"] {
+            push(&mut l, v);
+        }
+        plan(&mut l, 4, |input| {
+            let mut it = input.into_items();
+            let b = it.pop().unwrap();
+            Plan {
+                consumed: it,
+                remaining: vec![b],
+            }
+        });
+        l.end_turn(TurnFate::Cut);
+        assert_eq!(
+            l.cut(),
+            Some(&Cut {
+                index: 4,
+                items: vec![0]
+            })
+        );
+        assert_eq!(place(&l), (vec![0], vec![1]));
+        // The next turn is the resume: no plan, the cut's items.
+        let Offer::Resume { items } = l.offer(4) else {
+            panic!("a resume")
+        };
+        assert_eq!(items, vec!["a".to_string()]);
+        assert_eq!(place(&l), (vec![0], vec![1]), "a resume turn holds the cut");
+        l.turn_not_run(); // a stop before it ran: the cut again
+        assert_eq!(
+            l.cut(),
+            Some(&Cut {
+                index: 4,
+                items: vec![0]
+            })
+        );
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_loaded_record_seeds_places_and_numbering() {
+        let header = crate::store::RecordHeader {
+            session_id: "s".into(),
+            turn_index: 7,
+            next_seq: 20,
+            cut: vec![12],
+            front: vec![15, 11],
+            ..Default::default()
+        };
+        let item = |seq: u64| crate::store::LoadedItem {
+            seq,
+            item: format!("i{seq}"),
+            bytes: Payload::from(enc(&format!("i{seq}")).unwrap()),
+        };
+        let mut rec = LoadedRecord {
+            header,
+            interrupted: vec![item(12)],
+            unhandled: vec![item(15), item(11), item(13)],
+            state: None,
+            format1: false,
+        };
+        let mut l = persistent();
+        assert_eq!(l.seed(&mut rec), Some(7));
+        assert_eq!(place(&l), (vec![12], vec![15, 11, 13]));
+        assert_eq!(l.header_front(), vec![15], "11, 13 ascend after it");
+        let (seq, _) = push(&mut l, "new");
+        assert_eq!(seq, 20, "numbering continues above the record's");
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn without_a_store_nothing_is_encoded_and_no_entry_changes() {
+        let mut l: Ledger<String> = Ledger::new(false);
+        let (_, ch) = l.accept("a".into(), None);
+        assert!(ch.is_empty());
+        l.accept("b".into(), None);
+        let Offer::Plan { input, seqs, bytes } = l.offer(0) else {
+            panic!()
+        };
+        assert!(bytes.is_none());
+        let split = split_plan(
+            &seqs,
+            None,
+            Plan {
+                consumed: vec![input.buffered[1].clone()],
+                remaining: vec![],
+            },
+            |_| unreachable!("nothing is encoded without a store"),
+        )
+        .unwrap();
+        assert_eq!(split.dropped, vec![1]);
+        assert!(l.decide(split).1.is_empty());
+        assert_eq!(l.end_turn(TurnFate::Completed), (1, vec![]));
+        l.check().unwrap();
+    }
+
+    #[test]
+    fn a_plan_returning_too_much_or_unstorable_fails() {
+        let e = split_plan(
+            &[0],
+            None,
+            Plan {
+                consumed: vec![1, 2],
+                remaining: vec![],
+            },
+            |_: &u32| Ok(vec![]),
+        )
+        .unwrap_err();
+        assert!(e.contains("offered 1"), "{e}");
+        let e = split_plan(
+            &[0],
+            Some(&[Payload::from(vec![0u8])]),
+            Plan {
+                consumed: vec![5u32],
+                remaining: vec![],
+            },
+            |_| {
+                Err(PayloadError {
+                    type_name: "u32",
+                    path: String::new(),
+                    stage: crate::store::codec::PayloadStage::Encode,
+                    reason: "refused".into(),
+                })
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("cannot be stored") && e.contains("refused"),
+            "{e}"
+        );
+    }
+}
