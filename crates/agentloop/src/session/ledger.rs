@@ -448,6 +448,19 @@ impl<I: Clone> Ledger<I> {
         p
     }
 
+    /// The cut turn's items as a record lists them (`interrupted`): O(turn), not
+    /// O(backlog), so a push's header costs the same whatever waits.
+    pub(crate) fn interrupted(&self) -> Vec<Seq> {
+        match &self.turn {
+            None => self
+                .cut
+                .as_ref()
+                .map(|c| c.items.clone())
+                .unwrap_or_default(),
+            Some(t) => t.split.as_ref().map(|(c, _)| c.clone()).unwrap_or_default(),
+        }
+    }
+
     /// The header's `front` list: the shortest prefix of the unhandled order after
     /// which the rest ascends (so "front, then the other entries in number order" is
     /// the order). Cached across pushes, which never change it (a push appends the
@@ -496,6 +509,13 @@ impl<I: Clone> Ledger<I> {
     #[cfg(test)]
     pub(crate) fn check(&self) -> Result<(), String> {
         let p = self.placement();
+        if self.interrupted() != p.interrupted {
+            return Err(format!(
+                "interrupted() {:?} differs from the placement's {:?}",
+                self.interrupted(),
+                p.interrupted
+            ));
+        }
         let mut seen: Vec<Seq> = p.interrupted.iter().chain(&p.unhandled).copied().collect();
         if let Some(cut) = self.cut.as_ref().filter(|_| self.turn.is_some()) {
             seen.extend(&cut.items);

@@ -13,7 +13,9 @@
 //! Invariant: after every event the core handles under `sync`, the writes issued so
 //! far, applied in order, make the stored record equal the ledger's placement (a test
 //! checks it after every step). Any failed write breaks the assumption that the store
-//! holds what was written, so the next write replaces the whole record.
+//! holds what was written, so the next write replaces the whole record; and the final
+//! write always replaces it, since it may be issued before the results of earlier
+//! writes are known (one of them may have been refused).
 //!
 //! This file builds writes and settles their waiters; it never moves an item and never
 //! decides the boundary.
@@ -142,7 +144,6 @@ fn answer_late<I>(u: UnsyncedPush<I>, result: Result<bool, StoreError>) {
 impl<A: Agent> Core<A> {
     /// The header for a write with `status` at the current placement.
     pub(super) fn header(&mut self, status: SessionStatus) -> RecordHeader {
-        let placement = self.ledger.placement();
         let turn_index = match (&self.turn, self.ledger.cut()) {
             (Some(t), _) => t.index,
             (None, Some(cut)) => cut.index,
@@ -155,7 +156,7 @@ impl<A: Agent> Core<A> {
             agent_config: self.config.agent_config.clone(),
             status,
             turn_index,
-            cut: placement.interrupted,
+            cut: self.ledger.interrupted(),
             front: self.ledger.header_front(),
             next_seq: self.ledger.next_seq(),
             stop_cause: self.shared.cause(),
@@ -186,15 +187,16 @@ impl<A: Agent> Core<A> {
     }
 
     /// A write of everything the session holds with `status`: incremental under
-    /// `sync` (unless a replacement is due), whole otherwise.
+    /// `sync` (unless a replacement is due, or `whole` asks for one), whole otherwise.
     pub(super) fn record_write(
         &mut self,
         status: SessionStatus,
         state: Option<(u64, Payload)>,
         condition: WriteCondition,
+        whole: bool,
     ) -> RecordWrite {
         let header = self.header(status);
-        let replace = self.durable.rewrite || !self.syncs();
+        let replace = whole || self.durable.rewrite || !self.syncs();
         let items = if replace {
             self.durable.pending.clear();
             self.ledger.all_entries()
@@ -260,7 +262,12 @@ impl<A: Agent> Core<A> {
                 }
             }
         };
-        let write = self.record_write(SessionStatus::Running, state, WriteCondition::NotFinal);
+        let write = self.record_write(
+            SessionStatus::Running,
+            state,
+            WriteCondition::NotFinal,
+            false,
+        );
         fx.push(Effect::Store {
             seq,
             op: StoreOp::Write(Box::new(write)),
@@ -282,6 +289,7 @@ impl<A: Agent> Core<A> {
                 SessionStatus::Running,
                 None,
                 WriteCondition::NotFinal,
+                false,
             )))
         };
         self.durable.stale_write = Some((seq, delete));

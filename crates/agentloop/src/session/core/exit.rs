@@ -180,7 +180,8 @@ impl<A: Agent> Core<A> {
                 }
             },
         };
-        let mut write = self.record_write(status, state, condition);
+        // Whole: earlier writes may still be unanswered, and one may have been refused.
+        let mut write = self.record_write(status, state, condition, true);
         if let SessionStatus::Failed(e) = &write.header.status {
             write.header.last_error = Some(e.clone());
         }

@@ -22,7 +22,7 @@ mod durability;
 mod exit;
 mod intake;
 pub(crate) mod load;
-mod stop;
+pub(crate) mod stop;
 mod turns;
 
 #[cfg(test)]
