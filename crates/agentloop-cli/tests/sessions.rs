@@ -367,3 +367,61 @@ fn sessions_list_and_show() {
     );
     drop(backend);
 }
+
+/// Items and state of a type the CLI does not know are shown as JSON (format 2 is
+/// self-describing, issue 12 item 4).
+#[test]
+fn sessions_show_renders_any_item_type_as_json() {
+    #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "role", rename_all = "snake_case")]
+    enum Chat {
+        User { content: String },
+        Tool { call: String, result: Value },
+    }
+    let tmp = TempDir::new("sessions-json");
+    let dir = tmp.0.join("data");
+    let mut r = SessionRecord::<Chat>::new("chat", "llm", 4);
+    r.status = SessionStatus::Interrupted;
+    r.interrupted_items = vec![Chat::User {
+        content: "weather?".into(),
+    }];
+    r.unhandled_items = vec![Chat::Tool {
+        call: "get_weather".into(),
+        result: serde_json::json!({"t": 14.5, "city": "Paris"}),
+    }];
+    r.state = Some(
+        agentloop::store::codec::encode_state("chat", &serde_json::json!({"step": 2})).unwrap(),
+    );
+    let backend = SledBackend::open(&dir).unwrap();
+    for res in backend.apply(vec![WriteOp::Write(Box::new(
+        r.to_write(WriteCondition::Always).unwrap(),
+    ))]) {
+        res.unwrap();
+    }
+    drop(backend);
+    let d = dir.to_str().unwrap();
+    let show = ok(&agentloop(&["sessions", "show", "chat", "--data-dir", d]));
+    for needle in [
+        r#"[0] {"content":"weather?","role":"user"}"#,
+        r#""result":{"city":"Paris","t":14.5}"#,
+        "agent state:",
+        r#"{"step":2}"#,
+    ] {
+        assert!(
+            show.contains(needle),
+            "show should contain {needle:?}:\n{show}"
+        );
+    }
+    let json: Value = serde_json::from_str(&ok(&agentloop(&[
+        "sessions",
+        "show",
+        "chat",
+        "--data-dir",
+        d,
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(json["unhandled_items"][0]["result"]["city"], "Paris");
+    assert_eq!(json["interrupted_items"][0]["role"], "user");
+    assert_eq!(json["state"]["step"], 2);
+}

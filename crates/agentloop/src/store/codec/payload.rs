@@ -55,11 +55,16 @@ pub struct PayloadError {
 
 impl PayloadError {
     fn hint(&self) -> &'static str {
-        let wide = self.reason.contains("u128") || self.reason.contains("i128");
+        // serde reports a u128 it could not buffer either by name or, inside an
+        // untagged enum, only as "did not match any variant".
+        let wide = self.reason.contains("u128")
+            || self.reason.contains("i128")
+            || self.reason.contains("untagged enum");
         match self.stage {
             _ if wide => {
-                "serde cannot buffer u128/i128 inside untagged, internally tagged or \
-                 flattened types: use a u64/i64 or a string there"
+                "every variant of an untagged enum must read back as itself, and serde cannot \
+                 buffer u128/i128 inside untagged, internally tagged or flattened types: use a \
+                 u64/i64 or a string there"
             }
             PayloadStage::Encode => "fix the type's Serialize implementation",
             PayloadStage::Decode | PayloadStage::RoundTrip => {
