@@ -3,7 +3,7 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1`, `b2`, `b3`, `b4`, `b5` or `all`; `codec` runs the (non-figure) measurement
+//! `b1`, `b2`, `b3`, `b4`, `b5`, `b6` or `all`; `codec` runs the (non-figure) measurement
 //! behind the payload encoding.
 
 use std::process::ExitCode;
@@ -13,12 +13,13 @@ mod b2;
 mod b3;
 mod b4;
 mod b5;
+mod b6;
 mod codec_choice;
 mod report;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5"];
+const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5", "b6"];
 
 fn usage() -> String {
     format!(
@@ -34,6 +35,7 @@ async fn run_figure(id: &str) {
         "b3" => b3::run().await,
         "b4" => b4::run().await,
         "b5" => b5::run().await,
+        "b6" => b6::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }
 }
