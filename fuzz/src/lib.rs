@@ -1,18 +1,25 @@
 //! Shared code of the agentloop fuzz targets (see `docs/fuzzing.md`).
 //!
-//! * [`check_bytes`] is the whole `decode_record` target: it feeds one input to
-//!   `decode_record::<SimItem>` and to `decode_state::<SimState>` and asserts the S15/S32
-//!   properties (errors are `Corrupt` naming the session; whatever decodes re-encodes and
-//!   decodes back to the same value, and the encoding is stable after one round).
-//! * [`seeds`] builds the seed corpus (valid records and states); the `gen_seeds` example
-//!   writes it to `seeds/decode_record/`.
+//! * [`check_bytes`] is the whole `decode_record` target: one input is read as a
+//!   stored record in format 2 (its entries framed as below), as a bare header envelope,
+//!   as a bare item payload (typed, and untyped as JSON) and as a bare agent state, and
+//!   the S15/S15a/S32 properties are asserted: every error is `Corrupt` naming the
+//!   session (or, for a bare payload, a `PayloadError`); whatever decodes encodes again,
+//!   decodes back to the same value, and encodes the same way a second time.
+//! * [`seeds`] builds the seed corpus (valid records, headers, items and states); the
+//!   `gen_seeds` example writes it to `seeds/decode_record/`.
+//!
+//! Framing of a record (the fuzzer mutates it like any bytes): a sequence of entries,
+//! each `kind: u8 | length: u16 LE | bytes`, kind 0 the header envelope, 1 an item entry
+//! whose first 8 bytes are its entry number (big-endian) followed by the item payload,
+//! 2 the state. A frame cut short ends the sequence.
 //!
 //! Keeping the properties here (not in the `fuzz_targets/` file) lets `cargo test` in
 //! this crate replay the seeds and any saved crash input on a stable toolchain.
 
-use agentloop::store::codec::{
-    decode_record, decode_state, encode_record, encode_state, STATE_LIMIT,
-};
+use agentloop::store::codec::{decode_header, decode_state, encode_header, encode_state, payload};
+use agentloop::store::table::{self, header_key, item_key, state_key};
+use agentloop::store::{ItemChange, Payload, StateChange, Stored, WriteCondition};
 use agentloop::{SessionRecord, SessionStatus, StoreError};
 use agentloop_sim::{SimItem, SimState};
 
@@ -34,40 +41,118 @@ fn assert_corrupt(err: &StoreError, what: &str) {
     }
 }
 
-/// The record property: decode; on success re-encode, decode again, compare.
+/// Splits a framed record into its stored entries (keys as the store writes them).
+pub fn unframe(data: &[u8]) -> Vec<(Vec<u8>, Payload)> {
+    let mut out = Vec::new();
+    let mut rest = data;
+    while rest.len() >= 3 {
+        let kind = rest[0];
+        let len = u16::from_le_bytes([rest[1], rest[2]]) as usize;
+        let Some(body) = rest.get(3..3 + len) else {
+            break;
+        };
+        rest = &rest[3 + len..];
+        match kind % 3 {
+            0 => out.push((header_key(SESSION), Payload::from(body))),
+            1 if body.len() >= 8 => {
+                let mut seq = [0u8; 8];
+                seq.copy_from_slice(&body[..8]);
+                out.push((
+                    item_key(SESSION, u64::from_be_bytes(seq)),
+                    Payload::from(&body[8..]),
+                ));
+            }
+            1 => {}
+            _ => out.push((state_key(SESSION), Payload::from(body))),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out.dedup_by(|a, b| a.0 == b.0);
+    out
+}
+
+/// Frames a whole record as the store would write it.
+pub fn frame(rec: &SessionRecord<SimItem>) -> Vec<u8> {
+    let w = rec
+        .to_write(WriteCondition::Always)
+        .expect("a seed record encodes");
+    let mut out = Vec::new();
+    let mut put = |kind: u8, body: &[u8]| {
+        out.push(kind);
+        out.extend_from_slice(&(body.len() as u16).to_le_bytes());
+        out.extend_from_slice(body);
+    };
+    put(0, &encode_header(&w.header).expect("a seed header encodes"));
+    for c in &w.items {
+        if let ItemChange::Put(seq, bytes) = c {
+            let mut body = seq.to_be_bytes().to_vec();
+            body.extend_from_slice(bytes);
+            put(1, &body);
+        }
+    }
+    if let StateChange::Put(bytes) = &w.state {
+        put(2, bytes);
+    }
+    out
+}
+
+/// The record property: assemble and decode the entries; on success the record is
+/// written again (re-numbered, re-encoded), read back equal, and written the same way
+/// twice.
 pub fn check_record(data: &[u8]) {
-    let rec = match decode_record::<SimItem>(SESSION, data) {
-        Ok(rec) => rec,
-        Err(e) => return assert_corrupt(&e, "decode_record"),
+    let assembled = match table::assemble(SESSION, unframe(data)) {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => return assert_corrupt(&e, "assemble"),
     };
-    assert_eq!(
-        rec.session_id, SESSION,
-        "decoded a record of another session"
-    );
-    let again = match encode_record(&rec) {
-        Ok(bytes) => bytes,
-        Err(e) => panic!("a record that decoded does not re-encode: {e}"),
+    let rec = match Stored::Current(assembled).decode::<SimItem>() {
+        Ok(loaded) => loaded.into_record(),
+        Err(e) => return assert_corrupt(&e, "decode"),
     };
-    // Canonical encoding is never longer than any encoding the decoder accepts, so a
-    // record that was readable is always writable again (no S18 dead end).
-    assert!(
-        again.len() <= data.len(),
-        "re-encoding grew the record from {} to {} bytes",
-        data.len(),
-        again.len()
-    );
-    let back = match decode_record::<SimItem>(SESSION, &again) {
-        Ok(back) => back,
-        Err(e) => panic!("a re-encoded record does not decode: {e}"),
+    assert_eq!(rec.session_id, SESSION, "decoded a record of another session");
+    let again = frame(&rec);
+    let back = match table::assemble(SESSION, unframe(&again)) {
+        Ok(Some(r)) => Stored::Current(r)
+            .decode::<SimItem>()
+            .unwrap_or_else(|e| panic!("a re-written record does not decode: {e}"))
+            .into_record(),
+        other => panic!("a re-written record does not assemble: {other:?}"),
     };
     assert_eq!(back, rec, "record round trip changed the record");
-    let third = encode_record(&back).expect("encoded once, encodes again");
-    assert_eq!(third, again, "encoding is not stable after one round trip");
-
+    assert_eq!(frame(&back), again, "writing is not stable after one round trip");
     // The cut turn's state is itself an encoded value (S15): check it the same way.
     if let Some(state) = &rec.state {
         check_state(state);
     }
+}
+
+/// The header property: decode; on success re-encode, decode again, compare.
+pub fn check_header(data: &[u8]) {
+    let h = match decode_header(SESSION, data) {
+        Ok(h) => h,
+        Err(e) => return assert_corrupt(&e, "decode_header"),
+    };
+    let again = encode_header(&h).expect("a header that decoded encodes again");
+    let back = decode_header(SESSION, &again).expect("a re-encoded header decodes");
+    assert_eq!(back, h, "header round trip changed the header");
+    assert_eq!(encode_header(&back).unwrap(), again, "header encoding is not stable");
+}
+
+/// The item property: a payload decodes as a `SimItem` or fails with a
+/// `PayloadError`; any payload reads as JSON or fails the same way; a decoded item
+/// round-trips.
+pub fn check_item(data: &[u8]) {
+    let _ = payload::to_json(data).map(|j| j.to_string());
+    let item: SimItem = match payload::decode(data) {
+        Ok(i) => i,
+        Err(e) => {
+            let _ = e.to_string();
+            return;
+        }
+    };
+    let again = payload::encode_checked(&item).expect("a decoded item is storable");
+    let back: SimItem = payload::decode(&again).expect("a re-encoded item decodes");
+    assert_eq!(back, item, "item round trip changed the item");
 }
 
 /// The state property: decode as the simulated agent's state; on success round-trip.
@@ -80,23 +165,19 @@ pub fn check_state(data: &[u8]) {
         Ok(bytes) => bytes,
         Err(e) => panic!("a state that decoded does not re-encode: {e}"),
     };
-    assert!(
-        again.len() <= data.len(),
-        "re-encoding grew the state from {} to {} bytes",
-        data.len(),
-        again.len()
-    );
-    assert!(again.len() <= STATE_LIMIT);
     let back: SimState = match decode_state(SESSION, &again) {
         Ok(back) => back,
         Err(e) => panic!("a re-encoded state does not decode: {e}"),
     };
     assert_eq!(back, st, "state round trip changed the state");
+    assert_eq!(encode_state(SESSION, &back).unwrap(), again, "state encoding is not stable");
 }
 
-/// One fuzz input: checked as a record envelope and as a bare agent state.
+/// One fuzz input: checked as a framed record, a header, an item and a state.
 pub fn check_bytes(data: &[u8]) {
     check_record(data);
+    check_header(data);
+    check_item(data);
     check_state(data);
 }
 
@@ -173,21 +254,20 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     r.interrupted_items = items(60..61, "bad ");
     recs.push(("failed-last-error", r));
 
-    // Integers at the bincode varint boundaries (250/251, u16, u32, u64) and
+    // Integers at the MessagePack size steps (127/128, 255/256, u16, u32, u64) and
     // multi-byte UTF-8 text.
     let mut r = record(SessionStatus::Running, u64::MAX);
     r.owner = Some("ïnstance-ß-😀".into());
-    r.heartbeat_ms = 250;
-    r.created_at_ms = 251;
+    r.heartbeat_ms = 127;
+    r.created_at_ms = 128;
     r.updated_at_ms = u64::from(u32::MAX) + 1;
     r.version = u64::from(u16::MAX);
     r.unhandled_items = vec![
         SimItem::new(0, ""),
-        SimItem::new(250, "é"),
-        SimItem::new(251, "日本語"),
+        SimItem::new(255, "é"),
+        SimItem::new(256, "日本語"),
         SimItem::new(u64::MAX, "\u{0}\u{7f}"),
     ];
-    r.state = Some(Vec::new());
     r.stop_cause = Some(String::new());
     r.last_error = Some(String::new());
     recs.push(("varint-boundaries-unicode", r));
@@ -199,14 +279,23 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     r.state = Some(encode_state(SESSION, &st).expect("seed state encodes"));
     recs.push(("interrupted-large-state", r));
 
-    let mut out: Vec<(String, Vec<u8>)> = recs
-        .into_iter()
-        .enumerate()
-        .map(|(i, (name, rec))| {
-            let bytes = encode_record(&rec).expect("seed record encodes");
-            (format!("record-{:02}-{name}", i + 1), bytes)
-        })
-        .collect();
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    for (i, (name, rec)) in recs.into_iter().enumerate() {
+        out.push((format!("record-{:02}-{name}", i + 1), frame(&rec)));
+        if i % 3 == 0 {
+            let w = rec.to_write(WriteCondition::Always).expect("seed record encodes");
+            out.push((
+                format!("header-{:02}-{name}", i + 1),
+                encode_header(&w.header).expect("seed header encodes"),
+            ));
+        }
+    }
+    for (name, item) in [
+        ("item-01-plain", SimItem::new(7, "hello")),
+        ("item-02-unicode", SimItem::new(u64::MAX, "日本語 😀")),
+    ] {
+        out.push((name.to_string(), payload::encode_checked(&item).unwrap()));
+    }
     for (name, st) in [
         ("state-01-first-step", sim_state(0, vec![], 0, 0)),
         ("state-02-mid-turn", sim_state(7, vec![1, 2, 300], 4, 16)),
@@ -223,13 +312,20 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
 mod tests {
     use super::*;
 
-    /// Every seed passes the target's properties, and every record seed decodes.
+    /// Every seed passes the target's properties, and decodes as what it is.
     #[test]
     fn seeds_pass_the_properties() {
         for (name, bytes) in seeds() {
             check_bytes(&bytes);
             if name.starts_with("record-") {
-                decode_record::<SimItem>(SESSION, &bytes).expect(&name);
+                let r = table::assemble(SESSION, unframe(&bytes))
+                    .expect(&name)
+                    .expect(&name);
+                Stored::Current(r).decode::<SimItem>().expect(&name);
+            } else if name.starts_with("header-") {
+                decode_header(SESSION, &bytes).expect(&name);
+            } else if name.starts_with("item-") {
+                payload::decode::<SimItem>(&bytes).expect(&name);
             } else {
                 decode_state::<SimState>(SESSION, &bytes).expect(&name);
             }
