@@ -1,10 +1,12 @@
-//! Sessions: the TurnLoop actor and everything one session is made of (DESIGN §2–§6).
+//! Sessions: the TurnLoop actor and everything one session is made of (DESIGN §2–§7).
 //!
-//! One file per concern: `turn_loop` (the actor and its decisions), `turn_task` (the
-//! task that runs agent code), `control` (what a turn shares with its task), `context`
-//! (the agent's `TurnCx`), `stop` (how stop requests combine), `exit` (the exit state),
-//! `messages` (the public message type), `handle` (the typed async handle), `config`,
-//! and `shared` (the state handles read after the actor is gone).
+//! One file per concern: `core/` (every decision, sans-IO: plain handlers over state
+//! and events that return effects), `ledger` (every accepted item's place; the only
+//! code that moves an item), `turn_loop` (the actor: a shell that performs the core's
+//! effects), `turn_task` (the task that runs agent code), `messages` (the public message
+//! type), `handle` (the typed async handle) and `config`. What a turn shares with its
+//! session lives in `crate::turn`, the exit state in `crate::exit`, a push's answers in
+//! `crate::push`, the state handles read after the actor is gone in `crate::shared`.
 
 mod config;
 pub(crate) mod core;
