@@ -311,3 +311,99 @@ async fn s22_attach_by_id_bound_and_observer() {
         1
     );
 }
+
+/// S10 + S23 + S27 under `exit` durability: a background session's record is kept
+/// current as items leave the session (a completed turn, a plan's drop). A session
+/// that then fails during a drain shutdown is not restarted (the runtime is stopping)
+/// and its record is left to the next start (S18, S26): it must list neither the item
+/// a turn delivered nor the one the plan dropped. (Before: it still listed all three,
+/// as the detach wrote them, and the next start would have offered them again.)
+#[tokio::test(start_paused = true)]
+async fn s23_exit_durability_record_follows_items_out_of_the_session() {
+    use agentloop::{Runtime, ShutdownConfig};
+    use agentloop_sim::PlanPolicy;
+
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = Gate::new();
+    let (tx, mut probe) = agentloop_tests::probe();
+    let g = gate.clone();
+    let (rt, _) = Runtime::builder()
+        .store(mem.clone())
+        .flush_logs(None)
+        .shutdown_config(ShutdownConfig {
+            strategy: "drain".into(),
+            grace: Duration::from_secs(60),
+            ..ShutdownConfig::default()
+        })
+        .register_agent("sim", move |_: &[u8]| {
+            Ok(SimAgent::new(steps(2))
+                .with_step_gate(g.clone())
+                .with_probe(tx.clone())
+                .with_plan(PlanPolicy {
+                    drop_prefix: Some("spam".into()),
+                    ..PlanPolicy::default()
+                })
+                // Turn 1 panics at its second step.
+                .with_fault(Some(1), 1, Fault::Panic, true))
+        })
+        .start()
+        .await
+        .unwrap();
+    let sup = rt.supervisor();
+    let h = sup
+        .spawn(
+            SessionSpec::new("bg-exit", "sim")
+                .persistent(true)
+                .durability(Durability::Exit)
+                .restart(RestartPolicy::Permanent)
+                .initial_items(vec![item(1)]),
+        )
+        .await
+        .unwrap();
+    probe.at_step(0, 0).await;
+    sup.push("bg-exit", SimItem::new(2, "spam-2"))
+        .await
+        .unwrap();
+    sup.push("bg-exit", item(3)).await.unwrap();
+    sup.detach("bg-exit").await.unwrap();
+    let rec = mem.get("bg-exit").unwrap();
+    assert_eq!(ids(&rec.interrupted_items), vec![1]);
+    assert_eq!(ids(&rec.unhandled_items), vec![2, 3]);
+
+    let shutdown = rt.shutdown_handle();
+    shutdown.begin();
+    for _ in 0..10_000 {
+        if h.is_stopped() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(h.is_stopped(), "the drain stop reached the session");
+    gate.open_all();
+    let exit = within("the session's end", h.wait()).await;
+    assert!(
+        matches!(&exit.reason, ExitReason::Failed(e) if e.contains("panicked")),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(exit.counters.items_delivered, 1);
+    assert_eq!(exit.counters.items_dropped_by_plan, 1);
+    within("shutdown", rt.shutdown()).await.unwrap();
+
+    let rec = mem.get("bg-exit").unwrap();
+    assert_eq!(
+        rec.status,
+        SessionStatus::Running,
+        "left for the next start"
+    );
+    assert_eq!(
+        ids(&rec.interrupted_items),
+        vec![3],
+        "the failed turn's item"
+    );
+    assert!(
+        rec.unhandled_items.is_empty(),
+        "neither the delivered item 1 nor the dropped item 2: {:?}",
+        ids(&rec.unhandled_items)
+    );
+}

@@ -33,6 +33,7 @@
 //! when a write happens (that is the session core's job).
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::agent::{Plan, PlanInput};
 use crate::store::codec::PayloadError;
@@ -40,6 +41,29 @@ use crate::store::{ItemChange, LoadedRecord, Payload};
 
 /// An accepted item's entry number.
 pub(crate) type Seq = u64;
+
+/// Hashes an entry number as itself: numbers are dense and given by the session (no
+/// one can choose them to collide), so SipHash's protection buys nothing here.
+#[derive(Default)]
+pub(crate) struct SeqHasher(u64);
+
+impl Hasher for SeqHasher {
+    fn finish(&self) -> u64 {
+        // Spread the low bits over the high ones hashbrown uses for its control bytes.
+        self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The held items by entry number.
+type Held_<I> = HashMap<Seq, Held<I>, BuildHasherDefault<SeqHasher>>;
 
 /// An item the session holds: its value and, when the session persists, the bytes its
 /// entry holds.
@@ -49,16 +73,18 @@ pub(crate) struct Held<I> {
     pub(crate) bytes: Option<Payload>,
 }
 
-/// One item of a plan's answer: its entry number, its value as the plan returned it,
-/// and new bytes when the plan changed it (a persistent session's entry is rewritten).
+/// One item of a plan's answer: the offered item it is (its position in the offer), its
+/// value as the plan returned it, and new bytes when the plan changed it (a persistent
+/// session's entry is rewritten).
 #[derive(Clone, Debug)]
 pub(crate) struct Planned<I> {
-    pub(crate) seq: Seq,
+    pub(crate) pos: usize,
     pub(crate) item: I,
     pub(crate) rewritten: Option<Payload>,
 }
 
-/// What a plan did with its offer, by entry number (S5).
+/// What a plan did with its offer, by position in the offer (S5); the ledger knows
+/// which entry each position is.
 #[derive(Clone, Debug)]
 pub(crate) struct PlanSplit<I> {
     /// What the turn consumes, in the plan's order.
@@ -66,7 +92,7 @@ pub(crate) struct PlanSplit<I> {
     /// What goes back to the front, in the plan's order.
     pub(crate) remaining: Vec<Planned<I>>,
     /// Dropped by the plan's decision.
-    pub(crate) dropped: Vec<Seq>,
+    pub(crate) dropped: Vec<usize>,
 }
 
 impl<I> PlanSplit<I> {
@@ -83,11 +109,10 @@ impl<I> PlanSplit<I> {
 
 /// What a turn is offered.
 pub(crate) enum Offer<I> {
-    /// Plan over these items; `seqs` and `bytes` are in the input's order (preempted
-    /// first, then buffered); `bytes` when the session persists.
+    /// Plan over these items; `bytes` (when the session persists) are their stored
+    /// bytes, in the input's order (preempted first, then buffered).
     Plan {
         input: PlanInput<I>,
-        seqs: Vec<Seq>,
         bytes: Option<Vec<Payload>>,
     },
     /// Resume the cut turn with these items (S17); no plan.
@@ -104,7 +129,40 @@ struct TurnItems {
     from_preempted: usize,
     is_resume: bool,
     /// Known once the plan returned (and at once for a resume turn).
-    split: Option<(Vec<Seq>, Vec<Seq>)>,
+    split: Option<Split>,
+}
+
+/// What the plan did with the offer.
+#[derive(Clone, Debug)]
+enum Split {
+    /// It kept the offer's order (the default plan, a plan that takes the first N): it
+    /// consumed `offered[..consumed]` and handed back the `remaining` after them; the
+    /// rest of the offer was dropped. Costs no allocation.
+    InOrder { consumed: usize, remaining: usize },
+    /// Any other answer, by entry number.
+    Listed {
+        consumed: Vec<Seq>,
+        remaining: Vec<Seq>,
+    },
+}
+
+impl TurnItems {
+    /// (consumed, remaining) once the split is known.
+    fn parts(&self) -> Option<(&[Seq], &[Seq])> {
+        match self.split.as_ref()? {
+            Split::InOrder {
+                consumed,
+                remaining,
+            } => Some((
+                &self.offered[..*consumed],
+                &self.offered[*consumed..*consumed + *remaining],
+            )),
+            Split::Listed {
+                consumed,
+                remaining,
+            } => Some((consumed, remaining)),
+        }
+    }
 }
 
 /// The cut turn.
@@ -141,13 +199,15 @@ pub(crate) enum TurnFate {
 pub(crate) struct Ledger<I> {
     /// Entries are stored: moves report entry changes, items keep their bytes.
     persist: bool,
-    held: HashMap<Seq, Held<I>>,
+    held: Held_<I>,
     next_seq: Seq,
     preempted: Vec<Seq>,
     front: VecDeque<Seq>,
     tail: VecDeque<Seq>,
     cut: Option<Cut>,
     turn: Option<Box<TurnItems>>,
+    /// The last turn's box, kept for the next (a turn allocates nothing it can reuse).
+    spare: Option<Box<TurnItems>>,
     /// The header's `front` list, cached until a move other than a push changes it.
     order_cache: Option<Vec<Seq>>,
 }
@@ -157,13 +217,14 @@ impl<I: Clone> Ledger<I> {
     pub(crate) fn new(persist: bool) -> Self {
         Ledger {
             persist,
-            held: HashMap::new(),
+            held: Held_::default(),
             next_seq: 0,
             preempted: Vec::new(),
             front: VecDeque::new(),
             tail: VecDeque::new(),
             cut: None,
             turn: None,
+            spare: None,
             order_cache: None,
         }
     }
@@ -174,7 +235,7 @@ impl<I: Clone> Ledger<I> {
     /// one.
     pub(crate) fn seed(&mut self, record: &mut LoadedRecord<I>) -> Option<u64> {
         let mut top = record.header.next_seq;
-        let mut take = |it: crate::store::LoadedItem<I>, held: &mut HashMap<Seq, Held<I>>| {
+        let mut take = |it: crate::store::LoadedItem<I>, held: &mut Held_<I>| {
             top = top.max(it.seq + 1);
             let seq = it.seq;
             held.insert(
@@ -252,39 +313,55 @@ impl<I: Clone> Ledger<I> {
     /// the preempted items then the buffer (S5, S8). Moves them into the turn.
     pub(crate) fn offer(&mut self, index: u64) -> Offer<I> {
         self.order_cache = None;
+        let mut turn = self.spare.take().unwrap_or_else(|| {
+            Box::new(TurnItems {
+                index,
+                offered: Vec::new(),
+                from_preempted: 0,
+                is_resume: false,
+                split: None,
+            })
+        });
+        turn.index = index;
+        turn.offered.clear();
         if let Some(cut) = self.cut.take() {
             let items = cut.items.iter().map(|s| self.value(*s)).collect();
-            self.turn = Some(Box::new(TurnItems {
-                index,
-                offered: cut.items.clone(),
-                from_preempted: 0,
-                is_resume: true,
-                split: Some((cut.items, Vec::new())),
-            }));
+            turn.split = Some(Split::InOrder {
+                consumed: cut.items.len(),
+                remaining: 0,
+            });
+            turn.offered = cut.items;
+            turn.from_preempted = 0;
+            turn.is_resume = true;
+            self.turn = Some(turn);
             return Offer::Resume { items };
         }
-        let preempted = std::mem::take(&mut self.preempted);
-        let mut buffered: Vec<Seq> = self.front.drain(..).collect();
-        buffered.extend(self.tail.drain(..));
-        let seqs: Vec<Seq> = preempted.iter().chain(&buffered).copied().collect();
+        turn.offered.append(&mut self.preempted);
+        let from_preempted = turn.offered.len();
+        turn.offered.extend(self.front.drain(..));
+        turn.offered.extend(self.tail.drain(..));
+        let seqs = &turn.offered;
         let input = PlanInput {
             turn_index: index,
-            preempted: preempted.iter().map(|s| self.value(*s)).collect(),
-            buffered: buffered.iter().map(|s| self.value(*s)).collect(),
+            preempted: seqs[..from_preempted]
+                .iter()
+                .map(|s| self.value(*s))
+                .collect(),
+            buffered: seqs[from_preempted..]
+                .iter()
+                .map(|s| self.value(*s))
+                .collect(),
         };
         let bytes = self.persist.then(|| {
             seqs.iter()
                 .filter_map(|s| self.held.get(s).and_then(|h| h.bytes.clone()))
                 .collect()
         });
-        self.turn = Some(Box::new(TurnItems {
-            index,
-            offered: seqs.clone(),
-            from_preempted: preempted.len(),
-            is_resume: false,
-            split: None,
-        }));
-        Offer::Plan { input, seqs, bytes }
+        turn.from_preempted = from_preempted;
+        turn.is_resume = false;
+        turn.split = None;
+        self.turn = Some(turn);
+        Offer::Plan { input, bytes }
     }
 
     fn value(&self, seq: Seq) -> I {
@@ -302,38 +379,65 @@ impl<I: Clone> Ledger<I> {
         };
         self.order_cache = None;
         let mut changes = Vec::new();
-        let mut place = |p: Planned<I>, held: &mut HashMap<Seq, Held<I>>| {
-            let entry = held.entry(p.seq).or_insert(Held {
+        // Kept order: consumed at positions 0.., remaining right after them.
+        let in_order = split.consumed.iter().enumerate().all(|(i, p)| p.pos == i)
+            && split
+                .remaining
+                .iter()
+                .enumerate()
+                .all(|(i, p)| p.pos == split.consumed.len() + i);
+        let (n_consumed, n_remaining) = (split.consumed.len(), split.remaining.len());
+        let offered = &turn.offered;
+        let mut place = |p: Planned<I>, held: &mut Held_<I>| {
+            let seq = offered[p.pos];
+            let entry = held.entry(seq).or_insert(Held {
                 item: p.item.clone(),
                 bytes: None,
             });
             entry.item = p.item;
             if let Some(b) = p.rewritten {
                 if self.persist {
-                    changes.push(ItemChange::Put(p.seq, b.clone()));
+                    changes.push(ItemChange::Put(seq, b.clone()));
                 }
                 entry.bytes = Some(b);
             }
-            p.seq
+            seq
         };
-        let consumed: Vec<Seq> = split
-            .consumed
-            .into_iter()
-            .map(|p| place(p, &mut self.held))
-            .collect();
-        let remaining: Vec<Seq> = split
-            .remaining
-            .into_iter()
-            .map(|p| place(p, &mut self.held))
-            .collect();
+        let listed = if in_order {
+            for p in split.consumed.into_iter().chain(split.remaining) {
+                place(p, &mut self.held);
+            }
+            None
+        } else {
+            let consumed: Vec<Seq> = split
+                .consumed
+                .into_iter()
+                .map(|p| place(p, &mut self.held))
+                .collect();
+            let remaining: Vec<Seq> = split
+                .remaining
+                .into_iter()
+                .map(|p| place(p, &mut self.held))
+                .collect();
+            Some((consumed, remaining))
+        };
         let dropped = split.dropped.len() as u64;
-        for seq in split.dropped {
+        for seq in split.dropped.into_iter().map(|pos| offered[pos]) {
             self.held.remove(&seq);
             if self.persist {
                 changes.push(ItemChange::Delete(seq));
             }
         }
-        turn.split = Some((consumed, remaining));
+        turn.split = Some(match listed {
+            None => Split::InOrder {
+                consumed: n_consumed,
+                remaining: n_remaining,
+            },
+            Some((consumed, remaining)) => Split::Listed {
+                consumed,
+                remaining,
+            },
+        });
         (dropped, changes)
     }
 
@@ -341,18 +445,18 @@ impl<I: Clone> Ledger<I> {
     /// remaining items go back to the front. Returns how many items were delivered and
     /// the entries to delete (the delivered ones). The split must be known.
     pub(crate) fn end_turn(&mut self, fate: TurnFate) -> (u64, Vec<ItemChange>) {
-        let Some(turn) = self.turn.take() else {
+        let Some(mut turn) = self.turn.take() else {
             return (0, Vec::new());
         };
         self.order_cache = None;
-        let (consumed, remaining) = turn.split.unwrap_or((Vec::new(), turn.offered));
-        for seq in remaining.into_iter().rev() {
-            self.front.push_front(seq);
+        let (consumed, remaining) = turn.parts().unwrap_or((&[], &turn.offered[..]));
+        for seq in remaining.iter().rev() {
+            self.front.push_front(*seq);
         }
-        match fate {
+        let result = match fate {
             TurnFate::Completed => {
                 let mut changes = Vec::new();
-                for seq in &consumed {
+                for seq in consumed {
                     self.held.remove(seq);
                     if self.persist {
                         changes.push(ItemChange::Delete(*seq));
@@ -361,17 +465,20 @@ impl<I: Clone> Ledger<I> {
                 (consumed.len() as u64, changes)
             }
             TurnFate::Preempted => {
-                self.preempted = consumed;
+                self.preempted = consumed.to_vec();
                 (0, Vec::new())
             }
             TurnFate::Cut => {
                 self.cut = Some(Cut {
                     index: turn.index,
-                    items: consumed,
+                    items: consumed.to_vec(),
                 });
                 (0, Vec::new())
             }
-        }
+        };
+        turn.split = None;
+        self.spare = Some(turn);
+        result
     }
 
     /// The planning turn did not run (S6): a plan that failed, a stop that aborted it,
@@ -391,21 +498,23 @@ impl<I: Clone> Ledger<I> {
             });
             return;
         }
-        match turn.split {
+        let mut turn = turn;
+        match turn.parts() {
             Some((consumed, remaining)) => {
-                for seq in consumed.into_iter().chain(remaining).rev() {
-                    self.front.push_front(seq);
+                for seq in consumed.iter().chain(remaining).rev() {
+                    self.front.push_front(*seq);
                 }
             }
             None => {
-                let mut offered = turn.offered;
-                let rest = offered.split_off(turn.from_preempted);
-                self.preempted = offered;
-                for seq in rest.into_iter().rev() {
-                    self.front.push_front(seq);
+                let (pre, rest) = turn.offered.split_at(turn.from_preempted);
+                self.preempted = pre.to_vec();
+                for seq in rest.iter().rev() {
+                    self.front.push_front(*seq);
                 }
             }
         }
+        turn.split = None;
+        self.spare = Some(turn);
     }
 
     /// Whether items were pushed since the current turn was offered its items.
@@ -420,7 +529,7 @@ impl<I: Clone> Ledger<I> {
 
     /// The running turn's consumed items (a copy, for push strategies, S9).
     pub(crate) fn consumed_values(&self) -> Option<Vec<I>> {
-        let (consumed, _) = self.turn.as_ref()?.split.as_ref()?;
+        let (consumed, _) = self.turn.as_ref()?.parts()?;
         Some(consumed.iter().map(|s| self.value(*s)).collect())
     }
 
@@ -435,10 +544,10 @@ impl<I: Clone> Ledger<I> {
                 }
                 p.unhandled.extend(&self.preempted);
             }
-            Some(t) => match &t.split {
+            Some(t) => match t.parts() {
                 None => p.unhandled.extend(&t.offered),
                 Some((consumed, remaining)) => {
-                    p.interrupted = consumed.clone();
+                    p.interrupted = consumed.to_vec();
                     p.unhandled.extend(remaining);
                 }
             },
@@ -457,7 +566,7 @@ impl<I: Clone> Ledger<I> {
                 .as_ref()
                 .map(|c| c.items.clone())
                 .unwrap_or_default(),
-            Some(t) => t.split.as_ref().map(|(c, _)| c.clone()).unwrap_or_default(),
+            Some(t) => t.parts().map(|(c, _)| c.to_vec()).unwrap_or_default(),
         }
     }
 
@@ -554,103 +663,98 @@ impl<I: Clone> Ledger<I> {
     }
 }
 
-/// Matches a plan's answer to the entries it was offered (S5; the turn task calls this
-/// when the plan returns, off the actor).
+/// Matches a plan's answer to the items it was offered (S5; the turn task calls this
+/// when the plan returns, off the actor), by position in the offer.
 ///
-/// Values are identified by their bytes when the session persists: each returned
-/// value is encoded (checked: a value that would not read back fails the plan) and
-/// takes an offered entry with the same bytes; a value that matches none was changed
-/// by the plan and takes an unmatched entry (in offer order), whose bytes it rewrites;
-/// offered entries left over were dropped. Without a store, entries are only places:
-/// returned values take offered entries in order. Fails when the plan returns more
-/// items than it was offered.
+/// When the session persists, values are identified by their bytes (`bytes`, the
+/// offered items' stored bytes, in offer order): each returned value is encoded
+/// (checked: a value that would not read back fails the plan) and takes an offered
+/// position with the same bytes; a value that matches none was changed by the plan and
+/// takes an unmatched position (in offer order), whose entry it rewrites; positions left
+/// over were dropped. Without a store, positions are only places: returned values take
+/// them in order. Fails when the plan returns more items than it was offered.
 pub(crate) fn split_plan<I>(
-    seqs: &[Seq],
+    offered: usize,
     bytes: Option<&[Payload]>,
     plan: Plan<I>,
     encode: impl Fn(&I) -> Result<Vec<u8>, PayloadError>,
 ) -> Result<PlanSplit<I>, String> {
     let returned = plan.consumed.len() + plan.remaining.len();
-    if returned > seqs.len() {
+    if returned > offered {
         return Err(format!(
-            "plan returned {returned} items but was offered {}; a plan may only consume, hand \
-             back or drop offered items",
-            seqs.len()
+            "plan returned {returned} items but was offered {offered}; a plan may only \
+             consume, hand back or drop offered items"
         ));
     }
+    let Some(bytes) = bytes else {
+        let n = plan.consumed.len();
+        let place = |(i, item)| Planned {
+            pos: i,
+            item,
+            rewritten: None,
+        };
+        let consumed = plan.consumed.into_iter().enumerate().map(place).collect();
+        let remaining = plan
+            .remaining
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| place((n + i, item)))
+            .collect();
+        return Ok(PlanSplit {
+            consumed,
+            remaining,
+            dropped: (returned..offered).collect(),
+        });
+    };
+    let mut by_bytes: HashMap<&[u8], VecDeque<usize>> = HashMap::new();
+    for (i, b) in bytes.iter().enumerate() {
+        by_bytes.entry(b.as_ref()).or_default().push_back(i);
+    }
+    let mut taken = vec![false; offered];
     let n_consumed = plan.consumed.len();
-    let all: Vec<I> = plan.consumed.into_iter().chain(plan.remaining).collect();
-    let mut planned: Vec<Planned<I>> = Vec::with_capacity(all.len());
-    let mut taken = vec![false; seqs.len()];
-    match bytes {
-        None => {
-            for (i, item) in all.into_iter().enumerate() {
+    let mut changed: Vec<(usize, I, Vec<u8>)> = Vec::new();
+    let mut slots: Vec<Option<Planned<I>>> = Vec::with_capacity(returned);
+    for (slot, item) in plan.consumed.into_iter().chain(plan.remaining).enumerate() {
+        let encoded = encode(&item)
+            .map_err(|e| format!("the plan returned an item that cannot be stored: {e}"))?;
+        match by_bytes
+            .get_mut(encoded.as_slice())
+            .and_then(|q| q.pop_front())
+        {
+            Some(i) => {
                 taken[i] = true;
-                planned.push(Planned {
-                    seq: seqs[i],
+                slots.push(Some(Planned {
+                    pos: i,
                     item,
                     rewritten: None,
-                });
+                }));
             }
-        }
-        Some(bytes) => {
-            let mut by_bytes: HashMap<&[u8], VecDeque<usize>> = HashMap::new();
-            for (i, b) in bytes.iter().enumerate() {
-                by_bytes.entry(b.as_ref()).or_default().push_back(i);
+            None => {
+                changed.push((slot, item, encoded));
+                slots.push(None);
             }
-            let mut changed: Vec<(usize, I, Vec<u8>)> = Vec::new();
-            let mut slots: Vec<Option<Planned<I>>> = Vec::with_capacity(all.len());
-            for (pos, item) in all.into_iter().enumerate() {
-                let encoded = encode(&item)
-                    .map_err(|e| format!("the plan returned an item that cannot be stored: {e}"))?;
-                match by_bytes
-                    .get_mut(encoded.as_slice())
-                    .and_then(|q| q.pop_front())
-                {
-                    Some(i) => {
-                        taken[i] = true;
-                        slots.push(Some(Planned {
-                            seq: seqs[i],
-                            item,
-                            rewritten: None,
-                        }));
-                    }
-                    None => {
-                        changed.push((pos, item, encoded));
-                        slots.push(None);
-                    }
-                }
-            }
-            // Changed values take the entries left over, in offer order.
-            let mut free = (0..seqs.len())
-                .filter(|i| !taken[*i])
-                .collect::<VecDeque<_>>();
-            for (pos, item, encoded) in changed {
-                // There are at least as many offered entries as returned values.
-                let Some(i) = free.pop_front() else {
-                    return Err("the plan's answer could not be matched to its offer".into());
-                };
-                taken[i] = true;
-                slots[pos] = Some(Planned {
-                    seq: seqs[i],
-                    item,
-                    rewritten: Some(encoded.into()),
-                });
-            }
-            planned.extend(slots.into_iter().flatten());
         }
     }
-    let dropped = seqs
-        .iter()
-        .zip(&taken)
-        .filter(|(_, t)| !**t)
-        .map(|(s, _)| *s)
-        .collect();
+    // Changed values take the positions left over, in offer order.
+    let mut free = (0..offered).filter(|i| !taken[*i]).collect::<VecDeque<_>>();
+    for (slot, item, encoded) in changed {
+        // There are at least as many offered positions as returned values.
+        let Some(i) = free.pop_front() else {
+            return Err("the plan's answer could not be matched to its offer".into());
+        };
+        taken[i] = true;
+        slots[slot] = Some(Planned {
+            pos: i,
+            item,
+            rewritten: Some(encoded.into()),
+        });
+    }
+    let mut planned: Vec<Planned<I>> = slots.into_iter().flatten().collect();
     let remaining = planned.split_off(n_consumed);
     Ok(PlanSplit {
         consumed: planned,
         remaining,
-        dropped,
+        dropped: (0..offered).filter(|i| !taken[*i]).collect(),
     })
 }
 
@@ -683,10 +787,10 @@ mod tests {
     }
 
     fn plan(l: &mut Ledger<String>, index: u64, f: impl Fn(PlanInput<String>) -> Plan<String>) {
-        let Offer::Plan { input, seqs, bytes } = l.offer(index) else {
+        let Offer::Plan { input, bytes } = l.offer(index) else {
             panic!("expected a plan offer");
         };
-        let split = split_plan(&seqs, bytes.as_deref(), f(input), enc).unwrap();
+        let split = split_plan(input.len(), bytes.as_deref(), f(input), enc).unwrap();
         l.decide(split);
         l.check().unwrap();
     }
@@ -713,22 +817,22 @@ mod tests {
         let mut l = persistent();
         push(&mut l, "a");
         push(&mut l, "b");
-        let Offer::Plan { seqs, .. } = l.offer(0) else {
+        let Offer::Plan { input, .. } = l.offer(0) else {
             panic!()
         };
-        assert_eq!(seqs, vec![0, 1]);
+        assert_eq!(input.buffered, vec!["a".to_string(), "b".to_string()]);
         // Planning: everything offered is still unhandled (a crash re-plans it).
         assert_eq!(place(&l), (vec![], vec![0, 1]));
         push(&mut l, "c"); // arrives while planning
         assert_eq!(place(&l), (vec![], vec![0, 1, 2]));
         let split = PlanSplit {
             consumed: vec![Planned {
-                seq: 0,
+                pos: 0,
                 item: "a".into(),
                 rewritten: None,
             }],
             remaining: vec![Planned {
-                seq: 1,
+                pos: 1,
                 item: "b".into(),
                 rewritten: None,
             }],
@@ -790,15 +894,16 @@ mod tests {
         for v in ["keep", "spam", "edit"] {
             push(&mut l, v);
         }
-        let Offer::Plan { input, seqs, bytes } = l.offer(0) else {
+        let Offer::Plan { input, bytes } = l.offer(0) else {
             panic!()
         };
+        let offered = input.len();
         let items = input.into_items();
         let p = Plan {
             consumed: vec![items[0].clone(), "edited".to_string()],
             remaining: vec![],
         };
-        let split = split_plan(&seqs, bytes.as_deref(), p, enc).unwrap();
+        let split = split_plan(offered, bytes.as_deref(), p, enc).unwrap();
         // The changed value cannot be told apart from the one it replaced: it takes the
         // first entry left over in offer order (1), whose bytes it rewrites, and the
         // entry still left over (2) is the one dropped. Values and counts are exact.
@@ -918,12 +1023,12 @@ mod tests {
         let (_, ch) = l.accept("a".into(), None);
         assert!(ch.is_empty());
         l.accept("b".into(), None);
-        let Offer::Plan { input, seqs, bytes } = l.offer(0) else {
+        let Offer::Plan { input, bytes } = l.offer(0) else {
             panic!()
         };
         assert!(bytes.is_none());
         let split = split_plan(
-            &seqs,
+            input.len(),
             None,
             Plan {
                 consumed: vec![input.buffered[1].clone()],
@@ -941,7 +1046,7 @@ mod tests {
     #[test]
     fn a_plan_returning_too_much_or_unstorable_fails() {
         let e = split_plan(
-            &[0],
+            1,
             None,
             Plan {
                 consumed: vec![1, 2],
@@ -952,7 +1057,7 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("offered 1"), "{e}");
         let e = split_plan(
-            &[0],
+            1,
             Some(&[Payload::from(vec![0u8])]),
             Plan {
                 consumed: vec![5u32],

@@ -72,6 +72,8 @@ pub struct LoopState<A: Agent> {
     final_exit: Option<Box<ExitState<A::Item>>>,
     /// The exit state is published.
     published: bool,
+    /// The effects of the event being handled (its capacity is kept between events).
+    effects: Vec<Effect<A>>,
     /// Session-end hooks (S21) and the bound on each.
     end_hooks: Vec<crate::session::EndHook>,
     hook_timeout: std::time::Duration,
@@ -122,7 +124,8 @@ impl<A: Agent> Actor for TurnLoop<A> {
     ) -> Result<Self::State, ActorProcessingErr> {
         let span =
             tracing::info_span!("session", id = %args.config.id, kind = %args.config.agent_kind);
-        let core_config = CoreConfig::from_session(&args.config, args.store.is_some());
+        let mut config = args.config;
+        let core_config = CoreConfig::from_session(&mut config, args.store.is_some());
         let mut core = Core::new(core_config, args.shared);
         if core.syncs() {
             let me = myself.clone();
@@ -131,9 +134,9 @@ impl<A: Agent> Actor for TurnLoop<A> {
                 let _ = me.send_message(internal::<A>(InternalMsg::TurnProgress { turn }));
             }));
         }
-        if core.persists() && args.config.load_record {
+        if core.persists() && config.load_record {
             if let Some(store) = &args.store {
-                load(&mut core, &**store, &args.config, args.preloaded)
+                load(&mut core, &**store, &config, args.preloaded)
                     .instrument(span.clone())
                     .await;
             }
@@ -147,8 +150,9 @@ impl<A: Agent> Actor for TurnLoop<A> {
             turn_task: None,
             final_exit: None,
             published: false,
-            end_hooks: args.config.end_hooks,
-            hook_timeout: args.config.hook_timeout,
+            effects: Vec::new(),
+            end_hooks: config.end_hooks,
+            hook_timeout: config.hook_timeout,
             span,
         })
     }
@@ -179,6 +183,8 @@ impl<A: Agent> Actor for TurnLoop<A> {
 }
 
 /// Reads the record (or takes the one the spawner read) and seeds the core (S17).
+/// `config` is what is left of the session's configuration once the core took its
+/// part (owner and lease timeout are read here).
 /// Errors are kept in the core, which ends the session without touching the record
 /// (S18).
 async fn load<A: Agent>(
@@ -187,7 +193,8 @@ async fn load<A: Agent>(
     config: &SessionConfig,
     preloaded: Option<LoadedRecord<A::Item>>,
 ) {
-    let id = config.id.clone();
+    // (The id moved into the core's configuration.)
+    let id = core.config.id.clone();
     let loaded = match preloaded.filter(|r| r.header.session_id == id) {
         Some(r) => Ok(Some(r)),
         None => match store.load_stored(&id).await {
@@ -345,10 +352,12 @@ async fn handle_msg<A: Agent>(
 
 /// Feeds one event to the core and performs its effects.
 async fn step<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>, event: Event<A>) {
-    let effects = state.core.handle(event, Instant::now());
-    for effect in effects {
+    let mut effects = std::mem::take(&mut state.effects);
+    state.core.handle(event, Instant::now(), &mut effects);
+    for effect in effects.drain(..) {
         perform(myself, state, effect).await;
     }
+    state.effects = effects;
 }
 
 async fn perform<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>, effect: Effect<A>) {

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::agent::{Agent, PlanInput, Turn};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::exit::FailureKind;
-use crate::session::ledger::{self, Seq};
+use crate::session::ledger;
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
 use crate::store::{codec, Payload};
 use crate::turn::control::{RunEnd, TurnControl};
@@ -26,11 +26,10 @@ use crate::turn::TurnCx;
 
 /// What the turn works on.
 pub(crate) enum TurnWork<A: Agent> {
-    /// A normal turn: plan over these items first. `seqs` (and `bytes`, when the
-    /// session persists) are the offered items' entries, in the input's order.
+    /// A normal turn: plan over these items first. `bytes` (when the session
+    /// persists) are the offered items' stored bytes, in the input's order.
     Plan {
         input: PlanInput<A::Item>,
-        seqs: Vec<Seq>,
         bytes: Option<Vec<Payload>>,
     },
     /// A resume turn (S17): no plan; these items and this state.
@@ -111,8 +110,9 @@ impl<A: Agent> TurnTask<A> {
             let gate = subscribers.order_gate().await;
             let planned = match work {
                 TurnWork::Resume { items, state } => Ok(Planned::<A>::Resume { items, state }),
-                TurnWork::Plan { input, seqs, bytes } => {
+                TurnWork::Plan { input, bytes } => {
                     let had_preempted = !input.preempted.is_empty();
+                    let offered = input.len();
                     match AssertUnwindSafe(async { agent.plan(input).await })
                         .catch_unwind()
                         .await
@@ -125,7 +125,7 @@ impl<A: Agent> TurnTask<A> {
                         // Which offered entry each returned item is (checked, when the
                         // session persists: an item that cannot be stored fails the plan).
                         Ok(Ok(plan)) => ledger::split_plan(
-                            &seqs,
+                            offered,
                             bytes.as_deref(),
                             plan,
                             codec::encode_item::<A::Item>,

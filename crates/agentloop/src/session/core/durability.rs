@@ -7,8 +7,9 @@
 //! items, the out-of-order front, the next entry number), which the ledger keeps small.
 //! A push is answered only after the write holding it is flushed (S16a), a detach after
 //! its record is. Under `exit` nothing is written until the exit, except a detach's
-//! record and, once a turn completed after a record was loaded, that stale record's
-//! replacement (S17).
+//! record and, once items left the session (a completed turn, a plan's drop) after a
+//! record was loaded or written by a detach, that stale record's replacement (S17,
+//! S10).
 //!
 //! Invariant: after every event the core handles under `sync`, the writes issued so
 //! far, applied in order, make the stored record equal the ledger's placement (a test
@@ -59,9 +60,12 @@ pub(crate) struct Durable<A: Agent> {
     /// The next write replaces the whole record (a write failed, or the record was
     /// read in format 1).
     pub(crate) rewrite: bool,
-    /// `exit`: a record was loaded and turns have completed since; it is replaced after
-    /// each completed turn until that succeeds (S17).
+    /// `exit`: a record of this session exists (it was loaded, or a detach wrote it);
+    /// it is replaced whenever items leave the session (a completed turn, a plan's
+    /// drop) until it is deleted or final (S17, S10).
     pub(crate) record_stale: bool,
+    /// `exit`: the plan of the turn being settled dropped items the record still lists.
+    pub(crate) dropped_since_write: bool,
     /// The stale record's replacement in flight: its number, and whether it deletes.
     stale_write: Option<(u64, bool)>,
     /// A write was fenced: another owner claimed the session (S37).
@@ -81,6 +85,7 @@ impl<A: Agent> Durable<A> {
             stored_state: None,
             rewrite: false,
             record_stale: false,
+            dropped_since_write: false,
             stale_write: None,
             fenced: false,
             created_at_ms: now_ms(),
@@ -275,13 +280,17 @@ impl<A: Agent> Core<A> {
         seq
     }
 
-    /// `exit` durability, once a turn completed after a record was loaded (S17): the
+    /// `exit` durability, once items left the session after its record was loaded or
+    /// written by a detach (a turn completed, S17, or a plan dropped some, S10): the
     /// record is replaced with what the session still holds, or deleted when nothing
     /// is left, so the same state is never resumed twice and a later failure (which
-    /// leaves the record alone, S18) cannot replay delivered items.
+    /// leaves the record alone, S18) cannot replay delivered or dropped items.
     pub(super) fn replace_stale(&mut self, fx: &mut Effects<A>) {
+        self.durable.dropped_since_write = false;
         let seq = self.durable.next();
-        let delete = self.ledger.is_empty();
+        // A background session's record stays until it is finalized (S23): a cancel by
+        // id (S24) and its finalizer need it.
+        let delete = self.ledger.is_empty() && !self.detached;
         let op = if delete {
             StoreOp::Delete
         } else {

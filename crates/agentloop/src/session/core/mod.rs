@@ -204,11 +204,12 @@ pub(crate) struct CoreConfig {
 }
 
 impl CoreConfig {
-    pub(crate) fn from_session(config: &SessionConfig, has_store: bool) -> Self {
+    /// The core's part of a session's configuration (moved out of it, not copied).
+    pub(crate) fn from_session(config: &mut SessionConfig, has_store: bool) -> Self {
         CoreConfig {
-            id: config.id.clone(),
-            agent_kind: config.agent_kind.clone(),
-            agent_config: config.agent_config.clone(),
+            id: std::mem::take(&mut config.id),
+            agent_kind: std::mem::take(&mut config.agent_kind),
+            agent_config: std::mem::take(&mut config.agent_config),
             persist: config.persist && has_store,
             durability: config.durability,
             owner: config.owner.clone(),
@@ -294,39 +295,38 @@ impl<A: Agent> Core<A> {
         self.persists() && self.config.durability == Durability::Sync
     }
 
-    /// Handles one event and returns the effects to perform, in order. Follow-up
-    /// events a handler queues are handled before returning; after each, the boundary
-    /// is decided ([`Core::advance`]).
-    pub(crate) fn handle(&mut self, event: Event<A>, now: Instant) -> Effects<A> {
-        let mut fx = Vec::new();
-        let mut queue = VecDeque::from([event]);
-        while let Some(event) = queue.pop_front() {
+    /// Handles one event and appends the effects to perform to `fx`, in order.
+    /// Follow-up events a handler queues are handled before returning; after each, the
+    /// boundary is decided ([`Core::advance`]). (The caller owns `fx` so its capacity
+    /// is reused from one event to the next.)
+    pub(crate) fn handle(&mut self, event: Event<A>, now: Instant, fx: &mut Effects<A>) {
+        // Follow-ups are rare: the queue allocates only when one is queued.
+        let mut queue = VecDeque::new();
+        let mut next = Some(event);
+        while let Some(event) = next.take().or_else(|| queue.pop_front()) {
             match event {
                 Event::Start => self.on_start(),
                 Event::Push {
                     item,
                     options,
                     reply,
-                } => self.on_push(item, options, reply, now, &mut fx),
-                Event::Stop { options, reply } => self.on_stop(options, reply, now, &mut fx),
-                Event::Detach { reply } => self.on_detach(reply, &mut fx),
-                Event::TurnFinished { turn } => self.on_turn_finished(turn, &mut fx),
-                Event::TurnProgress { turn } => self.on_turn_progress(turn, &mut fx),
+                } => self.on_push(item, options, reply, now, fx),
+                Event::Stop { options, reply } => self.on_stop(options, reply, now, fx),
+                Event::Detach { reply } => self.on_detach(reply, fx),
+                Event::TurnFinished { turn } => self.on_turn_finished(turn, fx),
+                Event::TurnProgress { turn } => self.on_turn_progress(turn, fx),
                 Event::PreemptDue {
                     turn,
                     preempt,
                     reply,
                 } => self.on_preempt_due(turn, preempt, reply, now),
                 Event::IdleDue { epoch } => self.on_idle_due(epoch),
-                Event::Written { seq, result } => {
-                    self.on_written(seq, result, now, &mut fx, &mut queue)
-                }
-                Event::PollDue => self.on_poll_due(&mut fx),
-                Event::Polled { status } => self.on_polled(status, &mut fx, &mut queue),
+                Event::Written { seq, result } => self.on_written(seq, result, now, fx, &mut queue),
+                Event::PollDue => self.on_poll_due(fx),
+                Event::Polled { status } => self.on_polled(status, fx, &mut queue),
             }
-            self.advance(now, &mut fx);
+            self.advance(now, fx);
         }
-        fx
     }
 
     /// A snapshot of the session (S25 inspect).

@@ -174,6 +174,10 @@ impl<A: Agent> Core<A> {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         // Issued before the drain commits, so it lists everything accepted so far.
         let seq = self.write_live(fx);
+        // Under `exit` a record now exists: it is kept current as items leave the
+        // session (delivered, dropped), so a failure that leaves it to the supervisor or
+        // the next start (S18, S26) never replays them (S10).
+        self.durable.record_stale = true;
         self.durable.answer_detach_after(seq, reply);
         if let StopEffect::Commit { newly: true, .. } = self.stop.apply(&StopOptions::drain()) {
             self.shared.fire_stopped();

@@ -194,7 +194,9 @@ impl Harness {
     fn event(&mut self, event: Event<Scripted>) {
         let mut queue = VecDeque::from([event]);
         while let Some(ev) = queue.pop_front() {
-            for fx in self.core.handle(ev, self.now) {
+            let mut effects = Vec::new();
+            self.core.handle(ev, self.now, &mut effects);
+            for fx in effects {
                 self.perform(fx, &mut queue);
             }
             for turn in std::mem::take(&mut *self.progress.lock()) {
@@ -476,9 +478,10 @@ impl Harness {
         else {
             return;
         };
-        let Some(TurnWork::Plan { input, seqs, bytes }) = t.work.take() else {
+        let Some(TurnWork::Plan { input, bytes }) = t.work.take() else {
             return;
         };
+        let offered = input.len();
         let mut items = input.into_items();
         if reverse {
             items.reverse();
@@ -489,7 +492,7 @@ impl Harness {
         let remaining: Vec<u64> = items[k..k + r].to_vec();
         t.dropped = items[k + r..].to_vec();
         let split = split_plan(
-            &seqs,
+            offered,
             bytes.as_deref(),
             Plan {
                 consumed: consumed.clone(),
@@ -647,13 +650,15 @@ fn a_sync_push_writes_one_entry_whatever_waits() {
         h.push(false);
     }
     let before = h.results.len();
-    let mut fx = h.core.handle(
+    let mut fx = Vec::new();
+    h.core.handle(
         Event::Push {
             item: 9999,
             options: PushOptions::new(),
             reply: None,
         },
         Instant::now(),
+        &mut fx,
     );
     assert_eq!(fx.len(), 1, "one store operation");
     match fx.pop() {
@@ -702,15 +707,17 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
         },
         shared,
     );
-    core.handle(Event::Start, Instant::now());
+    core.handle(Event::Start, Instant::now(), &mut Vec::new());
     let (tx, mut rx) = oneshot::channel();
-    let fx = core.handle(
+    let mut fx = Vec::new();
+    core.handle(
         Event::Push {
             item: WideItem::Big { n: 1 },
             options: PushOptions::new(),
             reply: Some(ractor::RpcReplyPort::from(tx)),
         },
         Instant::now(),
+        &mut fx,
     );
     assert!(
         fx.iter()

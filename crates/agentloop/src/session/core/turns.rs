@@ -94,9 +94,7 @@ impl<A: Agent> Core<A> {
                 let state = seed.as_ref().map(|s| s.value.clone());
                 (TurnWork::Resume { items, state }, true, seed)
             }
-            Offer::Plan { input, seqs, bytes } => {
-                (TurnWork::Plan { input, seqs, bytes }, false, None)
-            }
+            Offer::Plan { input, bytes } => (TurnWork::Plan { input, bytes }, false, None),
         };
         let hooks = if self.syncs() {
             TurnHooks {
@@ -133,6 +131,9 @@ impl<A: Agent> Core<A> {
         if dropped > 0 {
             self.counters.items_dropped_by_plan += dropped;
             tracing::info!(dropped, "items dropped by the plan's decision");
+            if !self.syncs() && self.durable.record_stale {
+                self.durable.dropped_since_write = true;
+            }
         }
         self.durable.absorb(changes);
     }
@@ -240,7 +241,14 @@ impl<A: Agent> Core<A> {
         let exiting = self.exit.is_some() || (self.stop.committed && !self.stop.drain);
         if self.syncs() && !exiting {
             self.write_live(fx);
-        } else if completed && self.persists() && !self.syncs() && self.durable.record_stale {
+        } else if (completed || self.durable.dropped_since_write)
+            && self.persists()
+            && !self.syncs()
+            && self.durable.record_stale
+        {
+            // Also when the turn failed: the failure leaves the record to the
+            // supervisor or the next start (S18, S26), which must not offer the
+            // dropped items again (S10).
             self.replace_stale(fx);
         }
     }
