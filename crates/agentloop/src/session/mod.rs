@@ -2,17 +2,21 @@
 //!
 //! One file per concern: `core/` (every decision, sans-IO: plain handlers over state
 //! and events that return effects), `ledger` (every accepted item's place; the only
-//! code that moves an item), `turn_loop` (the actor: a shell that performs the core's
-//! effects), `turn_task` (the task that runs agent code), `messages` (the public message
-//! type), `handle` (the typed async handle) and `config`. What a turn shares with its
+//! code that moves an item), the actor shell around the core (`turn_loop`: the dispatch;
+//! `effects`: performing what the core returns; `load`: reading the record at start;
+//! `teardown`: the exit), `turn_task` (the task that runs agent code), `messages` (the
+//! public message type), `handle` (the typed async handle) and `config`. What a turn shares with its
 //! session lives in `crate::turn`, the exit state in `crate::exit`, a push's answers in
 //! `crate::push`, the state handles read after the actor is gone in `crate::shared`.
 
 mod config;
 pub(crate) mod core;
+mod effects;
 mod handle;
 pub(crate) mod ledger;
+mod load;
 pub(crate) mod messages;
+mod teardown;
 mod turn_loop;
 mod turn_task;
 

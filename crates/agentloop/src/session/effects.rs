@@ -1,0 +1,169 @@
+//! Performing the core's effects (DESIGN S16a, S20, S24): store operations issued in
+//! the order the core asked (the order the store applies them) with their results fed
+//! back as events, turn tasks spawned, timers, polls of the record, answers to callers
+//! and the `StopRequested` event.
+//!
+//! It decides nothing (every decision is in `core/`) and never blocks the actor: store
+//! operations and timers run in their own tasks and report by message. The exit effect
+//! is handed to `teardown`.
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use crate::agent::Agent;
+use crate::events::SessionEvent;
+use crate::session::core::{Effect, StoreOp, Timed};
+use crate::session::messages::InternalMsg;
+use crate::session::teardown::teardown;
+use crate::session::turn_loop::{internal, LoopState, Myself};
+use crate::session::turn_task::{TurnTask, TurnWork};
+use crate::store::StoreError;
+use crate::turn::control::TurnControl;
+use crate::turn::TurnCx;
+
+/// Performs one effect.
+pub(super) async fn perform<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    effect: Effect<A>,
+) {
+    match effect {
+        Effect::Store { seq, op } => {
+            let Some(store) = state.store.clone() else {
+                return;
+            };
+            // Issued here, now: the store orders writes by call time.
+            let fut = match op {
+                StoreOp::Write(w) => {
+                    let f = store.write(*w);
+                    Box::pin(async move { f.await.map(|()| true) })
+                        as futures::future::BoxFuture<'static, Result<bool, StoreError>>
+                }
+                StoreOp::Delete => store.delete(&state.core.config.id),
+            };
+            let me = myself.clone();
+            let task = tokio::spawn(async move {
+                let result = fut.await;
+                let _ = me.send_message(internal::<A>(InternalMsg::Written {
+                    seq,
+                    result: result.clone(),
+                }));
+                result
+            });
+            state.writes.push_back((seq, task));
+        }
+        Effect::StartTurn {
+            index,
+            work,
+            control,
+        } => start_turn(myself, state, index, work, control),
+        Effect::AnswerPush { reply, result } => {
+            let _ = reply.send(result);
+        }
+        Effect::AnswerStop { reply, result } => {
+            let _ = reply.send(result);
+        }
+        Effect::AnswerDetach { reply, result } => {
+            let _ = reply.send(result);
+        }
+        Effect::Timer { after, event } => {
+            let msg = match event {
+                Timed::PreemptDue {
+                    turn,
+                    preempt,
+                    reply,
+                } => InternalMsg::PreemptDue {
+                    turn,
+                    preempt,
+                    reply,
+                },
+                Timed::IdleDue { epoch } => InternalMsg::IdleDue { epoch },
+                Timed::PollDue => InternalMsg::PollDue,
+            };
+            let me = myself.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                // The session may have exited meanwhile; then the timer has nothing to do.
+                let _ = me.send_message(internal::<A>(msg));
+            });
+        }
+        Effect::Poll => {
+            let Some(store) = state.store.clone() else {
+                return;
+            };
+            let id = state.core.config.id.clone();
+            let me = myself.clone();
+            tokio::spawn(async move {
+                let status = match store.load_stored(&id).await {
+                    Ok(Some(s)) => Some(s.status().clone()),
+                    _ => None,
+                };
+                let _ = me.send_message(internal::<A>(InternalMsg::Polled { status }));
+            });
+        }
+        Effect::StopRequested { cancel, cause } => {
+            let skipped = state
+                .subscribers
+                .try_send(SessionEvent::StopRequested { cancel, cause });
+            if skipped > 0 {
+                tracing::debug!(
+                    skipped,
+                    "StopRequested skipped for subscribers with a full buffer"
+                );
+            }
+        }
+        Effect::Exit(plan) => teardown(myself, state, *plan).await,
+    }
+}
+
+fn start_turn<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    index: u64,
+    work: TurnWork<A>,
+    control: Arc<TurnControl<A::Item, A::State>>,
+) {
+    let is_resume = matches!(work, TurnWork::Resume { .. });
+    let cx = TurnCx::<A> {
+        turn: index,
+        session: state.core.shared.clone(),
+        control: control.clone(),
+        subscribers: state.subscribers.clone(),
+        stopped: state.core.shared.stopped_signal(),
+    };
+    let task = TurnTask {
+        agent: state.agent.clone(),
+        control: control.clone(),
+        cx,
+        subscribers: state.subscribers.clone(),
+        myself: myself.clone(),
+        work,
+    };
+    let span = tracing::info_span!(parent: &state.span, "turn", index, resume = is_resume);
+    // The task always reports: a panic that escapes the agent's guarded futures (e.g.
+    // in a future's destructor) is recorded as the turn's failure, so the session never
+    // waits for a turn that is gone. Boxed: the future is large, and spawning it by
+    // value copies it around.
+    let guarded = {
+        let myself = myself.clone();
+        async move {
+            use futures::FutureExt;
+            if let Err(p) = std::panic::AssertUnwindSafe(task.run())
+                .catch_unwind()
+                .await
+            {
+                let msg = p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                control.abandon(format!("turn task panicked: {msg}"));
+                let _ =
+                    myself.send_message(internal::<A>(InternalMsg::TurnFinished { turn: index }));
+            }
+        }
+    };
+    let handle = tokio::spawn(Box::pin(guarded.instrument(span)));
+    state.turn_task = Some(handle.abort_handle());
+}

@@ -1,0 +1,125 @@
+//! Loading a session's record at start (DESIGN S17, S18, S19): read it (or take the
+//! one the spawner already read), judge whether it may be resumed (its owner's lease),
+//! settle a finished record (delete it, or reopen a `Completed` one that still lists
+//! items), decode the cut turn's state, and seed the core.
+//!
+//! It owns only this I/O; the judgements are the core's (`core::load`). Any error is
+//! kept in the core, which then ends the session without touching the record (S18).
+//! It never writes a record, except the delete or reopen of a finished one.
+
+use crate::agent::Agent;
+use crate::session::core::load::{check_resumable, finished, Finished};
+use crate::session::core::Core;
+use crate::session::SessionConfig;
+use crate::store::{
+    codec, now_ms, CasOutcome, CheckpointStore, LoadedRecord, Payload, SessionStatus, StatusKind,
+    StoreError,
+};
+
+/// Reads the record (or takes the one the spawner read) and seeds the core (S17).
+/// `config` is what is left of the session's configuration once the core took its
+/// part (owner and lease timeout are read here).
+/// Errors are kept in the core, which ends the session without touching the record
+/// (S18).
+pub(super) async fn load<A: Agent>(
+    core: &mut Core<A>,
+    store: &dyn CheckpointStore<A::Item>,
+    config: &SessionConfig,
+    preloaded: Option<LoadedRecord<A::Item>>,
+) {
+    // (The id moved into the core's configuration.)
+    let id = core.config.id.clone();
+    let loaded = match preloaded.filter(|r| r.header.session_id == id) {
+        Some(r) => Ok(Some(r)),
+        None => match store.load_stored(&id).await {
+            Ok(Some(s)) => s.decode::<A::Item>().map(Some),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
+        },
+    };
+    let loaded = match loaded {
+        Ok(Some(r)) => r,
+        Ok(None) => return,
+        Err(e) => {
+            core.load_error = Some(Box::new(e));
+            return;
+        }
+    };
+    // S19: the owner's heartbeat decides a `Running` record under another owner.
+    let owner_beat = match (&loaded.header.status, loaded.header.owner.as_deref()) {
+        (SessionStatus::Running, Some(owner)) if config.owner.as_deref() != Some(owner) => {
+            match store.heartbeat(owner).await {
+                Ok(b) => b,
+                Err(e) => {
+                    core.load_error = Some(Box::new(e));
+                    return;
+                }
+            }
+        }
+        _ => None,
+    };
+    if let Err(e) = check_resumable(
+        &loaded.header,
+        config.owner.as_deref(),
+        owner_beat,
+        now_ms(),
+        config.lease_timeout,
+    ) {
+        core.load_error = Some(Box::new(e));
+        return;
+    }
+    match finished(&loaded) {
+        Some(Finished::Delete) => {
+            // A finished session: this run starts afresh under the id.
+            if let Err(e) = store.delete(&id).await {
+                // Every `sync` write would be refused: refuse the start instead.
+                core.load_error = Some(Box::new(e));
+            }
+            return;
+        }
+        Some(Finished::Reopen) => {
+            match store
+                .cas_status(&id, vec![StatusKind::Completed], SessionStatus::Stopped)
+                .await
+            {
+                Ok(CasOutcome::Swapped(_)) => {}
+                Ok(other) => {
+                    core.load_error = Some(Box::new(StoreError::Refused {
+                        session: id.clone(),
+                        status: format!("{other:?}"),
+                        why: "its Completed record changed while it was loaded; spawn it again"
+                            .into(),
+                    }));
+                    return;
+                }
+                Err(e) => {
+                    core.load_error = Some(Box::new(e));
+                    return;
+                }
+            }
+        }
+        None => {}
+    }
+    // The cut turn's state, decoded for the resume turn; its bytes kept for writes
+    // (re-encoded in format 2 when it was read in format 1).
+    let (state, bytes) = match &loaded.state {
+        None => (None, None),
+        Some(b) => match codec::decode_state::<A::State>(&id, b) {
+            Err(e) => {
+                core.load_error = Some(Box::new(e));
+                return;
+            }
+            Ok(v) if b.starts_with(&codec::FORMAT1_STATE_MARK) => {
+                match codec::encode_state(&id, &v) {
+                    Ok(enc) => (Some(v), Some(Payload::from(enc))),
+                    Err(e) => {
+                        core.load_error = Some(Box::new(e));
+                        return;
+                    }
+                }
+            }
+            Ok(v) => (Some(v), Some(b.clone())),
+        },
+    };
+    core.seed(loaded, state, bytes);
+}

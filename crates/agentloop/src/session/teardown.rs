@@ -1,0 +1,96 @@
+//! The session's teardown (DESIGN S21): final checkpoint → session-end hooks →
+//! `Ended` → stream close → actor exit (ractor's `drain()`, so queued messages are
+//! answered, never dropped).
+//!
+//! It performs the final action the core chose (`core::exit`) and settles the writes
+//! still in flight; it never decides what the record becomes and never moves an item.
+
+use std::collections::HashMap;
+
+use crate::agent::Agent;
+use crate::session::core::ExitPlan;
+use crate::session::turn_loop::{LoopState, Myself};
+use crate::store::StoreError;
+
+/// S21 teardown: final checkpoint → session-end hooks → `Ended` → stream close →
+/// actor exit (drain, so queued messages are answered).
+pub(super) async fn teardown<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    plan: ExitPlan<A::Item>,
+) {
+    let ExitPlan { exit, last } = plan;
+    // Invariant: from here until it is published, the exit state lives in
+    // `final_exit`, so an actor killed during the awaits below (store, hooks) still
+    // hands every item back from its destructor.
+    state.final_exit = Some(Box::new(exit));
+    let result = match (&last, &state.store) {
+        (crate::session::core::FinalAction::Write { write, .. }, Some(store)) => {
+            store.write((**write).clone()).await.map(|()| true)
+        }
+        (crate::session::core::FinalAction::Delete, Some(store)) => {
+            store.delete(&state.core.config.id).await
+        }
+        _ => Ok(false),
+    };
+    let checkpoint = last.outcome(result);
+    // Each push waiting for its write is answered with that write's own result.
+    let mut results = HashMap::new();
+    for (seq, task) in std::mem::take(&mut state.writes) {
+        let r = task.await.unwrap_or_else(|e| {
+            Err(StoreError::Backend {
+                operation: "save",
+                session: state.core.config.id.clone(),
+                message: format!("the write task failed: {e}"),
+            })
+        });
+        results.insert(seq, r);
+    }
+    state
+        .core
+        .settle(|seq| results.get(&seq).cloned().unwrap_or(Ok(true)));
+    let summary = match state.final_exit.as_mut() {
+        Some(exit) => {
+            exit.checkpoint = checkpoint;
+            exit.summary()
+        }
+        None => return, // unreachable: set above and only taken below
+    };
+    tracing::info!(reason = ?summary.reason, cause = ?summary.stop_cause, checkpoint = ?summary.checkpoint,
+        unhandled = summary.unhandled, interrupted = summary.interrupted, "session ended");
+    run_end_hooks(&state.end_hooks, state.hook_timeout, &summary).await;
+    if let Some(exit) = state.final_exit.take() {
+        state.published = true;
+        state.core.shared.fire_stopped();
+        state.core.shared.publish_exit(*exit);
+    }
+    state.subscribers.end(summary);
+    // Process what is already queued (pushes become late, with their items handed
+    // back), then stop; later sends are refused with the message handed back.
+    let _ = myself.drain();
+}
+
+/// S21: each hook bounded by the timeout and isolated (its own task: a panic or a hang
+/// does not stop the next one).
+async fn run_end_hooks(
+    hooks: &[crate::session::EndHook],
+    timeout: std::time::Duration,
+    summary: &crate::session::ExitSummary,
+) {
+    for (i, hook) in hooks.iter().enumerate() {
+        // The hook is called inside its task, so even a panic before its future exists
+        // stays isolated from the session and from the next hook.
+        let (hook, summary) = (hook.clone(), summary.clone());
+        let task = tokio::spawn(async move { hook(summary).await });
+        let abort = task.abort_handle();
+        match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(hook = i, error = %e, "session-end hook failed"),
+            Ok(Err(e)) => tracing::warn!(hook = i, error = %e, "session-end hook panicked"),
+            Err(_) => {
+                abort.abort();
+                tracing::warn!(hook = i, ?timeout, "session-end hook timed out");
+            }
+        }
+    }
+}
