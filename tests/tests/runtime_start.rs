@@ -116,3 +116,78 @@ async fn stopping_through_the_runtime_drops_no_queued_push() {
         "every queued push is delivered, unhandled or late: {exit:?}"
     );
 }
+
+/// Issue 12 (S15, S18): a stored record that does not decode as the runtime's item type
+/// is skipped at start, left untouched, and logged at WARN with its id and the reason,
+/// so an application that never reads `StartReport::skipped` still hears of it.
+#[tokio::test]
+async fn an_undecodable_record_is_logged_at_warn_with_its_id_and_reason() {
+    use std::io::Write;
+
+    use agentloop::{CheckpointActor, CheckpointStore, SessionRecord};
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let dir = TempDir::new("runtime-warn");
+    {
+        // Written by a program whose items are strings, not `SimItem`s.
+        let store = CheckpointActor::<String>::spawn(dir.path()).await.unwrap();
+        let mut rec = SessionRecord::<String>::new("wrong-type", "sim", 1);
+        rec.status = SessionStatus::Interrupted;
+        rec.unhandled_items = vec!["a string, not a SimItem".into()];
+        store.save(rec).await.unwrap();
+        store.close().await.unwrap();
+    }
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let (rt, report) = Rt::builder()
+        .data_dir(dir.path())
+        .register_agent("sim", |_cfg: &[u8]| Ok(SimAgent::new(steps(1))))
+        .start()
+        .await
+        .expect("an undecodable record does not stop the start");
+    assert!(report.resumed.is_empty(), "{report:?}");
+    assert_eq!(report.skipped.len(), 1, "{report:?}");
+    assert_eq!(report.skipped[0].0, "wrong-type");
+    let log = String::from_utf8(capture.0.lock().clone()).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("wrong-type"))
+        .unwrap_or_else(|| panic!("no log line names the record:\n{log}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("does not decode"), "{line}");
+    assert!(
+        line.contains("SimItem") || line.contains(&report.skipped[0].1),
+        "the reason is in the line: {line}"
+    );
+    rt.shutdown().await.unwrap();
+    // Left untouched (S18): the record still reads with the type that wrote it.
+    let store = CheckpointActor::<String>::spawn(dir.path()).await.unwrap();
+    let rec = store
+        .load("wrong-type")
+        .await
+        .unwrap()
+        .expect("still there");
+    assert_eq!(
+        rec.unhandled_items,
+        vec!["a string, not a SimItem".to_string()]
+    );
+    store.close().await.unwrap();
+}
