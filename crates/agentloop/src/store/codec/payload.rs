@@ -502,6 +502,28 @@ mod tests {
         assert!(to_json(&[0xdd, 0, 0, 0, 9]).is_err());
     }
 
+    /// docs/operations.md, "Binary fields": a plain `Vec<u8>` costs up to two bytes per
+    /// byte; `serde_bytes` stores it byte for byte, and still reads the sequence form
+    /// records written before the change hold.
+    #[test]
+    fn serde_bytes_fields_are_compact_and_read_old_records() {
+        #[derive(Serialize, Deserialize, Debug, PartialEq)]
+        struct Plain {
+            blob: Vec<u8>,
+        }
+        #[derive(Serialize, Deserialize, Debug, PartialEq)]
+        struct Compact {
+            #[serde(with = "serde_bytes")]
+            blob: Vec<u8>,
+        }
+        let blob = vec![0xA5u8; 4096];
+        let old = encode_checked(&Plain { blob: blob.clone() }).unwrap();
+        let new = encode_checked(&Compact { blob: blob.clone() }).unwrap();
+        assert!(old.len() > 2 * 4096, "{}", old.len());
+        assert!(new.len() < 4096 + 16, "{}", new.len());
+        assert_eq!(decode::<Compact>(&old).unwrap(), Compact { blob });
+    }
+
     #[test]
     fn malformed_and_short_bytes_are_refused_without_serde() {
         let e = decode::<Vec<u64>>(&[0xdd, 0xff, 0xff, 0xff, 0xff]).unwrap_err();
