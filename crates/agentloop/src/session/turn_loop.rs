@@ -18,7 +18,7 @@ use tracing::Instrument;
 use crate::agent::Agent;
 use crate::events::Subscribers;
 use crate::exit::ExitState;
-use crate::session::core::{Core, CoreConfig, Effect, Event};
+use crate::session::core::{Core, CoreConfig, Effect, Effects, Event};
 use crate::session::effects::perform;
 use crate::session::load::load;
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
@@ -156,8 +156,18 @@ impl<A: Agent> Actor for TurnLoop<A> {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let span = state.span.clone();
-        Box::pin(step(&myself, state, Event::Start).instrument(span)).await;
+        // Most sessions start idle and the start has no effects: decide first, and box
+        // the (large) future that performs effects only when there are some (B2).
+        let mut effects = std::mem::take(&mut state.effects);
+        state
+            .core
+            .handle(Event::Start, Instant::now(), &mut effects);
+        if effects.is_empty() {
+            state.effects = effects;
+        } else {
+            let span = state.span.clone();
+            Box::pin(perform_all(&myself, state, effects).instrument(span)).await;
+        }
         Ok(())
     }
 
@@ -240,6 +250,16 @@ async fn handle_msg<A: Agent>(
 async fn step<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>, event: Event<A>) {
     let mut effects = std::mem::take(&mut state.effects);
     state.core.handle(event, Instant::now(), &mut effects);
+    perform_all(myself, state, effects).await;
+}
+
+/// Performs `effects` in order, then hands the emptied vector back to the state so its
+/// capacity is reused by the next event.
+async fn perform_all<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    mut effects: Effects<A>,
+) {
     for effect in effects.drain(..) {
         perform(myself, state, effect).await;
     }
