@@ -60,6 +60,7 @@ impl Actor for App {
                 store: None,
                 owner: None,
                 budget: RestartBudget::default(),
+                heartbeat: agentloop::DEFAULT_HEARTBEAT,
             },
             myself.get_cell(),
         )

@@ -150,6 +150,7 @@ fn supervisor_args(
         store: Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
         owner: Some("me".into()),
         budget: RestartBudget::default(),
+        heartbeat: agentloop::DEFAULT_HEARTBEAT,
     }
 }
 
@@ -406,4 +407,53 @@ async fn s23_exit_durability_record_follows_items_out_of_the_session() {
         "neither the delivered item 1 nor the dropped item 2: {:?}",
         ids(&rec.unhandled_items)
     );
+}
+
+/// S24 through `Runtime` (issue 13, 6a): a detached session polls its record at the
+/// runtime's heartbeat, so a cancel written by another process with a 1 s heartbeat is
+/// noticed within about one second, not the default 10 s.
+#[tokio::test(start_paused = true)]
+async fn s24_background_sessions_poll_at_the_runtimes_heartbeat() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = Gate::new();
+    let g = gate.clone();
+    let (runtime, _) = agentloop::Runtime::<SimItem, SimEvent>::builder()
+        .store(mem.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .heartbeat(Duration::from_secs(1), Duration::from_secs(3))
+        .register_agent("sim", move |_: &[u8]| {
+            Ok(SimAgent::new(steps(2)).with_step_gate(g.clone()))
+        })
+        .start()
+        .await
+        .unwrap();
+    let sup = runtime.supervisor().clone();
+    let h = sup
+        .spawn(
+            SessionSpec::new("hb", "sim")
+                .persistent(true)
+                .restart(RestartPolicy::Never)
+                .initial_items(vec![item(1)]),
+        )
+        .await
+        .unwrap();
+    sup.detach("hb").await.unwrap();
+    // Another process writes the cancel straight into the store.
+    let written = tokio::time::Instant::now();
+    mem.cas_status("hb", vec![StatusKind::Running], SessionStatus::Canceled)
+        .await
+        .unwrap();
+    let exit = within("exit", h.wait()).await;
+    let noticed = written.elapsed();
+    assert!(
+        noticed <= Duration::from_millis(1_100),
+        "noticed after {noticed:?}; the runtime's heartbeat is 1 s"
+    );
+    assert!(
+        matches!(exit.reason, ExitReason::Canceled(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(mem.get("hb").unwrap().status, SessionStatus::Canceled);
+    gate.open_all();
+    runtime.shutdown().await.unwrap();
 }

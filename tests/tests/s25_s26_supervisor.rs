@@ -47,6 +47,7 @@ fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem
             max_restarts: 2,
             window: Duration::from_secs(60),
         },
+        heartbeat: agentloop::DEFAULT_HEARTBEAT,
     }
 }
 

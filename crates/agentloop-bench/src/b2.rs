@@ -210,6 +210,7 @@ async fn supervisor_side(n: usize, round: &str) -> SideRound {
         store: None,
         owner: None,
         budget: RestartBudget::default(),
+        heartbeat: agentloop::DEFAULT_HEARTBEAT,
     })
     .await
     .expect("starting the B2 supervisor");

@@ -64,7 +64,7 @@ pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, StartReport};
 pub use shutdown::{CleanupHook, ShutdownHandle, ShutdownReport, ShutdownStrategy};
 pub use store::{
     CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,
-    SessionRecord, SessionStatus, StatusKind, StoreError,
+    SessionRecord, SessionStatus, StatusKind, StoreError, DEFAULT_HEARTBEAT,
 };
 pub use supervisor::{
     agent_kind, AgentKind, AttachMode, Attachment, ClosedGate, GateMember, RestartBudget,

@@ -251,6 +251,7 @@ where
             store: store.clone(),
             owner: Some(instance.clone()),
             budget: self.budget,
+            heartbeat: self.heartbeat,
         })
         .await?;
         // Before the resume below: a resumed session's end must reach the feeds too.

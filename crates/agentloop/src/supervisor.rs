@@ -96,6 +96,9 @@ pub struct SessionSpec<I> {
     /// not the default: the runtime's configured one for the sessions it resumes, so
     /// the session agrees with the runtime that the owner is gone.
     pub(crate) lease_timeout: Option<Duration>,
+    /// How often this session re-reads its record while detached (S24), when not the
+    /// supervisor's heartbeat ([`SupervisorArgs::heartbeat`]).
+    pub(crate) poll_interval: Option<Duration>,
 }
 
 impl<I> SessionSpec<I> {
@@ -111,7 +114,16 @@ impl<I> SessionSpec<I> {
             initial_items: Vec::new(),
             preloaded: None,
             lease_timeout: None,
+            poll_interval: None,
         }
+    }
+
+    /// How often the session re-reads its own record while detached, so a cancel
+    /// written by another process is noticed within this interval (S24). Defaults to
+    /// the supervisor's heartbeat ([`SupervisorArgs::heartbeat`]).
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = Some(every);
+        self
     }
 
     /// Sets the serialized agent configuration.
@@ -487,6 +499,10 @@ pub struct SupervisorArgs<I, E> {
     pub owner: Option<String>,
     /// The restart budget per session.
     pub budget: RestartBudget,
+    /// The instance heartbeat: how often a detached session re-reads its record, so a
+    /// cancel written by another process is noticed within one heartbeat (S24). The
+    /// runtime passes its own; [`DEFAULT_HEARTBEAT`](crate::DEFAULT_HEARTBEAT) otherwise.
+    pub heartbeat: Duration,
 }
 
 struct Entry<I, E> {
@@ -505,6 +521,7 @@ pub struct SupervisorState<I, E> {
     store: Option<Arc<dyn CheckpointStore<I>>>,
     owner: Option<String>,
     budget: RestartBudget,
+    heartbeat: Duration,
     sessions: HashMap<String, Entry<I, E>>,
     by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
@@ -536,6 +553,7 @@ where
         if let Some(lease) = spec.lease_timeout {
             config = config.lease_timeout(lease);
         }
+        config.poll_interval = spec.poll_interval.unwrap_or(self.heartbeat);
         config
     }
 
@@ -773,6 +791,7 @@ where
             store: args.store,
             owner: args.owner,
             budget: args.budget,
+            heartbeat: args.heartbeat,
             sessions: HashMap::new(),
             by_actor: HashMap::new(),
             stopping: false,

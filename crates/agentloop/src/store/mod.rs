@@ -29,7 +29,7 @@ use serde::Serialize;
 
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
-pub use lease::InstanceLease;
+pub use lease::{InstanceLease, DEFAULT_HEARTBEAT};
 pub use memory::MemoryStore;
 pub use record::{
     Format1Record, ListEntry, LoadedItem, LoadedRecord, Payload, Placement, RecordHeader,
