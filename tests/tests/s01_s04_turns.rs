@@ -2,12 +2,14 @@
 //! interrupts. Every test runs on tokio's paused clock and synchronises on the sim
 //! agent's gates and probe, never on sleeps.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    CancelMode, CheckpointOutcome, ExitReason, Preempt, PushOptions, SafePoint, StopOptions,
+    CancelMode, CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt,
+    PushOptions, SafePoint, SessionConfig, SessionEvent, StopOptions, TurnEnd,
 };
-use agentloop_sim::{CancelHandling, Fault, Gate, SimAgent};
+use agentloop_sim::{CancelHandling, Fault, Gate, SimAgent, SimItem};
 use agentloop_tests::*;
 
 /// S1: a cancel At(AfterToolCalls) is not honoured at an AfterModelCall safe point, and
@@ -93,6 +95,54 @@ async fn s13_custom_error_after_stop_cancel_keeps_the_cancel() {
         exit.reason
     );
     assert_eq!(ids(&exit.interrupted_items), vec![3]);
+}
+
+/// S13/S1 (issue 13, 6b): the agent's own error after a captured cancel is kept: in
+/// the exit state, in the `TurnEnded` event and in the stored record's `last_error`,
+/// while the session still ends `Canceled`.
+#[tokio::test(start_paused = true)]
+async fn s13_the_agents_error_after_a_captured_cancel_is_kept() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let h = spawn_on(
+        SessionConfig::new("s13-kept")
+            .persistent(true)
+            .agent_kind("sim")
+            .durability(Durability::Sync),
+        SimAgent::new(steps(3))
+            .with_step_gate(gate.clone())
+            .with_probe(tx)
+            .with_cancel_handling(CancelHandling::CustomError("model client gave up".into())),
+        mem.clone() as Arc<dyn CheckpointStore<SimItem>>,
+    )
+    .await;
+    let mut events = h.subscribe();
+    h.push(item(3)).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.stop(StopOptions::graceful()).await.unwrap();
+    gate.open_all();
+    let exit = within("exit", h.wait()).await;
+    let ExitReason::Canceled(info) = &exit.reason else {
+        panic!("{:?}", exit.reason)
+    };
+    assert_eq!(info.agent_error.as_deref(), Some("model client gave up"));
+    let mut seen = None;
+    while let Some(ev) = events.next().await {
+        if let SessionEvent::TurnEnded { outcome, .. } = ev {
+            seen = Some(outcome);
+        }
+    }
+    match seen {
+        Some(TurnEnd::Canceled(i)) => {
+            assert_eq!(i.agent_error.as_deref(), Some("model client gave up"))
+        }
+        other => panic!("TurnEnded carried {other:?}"),
+    }
+    let rec = mem
+        .get("s13-kept")
+        .expect("the stop leaves a record (item 3 was cut)");
+    assert_eq!(rec.last_error.as_deref(), Some("model client gave up"));
 }
 
 /// S2: Immediate drops the turn's future at its await point, now: the step never

@@ -221,7 +221,7 @@ fn min_opt<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
 }
 
 /// What a cut turn reports about the cancel that ended it (S2, S13).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct CancelInfo {
     /// The merged mode in force when the turn ended.
     pub mode: CancelMode,
@@ -233,6 +233,11 @@ pub struct CancelInfo {
     pub escalated: bool,
     /// A cancel timeout expired before the turn ended, which made it Immediate.
     pub timed_out: bool,
+    /// The error the agent returned after the cancel was captured, if it returned one
+    /// of its own: the cancel decides how the turn ended (S1), and this keeps what the
+    /// agent said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_error: Option<String>,
 }
 
 /// The error [`crate::TurnCx::safe_point`] returns when a pending cancel matches: the

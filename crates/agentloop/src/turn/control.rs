@@ -527,6 +527,12 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 at: if killed { None } else { st.captured },
                 escalated: mode != first && mode.dominates(first),
                 timed_out: st.active.is_some_and(|c| c.timed_out),
+                agent_error: match &run {
+                    // The agent's own error, not the `Canceled` it propagated.
+                    RunEnd::Returned(Err(crate::agent::AgentError::Failed(e))) => Some(e.clone()),
+                    RunEnd::Panicked(msg) => Some(format!("agent panicked: {msg}")),
+                    _ => None,
+                },
             })
         } else {
             None

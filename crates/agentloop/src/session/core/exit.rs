@@ -16,6 +16,7 @@
 //! This file never moves an item between places: it reads the placement.
 
 use crate::agent::Agent;
+use crate::cancel::CancelInfo;
 use crate::events::TurnEnd;
 use crate::exit::{CheckpointOutcome, ExitReason, ExitState, FailureKind};
 use crate::session::core::{Core, Effect, Effects, ExitPlan, PendingExit};
@@ -183,6 +184,13 @@ impl<A: Agent> Core<A> {
         // Whole: earlier writes may still be unanswered, and one may have been refused.
         let mut write = self.record_write(status, state, condition, true);
         if let SessionStatus::Failed(e) = &write.header.status {
+            write.header.last_error = Some(e.clone());
+        } else if let ExitReason::Canceled(CancelInfo {
+            agent_error: Some(e),
+            ..
+        }) = reason
+        {
+            // The cancel decided the end (S1); the record keeps what the agent said.
             write.header.last_error = Some(e.clone());
         }
         FinalAction::Write {

@@ -214,6 +214,9 @@ impl<A: Agent> Core<A> {
                         self.counters.turns_preempted += 1;
                     }
                     TurnEnd::Canceled(info) => {
+                        if let Some(e) = &info.agent_error {
+                            tracing::warn!(turn, error = %e, "the agent returned an error after the cancel was captured; the session ends canceled and keeps the error");
+                        }
                         self.ledger.end_turn(TurnFate::Cut);
                         let reason = if self.stop.shutdown {
                             ExitReason::Shutdown
