@@ -237,3 +237,143 @@ async fn s21_subscribe_after_exit_gets_ended_at_once() {
     let evs = collect(h.subscribe()).await;
     assert_eq!(kinds(&evs), vec!["Ended"]);
 }
+
+fn resumable_record(id: &str) -> agentloop::SessionRecord<SimItem> {
+    let mut rec = agentloop::SessionRecord::new(id, "sim", 3);
+    rec.status = agentloop::SessionStatus::Interrupted;
+    rec.interrupted_items = vec![item(1)];
+    rec
+}
+
+/// Issue 13 (2): a subscriber attached at spawn through the supervisor sees the resume
+/// turn's `TurnStarted`, which a subscriber attached after the spawn returned has
+/// already missed by the time the turn is under way.
+#[tokio::test(start_paused = true)]
+async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    mem.insert(resumable_record("resumed"));
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let mut kinds = std::collections::HashMap::new();
+    let (g, t) = (gate.clone(), tx.clone());
+    kinds.insert(
+        "sim".to_string(),
+        agentloop::agent_kind("sim", move |_: &[u8]| {
+            Ok(SimAgent::new(steps(1))
+                .with_step_gate(g.clone())
+                .with_probe(t.clone()))
+        }),
+    );
+    let sup = agentloop::SupervisorHandle::<SimItem, SimEvent>::start(agentloop::SupervisorArgs {
+        kinds,
+        store: Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
+        owner: Some("me".into()),
+        budget: agentloop::RestartBudget::default(),
+        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+    })
+    .await
+    .unwrap();
+    let (h, mut at_spawn) = sup
+        .spawn_subscribed(
+            agentloop::SessionSpec::new("resumed", "sim")
+                .persistent(true)
+                .restart(agentloop::RestartPolicy::Never),
+            64,
+            agentloop::EventFilter::all(),
+        )
+        .await
+        .unwrap();
+    // The resume turn is under way (its TurnStarted already sent) before anyone else
+    // subscribes.
+    probe
+        .until("the resume turn's first step", |n| {
+            matches!(n, Notice::StepBegin { step: 0, .. })
+        })
+        .await;
+    let mut late = h.subscribe();
+    gate.open_all();
+    h.stop(StopOptions::bare()).await.unwrap();
+    within("exit", h.wait()).await;
+    let mut seen = Vec::new();
+    while let Some(ev) = at_spawn.next().await {
+        seen.push(ev);
+    }
+    assert!(
+        matches!(
+            seen.first(),
+            Some(SessionEvent::TurnStarted {
+                resumed: true,
+                items: 1,
+                ..
+            })
+        ),
+        "the first event at spawn: {:?}",
+        kinds_of(&seen)
+    );
+    assert!(matches!(seen.last(), Some(SessionEvent::Ended(_))));
+    let mut late_seen = Vec::new();
+    while let Some(ev) = late.next().await {
+        late_seen.push(ev);
+    }
+    assert!(
+        !late_seen
+            .iter()
+            .any(|e| matches!(e, SessionEvent::TurnStarted { .. })),
+        "a subscriber after the spawn cannot see the resume turn start: {:?}",
+        kinds_of(&late_seen)
+    );
+}
+
+/// Issue 13 (2): `SessionHandle::spawn_subscribed` attaches before the actor starts;
+/// the stream gets the first turn's events and `Ended`.
+#[tokio::test(start_paused = true)]
+async fn s20_spawn_subscribed_without_a_supervisor() {
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    mem.insert(resumable_record("direct"));
+    let (h, mut events) = SessionHandle::spawn_subscribed(
+        SessionConfig::new("direct")
+            .persistent(true)
+            .agent_kind("sim")
+            .owner("me"),
+        Arc::new(SimAgent::new(steps(1))),
+        Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
+        8,
+        agentloop::EventFilter::all(),
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    // The resume turn runs to its end, then the session is stopped.
+    while let Some(ev) = within("the resume turn's end", events.next()).await {
+        let ended = matches!(ev, SessionEvent::TurnEnded { .. });
+        seen.push(ev);
+        if ended {
+            break;
+        }
+    }
+    h.stop(StopOptions::graceful()).await.unwrap();
+    within("exit", h.wait()).await;
+    while let Some(ev) = events.next().await {
+        seen.push(ev);
+    }
+    assert!(
+        matches!(
+            seen.first(),
+            Some(SessionEvent::TurnStarted { resumed: true, .. })
+        ),
+        "{:?}",
+        kinds_of(&seen)
+    );
+    assert!(seen.iter().any(|e| matches!(
+        e,
+        SessionEvent::TurnEnded {
+            outcome: TurnEnd::Completed,
+            ..
+        }
+    )));
+    assert!(matches!(seen.last(), Some(SessionEvent::Ended(_))));
+}
+
+fn kinds_of(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
+    kinds(evs)
+}

@@ -214,6 +214,11 @@ pub(crate) struct Subscribers<E> {
     list: RwLock<Arc<Vec<SubscriberTx<E>>>>,
     ended: Mutex<Option<ExitSummary>>,
     order: Arc<tokio::sync::Mutex<()>>,
+    /// The stream registered before the actor started (subscribe at spawn), until the
+    /// spawner takes it. Invariant: the spawner takes it right after the spawn returns
+    /// (or drops it, which unsubscribes), so an unread stream never holds turn events
+    /// back by backpressure.
+    at_spawn: Mutex<Option<EventStream<E>>>,
 }
 
 impl<E: Clone + Send + 'static> Subscribers<E> {
@@ -222,7 +227,20 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             list: RwLock::new(Arc::new(Vec::new())),
             ended: Mutex::new(None),
             order: Arc::new(tokio::sync::Mutex::new(())),
+            at_spawn: Mutex::new(None),
         }
+    }
+
+    /// Registers a subscriber before the session's actor starts; the spawner takes it
+    /// with [`Subscribers::take_at_spawn`].
+    pub(crate) fn reserve_at_spawn(&self, capacity: usize, filter: EventFilter) {
+        let stream = self.subscribe(capacity, filter);
+        *self.at_spawn.lock() = Some(stream);
+    }
+
+    /// The stream registered at spawn, once.
+    pub(crate) fn take_at_spawn(&self) -> Option<EventStream<E>> {
+        self.at_spawn.lock().take()
     }
 
     /// Adds a subscriber; after the end it gets a stream that yields `Ended` at once.

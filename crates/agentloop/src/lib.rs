@@ -68,6 +68,6 @@ pub use store::{
 };
 pub use supervisor::{
     agent_kind, AgentKind, AttachMode, Attachment, ClosedGate, GateMember, RestartBudget,
-    RestartPolicy, RoutedPushError, SessionEnd, SessionSpec, SessionSupervisor, SupervisorArgs,
-    SupervisorError, SupervisorHandle, SupervisorMsg,
+    RestartPolicy, RoutedPushError, SessionEnd, SessionSpec, SessionSupervisor, SubscribedSpawn,
+    SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg,
 };

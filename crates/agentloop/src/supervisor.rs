@@ -99,6 +99,9 @@ pub struct SessionSpec<I> {
     /// How often this session re-reads its record while detached (S24), when not the
     /// supervisor's heartbeat ([`SupervisorArgs::heartbeat`]).
     pub(crate) poll_interval: Option<Duration>,
+    /// A subscriber to attach before the first incarnation's actor starts (capacity,
+    /// filter); used once, never for a restart.
+    pub(crate) subscribe: Option<(usize, EventFilter)>,
 }
 
 impl<I> SessionSpec<I> {
@@ -115,6 +118,7 @@ impl<I> SessionSpec<I> {
             preloaded: None,
             lease_timeout: None,
             poll_interval: None,
+            subscribe: None,
         }
     }
 
@@ -278,6 +282,9 @@ pub struct SessionSummary {
     pub restarts: u32,
 }
 
+/// The answer to a subscribed spawn: the session's handle and its event stream.
+pub type SubscribedSpawn<I, E> = Result<(SessionHandle<I, E>, EventStream<E>), SupervisorError>;
+
 /// Messages of the SessionSupervisor (public: other actors may `cast!` / `call!` it).
 pub enum SupervisorMsg<I, E> {
     /// Spawn a session (S25).
@@ -286,6 +293,18 @@ pub enum SupervisorMsg<I, E> {
         spec: Box<SessionSpec<I>>,
         /// Where to answer.
         reply: RpcReplyPort<Result<SessionHandle<I, E>, SupervisorError>>,
+    },
+    /// Spawn a session with a subscriber attached before its actor starts, so the
+    /// stream sees every event from the first (a resume turn's `TurnStarted` too).
+    SpawnSubscribed {
+        /// What to spawn.
+        spec: Box<SessionSpec<I>>,
+        /// The stream's buffer size (backpressure, S20).
+        capacity: usize,
+        /// Which events the stream receives.
+        filter: EventFilter,
+        /// Where to answer: the handle and the stream.
+        reply: RpcReplyPort<SubscribedSpawn<I, E>>,
     },
     /// Push to a session by id. Rejections come back in the reply with the item.
     Push {
@@ -554,7 +573,32 @@ where
             config = config.lease_timeout(lease);
         }
         config.poll_interval = spec.poll_interval.unwrap_or(self.heartbeat);
+        config.subscribe_at_spawn = spec.subscribe;
         config
+    }
+
+    /// A spawn request: checks the id, the gate and duplicates, then starts the first
+    /// incarnation.
+    async fn spawn_new(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        spec: SessionSpec<I>,
+    ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        match validate_session_id(&spec.id) {
+            Err(e) => Err(SupervisorError::InvalidId(e)),
+            Ok(()) if self.gate_closed => Err(SupervisorError::ShuttingDown(spec.id.clone())),
+            Ok(()) if self.stopping => Err(SupervisorError::Session(SessionError::Exited(
+                "the session supervisor is stopping".into(),
+            ))),
+            Ok(()) if self.live(myself, &spec.id).await.is_some() => {
+                Err(SupervisorError::Duplicate(spec.id.clone()))
+            }
+            Ok(()) => {
+                let seed = spec.initial_items.clone();
+                self.start(myself, spec, seed, true, VecDeque::new(), 0)
+                    .await
+            }
+        }
     }
 
     async fn start(
@@ -583,8 +627,10 @@ where
             None
         };
         let config = self.session_config(&spec, load_record);
-        // Used once: a restart loads the record afresh.
+        // Used once: a restart loads the record afresh, and its events go to those who
+        // subscribe to the new incarnation.
         let record = spec.preloaded.take();
+        spec.subscribe = None;
         let handle = kind
             .spawn(config, &spec.agent_config, store, myself.get_cell(), record)
             .await?;
@@ -809,22 +855,25 @@ where
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Spawn { spec, reply } => {
-                let spec = *spec;
-                let r = match validate_session_id(&spec.id) {
-                    Err(e) => Err(SupervisorError::InvalidId(e)),
-                    Ok(()) if st.gate_closed => Err(SupervisorError::ShuttingDown(spec.id.clone())),
-                    Ok(()) if st.stopping => Err(SupervisorError::Session(SessionError::Exited(
-                        "the session supervisor is stopping".into(),
-                    ))),
-                    Ok(()) if st.live(&myself, &spec.id).await.is_some() => {
-                        Err(SupervisorError::Duplicate(spec.id.clone()))
+                let _ = reply.send(st.spawn_new(&myself, *spec).await);
+            }
+            SupervisorMsg::SpawnSubscribed {
+                spec,
+                capacity,
+                filter,
+                reply,
+            } => {
+                let mut spec = *spec;
+                spec.subscribe = Some((capacity, filter));
+                let r = st.spawn_new(&myself, spec).await.and_then(|handle| {
+                    match handle.take_events_at_spawn() {
+                        Some(events) => Ok((handle, events)),
+                        None => Err(SupervisorError::Session(SessionError::Exited(
+                            "the session's subscriber at spawn was not registered".into(),
+                        ))),
                     }
-                    Ok(()) => {
-                        let seed = spec.initial_items.clone();
-                        st.start(&myself, spec, seed, true, VecDeque::new(), 0)
-                            .await
-                    }
-                };
+                });
+                // A caller that gave up drops the stream here, which unsubscribes it.
                 let _ = reply.send(r);
             }
             SupervisorMsg::Push {
@@ -1223,6 +1272,27 @@ where
         self.ask(|reply| SupervisorMsg::Spawn { spec, reply })
             .await
             .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Spawns a session with a subscriber attached before its actor starts: the
+    /// stream sees every event of this incarnation from the first, also when the first
+    /// turn (a resume, S17) starts before this call returns. A restarted incarnation
+    /// is a new session to subscribe to; this stream ends with the first one's `Ended`.
+    pub async fn spawn_subscribed(
+        &self,
+        spec: SessionSpec<I>,
+        capacity: usize,
+        filter: EventFilter,
+    ) -> SubscribedSpawn<I, E> {
+        let spec = Box::new(spec);
+        self.ask(|reply| SupervisorMsg::SpawnSubscribed {
+            spec,
+            capacity,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
     }
 
     /// Pushes to a session by id.

@@ -66,6 +66,11 @@ pub struct SessionConfig {
     /// a supervised detached session that fails leaves its record for the supervisor,
     /// which restarts the session from it or marks it `Failed`.
     pub supervised: bool,
+    /// A subscriber registered before the session's actor starts (capacity, filter),
+    /// so it sees every event from the first (a resume turn's `TurnStarted` included).
+    /// Set by [`crate::SessionHandle::spawn_subscribed`] and the supervisor's
+    /// [`crate::SupervisorHandle::spawn_subscribed`], which take the stream at once.
+    pub(crate) subscribe_at_spawn: Option<(usize, crate::events::EventFilter)>,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -100,6 +105,7 @@ impl SessionConfig {
             load_record: true,
             poll_interval: crate::store::lease::DEFAULT_HEARTBEAT,
             supervised: false,
+            subscribe_at_spawn: None,
         }
     }
 

@@ -93,8 +93,36 @@ where
         Self::spawn_inner(config, agent, store, Some(supervisor), record).await
     }
 
+    /// Spawns a session of `agent` (unsupervised) with a subscriber attached before its
+    /// actor starts: the stream sees every event of the session from the first, also
+    /// when the first turn (a resume, S17) starts and ends before this call returns.
+    /// `capacity` bounds the stream's buffer (backpressure, S20).
+    pub async fn spawn_subscribed<A>(
+        mut config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        capacity: usize,
+        filter: EventFilter,
+    ) -> Result<(Self, EventStream<E>), SpawnError>
+    where
+        A: Agent<Item = I, Event = E>,
+    {
+        config.subscribe_at_spawn = Some((capacity, filter));
+        let handle = Self::spawn_inner(config, agent, store, None, None).await?;
+        let events = handle
+            .take_events_at_spawn()
+            .expect("spawn_inner registers the subscriber asked for at spawn");
+        Ok((handle, events))
+    }
+
+    /// The stream registered before the actor started, once (the supervisor's
+    /// subscribed spawn takes it right after the spawn).
+    pub(crate) fn take_events_at_spawn(&self) -> Option<EventStream<E>> {
+        self.subscribers.take_at_spawn()
+    }
+
     async fn spawn_inner<A>(
-        config: SessionConfig,
+        mut config: SessionConfig,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: Option<ActorCell>,
@@ -109,6 +137,9 @@ where
         }
         let shared = Arc::new(SessionShared::new(config.id.clone()));
         let subscribers = Arc::new(Subscribers::new());
+        if let Some((capacity, filter)) = config.subscribe_at_spawn.take() {
+            subscribers.reserve_at_spawn(capacity, filter);
+        }
         let id = config.id.clone();
         let event_capacity = config.event_capacity;
         let args = TurnLoopArgs {
