@@ -377,3 +377,71 @@ async fn s20_spawn_subscribed_without_a_supervisor() {
 fn kinds_of(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
     kinds(evs)
 }
+
+/// Issue 13 (2): the subscriber asked for at spawn belongs to the first incarnation
+/// only. A restarted incarnation registers none, so nothing unread holds its turn
+/// events back (with a one-event buffer, a stray reserved stream would stall the
+/// restarted session's first turn at its second event).
+#[tokio::test(start_paused = true)]
+async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
+    use std::sync::atomic::AtomicBool;
+
+    let first = Arc::new(AtomicBool::new(true));
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u64>>();
+    let mut kinds = std::collections::HashMap::new();
+    kinds.insert(
+        "sim".to_string(),
+        agentloop::agent_kind("sim", move |_: &[u8]| {
+            let tx = done_tx.clone();
+            let agent = SimAgent::new(steps(3)).with_turn_hook(Arc::new(move |_, ids: &[u64]| {
+                let _ = tx.send(ids.to_vec());
+            }));
+            Ok(if first.swap(false, Ordering::SeqCst) {
+                agent.with_fault(Some(0), 0, agentloop_sim::Fault::Fail, true)
+            } else {
+                agent
+            })
+        }),
+    );
+    let sup = agentloop::SupervisorHandle::<SimItem, SimEvent>::start(agentloop::SupervisorArgs {
+        kinds,
+        store: None,
+        owner: None,
+        budget: agentloop::RestartBudget::default(),
+        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+    })
+    .await
+    .unwrap();
+    let (_h, mut first_events) = sup
+        .spawn_subscribed(
+            agentloop::SessionSpec::new("restarts", "sim")
+                .restart(agentloop::RestartPolicy::Permanent)
+                .initial_items(vec![item(1), item(2)]),
+            1,
+            agentloop::EventFilter::all(),
+        )
+        .await
+        .unwrap();
+    // The first incarnation fails its first turn; its stream ends with its `Ended`.
+    let mut seen = Vec::new();
+    while let Some(ev) = within("the first incarnation's events", first_events.next()).await {
+        seen.push(ev);
+    }
+    assert!(
+        matches!(seen.last(), Some(SessionEvent::Ended(s)) if matches!(s.reason, ExitReason::Failed(_))),
+        "{:?}",
+        kinds_of(&seen)
+    );
+    // The restarted incarnation runs the handed-back items through turns of three
+    // steps (several events each) with nobody subscribed.
+    let mut delivered = Vec::new();
+    while delivered.len() < 2 {
+        let ids = within("the restarted incarnation's turns", done_rx.recv())
+            .await
+            .expect("the hook's sender lives in the kind");
+        delivered.extend(ids);
+    }
+    delivered.sort_unstable();
+    assert_eq!(delivered, vec![1, 2]);
+    sup.stop_all(StopOptions::bare()).await;
+}

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use crate::agent::Agent;
 use crate::events::SessionEvent;
-use crate::session::core::{Effect, StoreOp, Timed};
+use crate::session::core::{Effect, StoreOp};
 use crate::session::messages::InternalMsg;
 use crate::session::teardown::teardown;
 use crate::session::turn_loop::{internal, LoopState, Myself};
@@ -68,19 +68,7 @@ pub(super) async fn perform<A: Agent>(
             let _ = reply.send(result);
         }
         Effect::Timer { after, event } => {
-            let msg = match event {
-                Timed::PreemptDue {
-                    turn,
-                    preempt,
-                    reply,
-                } => InternalMsg::PreemptDue {
-                    turn,
-                    preempt,
-                    reply,
-                },
-                Timed::IdleDue { epoch } => InternalMsg::IdleDue { epoch },
-                Timed::PollDue => InternalMsg::PollDue,
-            };
+            let msg = InternalMsg::Due(event);
             let me = myself.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;

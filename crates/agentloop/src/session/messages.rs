@@ -10,7 +10,6 @@ use ractor::RpcReplyPort;
 
 use crate::events::EventStream;
 use crate::options::{OptionsError, PushOptions, StopOptions, TurnPhase};
-pub(crate) use crate::push::PendingAck;
 pub use crate::push::{PreemptAck, PushError, PushReply, UnprocessedPush};
 
 /// A snapshot of a session (answer to [`TurnLoopMsg::Inspect`]).
@@ -97,14 +96,9 @@ pub struct Internal<I>(pub(crate) InternalMsg<I>);
 pub(crate) enum InternalMsg<I> {
     /// The turn task of `turn` is done; its ending is in the control block.
     TurnFinished { turn: u64 },
-    /// A delayed preempt is due (S7).
-    PreemptDue {
-        turn: u64,
-        preempt: crate::options::Preempt,
-        reply: Option<PendingAck<I>>,
-    },
-    /// An idle timer fired (S11 `until_idle_for`).
-    IdleDue { epoch: u64 },
+    /// A timer the core set is due: a delayed preempt (S7), an idle period (S11
+    /// `until_idle_for`) or a detached session's poll (S24).
+    Due(crate::session::core::Timed<I>),
     /// The store operation with this number finished (`Ok(false)`: a delete found
     /// nothing).
     Written {
@@ -114,8 +108,6 @@ pub(crate) enum InternalMsg<I> {
     /// `sync` durability: the running turn recorded a new state at a safe point, or its
     /// plan changed stored entries: write it.
     TurnProgress { turn: u64 },
-    /// A detached session's poll interval elapsed (S24).
-    PollDue,
     /// A detached session read its record's status.
     Polled {
         status: Option<crate::store::SessionStatus>,
@@ -126,11 +118,9 @@ impl<I> InternalMsg<I> {
     fn name(&self) -> &'static str {
         match self {
             InternalMsg::TurnFinished { .. } => "TurnFinished",
-            InternalMsg::PreemptDue { .. } => "PreemptDue",
-            InternalMsg::IdleDue { .. } => "IdleDue",
+            InternalMsg::Due(t) => t.name(),
             InternalMsg::Written { .. } => "Written",
             InternalMsg::TurnProgress { .. } => "TurnProgress",
-            InternalMsg::PollDue => "PollDue",
             InternalMsg::Polled { .. } => "Polled",
         }
     }

@@ -159,9 +159,11 @@ impl<A: Agent> Actor for TurnLoop<A> {
         // Most sessions start idle and the start has no effects: decide first, and box
         // the (large) future that performs effects only when there are some (B2).
         let mut effects = std::mem::take(&mut state.effects);
+        // In the session's span: the start logs a record that failed to load.
+        let core = &mut state.core;
         state
-            .core
-            .handle(Event::Start, Instant::now(), &mut effects);
+            .span
+            .in_scope(|| core.handle(Event::Start, Instant::now(), &mut effects));
         if effects.is_empty() {
             state.effects = effects;
         } else {
@@ -223,23 +225,13 @@ async fn handle_msg<A: Agent>(
                 Event::TurnFinished { turn }
             }
             InternalMsg::TurnProgress { turn } => Event::TurnProgress { turn },
-            InternalMsg::PreemptDue {
-                turn,
-                preempt,
-                reply,
-            } => Event::PreemptDue {
-                turn,
-                preempt,
-                reply,
-            },
-            InternalMsg::IdleDue { epoch } => Event::IdleDue { epoch },
+            InternalMsg::Due(timed) => Event::from(timed),
             InternalMsg::Written { seq, result } => {
                 while state.writes.front().is_some_and(|(s, _)| *s <= seq) {
                     state.writes.pop_front();
                 }
                 Event::Written { seq, result }
             }
-            InternalMsg::PollDue => Event::PollDue,
             InternalMsg::Polled { status } => Event::Polled { status },
         },
     };

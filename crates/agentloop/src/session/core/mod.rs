@@ -125,6 +125,36 @@ pub(crate) enum Timed<I> {
     PollDue,
 }
 
+impl<I> Timed<I> {
+    /// The timer's name, for logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Timed::PreemptDue { .. } => "PreemptDue",
+            Timed::IdleDue { .. } => "IdleDue",
+            Timed::PollDue => "PollDue",
+        }
+    }
+}
+
+/// A due timer is the event it was set for.
+impl<A: Agent> From<Timed<A::Item>> for Event<A> {
+    fn from(timed: Timed<A::Item>) -> Self {
+        match timed {
+            Timed::PreemptDue {
+                turn,
+                preempt,
+                reply,
+            } => Event::PreemptDue {
+                turn,
+                preempt,
+                reply,
+            },
+            Timed::IdleDue { epoch } => Event::IdleDue { epoch },
+            Timed::PollDue => Event::PollDue,
+        }
+    }
+}
+
 /// What the shell performs.
 pub(crate) enum Effect<A: Agent> {
     /// Issue this store operation now (writes are ordered when issued); report

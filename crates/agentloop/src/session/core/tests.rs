@@ -426,20 +426,7 @@ impl Harness {
             Action::FailNextWrite => self.fail_next = true,
             Action::Timer => {
                 if let Some(t) = self.timers.pop_front() {
-                    let ev = match t {
-                        Timed::PreemptDue {
-                            turn,
-                            preempt,
-                            reply,
-                        } => Event::PreemptDue {
-                            turn,
-                            preempt,
-                            reply,
-                        },
-                        Timed::IdleDue { epoch } => Event::IdleDue { epoch },
-                        Timed::PollDue => Event::PollDue,
-                    };
-                    self.event(ev);
+                    self.event(Event::from(t));
                 }
             }
         }
