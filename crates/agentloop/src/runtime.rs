@@ -368,7 +368,7 @@ where
             let id = h.session_id.clone();
             // The session uses this record instead of loading it again, and judges its
             // owner's lease as this runtime did (S19).
-            spec.preloaded = Some(rec);
+            spec.preloaded = Some(Box::new(rec));
             spec.lease_timeout = Some(self.lease_timeout);
             spawns.push((id, items, spec));
         }

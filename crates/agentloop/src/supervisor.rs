@@ -91,7 +91,9 @@ pub struct SessionSpec<I> {
     /// Items to push right after it starts, in order.
     pub initial_items: Vec<I>,
     /// The stored record, when the spawner already read it (the runtime's resume).
-    pub(crate) preloaded: Option<crate::store::LoadedRecord<I>>,
+    /// (Boxed: the supervisor keeps every session's spec, and this is the largest field
+    /// and almost always `None`, B2.)
+    pub(crate) preloaded: Option<Box<crate::store::LoadedRecord<I>>>,
     /// The lease timeout the session judges a `Running` record's owner by (S19), when
     /// not the default: the runtime's configured one for the sessions it resumes, so
     /// the session agrees with the runtime that the owner is gone.
@@ -629,7 +631,7 @@ where
         let config = self.session_config(&spec, load_record);
         // Used once: a restart loads the record afresh, and its events go to those who
         // subscribe to the new incarnation.
-        let record = spec.preloaded.take();
+        let record = spec.preloaded.take().map(|r| *r);
         spec.subscribe = None;
         let handle = kind
             .spawn(config, &spec.agent_config, store, myself.get_cell(), record)
