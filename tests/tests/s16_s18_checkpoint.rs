@@ -32,6 +32,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         updated_at_ms: 1,
         version: 1,
         lease_epoch: 0,
+        last_event_seq: 0,
     }
 }
 

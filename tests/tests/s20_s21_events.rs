@@ -25,6 +25,7 @@ fn kinds(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
             SessionEvent::TurnEnded { turn, .. } => format!("end{turn}"),
             SessionEvent::StopRequested { .. } => "stop".into(),
             SessionEvent::Ended(_) => "Ended".into(),
+            SessionEvent::Lagged { missed } => format!("lagged{missed}"),
         })
         .collect()
 }

@@ -14,11 +14,24 @@
 //!   terminal slot, which the stream reads after its buffer drains. Teardown never
 //!   waits on a subscriber, and `Ended` is always the last event; `None` after it is the
 //!   authoritative end of the stream.
+//! * Every event the session emits gets the next number of the session's sequence
+//!   ([`Sequenced::seq`]), whether or not anybody listens, so the numbers are a
+//!   property of the session's history, not of its audience. Numbers are given and
+//!   events queued under one lock, so each stream sees them strictly increasing; a
+//!   stream skips the numbers of events its filter drops (and of a `StopRequested`
+//!   skipped for a full buffer). The sequence continues across restarts and resumes:
+//!   the record keeps the last number written (S26).
+//! * A session with a replay buffer (`SessionConfig::replay_capacity`) keeps its last
+//!   events, so a subscriber can start after a number it saw
+//!   ([`Subscribers::subscribe_after`]) and get exactly what it missed, or a
+//!   [`SessionEvent::Lagged`] marker when the buffer no longer holds it. The buffer
+//!   allocates at its first event: an idle session pays nothing for it (B2).
 //!
 //! It must not decide anything about turns or stops.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -92,6 +105,50 @@ pub enum SessionEvent<E> {
     },
     /// The session ended. Always the last event.
     Ended(ExitSummary),
+    /// A stream that asked to start after a sequence number the replay buffer no longer
+    /// holds: `missed` events are gone. Only ever the first event of such a stream; its
+    /// number is the last one missed, so a client that records numbers resumes after
+    /// it.
+    Lagged {
+        /// How many events the stream cannot replay.
+        missed: u64,
+    },
+}
+
+/// An event with its place in the session's sequence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sequenced<E> {
+    /// The event's number: strictly increasing in every stream, and across the
+    /// session's restarts and resumes (S20, S26).
+    pub seq: u64,
+    /// The event.
+    pub event: SessionEvent<E>,
+}
+
+/// The last sequence number a session gave, shared by its subscriber registry and the
+/// session core (which records it in every write).
+#[derive(Debug, Default)]
+pub(crate) struct EventSeq {
+    last: AtomicU64,
+}
+
+impl EventSeq {
+    /// The last number given (0 before the first event).
+    pub(crate) fn last(&self) -> u64 {
+        self.last.load(Ordering::Acquire)
+    }
+
+    /// Continues a sequence a record left off: the next event gets `last + 2` (one
+    /// number is left for the previous incarnation's `Ended`, which followed its last
+    /// write). Called before the session emits anything; never moves backwards.
+    pub(crate) fn continue_after(&self, last: u64) {
+        self.last
+            .fetch_max(last.saturating_add(1), Ordering::AcqRel);
+    }
+
+    fn next(&self) -> u64 {
+        self.last.fetch_add(1, Ordering::AcqRel) + 1
+    }
 }
 
 /// Which events a subscriber receives. `Ended` is always delivered. A subscriber is
@@ -147,7 +204,7 @@ impl EventFilter {
             SessionEvent::Preempted { .. } => self.preempted,
             SessionEvent::TurnEnded { .. } => self.turn_ended,
             SessionEvent::StopRequested { .. } => self.stop_requested,
-            SessionEvent::Ended(_) => true,
+            SessionEvent::Ended(_) | SessionEvent::Lagged { .. } => true,
         }
     }
 }
@@ -156,7 +213,8 @@ impl EventFilter {
 /// count of final turn events still being delivered to that subscriber.
 #[derive(Default)]
 pub(crate) struct TerminalSlot {
-    summary: Mutex<Option<ExitSummary>>,
+    /// `Ended`'s number and summary.
+    summary: Mutex<Option<(u64, ExitSummary)>>,
     waker: AtomicWaker,
     /// Final turn events sent after the turn reported its end and not delivered yet.
     /// `Ended` waits for them, so it is always last.
@@ -164,18 +222,26 @@ pub(crate) struct TerminalSlot {
 }
 
 impl TerminalSlot {
-    fn set(&self, summary: ExitSummary) {
-        *self.summary.lock() = Some(summary);
+    fn set(&self, ended: (u64, ExitSummary)) {
+        *self.summary.lock() = Some(ended);
         self.waker.wake();
     }
 
-    fn get(&self) -> Option<ExitSummary> {
+    fn get(&self) -> Option<(u64, ExitSummary)> {
         self.summary.lock().clone()
     }
 }
 
 /// Decrements a subscriber's in-flight count when a final send finishes or is dropped.
 struct InflightGuard(Arc<TerminalSlot>);
+
+impl InflightGuard {
+    /// Counts one more event in flight to the subscriber of `slot`.
+    fn new(slot: &Arc<TerminalSlot>) -> Self {
+        slot.inflight.fetch_add(1, Ordering::AcqRel);
+        InflightGuard(slot.clone())
+    }
+}
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
@@ -186,7 +252,7 @@ impl Drop for InflightGuard {
 }
 
 struct SubscriberTx<E> {
-    tx: mpsc::Sender<SessionEvent<E>>,
+    tx: mpsc::Sender<Sequenced<E>>,
     slot: Arc<TerminalSlot>,
     filter: EventFilter,
 }
@@ -207,12 +273,18 @@ impl<E> Clone for SubscriberTx<E> {
 /// Invariants:
 /// * once [`Subscribers::end`] ran, the registry is empty, so nothing new is queued;
 /// * a turn task holds the order gate from its start until its final events are
-///   delivered, so turn N+1's events never overtake turn N's.
+///   delivered, so turn N+1's events never overtake turn N's;
+/// * a number is given and its event queued (or registered in flight) under the
+///   `publish` lock, and nothing is queued to a subscriber with events in flight, so
+///   every stream's numbers increase.
 pub(crate) struct Subscribers<E> {
     // Copy-on-write: senders take a cheap snapshot and never hold the lock across an
     // await.
     list: RwLock<Arc<Vec<SubscriberTx<E>>>>,
-    ended: Mutex<Option<ExitSummary>>,
+    ended: Mutex<Option<(u64, ExitSummary)>>,
+    seq: Arc<EventSeq>,
+    /// Held while a number is given and its event queued; guards the replay buffer.
+    publish: Mutex<Replay<E>>,
     order: Arc<tokio::sync::Mutex<()>>,
     /// The stream registered before the actor started (subscribe at spawn), until the
     /// spawner takes it. Invariant: the spawner takes it right after the spawn returns
@@ -221,11 +293,40 @@ pub(crate) struct Subscribers<E> {
     at_spawn: Mutex<Option<EventStream<E>>>,
 }
 
+/// The last events of a session, for subscribers that start after a number.
+struct Replay<E> {
+    capacity: usize,
+    /// Oldest first; allocated by the first event kept.
+    events: VecDeque<Sequenced<E>>,
+}
+
+impl<E: Clone> Replay<E> {
+    fn keep(&mut self, seq: u64, event: &SessionEvent<E>) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.events.len() == self.capacity {
+            self.events.pop_front();
+        }
+        self.events.push_back(Sequenced {
+            seq,
+            event: event.clone(),
+        });
+    }
+}
+
 impl<E: Clone + Send + 'static> Subscribers<E> {
-    pub(crate) fn new() -> Self {
+    /// A registry numbering events with `seq`, keeping the last `replay_capacity`
+    /// events for late subscribers (0: none).
+    pub(crate) fn new(seq: Arc<EventSeq>, replay_capacity: usize) -> Self {
         Subscribers {
             list: RwLock::new(Arc::new(Vec::new())),
             ended: Mutex::new(None),
+            seq,
+            publish: Mutex::new(Replay {
+                capacity: replay_capacity,
+                events: VecDeque::new(),
+            }),
             order: Arc::new(tokio::sync::Mutex::new(())),
             at_spawn: Mutex::new(None),
         }
@@ -245,14 +346,66 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
 
     /// Adds a subscriber; after the end it gets a stream that yields `Ended` at once.
     pub(crate) fn subscribe(&self, capacity: usize, filter: EventFilter) -> EventStream<E> {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.subscribe_inner(capacity, filter, None)
+    }
+
+    /// Adds a subscriber that starts after event `after` (a number it saw): the events
+    /// since then that the replay buffer holds are queued first, in order, preceded by
+    /// [`SessionEvent::Lagged`] when some are no longer held.
+    pub(crate) fn subscribe_after(
+        &self,
+        after: u64,
+        capacity: usize,
+        filter: EventFilter,
+    ) -> EventStream<E> {
+        self.subscribe_inner(capacity, filter, Some(after))
+    }
+
+    fn subscribe_inner(
+        &self,
+        capacity: usize,
+        filter: EventFilter,
+        after: Option<u64>,
+    ) -> EventStream<E> {
+        // Under the publish lock: no event is numbered between the replay taken here
+        // and the registration, so the stream misses nothing and repeats nothing.
+        let replay = self.publish.lock();
+        let backlog: Vec<Sequenced<E>> = match after {
+            None => Vec::new(),
+            Some(after) => {
+                let mut backlog = Vec::new();
+                // Numbers up to `last` were given; `Ended`'s is given by `end`.
+                let last = self.seq.last();
+                let first_held = replay.events.front().map_or(last + 1, |e| e.seq);
+                if after + 1 < first_held && after < last {
+                    let missed = first_held - 1 - after;
+                    backlog.push(Sequenced {
+                        seq: first_held - 1,
+                        event: SessionEvent::Lagged { missed },
+                    });
+                }
+                backlog.extend(
+                    replay
+                        .events
+                        .iter()
+                        .filter(|e| e.seq > after && filter.accepts(&e.event))
+                        .cloned(),
+                );
+                backlog
+            }
+        };
+        let (tx, rx) = mpsc::channel(capacity.max(1) + backlog.len());
+        for ev in backlog {
+            // The channel was sized to hold the backlog.
+            let _ = tx.try_send(ev);
+        }
         let slot = Arc::new(TerminalSlot::default());
         // Checked under the list lock: `end` sets `ended` before it takes the list, so
         // a subscriber is either in the list `end` takes or sees `ended` here.
         let mut list = self.list.write();
         let ended = self.ended.lock().clone();
         match ended {
-            Some(summary) => slot.set(summary),
+            Some(ended) => slot.set(ended),
             None => {
                 let mut next: Vec<SubscriberTx<E>> =
                     list.iter().filter(|s| !s.tx.is_closed()).cloned().collect();
@@ -265,11 +418,24 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             }
         }
         drop(list);
+        drop(replay);
         EventStream {
             rx,
             slot,
             finished: false,
         }
+    }
+
+    /// Whether late subscribers can replay events (every event is then built, even
+    /// when nobody listens now).
+    pub(crate) fn replays(&self) -> bool {
+        self.publish.lock().capacity > 0
+    }
+
+    /// Gives an event nobody receives its number (the sequence does not depend on who
+    /// listens).
+    pub(crate) fn skip(&self) {
+        self.seq.next();
     }
 
     fn snapshot(&self) -> Arc<Vec<SubscriberTx<E>>> {
@@ -281,13 +447,46 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         self.order.clone().lock_owned().await
     }
 
-    /// Sends to every live subscriber, waiting for capacity (backpressure). Called from
-    /// turn tasks only, never from the actor.
-    pub(crate) async fn send(&self, event: SessionEvent<E>) {
+    /// Numbers `event`, keeps it for replay and queues it to every accepting
+    /// subscriber with room; returns the subscribers that were full (their copy is
+    /// registered in flight, so `Ended` and later events wait for it).
+    fn publish(&self, event: &SessionEvent<E>) -> (u64, Vec<(SubscriberTx<E>, InflightGuard)>) {
+        let mut replay = self.publish.lock();
+        // Taken under the lock: a subscriber registered meanwhile is in it or got this
+        // event from the replay buffer.
         let subs = self.snapshot();
-        for s in subs.iter().filter(|s| s.filter.accepts(&event)) {
+        let seq = self.seq.next();
+        replay.keep(seq, event);
+        let mut full = Vec::new();
+        for s in subs.iter().filter(|s| s.filter.accepts(event)) {
+            if s.slot.inflight.load(Ordering::Acquire) > 0 {
+                full.push((s.clone(), InflightGuard::new(&s.slot)));
+                continue;
+            }
+            let item = Sequenced {
+                seq,
+                event: event.clone(),
+            };
+            if let Err(mpsc::error::TrySendError::Full(_)) = s.tx.try_send(item) {
+                full.push((s.clone(), InflightGuard::new(&s.slot)));
+            }
+        }
+        (seq, full)
+    }
+
+    /// Sends to every live subscriber, waiting for capacity (backpressure). Called from
+    /// turn tasks only (holding the order gate), never from the actor.
+    pub(crate) async fn send(&self, event: SessionEvent<E>) {
+        let (seq, full) = self.publish(&event);
+        for (s, guard) in full {
             // A closed subscriber fails at once; it is pruned on the next subscribe.
-            let _ = s.tx.send(event.clone()).await;
+            let _ =
+                s.tx.send(Sequenced {
+                    seq,
+                    event: event.clone(),
+                })
+                .await;
+            drop(guard);
         }
     }
 
@@ -304,22 +503,20 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         events: Vec<SessionEvent<E>>,
         gate: tokio::sync::OwnedMutexGuard<()>,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
-        let subs = self.snapshot();
-        let mut pending: Vec<(SubscriberTx<E>, Vec<SessionEvent<E>>, InflightGuard)> = Vec::new();
-        for s in subs.iter() {
-            for (i, ev) in events.iter().enumerate() {
-                if !s.filter.accepts(ev) {
-                    continue;
-                }
-                match s.tx.try_send(ev.clone()) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Closed(_)) => break,
-                    Err(mpsc::error::TrySendError::Full(_)) => {
-                        s.slot.inflight.fetch_add(1, Ordering::AcqRel);
-                        let guard = InflightGuard(s.slot.clone());
-                        pending.push((s.clone(), events[i..].to_vec(), guard));
-                        break;
-                    }
+        // Per full subscriber: its guard and the numbered events still owed to it.
+        let mut pending: Vec<(SubscriberTx<E>, Vec<Sequenced<E>>, InflightGuard)> = Vec::new();
+        for event in events {
+            let (seq, full) = self.publish(&event);
+            for (s, guard) in full {
+                let item = Sequenced {
+                    seq,
+                    event: event.clone(),
+                };
+                match pending.iter_mut().find(|p| Arc::ptr_eq(&p.0.slot, &s.slot)) {
+                    // Already owed earlier events: this one queues behind them (the
+                    // extra in-flight count is released at once).
+                    Some(p) => p.1.push(item),
+                    None => pending.push((s, vec![item], guard)),
                 }
             }
         }
@@ -336,45 +533,45 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         })
     }
 
-    /// Sends without waiting; a full or closed subscriber is skipped. Returns how many
-    /// subscribers were skipped because their buffer was full.
+    /// Sends without waiting; a full or closed subscriber, or one with events in
+    /// flight (this event would overtake them), is skipped. Returns how many
+    /// subscribers were skipped because they were full or had events in flight.
     pub(crate) fn try_send(&self, event: SessionEvent<E>) -> usize {
-        let mut skipped = 0;
-        for s in self.snapshot().iter().filter(|s| s.filter.accepts(&event)) {
-            if let Err(mpsc::error::TrySendError::Full(_)) = s.tx.try_send(event.clone()) {
-                skipped += 1;
-            }
-        }
-        skipped
+        let (_, full) = self.publish(&event);
+        full.len()
     }
 
     /// Whether anybody listens to events like `probe` (lets senders skip building
     /// events nobody wants).
+    /// A replay buffer wants everything.
     pub(crate) fn wants(&self, probe: impl Fn(&EventFilter) -> bool) -> bool {
-        self.list.read().iter().any(|s| probe(&s.filter))
+        self.list.read().iter().any(|s| probe(&s.filter)) || self.replays()
     }
 
     /// Ends every stream: writes `Ended` into each terminal slot and empties the
     /// registry. Never waits. Idempotent.
     pub(crate) fn end(&self, summary: ExitSummary) {
-        {
+        let ended = {
+            let _publish = self.publish.lock();
             let mut ended = self.ended.lock();
             if ended.is_some() {
                 return;
             }
-            *ended = Some(summary.clone());
-        }
+            let e = (self.seq.next(), summary);
+            *ended = Some(e.clone());
+            e
+        };
         let list = std::mem::take(&mut *self.list.write());
         for s in list.iter() {
-            s.slot.set(summary.clone());
+            s.slot.set(ended.clone());
         }
     }
 }
 
-/// Sends a turn's final events to one subscriber, in order, skipping filtered ones.
-async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<SessionEvent<E>>) {
+/// Sends a turn's final events to one subscriber, in order.
+async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<Sequenced<E>>) {
     for ev in events {
-        if s.filter.accepts(&ev) && s.tx.send(ev).await.is_err() {
+        if s.tx.send(ev).await.is_err() {
             break;
         }
     }
@@ -385,7 +582,7 @@ async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<SessionEvent<E>>) {
 /// Read it with [`EventStream::next`] or as a `futures::Stream`. Dropping it
 /// unsubscribes; the session never waits on a dropped stream.
 pub struct EventStream<E> {
-    rx: mpsc::Receiver<SessionEvent<E>>,
+    rx: mpsc::Receiver<Sequenced<E>>,
     slot: Arc<TerminalSlot>,
     finished: bool,
 }
@@ -393,10 +590,15 @@ pub struct EventStream<E> {
 impl<E> EventStream<E> {
     /// The next event, or `None` once `Ended` was returned.
     pub async fn next(&mut self) -> Option<SessionEvent<E>> {
+        self.next_sequenced().await.map(|s| s.event)
+    }
+
+    /// The next event with its sequence number, or `None` once `Ended` was returned.
+    pub async fn next_sequenced(&mut self) -> Option<Sequenced<E>> {
         std::future::poll_fn(|cx| self.poll_event(cx)).await
     }
 
-    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<SessionEvent<E>>> {
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sequenced<E>>> {
         if self.finished {
             return Poll::Ready(None);
         }
@@ -408,7 +610,7 @@ impl<E> EventStream<E> {
         // Register the waker before checking the slot so a concurrent `set` (or the last
         // in-flight final event) is not missed.
         self.slot.waker.register(cx.waker());
-        if let Some(summary) = self.slot.get() {
+        if let Some((seq, summary)) = self.slot.get() {
             if self.slot.inflight.load(Ordering::Acquire) > 0 {
                 // A turn's final events are still on their way (the subscriber freed
                 // capacity; the sender will queue them): `Ended` waits behind them.
@@ -421,7 +623,10 @@ impl<E> EventStream<E> {
                 return Poll::Ready(Some(ev));
             }
             self.finished = true;
-            return Poll::Ready(Some(SessionEvent::Ended(summary)));
+            return Poll::Ready(Some(Sequenced {
+                seq,
+                event: SessionEvent::Ended(summary),
+            }));
         }
         Poll::Pending
     }
@@ -431,7 +636,7 @@ impl<E> futures::Stream for EventStream<E> {
     type Item = SessionEvent<E>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().poll_event(cx)
+        self.get_mut().poll_event(cx).map(|o| o.map(|s| s.event))
     }
 }
 

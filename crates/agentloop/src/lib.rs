@@ -47,7 +47,7 @@ pub mod turn;
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 pub use error::{SessionError, SpawnError};
-pub use events::{EventFilter, EventStream, SessionEvent, TurnEnd};
+pub use events::{EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use session::{
     CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind,

@@ -1,5 +1,6 @@
 //! State one session shares outside its actor: the stop signal and cause (S13), the
-//! late list (S14) and the exit state (S13) that handles wait on.
+//! late list (S14), the exit state (S13) that handles wait on, and the event numbering
+//! (S20).
 //!
 //! Only the TurnLoop actor writes here (handles only append to the late list when the
 //! actor is already gone); readers are handles and turn contexts. Critical sections are
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::events::EventSeq;
 use crate::exit::ExitState;
 
 impl<I> SessionShared<I> {
@@ -32,6 +34,8 @@ pub(crate) struct SessionShared<I> {
     exit: watch::Sender<Option<Arc<ExitState<I>>>>,
     /// Set by `detach` (S23): a bound client's disconnect no longer cancels the work.
     pub(crate) detached: std::sync::atomic::AtomicBool,
+    /// The session's event numbering (S20), which its writes record (S26).
+    pub(crate) event_seq: Arc<EventSeq>,
 }
 
 impl<I: Clone> SessionShared<I> {
@@ -43,6 +47,7 @@ impl<I: Clone> SessionShared<I> {
             cause: Mutex::new(None),
             exit: watch::Sender::new(None),
             detached: std::sync::atomic::AtomicBool::new(false),
+            event_seq: Arc::new(EventSeq::default()),
         }
     }
 

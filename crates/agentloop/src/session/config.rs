@@ -44,6 +44,10 @@ pub struct SessionConfig {
     pub persist: bool,
     /// The default capacity of each subscriber's event buffer.
     pub event_capacity: usize,
+    /// How many of its last events the session keeps for subscribers that reconnect
+    /// after a sequence number (S20; default 0: none, and nothing is allocated). The
+    /// buffer is allocated at the first event, and holds clones of the events.
+    pub replay_capacity: usize,
     /// Session-end hooks, run in order.
     pub end_hooks: Vec<EndHook>,
     /// The bound on each hook.
@@ -80,6 +84,7 @@ impl fmt::Debug for SessionConfig {
             .field("agent_kind", &self.agent_kind)
             .field("persist", &self.persist)
             .field("event_capacity", &self.event_capacity)
+            .field("replay_capacity", &self.replay_capacity)
             .field("end_hooks", &self.end_hooks.len())
             .field("hook_timeout", &self.hook_timeout)
             .field("durability", &self.durability)
@@ -97,6 +102,7 @@ impl SessionConfig {
             agent_config: Vec::new(),
             persist: false,
             event_capacity: DEFAULT_EVENT_CAPACITY,
+            replay_capacity: 0,
             end_hooks: Vec::new(),
             hook_timeout: Duration::from_secs(5),
             durability: Durability::Sync,
@@ -142,6 +148,13 @@ impl SessionConfig {
     /// Sets the default subscriber buffer capacity.
     pub fn event_capacity(mut self, capacity: usize) -> Self {
         self.event_capacity = capacity.max(1);
+        self
+    }
+
+    /// Keeps the session's last `capacity` events for subscribers that reconnect after
+    /// a sequence number ([`crate::SessionHandle::subscribe_after`]).
+    pub fn replay(mut self, capacity: usize) -> Self {
+        self.replay_capacity = capacity;
         self
     }
 

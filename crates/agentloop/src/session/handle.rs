@@ -136,7 +136,10 @@ where
             return Err(SpawnError::NoStore(config.id));
         }
         let shared = Arc::new(SessionShared::new(config.id.clone()));
-        let subscribers = Arc::new(Subscribers::new());
+        let subscribers = Arc::new(Subscribers::new(
+            shared.event_seq.clone(),
+            config.replay_capacity,
+        ));
         if let Some((capacity, filter)) = config.subscribe_at_spawn.take() {
             subscribers.reserve_at_spawn(capacity, filter);
         }
@@ -306,6 +309,21 @@ where
     /// out neither wake nor slow this subscriber.
     pub fn subscribe_filtered(&self, capacity: usize, filter: EventFilter) -> EventStream<E> {
         self.subscribers.subscribe(capacity, filter)
+    }
+
+    /// Subscribes after event `seq` (a number a previous stream returned with
+    /// [`EventStream::next_sequenced`]): the stream first yields, in order, the events
+    /// numbered above `seq` that the session's replay buffer
+    /// ([`SessionConfig::replay`]) still holds, preceded by
+    /// [`SessionEvent::Lagged`](crate::SessionEvent::Lagged) when some are gone, then
+    /// continues live. `seq` 0 asks for everything still held.
+    pub fn subscribe_after(
+        &self,
+        seq: u64,
+        capacity: usize,
+        filter: EventFilter,
+    ) -> EventStream<E> {
+        self.subscribers.subscribe_after(seq, capacity, filter)
     }
 
     /// A snapshot of the session.

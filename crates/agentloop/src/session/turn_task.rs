@@ -230,6 +230,8 @@ impl<A: Agent> TurnTask<A> {
                             resumed,
                         })
                         .await;
+                } else {
+                    run_subscribers.skip();
                 }
                 agent.run_turn(turn, cx).await
             };

@@ -73,6 +73,9 @@ pub struct RecordHeader {
     /// stored one (`StoreError::Fenced`). Each new owner of a session claims the stored
     /// epoch plus one.
     pub lease_epoch: u64,
+    /// The last event sequence number the session had given when this was written
+    /// (S20): a new incarnation numbers its events after it (S26).
+    pub last_event_seq: u64,
 }
 
 impl Default for RecordHeader {
@@ -94,6 +97,7 @@ impl Default for RecordHeader {
             updated_at_ms: 0,
             version: 0,
             lease_epoch: 0,
+            last_event_seq: 0,
         }
     }
 }
@@ -317,6 +321,7 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             updated_at_ms: rec.updated_at_ms,
             version: rec.version,
             lease_epoch: rec.lease_epoch,
+            last_event_seq: rec.last_event_seq,
         };
         Ok(LoadedRecord {
             header,
@@ -349,6 +354,7 @@ impl<I> LoadedRecord<I> {
             updated_at_ms: h.updated_at_ms,
             version: h.version,
             lease_epoch: h.lease_epoch,
+            last_event_seq: h.last_event_seq,
         }
     }
 
@@ -400,6 +406,8 @@ pub struct SessionRecord<I> {
     pub version: u64,
     /// The owner's fencing token (see [`RecordHeader::lease_epoch`]).
     pub lease_epoch: u64,
+    /// The last event sequence number written (see [`RecordHeader::last_event_seq`]).
+    pub last_event_seq: u64,
 }
 
 impl<I> SessionRecord<I> {
@@ -427,6 +435,7 @@ impl<I> SessionRecord<I> {
             updated_at_ms: now,
             version: 0,
             lease_epoch: 0,
+            last_event_seq: 0,
         }
     }
 

@@ -60,6 +60,8 @@ impl<A: Agent> TurnCx<A> {
     /// is full (backpressure); never waits on a dropped subscriber.
     pub async fn emit(&self, event: A::Event) {
         if !self.subscribers.wants(|f| f.agent) {
+            // Nobody receives it, but it still has its place in the sequence.
+            self.subscribers.skip();
             return;
         }
         self.subscribers

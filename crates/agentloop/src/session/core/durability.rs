@@ -172,6 +172,7 @@ impl<A: Agent> Core<A> {
             updated_at_ms: now,
             version: 0,
             lease_epoch: self.durable.lease_epoch,
+            last_event_seq: self.shared.event_seq.last(),
         }
     }
 

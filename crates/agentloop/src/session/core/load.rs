@@ -98,6 +98,9 @@ impl<A: Agent> Core<A> {
         self.next_index = header.turn_index;
         self.durable.created_at_ms = header.created_at_ms;
         self.durable.lease_epoch = header.lease_epoch + 1;
+        if header.last_event_seq > 0 {
+            self.shared.event_seq.continue_after(header.last_event_seq);
+        }
         self.durable.record_stale = true;
         self.durable.rewrite = record.format1;
         if let Some(index) = self.ledger.seed(&mut record) {

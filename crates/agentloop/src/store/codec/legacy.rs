@@ -158,6 +158,7 @@ pub fn decode_record<I: DeserializeOwned>(
         updated_at_ms: r.updated_at_ms,
         version: r.version,
         lease_epoch: 0,
+        last_event_seq: 0,
     })
 }
 

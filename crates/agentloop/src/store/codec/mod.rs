@@ -224,6 +224,7 @@ mod tests {
                         updated_at_ms: t,
                         version: v,
                         lease_epoch: epoch,
+                        last_event_seq: v / 3,
                     }
                 },
             )
