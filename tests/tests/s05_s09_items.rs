@@ -302,7 +302,10 @@ async fn s7_preempt_timeout_escalates() {
     assert_eq!(items, vec![1, 2]);
     let mut saw = None;
     while let Some(ev) = within("event", events.next()).await {
-        if let agentloop::SessionEvent::TurnEnded { turn: 0, outcome } = ev {
+        if let agentloop::SessionEvent::TurnEnded {
+            turn: 0, outcome, ..
+        } = ev
+        {
             saw = Some(outcome);
             break;
         }

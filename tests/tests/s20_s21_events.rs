@@ -52,7 +52,8 @@ async fn s20_events_arrive_in_order_and_end_with_ended() {
         evs[3],
         SessionEvent::TurnEnded {
             turn: 0,
-            outcome: TurnEnd::Completed
+            outcome: TurnEnd::Completed,
+            durable: false,
         }
     ));
     match evs.last() {

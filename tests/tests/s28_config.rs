@@ -99,6 +99,16 @@ fn s28_out_of_range_values_are_refused_naming_the_key() {
     ] {
         refused(text, key);
     }
+    // Issue 13 (3): each turn end durable.
+    let c = RuntimeConfig::from_toml_str("[store]\nflush = \"turn\"").unwrap();
+    assert_eq!(c.store.flush, Durability::Turn);
+    let msg = RuntimeConfig::from_toml_str("[store]\nflush = \"sometimes\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("\"turn\""),
+        "the message lists every level: {msg}"
+    );
     // The allowed range is part of the message.
     let err = RuntimeConfig::from_toml_str("[shutdown]\ngrace = \"301s\"").unwrap_err();
     assert!(matches!(

@@ -197,6 +197,7 @@ fn two_step_script() -> Script {
 fn mode_name(d: Durability) -> &'static str {
     match d {
         Durability::Exit => "exit",
+        Durability::Turn => "turn",
         Durability::Sync => "sync",
     }
 }
@@ -501,7 +502,8 @@ impl Samples {
                 self.exit_waves.push(r.waves as f64);
                 self.exit_wave_size.push(size);
             }
-            Durability::Sync => {
+            // (the harness measures `exit` and `sync` only)
+            Durability::Sync | Durability::Turn => {
                 self.sync.push(r.rate);
                 self.sync_waves.push(r.waves as f64);
                 self.sync_wave_size.push(size);

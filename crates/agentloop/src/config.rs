@@ -128,8 +128,8 @@ impl ShutdownConfig {
 pub struct StoreConfig {
     /// The sled data directory (default `./agentloop-data`).
     pub data_dir: PathBuf,
-    /// When persistent sessions write their record (`flush = "sync"`, the default, or
-    /// `"exit"`; S16a).
+    /// When persistent sessions write their record (`flush = "sync"`, the default,
+    /// `"turn"` or `"exit"`; S16a).
     pub flush: Durability,
 }
 
@@ -275,12 +275,13 @@ impl RuntimeConfig {
         if let Some(f) = raw.store.flush {
             c.store.flush = match f.as_str() {
                 "sync" => Durability::Sync,
+                "turn" => Durability::Turn,
                 "exit" => Durability::Exit,
                 _ => {
                     return Err(ConfigError::OutOfRange {
                         key: "store.flush",
                         value: f,
-                        allowed: "\"sync\" (write on every accepted item, safe point and turn end) or \"exit\" (write at exit only)",
+                        allowed: "\"sync\" (write on every accepted item, safe point and turn end), \"turn\" (write at every turn end) or \"exit\" (write at exit only)",
                     })
                 }
             };

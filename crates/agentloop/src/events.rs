@@ -95,6 +95,10 @@ pub enum SessionEvent<E> {
         turn: u64,
         /// How it ended.
         outcome: TurnEnd,
+        /// Whether the record holds this turn's end: under `Durability::Turn` and
+        /// `Sync` the event is sent only after the write holding it is flushed, and
+        /// says whether it succeeded; without a store and under `Exit` it is false.
+        durable: bool,
     },
     /// A stop request was accepted (best effort when the buffer is full).
     StopRequested {
@@ -281,7 +285,7 @@ pub(crate) struct Subscribers<E> {
     // Copy-on-write: senders take a cheap snapshot and never hold the lock across an
     // await.
     list: RwLock<Arc<Vec<SubscriberTx<E>>>>,
-    ended: Mutex<Option<(u64, ExitSummary)>>,
+    ended: Mutex<EndState>,
     seq: Arc<EventSeq>,
     /// Held while a number is given and its event queued; guards the replay buffer.
     publish: Mutex<Replay<E>>,
@@ -291,6 +295,34 @@ pub(crate) struct Subscribers<E> {
     /// (or drops it, which unsubscribes), so an unread stream never holds turn events
     /// back by backpressure.
     at_spawn: Mutex<Option<EventStream<E>>>,
+}
+
+/// `Ended` once given, and the turn tasks that hold it back.
+#[derive(Default)]
+struct EndState {
+    ended: Option<(u64, ExitSummary)>,
+    /// Turn tasks between reporting their end and queuing `TurnEnded` (which waits
+    /// for its write): `Ended` reaches the streams only when none is left.
+    holds: usize,
+}
+
+/// Holds `Ended` back until dropped (see [`Subscribers::hold_end`]).
+pub(crate) struct EndHold<E: Clone + Send + 'static>(Arc<Subscribers<E>>);
+
+impl<E: Clone + Send + 'static> Drop for EndHold<E> {
+    fn drop(&mut self) {
+        let ended = {
+            let mut st = self.0.ended.lock();
+            st.holds -= 1;
+            match (&st.ended, st.holds) {
+                (Some(e), 0) => Some(e.clone()),
+                _ => None,
+            }
+        };
+        if let Some(ended) = ended {
+            self.0.close_streams(ended);
+        }
+    }
 }
 
 /// The last events of a session, for subscribers that start after a number.
@@ -321,7 +353,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     pub(crate) fn new(seq: Arc<EventSeq>, replay_capacity: usize) -> Self {
         Subscribers {
             list: RwLock::new(Arc::new(Vec::new())),
-            ended: Mutex::new(None),
+            ended: Mutex::new(EndState::default()),
             seq,
             publish: Mutex::new(Replay {
                 capacity: replay_capacity,
@@ -403,7 +435,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         // Checked under the list lock: `end` sets `ended` before it takes the list, so
         // a subscriber is either in the list `end` takes or sees `ended` here.
         let mut list = self.list.write();
-        let ended = self.ended.lock().clone();
+        let ended = self.ended.lock().ended.clone();
         match ended {
             Some(ended) => slot.set(ended),
             None => {
@@ -550,17 +582,35 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
 
     /// Ends every stream: writes `Ended` into each terminal slot and empties the
     /// registry. Never waits. Idempotent.
+    /// While a turn task holds it back ([`Subscribers::hold_end`]), the streams get
+    /// `Ended` when the last hold is dropped.
     pub(crate) fn end(&self, summary: ExitSummary) {
         let ended = {
             let _publish = self.publish.lock();
-            let mut ended = self.ended.lock();
-            if ended.is_some() {
+            let mut st = self.ended.lock();
+            if st.ended.is_some() {
                 return;
             }
             let e = (self.seq.next(), summary);
-            *ended = Some(e.clone());
+            st.ended = Some(e.clone());
+            if st.holds > 0 {
+                return;
+            }
             e
         };
+        self.close_streams(ended);
+    }
+
+    /// Keeps `Ended` from the streams until the hold is dropped: a turn task takes it
+    /// before reporting its end when its `TurnEnded` waits for a write, so `Ended`
+    /// stays last even when the session exits meanwhile.
+    pub(crate) fn hold_end(self: &Arc<Self>) -> EndHold<E> {
+        self.ended.lock().holds += 1;
+        EndHold(self.clone())
+    }
+
+    /// Writes `Ended` into every stream's terminal slot and empties the registry.
+    fn close_streams(&self, ended: (u64, ExitSummary)) {
         let list = std::mem::take(&mut *self.list.write());
         for s in list.iter() {
             s.slot.set(ended.clone());

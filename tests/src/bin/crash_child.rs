@@ -1,6 +1,7 @@
 //! The child process of the S31 crash test: runs `sync` sessions of the simulated agent
 //! on a sled data directory and prints an ack line for every acknowledged push and
-//! every completed turn, until it is killed.
+//! every completed turn (written by the agent's turn hook before the turn returns),
+//! until it is killed.
 //!
 //! Usage: `crash_child <data-dir> <run-number> [--drain]`
 //!
@@ -16,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    CheckpointActor, CheckpointStore, Durability, EventFilter, InstanceLease, SessionConfig,
-    SessionEvent, SessionHandle, StopOptions, TurnEnd,
+    CheckpointActor, CheckpointStore, Durability, InstanceLease, SessionConfig, SessionHandle,
+    StopOptions,
 };
 use agentloop_sim::{Script, SimAgent, SimItem, SimStep};
 
@@ -72,8 +73,17 @@ async fn main() {
     let mut tasks = Vec::new();
     for s in 0..SESSIONS {
         let name = format!("crash-{s}");
-        let agent = SimAgent::new(script.clone()).with_state_payload(256);
-        let ledger = agent.ledger();
+        // Completed turns are reported by the agent itself, synchronously, before the
+        // turn returns: so the line is out before the record can drop those items
+        // (`TurnEnded` comes only after that write, S16a, and a kill in between would
+        // lose the line).
+        let reporter_name = name.clone();
+        let agent = SimAgent::new(script.clone())
+            .with_state_payload(256)
+            .with_turn_hook(Arc::new(move |_turn, ids| {
+                let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+                say(format!("turn {reporter_name} {}", ids.join(" ")));
+            }));
         let config = SessionConfig::new(name.clone())
             .persistent(true)
             .agent_kind("sim")
@@ -88,48 +98,24 @@ async fn main() {
                     std::process::exit(1);
                 }
             };
-        // Report completed turns with their items.
-        let mut events = h.subscribe_filtered(1024, EventFilter::turn_ends());
-        let reporter_name = name.clone();
-        let reporter = tokio::spawn(async move {
-            while let Some(ev) = events.next().await {
-                if let SessionEvent::TurnEnded {
-                    turn,
-                    outcome: TurnEnd::Completed,
-                } = ev
-                {
-                    let ids = ledger
-                        .lock()
-                        .completed
-                        .iter()
-                        .rev()
-                        .find(|(t, _)| *t == turn)
-                        .map(|(_, ids)| ids.clone())
-                        .unwrap_or_default();
-                    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
-                    say(format!("turn {reporter_name} {}", ids.join(" ")));
-                }
-            }
-        });
-        tasks.push((h, reporter, name, s));
+        tasks.push((h, name, s));
     }
     say("ready".into());
     if drain {
-        for (h, reporter, _, _) in tasks {
+        for (h, _, _) in tasks {
             let _ = h.stop(StopOptions::drain()).await;
             let exit = h.wait().await;
             if !exit.unhandled_items.is_empty() || !exit.interrupted_items.is_empty() {
                 eprintln!("crash_child: drain left items: {exit:?}");
                 std::process::exit(1);
             }
-            let _ = reporter.await;
         }
         let _ = client.close().await;
         say("drained".into());
         return;
     }
     let mut pushers = Vec::new();
-    for (h, _reporter, name, s) in tasks {
+    for (h, name, s) in tasks {
         pushers.push(tokio::spawn(async move {
             for k in 0.. {
                 let id = run * 1_000_000 + s * 100_000 + k;

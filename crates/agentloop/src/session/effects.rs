@@ -90,6 +90,10 @@ pub(super) async fn perform<A: Agent>(
                 let _ = me.send_message(internal::<A>(InternalMsg::Polled { status }));
             });
         }
+        Effect::TurnDurable { tx, durable } => {
+            // The turn task may be gone (killed); then nobody waits.
+            let _ = tx.send(durable);
+        }
         Effect::StopRequested { cancel, cause } => {
             let skipped = state
                 .subscribers

@@ -46,9 +46,14 @@ pub(super) async fn teardown<A: Agent>(
         });
         results.insert(seq, r);
     }
-    state
-        .core
-        .settle(|seq| results.get(&seq).cloned().unwrap_or(Ok(true)));
+    let final_durable = matches!(
+        checkpoint,
+        crate::session::CheckpointOutcome::Saved | crate::session::CheckpointOutcome::Deleted
+    );
+    state.core.settle(
+        |seq| results.get(&seq).cloned().unwrap_or(Ok(true)),
+        final_durable,
+    );
     let summary = match state.final_exit.as_mut() {
         Some(exit) => {
             exit.checkpoint = checkpoint;

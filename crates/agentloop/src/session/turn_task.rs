@@ -173,6 +173,7 @@ impl<A: Agent> TurnTask<A> {
                     vec![SessionEvent::TurnEnded {
                         turn: index,
                         outcome: TurnEnd::PlanAborted(reason),
+                        durable: false,
                     }],
                     gate,
                 );
@@ -261,18 +262,34 @@ impl<A: Agent> TurnTask<A> {
         };
 
         // 3. Classify, report, then deliver the final events (never holding up the
-        // actor; `Ended` waits for them).
+        // actor; `Ended` waits for them). Under `sync` and `turn`, `TurnEnded` waits
+        // for the write holding the turn's end, still holding the order gate (the
+        // next turn's events come after it) and holding `Ended` back.
         let end = control.finish(run_end);
         let mut finals = Vec::with_capacity(2);
         if matches!(end, TurnEnd::Preempted(_)) {
             finals.push(SessionEvent::Preempted { turn: index });
         }
+        let (durable, hold) = match control.take_durable_end() {
+            None => (false, None),
+            Some(rx) => {
+                let hold = subscribers.hold_end();
+                report_finished(&myself, index);
+                // A dropped sender (the session died): not durable.
+                (rx.await.unwrap_or(false), Some(hold))
+            }
+        };
         finals.push(SessionEvent::TurnEnded {
             turn: index,
             outcome: end,
+            durable,
         });
         let fin = subscribers.send_final(finals, gate);
-        report_finished(&myself, index);
+        match hold {
+            // Queued (or registered in flight): `Ended` may follow now.
+            Some(hold) => drop(hold),
+            None => report_finished(&myself, index),
+        }
         if let Some(fin) = fin {
             fin.await;
         }

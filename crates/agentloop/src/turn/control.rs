@@ -160,6 +160,9 @@ pub(crate) struct TurnControl<I, S> {
     /// Set once a preempt is submitted to the running turn (S8).
     preempted: AtomicBool,
     preempted_notify: Notify,
+    /// Under `sync` and `turn`: the answer to "is my end durable?", which the task
+    /// awaits before sending `TurnEnded`.
+    durable_end: Mutex<Option<tokio::sync::oneshot::Receiver<bool>>>,
 }
 
 impl<I: Clone, S: Clone> TurnControl<I, S> {
@@ -189,7 +192,19 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             wake: Notify::new(),
             preempted: AtomicBool::new(false),
             preempted_notify: Notify::new(),
+            durable_end: Mutex::new(None),
         }
+    }
+
+    /// The turn's task sends `TurnEnded` only once `rx` says whether the write holding
+    /// the end succeeded (a dropped sender: it did not).
+    pub(crate) fn wait_for_durable_end(&mut self, rx: tokio::sync::oneshot::Receiver<bool>) {
+        *self.durable_end.get_mut() = Some(rx);
+    }
+
+    /// What the task awaits before sending `TurnEnded`, if anything (taken once).
+    pub(crate) fn take_durable_end(&self) -> Option<tokio::sync::oneshot::Receiver<bool>> {
+        self.durable_end.lock().take()
     }
 
     pub(crate) fn phase(&self) -> Phase {

@@ -1,6 +1,13 @@
 //! What a persistent session writes, when, and who waits for it (DESIGN S15, S16a,
 //! S17, S23, S24).
 //!
+//! Under `turn` the record is written at every turn end (and at exit), with the entry
+//! changes since the previous write; pushes are answered at once.
+//! Under `sync` and `turn`, a turn's task sends `TurnEnded { durable: true }` only
+//! after the write holding its end is flushed (the next turn waits behind it, so
+//! events keep their order); the final write holds the end of a turn that ends the
+//! session.
+//!
 //! Under `sync` every change of placement is written as it happens: a push writes its
 //! own entry, a safe point the state, a turn end deletes what the turn consumed; each
 //! write also rewrites the header (status `Running`, the turn index, the cut turn's
@@ -30,7 +37,10 @@ use crate::error::SessionError;
 use crate::options::Preempt;
 use crate::push::{PreemptAck, PushError, PushReply};
 use crate::session::core::stop::canceled_stop;
-use crate::session::core::{Core, CoreConfig, DetachReply, Effect, Effects, Event, StoreOp};
+use crate::session::core::{
+    Core, CoreConfig, DetachReply, DurableTx, Effect, Effects, Event, StoreOp,
+};
+use crate::session::Durability;
 use crate::store::{
     now_ms, ItemChange, Payload, RecordHeader, RecordWrite, SessionStatus, StateChange, StoreError,
     WriteCondition,
@@ -53,8 +63,14 @@ pub(crate) struct Durable<A: Agent> {
     unsynced: VecDeque<UnsyncedPush<A::Item>>,
     /// A detach waiting for its record to be durable.
     detach: Option<(u64, DetachReply)>,
-    /// Item entry changes not written yet (`sync`).
+    /// Item entry changes not written yet (`sync`, `turn`).
     pending: Vec<ItemChange>,
+    /// Whether writes are incremental, so entry changes are kept for the next write
+    /// (under `exit` every write is whole and keeping them would grow without bound).
+    keeps_changes: bool,
+    /// Turn tasks waiting to send `TurnEnded`: the write holding the end (`FINAL`: the
+    /// final write), and where to say whether it succeeded.
+    turn_ends: Vec<(u64, DurableTx)>,
     /// Which state the stored record holds (its tag; `sync`).
     stored_state: Option<u64>,
     /// The next write replaces the whole record (a write failed, or the record was
@@ -76,12 +92,14 @@ pub(crate) struct Durable<A: Agent> {
 }
 
 impl<A: Agent> Durable<A> {
-    pub(crate) fn new(_config: &CoreConfig) -> Self {
+    pub(crate) fn new(config: &CoreConfig) -> Self {
         Durable {
             seq: 0,
             unsynced: VecDeque::new(),
             detach: None,
             pending: Vec::new(),
+            keeps_changes: config.persist && config.durability != Durability::Exit,
+            turn_ends: Vec::new(),
             stored_state: None,
             rewrite: false,
             record_stale: false,
@@ -93,9 +111,25 @@ impl<A: Agent> Durable<A> {
         }
     }
 
-    /// Keeps a move's entry changes for the next `sync` write.
+    /// Keeps a move's entry changes for the next incremental write.
     pub(crate) fn absorb(&mut self, changes: Vec<ItemChange>) {
-        self.pending.extend(changes);
+        if self.keeps_changes {
+            self.pending.extend(changes);
+        }
+    }
+
+    /// A turn's end is held by write `write`: its task learns the result.
+    pub(crate) fn turn_end_after(&mut self, write: u64, tx: Option<DurableTx>) {
+        if let Some(tx) = tx {
+            self.turn_ends.push((write, tx));
+        }
+    }
+
+    /// A turn's end is held by the final write.
+    pub(crate) fn turn_end_at_exit(&mut self, tx: Option<DurableTx>) {
+        if let Some(tx) = tx {
+            self.turn_ends.push((FINAL, tx));
+        }
     }
 
     /// The stored record holds state `tag` (a loaded record's).
@@ -127,6 +161,9 @@ impl<A: Agent> Durable<A> {
         self.seq
     }
 }
+
+/// The number a turn end held by the final write waits for.
+const FINAL: u64 = u64::MAX;
 
 /// Answers one push that waited for its write, after the loop is over (its preempt
 /// has no turn left to apply to).
@@ -202,7 +239,7 @@ impl<A: Agent> Core<A> {
         whole: bool,
     ) -> RecordWrite {
         let header = self.header(status);
-        let replace = whole || self.durable.rewrite || !self.syncs();
+        let replace = whole || self.durable.rewrite || !self.durable.keeps_changes;
         let items = if replace {
             self.durable.pending.clear();
             self.ledger.all_entries()
@@ -364,8 +401,21 @@ impl<A: Agent> Core<A> {
                 });
             }
         }
-        // Writes complete in order (the store's ordering contract), so a push whose
-        // write is `seq` is answered by this result, and earlier ones were by theirs.
+        // Writes complete in order (the store's ordering contract), so a turn end or
+        // a push whose write is `seq` is answered by this result, and earlier ones
+        // were by theirs.
+        while self
+            .durable
+            .turn_ends
+            .first()
+            .is_some_and(|(w, _)| *w <= seq)
+        {
+            let (_, tx) = self.durable.turn_ends.remove(0);
+            fx.push(Effect::TurnDurable {
+                tx,
+                durable: result.is_ok(),
+            });
+        }
         while self.durable.unsynced.front().is_some_and(|u| u.seq <= seq) {
             let Some(u) = self.durable.unsynced.pop_front() else {
                 break;
@@ -387,8 +437,21 @@ impl<A: Agent> Core<A> {
     }
 
     /// At teardown: answers every push (and a detach) still waiting, each with its own
-    /// write's result (`result(seq)`); the loop is over, so no preempt applies.
-    pub(crate) fn settle(&mut self, result: impl Fn(u64) -> Result<bool, StoreError>) {
+    /// write's result (`result(seq)`); the loop is over, so no preempt applies. A turn
+    /// end the final write holds is durable when `final_durable`.
+    pub(crate) fn settle(
+        &mut self,
+        result: impl Fn(u64) -> Result<bool, StoreError>,
+        final_durable: bool,
+    ) {
+        for (write, tx) in std::mem::take(&mut self.durable.turn_ends) {
+            let durable = if write == FINAL {
+                final_durable
+            } else {
+                result(write).is_ok()
+            };
+            let _ = tx.send(durable);
+        }
         if let Some((seq, reply)) = self.durable.detach.take() {
             let _ = reply.send(result(seq).map(|_| ()).map_err(SessionError::from));
         }

@@ -57,6 +57,8 @@ pub(crate) use stop::StopState;
 pub(crate) type StopReply = RpcReplyPort<Result<(), OptionsError>>;
 /// Where a detach's answer goes.
 pub(crate) type DetachReply = RpcReplyPort<Result<(), SessionError>>;
+/// Where a turn's task learns whether its end is durable (dropped: it is not).
+pub(crate) type DurableTx = tokio::sync::oneshot::Sender<bool>;
 
 /// A store operation the shell issues in order and reports back (`Written`).
 #[derive(Debug)]
@@ -188,6 +190,8 @@ pub(crate) enum Effect<A: Agent> {
     },
     /// Read the record's status and report `Polled`.
     Poll,
+    /// Tell turn `turn`'s task whether its end is durable, so it sends `TurnEnded`.
+    TurnDurable { tx: DurableTx, durable: bool },
     /// Tell subscribers a stop was requested (never waits).
     StopRequested {
         cancel: Option<CancelMode>,
@@ -210,6 +214,8 @@ pub(crate) struct ActiveTurn<A: Agent> {
     pub(crate) index: u64,
     pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
     pub(crate) is_resume: bool,
+    /// The turn task waits on it before sending `TurnEnded` (`sync` and `turn`).
+    pub(crate) durable_tx: Option<DurableTx>,
 }
 
 /// How the session is going to end, decided when a turn ends it.
@@ -323,6 +329,12 @@ impl<A: Agent> Core<A> {
     /// Whether every item, safe point and turn end is written (S16a `sync`).
     pub(crate) fn syncs(&self) -> bool {
         self.persists() && self.config.durability == Durability::Sync
+    }
+
+    /// Whether every turn end is written (`sync` and `turn`), so `TurnEnded` waits
+    /// for its write and says it is durable.
+    pub(crate) fn writes_turn_ends(&self) -> bool {
+        self.persists() && self.config.durability != Durability::Exit
     }
 
     /// Handles one event and appends the effects to perform to `fx`, in order.

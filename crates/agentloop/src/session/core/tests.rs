@@ -138,6 +138,8 @@ struct Harness {
     replies: Vec<(u64, Reply)>,
     exit: Option<(ExitState<u64>, CheckpointOutcome)>,
     now: Instant,
+    /// What each `TurnDurable` said, in order.
+    durable_ends: Vec<bool>,
 }
 
 fn enc(v: &u64) -> Result<Vec<u8>, codec::PayloadError> {
@@ -145,18 +147,15 @@ fn enc(v: &u64) -> Result<Vec<u8>, codec::PayloadError> {
 }
 
 impl Harness {
-    fn new(persistent: bool, sync: bool) -> Self {
+    fn new(persistent: bool, durability: Durability) -> Self {
+        let sync = durability == Durability::Sync;
         let shared = Arc::new(SessionShared::new(ID.to_string()));
         let config = CoreConfig {
             id: ID.into(),
             agent_kind: "scripted".into(),
             agent_config: Vec::new(),
             persist: persistent,
-            durability: if sync {
-                Durability::Sync
-            } else {
-                Durability::Exit
-            },
+            durability,
             owner: Some("me".into()),
             poll_interval: std::time::Duration::from_secs(1),
             supervised: false,
@@ -186,6 +185,7 @@ impl Harness {
             replies: Vec::new(),
             exit: None,
             now: Instant::now(),
+            durable_ends: Vec::new(),
         };
         h.event(Event::Start);
         h
@@ -260,6 +260,7 @@ impl Harness {
                 queue.push_back(Event::Polled { status });
             }
             Effect::StopRequested { .. } => {}
+            Effect::TurnDurable { durable, .. } => self.durable_ends.push(durable),
             Effect::Exit(plan) => {
                 let result = match &plan.last {
                     FinalAction::Write { write, .. } => {
@@ -271,13 +272,20 @@ impl Harness {
                 };
                 let outcome = plan.last.outcome(result);
                 let results = self.results.clone();
-                self.core.settle(|seq| {
-                    results
-                        .iter()
-                        .find(|(s, _)| *s == seq)
-                        .map(|(_, r)| r.clone())
-                        .unwrap_or(Ok(true))
-                });
+                let final_durable = matches!(
+                    outcome,
+                    crate::exit::CheckpointOutcome::Saved | crate::exit::CheckpointOutcome::Deleted
+                );
+                self.core.settle(
+                    |seq| {
+                        results
+                            .iter()
+                            .find(|(s, _)| *s == seq)
+                            .map(|(_, r)| r.clone())
+                            .unwrap_or(Ok(true))
+                    },
+                    final_durable,
+                );
                 self.exit = Some((plan.exit, outcome));
             }
         }
@@ -587,8 +595,8 @@ impl Harness {
     }
 }
 
-fn run(persistent: bool, sync: bool, actions: Vec<Action>) {
-    let mut h = Harness::new(persistent, sync);
+fn run(persistent: bool, durability: Durability, actions: Vec<Action>) {
+    let mut h = Harness::new(persistent, durability);
     h.check(0);
     for (i, a) in actions.into_iter().enumerate() {
         h.apply(a);
@@ -606,19 +614,25 @@ proptest! {
     /// placement, after every step.
     #[test]
     fn core_sync_conserves_and_the_record_is_the_placement(actions in proptest::collection::vec(action(), 0..60)) {
-        run(true, true, actions);
+        run(true, Durability::Sync, actions);
     }
 
     /// S10 on the core alone, `exit` durability (the record is written at the end).
     #[test]
     fn core_exit_durability_conserves(actions in proptest::collection::vec(action(), 0..60)) {
-        run(true, false, actions);
+        run(true, Durability::Exit, actions);
+    }
+
+    /// S10 on the core alone, `turn` durability.
+    #[test]
+    fn core_turn_durability_conserves(actions in proptest::collection::vec(action(), 0..60)) {
+        run(true, Durability::Turn, actions);
     }
 
     /// S10 on the core alone, no store.
     #[test]
     fn core_in_memory_conserves(actions in proptest::collection::vec(action(), 0..60)) {
-        run(false, false, actions);
+        run(false, Durability::Exit, actions);
     }
 }
 
@@ -626,7 +640,7 @@ proptest! {
 /// push does not depend on the backlog).
 #[test]
 fn a_sync_push_writes_one_entry_whatever_waits() {
-    let mut h = Harness::new(true, true);
+    let mut h = Harness::new(true, Durability::Sync);
     h.push(false); // turn 0 plans item 0
     h.apply(Action::Plan {
         k: 1,

@@ -107,11 +107,18 @@ impl<A: Agent> Core<A> {
         } else {
             TurnHooks::none()
         };
-        let control = Arc::new(TurnControl::new(index, input, hooks));
+        let mut control = TurnControl::new(index, input, hooks);
+        let durable_tx = self.writes_turn_ends().then(|| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            control.wait_for_durable_end(rx);
+            tx
+        });
+        let control = Arc::new(control);
         self.turn = Some(ActiveTurn {
             index,
             control: control.clone(),
             is_resume,
+            durable_tx,
         });
         fx.push(Effect::StartTurn {
             index,
@@ -153,9 +160,12 @@ impl<A: Agent> Core<A> {
             return;
         }
         self.take_plan();
-        let Some(active) = self.turn.take() else {
+        let Some(mut active) = self.turn.take() else {
             return;
         };
+        // The task waits for it only when the turn ran (a plan that aborted or
+        // consumed nothing sends its event at once).
+        let durable_tx = active.durable_tx.take();
         let Some(ending) = active.control.take_ending() else {
             self.ledger.turn_not_run();
             self.exit = Some(pending(
@@ -240,13 +250,16 @@ impl<A: Agent> Core<A> {
             }
         }
         // S16a: the turn's end is on record before the next turn starts (unless the
-        // session is about to exit: its final write records the end).
+        // session is about to exit: its final write records the end). `TurnEnded`
+        // waits for that write.
         let exiting = self.exit.is_some() || (self.stop.committed && !self.stop.drain);
-        if self.syncs() && !exiting {
-            self.write_live(fx);
+        if self.writes_turn_ends() && !exiting {
+            let write = self.write_live(fx);
+            self.durable.turn_end_after(write, durable_tx);
+        } else if self.writes_turn_ends() {
+            self.durable.turn_end_at_exit(durable_tx);
         } else if (completed || self.durable.dropped_since_write)
             && self.persists()
-            && !self.syncs()
             && self.durable.record_stale
         {
             // Also when the turn failed: the failure leaves the record to the
