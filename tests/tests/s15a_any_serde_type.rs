@@ -562,3 +562,35 @@ async fn s15a_an_unstorable_state_fails_the_turn_and_the_record_keeps_the_last_g
     assert_eq!(state.seen, vec![Item::Unit(Unit)]);
     c.close().await.unwrap();
 }
+
+/// Issue 13 (1): an answer that cannot be stored is refused before anything is read
+/// or written, and comes back.
+#[tokio::test(start_paused = true)]
+async fn s15a_an_unstorable_answer_is_handed_back() {
+    let store: Arc<dyn CheckpointStore<Item>> = Arc::new(agentloop::MemoryStore::<Item>::new());
+    let bad = Item::WideLoose(WideLoose::N(5));
+    let r = SessionHandle::<Item, ()>::resume_with_answer(
+        SessionConfig::new("answer")
+            .persistent(true)
+            .agent_kind("rec"),
+        Arc::new(Recorder {
+            got: Arc::new(Mutex::new(Vec::new())),
+            resumed: Arc::new(Mutex::new(Vec::new())),
+            block: false,
+            poison: false,
+        }),
+        Some(store.clone()),
+        bad.clone(),
+        8,
+    )
+    .await;
+    match r {
+        Err(e @ agentloop::AnswerError::NotStorable { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("u128"), "names the reason: {msg}");
+            assert_eq!(e.into_answer(), Some(bad));
+        }
+        other => panic!("expected NotStorable, got {:?}", other.map(|_| ())),
+    }
+    assert!(store.load("answer").await.unwrap().is_none());
+}

@@ -33,6 +33,9 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         version: 1,
         lease_epoch: 0,
         last_event_seq: 0,
+        interrupt: None,
+        awaiting_answer: false,
+        answer: None,
     }
 }
 

@@ -220,6 +220,9 @@ struct View {
     state: Option<(usize, Result<Value, String>)>,
     stop_cause: Option<String>,
     last_error: Option<String>,
+    /// The business interrupt (reason and question) and whether it awaits an answer.
+    interrupt: Option<agentloop::InterruptInfo>,
+    awaiting_answer: bool,
     owner: Option<String>,
     heartbeat_ms: u64,
     created_at_ms: u64,
@@ -267,6 +270,8 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                     .map(|s| (s.len(), payload::to_json(s).map_err(|e| e.to_string()))),
                 stop_cause: h.stop_cause.clone(),
                 last_error: h.last_error.clone(),
+                interrupt: h.interrupt.clone(),
+                awaiting_answer: h.awaiting_answer,
                 owner: h.owner.clone(),
                 heartbeat_ms: h.heartbeat_ms,
                 created_at_ms: h.created_at_ms,
@@ -292,6 +297,8 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 }),
                 stop_cause: rec.stop_cause,
                 last_error: rec.last_error,
+                interrupt: rec.interrupt,
+                awaiting_answer: rec.awaiting_answer,
                 owner: rec.owner,
                 heartbeat_ms: rec.heartbeat_ms,
                 created_at_ms: rec.created_at_ms,
@@ -481,6 +488,18 @@ fn show(dir: &Path, id: &str, json: bool, raw: bool) -> Result<String, Failure> 
     );
     line("stop cause", opt(&rec.stop_cause));
     line("last error", opt(&rec.last_error));
+    if let Some(i) = &rec.interrupt {
+        line("interrupt", clean(&i.reason));
+        line("question", clean(&i.question.to_string()));
+        line(
+            "awaiting",
+            if rec.awaiting_answer {
+                "yes: resumes only with an answer (resume_with_answer)".to_string()
+            } else {
+                "no: answered".to_string()
+            },
+        );
+    }
     line("owner", opt(&rec.owner));
     line(
         "heartbeat",
@@ -642,6 +661,8 @@ fn view_json(rec: &View, with_items: bool) -> Value {
         "state_bytes": rec.state.as_ref().map(|(n, _)| *n),
         "stop_cause": rec.stop_cause,
         "last_error": rec.last_error,
+        "interrupt": rec.interrupt,
+        "awaiting_answer": rec.awaiting_answer,
         "owner": rec.owner,
         "heartbeat_ms": rec.heartbeat_ms,
         "created_at_ms": rec.created_at_ms,

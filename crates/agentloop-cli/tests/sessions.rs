@@ -425,3 +425,44 @@ fn sessions_show_renders_any_item_type_as_json() {
     assert_eq!(json["interrupted_items"][0]["role"], "user");
     assert_eq!(json["state"]["step"], 2);
 }
+
+/// Issue 13 (1): `show` prints a session's interrupt, its question and that it awaits
+/// an answer, in text and JSON.
+#[test]
+fn sessions_show_prints_the_question_awaiting_an_answer() {
+    let dir = TempDir::new("question");
+    let mut rec = SessionRecord::<SimItem>::new("asks", "sim", 0);
+    rec.interrupted_items = items(&[1]);
+    rec.interrupt = Some(agentloop::InterruptInfo::asking(
+        "approval required",
+        serde_json::json!({"tool": "delete_file", "path": "/tmp/x"}),
+    ));
+    rec.awaiting_answer = true;
+    let backend = SledBackend::open(dir.0.as_path()).unwrap();
+    for r in backend.apply(vec![WriteOp::Write(Box::new(
+        rec.to_write(WriteCondition::Always).unwrap(),
+    ))]) {
+        r.unwrap();
+    }
+    backend.flush().unwrap();
+    drop(backend);
+    let d = dir.0.to_str().unwrap();
+    let out = ok(&agentloop(&["sessions", "show", "asks", "--data-dir", d]));
+    assert!(out.contains("interrupt    approval required"), "{out}");
+    assert!(
+        out.contains(r#"question     {"path":"/tmp/x","tool":"delete_file"}"#),
+        "{out}"
+    );
+    assert!(out.contains("awaiting     yes"), "{out}");
+    let json: Value = serde_json::from_str(&ok(&agentloop(&[
+        "sessions",
+        "show",
+        "asks",
+        "--json",
+        "--data-dir",
+        d,
+    ])))
+    .unwrap();
+    assert_eq!(json["awaiting_answer"], Value::Bool(true));
+    assert_eq!(json["interrupt"]["question"]["tool"], "delete_file");
+}

@@ -263,6 +263,9 @@ pub struct Ledger {
     pub completed: Vec<(u64, Vec<u64>)>,
     /// Item ids the plan dropped.
     pub dropped: Vec<u64>,
+    /// The answers resumed turns got (`Turn::answer`): (turn, the answer's id and
+    /// text).
+    pub answers: Vec<(u64, u64, String)>,
 }
 
 impl Ledger {
@@ -455,6 +458,12 @@ impl Agent for SimAgent {
     ) -> Result<TurnOutcome<SimState>, AgentError> {
         let ids: Vec<u64> = turn.items.iter().map(|i| i.id).collect();
         let resumed = turn.resume.is_some();
+        if let Some(a) = &turn.answer {
+            self.ledger
+                .lock()
+                .answers
+                .push((turn.index, a.id, a.text.clone()));
+        }
         let mut st = turn.resume.unwrap_or_else(|| SimState {
             turn: turn.index,
             items: ids.clone(),
@@ -485,7 +494,11 @@ impl Agent for SimAgent {
                     panic!("simulated panic at turn {} step {i}", turn.index)
                 }
                 Some(Fault::Interrupt) => {
-                    return cx.interrupt("simulated approval required", st);
+                    return cx.ask(
+                        "simulated approval required",
+                        serde_json::json!({ "turn": turn.index, "step": i, "items": ids }),
+                        st,
+                    );
                 }
                 None => {}
             }

@@ -108,6 +108,10 @@ pub struct Turn<A: Agent> {
     /// When this is a resume turn (S17): the state saved at the cut turn's last safe
     /// point. The agent continues from it.
     pub resume: Option<A::State>,
+    /// When this turn resumes a business interrupt (S4) that a caller answered
+    /// (`resume_with_answer`): the answer, a value of the item type (LangGraph's
+    /// `Command(resume=…)`). Given to the resumed turn only; `None` otherwise.
+    pub answer: Option<A::Item>,
 }
 
 impl<A: Agent> Debug for Turn<A> {
@@ -117,22 +121,38 @@ impl<A: Agent> Debug for Turn<A> {
             .field("items", &self.items)
             .field("has_preempted_items", &self.has_preempted_items)
             .field("resume", &self.resume)
+            .field("answer", &self.answer)
             .finish()
     }
 }
 
-/// Why an agent ended a turn with a business interrupt (S4), e.g. waiting for a human.
+/// Why an agent ended a turn with a business interrupt (S4), e.g. waiting for a human,
+/// and what it asks. A persistent session's record keeps it, marked as awaiting an
+/// answer; the resumed turn gets the answer in [`Turn::answer`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InterruptInfo {
     /// A short reason, e.g. `"approval required"`.
     pub reason: String,
+    /// The question for whoever answers (the tool call to approve, a form): any JSON
+    /// value; `null` when the interrupt asks nothing.
+    #[serde(default)]
+    pub question: serde_json::Value,
 }
 
 impl InterruptInfo {
-    /// An interrupt with this reason.
+    /// An interrupt with this reason and no question.
     pub fn new(reason: impl Into<String>) -> Self {
         InterruptInfo {
             reason: reason.into(),
+            question: serde_json::Value::Null,
+        }
+    }
+
+    /// An interrupt with this reason that asks `question`.
+    pub fn asking(reason: impl Into<String>, question: serde_json::Value) -> Self {
+        InterruptInfo {
+            reason: reason.into(),
+            question,
         }
     }
 }

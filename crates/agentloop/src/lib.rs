@@ -50,9 +50,9 @@ pub use error::{SessionError, SpawnError};
 pub use events::{EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use session::{
-    CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind,
-    PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step, TurnCx, TurnLoop,
-    TurnLoopMsg,
+    AnswerError, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary,
+    FailureKind, PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step, TurnCx,
+    TurnLoop, TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]

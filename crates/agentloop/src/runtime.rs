@@ -320,6 +320,27 @@ where
         self.client.as_ref()?.stats().await.ok()
     }
 
+    /// Answers the business interrupt of stored session `id` and resumes it under this
+    /// runtime with its durability (S4): LangGraph's `Command(resume=…)`. The answer
+    /// and this instance's claim are one durable write before the call returns; the
+    /// resumed turn gets the answer in [`crate::Turn::answer`]. Works after a restart:
+    /// `Runtime::start` never resumes a session awaiting an answer by itself. Returns
+    /// the handle and a stream attached before the session started.
+    pub async fn resume_with_answer(
+        &self,
+        id: &str,
+        answer: I,
+    ) -> Result<(crate::SessionHandle<I, E>, crate::EventStream<E>), crate::AnswerError<I>> {
+        self.supervisor
+            .resume_with_answer(
+                id,
+                answer,
+                self.durability,
+                crate::events::DEFAULT_EVENT_CAPACITY,
+            )
+            .await
+    }
+
     /// This runtime instance's id (the owner of its `Running` records).
     pub fn instance_id(&self) -> &str {
         &self.instance

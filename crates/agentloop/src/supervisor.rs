@@ -405,6 +405,13 @@ pub enum SupervisorMsg<I, E> {
     /// Internal: a routed push found its incarnation ended and must be retried.
     #[doc(hidden)]
     Reroute(Reroute<I>),
+    /// Internal: what a caller needs to work on a stored record outside the
+    /// supervisor's mailbox (an answer's claim): the store, the owner and the kinds.
+    #[doc(hidden)]
+    RecordContext {
+        /// Where to answer.
+        reply: RpcReplyPort<RecordContext<I>>,
+    },
 }
 
 /// A session that left the supervisor's registry for good: it was stopped, completed,
@@ -534,6 +541,14 @@ struct Entry<I, E> {
     restarted: u32,
     /// Detached (S23): a restarted incarnation is detached again.
     detached: bool,
+}
+
+/// The supervisor's store, owner and registered kinds ([`SupervisorMsg::RecordContext`]).
+#[doc(hidden)]
+pub struct RecordContext<I> {
+    store: Option<Arc<dyn CheckpointStore<I>>>,
+    owner: Option<String>,
+    kinds: Vec<String>,
 }
 
 /// The supervisor's state.
@@ -976,6 +991,13 @@ where
                 });
             }
             SupervisorMsg::WatchEnds { feed } => st.watchers.push(feed),
+            SupervisorMsg::RecordContext { reply } => {
+                let _ = reply.send(RecordContext {
+                    store: st.store.clone(),
+                    owner: st.owner.clone(),
+                    kinds: st.kinds.keys().cloned().collect(),
+                });
+            }
             SupervisorMsg::StopAll { options, reply } => {
                 st.stopping = true;
                 let handles: Vec<SessionHandle<I, E>> =
@@ -1295,6 +1317,60 @@ where
         })
         .await
         .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Answers the business interrupt of stored session `id` and resumes it under
+    /// this supervisor (S4, S25), also after a process restart: the answer and this
+    /// supervisor's claim are one durable write before the session starts (see
+    /// [`SessionHandle::resume_with_answer`]); the agent is rebuilt from the record's
+    /// kind and configuration. Returns the handle and a stream attached before the
+    /// session started (it sees the resumed turn's `TurnStarted`). The session is
+    /// persistent with `durability`, restart policy permanent.
+    pub async fn resume_with_answer(
+        &self,
+        id: &str,
+        answer: I,
+        durability: Durability,
+        capacity: usize,
+    ) -> Result<(SessionHandle<I, E>, EventStream<E>), crate::AnswerError<I>>
+    where
+        I: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let Some(ctx) = self
+            .ask(|reply| SupervisorMsg::RecordContext { reply })
+            .await
+        else {
+            return Err(crate::AnswerError::Unavailable {
+                id: id.to_string(),
+                reason: "the session supervisor is gone; start the runtime again".into(),
+                answer,
+            });
+        };
+        let Some(store) = ctx.store else {
+            return Err(crate::AnswerError::NotPersistent {
+                id: id.to_string(),
+                answer,
+            });
+        };
+        let record = crate::session::answer::claim_with_answer(
+            &*store,
+            id,
+            ctx.owner.as_deref(),
+            answer,
+            Some(&ctx.kinds),
+        )
+        .await?;
+        let mut spec = SessionSpec::new(id, record.header.agent_kind.clone())
+            .config(record.header.agent_config.clone())
+            .persistent(true)
+            .durability(durability);
+        spec.preloaded = Some(Box::new(record));
+        self.spawn_subscribed(spec, capacity, EventFilter::all())
+            .await
+            .map_err(|e| crate::AnswerError::Spawn {
+                id: id.to_string(),
+                reason: e.to_string(),
+            })
     }
 
     /// Pushes to a session by id.

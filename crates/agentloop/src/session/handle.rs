@@ -115,6 +115,58 @@ where
         Ok((handle, events))
     }
 
+    /// Answers the business interrupt of session `config.id` and resumes it (S4; see
+    /// `crate::session::answer`): the answer and this owner's claim are written to the
+    /// record in one durable write before anything starts, then the session is spawned
+    /// on that record with a subscriber attached (so it sees the resumed turn's
+    /// `TurnStarted`). The resumed turn gets the answer in [`crate::Turn::answer`],
+    /// beside its saved state and interrupted items, before any new item. Works after a
+    /// process restart: the record is all it needs.
+    ///
+    /// Errors hand the answer back and leave the record unchanged, except
+    /// [`AnswerError::Spawn`](crate::AnswerError::Spawn) (the answer is on record; spawn
+    /// the session again).
+    pub async fn resume_with_answer<A>(
+        config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        answer: I,
+        capacity: usize,
+    ) -> Result<(Self, EventStream<E>), crate::AnswerError<I>>
+    where
+        A: Agent<Item = I, Event = E>,
+        I: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let id = config.id.clone();
+        let store = match store.filter(|_| config.persist) {
+            Some(s) => s,
+            None => return Err(crate::AnswerError::NotPersistent { id, answer }),
+        };
+        let record = crate::session::answer::claim_with_answer(
+            &*store,
+            &id,
+            config.owner.as_deref(),
+            answer,
+            None,
+        )
+        .await?;
+        let mut config = config;
+        config.subscribe_at_spawn = Some((capacity, EventFilter::all()));
+        let handle = Self::spawn_inner(config, agent, Some(store), None, Some(record))
+            .await
+            .map_err(|e| crate::AnswerError::Spawn {
+                id: id.clone(),
+                reason: e.to_string(),
+            })?;
+        match handle.take_events_at_spawn() {
+            Some(events) => Ok((handle, events)),
+            None => Err(crate::AnswerError::Spawn {
+                id,
+                reason: "the subscriber at spawn was not registered".into(),
+            }),
+        }
+    }
+
     /// The stream registered before the actor started, once (the supervisor's
     /// subscribed spawn takes it right after the spawn).
     pub(crate) fn take_events_at_spawn(&self) -> Option<EventStream<E>> {

@@ -121,5 +121,16 @@ pub(super) async fn load<A: Agent>(
             Ok(v) => (Some(v), Some(b.clone())),
         },
     };
-    core.seed(loaded, state, bytes);
+    // The answer a caller gave to the record's interrupt (written with its claim).
+    let answer = match &loaded.header.answer {
+        None => None,
+        Some(b) => match codec::decode_item::<A::Item>(&id, b) {
+            Ok(item) => Some((item, Payload::from(b.as_ref()))),
+            Err(e) => {
+                core.load_error = Some(Box::new(e));
+                return;
+            }
+        },
+    };
+    core.seed(loaded, state, bytes, answer);
 }

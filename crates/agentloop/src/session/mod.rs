@@ -9,6 +9,7 @@
 //! session lives in `crate::turn`, the exit state in `crate::exit`, a push's answers in
 //! `crate::push`, the state handles read after the actor is gone in `crate::shared`.
 
+pub(crate) mod answer;
 mod config;
 pub(crate) mod core;
 mod effects;
@@ -24,6 +25,7 @@ pub use crate::exit::{
     CheckpointOutcome, ExitCounters, ExitReason, ExitState, ExitSummary, FailureKind,
 };
 pub use crate::turn::{Step, TurnCx};
+pub use answer::AnswerError;
 pub use config::{
     validate_session_id, Durability, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN,
 };

@@ -32,10 +32,12 @@ pub(crate) enum TurnWork<A: Agent> {
         input: PlanInput<A::Item>,
         bytes: Option<Vec<Payload>>,
     },
-    /// A resume turn (S17): no plan; these items and this state.
+    /// A resume turn (S17): no plan; these items and this state, and the answer to
+    /// the interrupt that cut it, if one was given.
     Resume {
         items: Vec<A::Item>,
         state: Option<A::State>,
+        answer: Option<A::Item>,
     },
 }
 
@@ -68,10 +70,11 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
 
 /// What planning produced.
 enum Planned<A: Agent> {
-    /// A resume turn's items and state.
+    /// A resume turn's items, state and answer.
     Resume {
         items: Vec<A::Item>,
         state: Option<A::State>,
+        answer: Option<A::Item>,
     },
     /// A plan's answer by entry.
     Split {
@@ -109,7 +112,15 @@ impl<A: Agent> TurnTask<A> {
         let gate_and_plan = async {
             let gate = subscribers.order_gate().await;
             let planned = match work {
-                TurnWork::Resume { items, state } => Ok(Planned::<A>::Resume { items, state }),
+                TurnWork::Resume {
+                    items,
+                    state,
+                    answer,
+                } => Ok(Planned::<A>::Resume {
+                    items,
+                    state,
+                    answer,
+                }),
                 TurnWork::Plan { input, bytes } => {
                     let had_preempted = !input.preempted.is_empty();
                     let offered = input.len();
@@ -185,10 +196,14 @@ impl<A: Agent> TurnTask<A> {
             }
             Ok(p) => p,
         };
-        let (items, had_preempted, resume_state) = match planned {
-            Planned::Resume { items, state } => {
+        let (items, had_preempted, resume_state, answer) = match planned {
+            Planned::Resume {
+                items,
+                state,
+                answer,
+            } => {
                 control.start_running(None, Instant::now());
-                (items, false, state)
+                (items, false, state, answer)
             }
             Planned::Split {
                 split,
@@ -208,7 +223,7 @@ impl<A: Agent> TurnTask<A> {
                 // control block, so under `sync` it goes on record before the turn can
                 // fail and a restart from the record never offers a dropped item again.
                 control.start_running(Some(split), Instant::now());
-                (items, had_preempted, None)
+                (items, had_preempted, None, None)
             }
         };
 
@@ -218,6 +233,7 @@ impl<A: Agent> TurnTask<A> {
             has_preempted_items: had_preempted,
             items,
             resume: resume_state,
+            answer,
         };
         let n_items = turn.items.len();
         let run_subscribers = subscribers.clone();

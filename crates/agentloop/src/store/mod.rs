@@ -82,6 +82,17 @@ pub enum StoreError {
         /// The session.
         session: String,
     },
+    /// A write conditioned on the record's version found another version: the record
+    /// changed since it was read. Nothing was written.
+    #[error("the record of session `{session}` changed since it was read (version {found}, expected {expected}): another caller answered or claimed it first; read it again")]
+    Changed {
+        /// The session.
+        session: String,
+        /// The version the writer read.
+        expected: u64,
+        /// The version stored.
+        found: u64,
+    },
     /// A write carried an older lease epoch than the stored record: another owner has
     /// claimed the session since (S37). Nothing was written.
     #[error("session `{session}` is owned elsewhere now (lease epoch {current}, this writer holds {held}); this writer must stop writing it")]

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::agent::InterruptInfo;
 use crate::store::codec::{self, payload};
 use crate::store::{SessionStatus, StoreError};
 
@@ -76,6 +77,13 @@ pub struct RecordHeader {
     /// The last event sequence number the session had given when this was written
     /// (S20): a new incarnation numbers its events after it (S26).
     pub last_event_seq: u64,
+    /// The business interrupt that stopped the session (S4), with its question.
+    pub interrupt: Option<InterruptInfo>,
+    /// The session waits for an answer to `interrupt`: it resumes only through an
+    /// answer (`resume_with_answer`), never by itself.
+    pub awaiting_answer: bool,
+    /// The answer given (an encoded item), until the resumed turn has run.
+    pub answer: Option<serde_bytes::ByteBuf>,
 }
 
 impl Default for RecordHeader {
@@ -98,6 +106,9 @@ impl Default for RecordHeader {
             version: 0,
             lease_epoch: 0,
             last_event_seq: 0,
+            interrupt: None,
+            awaiting_answer: false,
+            answer: None,
         }
     }
 }
@@ -175,6 +186,9 @@ pub struct Format1Record {
 }
 
 /// A record as a store returns it, in the format it was written in.
+// Not boxed: a `Stored` is read once per load and consumed at once; the format-1
+// variant is the rare one.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stored {
     /// Format 2: header, item entries, state entry.
@@ -322,6 +336,9 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             version: rec.version,
             lease_epoch: rec.lease_epoch,
             last_event_seq: rec.last_event_seq,
+            interrupt: rec.interrupt,
+            awaiting_answer: rec.awaiting_answer,
+            answer: rec.answer.map(serde_bytes::ByteBuf::from),
         };
         Ok(LoadedRecord {
             header,
@@ -355,6 +372,9 @@ impl<I> LoadedRecord<I> {
             version: h.version,
             lease_epoch: h.lease_epoch,
             last_event_seq: h.last_event_seq,
+            interrupt: h.interrupt,
+            awaiting_answer: h.awaiting_answer,
+            answer: h.answer.map(serde_bytes::ByteBuf::into_vec),
         }
     }
 
@@ -408,6 +428,12 @@ pub struct SessionRecord<I> {
     pub lease_epoch: u64,
     /// The last event sequence number written (see [`RecordHeader::last_event_seq`]).
     pub last_event_seq: u64,
+    /// The business interrupt that stopped the session, with its question (S4).
+    pub interrupt: Option<InterruptInfo>,
+    /// The session waits for an answer (see [`RecordHeader::awaiting_answer`]).
+    pub awaiting_answer: bool,
+    /// The answer given, encoded, until the resumed turn has run.
+    pub answer: Option<Vec<u8>>,
 }
 
 impl<I> SessionRecord<I> {
@@ -436,6 +462,9 @@ impl<I> SessionRecord<I> {
             version: 0,
             lease_epoch: 0,
             last_event_seq: 0,
+            interrupt: None,
+            awaiting_answer: false,
+            answer: None,
         }
     }
 

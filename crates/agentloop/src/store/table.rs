@@ -208,6 +208,15 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             _ => StoreError::NoRecord { session: id },
         });
     }
+    if let (crate::store::WriteCondition::AtVersion(expected), Some(h)) = (&w.condition, &stored) {
+        if h.version != *expected {
+            return Err(StoreError::Changed {
+                session: id,
+                expected: *expected,
+                found: h.version,
+            });
+        }
+    }
     let stored_epoch = stored.as_ref().map_or(0, |h| h.lease_epoch);
     if w.header.lease_epoch < stored_epoch {
         return Err(StoreError::Fenced {

@@ -41,6 +41,11 @@ pub enum WriteCondition {
     /// without one, `StoreError::Final` over `Completed` or `Failed`): a canceled
     /// session writing what it holds at its end (S24).
     CanceledOrLive,
+    /// Only over a stored record whose version is this one (`StoreError::Changed`
+    /// otherwise, `StoreError::NoRecord` without one): a read-modify-write that must not
+    /// lose a concurrent change, such as answering an interrupt (two answers, one
+    /// wins).
+    AtVersion(u64),
 }
 
 impl WriteCondition {
@@ -59,6 +64,9 @@ impl WriteCondition {
                 Err(ConditionFailed::Final)
             }
             (WriteCondition::CanceledOrLive, Some(_)) => Ok(()),
+            // The version is checked by the table, which reads it.
+            (WriteCondition::AtVersion(_), None) => Err(ConditionFailed::NoRecord),
+            (WriteCondition::AtVersion(_), Some(_)) => Ok(()),
         }
     }
 }

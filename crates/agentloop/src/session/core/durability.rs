@@ -210,6 +210,9 @@ impl<A: Agent> Core<A> {
             version: 0,
             lease_epoch: self.durable.lease_epoch,
             last_event_seq: self.shared.event_seq.last(),
+            interrupt: None,
+            awaiting_answer: false,
+            answer: self.answer.as_ref().map(|a| a.bytes.to_vec().into()),
         }
     }
 

@@ -159,7 +159,9 @@ impl<A: Agent> Core<A> {
             if !(caused_by_stop && (left || shutdown) && !self.stop.skip_checkpoint) {
                 return FinalAction::Delete;
             }
-            let status = if shutdown {
+            // A business interrupt waits for its answer, also during a shutdown:
+            // `Stopped`, which `Runtime::start` never resumes by itself.
+            let status = if shutdown && !matches!(reason, ExitReason::Interrupted(_)) {
                 SessionStatus::Interrupted
             } else {
                 SessionStatus::Stopped
@@ -183,6 +185,10 @@ impl<A: Agent> Core<A> {
         };
         // Whole: earlier writes may still be unanswered, and one may have been refused.
         let mut write = self.record_write(status, state, condition, true);
+        if let ExitReason::Interrupted(info) = reason {
+            write.header.interrupt = Some(info.clone());
+            write.header.awaiting_answer = true;
+        }
         if let SessionStatus::Failed(e) = &write.header.status {
             write.header.last_error = Some(e.clone());
         } else if let ExitReason::Canceled(CancelInfo {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::agent::Agent;
-use crate::session::core::Core;
+use crate::session::core::{Answer, Core};
 use crate::store::{lease, LoadedRecord, Payload, RecordHeader, SessionStatus, StoreError};
 use crate::turn::control::StateSnap;
 
@@ -54,6 +54,13 @@ pub(crate) fn check_resumable(
                 Ok(())
             }
         }
+        SessionStatus::Stopped if header.awaiting_answer && header.answer.is_none() => {
+            let reason = header.interrupt.as_ref().map_or("", |i| i.reason.as_str());
+            Err(refuse(format!(
+                "it waits for an answer to its interrupt ({reason:?}); answer it with \
+                 resume_with_answer (the record is kept)"
+            )))
+        }
         SessionStatus::Stopped | SessionStatus::Interrupted | SessionStatus::Completed => Ok(()),
     }
 }
@@ -88,12 +95,16 @@ impl<A: Agent> Core<A> {
     /// index, creation time and entry numbering; its lease epoch plus one is this
     /// owner's. A record read in format 1 is replaced whole by the first write.
     /// `state` is the decoded state of the cut turn, `state_bytes` its format-2 bytes.
+    /// `answer` is the decoded answer a caller gave to the record's interrupt, with its
+    /// bytes: the resume turn gets it.
     pub(crate) fn seed(
         &mut self,
         mut record: LoadedRecord<A::Item>,
         state: Option<A::State>,
         state_bytes: Option<Payload>,
+        answer: Option<(A::Item, Payload)>,
     ) {
+        self.answer = answer.map(|(item, bytes)| Box::new(Answer { item, bytes }));
         let header = record.header.clone();
         self.next_index = header.turn_index;
         self.durable.created_at_ms = header.created_at_ms;

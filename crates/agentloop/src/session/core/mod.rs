@@ -46,7 +46,7 @@ use crate::session::messages::SessionInfo;
 use crate::session::turn_task::TurnWork;
 use crate::session::{Durability, SessionConfig};
 use crate::shared::SessionShared;
-use crate::store::{RecordWrite, StoreError};
+use crate::store::{Payload, RecordWrite, StoreError};
 use crate::turn::control::{Phase, StateSnap, TurnControl};
 
 pub(crate) use durability::Durable;
@@ -209,6 +209,13 @@ pub(crate) struct ExitPlan<I> {
     pub(crate) last: FinalAction,
 }
 
+/// An answer to an interrupt (S4), given through `resume_with_answer`.
+pub(crate) struct Answer<I> {
+    pub(crate) item: I,
+    /// Its encoded form, as the record keeps it.
+    pub(crate) bytes: Payload,
+}
+
 /// The turn that is planning or running.
 pub(crate) struct ActiveTurn<A: Agent> {
     pub(crate) index: u64,
@@ -282,6 +289,9 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) load_error: Option<Box<StoreError>>,
     /// What is written, when, and who waits for it.
     pub(crate) durable: Durable<A>,
+    /// The answer to the record's interrupt, until the resume turn has run (every write
+    /// keeps it meanwhile, so a crash does not lose it).
+    pub(crate) answer: Option<Box<Answer<A::Item>>>,
     /// Tells the shell a turn progressed (installed in `sync` turns' control blocks).
     pub(crate) progress_hook: Option<ProgressHook>,
 }
@@ -317,6 +327,7 @@ impl<A: Agent> Core<A> {
             exited: false,
             load_error: None,
             durable,
+            answer: None,
             progress_hook: None,
         }
     }

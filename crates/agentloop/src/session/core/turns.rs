@@ -92,7 +92,16 @@ impl<A: Agent> Core<A> {
             Offer::Resume { items } => {
                 let seed = self.seed_state.take().map(|s| *s);
                 let state = seed.as_ref().map(|s| s.value.clone());
-                (TurnWork::Resume { items, state }, true, seed)
+                let answer = self.answer.as_ref().map(|a| a.item.clone());
+                (
+                    TurnWork::Resume {
+                        items,
+                        state,
+                        answer,
+                    },
+                    true,
+                    seed,
+                )
             }
             Offer::Plan { input, bytes } => (TurnWork::Plan { input, bytes }, false, None),
         };
@@ -210,6 +219,11 @@ impl<A: Agent> Core<A> {
                 failure,
             } => {
                 tracing::debug!(turn, outcome = ?end, "turn ended");
+                if active.is_resume {
+                    // The resumed turn ran with the answer: the record no longer
+                    // keeps it (an interrupt again asks anew).
+                    self.answer = None;
+                }
                 match end {
                     TurnEnd::Completed => {
                         let (delivered, changes) = self.ledger.end_turn(TurnFate::Completed);

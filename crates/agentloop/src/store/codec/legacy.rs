@@ -159,6 +159,9 @@ pub fn decode_record<I: DeserializeOwned>(
         version: r.version,
         lease_epoch: 0,
         last_event_seq: 0,
+        interrupt: None,
+        awaiting_answer: false,
+        answer: None,
     })
 }
 

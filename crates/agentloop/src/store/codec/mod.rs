@@ -176,6 +176,15 @@ pub fn encode_item<I: Serialize + DeserializeOwned>(item: &I) -> Result<Vec<u8>,
     payload::encode_checked(item)
 }
 
+/// Decodes one item stored for `session` (an entry, or an interrupt's answer); garbage
+/// is `Corrupt`.
+pub fn decode_item<I: DeserializeOwned>(session: &str, bytes: &[u8]) -> Result<I, StoreError> {
+    payload::decode(bytes).map_err(|e| StoreError::Corrupt {
+        session: session.to_string(),
+        reason: format!("item: {e}"),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +234,14 @@ mod tests {
                         version: v,
                         lease_epoch: epoch,
                         last_event_seq: v / 3,
+                        interrupt: (v % 2 == 1).then(|| {
+                            crate::agent::InterruptInfo::asking(
+                                "approve?",
+                                serde_json::json!({ "tool": "rm", "args": [v, -1, 2.5, null] }),
+                            )
+                        }),
+                        awaiting_answer: v % 2 == 1,
+                        answer: (v % 3 == 0).then(|| serde_bytes::ByteBuf::from(vec![0x92, 1, 2])),
                     }
                 },
             )
