@@ -3,7 +3,7 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1`, `b2`, `b3`, `b4`, `b5`, `b6` or `all`; `codec` runs the (non-figure) measurement
+//! `b1` … `b7` or `all`; `codec` runs the (non-figure) measurement
 //! behind the payload encoding.
 
 use std::process::ExitCode;
@@ -14,12 +14,13 @@ mod b3;
 mod b4;
 mod b5;
 mod b6;
+mod b7;
 mod codec_choice;
 mod report;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5", "b6"];
+const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5", "b6", "b7"];
 
 fn usage() -> String {
     format!(
@@ -36,6 +37,7 @@ async fn run_figure(id: &str) {
         "b4" => b4::run().await,
         "b5" => b5::run().await,
         "b6" => b6::run().await,
+        "b7" => b7::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }
 }

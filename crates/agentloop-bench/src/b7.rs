@@ -1,0 +1,297 @@
+//! B7: resume with an answer (issue 13). From the call that gives the answer (it spawns
+//! the session: `SessionHandle::resume_with_answer`) to the resumed turn's
+//! `TurnEnded { durable: true }`, against the least durable work a resume needs, done on
+//! raw sled in the same run: one load of the record, one insert + flush holding the
+//! answer and the claim, one insert + flush of the turn end. Target: median ratio ≤ 1.5.
+//!
+//! Setup: one `CheckpointActor` on sled (a temp dir) for agentloop, one raw sled
+//! database (another temp dir) for the baseline. Before each round, untimed, `SESSIONS`
+//! records are written on each side: agentloop's are `Stopped` records awaiting an
+//! answer (one interrupted item, the interrupt and its question); the baseline's are
+//! values of the same encoded size. The agentloop side then resumes them one after
+//! another, each timed from the call to its `TurnEnded { durable: true }` (the agent's
+//! resumed turn completes at once, without a safe point); each session is stopped after
+//! its timing (untimed). The baseline side does, per record, `get` + `insert` (the
+//! value with an answer) + `flush` + `insert` (the turn end) + `flush`, values varied so
+//! sled writes them. Sides alternate which goes first every round; one warm-up round is
+//! discarded; each round's sample is the mean per resume; the figure is the ratio of
+//! the medians over rounds.
+//!
+//! Diagnostics (not the figure): `B7_PHASES=1` prints, per resume, when the call
+//! returned (answer and claim durable, session spawned), when `TurnStarted` and when the
+//! durable `TurnEnded` arrived; `B7_PROBE=1` first times the store path's pieces (a load
+//! and a whole-record save through the checkpoint actor, a `spawn_blocking` hop, a raw
+//! sled insert + flush, and `SledBackend`'s apply and flush without the actor).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentloop::{
+    Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, Durability,
+    InterruptInfo, SessionConfig, SessionEvent, SessionHandle, SessionRecord, StopOptions, Turn,
+    TurnCx, TurnOutcome,
+};
+use agentloop_sim::SimItem;
+
+use crate::report::{print_table, ratio_line_max, summarize};
+use crate::tempdir::TempDir;
+
+/// Timed rounds (after one warm-up round).
+const ROUNDS: usize = 7;
+/// Resumes per side per round.
+const SESSIONS: usize = 50;
+/// The target: agentloop / raw sled median ≤ 1.5.
+const TARGET: f64 = 1.5;
+
+/// An agent whose resumed turn completes at once: it reads the answer and returns.
+struct Approver;
+
+impl Agent for Approver {
+    type Item = SimItem;
+    type Event = ();
+    type State = ();
+
+    async fn run_turn(
+        &self,
+        turn: Turn<Self>,
+        _cx: TurnCx<Self>,
+    ) -> Result<TurnOutcome<()>, AgentError> {
+        match &turn.answer {
+            Some(a) if a.text == "approve" => Ok(TurnOutcome::Completed),
+            other => Err(AgentError::failed(format!(
+                "B7 expects an approval, got {other:?}"
+            ))),
+        }
+    }
+}
+
+fn record(id: &str) -> SessionRecord<SimItem> {
+    let mut r = SessionRecord::new(id, "approver", 3);
+    r.interrupted_items = vec![SimItem::new(1, "delete the staging database")];
+    r.interrupt = Some(InterruptInfo::asking(
+        "approval required",
+        serde_json::json!({"tool": "drop_database", "args": {"name": "staging"}}),
+    ));
+    r.awaiting_answer = true;
+    r
+}
+
+/// Writes `SESSIONS` records awaiting an answer (untimed).
+async fn prepare(store: &Arc<dyn CheckpointStore<SimItem>>, round: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(SESSIONS);
+    for i in 0..SESSIONS {
+        let id = format!("b7-r{round}-{i}");
+        store.save(record(&id)).await.expect("writing a B7 record");
+        ids.push(id);
+    }
+    ids
+}
+
+/// Resumes each session with an answer; returns the mean µs per resume.
+async fn agentloop_round(store: &Arc<dyn CheckpointStore<SimItem>>, ids: &[String]) -> f64 {
+    let agent = Arc::new(Approver);
+    let mut total = 0.0;
+    for id in ids {
+        let t0 = Instant::now();
+        let (h, mut events) = SessionHandle::<SimItem, ()>::resume_with_answer(
+            SessionConfig::new(id.clone())
+                .persistent(true)
+                .agent_kind("approver")
+                .durability(Durability::Sync),
+            agent.clone(),
+            Some(store.clone()),
+            SimItem::new(2, "approve"),
+            16,
+        )
+        .await
+        .expect("a B7 answer");
+        let t_spawned = t0.elapsed().as_secs_f64() * 1e6;
+        let mut t_started = 0.0;
+        loop {
+            match events.next().await {
+                Some(SessionEvent::TurnEnded {
+                    durable: true,
+                    outcome: agentloop::TurnEnd::Completed,
+                    ..
+                }) => break,
+                Some(SessionEvent::TurnEnded { outcome, .. }) => {
+                    panic!("B7: the resumed turn ended {outcome:?}, not durably completed")
+                }
+                Some(SessionEvent::TurnStarted { .. }) => {
+                    t_started = t0.elapsed().as_secs_f64() * 1e6
+                }
+                Some(_) => {}
+                None => panic!("B7: the session ended before its resumed turn"),
+            }
+        }
+        total += t0.elapsed().as_secs_f64() * 1e6;
+        if std::env::var_os("B7_PHASES").is_some() {
+            eprintln!(
+                "spawned {t_spawned:.0} started {t_started:.0} ended {:.0}",
+                t0.elapsed().as_secs_f64() * 1e6
+            );
+        }
+        h.stop(StopOptions::bare())
+            .await
+            .expect("stopping a B7 session");
+        h.wait().await;
+    }
+    total / ids.len() as f64
+}
+
+/// The baseline's records: `SESSIONS` values of `size` bytes (untimed).
+fn prepare_raw(db: &sled::Db, round: usize, size: usize) -> Vec<Vec<u8>> {
+    (0..SESSIONS)
+        .map(|i| {
+            let key = format!("b7-r{round}-{i}").into_bytes();
+            db.insert(&key, vec![round as u8; size])
+                .expect("writing a B7 baseline record");
+            key
+        })
+        .collect()
+}
+
+/// Per record: load, save + flush (answer and claim), save + flush (turn end).
+fn raw_round(db: &sled::Db, keys: &[Vec<u8>], size: usize) -> f64 {
+    let mut total = 0.0;
+    for (i, key) in keys.iter().enumerate() {
+        let t0 = Instant::now();
+        let loaded = db
+            .get(key)
+            .expect("a B7 baseline load")
+            .expect("the record");
+        let mut claimed = loaded.to_vec();
+        claimed[0] = claimed[0].wrapping_add(1);
+        claimed[size / 2] = i as u8;
+        db.insert(key, claimed.clone()).expect("a B7 baseline save");
+        db.flush().expect("a B7 baseline flush");
+        claimed[1] = claimed[1].wrapping_add(1);
+        db.insert(key, claimed).expect("a B7 baseline save");
+        db.flush().expect("a B7 baseline flush");
+        total += t0.elapsed().as_secs_f64() * 1e6;
+    }
+    total / keys.len() as f64
+}
+
+/// Runs B7 and prints its table and verdict.
+pub async fn run() {
+    println!(
+        "B7: resume with an answer, from the call to the resumed turn's durable TurnEnded \
+         ({SESSIONS} resumes per side per round, {ROUNDS} interleaved rounds after a warm-up; sled, sync)"
+    );
+    let dir = TempDir::new("b7", "store");
+    let client: CheckpointClient<SimItem> = CheckpointActor::spawn(dir.path())
+        .await
+        .expect("starting the B7 checkpoint actor");
+    let store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(client.clone());
+    let raw_dir = TempDir::new("b7", "raw");
+    let db = sled::open(raw_dir.path()).expect("opening the B7 baseline database");
+    // The baseline's values are as large as agentloop's stored record.
+    let probe = prepare(&store, usize::MAX).await;
+    let size = match store.load_stored(&probe[0]).await {
+        Ok(Some(agentloop::store::Stored::Current(r))) => {
+            let header = agentloop::store::codec::encode_header(&r.header).map_or(0, |b| b.len());
+            header + r.items.iter().map(|(_, b)| b.len()).sum::<usize>()
+        }
+        _ => 512,
+    };
+    for id in &probe {
+        let _ = store.delete(id).await;
+    }
+    println!("record size: {size} bytes");
+    if std::env::var_os("B7_PROBE").is_some() {
+        let ids = prepare(&store, 999).await;
+        let t = Instant::now();
+        for id in &ids {
+            store.load_stored(id).await.unwrap();
+        }
+        eprintln!(
+            "load_stored {:.0} µs",
+            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
+        );
+        let t = Instant::now();
+        for id in &ids {
+            let mut r = record(id);
+            r.stop_cause = Some(format!("x{}", t.elapsed().as_nanos()));
+            store.save(r).await.unwrap();
+        }
+        eprintln!(
+            "save {:.0} µs",
+            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
+        );
+        let t = Instant::now();
+        for _ in &ids {
+            tokio::task::spawn_blocking(|| ()).await.unwrap();
+        }
+        eprintln!(
+            "spawn_blocking {:.0} µs",
+            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
+        );
+        let t = Instant::now();
+        tokio::task::block_in_place(|| {
+            for (i, id) in ids.iter().enumerate() {
+                db.insert(id.as_bytes(), vec![i as u8; size]).unwrap();
+                db.flush().unwrap();
+            }
+        });
+        eprintln!(
+            "raw insert+flush {:.0} µs",
+            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
+        );
+        let bdir = TempDir::new("b7", "backend");
+        let backend = agentloop::store::SledBackend::open(bdir.path()).unwrap();
+        let (mut ta, mut tf) = (0.0, 0.0);
+        tokio::task::block_in_place(|| {
+            for (i, id) in ids.iter().enumerate() {
+                let mut r = record(id);
+                r.stop_cause = Some(format!("x{i}"));
+                let w = r
+                    .to_write(agentloop::store::WriteCondition::Always)
+                    .unwrap();
+                let t = Instant::now();
+                backend.apply_unflushed(vec![agentloop::store::sled::WriteOp::Write(Box::new(w))]);
+                ta += t.elapsed().as_secs_f64() * 1e6;
+                let t = Instant::now();
+                backend.flush().unwrap();
+                tf += t.elapsed().as_secs_f64() * 1e6;
+            }
+        });
+        eprintln!(
+            "backend apply {:.0} µs flush {:.0} µs",
+            ta / ids.len() as f64,
+            tf / ids.len() as f64
+        );
+    }
+    let mut ours = Vec::new();
+    let mut base = Vec::new();
+    for round in 0..=ROUNDS {
+        let ids = prepare(&store, round).await;
+        let keys = prepare_raw(&db, round, size);
+        db.flush().expect("flushing the B7 baseline");
+        let (a, b) = if round % 2 == 0 {
+            let a = agentloop_round(&store, &ids).await;
+            (
+                a,
+                tokio::task::block_in_place(|| raw_round(&db, &keys, size)),
+            )
+        } else {
+            let b = tokio::task::block_in_place(|| raw_round(&db, &keys, size));
+            (agentloop_round(&store, &ids).await, b)
+        };
+        if round > 0 {
+            ours.push(a);
+            base.push(b);
+        }
+    }
+    client.close().await.expect("closing the B7 store");
+    let (o, b) = (summarize(&ours), summarize(&base));
+    print_table(
+        "µs per resume (mean per round)",
+        "µs",
+        &[
+            ("baseline: raw sled load + 2 × (insert + flush)", b),
+            ("agentloop: resume_with_answer → durable TurnEnded", o),
+        ],
+    );
+    println!("{}", ratio_line_max("B7", o.median / b.median, TARGET));
+}
