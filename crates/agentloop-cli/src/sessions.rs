@@ -23,8 +23,11 @@ use crate::Failure;
 /// The usage text of `agentloop sessions`.
 pub(crate) const SESSIONS_USAGE: &str = "\
 usage: agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
-       agentloop sessions show <id> [--data-dir DIR] [--json] [--raw]
+       agentloop sessions show <id> [--data-dir DIR] [--config FILE] [--json] [--raw]
   --data-dir DIR  the data directory (default ./agentloop-data)
+  --config FILE   (show) the agentloop.toml whose [redact] fields are masked in items,
+                  state and question (default ./agentloop.toml when it exists); --raw
+                  is an operator's view of the bytes and is not redacted
   --status        running, stopped, interrupted, completed, canceled, failed or corrupt;
                   corrupt records are always listed, since their status cannot be read
   --json          print JSON instead of a table
@@ -52,6 +55,7 @@ enum Command {
         id: String,
         json: bool,
         raw: bool,
+        config: Option<PathBuf>,
     },
     Help,
 }
@@ -65,7 +69,19 @@ pub(crate) fn main(args: &[String]) -> Result<String, Failure> {
             statuses,
             json,
         } => list(&dir, statuses.as_deref(), json),
-        Command::Show { dir, id, json, raw } => show(&dir, &id, json, raw),
+        Command::Show {
+            dir,
+            id,
+            json,
+            raw,
+            config,
+        } => {
+            let redaction = agentloop::RuntimeConfig::load(config.as_deref())
+                .map_err(|e| Failure::Error(e.to_string()))?
+                .redact
+                .redaction();
+            show(&dir, &id, json, raw, &redaction)
+        }
     }
 }
 
@@ -93,6 +109,7 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
     let mut statuses: Option<Vec<StatusKind>> = None;
     let mut json = false;
     let mut raw = false;
+    let mut config: Option<PathBuf> = None;
     let mut id: Option<String> = None;
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
@@ -112,6 +129,10 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
             "--raw" if inline.is_none() && sub == "show" => raw = true,
             "--data-dir" if dir.is_some() => return Err(usage("--data-dir given twice")),
             "--data-dir" => dir = Some(PathBuf::from(value("--data-dir")?)),
+            "--config" if sub == "show" && config.is_some() => {
+                return Err(usage("--config given twice"))
+            }
+            "--config" if sub == "show" => config = Some(PathBuf::from(value("--config")?)),
             "--status" if sub == "list" => {
                 let v = value("--status")?;
                 let mut kinds = statuses.take().unwrap_or_default();
@@ -144,7 +165,13 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
         })
     } else {
         let id = id.ok_or_else(|| usage("`sessions show` needs a session id"))?;
-        Ok(Command::Show { dir, id, json, raw })
+        Ok(Command::Show {
+            dir,
+            id,
+            json,
+            raw,
+            config,
+        })
     }
 }
 
@@ -389,7 +416,13 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
     Ok(out)
 }
 
-fn show(dir: &Path, id: &str, json: bool, raw: bool) -> Result<String, Failure> {
+fn show(
+    dir: &Path,
+    id: &str,
+    json: bool,
+    raw: bool,
+    redaction: &agentloop::Redaction,
+) -> Result<String, Failure> {
     let backend = open(dir)?;
     if raw {
         let entries = backend
@@ -417,7 +450,7 @@ fn show(dir: &Path, id: &str, json: bool, raw: bool) -> Result<String, Failure> 
     };
     let record = match loaded {
         Ok(None) => return Err(missing()),
-        Ok(Some(stored)) => view(&stored),
+        Ok(Some(stored)) => view(&stored).map(|v| redact(v, redaction)),
         Err(e) => Err(e),
     };
     // The owner's own heartbeat (one per runtime instance, S19), for a Running record.
@@ -645,6 +678,30 @@ fn lifecycle(status: &SessionStatus) -> &'static str {
     }
 }
 
+/// The view as a client may see it (issue 13, 5): items, state and question through
+/// the configured redaction.
+fn redact(mut v: View, redaction: &agentloop::Redaction) -> View {
+    use agentloop::Part;
+    if !redaction.is_active() {
+        return v;
+    }
+    let each = |items: Vec<Value>| -> Vec<Value> {
+        items
+            .into_iter()
+            .map(|i| redaction.apply(Part::Item, i))
+            .collect()
+    };
+    v.unhandled = each(v.unhandled);
+    v.interrupted = each(v.interrupted);
+    v.state = v
+        .state
+        .map(|(n, s)| (n, s.map(|s| redaction.apply(Part::State, s))));
+    if let Some(i) = v.interrupt.as_mut() {
+        i.question = redaction.apply(Part::Question, std::mem::take(&mut i.question));
+    }
+    v
+}
+
 fn view_json(rec: &View, with_items: bool) -> Value {
     let mut v = json!({
         "session_id": rec.session_id,
@@ -801,7 +858,8 @@ mod tests {
                 dir: PathBuf::from("/d"),
                 id: "s-1".into(),
                 json: true,
-                raw: false
+                raw: false,
+                config: None,
             })
         );
         assert_eq!(parse(&args("show --help")).ok(), Some(Command::Help));

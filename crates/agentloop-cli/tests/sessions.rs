@@ -465,4 +465,26 @@ fn sessions_show_prints_the_question_awaiting_an_answer() {
     .unwrap();
     assert_eq!(json["awaiting_answer"], Value::Bool(true));
     assert_eq!(json["interrupt"]["question"]["tool"], "delete_file");
+    // Issue 13 (5): the config file's [redact] fields are masked in every payload.
+    let cfg = dir.0.join("agentloop.toml");
+    std::fs::write(&cfg, "[redact]\nfields = [\"path\", \"text\"]\n").unwrap();
+    let c = cfg.to_str().unwrap();
+    let out = ok(&agentloop(&[
+        "sessions",
+        "show",
+        "asks",
+        "--json",
+        "--config",
+        c,
+        "--data-dir",
+        d,
+    ]));
+    assert!(
+        !out.contains("/tmp/x") && !out.contains("message 1"),
+        "{out}"
+    );
+    let json: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(json["interrupt"]["question"]["path"], "[redacted]");
+    assert_eq!(json["interrupted_items"][0]["text"], "[redacted]");
+    assert_eq!(json["interrupted_items"][0]["id"], 1);
 }

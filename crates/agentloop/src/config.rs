@@ -173,6 +173,24 @@ pub struct RuntimeConfig {
     pub store: StoreConfig,
     /// `[supervisor]`.
     pub supervisor: SupervisorConfig,
+    /// `[redact]`.
+    pub redact: RedactConfig,
+}
+
+/// The `[redact]` table: what clients never see (issue 13, 5).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RedactConfig {
+    /// Object fields whose values every client view masks (`fields = ["api_key"]`),
+    /// at any depth of items, states, questions and agent events. The runtime and
+    /// `agentloop sessions show` apply it; the stored records keep them.
+    pub fields: Vec<String>,
+}
+
+impl RedactConfig {
+    /// The redaction this table asks for.
+    pub fn redaction(&self) -> crate::view::Redaction {
+        crate::view::Redaction::fields(self.fields.iter().cloned())
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -184,6 +202,14 @@ struct RawFile {
     store: RawStore,
     #[serde(default)]
     supervisor: RawSupervisor,
+    #[serde(default)]
+    redact: RawRedact,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRedact {
+    fields: Option<Vec<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -245,6 +271,16 @@ impl RuntimeConfig {
             message: e.to_string().trim_end().to_string(),
         })?;
         let mut c = RuntimeConfig::default();
+        if let Some(fields) = raw.redact.fields {
+            if let Some(bad) = fields.iter().find(|f| f.is_empty()) {
+                return Err(ConfigError::OutOfRange {
+                    key: "redact.fields",
+                    value: format!("{bad:?}"),
+                    allowed: "a list of non-empty field names",
+                });
+            }
+            c.redact.fields = fields;
+        }
         if let Some(s) = raw.shutdown.strategy {
             c.shutdown.strategy = s;
         }

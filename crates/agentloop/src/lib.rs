@@ -43,6 +43,7 @@ pub mod shutdown;
 pub mod store;
 pub mod supervisor;
 pub mod turn;
+pub mod view;
 
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
@@ -59,7 +60,7 @@ pub use session::{
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use config::{ConfigError, RuntimeConfig, ShutdownConfig};
+pub use config::{ConfigError, RedactConfig, RuntimeConfig, ShutdownConfig};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, StartReport};
 pub use shutdown::{CleanupHook, ShutdownHandle, ShutdownReport, ShutdownStrategy};
 pub use store::{
@@ -71,3 +72,4 @@ pub use supervisor::{
     RestartPolicy, RoutedPushError, SessionEnd, SessionSpec, SessionSupervisor, SubscribedSpawn,
     SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg,
 };
+pub use view::{Part, Redaction, SessionView};

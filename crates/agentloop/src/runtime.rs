@@ -84,6 +84,7 @@ pub struct RuntimeBuilder<I, E> {
     hooks: Vec<CleanupHook>,
     flush_logs: Option<LogFlush>,
     end_feeds: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
+    redaction: crate::view::Redaction,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -108,6 +109,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             hooks: Vec::new(),
             flush_logs: Some(Arc::new(flush_std)),
             end_feeds: Vec::new(),
+            redaction: crate::view::Redaction::none(),
         }
     }
 }
@@ -167,6 +169,17 @@ where
         self.heartbeat = config.supervisor.heartbeat;
         self.lease_timeout = config.supervisor.lease_timeout;
         self.shutdown = config.shutdown.clone();
+        if !config.redact.fields.is_empty() {
+            self.redaction = config.redact.redaction();
+        }
+        self
+    }
+
+    /// Sets the redaction every client-facing read goes through ([`Runtime::view`],
+    /// and later the HTTP front): it sees items, states, questions and agent events as
+    /// JSON and returns what clients may see. The stored records are never altered.
+    pub fn redact(mut self, redaction: crate::view::Redaction) -> Self {
+        self.redaction = redaction;
         self
     }
 
@@ -276,6 +289,7 @@ where
             lease_timeout: self.lease_timeout,
             durability: self.durability,
             shutdown,
+            redaction: self.redaction,
         };
         let report = runtime.resume().await?;
         Ok((runtime, report))
@@ -292,6 +306,7 @@ pub struct Runtime<I, E> {
     lease_timeout: Duration,
     durability: Durability,
     shutdown: ShutdownHandle,
+    redaction: crate::view::Redaction,
 }
 
 impl<I, E> Runtime<I, E>
@@ -339,6 +354,44 @@ where
                 crate::events::DEFAULT_EVENT_CAPACITY,
             )
             .await
+    }
+
+    /// The client view of stored session `id` through the runtime's redaction (S24):
+    /// items, state and question as JSON, with what clients may not see removed. The
+    /// record is never altered. `None` when nothing is stored under the id.
+    pub async fn view(&self, id: &str) -> Result<Option<crate::view::SessionView>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        match store.load_stored(id).await? {
+            None => Ok(None),
+            Some(crate::store::Stored::Current(r)) => {
+                crate::view::session_view(&r, &self.redaction).map(Some)
+            }
+            Some(old @ crate::store::Stored::Format1(_)) => {
+                // Format 1 is bincode: read it through the item type, then view it.
+                let rec = old.decode::<I>()?.into_record();
+                let write = rec.to_write(crate::store::WriteCondition::Always)?;
+                let stored = crate::store::StoredRecord {
+                    header: write.header,
+                    items: write
+                        .items
+                        .into_iter()
+                        .filter_map(|c| match c {
+                            crate::store::ItemChange::Put(s, b) => Some((s, b)),
+                            crate::store::ItemChange::Delete(_) => None,
+                        })
+                        .collect(),
+                    state: None,
+                };
+                crate::view::session_view(&stored, &self.redaction).map(Some)
+            }
+        }
+    }
+
+    /// The runtime's redaction (for front ends that send events to clients).
+    pub fn redaction(&self) -> &crate::view::Redaction {
+        &self.redaction
     }
 
     /// This runtime instance's id (the owner of its `Running` records).
