@@ -62,6 +62,7 @@ fn write(h: RecordHeader, items: Vec<ItemChange>, state: StateChange) -> RecordW
         state,
         replace: false,
         condition: WriteCondition::NotFinal,
+        history: None,
     }
 }
 
@@ -533,6 +534,106 @@ pub async fn heartbeats(store: &Store) {
     assert_eq!(store.heartbeat("i-1").await.unwrap(), Some(9));
 }
 
+/// Issue 13 (4): a write with a history mark keeps a snapshot of the record it leaves;
+/// only the newest `keep` stay; a snapshot reads back as the record was; S16's delete
+/// keeps the history, `purge` removes record and history; listing records never shows
+/// snapshots; `Absent` refuses to overwrite.
+pub async fn checkpoint_history(store: &Store) {
+    use agentloop::store::history::{HistoryAnswer, HistoryMark, HistoryQuery};
+    let id = "hist";
+    let mut seq = 0;
+    for turn in 0..5u64 {
+        seq += 1;
+        let mut w = write(
+            RecordHeader {
+                turn_index: turn + 1,
+                next_seq: seq + 1,
+                ..header(id, SessionStatus::Running)
+            },
+            vec![ItemChange::Put(seq, payload(seq))],
+            StateChange::Keep,
+        );
+        w.history = Some(HistoryMark { turn, keep: 3 });
+        store.write(w).await.expect("a turn-end write");
+    }
+    let list = match store
+        .history(id, HistoryQuery::List)
+        .await
+        .expect("history")
+    {
+        HistoryAnswer::List(l) => l,
+        other => panic!("expected a list, got {other:?}"),
+    };
+    assert_eq!(
+        list.iter().map(|e| e.turn).collect::<Vec<_>>(),
+        vec![2, 3, 4],
+        "exactly the newest 3, oldest first"
+    );
+    assert!(list.iter().all(|e| e.size > 0 && e.at_ms > 0));
+    match store
+        .history(id, HistoryQuery::Load(3))
+        .await
+        .expect("history")
+    {
+        HistoryAnswer::Load(Some(r)) => {
+            assert_eq!(r.header.turn_index, 4);
+            assert_eq!(
+                r.items.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+                vec![1, 2, 3, 4],
+                "the record as turn 3's write left it"
+            );
+        }
+        other => panic!("expected turn 3's checkpoint, got {other:?}"),
+    }
+    assert_eq!(
+        store
+            .history(id, HistoryQuery::Load(0))
+            .await
+            .expect("history"),
+        HistoryAnswer::Load(None),
+        "dropped beyond the bound"
+    );
+    let listed = store.list_stored(None).await.expect("list");
+    assert_eq!(
+        listed.iter().filter(|e| e.session_id == id).count(),
+        1,
+        "snapshots are not records: {:?}",
+        listed.iter().map(|e| &e.session_id).collect::<Vec<_>>()
+    );
+    // A fork target must be free.
+    let mut w = write(
+        header(id, SessionStatus::Stopped),
+        vec![],
+        StateChange::Keep,
+    );
+    w.condition = WriteCondition::Absent;
+    assert!(matches!(
+        store.write(w).await,
+        Err(StoreError::Exists { .. })
+    ));
+    // S16's delete keeps the history; purge removes it.
+    assert!(store.delete(id).await.expect("delete"));
+    assert!(store.load_stored(id).await.expect("load").is_none());
+    match store
+        .history(id, HistoryQuery::List)
+        .await
+        .expect("history")
+    {
+        HistoryAnswer::List(l) => assert_eq!(l.len(), 3, "history outlives the delete"),
+        other => panic!("{other:?}"),
+    }
+    assert!(store.purge(id).await.expect("purge"), "history existed");
+    match store
+        .history(id, HistoryQuery::List)
+        .await
+        .expect("history")
+    {
+        HistoryAnswer::List(l) => assert!(l.is_empty()),
+        other => panic!("{other:?}"),
+    }
+    assert!(!store.purge(id).await.expect("purge"), "nothing left");
+}
+
 /// Every check above, in order, on one fresh store.
 pub async fn run_all(store: Store) {
     whole_records_round_trip(&store).await;
@@ -546,4 +647,5 @@ pub async fn run_all(store: Store) {
     a_header_naming_a_missing_entry_is_corrupt(&store).await;
     invalid_ids_are_refused(&store).await;
     heartbeats(&store).await;
+    checkpoint_history(&store).await;
 }

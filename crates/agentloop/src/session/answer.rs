@@ -229,6 +229,7 @@ where
         state: StateChange::Keep,
         replace: false,
         condition: WriteCondition::AtVersion(read_version),
+        history: None,
     };
     if let Err(error) = store.write(write).await {
         return Err(match error {

@@ -117,6 +117,23 @@ pub enum CheckpointMsg {
         /// Where to answer.
         reply: Reply<()>,
     },
+    /// Read a session's checkpoint history (sees every write answered before it).
+    History {
+        /// The session.
+        session_id: String,
+        /// What to read.
+        query: crate::store::history::HistoryQuery,
+        /// Where to answer.
+        reply: Reply<crate::store::history::HistoryAnswer>,
+    },
+    /// Delete a record and its checkpoint history; answers whether anything existed,
+    /// after the flush.
+    Purge {
+        /// The session.
+        session_id: String,
+        /// Where to answer.
+        reply: Reply<bool>,
+    },
     /// Read an instance heartbeat.
     Heartbeat {
         /// The instance.
@@ -427,7 +444,10 @@ fn refuse_closed(msg: CheckpointMsg) {
         CheckpointMsg::Load { reply, .. } => {
             let _ = reply.send(Err(StoreError::Closed));
         }
-        CheckpointMsg::Delete { reply, .. } => {
+        CheckpointMsg::Delete { reply, .. } | CheckpointMsg::Purge { reply, .. } => {
+            let _ = reply.send(Err(StoreError::Closed));
+        }
+        CheckpointMsg::History { reply, .. } => {
             let _ = reply.send(Err(StoreError::Closed));
         }
         CheckpointMsg::Cas { reply, .. } => {
@@ -446,7 +466,10 @@ fn refuse_closed(msg: CheckpointMsg) {
 fn op_key(op: &WriteOp) -> Option<&str> {
     match op {
         WriteOp::Write(w) => Some(w.session_id()),
-        WriteOp::Delete { key } | WriteOp::Cas { key, .. } | WriteOp::Read { key } => Some(key),
+        WriteOp::Delete { key }
+        | WriteOp::Purge { key }
+        | WriteOp::Cas { key, .. }
+        | WriteOp::Read { key } => Some(key),
         WriteOp::Beat { .. } | WriteOp::Flush => None,
     }
 }
@@ -542,6 +565,31 @@ impl<I: 'static> Actor for CheckpointActor<I> {
                     Waiter::Deleted(reply),
                 ),
             },
+            CheckpointMsg::Purge { session_id, reply } => match check_id(&session_id) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+                Ok(()) => st.push(
+                    Some(&session_id.clone()),
+                    WriteOp::Purge { key: session_id },
+                    Waiter::Deleted(reply),
+                ),
+            },
+            CheckpointMsg::History {
+                session_id,
+                query,
+                reply,
+            } => {
+                let Some(backend) = st.backend.clone() else {
+                    let _ = reply.send(Err(StoreError::Closed));
+                    return Ok(());
+                };
+                tokio::task::spawn_blocking(move || {
+                    let r = backend.history(&session_id, query);
+                    drop(backend);
+                    let _ = reply.send(r);
+                });
+            }
             CheckpointMsg::Cas {
                 session_id,
                 from,
@@ -734,5 +782,23 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
     fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
         let instance = instance.to_string();
         self.ask(|reply| CheckpointMsg::Heartbeat { instance, reply })
+    }
+
+    fn history(
+        &self,
+        session_id: &str,
+        query: crate::store::history::HistoryQuery,
+    ) -> BoxFuture<'static, Result<crate::store::history::HistoryAnswer, StoreError>> {
+        let session_id = session_id.to_string();
+        self.ask(|reply| CheckpointMsg::History {
+            session_id,
+            query,
+            reply,
+        })
+    }
+
+    fn purge(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let session_id = session_id.to_string();
+        self.ask(|reply| CheckpointMsg::Purge { session_id, reply })
     }
 }

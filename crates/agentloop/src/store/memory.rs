@@ -243,4 +243,21 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
     fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
         Box::pin(ready(Ok(self.instances.lock().get(instance).copied())))
     }
+
+    fn history(
+        &self,
+        session_id: &str,
+        query: crate::store::history::HistoryQuery,
+    ) -> BoxFuture<'static, Result<crate::store::history::HistoryAnswer, StoreError>> {
+        let r = crate::store::history::read(&*self.entries.lock(), session_id, query);
+        Box::pin(ready(r))
+    }
+
+    fn purge(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let r = table::purge(&mut *self.entries.lock(), session_id);
+        if let Ok(true) = r {
+            self.deletes.fetch_add(1, Ordering::SeqCst);
+        }
+        Box::pin(ready(r))
+    }
 }

@@ -15,6 +15,7 @@
 
 pub mod actor;
 pub mod codec;
+pub mod history;
 pub mod lease;
 pub mod memory;
 pub mod record;
@@ -81,6 +82,14 @@ pub enum StoreError {
     NoRecord {
         /// The session.
         session: String,
+    },
+    /// A write that must create a record found one stored. Nothing was written.
+    #[error("session `{session}` already has a record ({status}); pick another id, or delete that session first")]
+    Exists {
+        /// The session.
+        session: String,
+        /// The stored record's status.
+        status: SessionStatus,
     },
     /// A write conditioned on the record's version found another version: the record
     /// changed since it was read. Nothing was written.
@@ -183,6 +192,30 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
 
     /// The last heartbeat of runtime instance `instance`, if any.
     fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>>;
+
+    /// Reads a session's checkpoint history (issue 13): the list of kept turn-end
+    /// checkpoints, or one of them. The default is a store that keeps none: it refuses.
+    fn history(
+        &self,
+        session_id: &str,
+        query: history::HistoryQuery,
+    ) -> BoxFuture<'static, Result<history::HistoryAnswer, StoreError>> {
+        let _ = query;
+        Box::pin(std::future::ready(Err(StoreError::Backend {
+            operation: "read the history of",
+            session: session_id.to_string(),
+            message: "this checkpoint store keeps no history; use the sled store (or the \
+                      memory store in tests)"
+                .into(),
+        })))
+    }
+
+    /// Deletes a session's record and its checkpoint history (an explicit delete);
+    /// resolves to whether anything existed. The default, for a store that keeps no
+    /// history, deletes the record.
+    fn purge(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        self.delete(session_id)
+    }
 
     /// Loads a session's whole record, items decoded.
     fn load<'a>(

@@ -496,6 +496,7 @@ impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
             },
             replace: true,
             condition,
+            history: None,
         })
     }
 }

@@ -51,6 +51,11 @@ pub enum WriteOp {
         /// The heartbeat time.
         now_ms: u64,
     },
+    /// Remove a session's record and its checkpoint history.
+    Purge {
+        /// The session id.
+        key: String,
+    },
     /// Read a record in order with the writes around it.
     Read {
         /// The session id.
@@ -239,6 +244,15 @@ impl SledBackend {
         table::read(&Wave::new(self), id)
     }
 
+    /// Reads a session's checkpoint history (issue 13). Blocks.
+    pub fn history(
+        &self,
+        id: &str,
+        query: crate::store::history::HistoryQuery,
+    ) -> Result<crate::store::history::HistoryAnswer, StoreError> {
+        crate::store::history::read(&Wave::new(self), id, query)
+    }
+
     /// Every key and value stored for a session (format 2 entries, then a format-1
     /// record under the key `<id>` of the `records` tree), undecoded: for inspecting a
     /// record that does not decode. Blocks.
@@ -340,6 +354,7 @@ impl SledBackend {
             let r = match op {
                 WriteOp::Write(w) => table::write(&mut wave, *w).map(|()| OpResult::Done),
                 WriteOp::Delete { key } => table::delete(&mut wave, &key).map(OpResult::Deleted),
+                WriteOp::Purge { key } => table::purge(&mut wave, &key).map(OpResult::Deleted),
                 WriteOp::Cas { key, from, to } => {
                     table::cas(&mut wave, &key, &from, to, now_ms()).map(OpResult::Cas)
                 }

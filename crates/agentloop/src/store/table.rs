@@ -72,6 +72,10 @@ pub enum KeyKind {
 /// Splits a key into its session id and what it is; `None` for a key that is not
 /// of this layout at all.
 pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
+    if key.first() == Some(&crate::store::history::HISTORY_MARK) {
+        // A checkpoint-history key (`store::history`), not part of a live record.
+        return None;
+    }
     let zero = key.iter().position(|b| *b == 0)?;
     let id = std::str::from_utf8(&key[..zero]).ok()?;
     let rest = &key[zero + 1..];
@@ -205,6 +209,10 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
                 session: id,
                 status,
             },
+            (ConditionFailed::Exists, Some(status)) => StoreError::Exists {
+                session: id,
+                status,
+            },
             _ => StoreError::NoRecord { session: id },
         });
     }
@@ -257,6 +265,9 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
         StateChange::Delete => t.remove(state_key(&id)),
     }
     t.put(header_key(&id), encoded.into());
+    if let Some(mark) = w.history {
+        crate::store::history::record(t, &id, mark, header.updated_at_ms)?;
+    }
     Ok(())
 }
 
@@ -296,7 +307,16 @@ pub fn cas(
     }
 }
 
+/// Removes a session's record and its checkpoint history (an explicit delete); whether
+/// a record or any history existed.
+pub fn purge(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
+    let record = delete(t, id)?;
+    let history = crate::store::history::purge(t, id)?;
+    Ok(record || history > 0)
+}
+
 /// Removes every entry of a session (and a format-1 record); whether anything existed.
+/// The checkpoint history stays (S16's delete at a clean exit keeps it).
 pub fn delete(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     check_id(id)?;
     let keys = t.keys_with_prefix(&session_prefix(id))?;

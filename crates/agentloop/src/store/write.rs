@@ -46,6 +46,9 @@ pub enum WriteCondition {
     /// lose a concurrent change, such as answering an interrupt (two answers, one
     /// wins).
     AtVersion(u64),
+    /// Only where no record is stored (`StoreError::Exists` otherwise): a new session
+    /// forked from a checkpoint never overwrites another.
+    Absent,
 }
 
 impl WriteCondition {
@@ -67,6 +70,8 @@ impl WriteCondition {
             // The version is checked by the table, which reads it.
             (WriteCondition::AtVersion(_), None) => Err(ConditionFailed::NoRecord),
             (WriteCondition::AtVersion(_), Some(_)) => Ok(()),
+            (WriteCondition::Absent, None) => Ok(()),
+            (WriteCondition::Absent, Some(_)) => Err(ConditionFailed::Exists),
         }
     }
 }
@@ -78,6 +83,8 @@ pub enum ConditionFailed {
     Final,
     /// There is no stored record.
     NoRecord,
+    /// A record is stored.
+    Exists,
 }
 
 /// A change to one session's record, applied atomically.
@@ -99,6 +106,9 @@ pub struct RecordWrite {
     pub replace: bool,
     /// When to apply it.
     pub condition: WriteCondition,
+    /// Also keep a snapshot of the record this write leaves, as a turn's end (issue 13,
+    /// checkpoint history); `None` for every other write.
+    pub history: Option<crate::store::history::HistoryMark>,
 }
 
 impl RecordWrite {

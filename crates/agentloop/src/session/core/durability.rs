@@ -275,6 +275,7 @@ impl<A: Agent> Core<A> {
             state: state_change,
             replace,
             condition,
+            history: None,
         }
     }
 
