@@ -2,8 +2,8 @@
 //!
 //! - `agentloop run` runs sessions of the simulated agent on the sled store, with live
 //!   progress and a graceful shutdown on Ctrl+C / SIGTERM (see [`run`]).
-//! - `agentloop sessions list|show` prints the stored session records of a data
-//!   directory, offline (see [`sessions`]).
+//! - `agentloop sessions list|show|history|delete` reads (and deletes) the stored
+//!   session records of a data directory, offline (see [`sessions`]).
 //!
 //! Exit codes: 0 success, 1 failure (the message says what and what to do), 2 bad
 //! arguments (with the usage).
@@ -21,7 +21,9 @@ usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-pe
                      [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
                      [--item-log FILE]
        agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
-       agentloop sessions show <id> [--data-dir DIR] [--json]";
+       agentloop sessions show <id> [--data-dir DIR] [--config FILE] [--json] [--raw]
+       agentloop sessions history <id> [--data-dir DIR] [--json]
+       agentloop sessions delete <id> [--data-dir DIR]";
 
 /// Why a command did not succeed.
 pub(crate) enum Failure {

@@ -24,6 +24,10 @@ use crate::Failure;
 pub(crate) const SESSIONS_USAGE: &str = "\
 usage: agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
        agentloop sessions show <id> [--data-dir DIR] [--config FILE] [--json] [--raw]
+       agentloop sessions history <id> [--data-dir DIR] [--json]
+       agentloop sessions delete <id> [--data-dir DIR]
+  history         the session's kept turn-end checkpoints (turn, time, size)
+  delete          removes the session's record and its checkpoint history
   --data-dir DIR  the data directory (default ./agentloop-data)
   --config FILE   (show) the agentloop.toml whose [redact] fields are masked in items,
                   state and question (default ./agentloop.toml when it exists); --raw
@@ -57,6 +61,17 @@ enum Command {
         raw: bool,
         config: Option<PathBuf>,
     },
+    /// `history <id>`.
+    History {
+        dir: PathBuf,
+        id: String,
+        json: bool,
+    },
+    /// `delete <id>`.
+    Delete {
+        dir: PathBuf,
+        id: String,
+    },
     Help,
 }
 
@@ -82,6 +97,8 @@ pub(crate) fn main(args: &[String]) -> Result<String, Failure> {
                 .redaction();
             show(&dir, &id, json, raw, &redaction)
         }
+        Command::History { dir, id, json } => history(&dir, &id, json),
+        Command::Delete { dir, id } => delete(&dir, &id),
     }
 }
 
@@ -100,11 +117,12 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
     if matches!(sub, "-h" | "--help" | "help") {
         return Ok(Command::Help);
     }
-    if sub != "list" && sub != "show" {
+    if !matches!(sub, "list" | "show" | "history" | "delete") {
         return Err(usage(format!(
-            "unknown sessions subcommand `{sub}`; use list or show"
+            "unknown sessions subcommand `{sub}`; use list, show, history or delete"
         )));
     }
+    let takes_id = sub != "list";
     let mut dir: Option<PathBuf> = None;
     let mut statuses: Option<Vec<StatusKind>> = None;
     let mut json = false;
@@ -125,7 +143,7 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
         };
         match flag {
             "-h" | "--help" => return Ok(Command::Help),
-            "--json" if inline.is_none() => json = true,
+            "--json" if inline.is_none() && sub != "delete" => json = true,
             "--raw" if inline.is_none() && sub == "show" => raw = true,
             "--data-dir" if dir.is_some() => return Err(usage("--data-dir given twice")),
             "--data-dir" => dir = Some(PathBuf::from(value("--data-dir")?)),
@@ -148,7 +166,7 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
             f if f.starts_with('-') && f.len() > 1 => {
                 return Err(usage(format!("unknown option {arg} for `sessions {sub}`")))
             }
-            _ if sub == "show" && id.is_none() => id = Some(arg.clone()),
+            _ if takes_id && id.is_none() => id = Some(arg.clone()),
             _ => {
                 return Err(usage(format!(
                     "unexpected argument `{arg}` for `sessions {sub}`"
@@ -164,7 +182,13 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
             json,
         })
     } else {
-        let id = id.ok_or_else(|| usage("`sessions show` needs a session id"))?;
+        let id = id.ok_or_else(|| usage(format!("`sessions {sub}` needs a session id")))?;
+        if sub == "history" {
+            return Ok(Command::History { dir, id, json });
+        }
+        if sub == "delete" {
+            return Ok(Command::Delete { dir, id });
+        }
         Ok(Command::Show {
             dir,
             id,
@@ -675,6 +699,74 @@ fn lifecycle(status: &SessionStatus) -> &'static str {
         }
         SessionStatus::Stopped | SessionStatus::Interrupted => "resumable",
         SessionStatus::Completed | SessionStatus::Canceled | SessionStatus::Failed(_) => "terminal",
+    }
+}
+
+/// `history <id>`: the kept turn-end checkpoints, oldest first (issue 13, 4).
+fn history(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
+    use agentloop::store::history::{HistoryAnswer, HistoryQuery};
+    let backend = open(dir)?;
+    let answer = backend
+        .history(id, HistoryQuery::List)
+        .map_err(|e| Failure::Error(e.to_string()))?;
+    drop(backend);
+    let entries = match answer {
+        HistoryAnswer::List(l) => l,
+        HistoryAnswer::Load(_) => Vec::new(),
+    };
+    if json {
+        return Ok(pretty(&json!({
+            "session_id": id,
+            "checkpoints": entries.iter().map(|e| json!({
+                "turn": e.turn,
+                "at_ms": e.at_ms,
+                "at": utc(e.at_ms),
+                "size": e.size,
+            })).collect::<Vec<_>>(),
+        })));
+    }
+    if entries.is_empty() {
+        return Ok(format!(
+            "session `{}` keeps no checkpoints (spawn it with a history to keep its last turn ends)\n",
+            clean(id)
+        ));
+    }
+    let mut out = "| turn | written (UTC) | bytes |\n|---:|---|---:|\n".to_string();
+    for e in &entries {
+        out.push_str(&format!("| {} | {} | {} |\n", e.turn, utc(e.at_ms), e.size));
+    }
+    out.push_str(&format!(
+        "{} checkpoint{} of session `{}`\n",
+        entries.len(),
+        plural(entries.len()),
+        clean(id)
+    ));
+    Ok(out)
+}
+
+/// `delete <id>`: removes the record and its checkpoint history, durably.
+fn delete(dir: &Path, id: &str) -> Result<String, Failure> {
+    use agentloop::store::sled::{OpResult, WriteOp};
+    let backend = open(dir)?;
+    let r = backend
+        .apply(vec![WriteOp::Purge {
+            key: id.to_string(),
+        }])
+        .pop();
+    drop(backend);
+    match r {
+        Some(Ok(OpResult::Deleted(true))) => Ok(format!(
+            "deleted session `{}`: its record and its checkpoint history\n",
+            clean(id)
+        )),
+        Some(Ok(_)) => Err(Failure::Error(format!(
+            "nothing is stored for session `{}` in {}; `agentloop sessions list --data-dir {}` shows the stored ids",
+            clean(id),
+            dir.display(),
+            dir.display()
+        ))),
+        Some(Err(e)) => Err(Failure::Error(e.to_string())),
+        None => Err(Failure::Error("the delete was not applied".into())),
     }
 }
 

@@ -488,3 +488,68 @@ fn sessions_show_prints_the_question_awaiting_an_answer() {
     assert_eq!(json["interrupted_items"][0]["text"], "[redacted]");
     assert_eq!(json["interrupted_items"][0]["id"], 1);
 }
+
+/// Issue 13 (4): `history` lists the kept turn-end checkpoints; `delete` removes the
+/// record and its history; both on unknown ids say so.
+#[test]
+fn sessions_history_and_delete() {
+    use agentloop::store::history::HistoryMark;
+    let dir = TempDir::new("history");
+    let backend = SledBackend::open(dir.0.as_path()).unwrap();
+    for turn in 0..3u64 {
+        let mut rec = SessionRecord::<SimItem>::new("kept", "sim", turn + 1);
+        rec.status = SessionStatus::Running;
+        rec.unhandled_items = items(&[turn + 10]);
+        let mut w = rec.to_write(WriteCondition::Always).unwrap();
+        w.history = Some(HistoryMark { turn, keep: 2 });
+        for r in backend.apply(vec![WriteOp::Write(Box::new(w))]) {
+            r.unwrap();
+        }
+    }
+    drop(backend);
+    let d = dir.0.to_str().unwrap();
+    let out = ok(&agentloop(&[
+        "sessions",
+        "history",
+        "kept",
+        "--data-dir",
+        d,
+    ]));
+    assert!(out.contains("2 checkpoints of session `kept`"), "{out}");
+    let turns: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| turn"))
+        .map(|l| l.split('|').nth(1).unwrap().trim())
+        .collect();
+    assert_eq!(turns, vec!["1", "2"], "{out}");
+    let json: Value = serde_json::from_str(&ok(&agentloop(&[
+        "sessions",
+        "history",
+        "kept",
+        "--json",
+        "--data-dir",
+        d,
+    ])))
+    .unwrap();
+    assert_eq!(json["checkpoints"].as_array().unwrap().len(), 2);
+    let out = ok(&agentloop(&["sessions", "delete", "kept", "--data-dir", d]));
+    assert!(out.contains("deleted session `kept`"), "{out}");
+    let out = ok(&agentloop(&[
+        "sessions",
+        "history",
+        "kept",
+        "--data-dir",
+        d,
+    ]));
+    assert!(out.contains("keeps no checkpoints"), "{out}");
+    fails(
+        &agentloop(&["sessions", "delete", "kept", "--data-dir", d]),
+        1,
+        "nothing is stored for session `kept`",
+    );
+    fails(
+        &agentloop(&["sessions", "delete", "--data-dir", d]),
+        2,
+        "`sessions delete` needs a session id",
+    );
+}

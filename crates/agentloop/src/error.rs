@@ -14,6 +14,14 @@ pub enum SpawnError {
     /// The persistent session has no store.
     #[error("cannot spawn session `{0}`: it is persistent but no checkpoint store was given; pass a store or turn persistence off")]
     NoStore(String),
+    /// The checkpoint history asked for cannot be kept.
+    #[error("cannot spawn session `{id}`: {why}")]
+    History {
+        /// The session.
+        id: String,
+        /// What is wrong and what to do.
+        why: String,
+    },
     /// The actor system refused the spawn.
     #[error("cannot spawn session `{id}`: the actor did not start ({reason})")]
     Actor {

@@ -52,8 +52,8 @@ pub use events::{EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use session::{
     AnswerError, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary,
-    FailureKind, PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step, TurnCx,
-    TurnLoop, TurnLoopMsg,
+    FailureKind, ForkError, PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step,
+    TurnCx, TurnLoop, TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]

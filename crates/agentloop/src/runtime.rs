@@ -389,6 +389,65 @@ where
         }
     }
 
+    /// The kept turn-end checkpoints of session `id`, oldest first (issue 13, 4).
+    pub async fn history(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::store::history::HistoryEntry>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(Vec::new());
+        };
+        match store
+            .history(id, crate::store::history::HistoryQuery::List)
+            .await?
+        {
+            crate::store::history::HistoryAnswer::List(l) => Ok(l),
+            crate::store::history::HistoryAnswer::Load(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// The client view of turn `turn`'s kept checkpoint of session `id`, through the
+    /// runtime's redaction; `None` when no such checkpoint is kept.
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        turn: u64,
+    ) -> Result<Option<crate::view::SessionView>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        match store
+            .history(id, crate::store::history::HistoryQuery::Load(turn))
+            .await?
+        {
+            crate::store::history::HistoryAnswer::Load(Some(r)) => {
+                crate::view::session_view(&r, &self.redaction).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Starts new session `to` from turn `turn`'s kept checkpoint of session `from`
+    /// (issue 13, 4), under this runtime, with its durability; the fork keeps `history`
+    /// checkpoints of its own.
+    pub async fn fork(
+        &self,
+        from: &str,
+        turn: u64,
+        to: &str,
+        history: usize,
+    ) -> Result<crate::SessionHandle<I, E>, crate::ForkError> {
+        self.supervisor
+            .fork(from, turn, to, self.durability, history)
+            .await
+    }
+
+    /// Deletes stored session `id`: its record and its checkpoint history. Refused
+    /// while it runs (stop it first); resolves to whether anything was stored.
+    pub async fn delete(&self, id: &str) -> Result<bool, crate::SupervisorError> {
+        self.supervisor.delete(id).await
+    }
+
     /// The runtime's redaction (for front ends that send events to clients).
     pub fn redaction(&self) -> &crate::view::Redaction {
         &self.redaction

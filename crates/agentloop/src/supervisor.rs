@@ -90,6 +90,8 @@ pub struct SessionSpec<I> {
     pub restart: RestartPolicy,
     /// Items to push right after it starts, in order.
     pub initial_items: Vec<I>,
+    /// How many turn-end checkpoints to keep (see [`SessionConfig::history`]).
+    pub history: usize,
     /// The stored record, when the spawner already read it (the runtime's resume).
     /// (Boxed: the supervisor keeps every session's spec, and this is the largest field
     /// and almost always `None`, B2.)
@@ -117,6 +119,7 @@ impl<I> SessionSpec<I> {
             durability: Durability::Sync,
             restart: RestartPolicy::Permanent,
             initial_items: Vec::new(),
+            history: 0,
             preloaded: None,
             lease_timeout: None,
             poll_interval: None,
@@ -161,6 +164,12 @@ impl<I> SessionSpec<I> {
         self.initial_items = items;
         self
     }
+
+    /// Keeps the last `n` turn-end checkpoints (see [`SessionConfig::history`]).
+    pub fn history(mut self, n: usize) -> Self {
+        self.history = n;
+        self
+    }
 }
 
 impl<I> fmt::Debug for SessionSpec<I> {
@@ -185,6 +194,9 @@ pub enum SupervisorError {
     /// A live session already has this id.
     #[error("a session with id `{0}` is already running; pick another id or stop it first")]
     Duplicate(String),
+    /// The session runs: the operation needs it stopped.
+    #[error("session `{0}` is running; stop it first, then retry")]
+    Running(String),
     /// No live session has this id.
     #[error("no live session has id `{0}`; list sessions to see the live ones")]
     UnknownSession(String),
@@ -579,7 +591,8 @@ where
         let mut config = SessionConfig::new(spec.id.clone())
             .agent_kind(spec.kind.clone())
             .persistent(spec.persist)
-            .durability(spec.durability);
+            .durability(spec.durability)
+            .history(spec.history);
         config.load_record = load_record;
         config.supervised = true;
         config.agent_config = spec.agent_config.clone();
@@ -1371,6 +1384,65 @@ where
                 id: id.to_string(),
                 reason: e.to_string(),
             })
+    }
+
+    /// Starts new session `to` under this supervisor from turn `turn`'s kept checkpoint
+    /// of session `from` (issue 13, 4), with the source's agent kind and configuration,
+    /// persistent with `durability` and keeping `history` checkpoints of its own.
+    pub async fn fork(
+        &self,
+        from: &str,
+        turn: u64,
+        to: &str,
+        durability: Durability,
+        history: usize,
+    ) -> Result<SessionHandle<I, E>, crate::ForkError>
+    where
+        I: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let gone = || crate::ForkError::Spawn {
+            id: to.to_string(),
+            reason: "the session supervisor is gone".into(),
+        };
+        let ctx = self
+            .ask(|reply| SupervisorMsg::RecordContext { reply })
+            .await
+            .ok_or_else(gone)?;
+        let Some(store) = ctx.store else {
+            return Err(crate::ForkError::NotPersistent(to.to_string()));
+        };
+        let record = crate::session::fork::write_fork(&*store, from, turn, to).await?;
+        let mut spec = SessionSpec::new(to, record.header.agent_kind.clone())
+            .config(record.header.agent_config.clone())
+            .persistent(true)
+            .durability(durability)
+            .history(history);
+        spec.preloaded = Some(Box::new(record));
+        self.spawn(spec).await.map_err(|e| crate::ForkError::Spawn {
+            id: to.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Deletes stored session `id`: its record and its checkpoint history (issue 13,
+    /// 4). Refused while the session runs here (stop it first); resolves to whether
+    /// anything was stored.
+    pub async fn delete(&self, id: &str) -> Result<bool, SupervisorError> {
+        validate_session_id(id)?;
+        if self.list().await.iter().any(|s| s.id == id) {
+            return Err(SupervisorError::Running(id.to_string()));
+        }
+        let ctx = self
+            .ask(|reply| SupervisorMsg::RecordContext { reply })
+            .await
+            .ok_or_else(gone)?;
+        let Some(store) = ctx.store else {
+            return Ok(false);
+        };
+        store
+            .purge(id)
+            .await
+            .map_err(|e| SupervisorError::Session(SessionError::Store(e)))
     }
 
     /// Pushes to a session by id.

@@ -51,6 +51,11 @@ pub struct SessionConfig {
     pub persist: bool,
     /// The default capacity of each subscriber's event buffer.
     pub event_capacity: usize,
+    /// How many of its last turn-end checkpoints the session keeps beside its record
+    /// (issue 13; default 0, at most [`crate::store::history::MAX_HISTORY`]): list them,
+    /// read one, fork a new session from one. Needs a store and `Turn` or `Sync`
+    /// durability (turn ends are written).
+    pub history: usize,
     /// How many of its last events the session keeps for subscribers that reconnect
     /// after a sequence number (S20; default 0: none, and nothing is allocated). The
     /// buffer is allocated at the first event, and holds clones of the events.
@@ -110,6 +115,7 @@ impl SessionConfig {
             persist: false,
             event_capacity: DEFAULT_EVENT_CAPACITY,
             replay_capacity: 0,
+            history: 0,
             end_hooks: Vec::new(),
             hook_timeout: Duration::from_secs(5),
             durability: Durability::Sync,
@@ -162,6 +168,12 @@ impl SessionConfig {
     /// a sequence number ([`crate::SessionHandle::subscribe_after`]).
     pub fn replay(mut self, capacity: usize) -> Self {
         self.replay_capacity = capacity;
+        self
+    }
+
+    /// Keeps the last `n` turn-end checkpoints (see [`SessionConfig::history`]).
+    pub fn history(mut self, n: usize) -> Self {
+        self.history = n;
         self
     }
 

@@ -167,6 +167,35 @@ where
         }
     }
 
+    /// Starts a new session `config.id` from turn `turn`'s kept checkpoint of session
+    /// `from` (issue 13, 4): its items and state, as that turn's end left them. The
+    /// checkpoint is written as the new session's record first (never over an
+    /// existing record), then the session starts on it. `from` is untouched.
+    pub async fn fork<A>(
+        config: SessionConfig,
+        agent: Arc<A>,
+        store: Option<Arc<dyn CheckpointStore<I>>>,
+        from: &str,
+        turn: u64,
+    ) -> Result<Self, crate::ForkError>
+    where
+        A: Agent<Item = I, Event = E>,
+        I: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let id = config.id.clone();
+        let store = match store.filter(|_| config.persist) {
+            Some(s) => s,
+            None => return Err(crate::ForkError::NotPersistent(id)),
+        };
+        let record = crate::session::fork::write_fork(&*store, from, turn, &id).await?;
+        Self::spawn_inner(config, agent, Some(store), None, Some(record))
+            .await
+            .map_err(|e| crate::ForkError::Spawn {
+                id,
+                reason: e.to_string(),
+            })
+    }
+
     /// The stream registered before the actor started, once (the supervisor's
     /// subscribed spawn takes it right after the spawn).
     pub(crate) fn take_events_at_spawn(&self) -> Option<EventStream<E>> {
@@ -186,6 +215,26 @@ where
         validate_session_id(&config.id)?;
         if config.persist && store.is_none() {
             return Err(SpawnError::NoStore(config.id));
+        }
+        if config.history > 0 {
+            let why = if config.history > crate::store::history::MAX_HISTORY {
+                Some(format!(
+                    "a history of {} checkpoints is over the bound of {}; ask for fewer",
+                    config.history,
+                    crate::store::history::MAX_HISTORY
+                ))
+            } else if !config.persist || config.durability == crate::Durability::Exit {
+                Some(
+                    "a checkpoint history needs a persistent session whose turn ends are \
+                     written: durability Turn or Sync"
+                        .to_string(),
+                )
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(SpawnError::History { id: config.id, why });
+            }
         }
         let shared = Arc::new(SessionShared::new(config.id.clone()));
         let subscribers = Arc::new(Subscribers::new(

@@ -13,6 +13,7 @@ pub(crate) mod answer;
 mod config;
 pub(crate) mod core;
 mod effects;
+pub(crate) mod fork;
 mod handle;
 pub(crate) mod ledger;
 mod load;
@@ -29,6 +30,7 @@ pub use answer::AnswerError;
 pub use config::{
     validate_session_id, Durability, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN,
 };
+pub use fork::ForkError;
 pub use handle::{BoundClient, SessionHandle};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,

@@ -189,6 +189,12 @@ impl<A: Agent> Core<A> {
             write.header.interrupt = Some(info.clone());
             write.header.awaiting_answer = true;
         }
+        if let (Some(turn), n) = (self.history_at_exit, self.config.history) {
+            if n > 0 {
+                // The final write holds the last turn's end (issue 13, 4).
+                write.history = Some(crate::store::history::HistoryMark { turn, keep: n });
+            }
+        }
         if let SessionStatus::Failed(e) = &write.header.status {
             write.header.last_error = Some(e.clone());
         } else if let ExitReason::Canceled(CancelInfo {

@@ -244,6 +244,8 @@ pub(crate) struct CoreConfig {
     pub(crate) owner: Option<String>,
     pub(crate) poll_interval: Duration,
     pub(crate) supervised: bool,
+    /// Turn-end checkpoints to keep (0: none).
+    pub(crate) history: usize,
 }
 
 impl CoreConfig {
@@ -258,6 +260,7 @@ impl CoreConfig {
             owner: config.owner.clone(),
             poll_interval: config.poll_interval,
             supervised: config.supervised,
+            history: config.history,
         }
     }
 }
@@ -289,6 +292,8 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) load_error: Option<Box<StoreError>>,
     /// What is written, when, and who waits for it.
     pub(crate) durable: Durable<A>,
+    /// The turn whose end the final write holds, to keep in the history.
+    pub(crate) history_at_exit: Option<u64>,
     /// The answer to the record's interrupt, until the resume turn has run (every write
     /// keeps it meanwhile, so a crash does not lose it).
     pub(crate) answer: Option<Box<Answer<A::Item>>>,
@@ -328,6 +333,7 @@ impl<A: Agent> Core<A> {
             load_error: None,
             durable,
             answer: None,
+            history_at_exit: None,
             progress_hook: None,
         }
     }

@@ -159,6 +159,7 @@ impl Harness {
             owner: Some("me".into()),
             poll_interval: std::time::Duration::from_secs(1),
             supervised: false,
+            history: 0,
         };
         let mut core = Core::new(config, shared);
         let progress = Arc::new(Mutex::new(Vec::new()));
@@ -705,6 +706,7 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
             owner: None,
             poll_interval: std::time::Duration::from_secs(1),
             supervised: false,
+            history: 0,
         },
         shared,
     );

@@ -15,7 +15,7 @@ use crate::agent::Agent;
 use crate::events::TurnEnd;
 use crate::exit::{ExitReason, FailureKind};
 use crate::session::core::exit::pending;
-use crate::session::core::{ActiveTurn, Core, Effect, Effects, Timed};
+use crate::session::core::{ActiveTurn, Core, Effect, Effects, StoreOp, Timed};
 use crate::session::ledger::{Offer, TurnFate};
 use crate::session::turn_task::TurnWork;
 use crate::store::codec::{payload, PayloadError};
@@ -269,8 +269,10 @@ impl<A: Agent> Core<A> {
         let exiting = self.exit.is_some() || (self.stop.committed && !self.stop.drain);
         if self.writes_turn_ends() && !exiting {
             let write = self.write_live(fx);
+            self.keep_in_history(turn, write, fx);
             self.durable.turn_end_after(write, durable_tx);
         } else if self.writes_turn_ends() {
+            self.history_at_exit = Some(turn);
             self.durable.turn_end_at_exit(durable_tx);
         } else if (completed || self.durable.dropped_since_write)
             && self.persists()
@@ -280,6 +282,30 @@ impl<A: Agent> Core<A> {
             // supervisor or the next start (S18, S26), which must not offer the
             // dropped items again (S10).
             self.replace_stale(fx);
+        }
+    }
+
+    /// Issue 13 (4): the write `write` holds turn `turn`'s end; with a history, it also
+    /// keeps a snapshot of the record it leaves.
+    fn keep_in_history(&self, turn: u64, write: u64, fx: &mut Effects<A>) {
+        if self.config.history == 0 {
+            return;
+        }
+        let mark = crate::store::history::HistoryMark {
+            turn,
+            keep: self.config.history,
+        };
+        for effect in fx.iter_mut().rev() {
+            if let Effect::Store {
+                seq,
+                op: StoreOp::Write(w),
+            } = effect
+            {
+                if *seq == write {
+                    w.history = Some(mark);
+                    return;
+                }
+            }
         }
     }
 
