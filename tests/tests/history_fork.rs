@@ -29,6 +29,34 @@ fn one_per_turn(agent: SimAgent) -> SimAgent {
     })
 }
 
+/// A session keeping `history` checkpoints, one item per turn, whose turn 0 holds item 1
+/// at its first step while items 2..=`last` wait behind it.
+async fn backlog(
+    store: &Arc<MemoryStore<SimItem>>,
+    id: &str,
+    history: usize,
+    last: u64,
+) -> (Handle, agentloop_sim::Gate, Probe) {
+    let (tx, mut probe) = probe();
+    let gate = agentloop_sim::Gate::new();
+    let h = spawn_on(
+        config(id, history),
+        one_per_turn(
+            SimAgent::new(steps(1))
+                .with_step_gate(gate.clone())
+                .with_probe(tx),
+        ),
+        store.clone(),
+    )
+    .await;
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    for i in 2..=last {
+        h.push(item(i)).await.unwrap();
+    }
+    (h, gate, probe)
+}
+
 async fn turns(store: &MemoryStore<SimItem>, id: &str) -> Vec<u64> {
     match store.history(id, HistoryQuery::List).await.unwrap() {
         HistoryAnswer::List(l) => l.into_iter().map(|e| e.turn).collect(),
@@ -41,23 +69,7 @@ async fn turns(store: &MemoryStore<SimItem>, id: &str) -> Vec<u64> {
 #[tokio::test(start_paused = true)]
 async fn history_keeps_exactly_n_and_outlives_the_clean_exit() {
     let store = Arc::new(MemoryStore::<SimItem>::new());
-    let (tx, mut probe) = probe();
-    let gate = agentloop_sim::Gate::new();
-    let h = spawn_on(
-        config("hist", 3),
-        one_per_turn(
-            SimAgent::new(steps(1))
-                .with_step_gate(gate.clone())
-                .with_probe(tx),
-        ),
-        store.clone(),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
-    for i in 2..=5 {
-        h.push(item(i)).await.unwrap();
-    }
+    let (h, gate, mut probe) = backlog(&store, "hist", 3, 5).await;
     gate.open_all();
     probe
         .until("turn 4 done", |n| matches!(n, Notice::TurnDone { turn: 4 }))
@@ -89,23 +101,7 @@ async fn history_keeps_exactly_n_and_outlives_the_clean_exit() {
 async fn fork_yields_the_saved_items_and_bad_forks_are_typed() {
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let dyn_store = || Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>);
-    let gate = agentloop_sim::Gate::new();
-    let (tx, mut probe) = probe();
-    let h = spawn_on(
-        config("source", 10),
-        one_per_turn(
-            SimAgent::new(steps(1))
-                .with_step_gate(gate.clone())
-                .with_probe(tx),
-        ),
-        store.clone(),
-    )
-    .await;
-    h.push(item(1)).await.unwrap();
-    probe.at_step(0, 0).await;
-    for i in 2..=4 {
-        h.push(item(i)).await.unwrap();
-    }
+    let (h, gate, mut probe) = backlog(&store, "source", 10, 4).await;
     gate.open(1);
     probe
         .until("turn 0 done", |n| matches!(n, Notice::TurnDone { turn: 0 }))
