@@ -3,7 +3,8 @@
 //!
 //! `cargo run --example graceful_shutdown` runs three sessions, starts the shutdown
 //! itself after a moment (press Ctrl+C earlier to see the signal path; twice to force)
-//! and prints the report. Run it again: it resumes the sessions it saved.
+//! and prints the report. Run it again: it resumes the sessions it saved. The data
+//! directory is `target/graceful-shutdown-example` unless given as the first argument.
 
 use std::time::Duration;
 
@@ -14,7 +15,10 @@ use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let config = RuntimeConfig::from_toml_str(
+    let data_dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "target/graceful-shutdown-example".into());
+    let config = RuntimeConfig::from_toml_str(&format!(
         r#"
         [shutdown]
         strategy = "cooperative"
@@ -22,9 +26,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         force_timeout = "2s"
         cleanup = "3s"
         [store]
-        data_dir = "target/graceful-shutdown-example"
-        "#,
-    )?;
+        data_dir = {data_dir:?}
+        "#
+    ))?;
     let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", |_cfg: &[u8]| {

@@ -1,76 +1,100 @@
-//! Quickstart: one session of the simulated agent. Push items, preempt a turn with a
-//! newer message, stop gracefully with a cause, and read the event stream and the exit
-//! state.
+//! Quickstart: one session end to end on a [`Runtime`](agentloop::Runtime). An agent
+//! that answers each message, two messages pushed, the event stream read as it comes,
+//! a stop with a cause, and how the session ended.
 //!
-//! Run: `cargo run --release --example quickstart`
+//! Run: `cargo run --example quickstart`
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::{Preempt, PushOptions, SessionConfig, SessionEvent, SessionHandle, StopOptions};
-use agentloop_sim::{Script, SimAgent, SimItem};
+use agentloop::prelude::*;
+
+/// Answers each message of a turn; the (pretend) model call is followed by a safe
+/// point, where a stop or a preempt may end the turn.
+struct Assistant;
+
+impl Agent for Assistant {
+    type Item = String;
+    type Event = String;
+    type State = usize;
+
+    async fn run_turn(
+        &self,
+        turn: Turn<Self>,
+        cx: TurnCx<Self>,
+    ) -> Result<TurnOutcome<usize>, AgentError> {
+        for (answered, message) in turn.items.iter().enumerate() {
+            tokio::time::sleep(Duration::from_millis(20)).await; // the model call
+            cx.emit(format!("answer to {message:?}")).await;
+            cx.safe_point(SafePoint::AfterModelCall, &(answered + 1))?;
+        }
+        Ok(TurnOutcome::Completed)
+    }
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Logs go to stderr; RUST_LOG=info shows the runtime's own.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
+        .with_writer(std::io::stderr)
         .init();
 
-    // Each turn: model call, tool round, model call (20 ms / 10 ms latencies).
-    let agent = SimAgent::new(Script::react(
-        1,
-        Duration::from_millis(20),
-        Duration::from_millis(10),
-    ));
-    let session =
-        SessionHandle::spawn(SessionConfig::new("quickstart"), Arc::new(agent), None).await?;
-
+    // No data directory: sessions live in memory. `.data_dir(..)` keeps them in sled.
+    let (runtime, _) = Runtime::<String, String>::builder()
+        .register_agent("assistant", |_config: &[u8]| Ok(Assistant))
+        .start()
+        .await?;
+    let session = runtime
+        .supervisor()
+        .spawn(SessionSpec::new("quickstart", "assistant"))
+        .await?;
     let mut events = session.subscribe();
-    let printer = tokio::spawn(async move {
-        while let Some(event) = events.next().await {
-            match event {
-                SessionEvent::Agent { .. } => {}
-                SessionEvent::Ended(summary) => {
-                    println!(
-                        "event: Ended (reason {:?}, cause {:?})",
-                        summary.reason, summary.stop_cause
-                    );
-                }
-                other => println!("event: {other:?}"),
-            }
-        }
-        println!("stream closed");
-    });
 
-    session.push(SimItem::new(1, "what's the weather?")).await?;
-    session.push(SimItem::new(2, "in Paris")).await?;
-    // A newer message preempts the running turn at its next safe point; the turn's
-    // items are offered again to the next turn, first.
-    let ack = session
-        .push_with(
-            SimItem::new(3, "actually, in Lyon"),
-            PushOptions::preempt(Preempt::any_safe_point().timeout(Duration::from_secs(1))),
-        )
-        .await?;
-    println!("preempt: {ack:?}");
-
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    session.push("what's the weather?".to_string()).await?;
+    session.push("and tomorrow?".to_string()).await?;
+    // Drain: the session handles everything it accepted, then ends. (A graceful stop,
+    // `StopOptions::graceful()`, would end the running turn at its next safe point and
+    // hand its messages back in the exit state.)
     session
-        .stop(StopOptions::graceful_timeout(Duration::from_secs(2)).cause("quickstart done"))
+        .stop(StopOptions::drain().cause("user left"))
         .await?;
+
+    while let Some(event) = events.next().await {
+        match event {
+            SessionEvent::TurnStarted { turn, items, .. } => {
+                println!("turn {turn} started with {items} message(s)")
+            }
+            SessionEvent::Agent { turn, event } => println!("  turn {turn}: {event}"),
+            SessionEvent::TurnEnded { turn, outcome, .. } => {
+                let how = if outcome == TurnEnd::Completed {
+                    "completed"
+                } else {
+                    "was cut"
+                };
+                println!("turn {turn} {how}");
+            }
+            SessionEvent::StopRequested { cause, .. } => {
+                println!(
+                    "stop requested (cause: {})",
+                    cause.as_deref().unwrap_or("none")
+                )
+            }
+            SessionEvent::Ended(summary) => println!(
+                "session ended: {}",
+                summary.stop_cause.as_deref().unwrap_or("no cause")
+            ),
+            _ => {}
+        }
+    }
     let exit = session.wait().await;
-    printer.await?;
     println!(
-        "exit: reason {:?}, cause {:?}, turns completed {}, preempted {}, items delivered {}, unhandled {}, interrupted {}",
-        exit.reason,
-        exit.stop_cause,
+        "{} turn(s) completed, {} message(s) handled, {} left over",
         exit.counters.turns_completed,
-        exit.counters.turns_preempted,
         exit.counters.items_delivered,
-        exit.unhandled_items.len(),
-        exit.interrupted_items.len()
+        exit.unhandled_items.len() + exit.interrupted_items.len()
     );
+    runtime.shutdown().await?;
     Ok(())
 }

@@ -1,28 +1,100 @@
 //! # agentloop
 //!
 //! A runtime for long-running agent sessions on message-passing actors (ractor on
-//! tokio). Each session is a [`TurnLoop`] actor that runs *turns* of an [`Agent`] over a
-//! queue of pushed items. Sessions can be preempted at safe points, stopped with
-//! options, checkpointed, resumed, and they report every item they accepted in their
-//! [`ExitState`].
+//! tokio). A *session* runs *turns* of your [`Agent`] over a queue of pushed *items*
+//! (user messages, tool results, tasks). While a turn runs, the session keeps taking
+//! pushes, stops and preemptions; a turn ends early only at a *safe point* the agent
+//! declares (after a model call, after a round of tool calls). Stops carry options
+//! (graceful, with a timeout, immediate, drain, a business cause); every accepted item
+//! is accounted for in the session's [`ExitState`]; persistent sessions keep a record
+//! in a checkpoint store (sled by default) and resume after a restart.
 //!
-//! ```no_run
-//! # use std::sync::Arc;
-//! # use agentloop::*;
-//! # async fn demo<A: Agent<Item = String, Event = String>>(agent: A) -> Result<(), Box<dyn std::error::Error>> {
-//! let session = SessionHandle::spawn(SessionConfig::new("chat-1"), Arc::new(agent), None).await?;
-//! let mut events = session.subscribe();
-//! session.push("hello".to_string()).await?;
-//! session.stop(StopOptions::graceful().cause("user left")).await?;
-//! while let Some(event) = events.next().await {
-//!     println!("{event:?}");
+//! ## Start here: a complete agent on a [`Runtime`]
+//!
+//! ```
+//! use agentloop::prelude::*;
+//!
+//! /// An assistant that answers each message of a turn, with a safe point after its
+//! /// (here pretend) model call.
+//! struct Echo;
+//!
+//! impl Agent for Echo {
+//!     type Item = String;   // what clients push
+//!     type Event = String;  // what the agent streams while it works
+//!     type State = u64;     // what a resumed turn continues from
+//!
+//!     async fn run_turn(&self, turn: Turn<Self>, cx: TurnCx<Self>)
+//!         -> Result<TurnOutcome<u64>, AgentError>
+//!     {
+//!         for (answered, message) in turn.items.iter().enumerate() {
+//!             cx.emit(format!("you said: {message}")).await;
+//!             // A stop or a preempt may end the turn here; `?` propagates it.
+//!             cx.safe_point(SafePoint::AfterModelCall, &(answered as u64 + 1))?;
+//!         }
+//!         Ok(TurnOutcome::Completed)
+//!     }
 //! }
-//! let exit = session.wait().await;
-//! assert_eq!(exit.stop_cause.as_deref(), Some("user left"));
-//! # Ok(()) }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // `.data_dir("./agentloop-data")` would keep persistent sessions in sled.
+//!     let (runtime, _resumed) = Runtime::<String, String>::builder()
+//!         .register_agent("echo", |_config: &[u8]| Ok(Echo))
+//!         .start()
+//!         .await?;
+//!     let session = runtime.supervisor().spawn(SessionSpec::new("chat-1", "echo")).await?;
+//!     let mut events = session.subscribe();
+//!     session.push("hello".to_string()).await?;
+//!     // Handle what was pushed, then end (`StopOptions::graceful()` would end the
+//!     // running turn at its next safe point instead).
+//!     session.stop(StopOptions::drain().cause("user left")).await?;
+//!     let mut answers = Vec::new();
+//!     while let Some(event) = events.next().await {
+//!         if let SessionEvent::Agent { event, .. } = event {
+//!             answers.push(event);
+//!         }
+//!     }
+//!     assert_eq!(answers, ["you said: hello"]);
+//!     let exit = session.wait().await;
+//!     assert_eq!(exit.stop_cause.as_deref(), Some("user left"));
+//!     assert_eq!(exit.counters.items_delivered, 1);
+//!     runtime.shutdown().await?;
+//!     Ok(())
+//! }
 //! ```
 //!
-//! The semantics are numbered in the design contract (S1…S32) and described as built in
+//! ## One example per use case
+//!
+//! Each is one file in `examples/` (run with `cargo run --example NAME`; CI runs all):
+//!
+//! | example | shows |
+//! |---|---|
+//! | `quickstart` | one session end to end: items, events, a graceful stop with a cause |
+//! | `preempt` | a newer message preempts the running turn at its next safe point (S7, S8) |
+//! | `stop_and_resume` | a persistent session cut by a shutdown resumes after a restart (S17) |
+//! | `human_approval` | an agent asks for approval, the runtime restarts, the answer resumes the turn (S4) |
+//! | `detach_and_cancel` | a session handed to the background and canceled by id (S23, S24) |
+//! | `history_and_fork` | turn-end checkpoints listed, one inspected, a new session forked from it |
+//! | `embed_in_actor_tree` | your own ractor actor owns the session supervisor |
+//! | `graceful_shutdown` | configuration, a cleanup hook, signals and the shutdown report (S27, S28) |
+//!
+//! ## Where things are
+//!
+//! - [`Runtime`] / [`RuntimeBuilder`]: the store, the instance lease, the
+//!   [`SupervisorHandle`] (spawn, push, stop, detach, cancel by id) and the shutdown.
+//! - [`SessionHandle`] / [`SessionConfig`]: one session without a supervisor.
+//! - [`Agent`], [`Turn`], [`TurnCx`], [`TurnOutcome`]: what you implement and what a
+//!   turn is given.
+//! - [`StopOptions`], [`PushOptions`], [`Preempt`]: the options a stop or a push
+//!   carries; [`SessionEvent`]: the event stream; [`ExitState`]: how a session ended.
+//! - [`store`]: the checkpoint stores ([`MemoryStore`], sled through
+//!   [`CheckpointActor`]); [`view`]: what a client may see of a record (redaction).
+//! - [`prelude`]: the names most programs need, in one `use`.
+//! - [`ractor`]: the actor library agentloop runs on, re-exported so your own actors
+//!   use the same version; [`SupervisorMsg`] and [`TurnLoopMsg`] work with its
+//!   `cast!` / `call!` macros.
+//!
+//! The rule numbers in these docs (S1…) are listed with their one-line meaning in
 //! `docs/semantics.md`.
 
 #![warn(missing_docs)]
@@ -45,6 +117,24 @@ pub mod supervisor;
 pub mod turn;
 pub mod view;
 
+/// The actor library agentloop runs on (ractor), re-exported so that your own actors,
+/// and the `cast!` / `call!` macros you use on [`SupervisorMsg`] and [`TurnLoopMsg`],
+/// use the same version.
+pub use ractor;
+
+/// The names most programs need: `use agentloop::prelude::*;`.
+pub mod prelude {
+    pub use crate::agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
+    pub use crate::cancel::SafePoint;
+    pub use crate::events::{EventStream, SessionEvent, TurnEnd};
+    pub use crate::options::{Preempt, PushOptions, StopOptions};
+    pub use crate::runtime::{Runtime, RuntimeBuilder};
+    pub use crate::session::{
+        Durability, ExitReason, ExitState, SessionConfig, SessionHandle, TurnCx,
+    };
+    pub use crate::supervisor::{SessionSpec, SupervisorHandle};
+}
+
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 pub use error::{SessionError, SpawnError};
@@ -53,7 +143,7 @@ pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, Tu
 pub use session::{
     AnswerError, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary,
     FailureKind, ForkError, PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step,
-    TurnCx, TurnLoop, TurnLoopMsg,
+    TurnCx, TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]
@@ -68,8 +158,8 @@ pub use store::{
     SessionRecord, SessionStatus, StatusKind, StoreError, DEFAULT_HEARTBEAT,
 };
 pub use supervisor::{
-    agent_kind, AgentKind, AttachMode, Attachment, ClosedGate, GateMember, RestartBudget,
-    RestartPolicy, RoutedPushError, SessionEnd, SessionSpec, SessionSupervisor, SubscribedSpawn,
-    SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg,
+    agent_kind, AgentKind, AttachMode, Attachment, RestartBudget, RestartPolicy, RoutedPushError,
+    SessionEnd, SessionSpec, SubscribedSpawn, SupervisorArgs, SupervisorError, SupervisorHandle,
+    SupervisorMsg,
 };
 pub use view::{Part, Redaction, SessionView};

@@ -400,30 +400,44 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Vec<ExitState<I>>>,
     },
-    /// Close the drain gate for a shutdown (S27): from now on spawns are refused with
-    /// [`SupervisorError::ShuttingDown`], routed pushes are rejected as late items
-    /// (handed back and counted), and no session is restarted. Answers with every live
-    /// session, for the shutdown coordinator to stop.
-    CloseGate {
-        /// Where to answer.
-        reply: RpcReplyPort<ClosedGate<I, E>>,
-    },
     /// Open a feed of session ends (see [`SessionEnd`]): from now on, every session
     /// that leaves the registry for good is reported on it with its final exit state.
     WatchEnds {
         /// Where to send the ends (a cast: requests sent after it are served after it).
         feed: mpsc::UnboundedSender<SessionEnd<I>>,
     },
-    /// Internal: a routed push found its incarnation ended and must be retried.
-    #[doc(hidden)]
+    /// Messages the runtime sends itself (the shutdown coordinator's gate, a routed
+    /// push's retry, an answer's claim): opaque outside the crate.
+    Internal(SupervisorInternal<I, E>),
+}
+
+/// An internal supervisor message (opaque outside the crate).
+pub struct SupervisorInternal<I, E>(pub(crate) InternalMsg<I, E>);
+
+/// The supervisor's internal messages.
+pub(crate) enum InternalMsg<I, E> {
+    /// Close the drain gate for a shutdown (S27): from now on spawns are refused with
+    /// SupervisorError::ShuttingDown, routed pushes are rejected as late items
+    /// (handed back and counted), and no session is restarted. Answers with every live
+    /// session, for the shutdown coordinator to stop.
+    CloseGate {
+        /// Where to answer.
+        reply: RpcReplyPort<ClosedGate<I, E>>,
+    },
+    /// A routed push found its incarnation ended and must be retried.
     Reroute(Reroute<I>),
-    /// Internal: what a caller needs to work on a stored record outside the
-    /// supervisor's mailbox (an answer's claim): the store, the owner and the kinds.
-    #[doc(hidden)]
+    /// What a caller needs to work on a stored record outside the supervisor's mailbox
+    /// (an answer's claim): the store, the owner and the kinds.
     RecordContext {
         /// Where to answer.
         reply: RpcReplyPort<RecordContext<I>>,
     },
+}
+
+impl<I, E> From<InternalMsg<I, E>> for SupervisorMsg<I, E> {
+    fn from(m: InternalMsg<I, E>) -> Self {
+        SupervisorMsg::Internal(SupervisorInternal(m))
+    }
 }
 
 /// A session that left the supervisor's registry for good: it was stopped, completed,
@@ -447,8 +461,8 @@ pub struct SessionEnd<I> {
     pub exit: ExitState<I>,
 }
 
-/// A live session handed to the shutdown coordinator by [`SupervisorMsg::CloseGate`].
-pub struct GateMember<I, E> {
+/// A live session handed to the shutdown coordinator when the drain gate closes.
+pub(crate) struct GateMember<I, E> {
     /// The session's spec (kind, configuration, persistence), to write its record if it
     /// has to be killed.
     pub spec: SessionSpec<I>,
@@ -456,8 +470,8 @@ pub struct GateMember<I, E> {
     pub handle: SessionHandle<I, E>,
 }
 
-/// The answer to [`SupervisorMsg::CloseGate`].
-pub struct ClosedGate<I, E> {
+/// The answer to closing the drain gate.
+pub(crate) struct ClosedGate<I, E> {
     /// Every live session when the gate closed.
     pub sessions: Vec<GateMember<I, E>>,
     /// Pushes the gate has rejected as late so far (it keeps counting).
@@ -466,8 +480,8 @@ pub struct ClosedGate<I, E> {
     pub owner: Option<String>,
 }
 
-/// Internal: a push to retry on the new incarnation (opaque).
-pub struct Reroute<I> {
+/// Internal: a push to retry on the new incarnation.
+pub(crate) struct Reroute<I> {
     id: String,
     item: I,
     options: PushOptions<I>,
@@ -521,7 +535,7 @@ impl<I> fmt::Display for RoutedPushError<I> {
 }
 
 /// The supervisor actor.
-pub struct SessionSupervisor<I, E>(std::marker::PhantomData<fn() -> (I, E)>);
+pub(crate) struct SessionSupervisor<I, E>(std::marker::PhantomData<fn() -> (I, E)>);
 
 impl<I, E> Default for SessionSupervisor<I, E> {
     fn default() -> Self {
@@ -555,16 +569,15 @@ struct Entry<I, E> {
     detached: bool,
 }
 
-/// The supervisor's store, owner and registered kinds ([`SupervisorMsg::RecordContext`]).
-#[doc(hidden)]
-pub struct RecordContext<I> {
+/// The supervisor's store, owner and registered kinds (for an answer's claim).
+pub(crate) struct RecordContext<I> {
     store: Option<Arc<dyn CheckpointStore<I>>>,
     owner: Option<String>,
     kinds: Vec<String>,
 }
 
 /// The supervisor's state.
-pub struct SupervisorState<I, E> {
+pub(crate) struct SupervisorState<I, E> {
     kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
     store: Option<Arc<dyn CheckpointStore<I>>>,
     owner: Option<String>,
@@ -914,13 +927,13 @@ where
             } => {
                 route_push(&myself, st, id, item, options, reply, 0).await;
             }
-            SupervisorMsg::Reroute(Reroute {
+            SupervisorMsg::Internal(SupervisorInternal(InternalMsg::Reroute(Reroute {
                 id,
                 item,
                 options,
                 reply,
                 tries,
-            }) => {
+            }))) => {
                 route_push(&myself, st, id, item, options, reply, tries).await;
             }
             SupervisorMsg::Stop { id, options, reply } => {
@@ -984,7 +997,7 @@ where
                     let _ = reply.send(cancel(store, live, id).await);
                 });
             }
-            SupervisorMsg::CloseGate { reply } => {
+            SupervisorMsg::Internal(SupervisorInternal(InternalMsg::CloseGate { reply })) => {
                 st.gate_closed = true;
                 st.stopping = true;
                 let mut sessions: Vec<GateMember<I, E>> = st
@@ -1004,7 +1017,7 @@ where
                 });
             }
             SupervisorMsg::WatchEnds { feed } => st.watchers.push(feed),
-            SupervisorMsg::RecordContext { reply } => {
+            SupervisorMsg::Internal(SupervisorInternal(InternalMsg::RecordContext { reply })) => {
                 let _ = reply.send(RecordContext {
                     store: st.store.clone(),
                     owner: st.owner.clone(),
@@ -1213,15 +1226,16 @@ async fn route_push<I, E>(
                         .is_some_and(|e| matches!(e.reason, ExitReason::Failed(_))) =>
             {
                 let _ = h.take_late_items();
-                let msg = SupervisorMsg::Reroute(Reroute {
+                let msg = SupervisorMsg::from(InternalMsg::Reroute(Reroute {
                     id,
                     item,
                     options: retry_options,
                     reply,
                     tries: tries + 1,
-                });
-                if let Err(ractor::MessagingErr::SendErr(SupervisorMsg::Reroute(r))) =
-                    myself.send_message(msg)
+                }));
+                if let Err(ractor::MessagingErr::SendErr(SupervisorMsg::Internal(
+                    SupervisorInternal(InternalMsg::Reroute(r)),
+                ))) = myself.send_message(msg)
                 {
                     let _ = r
                         .reply
@@ -1350,7 +1364,7 @@ where
         I: serde::Serialize + serde::de::DeserializeOwned,
     {
         let Some(ctx) = self
-            .ask(|reply| SupervisorMsg::RecordContext { reply })
+            .ask(|reply| InternalMsg::RecordContext { reply }.into())
             .await
         else {
             return Err(crate::AnswerError::Unavailable {
@@ -1405,7 +1419,7 @@ where
             reason: "the session supervisor is gone".into(),
         };
         let ctx = self
-            .ask(|reply| SupervisorMsg::RecordContext { reply })
+            .ask(|reply| InternalMsg::RecordContext { reply }.into())
             .await
             .ok_or_else(gone)?;
         let Some(store) = ctx.store else {
@@ -1433,7 +1447,7 @@ where
             return Err(SupervisorError::Running(id.to_string()));
         }
         let ctx = self
-            .ask(|reply| SupervisorMsg::RecordContext { reply })
+            .ask(|reply| InternalMsg::RecordContext { reply }.into())
             .await
             .ok_or_else(gone)?;
         let Some(store) = ctx.store else {
@@ -1544,10 +1558,11 @@ where
             .unwrap_or_default()
     }
 
-    /// Closes the drain gate (see [`SupervisorMsg::CloseGate`]). `None` if the
-    /// supervisor is gone.
-    pub async fn close_gate(&self) -> Option<ClosedGate<I, E>> {
-        self.ask(|reply| SupervisorMsg::CloseGate { reply }).await
+    /// Closes the drain gate (S27; the shutdown coordinator's first step). `None` if
+    /// the supervisor is gone.
+    pub(crate) async fn close_gate(&self) -> Option<ClosedGate<I, E>> {
+        self.ask(|reply| InternalMsg::CloseGate { reply }.into())
+            .await
     }
 
     /// A feed of session ends ([`SessionEnd`]): every session that leaves the registry

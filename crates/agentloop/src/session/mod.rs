@@ -35,4 +35,3 @@ pub use handle::{BoundClient, SessionHandle};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,
 };
-pub use turn_loop::{LoopState, TurnLoop, TurnLoopArgs};

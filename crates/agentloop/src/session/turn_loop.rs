@@ -28,7 +28,7 @@ use crate::store::{CheckpointStore, LoadedRecord, StoreError};
 
 /// The TurnLoop actor (one per session). Spawn it through
 /// [`crate::SessionHandle::spawn`] or [`crate::SessionHandle::spawn_linked`].
-pub struct TurnLoop<A: Agent>(PhantomData<fn() -> A>);
+pub(crate) struct TurnLoop<A: Agent>(PhantomData<fn() -> A>);
 
 impl<A: Agent> Default for TurnLoop<A> {
     fn default() -> Self {
@@ -37,7 +37,7 @@ impl<A: Agent> Default for TurnLoop<A> {
 }
 
 /// What a TurnLoop is started with.
-pub struct TurnLoopArgs<A: Agent> {
+pub(crate) struct TurnLoopArgs<A: Agent> {
     pub(crate) config: SessionConfig,
     pub(crate) agent: Arc<A>,
     pub(crate) store: Option<Arc<dyn CheckpointStore<A::Item>>>,
@@ -49,7 +49,7 @@ pub struct TurnLoopArgs<A: Agent> {
 }
 
 /// The TurnLoop's state: the core and what performing its effects needs.
-pub struct LoopState<A: Agent> {
+pub(crate) struct LoopState<A: Agent> {
     pub(super) core: Core<A>,
     pub(super) agent: Arc<A>,
     pub(super) store: Option<Arc<dyn CheckpointStore<A::Item>>>,
