@@ -133,7 +133,17 @@ impl<'a> Wave<'a> {
     /// Commits the staged changes: one atomic batch for the sessions tree, then the
     /// format-1 changes (a conversion's leftover is harmless: format 2 wins).
     fn commit(self) -> Result<(), StoreError> {
-        if !self.staged.is_empty() {
+        if self.staged.len() == 1 {
+            // One key: a plain insert or remove is atomic on its own and spares sled's
+            // batch manifest (which seals the log buffer: an extra write at the flush).
+            if let Some((k, v)) = self.staged.into_iter().next() {
+                let r = match v {
+                    Some(v) => self.backend.sessions.insert(k, v.as_ref()).map(|_| ()),
+                    None => self.backend.sessions.remove(k).map(|_| ()),
+                };
+                r.map_err(|e| backend_err("save", "", e))?;
+            }
+        } else if !self.staged.is_empty() {
             let mut batch = sled::Batch::default();
             for (k, v) in self.staged {
                 match v {
