@@ -310,7 +310,9 @@ impl CheckpointState {
                     for (waiter, result) in writes {
                         answer_flushed(waiter, result, &flush);
                     }
-                    let _ = myself.send_message(CheckpointMsg::Flushed(Flushed(Ok(()))));
+                    // The waiters have their answers; the report carries the flush's
+                    // own result so the actor sees what happened to it.
+                    let _ = myself.send_message(CheckpointMsg::Flushed(Flushed(flush)));
                 });
                 return;
             }
