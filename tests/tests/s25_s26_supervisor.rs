@@ -122,6 +122,98 @@ async fn s25_spawn_route_list_and_typed_errors() {
     assert_eq!(delivered(&ledgers), vec![1, 2, 3]);
 }
 
+/// S25, batch spawn: one request spawns many sessions; each spec is answered in order
+/// and fails alone (bad id, a duplicate of a live session or of an earlier spec in the
+/// same batch, unknown kind, bad config); initial items reach their sessions.
+#[tokio::test(start_paused = true)]
+async fn s25_batch_spawn_answers_each_spec_in_order() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let sup = Sup::start(kinds(ledgers.clone())).await.unwrap();
+    sup.spawn(SessionSpec::new("live", "sim")).await.unwrap();
+    let answers = sup
+        .spawn_batch(vec![
+            SessionSpec::new("x", "sim").initial_items(vec![item(1)]),
+            SessionSpec::new("bad\nid", "sim"),
+            SessionSpec::new("live", "sim"),
+            SessionSpec::new("y", "sim").initial_items(vec![item(2), item(3)]),
+            SessionSpec::new("x", "sim").initial_items(vec![item(99)]),
+            SessionSpec::new("z", "nope"),
+            SessionSpec::new("w", "sim").config(vec![9]),
+        ])
+        .await;
+    let shape: Vec<&str> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(_) => "ok",
+            Err(SupervisorError::InvalidId(_)) => "invalid",
+            Err(SupervisorError::Duplicate(_)) => "duplicate",
+            Err(SupervisorError::UnknownKind { .. }) => "unknown kind",
+            Err(SupervisorError::BadConfig { .. }) => "bad config",
+            Err(_) => "other",
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            "ok",
+            "invalid",
+            "duplicate",
+            "ok",
+            "duplicate",
+            "unknown kind",
+            "bad config"
+        ]
+    );
+    assert_eq!(answers[0].as_ref().unwrap().id(), "x");
+    assert_eq!(answers[3].as_ref().unwrap().id(), "y");
+    let ids: Vec<String> = sup.list().await.into_iter().map(|s| s.id).collect();
+    assert_eq!(ids, ["live", "x", "y"]);
+    // The sessions run: the batch's seeds are delivered, routing reaches them.
+    sup.push("x", item(4)).await.unwrap();
+    let exits = sup.stop_all(StopOptions::drain()).await;
+    assert_eq!(exits.len(), 3);
+    assert_eq!(delivered(&ledgers), vec![1, 2, 3, 4]);
+}
+
+/// S25, batch spawn: a list longer than one batch is split by the handle; a raw
+/// `SpawnBatch` message over the bound is refused whole with a typed error.
+#[tokio::test(start_paused = true)]
+async fn s25_batch_spawn_splits_long_lists_and_bounds_one_message() {
+    use agentloop::{SupervisorMsg, MAX_SPAWN_BATCH};
+    let sup = Sup::start(kinds(Arc::new(Mutex::new(Vec::new()))))
+        .await
+        .unwrap();
+    let n = MAX_SPAWN_BATCH * 2 + 7;
+    let specs = (0..n)
+        .map(|i| SessionSpec::new(format!("s{i:05}"), "sim"))
+        .collect();
+    let answers = sup.spawn_batch(specs).await;
+    assert_eq!(answers.len(), n);
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(sup.list().await.len(), n);
+
+    let too_many = (0..=MAX_SPAWN_BATCH)
+        .map(|i| SessionSpec::new(format!("t{i:05}"), "sim"))
+        .collect();
+    let refused = agentloop::ractor::call!(sup.actor(), |reply| SupervisorMsg::SpawnBatch {
+        specs: too_many,
+        reply
+    })
+    .expect("the supervisor answers");
+    match refused {
+        Err(SupervisorError::BatchTooLarge { len, max }) => {
+            assert_eq!((len, max), (MAX_SPAWN_BATCH + 1, MAX_SPAWN_BATCH));
+        }
+        other => panic!("expected BatchTooLarge, got {:?}", other.map(|v| v.len())),
+    }
+    assert_eq!(
+        sup.list().await.len(),
+        n,
+        "nothing of the refused batch was spawned"
+    );
+    assert_eq!(sup.stop_all(StopOptions::bare()).await.len(), n);
+}
+
 /// S26: an agent panic mid-turn restarts the session; items pushed while it restarts
 /// reach the new incarnation; nothing is lost; the supervisor lives on.
 #[tokio::test(start_paused = true)]

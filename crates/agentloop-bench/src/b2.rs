@@ -5,9 +5,13 @@
 //! * Baseline: `Actor::spawn` of an actor with unit state that does nothing, `N` times
 //!   in sequence; the harness keeps each `(ActorRef, JoinHandle)`.
 //! * agentloop: a fresh `SupervisorHandle` (no store) per round with one agent kind,
-//!   `"sim"` (`SimAgent` with `Script::noop()`); `supervisor.spawn(SessionSpec::new(id,
-//!   "sim"))` `N` times in sequence (non-persistent, no items: idle sessions); the harness
-//!   keeps each `SessionHandle`. The ids are built before the clock starts.
+//!   `"sim"` (`SimAgent` with `Script::noop()`); `supervisor.spawn_batch(specs)` with
+//!   `N / 1000` batches of 1 000 `SessionSpec::new(id, "sim")` in sequence
+//!   (non-persistent, no items: idle sessions); the harness keeps each `SessionHandle`.
+//!   The specs are built before the clock starts. Issue 14: a supervisor's
+//!   request/reply alone costs about 2 × a raw spawn, so the figure is the batch.
+//! * Reported beside it (diagnostic): the same through `supervisor.spawn(spec)`, one
+//!   request per session.
 //! * Diagnostic sides (not the figure), to split the cost: `SessionHandle::spawn` of the
 //!   same agent with no supervisor (the session's own share), and a bare ractor
 //!   supervisor (an actor that, on request, spawns an empty actor linked under itself
@@ -24,6 +28,8 @@
 //!
 //! The figure has the client on the thread that runs `main` (like B1); a second set of
 //! rounds runs the same client as a task on the runtime's workers (diagnostic).
+//! `B2_ONLY=<part of a side's label>` runs only the matching sides, for profiling one
+//! (its verdict lines then mean nothing).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use agentloop::{
     agent_kind, AgentKind, ExitReason, RestartBudget, SessionConfig, SessionHandle, SessionSpec,
-    StopOptions, SupervisorArgs, SupervisorHandle,
+    StopOptions, SupervisorArgs, SupervisorHandle, MAX_SPAWN_BATCH,
 };
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
@@ -204,7 +210,9 @@ fn check_exits(exits: &[agentloop::ExitState<SimItem>], n: usize) {
     }
 }
 
-async fn supervisor_side(n: usize, round: &str) -> SideRound {
+/// The sessions through the supervisor: one `spawn` request per session, or (the
+/// figure) `spawn_batch` requests of [`MAX_SPAWN_BATCH`] specs each.
+async fn supervisor_side(n: usize, round: &str, batched: bool) -> SideRound {
     let supervisor = SupervisorHandle::<SimItem, SimEvent>::start(SupervisorArgs {
         kinds: sim_kinds(),
         store: None,
@@ -216,16 +224,27 @@ async fn supervisor_side(n: usize, round: &str) -> SideRound {
     .expect("starting the B2 supervisor");
     let ids = ids(round, n);
     let mut handles: Vec<Handle> = Vec::with_capacity(n);
+    let mut batches: Vec<Vec<SessionSpec<SimItem>>> = Vec::new();
+    let mut singles: Vec<SessionSpec<SimItem>> = Vec::new();
+    let specs = ids.into_iter().map(|id| SessionSpec::new(id, "sim"));
+    if batched {
+        let mut specs = specs.peekable();
+        while specs.peek().is_some() {
+            batches.push(specs.by_ref().take(MAX_SPAWN_BATCH).collect());
+        }
+    } else {
+        singles.extend(specs);
+    }
     release_free_memory();
     let rss0 = rss_kib();
     let t0 = Instant::now();
-    for id in ids {
-        handles.push(
-            supervisor
-                .spawn(SessionSpec::new(id, "sim"))
-                .await
-                .expect("spawning a B2 session"),
-        );
+    for batch in batches {
+        for spawned in supervisor.spawn_batch(batch).await {
+            handles.push(spawned.expect("spawning a B2 session in a batch"));
+        }
+    }
+    for spec in singles {
+        handles.push(supervisor.spawn(spec).await.expect("spawning a B2 session"));
     }
     let spawn = t0.elapsed();
     let settled = settle(n, |i| {
@@ -373,16 +392,24 @@ enum Side {
     Base,
     BareSup,
     Direct,
-    Sup,
+    Single,
+    Batch,
 }
 
-const SIDES: [Side; 4] = [Side::Base, Side::BareSup, Side::Direct, Side::Sup];
+const SIDES: [Side; 5] = [
+    Side::Base,
+    Side::BareSup,
+    Side::Direct,
+    Side::Single,
+    Side::Batch,
+];
 
 impl Side {
     fn label(self) -> &'static str {
         match self {
             Side::Base => "baseline: raw ractor spawn, empty actor",
-            Side::Sup => "agentloop: supervisor.spawn, idle session",
+            Side::Batch => "agentloop: supervisor.spawn_batch (1000 per batch)",
+            Side::Single => "diag: supervisor.spawn, one request each",
             Side::Direct => "diag: SessionHandle::spawn, no supervisor",
             Side::BareSup => "diag: bare ractor supervisor, empty child",
         }
@@ -393,14 +420,15 @@ impl Side {
             Side::Base => baseline_side(n).await,
             Side::BareSup => bare_supervisor_side(n).await,
             Side::Direct => direct_side(n, round).await,
-            Side::Sup => supervisor_side(n, round).await,
+            Side::Single => supervisor_side(n, round, false).await,
+            Side::Batch => supervisor_side(n, round, true).await,
         }
     }
 }
 
 /// Per-round measurements of every side, in `SIDES` order.
 #[derive(Default)]
-struct Samples([Vec<SideRound>; 4]);
+struct Samples([Vec<SideRound>; 5]);
 
 impl Samples {
     fn of(&self, side: Side) -> &[SideRound] {
@@ -419,11 +447,22 @@ async fn rounds(tag: &'static str, rounds: usize) -> Samples {
             order.reverse();
         }
         for side in order {
+            // Diagnostic: B2_ONLY=<label substring> runs only the matching sides (for a
+            // profile of one side); the verdicts are then meaningless.
+            if only().is_some_and(|o| !side.label().contains(o.as_str())) {
+                s.0[side as usize].push(side_round(1, Duration::ZERO, Duration::ZERO, [0.0; 3]));
+                continue;
+            }
             let r = side.run(N, &name).await;
             s.0[side as usize].push(r);
         }
     }
     s
+}
+
+/// The `B2_ONLY` diagnostic filter, if set.
+fn only() -> Option<String> {
+    std::env::var("B2_ONLY").ok()
 }
 
 fn col(v: &[SideRound], f: impl Fn(&SideRound) -> f64) -> Vec<f64> {
@@ -471,6 +510,9 @@ pub async fn run() {
     );
     // Warm-up: a small round of each side.
     for side in SIDES {
+        if only().is_some_and(|o| !side.label().contains(o.as_str())) {
+            continue;
+        }
         side.run(N / 10, "warm").await;
     }
 
@@ -490,18 +532,19 @@ pub async fn run() {
     );
     let time = |s: &Samples, side| median(&col(s.of(side), |r| r.us_per_spawn));
     let base_t = time(&main_thread, Side::Base);
-    let sup_t = time(&main_thread, Side::Sup);
-    let sup_kib = median(&col(main_thread.of(Side::Sup), |r| r.kib_per_unit));
+    let sup_t = time(&main_thread, Side::Batch);
+    let sup_kib = median(&col(main_thread.of(Side::Batch), |r| r.kib_per_unit));
     println!();
     println!(
-        "time ratios to the baseline (main-thread client): agentloop {:.2}, direct session {:.2}, bare supervisor {:.2}",
+        "time ratios to the baseline (main-thread client): agentloop (batches) {:.2}, single spawns {:.2}, direct session {:.2}, bare supervisor {:.2}",
         sup_t / base_t,
+        time(&main_thread, Side::Single) / base_t,
         time(&main_thread, Side::Direct) / base_t,
         time(&main_thread, Side::BareSup) / base_t,
     );
     println!(
         "diagnostic ratio (client as a runtime task)={:.2}; B2 wall time {:.1} s",
-        time(&on_worker, Side::Sup) / time(&on_worker, Side::Base),
+        time(&on_worker, Side::Batch) / time(&on_worker, Side::Base),
         started.elapsed().as_secs_f64()
     );
     println!();

@@ -158,8 +158,8 @@ pub use store::{
     SessionRecord, SessionStatus, StatusKind, StoreError, DEFAULT_HEARTBEAT,
 };
 pub use supervisor::{
-    agent_kind, AgentKind, AttachMode, Attachment, RestartBudget, RestartPolicy, RoutedPushError,
-    SessionEnd, SessionSpec, SubscribedSpawn, SupervisorArgs, SupervisorError, SupervisorHandle,
-    SupervisorMsg,
+    agent_kind, AgentKind, AttachMode, Attachment, BatchSpawn, RestartBudget, RestartPolicy,
+    RoutedPushError, SessionEnd, SessionSpec, SubscribedSpawn, SupervisorArgs, SupervisorError,
+    SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
 pub use view::{Part, Redaction, SessionView};

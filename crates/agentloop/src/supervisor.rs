@@ -18,13 +18,14 @@
 //! while a session restarts are delivered to it, not bounced. Past the budget the
 //! session stays ended `Failed` (its record is marked `Failed`) and leaves the registry.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
@@ -216,6 +217,14 @@ pub enum SupervisorError {
         /// Why.
         reason: String,
     },
+    /// A [`SupervisorMsg::SpawnBatch`] carried more specs than [`MAX_SPAWN_BATCH`].
+    #[error("a spawn batch carried {len} specs, more than the {max} one message may carry; split it (SupervisorHandle::spawn_batch does) and send the specs again")]
+    BatchTooLarge {
+        /// How many specs the batch carried.
+        len: usize,
+        /// The most one batch may carry.
+        max: usize,
+    },
     /// The runtime is shutting down: the drain gate refuses new sessions (S27).
     #[error("the runtime is shutting down and accepts no new sessions (`{0}` was not spawned); spawn it on the next start")]
     ShuttingDown(String),
@@ -296,6 +305,41 @@ pub struct SessionSummary {
     pub restarts: u32,
 }
 
+/// How many sessions of one batch start at once (see `spawn_batch`).
+const SPAWN_OVERLAP: usize = 32;
+
+/// A session's start, resolved but not begun: everything its agent kind needs.
+struct Prepared<I, E> {
+    kind: Arc<dyn AgentKind<I, E>>,
+    config: SessionConfig,
+    store: Option<Arc<dyn CheckpointStore<I>>>,
+    supervisor: ActorCell,
+    record: Option<crate::store::LoadedRecord<I>>,
+}
+
+impl<I: 'static, E: 'static> Prepared<I, E> {
+    /// Begins the start: the kind builds the agent and spawns the session's actor.
+    fn start(self) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>> {
+        let agent_config = self.config.agent_config.clone();
+        self.kind.spawn(
+            self.config,
+            &agent_config,
+            self.store,
+            self.supervisor,
+            self.record,
+        )
+    }
+}
+
+/// The most specs one [`SupervisorMsg::SpawnBatch`] may carry: a bound on the time the
+/// supervisor spends on one message (other requests wait behind it) and on the reply's
+/// size. [`SupervisorHandle::spawn_batch`] splits a longer list into batches of this
+/// size.
+pub const MAX_SPAWN_BATCH: usize = 1000;
+
+/// The answer to a batch spawn: one result per spec, in the order of the specs.
+pub type BatchSpawn<I, E> = Vec<Result<SessionHandle<I, E>, SupervisorError>>;
+
 /// The answer to a subscribed spawn: the session's handle and its event stream.
 pub type SubscribedSpawn<I, E> = Result<(SessionHandle<I, E>, EventStream<E>), SupervisorError>;
 
@@ -307,6 +351,17 @@ pub enum SupervisorMsg<I, E> {
         spec: Box<SessionSpec<I>>,
         /// Where to answer.
         reply: RpcReplyPort<Result<SessionHandle<I, E>, SupervisorError>>,
+    },
+    /// Spawn up to [`MAX_SPAWN_BATCH`] sessions with one request and one reply (S25):
+    /// each spec is checked as a single spawn would be and answered in order; the
+    /// sessions' actors start concurrently. A longer batch is refused whole with
+    /// [`SupervisorError::BatchTooLarge`] (its specs, and any initial items in them, are
+    /// dropped with a WARN: split it, as [`SupervisorHandle::spawn_batch`] does).
+    SpawnBatch {
+        /// What to spawn.
+        specs: Vec<SessionSpec<I>>,
+        /// Where to answer: one result per spec.
+        reply: RpcReplyPort<Result<BatchSpawn<I, E>, SupervisorError>>,
     },
     /// Spawn a session with a subscriber attached before its actor starts, so the
     /// stream sees every event from the first (a resume turn's `TurnStarted` too).
@@ -620,6 +675,26 @@ where
         config
     }
 
+    /// Checks a spawn request against the registry: a valid id, the gate open, the
+    /// supervisor not stopping, no live session with this id.
+    async fn admit(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        id: &str,
+    ) -> Result<(), SupervisorError> {
+        match validate_session_id(id) {
+            Err(e) => Err(SupervisorError::InvalidId(e)),
+            Ok(()) if self.gate_closed => Err(SupervisorError::ShuttingDown(id.to_string())),
+            Ok(()) if self.stopping => Err(SupervisorError::Session(SessionError::Exited(
+                "the session supervisor is stopping".into(),
+            ))),
+            Ok(()) if self.live(myself, id).await.is_some() => {
+                Err(SupervisorError::Duplicate(id.to_string()))
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
     /// A spawn request: checks the id, the gate and duplicates, then starts the first
     /// incarnation.
     async fn spawn_new(
@@ -627,32 +702,84 @@ where
         myself: &ActorRef<SupervisorMsg<I, E>>,
         spec: SessionSpec<I>,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
-        match validate_session_id(&spec.id) {
-            Err(e) => Err(SupervisorError::InvalidId(e)),
-            Ok(()) if self.gate_closed => Err(SupervisorError::ShuttingDown(spec.id.clone())),
-            Ok(()) if self.stopping => Err(SupervisorError::Session(SessionError::Exited(
-                "the session supervisor is stopping".into(),
-            ))),
-            Ok(()) if self.live(myself, &spec.id).await.is_some() => {
-                Err(SupervisorError::Duplicate(spec.id.clone()))
-            }
-            Ok(()) => {
-                let seed = spec.initial_items.clone();
-                self.start(myself, spec, seed, true, VecDeque::new(), 0)
-                    .await
+        self.admit(myself, &spec.id).await?;
+        let seed = spec.initial_items.clone();
+        self.start(myself, spec, seed, true, VecDeque::new(), 0)
+            .await
+    }
+
+    /// A batch of spawn requests (at most [`MAX_SPAWN_BATCH`]), answered in order:
+    /// each spec is admitted like a single spawn (an id twice in the batch is a
+    /// duplicate of the first), then the admitted sessions' actors start, up to
+    /// `SPAWN_OVERLAP` at a time, so their starts overlap instead of queueing one
+    /// after the other (B2).
+    async fn spawn_batch(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        specs: Vec<SessionSpec<I>>,
+    ) -> Vec<Result<SessionHandle<I, E>, SupervisorError>> {
+        let mut answers: Vec<Option<Result<SessionHandle<I, E>, SupervisorError>>> =
+            Vec::with_capacity(specs.len());
+        let mut admitted = Vec::new();
+        let mut starts = Vec::new();
+        let mut ids = HashSet::with_capacity(specs.len());
+        for spec in specs {
+            let admission = match self.admit(myself, &spec.id).await {
+                Ok(()) if !ids.insert(spec.id.clone()) => {
+                    Err(SupervisorError::Duplicate(spec.id.clone()))
+                }
+                other => other,
+            };
+            let seed = spec.initial_items.clone();
+            match admission.and_then(|()| self.prepare(myself, spec, true)) {
+                Ok((start, spec)) => {
+                    admitted.push((answers.len(), spec, seed));
+                    starts.push(start);
+                    answers.push(None);
+                }
+                Err(e) => answers.push(Some(Err(e))),
             }
         }
+        // Started lazily, at most SPAWN_OVERLAP at a time: each start's future is large
+        // (≈ 5 KiB), and a bounded window reuses the same memory instead of faulting
+        // in fresh pages for a thousand of them.
+        let started: Vec<_> = futures::stream::iter(starts.into_iter().map(Prepared::start))
+            .buffered(SPAWN_OVERLAP)
+            .collect()
+            .await;
+        for ((at, spec, seed), started) in admitted.into_iter().zip(started) {
+            answers[at] =
+                Some(started.map(|handle| self.register(spec, handle, seed, VecDeque::new(), 0)));
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(gone())))
+            .collect()
     }
 
     async fn start(
         &mut self,
         myself: &ActorRef<SupervisorMsg<I, E>>,
-        mut spec: SessionSpec<I>,
+        spec: SessionSpec<I>,
         seed: Vec<I>,
         load_record: bool,
         restarts: VecDeque<Instant>,
         restarted: u32,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        let (start, spec) = self.prepare(myself, spec, load_record)?;
+        let handle = start.start().await?;
+        Ok(self.register(spec, handle, seed, restarts, restarted))
+    }
+
+    /// The part of a start that needs no waiting: resolves the kind and the store and
+    /// builds the session's configuration. Returns the start (it borrows nothing of the
+    /// supervisor, so several may run at once) and the spec to register.
+    fn prepare(
+        &self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        mut spec: SessionSpec<I>,
+        load_record: bool,
+    ) -> Result<(Prepared<I, E>, SessionSpec<I>), SupervisorError> {
         let kind = self.kinds.get(&spec.kind).cloned().ok_or_else(|| {
             let mut known: Vec<&str> = self.kinds.keys().map(String::as_str).collect();
             known.sort_unstable();
@@ -674,9 +801,25 @@ where
         // subscribe to the new incarnation.
         let record = spec.preloaded.take().map(|r| *r);
         spec.subscribe = None;
-        let handle = kind
-            .spawn(config, &spec.agent_config, store, myself.get_cell(), record)
-            .await?;
+        let start = Prepared {
+            kind,
+            config,
+            store,
+            supervisor: myself.get_cell(),
+            record,
+        };
+        Ok((start, spec))
+    }
+
+    /// Enters a started session in the registry and pushes its seed items.
+    fn register(
+        &mut self,
+        spec: SessionSpec<I>,
+        handle: SessionHandle<I, E>,
+        seed: Vec<I>,
+        restarts: VecDeque<Instant>,
+        restarted: u32,
+    ) -> SessionHandle<I, E> {
         // Ordered before anything routed later: casts from this actor arrive in order.
         for item in seed {
             handle.push_nowait(item);
@@ -694,7 +837,7 @@ where
                 detached: false,
             },
         );
-        Ok(handle)
+        handle
     }
 
     /// The session's incarnation ended: restart it if its policy and budget allow,
@@ -899,6 +1042,24 @@ where
         match msg {
             SupervisorMsg::Spawn { spec, reply } => {
                 let _ = reply.send(st.spawn_new(&myself, *spec).await);
+            }
+            SupervisorMsg::SpawnBatch { specs, reply } => {
+                let answer = if specs.len() > MAX_SPAWN_BATCH {
+                    let initial_items: usize = specs.iter().map(|s| s.initial_items.len()).sum();
+                    tracing::warn!(
+                        specs = specs.len(),
+                        initial_items,
+                        max = MAX_SPAWN_BATCH,
+                        "a spawn batch was refused whole for its size; nothing in it was spawned"
+                    );
+                    Err(SupervisorError::BatchTooLarge {
+                        len: specs.len(),
+                        max: MAX_SPAWN_BATCH,
+                    })
+                } else {
+                    Ok(st.spawn_batch(&myself, specs).await)
+                };
+                let _ = reply.send(answer);
             }
             SupervisorMsg::SpawnSubscribed {
                 spec,
@@ -1323,6 +1484,36 @@ where
         self.ask(|reply| SupervisorMsg::Spawn { spec, reply })
             .await
             .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Spawns many sessions with few requests: `specs` go to the supervisor in batches
+    /// of at most [`MAX_SPAWN_BATCH`], each one request and one reply, and the sessions
+    /// of a batch start concurrently. Answers one result per spec, in order; a spec that
+    /// fails (a bad or duplicate id, an unknown kind, the drain gate) fails alone. The
+    /// fast way to start thousands of sessions (B2).
+    pub async fn spawn_batch(&self, specs: Vec<SessionSpec<I>>) -> BatchSpawn<I, E> {
+        let mut answers = Vec::with_capacity(specs.len());
+        let mut specs = specs.into_iter().peekable();
+        while specs.peek().is_some() {
+            let batch: Vec<SessionSpec<I>> = specs.by_ref().take(MAX_SPAWN_BATCH).collect();
+            let len = batch.len();
+            match self
+                .ask(|reply| SupervisorMsg::SpawnBatch {
+                    specs: batch,
+                    reply,
+                })
+                .await
+            {
+                Some(Ok(batch)) => answers.extend(batch),
+                Some(Err(e)) => {
+                    // Not reached: batches are cut to the bound above.
+                    tracing::warn!(error = %e, "a spawn batch was refused");
+                    answers.extend((0..len).map(|_| Err(gone())));
+                }
+                None => answers.extend((0..len).map(|_| Err(gone()))),
+            }
+        }
+        answers
     }
 
     /// Spawns a session with a subscriber attached before its actor starts: the
