@@ -50,6 +50,9 @@
 //! rounds; the verdict also requires every figure round to end with 10 000
 //! `Interrupted`, resumable records, 10 000 resumed sessions, no kill and no failed
 //! checkpoint.
+//!
+//! Diagnostic: `B4_EXIT_ONLY=1` skips the sync rounds (to profile the figure's rounds
+//! alone, for example under `perf record`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -720,7 +723,8 @@ pub async fn run() {
     let mut sync_rounds = Vec::new();
     for n in 0..ROUNDS {
         let mut order = vec![Durability::Exit];
-        if n < SYNC_ROUNDS {
+        // Diagnostic: B4_EXIT_ONLY=1 skips the sync rounds (to profile the figure's).
+        if n < SYNC_ROUNDS && std::env::var_os("B4_EXIT_ONLY").is_none() {
             order.push(Durability::Sync);
         }
         if n % 2 == 1 {
