@@ -52,7 +52,9 @@
 //! checkpoint.
 //!
 //! Diagnostic: `B4_EXIT_ONLY=1` skips the sync rounds (to profile the figure's rounds
-//! alone, for example under `perf record`).
+//! alone, for example under `perf record`); `B4_PERF_MARKS=1` prints each round's
+//! request and report instants on `CLOCK_MONOTONIC`, for `perf report --time` on a
+//! recording made with `perf record -k CLOCK_MONOTONIC`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -343,6 +345,11 @@ async fn round(mode: Durability) -> Round {
     let requested = Instant::now();
     let report = handle.shutdown().await.expect("the B4 shutdown");
     let reported = Instant::now();
+    if std::env::var_os("B4_PERF_MARKS").is_some() {
+        // Diagnostic: CLOCK_MONOTONIC instants, for `perf report --time` on a recording
+        // made with `perf record -k CLOCK_MONOTONIC`.
+        println!("  perf marks: requested {requested:?}, reported {reported:?}");
+    }
     sampling.store(false, Ordering::Relaxed);
     let t1 = Instant::now();
     let again = runtime.shutdown().await.expect("releasing the B4 runtime");
@@ -750,51 +757,43 @@ pub async fn run() {
         summarize(&rounds.iter().map(|r| ms(f(r))).collect::<Vec<_>>())
     };
     println!();
+    let sync_row = |label: &'static str, f: fn(&Round) -> Duration| {
+        // Absent when the sync rounds were skipped (B4_EXIT_ONLY).
+        (!sync_rounds.is_empty()).then(|| (label, col(&sync_rounds, f)))
+    };
+    let figure_rows: Vec<_> = [(
+        "exit: last safe point -> report",
+        col(&exit_rounds, |r| r.after_last_safe_point),
+    )]
+    .into_iter()
+    .chain(sync_row("sync: last safe point -> report", |r| r.after_last_safe_point))
+    .collect();
     print_table(
         "B4 report after the last safe point (the figure: exit)",
         "ms",
-        &[
-            (
-                "exit: last safe point -> report",
-                col(&exit_rounds, |r| r.after_last_safe_point),
-            ),
-            (
-                "sync: last safe point -> report",
-                col(&sync_rounds, |r| r.after_last_safe_point),
-            ),
-        ],
+        &figure_rows,
     );
     println!();
-    print_table(
-        "Not the figure",
-        "ms",
-        &[
-            (
-                "exit: request -> report",
-                col(&exit_rounds, |r| r.request_to_report),
-            ),
-            (
-                "exit: request -> last safe point",
-                col(&exit_rounds, |r| r.cuts_after_request[3]),
-            ),
-            (
-                "exit: report.phases.total",
-                col(&exit_rounds, |r| r.report.phases.total),
-            ),
-            (
-                "sync: request -> report",
-                col(&sync_rounds, |r| r.request_to_report),
-            ),
-            (
-                "sync: request -> last safe point",
-                col(&sync_rounds, |r| r.cuts_after_request[3]),
-            ),
-            (
-                "sync: report.phases.total",
-                col(&sync_rounds, |r| r.report.phases.total),
-            ),
-        ],
-    );
+    let other_rows: Vec<_> = [
+        (
+            "exit: request -> report",
+            col(&exit_rounds, |r| r.request_to_report),
+        ),
+        (
+            "exit: request -> last safe point",
+            col(&exit_rounds, |r| r.cuts_after_request[3]),
+        ),
+        (
+            "exit: report.phases.total",
+            col(&exit_rounds, |r| r.report.phases.total),
+        ),
+    ]
+    .into_iter()
+    .chain(sync_row("sync: request -> report", |r| r.request_to_report))
+    .chain(sync_row("sync: request -> last safe point", |r| r.cuts_after_request[3]))
+    .chain(sync_row("sync: report.phases.total", |r| r.report.phases.total))
+    .collect();
+    print_table("Not the figure", "ms", &other_rows);
     let fig = median(
         &exit_rounds
             .iter()

@@ -67,7 +67,11 @@ pub struct SimState {
     pub items: Vec<u64>,
     /// How many script steps are done.
     pub steps_done: usize,
-    /// Filler bytes, to model a realistic state size (benchmarks use ~1 KiB).
+    /// Filler bytes, to model a realistic state size (benchmarks use ~1 KiB). Written
+    /// as one MessagePack `bin` (`serde_bytes`): a plain `Vec<u8>` is a sequence of
+    /// integers, which takes up to 2 bytes per byte and is encoded element by element
+    /// (docs/semantics.md, S15a).
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
 }
 

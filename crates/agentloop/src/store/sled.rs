@@ -189,11 +189,23 @@ impl Table for Wave<'_> {
         self.staged.insert(key, None);
     }
     fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
-        Ok(self
-            .merged_prefix(prefix)?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect())
+        // Keys only: a replacing write scans its session's keys to remove them, and
+        // copying their values (the state, items) would be wasted.
+        let mut out: std::collections::BTreeSet<Vec<u8>> = std::collections::BTreeSet::new();
+        for k in self.backend.sessions.scan_prefix(prefix).keys() {
+            out.insert(k.map_err(|e| backend_err("load", "", e))?.to_vec());
+        }
+        for (k, v) in self
+            .staged
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            match v {
+                Some(_) => out.insert(k.clone()),
+                None => out.remove(k),
+            };
+        }
+        Ok(out.into_iter().collect())
     }
     fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
         self.merged_prefix(prefix)
