@@ -766,7 +766,9 @@ pub async fn run() {
         col(&exit_rounds, |r| r.after_last_safe_point),
     )]
     .into_iter()
-    .chain(sync_row("sync: last safe point -> report", |r| r.after_last_safe_point))
+    .chain(sync_row("sync: last safe point -> report", |r| {
+        r.after_last_safe_point
+    }))
     .collect();
     print_table(
         "B4 report after the last safe point (the figure: exit)",
@@ -790,8 +792,12 @@ pub async fn run() {
     ]
     .into_iter()
     .chain(sync_row("sync: request -> report", |r| r.request_to_report))
-    .chain(sync_row("sync: request -> last safe point", |r| r.cuts_after_request[3]))
-    .chain(sync_row("sync: report.phases.total", |r| r.report.phases.total))
+    .chain(sync_row("sync: request -> last safe point", |r| {
+        r.cuts_after_request[3]
+    }))
+    .chain(sync_row("sync: report.phases.total", |r| {
+        r.report.phases.total
+    }))
     .collect();
     print_table("Not the figure", "ms", &other_rows);
     let fig = median(
