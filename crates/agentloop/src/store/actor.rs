@@ -1,5 +1,5 @@
-//! The CheckpointActor: owns the sled store and runs its writes as group commits
-//! (DESIGN §1, S15–S19).
+//! The CheckpointActor: owns the embedded store (sled by default, or fjall:
+//! `backend.rs`) and runs its writes as group commits (DESIGN §1, S15–S19).
 //!
 //! Every write (save, delete, status compare-and-swap, heartbeat) joins the *pending
 //! wave*. The commit is pipelined in two stages, each on a blocking thread:
@@ -36,10 +36,11 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
 use crate::ids::validate_session_id;
-use crate::store::sled::{OpResult, WriteOp};
+use crate::store::backend::{Backend, Engine};
+use crate::store::wave::{OpResult, WriteOp};
 use crate::store::{
-    CasOutcome, CheckpointStore, RecordWrite, SessionStatus, SledBackend, StatusKind, StoreError,
-    Stored, StoredEntry,
+    CasOutcome, CheckpointStore, RecordWrite, SessionStatus, StatusKind, StoreError, Stored,
+    StoredEntry,
 };
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
@@ -184,7 +185,7 @@ pub struct CheckpointActor<I>(PhantomData<fn() -> I>);
 /// The actor's state.
 pub struct CheckpointState {
     /// `None` once the actor stopped (post_stop releases sled's lock).
-    backend: Option<Arc<SledBackend>>,
+    backend: Option<Arc<Backend>>,
     pending: Vec<(WriteOp, Waiter)>,
     /// Sessions with an operation pending or in flight (reads of them join the wave).
     busy: HashSet<String>,
@@ -213,7 +214,7 @@ fn check_id(id: &str) -> Result<(), StoreError> {
 impl<I: 'static> CheckpointActor<I> {
     /// Opens the sled store in `dir` (off the tokio workers) and starts the actor.
     pub async fn spawn(dir: impl AsRef<Path>) -> Result<CheckpointClient<I>, StoreError> {
-        Self::spawn_inner(dir.as_ref().to_path_buf(), None).await
+        Self::spawn_inner(dir.as_ref().to_path_buf(), Engine::Sled, None).await
     }
 
     /// Like [`CheckpointActor::spawn`], linked under `supervisor`.
@@ -221,14 +222,33 @@ impl<I: 'static> CheckpointActor<I> {
         dir: impl AsRef<Path>,
         supervisor: ActorCell,
     ) -> Result<CheckpointClient<I>, StoreError> {
-        Self::spawn_inner(dir.as_ref().to_path_buf(), Some(supervisor)).await
+        Self::spawn_inner(dir.as_ref().to_path_buf(), Engine::Sled, Some(supervisor)).await
+    }
+
+    /// Opens `engine` in `dir` (off the tokio workers) and starts the actor. A directory
+    /// the other engine wrote is refused with a message saying how to move its records.
+    pub async fn spawn_engine(
+        dir: impl AsRef<Path>,
+        engine: Engine,
+    ) -> Result<CheckpointClient<I>, StoreError> {
+        Self::spawn_inner(dir.as_ref().to_path_buf(), engine, None).await
+    }
+
+    /// Like [`CheckpointActor::spawn_engine`], linked under `supervisor`.
+    pub async fn spawn_engine_linked(
+        dir: impl AsRef<Path>,
+        engine: Engine,
+        supervisor: ActorCell,
+    ) -> Result<CheckpointClient<I>, StoreError> {
+        Self::spawn_inner(dir.as_ref().to_path_buf(), engine, Some(supervisor)).await
     }
 
     async fn spawn_inner(
         dir: std::path::PathBuf,
+        engine: Engine,
         supervisor: Option<ActorCell>,
     ) -> Result<CheckpointClient<I>, StoreError> {
-        let backend = tokio::task::spawn_blocking(move || SledBackend::open(dir))
+        let backend = tokio::task::spawn_blocking(move || Backend::open(&dir, engine))
             .await
             .map_err(|e| StoreError::Backend {
                 operation: "open",
@@ -464,11 +484,14 @@ fn answer_flushed(
     }
 }
 
-/// Drops sled and waits (bounded) until its directory lock is really free: sled's
-/// background IO threads can hold the file a moment after the database is dropped.
-/// Blocks: call on a blocking thread.
-fn release(backend: Arc<SledBackend>) {
-    let lock_file = backend.path().join("db");
+/// Drops the engine and waits (bounded) until its directory lock is really free:
+/// sled's background IO threads can hold the file a moment after the database is
+/// dropped (fjall joins its threads in its drop). Blocks: call on a blocking thread.
+fn release(backend: Arc<Backend>) {
+    let lock_file = match &*backend {
+        Backend::Sled(b) => b.path().join("db"),
+        Backend::Fjall(b) => b.path().join("lock"),
+    };
     drop(backend);
     let Ok(file) = std::fs::File::open(&lock_file) else {
         return;
@@ -480,7 +503,7 @@ fn release(backend: Arc<SledBackend>) {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    tracing::warn!(path = %lock_file.display(), "sled still holds its lock 1 s after close");
+    tracing::warn!(path = %lock_file.display(), "the store still holds its lock 1 s after close");
 }
 
 /// Answers a message that arrived while closing.
@@ -536,12 +559,12 @@ fn unexpected(r: OpResult) -> StoreError {
 impl<I: 'static> Actor for CheckpointActor<I> {
     type Msg = CheckpointMsg;
     type State = CheckpointState;
-    type Arguments = Arc<SledBackend>;
+    type Arguments = Arc<Backend>;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        backend: Arc<SledBackend>,
+        backend: Arc<Backend>,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(CheckpointState {
             backend: Some(backend),

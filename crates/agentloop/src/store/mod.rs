@@ -14,7 +14,9 @@
 //! and decode whole records of item type `I` for tools and tests.
 
 pub mod actor;
+pub mod backend;
 pub mod codec;
+pub mod fjall;
 pub mod history;
 pub mod lease;
 pub mod memory;
@@ -22,12 +24,15 @@ pub mod record;
 pub mod sled;
 mod status;
 pub mod table;
+pub mod wave;
 pub mod write;
 
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use self::backend::{Backend, Engine};
+pub use self::fjall::{FjallBackend, FjallDurability};
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
 pub use lease::{InstanceLease, DEFAULT_HEARTBEAT};

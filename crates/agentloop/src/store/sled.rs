@@ -9,74 +9,20 @@
 //! heartbeats (key: instance id, value: u64 LE milliseconds).
 //!
 //! A wave of operations ([`SledBackend::apply_unflushed`]) is staged over the tree in
-//! memory, each operation seeing the ones before it, and committed as one sled batch:
-//! every write of the wave, all sessions together, is applied atomically.
+//! memory by `wave.rs`, each operation seeing the ones before it, and committed here as
+//! one sled batch: every write of the wave, all sessions together, is applied
+//! atomically.
 //!
 //! Durability: `flush` makes every write before it survive a process crash (sled 0.34
 //! flushes with `sync_file_range`), not a power loss; see docs/operations.md.
 
-use std::collections::{BTreeMap, HashMap};
-use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
 use crate::store::record::Payload;
-use crate::store::table::{self, Table};
-use crate::store::{
-    now_ms, CasOutcome, RecordWrite, SessionStatus, StatusKind, StoreError, Stored, StoredEntry,
-};
-
-/// One operation of a wave, applied in order by [`SledBackend::apply_unflushed`].
-#[derive(Debug)]
-pub enum WriteOp {
-    /// A change to one session's record.
-    Write(Box<RecordWrite>),
-    /// Remove a session's record (every entry).
-    Delete {
-        /// The session id.
-        key: String,
-    },
-    /// Compare-and-swap a record's status.
-    Cas {
-        /// The session id.
-        key: String,
-        /// The statuses that allow the swap.
-        from: Vec<StatusKind>,
-        /// The new status.
-        to: SessionStatus,
-    },
-    /// Renew an instance heartbeat.
-    Beat {
-        /// The instance id.
-        instance: String,
-        /// The heartbeat time.
-        now_ms: u64,
-    },
-    /// Remove a session's record and its checkpoint history.
-    Purge {
-        /// The session id.
-        key: String,
-    },
-    /// Read a record in order with the writes around it.
-    Read {
-        /// The session id.
-        key: String,
-    },
-    /// Nothing: its answer comes after the wave's flush.
-    Flush,
-}
-
-/// The result of one [`WriteOp`].
-#[derive(Debug)]
-pub enum OpResult {
-    /// A write, beat or flush is done.
-    Done,
-    /// A delete; whether a record existed.
-    Deleted(bool),
-    /// A compare-and-swap.
-    Cas(CasOutcome),
-    /// A read; the record, if any (boxed: records are large next to the other results).
-    Read(Option<Box<Stored>>),
-}
+use crate::store::table;
+use crate::store::wave::{self, Base, Staged, Wave};
+pub use crate::store::wave::{OpResult, WriteOp};
+use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
 
 /// A sled database holding agentloop records.
 pub struct SledBackend {
@@ -95,136 +41,37 @@ fn backend_err(operation: &'static str, session: &str, e: impl std::fmt::Display
     }
 }
 
-/// The tree with a wave's staged changes on top.
-struct Wave<'a> {
-    backend: &'a SledBackend,
-    staged: BTreeMap<Vec<u8>, Option<Payload>>,
-    format1: HashMap<String, Option<Vec<u8>>>,
-}
-
-impl<'a> Wave<'a> {
-    fn new(backend: &'a SledBackend) -> Self {
-        Wave {
-            backend,
-            staged: BTreeMap::new(),
-            format1: HashMap::new(),
-        }
-    }
-
-    fn merged_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
-        let mut out: BTreeMap<Vec<u8>, Payload> = BTreeMap::new();
-        for kv in self.backend.sessions.scan_prefix(prefix) {
-            let (k, v) = kv.map_err(|e| backend_err("load", "", e))?;
-            out.insert(k.to_vec(), Payload::from(v.as_ref()));
-        }
-        for (k, v) in self
-            .staged
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            match v {
-                Some(v) => out.insert(k.clone(), v.clone()),
-                None => out.remove(k),
-            };
-        }
-        Ok(out.into_iter().collect())
-    }
-
-    /// Commits the staged changes: one atomic batch for the sessions tree, then the
-    /// format-1 changes (a conversion's leftover is harmless: format 2 wins).
-    fn commit(self) -> Result<(), StoreError> {
-        if self.staged.len() == 1 {
-            // One key: a plain insert or remove is atomic on its own and spares sled's
-            // batch manifest (which seals the log buffer: an extra write at the flush).
-            if let Some((k, v)) = self.staged.into_iter().next() {
-                let r = match v {
-                    Some(v) => self.backend.sessions.insert(k, v.as_ref()).map(|_| ()),
-                    None => self.backend.sessions.remove(k).map(|_| ()),
-                };
-                r.map_err(|e| backend_err("save", "", e))?;
-            }
-        } else if !self.staged.is_empty() {
-            let mut batch = sled::Batch::default();
-            for (k, v) in self.staged {
-                match v {
-                    Some(v) => batch.insert(k, v.as_ref()),
-                    None => batch.remove(k),
-                }
-            }
-            self.backend
-                .sessions
-                .apply_batch(batch)
-                .map_err(|e| backend_err("save", "", e))?;
-        }
-        for (id, v) in self.format1 {
-            let r = match v {
-                Some(bytes) => self
-                    .backend
-                    .records
-                    .insert(id.as_bytes(), bytes)
-                    .map(|_| ()),
-                None => self.backend.records.remove(id.as_bytes()).map(|_| ()),
-            };
-            r.map_err(|e| backend_err("save", &id, e))?;
-        }
-        Ok(())
-    }
-}
-
-impl Table for Wave<'_> {
-    fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
-        if let Some(v) = self.staged.get(key) {
-            return Ok(v.clone());
-        }
-        self.backend
-            .sessions
+impl Base for SledBackend {
+    fn base_get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+        self.sessions
             .get(key)
             .map(|v| v.map(|b| Payload::from(b.as_ref())))
             .map_err(|e| backend_err("load", "", e))
     }
-    fn put(&mut self, key: Vec<u8>, value: Payload) {
-        self.staged.insert(key, Some(value));
+    fn base_keys(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.sessions
+            .scan_prefix(prefix)
+            .keys()
+            .map(|k| {
+                k.map(|k| k.to_vec())
+                    .map_err(|e| backend_err("load", "", e))
+            })
+            .collect()
     }
-    fn remove(&mut self, key: Vec<u8>) {
-        self.staged.insert(key, None);
+    fn base_entries(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        self.sessions
+            .scan_prefix(prefix)
+            .map(|kv| {
+                kv.map(|(k, v)| (k.to_vec(), Payload::from(v.as_ref())))
+                    .map_err(|e| backend_err("load", "", e))
+            })
+            .collect()
     }
-    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
-        // Keys only: a replacing write scans its session's keys to remove them, and
-        // copying their values (the state, items) would be wasted.
-        let mut out: std::collections::BTreeSet<Vec<u8>> = std::collections::BTreeSet::new();
-        for k in self.backend.sessions.scan_prefix(prefix).keys() {
-            out.insert(k.map_err(|e| backend_err("load", "", e))?.to_vec());
-        }
-        for (k, v) in self
-            .staged
-            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-            .take_while(|(k, _)| k.starts_with(prefix))
-        {
-            match v {
-                Some(_) => out.insert(k.clone()),
-                None => out.remove(k),
-            };
-        }
-        Ok(out.into_iter().collect())
-    }
-    fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
-        self.merged_prefix(prefix)
-    }
-    fn format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        if let Some(v) = self.format1.get(id) {
-            return Ok(v.clone());
-        }
-        self.backend
-            .records
+    fn base_format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.records
             .get(id.as_bytes())
             .map(|v| v.map(|b| b.to_vec()))
             .map_err(|e| backend_err("load", id, e))
-    }
-    fn format1_put(&mut self, id: &str, bytes: Vec<u8>) {
-        self.format1.insert(id.to_string(), Some(bytes));
-    }
-    fn format1_remove(&mut self, id: &str) {
-        self.format1.insert(id.to_string(), None);
     }
 }
 
@@ -355,11 +202,7 @@ impl SledBackend {
     pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
         let mut results = self.apply_unflushed(ops);
         if let Err(e) = self.flush() {
-            for r in results.iter_mut() {
-                if !matches!(r, Ok(OpResult::Read(_))) {
-                    *r = Err(e.clone());
-                }
-            }
+            wave::fail_unflushed(&mut results, &e);
         }
         results
     }
@@ -369,37 +212,14 @@ impl SledBackend {
     /// visible to readers at once and durable after the next [`SledBackend::flush`]
     /// that starts after this returns. Blocks.
     pub fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
-        let mut wave = Wave::new(self);
-        let mut results: Vec<Result<OpResult, StoreError>> = Vec::with_capacity(ops.len());
-        let mut beats = Vec::new();
-        for op in ops {
-            let r = match op {
-                WriteOp::Write(w) => table::write(&mut wave, *w).map(|()| OpResult::Done),
-                WriteOp::Delete { key } => table::delete(&mut wave, &key).map(OpResult::Deleted),
-                WriteOp::Purge { key } => table::purge(&mut wave, &key).map(OpResult::Deleted),
-                WriteOp::Cas { key, from, to } => {
-                    table::cas(&mut wave, &key, &from, to, now_ms()).map(OpResult::Cas)
-                }
-                WriteOp::Beat { instance, now_ms } => {
-                    beats.push((results.len(), instance, now_ms));
-                    Ok(OpResult::Done)
-                }
-                WriteOp::Read { key } => {
-                    table::read(&wave, &key).map(|r| OpResult::Read(r.map(Box::new)))
-                }
-                WriteOp::Flush => Ok(OpResult::Done),
-            };
-            results.push(r);
-        }
-        if let Err(e) = wave.commit() {
-            for r in results.iter_mut() {
-                if matches!(
-                    r,
-                    Ok(OpResult::Done | OpResult::Deleted(_) | OpResult::Cas(_))
-                ) {
-                    *r = Err(e.clone());
-                }
-            }
+        let (mut results, staged) = wave::apply(self, ops);
+        let Staged {
+            sessions,
+            format1,
+            beats,
+        } = staged;
+        if let Err(e) = self.commit(sessions, format1) {
+            wave::fail_changes(&mut results, &e);
         }
         for (i, instance, now_ms) in beats {
             if let Err(e) = self
@@ -410,5 +230,44 @@ impl SledBackend {
             }
         }
         results
+    }
+
+    /// Commits a wave's staged changes: one atomic batch for the sessions tree, then the
+    /// format-1 changes (a conversion's leftover is harmless: format 2 wins).
+    fn commit(
+        &self,
+        sessions: std::collections::BTreeMap<Vec<u8>, Option<Payload>>,
+        format1: std::collections::HashMap<String, Option<Vec<u8>>>,
+    ) -> Result<(), StoreError> {
+        if sessions.len() == 1 {
+            // One key: a plain insert or remove is atomic on its own and spares sled's
+            // batch manifest (which seals the log buffer: an extra write at the flush).
+            if let Some((k, v)) = sessions.into_iter().next() {
+                let r = match v {
+                    Some(v) => self.sessions.insert(k, v.as_ref()).map(|_| ()),
+                    None => self.sessions.remove(k).map(|_| ()),
+                };
+                r.map_err(|e| backend_err("save", "", e))?;
+            }
+        } else if !sessions.is_empty() {
+            let mut batch = sled::Batch::default();
+            for (k, v) in sessions {
+                match v {
+                    Some(v) => batch.insert(k, v.as_ref()),
+                    None => batch.remove(k),
+                }
+            }
+            self.sessions
+                .apply_batch(batch)
+                .map_err(|e| backend_err("save", "", e))?;
+        }
+        for (id, v) in format1 {
+            let r = match v {
+                Some(bytes) => self.records.insert(id.as_bytes(), bytes).map(|_| ()),
+                None => self.records.remove(id.as_bytes()).map(|_| ()),
+            };
+            r.map_err(|e| backend_err("save", &id, e))?;
+        }
+        Ok(())
     }
 }

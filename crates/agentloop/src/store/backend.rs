@@ -1,0 +1,166 @@
+//! The embedded engines the checkpoint actor can own (issue 15): sled (the default) and
+//! fjall, chosen by [`Engine`] (`[store] engine` in agentloop.toml). This module only
+//! opens an engine and forwards the actor's blocking calls to it; the engines' own
+//! files (`sled.rs`, `fjall.rs`) are the only ones that touch them.
+//!
+//! Opening checks which engine wrote the directory: sled's files (`conf`, `db`) or
+//! fjall's (`version` plus its keyspaces), and refuses the other engine with a message
+//! that says how to move the records (`agentloop sessions export` / `import`), since
+//! neither engine can read the other's files and opening one in the other's directory
+//! would start an empty database beside the records.
+
+use std::path::Path;
+
+use crate::store::fjall::{FjallBackend, FjallDurability};
+use crate::store::history::{HistoryAnswer, HistoryQuery};
+use crate::store::wave::{OpResult, WriteOp};
+use crate::store::{SledBackend, StatusKind, StoreError, Stored, StoredEntry};
+
+/// Which embedded engine holds the records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Engine {
+    /// sled 0.34 (the default): a flush survives a process crash.
+    #[default]
+    Sled,
+    /// fjall 3, at the given durability.
+    Fjall(FjallDurability),
+}
+
+impl Engine {
+    /// The configuration name: `"sled"` or `"fjall"`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::Sled => "sled",
+            Engine::Fjall(_) => "fjall",
+        }
+    }
+}
+
+/// An open engine.
+pub enum Backend {
+    /// sled.
+    Sled(SledBackend),
+    /// fjall.
+    Fjall(FjallBackend),
+}
+
+/// What wrote a data directory, as far as its files tell.
+#[derive(Debug, PartialEq, Eq)]
+enum Found {
+    Nothing,
+    Sled,
+    Fjall,
+}
+
+fn found(dir: &Path) -> Found {
+    if dir.join("conf").is_file() && dir.join("db").is_file() {
+        Found::Sled
+    } else if dir.join("version").is_file() || dir.join("keyspaces").is_dir() {
+        Found::Fjall
+    } else {
+        Found::Nothing
+    }
+}
+
+fn mismatch(dir: &Path, wanted: Engine, holds: &str) -> StoreError {
+    StoreError::Backend {
+        operation: "open",
+        session: String::new(),
+        message: format!(
+            "the data directory {} holds a {holds} database, but the store is configured \
+             for {}: set `[store] engine = \"{holds}\"` (or `--engine {holds}`), or move \
+             the records with `agentloop sessions export --data-dir {} > sessions.jsonl` \
+             and `agentloop sessions import --engine {} --data-dir <new dir> < \
+             sessions.jsonl`",
+            dir.display(),
+            wanted.name(),
+            dir.display(),
+            wanted.name(),
+        ),
+    }
+}
+
+impl Backend {
+    /// Opens `engine` in `dir` (creating it), refusing a directory the other engine
+    /// wrote. Blocks.
+    pub fn open(dir: &Path, engine: Engine) -> Result<Self, StoreError> {
+        match (engine, found(dir)) {
+            (Engine::Sled, Found::Fjall) => Err(mismatch(dir, engine, "fjall")),
+            (Engine::Fjall(_), Found::Sled) => Err(mismatch(dir, engine, "sled")),
+            (Engine::Sled, _) => SledBackend::open(dir).map(Backend::Sled),
+            (Engine::Fjall(d), _) => FjallBackend::open(dir, d).map(Backend::Fjall),
+        }
+    }
+
+    /// The engine and its settings.
+    pub fn engine(&self) -> Engine {
+        match self {
+            Backend::Sled(_) => Engine::Sled,
+            Backend::Fjall(f) => Engine::Fjall(f.durability()),
+        }
+    }
+
+    /// Where the database lives.
+    pub fn path(&self) -> &Path {
+        match self {
+            Backend::Sled(b) => b.path(),
+            Backend::Fjall(b) => b.path(),
+        }
+    }
+
+    /// See [`SledBackend::apply_unflushed`].
+    pub fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+        match self {
+            Backend::Sled(b) => b.apply_unflushed(ops),
+            Backend::Fjall(b) => b.apply_unflushed(ops),
+        }
+    }
+
+    /// See [`SledBackend::apply`].
+    pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+        match self {
+            Backend::Sled(b) => b.apply(ops),
+            Backend::Fjall(b) => b.apply(ops),
+        }
+    }
+
+    /// Makes every write so far durable (sled: flush; fjall: persist at its level).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        match self {
+            Backend::Sled(b) => b.flush(),
+            Backend::Fjall(b) => b.flush(),
+        }
+    }
+
+    /// See [`SledBackend::load`].
+    pub fn load(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.load(id),
+            Backend::Fjall(b) => b.load(id),
+        }
+    }
+
+    /// See [`SledBackend::history`].
+    pub fn history(&self, id: &str, query: HistoryQuery) -> Result<HistoryAnswer, StoreError> {
+        match self {
+            Backend::Sled(b) => b.history(id, query),
+            Backend::Fjall(b) => b.history(id, query),
+        }
+    }
+
+    /// See [`SledBackend::list`].
+    pub fn list(&self, statuses: Option<&[StatusKind]>) -> Result<Vec<StoredEntry>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.list(statuses),
+            Backend::Fjall(b) => b.list(statuses),
+        }
+    }
+
+    /// See [`SledBackend::heartbeat`].
+    pub fn heartbeat(&self, instance: &str) -> Result<Option<u64>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.heartbeat(instance),
+            Backend::Fjall(b) => b.heartbeat(instance),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The fjall backend (issue 15: fjall 3, wrapped here and only here), beside sled.
+//!
+//! Every method blocks: call them only from a blocking thread (the checkpoint actor's
+//! jobs, `spawn_blocking`, or an offline tool), never on a tokio worker.
+//!
+//! Keyspaces: `sessions` holds format-2 records laid out by `table.rs` (a header, one
+//! entry per item, the state) and the checkpoint history, with the same keys as sled's
+//! `sessions` tree; `instances` holds instance heartbeats (key: instance id, value: u64
+//! LE milliseconds). Format 1 never existed on fjall, so there is no `records`
+//! keyspace: a record of format 1 moves here through `agentloop sessions export` /
+//! `import`, which writes it as format 2.
+//!
+//! Writes: a wave is staged by `wave.rs` and committed as one fjall write batch, which
+//! is atomic across keyspaces (heartbeats included). Conditional writes and status
+//! compare-and-swaps read, check and write inside that wave without fjall's
+//! transactions: **one writer per database** (the checkpoint actor applies one wave at
+//! a time and owns the database while it lives; fjall's directory lock keeps other
+//! processes out), so nothing can change a record between a wave's read and its commit.
+//! A transactional database would add a conflict check per write for a guarantee the
+//! single writer already gives (docs/operations.md, "Engines").
+//!
+//! Durability ([`FjallDurability`]): a committed batch is in fjall's journal buffer;
+//! [`FjallBackend::flush`] persists the journal once per group commit, with
+//! `PersistMode::Buffer` (`crash`: written to the OS, survives a process crash) or
+//! `PersistMode::SyncAll` (`power`: fsync, survives a power loss).
+
+use std::path::{Path, PathBuf};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+
+use crate::store::record::Payload;
+use crate::store::table;
+use crate::store::wave::{self, Base, OpResult, Staged, Wave, WriteOp};
+use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
+
+/// What a fjall group commit survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FjallDurability {
+    /// `persist(Buffer)` per group commit: the journal is written to the operating
+    /// system; survives a process crash (SIGKILL), not a power loss or an OS crash.
+    #[default]
+    Crash,
+    /// `persist(SyncAll)` per group commit: the journal is fsynced; survives a power
+    /// loss.
+    Power,
+}
+
+impl FjallDurability {
+    /// Parses `"crash"` or `"power"` (the `[store] durability` key).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "crash" => Some(FjallDurability::Crash),
+            "power" => Some(FjallDurability::Power),
+            _ => None,
+        }
+    }
+
+    /// The configuration name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FjallDurability::Crash => "crash",
+            FjallDurability::Power => "power",
+        }
+    }
+
+    fn mode(self) -> PersistMode {
+        match self {
+            FjallDurability::Crash => PersistMode::Buffer,
+            FjallDurability::Power => PersistMode::SyncAll,
+        }
+    }
+}
+
+/// A fjall database holding agentloop records.
+pub struct FjallBackend {
+    path: PathBuf,
+    durability: FjallDurability,
+    db: Database,
+    sessions: Keyspace,
+    instances: Keyspace,
+}
+
+fn backend_err(operation: &'static str, session: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend {
+        operation,
+        session: session.to_string(),
+        message: e.to_string(),
+    }
+}
+
+impl Base for FjallBackend {
+    fn base_get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+        self.sessions
+            .get(key)
+            .map(|v| v.map(|b| Payload::from(b.as_ref())))
+            .map_err(|e| backend_err("load", "", e))
+    }
+    fn base_keys(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.sessions
+            .prefix(prefix)
+            .map(|g| {
+                g.key()
+                    .map(|k| k.to_vec())
+                    .map_err(|e| backend_err("load", "", e))
+            })
+            .collect()
+    }
+    fn base_entries(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        self.sessions
+            .prefix(prefix)
+            .map(|g| {
+                g.into_inner()
+                    .map(|(k, v)| (k.to_vec(), Payload::from(v.as_ref())))
+                    .map_err(|e| backend_err("load", "", e))
+            })
+            .collect()
+    }
+    fn base_format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+}
+
+impl FjallBackend {
+    /// Opens (or creates) the database in `dir`. Blocks.
+    pub fn open(dir: impl AsRef<Path>, durability: FjallDurability) -> Result<Self, StoreError> {
+        let path = dir.as_ref().to_path_buf();
+        let open_err = |e: fjall::Error| StoreError::Backend {
+            operation: "open",
+            session: String::new(),
+            message: match e {
+                fjall::Error::Locked => format!(
+                    "the data directory {} is locked by another process (another agentloop \
+                     holds it): stop that process or choose another directory",
+                    path.display()
+                ),
+                e => format!("cannot open the fjall database in {}: {e}", path.display()),
+            },
+        };
+        let db = Database::builder(&path).open().map_err(open_err)?;
+        let sessions = db
+            .keyspace("sessions", KeyspaceCreateOptions::default)
+            .map_err(open_err)?;
+        let instances = db
+            .keyspace("instances", KeyspaceCreateOptions::default)
+            .map_err(open_err)?;
+        Ok(FjallBackend {
+            path,
+            durability,
+            db,
+            sessions,
+            instances,
+        })
+    }
+
+    /// Where the database lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What a flush survives.
+    pub fn durability(&self) -> FjallDurability {
+        self.durability
+    }
+
+    /// A session's record as stored. Blocks.
+    pub fn load(&self, id: &str) -> Result<Option<Stored>, StoreError> {
+        table::read(&Wave::new(self), id)
+    }
+
+    /// Reads a session's checkpoint history. Blocks.
+    pub fn history(
+        &self,
+        id: &str,
+        query: crate::store::history::HistoryQuery,
+    ) -> Result<crate::store::history::HistoryAnswer, StoreError> {
+        crate::store::history::read(&Wave::new(self), id, query)
+    }
+
+    /// Every record (corrupt ones listed with their error), optionally filtered by
+    /// status, in id order. Blocks.
+    pub fn list(&self, statuses: Option<&[StatusKind]>) -> Result<Vec<StoredEntry>, StoreError> {
+        let scan = self.sessions.iter().map(|g| {
+            g.into_inner()
+                .map(|(k, v)| (k.to_vec(), Payload::from(v.as_ref())))
+                .map_err(|e| backend_err("list", "", e))
+        });
+        table::list(scan, std::iter::empty(), statuses)
+    }
+
+    /// An instance's last heartbeat. Blocks.
+    pub fn heartbeat(&self, instance: &str) -> Result<Option<u64>, StoreError> {
+        let v = self
+            .instances
+            .get(instance.as_bytes())
+            .map_err(|e| backend_err("heartbeat", instance, e))?;
+        Ok(v.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok().map(u64::from_le_bytes)))
+    }
+
+    /// Persists every write committed so far at the database's durability level.
+    /// Blocks.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db
+            .persist(self.durability.mode())
+            .map_err(|e| backend_err("flush", "", e))
+    }
+
+    /// Applies one wave of operations in order and flushes once at the end. Blocks.
+    pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+        let mut results = self.apply_unflushed(ops);
+        if let Err(e) = self.flush() {
+            wave::fail_unflushed(&mut results, &e);
+        }
+        results
+    }
+
+    /// Applies one wave of operations in order without persisting: each sees the ones
+    /// before it; the wave's changes (heartbeats included) are committed as one atomic
+    /// batch, visible to readers at once and durable after the next
+    /// [`FjallBackend::flush`] that starts after this returns. Blocks.
+    pub fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+        let (mut results, staged) = wave::apply(self, ops);
+        let Staged {
+            sessions,
+            format1,
+            beats,
+        } = staged;
+        // Invariant: format-1 changes follow a format-1 read, and this engine has none.
+        debug_assert!(format1.is_empty(), "a format-1 change on fjall");
+        let mut batch = self.db.batch();
+        for (k, v) in sessions {
+            match v {
+                Some(v) => batch.insert(&self.sessions, k, v.as_ref()),
+                None => batch.remove(&self.sessions, k),
+            }
+        }
+        for (_, instance, now_ms) in &beats {
+            batch.insert(&self.instances, instance.as_bytes(), now_ms.to_le_bytes());
+        }
+        if let Err(e) = batch.commit() {
+            let e = backend_err("save", "", e);
+            wave::fail_changes(&mut results, &e);
+            for (i, _, _) in beats {
+                results[i] = Err(e.clone());
+            }
+        }
+        results
+    }
+}
