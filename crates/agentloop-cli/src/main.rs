@@ -17,7 +17,8 @@ use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 const USAGE: &str = "\
-usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-per-session M]
+usage: agentloop run [--config FILE] [--data-dir DIR] [--engine sled|fjall] [--durability crash|power]
+                     [--sessions N] [--items-per-session M]
                      [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
                      [--item-log FILE]
        agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use agentloop::config::RuntimeConfig;
 use agentloop::shutdown::{listen_for_signals, Signal};
+use agentloop::store::{Engine, FjallDurability};
 use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
 use agentloop_sim::{Ledger, Script, SimAgent, SimEvent, SimItem};
 use parking_lot::Mutex;
@@ -34,11 +35,16 @@ use crate::report_table::report_table;
 
 /// The usage of `agentloop run`.
 pub(crate) const RUN_USAGE: &str = "\
-usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-per-session M]
+usage: agentloop run [--config FILE] [--data-dir DIR] [--engine sled|fjall]
+                     [--durability crash|power] [--sessions N] [--items-per-session M]
                      [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
                      [--item-log FILE]
   --config FILE          configuration file (default: ./agentloop.toml when it exists)
-  --data-dir DIR         sled data directory (default: [store] data_dir, ./agentloop-data)
+  --data-dir DIR         data directory (default: [store] data_dir, ./agentloop-data)
+  --engine ENGINE        embedded store engine: sled (default: [store] engine, sled) or
+                         fjall; a directory the other engine wrote is refused
+  --durability LEVEL     fjall only: crash (a group commit survives a process crash; the
+                         default) or power (it survives a power loss, fsync)
   --sessions N           new sessions to spawn (default 4; 0 only resumes)
   --items-per-session M  items pushed to each new session (default 20;
                          N x M must be below 2^32)
@@ -55,6 +61,8 @@ usage: agentloop run [--config FILE] [--data-dir DIR] [--sessions N] [--items-pe
 pub(crate) struct RunArgs {
     config: Option<PathBuf>,
     data_dir: Option<PathBuf>,
+    engine: Option<String>,
+    durability: Option<String>,
     item_log: Option<PathBuf>,
     sessions: usize,
     items: u64,
@@ -85,6 +93,8 @@ pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let mut run = RunArgs {
         config: None,
         data_dir: None,
+        engine: None,
+        durability: None,
         item_log: None,
         sessions: 4,
         items: 20,
@@ -110,6 +120,24 @@ pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
                     return Err(format!("--data-dir needs a directory\n{RUN_USAGE}"));
                 }
                 run.data_dir = Some(PathBuf::from(value));
+                continue;
+            }
+            "--engine" => {
+                if !matches!(value.as_str(), "sled" | "fjall") {
+                    return Err(format!(
+                        "--engine {value:?}: the engines are sled and fjall\n{RUN_USAGE}"
+                    ));
+                }
+                run.engine = Some(value.clone());
+                continue;
+            }
+            "--durability" => {
+                if !matches!(value.as_str(), "crash" | "power") {
+                    return Err(format!(
+                        "--durability {value:?}: the levels are crash and power\n{RUN_USAGE}"
+                    ));
+                }
+                run.durability = Some(value.clone());
                 continue;
             }
             "--item-log" => {
@@ -232,12 +260,37 @@ macro_rules! say {
     }};
 }
 
+/// `--engine` / `--durability` over the configuration file's `[store]` values.
+fn engine_from_flags(config: &RuntimeConfig, args: &RunArgs) -> Result<Engine, String> {
+    let fjall = match args.engine.as_deref() {
+        Some("fjall") => true,
+        Some(_) => false,
+        None => matches!(config.store.engine, Engine::Fjall(_)),
+    };
+    let level = match (args.durability.as_deref(), config.store.engine) {
+        (Some(d), _) => FjallDurability::parse(d),
+        (None, Engine::Fjall(l)) => Some(l),
+        (None, Engine::Sled) => None,
+    };
+    match (fjall, level) {
+        (true, l) => Ok(Engine::Fjall(l.unwrap_or_default())),
+        (false, None) => Ok(Engine::Sled),
+        (false, Some(_)) => Err(format!(
+            "--durability is a fjall setting (sled's flush has one level: it survives a \
+             process crash); add --engine fjall\n{RUN_USAGE}"
+        )),
+    }
+}
+
 /// Runs the job; `Ok(true)` when the shutdown left every record safe.
 pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     let began = Instant::now();
     let mut config = RuntimeConfig::load(args.config.as_deref()).map_err(|e| e.to_string())?;
     if let Some(dir) = &args.data_dir {
         config.store.data_dir = dir.clone();
+    }
+    if args.engine.is_some() || args.durability.is_some() {
+        config.store.engine = engine_from_flags(&config, &args)?;
     }
     let data_dir = config.store.data_dir.clone();
     // The run's tag (session ids) and nonce (the high 32 bits of its item ids).

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 use agentloop::store::codec::{self, payload};
 use agentloop::store::lease::{is_fresh, DEFAULT_LEASE_TIMEOUT};
-use agentloop::store::{now_ms, SessionStatus, SledBackend, StatusKind, StoreError, Stored};
+use agentloop::store::{
+    now_ms, Backend, Engine, FjallDurability, SessionStatus, StatusKind, StoreError, Stored,
+};
 use agentloop_sim::SimItem;
 use serde_json::{json, Value};
 
@@ -26,8 +28,18 @@ usage: agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [-
        agentloop sessions show <id> [--data-dir DIR] [--config FILE] [--json] [--raw]
        agentloop sessions history <id> [--data-dir DIR] [--json]
        agentloop sessions delete <id> [--data-dir DIR]
+       agentloop sessions export [--data-dir DIR] > sessions.jsonl
+       agentloop sessions import [--data-dir DIR] [--engine sled|fjall]
+                                 [--durability crash|power] < sessions.jsonl
   history         the session's kept turn-end checkpoints (turn, time, size)
   delete          removes the session's record and its checkpoint history
+  export          every session (record and history) as JSON lines on stdout, to move
+                  them to another directory or engine
+  import          stores the sessions of JSON lines from stdin (an export) in the data
+                  directory, created with --engine (default sled) when it does not
+                  exist; a session the directory already holds is refused and kept
+  --engine        (import) the engine of a new directory: sled or fjall
+  --durability    (import, fjall) crash (default) or power
   --data-dir DIR  the data directory (default ./agentloop-data)
   --config FILE   (show) the agentloop.toml whose [redact] fields are masked in items,
                   state and question (default ./agentloop.toml when it exists); --raw
@@ -72,6 +84,16 @@ enum Command {
         dir: PathBuf,
         id: String,
     },
+    /// `export`.
+    Export {
+        dir: PathBuf,
+    },
+    /// `import`.
+    Import {
+        dir: PathBuf,
+        /// `None`: the directory's own engine, or sled for a new one.
+        engine: Option<Engine>,
+    },
     Help,
 }
 
@@ -99,6 +121,13 @@ pub(crate) fn main(args: &[String]) -> Result<String, Failure> {
         }
         Command::History { dir, id, json } => history(&dir, &id, json),
         Command::Delete { dir, id } => delete(&dir, &id),
+        Command::Export { dir } => export(&dir),
+        Command::Import { dir, engine } => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|e| Failure::Error(format!("cannot read the export from stdin: {e}")))?;
+            import(&dir, engine, &text)
+        }
     }
 }
 
@@ -117,12 +146,17 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
     if matches!(sub, "-h" | "--help" | "help") {
         return Ok(Command::Help);
     }
-    if !matches!(sub, "list" | "show" | "history" | "delete") {
+    if !matches!(
+        sub,
+        "list" | "show" | "history" | "delete" | "export" | "import"
+    ) {
         return Err(usage(format!(
-            "unknown sessions subcommand `{sub}`; use list, show, history or delete"
+            "unknown sessions subcommand `{sub}`; use list, show, history, delete, export or import"
         )));
     }
-    let takes_id = sub != "list";
+    let takes_id = !matches!(sub, "list" | "export" | "import");
+    let mut engine: Option<String> = None;
+    let mut durability: Option<String> = None;
     let mut dir: Option<PathBuf> = None;
     let mut statuses: Option<Vec<StatusKind>> = None;
     let mut json = false;
@@ -143,7 +177,27 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
         };
         match flag {
             "-h" | "--help" => return Ok(Command::Help),
-            "--json" if inline.is_none() && sub != "delete" => json = true,
+            "--json" if inline.is_none() && matches!(sub, "list" | "show" | "history") => {
+                json = true
+            }
+            "--engine" if sub == "import" => {
+                let v = value("--engine")?;
+                if !matches!(v.as_str(), "sled" | "fjall") {
+                    return Err(usage(format!(
+                        "--engine {v:?}: the engines are sled and fjall"
+                    )));
+                }
+                engine = Some(v);
+            }
+            "--durability" if sub == "import" => {
+                let v = value("--durability")?;
+                if FjallDurability::parse(&v).is_none() {
+                    return Err(usage(format!(
+                        "--durability {v:?}: the levels are crash and power"
+                    )));
+                }
+                durability = Some(v);
+            }
             "--raw" if inline.is_none() && sub == "show" => raw = true,
             "--data-dir" if dir.is_some() => return Err(usage("--data-dir given twice")),
             "--data-dir" => dir = Some(PathBuf::from(value("--data-dir")?)),
@@ -175,6 +229,21 @@ fn parse(args: &[String]) -> Result<Command, Failure> {
         }
     }
     let dir = dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+    if sub == "export" {
+        return Ok(Command::Export { dir });
+    }
+    if sub == "import" {
+        let level = durability.as_deref().and_then(FjallDurability::parse);
+        let engine = match (engine.as_deref(), level) {
+            (Some("fjall"), l) => Some(Engine::Fjall(l.unwrap_or_default())),
+            (_, Some(_)) => return Err(usage(
+                "--durability is a fjall setting: add --engine fjall (sled's flush has one level)",
+            )),
+            (Some(_), None) => Some(Engine::Sled),
+            (None, None) => None,
+        };
+        return Ok(Command::Import { dir, engine });
+    }
     if sub == "list" {
         Ok(Command::List {
             dir,
@@ -219,7 +288,7 @@ fn parse_status(word: &str) -> Result<Option<StatusKind>, Failure> {
 }
 
 /// Opens the data directory for reading, refusing to create a database where none is.
-fn open(dir: &Path) -> Result<SledBackend, Failure> {
+fn open(dir: &Path) -> Result<Backend, Failure> {
     match std::fs::metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(Failure::Error(format!(
@@ -241,15 +310,15 @@ fn open(dir: &Path) -> Result<SledBackend, Failure> {
         }
         Ok(_) => {}
     }
-    // sled keeps its data in the file `db`; opening a directory without it would create
-    // a new, empty database there, which an inspection command must not do.
-    if !dir.join("db").is_file() {
+    // Opening a directory that holds no database would create a new, empty one there,
+    // which an inspection command must not do.
+    let Some(engine) = Backend::detect(dir) else {
         return Err(Failure::Error(format!(
-            "{} holds no agentloop data (no sled database in it); run `agentloop run` first or pass --data-dir",
+            "{} holds no agentloop data (no sled or fjall database in it); run `agentloop run` first or pass --data-dir",
             dir.display()
         )));
-    }
-    SledBackend::open(dir).map_err(|e| match e {
+    };
+    Backend::open(dir, engine).map_err(|e| match e {
         StoreError::Backend { message, .. } if message.contains("lock") => Failure::Error(format!(
             "{message}\nthe data directory is in use: stop the agentloop process that holds it, then retry"
         )),
@@ -746,7 +815,7 @@ fn history(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
 
 /// `delete <id>`: removes the record and its checkpoint history, durably.
 fn delete(dir: &Path, id: &str) -> Result<String, Failure> {
-    use agentloop::store::sled::{OpResult, WriteOp};
+    use agentloop::store::wave::{OpResult, WriteOp};
     let backend = open(dir)?;
     let r = backend
         .apply(vec![WriteOp::Purge {
@@ -768,6 +837,90 @@ fn delete(dir: &Path, id: &str) -> Result<String, Failure> {
         Some(Err(e)) => Err(Failure::Error(e.to_string())),
         None => Err(Failure::Error("the delete was not applied".into())),
     }
+}
+
+/// `export`: every session as a JSON line (`store::transfer`), in id order. Fails,
+/// printing nothing, when any session cannot be exported, naming each and why.
+fn export(dir: &Path) -> Result<String, Failure> {
+    use agentloop::store::transfer;
+    let backend = open(dir)?;
+    let found = transfer::export(&backend).map_err(|e| Failure::Error(e.to_string()))?;
+    drop(backend);
+    if !found.not_exported.is_empty() {
+        let mut msg = format!(
+            "{} session{} cannot be exported from {} (nothing was written):",
+            found.not_exported.len(),
+            plural(found.not_exported.len()),
+            dir.display()
+        );
+        for n in &found.not_exported {
+            msg.push_str(&format!("\n  {}: {}", clean(&n.session_id), n.error));
+        }
+        return Err(Failure::Error(msg));
+    }
+    let mut out = String::new();
+    for line in &found.lines {
+        let text = serde_json::to_string(line)
+            .map_err(|e| Failure::Error(format!("cannot write the export: {e}")))?;
+        out.push_str(&text);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// `import`: the sessions of an export into `dir` (created with `engine`, sled by
+/// default, when it holds no database; without `--engine` an existing one is opened
+/// with its own engine). Every line is checked before
+/// anything is written; a session the directory holds is refused and kept.
+fn import(dir: &Path, engine: Option<Engine>, text: &str) -> Result<String, Failure> {
+    use agentloop::store::transfer::{self, ExportLine};
+    let mut lines = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let line: ExportLine = serde_json::from_str(raw).map_err(|e| {
+            Failure::Error(format!(
+                "line {} of the input is not an agentloop export line: {e}; nothing was imported",
+                n + 1
+            ))
+        })?;
+        lines.push(line);
+    }
+    if dir.is_file() {
+        return Err(Failure::Error(format!(
+            "{} is a file, not a directory; pass a data directory with --data-dir",
+            dir.display()
+        )));
+    }
+    // An explicit engine the directory was not written by is refused by `open`.
+    let engine = engine
+        .or_else(|| Backend::detect(dir))
+        .unwrap_or(Engine::Sled);
+    let backend = Backend::open(dir, engine).map_err(|e| Failure::Error(e.to_string()))?;
+    let results = transfer::import(&backend, lines);
+    drop(backend);
+    let imported = results.iter().filter(|r| r.is_ok()).count();
+    let refused: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.as_ref().err().map(|e| format!("  {e}")))
+        .collect();
+    if refused.is_empty() {
+        return Ok(format!(
+            "imported {imported} session{} into {} ({})\n",
+            plural(imported),
+            dir.display(),
+            engine.name()
+        ));
+    }
+    Err(Failure::Error(format!(
+        "imported {imported} session{} into {} ({}); {} refused, left as they were:\n{}",
+        plural(imported),
+        dir.display(),
+        engine.name(),
+        refused.len(),
+        refused.join("\n")
+    )))
 }
 
 /// The view as a client may see it (issue 13, 5): items, state and question through

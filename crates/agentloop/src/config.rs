@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::session::Durability;
 use crate::store::lease::{DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
+use crate::store::{Engine, FjallDurability};
 use crate::supervisor::RestartBudget;
 
 /// The default configuration file name, looked up in the working directory.
@@ -126,11 +127,15 @@ impl ShutdownConfig {
 /// The `[store]` table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreConfig {
-    /// The sled data directory (default `./agentloop-data`).
+    /// The data directory (default `./agentloop-data`).
     pub data_dir: PathBuf,
     /// When persistent sessions write their record (`flush = "sync"`, the default,
     /// `"turn"` or `"exit"`; S16a).
     pub flush: Durability,
+    /// The embedded engine and, for fjall, what a group commit survives (`engine =
+    /// "sled"`, the default, or `"fjall"`; `durability = "crash"`, the default, or
+    /// `"power"`, fjall only; docs/operations.md, "Engines").
+    pub engine: Engine,
 }
 
 impl Default for StoreConfig {
@@ -138,6 +143,7 @@ impl Default for StoreConfig {
         StoreConfig {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             flush: Durability::Sync,
+            engine: Engine::Sled,
         }
     }
 }
@@ -226,6 +232,8 @@ struct RawShutdown {
 struct RawStore {
     data_dir: Option<String>,
     flush: Option<String>,
+    engine: Option<String>,
+    durability: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -322,6 +330,7 @@ impl RuntimeConfig {
                 }
             };
         }
+        c.store.engine = engine(raw.store.engine, raw.store.durability)?;
         let s = raw.supervisor;
         if let Some(n) = s.max_restarts {
             if !(0..=1000).contains(&n) {
@@ -363,6 +372,37 @@ const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
 /// Checks a heartbeat interval and lease timeout (the file's checks, also applied to
 /// values given to the runtime builder in code): a zero interval is refused here, not
 /// left to panic in the lease's renewal task.
+/// `[store] engine` and `durability`: sled (no durability key: its flush has one
+/// level) or fjall at `crash` (default) or `power`.
+fn engine(engine: Option<String>, durability: Option<String>) -> Result<Engine, ConfigError> {
+    let level = match durability {
+        None => None,
+        Some(d) => Some(
+            FjallDurability::parse(&d).ok_or(ConfigError::OutOfRange {
+                key: "store.durability",
+                value: d,
+                allowed: "\"crash\" (survives a process crash) or \"power\" (survives a power loss; fjall only)",
+            })?,
+        ),
+    };
+    match engine.as_deref() {
+        None | Some("sled") => match level {
+            None => Ok(Engine::Sled),
+            Some(l) => Err(ConfigError::OutOfRange {
+                key: "store.durability",
+                value: l.as_str().to_string(),
+                allowed: "only with engine = \"fjall\" (sled's flush survives a process crash, not a power loss, and has no other level)",
+            }),
+        },
+        Some("fjall") => Ok(Engine::Fjall(level.unwrap_or_default())),
+        Some(other) => Err(ConfigError::OutOfRange {
+            key: "store.engine",
+            value: other.to_string(),
+            allowed: "\"sled\" (the default) or \"fjall\"",
+        }),
+    }
+}
+
 pub(crate) fn check_lease(heartbeat: Duration, lease: Duration) -> Result<(), ConfigError> {
     check_range(
         "supervisor.heartbeat",

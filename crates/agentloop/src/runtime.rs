@@ -26,8 +26,8 @@ use crate::shutdown::{
 };
 use crate::store::lease::{is_fresh, DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
 use crate::store::{
-    now_ms, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, SessionStatus,
-    StatusKind, StoreError,
+    now_ms, CheckpointActor, CheckpointClient, CheckpointStore, Engine, InstanceLease,
+    SessionStatus, StatusKind, StoreError,
 };
 use crate::supervisor::{
     agent_kind, AgentKind, RestartBudget, SessionEnd, SessionSpec, SupervisorArgs, SupervisorHandle,
@@ -73,6 +73,7 @@ pub struct StartReport {
 /// Builds a [`Runtime`].
 pub struct RuntimeBuilder<I, E> {
     data_dir: Option<PathBuf>,
+    engine: Engine,
     store: Option<Arc<dyn CheckpointStore<I>>>,
     kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
     budget: RestartBudget,
@@ -98,6 +99,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
     fn default() -> Self {
         RuntimeBuilder {
             data_dir: None,
+            engine: Engine::Sled,
             store: None,
             kinds: HashMap::new(),
             budget: RestartBudget::default(),
@@ -124,9 +126,18 @@ where
         Self::default()
     }
 
-    /// Keep records in sled in `dir` (a checkpoint actor is started on it).
+    /// Keep records in `dir` (a checkpoint actor is started on it), with the engine
+    /// set by [`RuntimeBuilder::engine`] (sled by default).
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// The embedded engine of [`RuntimeBuilder::data_dir`]: [`Engine::Sled`] (the
+    /// default) or [`Engine::Fjall`] at a [`crate::store::FjallDurability`] (`crash` or
+    /// `power`). docs/operations.md says what each survives and costs.
+    pub fn engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
         self
     }
 
@@ -160,10 +171,11 @@ where
         self
     }
 
-    /// Applies a configuration file's values: the data directory, the flush policy of
+    /// Applies a configuration file's values: the data directory and engine, the flush policy of
     /// resumed sessions, the restart budget, the heartbeat and lease, the shutdown.
     pub fn config(mut self, config: &RuntimeConfig) -> Self {
         self.data_dir = Some(config.store.data_dir.clone());
+        self.engine = config.store.engine;
         self.durability = config.store.flush;
         self.budget = config.supervisor.restart_budget;
         self.heartbeat = config.supervisor.heartbeat;
@@ -243,7 +255,7 @@ where
         let (store, client) = match (self.store, self.data_dir) {
             (Some(s), _) => (Some(s), None),
             (None, Some(dir)) => {
-                let c = CheckpointActor::<I>::spawn(dir).await?;
+                let c = CheckpointActor::<I>::spawn_engine(dir, self.engine).await?;
                 (
                     Some(Arc::new(c.clone()) as Arc<dyn CheckpointStore<I>>),
                     Some(c),

@@ -543,7 +543,8 @@ fn op_key(op: &WriteOp) -> Option<&str> {
         WriteOp::Delete { key }
         | WriteOp::Purge { key }
         | WriteOp::Cas { key, .. }
-        | WriteOp::Read { key } => Some(key),
+        | WriteOp::Read { key }
+        | WriteOp::Restore { key, .. } => Some(key),
         WriteOp::Beat { .. } | WriteOp::Flush => None,
     }
 }

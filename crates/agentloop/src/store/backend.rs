@@ -13,7 +13,8 @@ use std::path::Path;
 
 use crate::store::fjall::{FjallBackend, FjallDurability};
 use crate::store::history::{HistoryAnswer, HistoryQuery};
-use crate::store::wave::{OpResult, WriteOp};
+use crate::store::record::Payload;
+use crate::store::wave::{Base, OpResult, WriteOp};
 use crate::store::{SledBackend, StatusKind, StoreError, Stored, StoredEntry};
 
 /// Which embedded engine holds the records.
@@ -80,7 +81,46 @@ fn mismatch(dir: &Path, wanted: Engine, holds: &str) -> StoreError {
     }
 }
 
+/// Reads go to the engine as committed (what a wave reads; exports).
+impl Base for Backend {
+    fn base_get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.base_get(key),
+            Backend::Fjall(b) => b.base_get(key),
+        }
+    }
+    fn base_keys(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.base_keys(prefix),
+            Backend::Fjall(b) => b.base_keys(prefix),
+        }
+    }
+    fn base_entries(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.base_entries(prefix),
+            Backend::Fjall(b) => b.base_entries(prefix),
+        }
+    }
+    fn base_format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.base_format1_get(id),
+            Backend::Fjall(b) => b.base_format1_get(id),
+        }
+    }
+}
+
 impl Backend {
+    /// The engine whose database is in `dir`, if any (an offline tool opens what it
+    /// finds, at `crash` durability for fjall, and must not create a database where
+    /// none is).
+    pub fn detect(dir: &Path) -> Option<Engine> {
+        match found(dir) {
+            Found::Sled => Some(Engine::Sled),
+            Found::Fjall => Some(Engine::Fjall(FjallDurability::Crash)),
+            Found::Nothing => None,
+        }
+    }
+
     /// Opens `engine` in `dir` (creating it), refusing a directory the other engine
     /// wrote. Blocks.
     pub fn open(dir: &Path, engine: Engine) -> Result<Self, StoreError> {
@@ -153,6 +193,15 @@ impl Backend {
         match self {
             Backend::Sled(b) => b.list(statuses),
             Backend::Fjall(b) => b.list(statuses),
+        }
+    }
+
+    /// Every key and value stored for a session, named, undecoded (see
+    /// [`SledBackend::raw_entries`]). Blocks.
+    pub fn raw_entries(&self, id: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.raw_entries(id),
+            Backend::Fjall(b) => b.raw_entries(id),
         }
     }
 

@@ -187,6 +187,16 @@ impl FjallBackend {
         table::list(scan, std::iter::empty(), statuses)
     }
 
+    /// Every key and value stored for a session (its format-2 entries), named,
+    /// undecoded: for inspecting a record that does not decode. Blocks.
+    pub fn raw_entries(&self, id: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        Ok(self
+            .base_entries(&table::session_prefix(id))?
+            .into_iter()
+            .map(|(k, v)| (table::entry_name(&k), v.to_vec()))
+            .collect())
+    }
+
     /// An instance's last heartbeat. Blocks.
     pub fn heartbeat(&self, instance: &str) -> Result<Option<u64>, StoreError> {
         let v = self

@@ -85,13 +85,13 @@ pub fn history_prefix(id: &str) -> Vec<u8> {
     k
 }
 
-fn history_key(id: &str, turn: u64) -> Vec<u8> {
+pub(crate) fn history_key(id: &str, turn: u64) -> Vec<u8> {
     let mut k = history_prefix(id);
     k.extend_from_slice(&turn.to_be_bytes());
     k
 }
 
-fn turn_of(key: &[u8], prefix_len: usize) -> Option<u64> {
+pub(crate) fn turn_of(key: &[u8], prefix_len: usize) -> Option<u64> {
     let b: [u8; 8] = key.get(prefix_len..)?.try_into().ok()?;
     Some(u64::from_be_bytes(b))
 }

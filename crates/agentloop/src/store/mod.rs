@@ -24,6 +24,7 @@ pub mod record;
 pub mod sled;
 mod status;
 pub mod table;
+pub mod transfer;
 pub mod wave;
 pub mod write;
 

@@ -129,13 +129,7 @@ impl SledBackend {
         let mut out = Vec::new();
         for kv in self.sessions.scan_prefix(table::session_prefix(id)) {
             let (k, v) = kv.map_err(|e| backend_err("load", id, e))?;
-            let name = match table::parse_key(&k) {
-                Some((_, table::KeyKind::Header)) => "header".to_string(),
-                Some((_, table::KeyKind::Item(seq))) => format!("item {seq}"),
-                Some((_, table::KeyKind::State)) => "state".to_string(),
-                _ => format!("unknown key {:02x?}", &k[..]),
-            };
-            out.push((name, v.to_vec()));
+            out.push((table::entry_name(&k), v.to_vec()));
         }
         if let Some(v) = self
             .records

@@ -92,6 +92,16 @@ pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
     Some((id, kind))
 }
 
+/// What an entry is, in words (`header`, `item 3`, `state`), for raw listings.
+pub fn entry_name(key: &[u8]) -> String {
+    match parse_key(key) {
+        Some((_, KeyKind::Header)) => "header".to_string(),
+        Some((_, KeyKind::Item(seq))) => format!("item {seq}"),
+        Some((_, KeyKind::State)) => "state".to_string(),
+        _ => format!("unknown key {:02x?}", key),
+    }
+}
+
 /// An ordered key-value table a backend offers (sled's tree with the writes of the
 /// wave being applied on top, or the memory store's map). Writes are buffered by the
 /// backend and made atomic by it.
@@ -332,6 +342,70 @@ pub fn delete(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
         t.format1_remove(id);
     }
     Ok(existed)
+}
+
+/// Stores a session's entries exactly as given (an import, `store::transfer`): refused
+/// with [`StoreError::Exists`] when the session has a record or any history, with
+/// [`StoreError::Refused`] when an entry's key is not one of this session's or there is
+/// no header. Nothing is written unless everything is.
+pub fn restore(
+    t: &mut impl Table,
+    id: &str,
+    entries: Vec<(Vec<u8>, Payload)>,
+) -> Result<(), StoreError> {
+    check_id(id)?;
+    let refused = |why: String| StoreError::Refused {
+        session: id.to_string(),
+        status: "import".into(),
+        why,
+    };
+    let live = session_prefix(id);
+    let history = crate::store::history::history_prefix(id);
+    let mut header = None;
+    for (k, v) in &entries {
+        if k.starts_with(&history) {
+            continue;
+        }
+        if !k.starts_with(&live) {
+            return Err(refused(format!(
+                "an entry's key ({:02x?}) is not one of this session's",
+                &k[..k.len().min(32)]
+            )));
+        }
+        if parse_key(k).map(|(_, kind)| kind) == Some(KeyKind::Header) {
+            header = Some(codec::decode_header(id, v)?);
+        }
+    }
+    if entries.is_empty() {
+        return Err(refused("nothing to import".into()));
+    }
+    // A session whose record was deleted at a clean exit may keep only its history.
+    if header.is_none() && entries.iter().any(|(k, _)| k.starts_with(&live)) {
+        return Err(refused("the record's entries hold no header".into()));
+    }
+    if let (Some(h), _) = current(t, id)? {
+        return Err(StoreError::Exists {
+            session: id.to_string(),
+            status: h.status,
+        });
+    }
+    if let Some(bytes) = t.format1_get(id)? {
+        return Err(StoreError::Exists {
+            session: id.to_string(),
+            status: legacy::prefix(id, &bytes)?.0.status,
+        });
+    }
+    if !t.keys_with_prefix(&live)?.is_empty() || !t.keys_with_prefix(&history)?.is_empty() {
+        return Err(refused(
+            "entries of this session are stored without a record (history or leftovers): \
+             delete the session first (`agentloop sessions delete`)"
+                .into(),
+        ));
+    }
+    for (k, v) in entries {
+        t.put(k, v);
+    }
+    Ok(())
 }
 
 /// One session's entries during a scan: its id and its `(key, value)` pairs.

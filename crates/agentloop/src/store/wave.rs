@@ -60,6 +60,14 @@ pub enum WriteOp {
         /// The session id.
         key: String,
     },
+    /// Store a session's entries exactly as given (its live record and its history),
+    /// only if nothing is stored for it: an import (`store::transfer`).
+    Restore {
+        /// The session id.
+        key: String,
+        /// Every entry, by key (keys of this session only).
+        entries: Vec<(Vec<u8>, Payload)>,
+    },
     /// Nothing: its answer comes after the wave's flush.
     Flush,
 }
@@ -196,6 +204,9 @@ pub fn apply<B: Base>(base: &B, ops: Vec<WriteOp>) -> (Vec<Result<OpResult, Stor
             }
             WriteOp::Read { key } => {
                 table::read(&wave, &key).map(|r| OpResult::Read(r.map(Box::new)))
+            }
+            WriteOp::Restore { key, entries } => {
+                table::restore(&mut wave, &key, entries).map(|()| OpResult::Done)
             }
             WriteOp::Flush => Ok(OpResult::Done),
         };

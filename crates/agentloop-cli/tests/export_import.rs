@@ -1,0 +1,313 @@
+//! `agentloop sessions export` / `import` (issue 15, 4): records move from sled to fjall
+//! and back, byte for byte, through the built binary; what the target holds is refused
+//! and kept; a corrupt record stops an export.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use agentloop::store::history::HistoryMark;
+use agentloop::store::sled::WriteOp;
+use agentloop::store::table::header_key;
+use agentloop::store::{SessionRecord, SessionStatus, SledBackend, WriteCondition};
+use agentloop_sim::SimItem;
+use serde_json::Value;
+
+/// A temporary directory, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let p = std::env::temp_dir().join(format!(
+            "agentloop-cli-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn sub(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn items(ids: &[u64]) -> Vec<SimItem> {
+    ids.iter()
+        .map(|&i| SimItem::new(i, format!("message {i}")))
+        .collect()
+}
+
+/// Sessions of every shape on sled: items in both places and a state, a failed one,
+/// one with kept checkpoints, one whose record is gone but whose history stays.
+fn populate(dir: &Path) {
+    let mut alpha = SessionRecord::<SimItem>::new("alpha", "sim", 3);
+    alpha.unhandled_items = items(&[10, 11]);
+    alpha.stop_cause = Some("user left".into());
+
+    let mut beta = SessionRecord::<SimItem>::new("beta", "sim", 7);
+    beta.status = SessionStatus::Interrupted;
+    beta.unhandled_items = items(&[20]);
+    beta.interrupted_items = items(&[21, 22]);
+    beta.state = Some(vec![7; 300]);
+
+    let mut gamma = SessionRecord::<SimItem>::new("gamma", "sim", 1);
+    gamma.status = SessionStatus::Failed("model exploded".into());
+    gamma.last_error = Some("model exploded".into());
+
+    let mut kept = SessionRecord::<SimItem>::new("kept", "sim", 2);
+    kept.unhandled_items = items(&[30]);
+
+    let write = |r: &SessionRecord<SimItem>, turn: Option<u64>| {
+        let mut w = r.to_write(WriteCondition::Always).unwrap();
+        w.history = turn.map(|turn| HistoryMark { turn, keep: 5 });
+        WriteOp::Write(Box::new(w))
+    };
+    let ops = vec![
+        write(&alpha, None),
+        write(&alpha, None),
+        write(&beta, None),
+        write(&gamma, None),
+        write(&kept, Some(1)),
+        write(&kept, Some(2)),
+        write(&kept, Some(3)),
+        write(&kept, Some(4)).clone_for("gone"),
+        WriteOp::Delete { key: "gone".into() },
+    ];
+    let backend = SledBackend::open(dir).unwrap();
+    for r in backend.apply(ops) {
+        r.unwrap();
+    }
+    backend.flush().unwrap();
+}
+
+/// A write of the same record under another id.
+trait CloneFor {
+    fn clone_for(self, id: &str) -> WriteOp;
+}
+
+impl CloneFor for WriteOp {
+    fn clone_for(self, id: &str) -> WriteOp {
+        match self {
+            WriteOp::Write(mut w) => {
+                w.header.session_id = id.to_string();
+                WriteOp::Write(w)
+            }
+            other => other,
+        }
+    }
+}
+
+fn agentloop(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run the agentloop binary");
+    let mut pipe = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        pipe.write_all(text.as_bytes()).unwrap();
+    }
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn fails(out: &Output, code: i32, needle: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr:\n{err}");
+    assert!(
+        err.contains(needle),
+        "stderr should contain {needle:?}:\n{err}"
+    );
+}
+
+fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}):\n{s}"))
+}
+
+#[test]
+fn export_import_round_trip_between_sled_and_fjall() {
+    let tmp = TempDir::new("transfer");
+    let sled_dir = tmp.sub("sled");
+    let fjall_dir = tmp.sub("fjall");
+    let back_dir = tmp.sub("back");
+    populate(Path::new(&sled_dir));
+
+    let exported = ok(&agentloop(
+        &["sessions", "export", "--data-dir", &sled_dir],
+        None,
+    ));
+    let lines: Vec<Value> = exported.lines().map(json).collect();
+    let ids: Vec<&str> = lines
+        .iter()
+        .map(|l| l["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta", "gamma", "gone", "kept"]);
+    let kept = &lines[4];
+    assert_eq!(kept["history"].as_array().unwrap().len(), 3);
+    assert!(lines[3]["header"].is_null(), "history only: {}", lines[3]);
+    assert_eq!(lines[3]["history"].as_array().unwrap().len(), 1);
+    assert_eq!(lines[0]["header"]["version"], 2);
+    assert!(lines[1]["state"].is_string());
+
+    // Into a new fjall directory: everything reads back the same.
+    let out = ok(&agentloop(
+        &[
+            "sessions",
+            "import",
+            "--data-dir",
+            &fjall_dir,
+            "--engine",
+            "fjall",
+        ],
+        Some(&exported),
+    ));
+    assert!(
+        out.contains("imported 5 sessions") && out.contains("(fjall)"),
+        "{out}"
+    );
+    assert_eq!(
+        ok(&agentloop(
+            &["sessions", "export", "--data-dir", &fjall_dir],
+            None
+        )),
+        exported
+    );
+    for args in [
+        vec!["sessions", "list", "--json"],
+        vec!["sessions", "show", "beta", "--json"],
+        vec!["sessions", "history", "kept", "--json"],
+    ] {
+        let on = |dir: &str| {
+            let mut a = args.clone();
+            a.extend(["--data-dir", dir]);
+            json(&ok(&agentloop(&a, None)))
+        };
+        assert_eq!(on(&sled_dir), on(&fjall_dir), "{args:?}");
+    }
+
+    // A second import is refused session by session; the records stay as they were.
+    let again = agentloop(
+        &["sessions", "import", "--data-dir", &fjall_dir],
+        Some(&exported),
+    );
+    fails(&again, 1, "imported 0 sessions");
+    fails(&again, 1, "5 refused");
+    fails(&again, 1, "session `alpha` already has a record");
+    assert_eq!(
+        ok(&agentloop(
+            &["sessions", "export", "--data-dir", &fjall_dir],
+            None
+        )),
+        exported
+    );
+
+    // And back to sled (a new directory: the default engine).
+    let fjall_export = ok(&agentloop(
+        &["sessions", "export", "--data-dir", &fjall_dir],
+        None,
+    ));
+    ok(&agentloop(
+        &["sessions", "import", "--data-dir", &back_dir],
+        Some(&fjall_export),
+    ));
+    assert!(Path::new(&back_dir).join("db").is_file(), "sled's files");
+    assert_eq!(
+        ok(&agentloop(
+            &["sessions", "export", "--data-dir", &back_dir],
+            None
+        )),
+        exported
+    );
+
+    // The wrong engine for a directory is refused with the way out.
+    fails(
+        &agentloop(
+            &[
+                "sessions",
+                "import",
+                "--data-dir",
+                &sled_dir,
+                "--engine",
+                "fjall",
+            ],
+            Some(&exported),
+        ),
+        1,
+        "holds a sled database, but the store is configured for fjall",
+    );
+}
+
+#[test]
+fn export_stops_at_a_corrupt_record_and_import_checks_every_line_first() {
+    let tmp = TempDir::new("transfer-bad");
+    let dir = tmp.sub("sled");
+    populate(Path::new(&dir));
+    {
+        let b = SledBackend::open(&dir).unwrap();
+        b.put_raw(&header_key("bad"), b"garbage, not a record")
+            .unwrap();
+        b.flush().unwrap();
+    }
+    let out = agentloop(&["sessions", "export", "--data-dir", &dir], None);
+    fails(&out, 1, "1 session cannot be exported");
+    fails(&out, 1, "bad:");
+    assert!(out.stdout.is_empty(), "nothing is printed");
+
+    // A line that is not an export line: nothing is imported.
+    let target = tmp.sub("target");
+    let good = r#"{"agentloop_export":1,"session_id":"x","header":null,"items":[],"state":null,"history":[{"turn":1,"snapshot":"AA=="}],"other":[]}"#;
+    let out = agentloop(
+        &["sessions", "import", "--data-dir", &target],
+        Some(&format!("{good}\nnot json\n")),
+    );
+    fails(
+        &out,
+        1,
+        "line 2 of the input is not an agentloop export line",
+    );
+    assert!(
+        !Path::new(&target).exists(),
+        "no directory was created for a refused import"
+    );
+    // --durability without fjall is a usage error.
+    fails(
+        &agentloop(
+            &[
+                "sessions",
+                "import",
+                "--data-dir",
+                &target,
+                "--durability",
+                "power",
+            ],
+            Some(good),
+        ),
+        2,
+        "--durability is a fjall setting",
+    );
+}
