@@ -144,3 +144,41 @@ fn s28_files_are_read_and_a_missing_explicit_file_is_an_error() {
     assert!(matches!(err, ConfigError::Io { .. }));
     assert!(err.to_string().contains("nope.toml"), "{err}");
 }
+
+/// Issue 15: `[store] engine` and `durability` choose the embedded engine and, for
+/// fjall, what a group commit survives; sled is the default and has no level.
+#[test]
+fn s28_store_engine_and_durability() {
+    use agentloop::store::{Engine, FjallDurability};
+    let engine = |text: &str| RuntimeConfig::from_toml_str(text).unwrap().store.engine;
+    assert_eq!(engine(""), Engine::Sled);
+    assert_eq!(engine("[store]\nengine = \"sled\""), Engine::Sled);
+    assert_eq!(
+        engine("[store]\nengine = \"fjall\""),
+        Engine::Fjall(FjallDurability::Crash)
+    );
+    assert_eq!(
+        engine("[store]\nengine = \"fjall\"\ndurability = \"crash\""),
+        Engine::Fjall(FjallDurability::Crash)
+    );
+    assert_eq!(
+        engine("[store]\nengine = \"fjall\"\ndurability = \"power\""),
+        Engine::Fjall(FjallDurability::Power)
+    );
+    for (text, key, says) in [
+        ("[store]\nengine = \"rocks\"", "store.engine", "\"fjall\""),
+        (
+            "[store]\nengine = \"fjall\"\ndurability = \"always\"",
+            "store.durability",
+            "\"power\"",
+        ),
+        (
+            "[store]\ndurability = \"power\"",
+            "store.durability",
+            "only with engine = \"fjall\"",
+        ),
+    ] {
+        let msg = RuntimeConfig::from_toml_str(text).unwrap_err().to_string();
+        assert!(msg.contains(key) && msg.contains(says), "{text:?}: {msg}");
+    }
+}

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agentloop::store::SledBackend;
+use agentloop::store::{Backend, Engine, FjallDurability};
 use agentloop_sim::SimItem;
 use agentloop_tests::TempDir;
 
@@ -56,6 +56,24 @@ fn next(seed: &mut u64) -> u64 {
 
 #[test]
 fn s31_sigkill_at_random_moments_loses_no_acknowledged_item() {
+    s31_on(Engine::Sled);
+}
+
+/// Issue 15: the same on fjall at the `crash` level.
+#[test]
+fn s31_on_fjall_sigkill_at_random_moments_loses_no_acknowledged_item() {
+    s31_on(Engine::Fjall(FjallDurability::Crash));
+}
+
+/// The child's engine flag.
+fn engine_args(engine: Engine) -> &'static [&'static str] {
+    match engine {
+        Engine::Sled => &[],
+        Engine::Fjall(_) => &["--fjall"],
+    }
+}
+
+fn s31_on(engine: Engine) {
     let started = Instant::now();
     let dir = TempDir::new("s31");
     let bin = env!("CARGO_BIN_EXE_crash_child");
@@ -69,6 +87,7 @@ fn s31_sigkill_at_random_moments_loses_no_acknowledged_item() {
         let mut child = Command::new(bin)
             .arg(dir.path())
             .arg(run.to_string())
+            .args(engine_args(engine))
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -97,7 +116,12 @@ fn s31_sigkill_at_random_moments_loses_no_acknowledged_item() {
         acks.lines += local.lines;
 
         // Every record decodes after the kill.
-        let backend = SledBackend::open(dir.path()).expect("the data directory opens");
+        // A kill before the first open leaves no database yet.
+        if Backend::detect(dir.path()).is_none() {
+            std::thread::sleep(Duration::from_millis(250));
+            continue;
+        }
+        let backend = Backend::open(dir.path(), engine).expect("the data directory opens");
         for entry in backend.list(None).expect("list") {
             if let Err(e) = entry.record.and_then(|r| r.decode::<SimItem>()) {
                 panic!(
@@ -121,6 +145,7 @@ fn s31_sigkill_at_random_moments_loses_no_acknowledged_item() {
         .arg(dir.path())
         .arg(KILLS.to_string())
         .arg("--drain")
+        .args(engine_args(engine))
         .stderr(Stdio::inherit())
         .output()
         .expect("run the drain");
@@ -148,10 +173,11 @@ fn s31_sigkill_at_random_moments_loses_no_acknowledged_item() {
         acks.delivered.len()
     );
     // Nothing is left behind: the drain deleted every record.
-    let backend = SledBackend::open(dir.path()).expect("open");
+    let backend = Backend::open(dir.path(), engine).expect("open");
     assert!(backend.list(None).unwrap().is_empty());
     eprintln!(
-        "S31: {KILLS} kills, {} acknowledged pushes, all delivered, in {:.1?}",
+        "S31 on {}: {KILLS} kills, {} acknowledged pushes, all delivered, in {:.1?}",
+        engine.name(),
         acks.pushed.len(),
         started.elapsed()
     );

@@ -11,22 +11,38 @@ use common::{number, row, Job, TempDir};
 
 #[test]
 fn sigterm_shuts_down_gracefully_and_the_next_run_resumes() {
+    sigterm_then_resume(&[]);
+}
+
+/// Issue 15: the main job on fjall (`crash` level), the same end to end.
+#[test]
+fn the_main_job_runs_and_resumes_on_fjall() {
+    sigterm_then_resume(&["--engine", "fjall"]);
+}
+
+/// A run on `engine` (extra `run` arguments) shut down by SIGTERM, then a second run
+/// on the same directory that resumes every session and delivers every item once.
+fn sigterm_then_resume(engine: &[&str]) {
     let dir = TempDir::new("sigterm");
     // Busy sessions: items keep arriving, every turn has safe points every 20 ms.
     let mut job = Job::start(
         &dir.0,
         &[
-            "--sessions",
-            "3",
-            "--items-per-session",
-            "100000",
-            "--push-ms",
-            "2",
-            "--model-ms",
-            "20",
-            "--tool-ms",
-            "20",
-        ],
+            engine,
+            &[
+                "--sessions",
+                "3",
+                "--items-per-session",
+                "100000",
+                "--push-ms",
+                "2",
+                "--model-ms",
+                "20",
+                "--tool-ms",
+                "20",
+            ],
+        ]
+        .concat(),
     );
     job.wait_for("agentloop: resumed 0 interrupted sessions");
     job.wait_for("ready:");
@@ -47,10 +63,31 @@ fn sigterm_shuts_down_gracefully_and_the_next_run_resumes() {
     let saved = number(&row(&out, "items saved"));
     assert!(saved > 0, "busy sessions leave items:\n{out}");
 
+    if !engine.is_empty() {
+        // The directory keeps its engine: a run configured for the other is refused,
+        // saying how to proceed, and changes nothing.
+        let wrong = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .args(["run", "--sessions", "0", "--data-dir"])
+            .arg(dir.0.join("data"))
+            .current_dir(&dir.0)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&wrong.stderr);
+        assert_eq!(wrong.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("holds a fjall database, but the store is configured for sled")
+                && err.contains("--engine fjall"),
+            "{err}"
+        );
+    }
     // The next run on the same data directory resumes them, with their items.
     let mut job = Job::start(
         &dir.0,
-        &["--sessions", "0", "--model-ms", "1", "--tool-ms", "1"],
+        &[
+            engine,
+            &["--sessions", "0", "--model-ms", "1", "--tool-ms", "1"],
+        ]
+        .concat(),
     );
     let line = job.wait_for("agentloop: resumed");
     assert_eq!(

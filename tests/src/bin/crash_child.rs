@@ -3,7 +3,8 @@
 //! every completed turn (written by the agent's turn hook before the turn returns),
 //! until it is killed.
 //!
-//! Usage: `crash_child <data-dir> <run-number> [--drain]`
+//! Usage: `crash_child <data-dir> <run-number> [--drain] [--fjall]` (`--fjall`: the
+//! fjall engine at the `crash` level instead of sled, issue 15)
 //!
 //! Lines (flushed one by one):
 //! * `push <session> <item-id>`: the push was acknowledged (durable, S16a);
@@ -16,6 +17,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentloop::store::{Engine, FjallDurability};
 use agentloop::{
     CheckpointActor, CheckpointStore, Durability, InstanceLease, SessionConfig, SessionHandle,
     StopOptions,
@@ -35,11 +37,16 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(dir), Some(run)) = (args.get(1), args.get(2).and_then(|r| r.parse::<u64>().ok()))
     else {
-        eprintln!("usage: crash_child <data-dir> <run-number> [--drain]");
+        eprintln!("usage: crash_child <data-dir> <run-number> [--drain] [--fjall]");
         std::process::exit(2);
     };
     let drain = args.iter().any(|a| a == "--drain");
-    let client = match CheckpointActor::<SimItem>::spawn(dir).await {
+    let engine = if args.iter().any(|a| a == "--fjall") {
+        Engine::Fjall(FjallDurability::Crash)
+    } else {
+        Engine::Sled
+    };
+    let client = match CheckpointActor::<SimItem>::spawn_engine(dir, engine).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("crash_child: {e}");
