@@ -32,7 +32,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::store::{table, CheckpointStats, Stored};
+use agentloop::store::{table, CheckpointStats, Engine, FjallDurability, Stored};
 use agentloop::{
     CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
     SessionConfig, SessionHandle, StopOptions,
@@ -108,18 +108,70 @@ async fn template(store: &Store, id: &str) -> Template {
     }
 }
 
+/// The baseline's engine: raw sled (B3) or raw fjall at `persist(Buffer)` (B3 on fjall,
+/// issue 15).
+#[derive(Clone)]
+enum RawDb {
+    Sled(sled::Db),
+    Fjall {
+        db: fjall::Database,
+        ks: fjall::Keyspace,
+    },
+}
+
+impl RawDb {
+    /// Writes `entries` of every key in `keys` atomically and makes them durable.
+    fn write(&self, template: &Template, keys: &[String]) {
+        match self {
+            RawDb::Sled(db) => {
+                let mut batch = sled::Batch::default();
+                for k in keys {
+                    for (key, value) in template.entries(k) {
+                        batch.insert(key, value);
+                    }
+                }
+                db.apply_batch(batch).expect("sled apply_batch");
+                db.flush().expect("sled flush");
+            }
+            RawDb::Fjall { db, ks } => {
+                let mut batch = db.batch();
+                for k in keys {
+                    for (key, value) in template.entries(k) {
+                        batch.insert(ks, key, value);
+                    }
+                }
+                batch.commit().expect("fjall batch commit");
+                db.persist(fjall::PersistMode::Buffer)
+                    .expect("fjall persist");
+            }
+        }
+    }
+}
+
 struct RawSled {
-    db: sled::Db,
+    db: RawDb,
     template: Arc<Template>,
     next_key: u64,
 }
 
 impl RawSled {
-    fn open(dir: &Path, template: Template) -> Self {
-        let db = sled::Config::new()
-            .path(dir)
-            .open()
-            .expect("opening the baseline sled db");
+    fn open(dir: &Path, template: Template, fjall: bool) -> Self {
+        let db = if fjall {
+            let db = fjall::Database::builder(dir)
+                .open()
+                .expect("opening the baseline fjall db");
+            let ks = db
+                .keyspace("sessions", fjall::KeyspaceCreateOptions::default)
+                .expect("the baseline fjall keyspace");
+            RawDb::Fjall { db, ks }
+        } else {
+            RawDb::Sled(
+                sled::Config::new()
+                    .path(dir)
+                    .open()
+                    .expect("opening the baseline sled db"),
+            )
+        };
         RawSled {
             db,
             template: Arc::new(template),
@@ -140,14 +192,7 @@ impl RawSled {
         let (db, template, keys) = (self.db.clone(), self.template.clone(), self.keys());
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
-            let mut batch = sled::Batch::default();
-            for k in &keys {
-                for (key, value) in template.entries(k) {
-                    batch.insert(key, value);
-                }
-            }
-            db.apply_batch(batch).expect("sled apply_batch");
-            db.flush().expect("sled flush");
+            db.write(&template, &keys);
             keys.len() as f64 / t0.elapsed().as_secs_f64()
         })
         .await
@@ -160,12 +205,7 @@ impl RawSled {
         tokio::task::spawn_blocking(move || {
             let t0 = Instant::now();
             for k in &keys {
-                let mut batch = sled::Batch::default();
-                for (key, value) in template.entries(k) {
-                    batch.insert(key, value);
-                }
-                db.apply_batch(batch).expect("sled apply_batch");
-                db.flush().expect("sled flush");
+                db.write(&template, std::slice::from_ref(k));
             }
             keys.len() as f64 / t0.elapsed().as_secs_f64()
         })
@@ -514,16 +554,33 @@ impl Samples {
 
 /// Runs B3 and prints its tables and verdict line (the last line).
 pub async fn run() {
+    run_on(Engine::Sled).await
+}
+
+/// Runs B3 on fjall at the `crash` level against raw fjall with one `persist(Buffer)`
+/// per batch of 64 (issue 15), with the same sides and diagnostics.
+pub async fn run_fjall() {
+    run_on(Engine::Fjall(FjallDurability::Crash)).await
+}
+
+async fn run_on(engine: Engine) {
     let started = Instant::now();
+    let fjall = engine != Engine::Sled;
+    let (id, raw_name) = if fjall {
+        ("B3f", "raw fjall, batch of 64 + 1 persist(Buffer)")
+    } else {
+        ("B3", "raw sled, batch of 64 + 1 flush")
+    };
     println!(
-        "B3: checkpoints saved and flushed per second, {STATE_BYTES} B state, {SESSIONS} \
-         concurrent stops; {ROUNDS} interleaved rounds per side, warm-up 1 round per side; \
-         tokio workers: {}",
+        "{id}: checkpoints saved and flushed per second, {STATE_BYTES} B state, {SESSIONS} \
+         concurrent stops, engine {}; {ROUNDS} interleaved rounds per side, warm-up 1 round \
+         per side; tokio workers: {}",
+        engine.name(),
         tokio::runtime::Handle::current().metrics().num_workers()
     );
     let al_dir = TempDir::new("b3", "agentloop");
     let raw_dir = TempDir::new("b3", "raw");
-    let store: Store = CheckpointActor::<SimItem>::spawn(al_dir.path())
+    let store: Store = CheckpointActor::<SimItem>::spawn_engine(al_dir.path(), engine)
         .await
         .expect("starting the checkpoint actor");
     let mut al = Agentloop {
@@ -543,7 +600,7 @@ pub async fn run() {
     let record_len = template.len();
     let entries = template.entries("x").len();
     let raw_path = raw_dir.path().to_path_buf();
-    let mut raw = tokio::task::spawn_blocking(move || RawSled::open(&raw_path, template))
+    let mut raw = tokio::task::spawn_blocking(move || RawSled::open(&raw_path, template, fjall))
         .await
         .expect("opening the baseline db panicked");
     raw.batch_round().await;
@@ -596,10 +653,12 @@ pub async fn run() {
     let per_save_s = summarize(&s.per_save);
     println!();
     print_table(
-        "B3 checkpoints saved and flushed per second (higher is better; the figure: Exit)",
+        &format!(
+            "{id} checkpoints saved and flushed per second (higher is better; the figure: Exit)"
+        ),
         "ckpt/s",
         &[
-            ("baseline: raw sled, batch of 64 + 1 flush", base_s),
+            (&format!("baseline: {raw_name}"), base_s),
             ("agentloop: 64 stops, Durability::Exit", exit_s),
             ("agentloop: 64 stops, Durability::Sync", sync_s),
         ],
@@ -609,14 +668,21 @@ pub async fn run() {
         "Not sides of the ratio",
         "per s",
         &[
-            ("raw sled, 1 flush per save", per_save_s),
+            (
+                if fjall {
+                    "raw fjall, 1 persist per save"
+                } else {
+                    "raw sled, 1 flush per save"
+                },
+                per_save_s,
+            ),
             ("diag: 64 saves straight to the actor", summarize(&s.direct)),
             ("diag: 64 stops, not persistent", summarize(&s.no_store)),
         ],
     );
     println!();
     println!(
-        "group commit on raw sled: batch of 64 + 1 flush = {:.1} x one flush per save",
+        "group commit on the raw engine: batch of 64 + 1 flush = {:.1} x one flush per save",
         base_s.median / per_save_s.median
     );
     println!(
@@ -653,7 +719,7 @@ pub async fn run() {
     println!();
     println!(
         "{}",
-        ratio_line_min("B3", exit_s.median / base_s.median, TARGET)
+        ratio_line_min(id, exit_s.median / base_s.median, TARGET)
     );
 }
 

@@ -3,7 +3,7 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1` … `b7` or `all`; `codec` runs the (non-figure) measurement
+//! `b1` … `b7`, `b3f` (B3 on fjall), `b9` or `all`; `codec` runs the (non-figure) measurement
 //! behind the payload encoding.
 
 use std::process::ExitCode;
@@ -15,12 +15,13 @@ mod b4;
 mod b5;
 mod b6;
 mod b7;
+mod b9;
 mod codec_choice;
 mod report;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1", "b2", "b3", "b4", "b5", "b6", "b7"];
+const FIGURES: &[&str] = &["b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b9"];
 
 fn usage() -> String {
     format!(
@@ -34,10 +35,12 @@ async fn run_figure(id: &str) {
         "b1" => b1::run().await,
         "b2" => b2::run().await,
         "b3" => b3::run().await,
+        "b3f" => b3::run_fjall().await,
         "b4" => b4::run().await,
         "b5" => b5::run().await,
         "b6" => b6::run().await,
         "b7" => b7::run().await,
+        "b9" => b9::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }
 }

@@ -1,0 +1,274 @@
+//! B9 (issue 15): one checkpoint save + load round through the public store API, one
+//! record of ≈ 700 B, agentloop on fjall at the `crash` level against raw sled's
+//! `insert` + `flush` + `get` in the same process and run (the same guarantee: both
+//! survive a process crash, not a power loss). Target: ratio ≤ 0.25.
+//!
+//! * agentloop: a `CheckpointActor` on fjall (`Engine::Fjall(Crash)`) in a temp dir;
+//!   per operation `CheckpointStore::save(record)` (acknowledged after the group
+//!   commit's `persist(Buffer)`) then `CheckpointStore::load(id)`, which must return
+//!   the record just saved. The record is a `SessionRecord<SimItem>` with two unhandled
+//!   items and a 512 B state (≈ 700 B encoded; printed); its state varies every
+//!   operation, and 16 session ids take turns.
+//! * Baseline (raw sled): its own database; per operation `insert` of a value of the
+//!   record's encoded size (varied, so sled writes it) + `db.flush()` + `get`, on a
+//!   blocking thread, the whole round in one blocking job (no hop per operation: the
+//!   cheapest way to drive sled).
+//! * Beside it (not the figure): agentloop on sled (today's engine, same API), raw
+//!   fjall with `persist(Buffer)`, and the power-loss rung: agentloop on fjall `power`
+//!   against raw fjall `persist(SyncAll)`.
+//!
+//! Rounds of `OPS` operations per side, interleaved (the order reverses every round),
+//! after a warm-up round of each; a round's sample is its mean per operation; each
+//! side's value is the median over rounds.
+
+use std::path::Path;
+use std::time::Instant;
+
+use agentloop::store::{Engine, FjallDurability};
+use agentloop::{CheckpointActor, CheckpointClient, CheckpointStore, SessionRecord};
+use agentloop_sim::SimItem;
+
+use crate::report::{print_table, ratio_line_max, summarize};
+use crate::tempdir::TempDir;
+
+/// Timed rounds per side (odd, so the median is one round).
+const ROUNDS: usize = 9;
+/// Save + load rounds per round and side.
+const OPS: usize = 300;
+/// Session ids the operations rotate over.
+const IDS: usize = 16;
+/// The agent state's size.
+const STATE_BYTES: usize = 512;
+/// The target: agentloop on fjall `crash` ≤ 0.25 × raw sled.
+const TARGET: f64 = 0.25;
+
+type Client = CheckpointClient<SimItem>;
+
+fn record(id: &str, n: u64) -> SessionRecord<SimItem> {
+    let mut r = SessionRecord::<SimItem>::new(id, "sim", 3);
+    r.unhandled_items = vec![
+        SimItem::new(n, "what is the weather in Lisbon"),
+        SimItem::new(n + 1, "and tomorrow?"),
+    ];
+    let mut state = vec![0x5A; STATE_BYTES];
+    state[..8].copy_from_slice(&n.to_le_bytes());
+    r.state = Some(state);
+    r
+}
+
+/// One agentloop round: `OPS` save + load pairs. Mean µs per pair (and, when
+/// `B9_SPLIT` is set, the mean save and load printed apart: a diagnostic).
+async fn agentloop_round(client: &Client, round: u64) -> f64 {
+    let split = std::env::var_os("B9_SPLIT").is_some();
+    let (mut saves, mut loads) = (0.0, 0.0);
+    let t0 = Instant::now();
+    for i in 0..OPS as u64 {
+        let ts = Instant::now();
+        let n = round * OPS as u64 + i;
+        let id = format!("b9-{:02}", n % IDS as u64);
+        client.save(record(&id, n)).await.expect("a B9 save failed");
+        let tl = Instant::now();
+        saves += (tl - ts).as_secs_f64();
+        let back = client
+            .load(&id)
+            .await
+            .expect("a B9 load failed")
+            .expect("the B9 record just saved");
+        assert_eq!(
+            back.state.as_deref().map(|s| &s[..8]),
+            Some(&n.to_le_bytes()[..]),
+            "B9: the load returned another version"
+        );
+        loads += tl.elapsed().as_secs_f64();
+    }
+    if split {
+        println!(
+            "  diag: save {:.1} µs, load {:.1} µs (mean of {OPS})",
+            saves * 1e6 / OPS as f64,
+            loads * 1e6 / OPS as f64
+        );
+    }
+    t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
+}
+
+/// A raw engine round of the same shape.
+trait Raw: Send + Sync + 'static {
+    fn round(&self, len: usize, round: u64) -> f64;
+}
+
+struct RawSled(sled::Db);
+
+impl Raw for RawSled {
+    fn round(&self, len: usize, round: u64) -> f64 {
+        let mut value = vec![0x5A; len];
+        let t0 = Instant::now();
+        for i in 0..OPS as u64 {
+            let n = round * OPS as u64 + i;
+            value[..8].copy_from_slice(&n.to_le_bytes());
+            let key = format!("b9-{:02}", n % IDS as u64);
+            self.0.insert(&key, &value[..]).expect("sled insert");
+            self.0.flush().expect("sled flush");
+            let got = self.0.get(&key).expect("sled get").expect("the value");
+            assert_eq!(&got[..8], &n.to_le_bytes());
+        }
+        t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
+    }
+}
+
+struct RawFjall {
+    db: fjall::Database,
+    ks: fjall::Keyspace,
+    mode: fjall::PersistMode,
+}
+
+impl RawFjall {
+    fn open(dir: &Path, mode: fjall::PersistMode) -> Self {
+        let db = fjall::Database::builder(dir)
+            .open()
+            .expect("opening the raw fjall db");
+        let ks = db
+            .keyspace("b9", fjall::KeyspaceCreateOptions::default)
+            .expect("the raw fjall keyspace");
+        RawFjall { db, ks, mode }
+    }
+}
+
+impl Raw for RawFjall {
+    fn round(&self, len: usize, round: u64) -> f64 {
+        let mut value = vec![0x5A; len];
+        let t0 = Instant::now();
+        for i in 0..OPS as u64 {
+            let n = round * OPS as u64 + i;
+            value[..8].copy_from_slice(&n.to_le_bytes());
+            let key = format!("b9-{:02}", n % IDS as u64);
+            self.ks.insert(&key, &value[..]).expect("fjall insert");
+            self.db.persist(self.mode).expect("fjall persist");
+            let got = self.ks.get(&key).expect("fjall get").expect("the value");
+            assert_eq!(&got[..8], &n.to_le_bytes());
+        }
+        t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
+    }
+}
+
+async fn raw_round<R: Raw>(raw: &std::sync::Arc<R>, len: usize, round: u64) -> f64 {
+    let raw = raw.clone();
+    tokio::task::spawn_blocking(move || raw.round(len, round))
+        .await
+        .expect("a raw B9 round panicked")
+}
+
+/// Runs B9 and prints its tables and verdict line (the last line).
+pub async fn run() {
+    use std::sync::Arc;
+    let started = Instant::now();
+    println!(
+        "B9: checkpoint save + load round through the public store API, one record of ~700 B; \
+         {ROUNDS} interleaved rounds of {OPS} rounds per side, warm-up 1 round per side; \
+         tokio workers: {}",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
+    let dirs: Vec<TempDir> = [
+        "fjall-crash",
+        "fjall-power",
+        "sled",
+        "raw-sled",
+        "raw-fjall-buffer",
+        "raw-fjall-syncall",
+    ]
+    .iter()
+    .map(|t| TempDir::new("b9", t))
+    .collect();
+    let crash: Client =
+        CheckpointActor::spawn_engine(dirs[0].path(), Engine::Fjall(FjallDurability::Crash))
+            .await
+            .expect("fjall crash store");
+    let power: Client =
+        CheckpointActor::spawn_engine(dirs[1].path(), Engine::Fjall(FjallDurability::Power))
+            .await
+            .expect("fjall power store");
+    let on_sled: Client = CheckpointActor::spawn(dirs[2].path())
+        .await
+        .expect("sled store");
+    let w = record("b9-00", 0)
+        .to_write(agentloop::store::WriteCondition::Always)
+        .expect("encoding the B9 record");
+    let len = agentloop::store::codec::encode_header(&w.header)
+        .expect("encoding the B9 header")
+        .len()
+        + w.payload_bytes();
+    let (p3, p4, p5) = (
+        dirs[3].path().to_path_buf(),
+        dirs[4].path().to_path_buf(),
+        dirs[5].path().to_path_buf(),
+    );
+    let (raw_sled, raw_buffer, raw_sync) = tokio::task::spawn_blocking(move || {
+        (
+            Arc::new(RawSled(sled::open(p3).expect("raw sled"))),
+            Arc::new(RawFjall::open(&p4, fjall::PersistMode::Buffer)),
+            Arc::new(RawFjall::open(&p5, fjall::PersistMode::SyncAll)),
+        )
+    })
+    .await
+    .expect("opening the raw B9 engines");
+    println!("record: {len} B encoded (header, 2 items, {STATE_BYTES} B state)");
+
+    let mut s: [Vec<f64>; 6] = Default::default();
+    for round in 0..=ROUNDS as u64 {
+        let mut sides: Vec<usize> = (0..6).collect();
+        if round % 2 == 1 {
+            sides.reverse();
+        }
+        for side in sides {
+            let v = match side {
+                0 => raw_round(&raw_sled, len, round).await,
+                1 => agentloop_round(&crash, round).await,
+                2 => agentloop_round(&on_sled, round).await,
+                3 => raw_round(&raw_buffer, len, round).await,
+                4 => agentloop_round(&power, round).await,
+                _ => raw_round(&raw_sync, len, round).await,
+            };
+            if round > 0 {
+                s[side].push(v);
+            }
+        }
+    }
+    for c in [crash, power, on_sled] {
+        c.close().await.expect("closing a B9 store");
+    }
+    drop((raw_sled, raw_buffer, raw_sync));
+    drop(dirs);
+
+    let sum: Vec<_> = s.iter().map(|v| summarize(v)).collect();
+    println!();
+    print_table(
+        "B9 save + load round (the figure: agentloop on fjall crash / raw sled)",
+        "µs/op",
+        &[
+            ("baseline: raw sled insert + flush + get", sum[0]),
+            ("agentloop: fjall crash, save + load", sum[1]),
+        ],
+    );
+    println!();
+    print_table(
+        "Beside it (not the figure)",
+        "µs/op",
+        &[
+            ("agentloop: sled, save + load", sum[2]),
+            ("raw fjall insert + persist(Buffer) + get", sum[3]),
+            ("agentloop: fjall power, save + load", sum[4]),
+            ("raw fjall insert + persist(SyncAll) + get", sum[5]),
+        ],
+    );
+    println!(
+        "agentloop fjall crash / raw fjall Buffer = {:.2}; agentloop fjall power / raw fjall SyncAll = {:.2}; agentloop sled / raw sled = {:.2}; B9 wall time {:.1} s",
+        sum[1].median / sum[3].median,
+        sum[4].median / sum[5].median,
+        sum[2].median / sum[0].median,
+        started.elapsed().as_secs_f64()
+    );
+    println!();
+    println!(
+        "{}",
+        ratio_line_max("B9", sum[1].median / sum[0].median, TARGET)
+    );
+}
