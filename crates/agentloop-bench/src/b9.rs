@@ -211,6 +211,22 @@ pub async fn run() {
     .await
     .expect("opening the raw B9 engines");
     println!("record: {len} B encoded (header, 2 items, {STATE_BYTES} B state)");
+    // The price of one hand-off to a blocking thread and back on this machine: the
+    // store path's unit of latency (diagnostic).
+    let mut hops = Vec::new();
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        for _ in 0..OPS {
+            tokio::task::spawn_blocking(|| ())
+                .await
+                .expect("an empty blocking job");
+        }
+        hops.push(t0.elapsed().as_secs_f64() * 1e6 / OPS as f64);
+    }
+    println!(
+        "diag: one spawn_blocking round trip {:.1} µs (median of 5 x {OPS})",
+        crate::report::median(&hops)
+    );
 
     let mut s: [Vec<f64>; 6] = Default::default();
     for round in 0..=ROUNDS as u64 {
