@@ -3,7 +3,8 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1` … `b7`, `b3f` (B3 on fjall), `b9` or `all`; `codec` runs the (non-figure) measurement
+//! `b1` … `b7`, `b3f` (B3 on fjall), `b9` or `all`; `soak` runs
+//! the main job for five minutes (its binary built first); `codec` runs the (non-figure) measurement
 //! behind the payload encoding.
 
 use std::process::ExitCode;
@@ -18,6 +19,7 @@ mod b7;
 mod b9;
 mod codec_choice;
 mod report;
+mod soak;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
@@ -25,7 +27,7 @@ const FIGURES: &[&str] = &["b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b9"
 
 fn usage() -> String {
     format!(
-        "usage: agentloop-bench <figure>\n  figures: {} | all\n  diagnostics: codec",
+        "usage: agentloop-bench <figure>\n  figures: {} | all\n  soak (5 minutes of the main job; not in `all`)\n  diagnostics: codec",
         FIGURES.join(" | ")
     )
 }
@@ -52,6 +54,11 @@ async fn main() -> ExitCode {
         [one] if one == "all" => FIGURES.to_vec(),
         [one] if one == "codec" => {
             codec_choice::run().await;
+            return ExitCode::SUCCESS;
+        }
+        // Five minutes of the real main job: run on its own, not by `all`.
+        [one] if one == "soak" => {
+            soak::run().await;
             return ExitCode::SUCCESS;
         }
         [one] if FIGURES.contains(&one.as_str()) => vec![one.as_str()],

@@ -27,8 +27,7 @@ use agentloop::config::RuntimeConfig;
 use agentloop::shutdown::{listen_for_signals, Signal};
 use agentloop::store::{Engine, FjallDurability};
 use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
-use agentloop_sim::{Ledger, Script, SimAgent, SimEvent, SimItem};
-use parking_lot::Mutex;
+use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 use serde::{Deserialize, Serialize};
 
 use crate::report_table::report_table;
@@ -229,24 +228,20 @@ impl ItemLog {
     }
 }
 
-/// Live counters: every agent's ledger (completed turns and their items, kept by the
-/// agent itself, so resumed sessions count from their first turn), the feeders still
-/// pushing.
+/// Live counters: completed turns and their items (counted by the agents themselves,
+/// so resumed sessions count from their first turn; counts only, so the job's memory
+/// does not grow with its turns), the feeders still pushing.
 #[derive(Default)]
 struct Progress {
-    ledgers: Mutex<Vec<Arc<Mutex<Ledger>>>>,
+    counters: Arc<SimCounters>,
     feeders: AtomicUsize,
     late: AtomicU64,
 }
 
 impl Progress {
     /// Completed turns and the items they delivered.
-    fn delivered(&self) -> (usize, usize) {
-        self.ledgers.lock().iter().fold((0, 0), |(t, i), l| {
-            let l = l.lock();
-            let items: usize = l.completed.iter().map(|(_, v)| v.len()).sum();
-            (t + l.completed.len(), i + items)
-        })
+    fn delivered(&self) -> (u64, u64) {
+        (self.counters.turns(), self.counters.items())
     }
 }
 
@@ -313,12 +308,14 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
         .register_agent("sim", move |bytes: &[u8]| {
             let cfg: AgentConfig = serde_json::from_slice(bytes)
                 .map_err(|e| format!("not a simulated agent configuration: {e}"))?;
-            let mut agent = cfg.agent();
+            let mut agent = cfg
+                .agent()
+                .without_ledger()
+                .with_counters(p.counters.clone());
             if let Some(log) = &hook_log {
                 let log = log.clone();
                 agent = agent.with_turn_hook(Arc::new(move |_turn, ids: &[u64]| log.turn(ids)));
             }
-            p.ledgers.lock().push(agent.ledger());
             Ok(agent)
         })
         .start()

@@ -13,7 +13,8 @@
 //!   channel tells the test where the agent is, so tests synchronise on channels, never
 //!   on sleeps;
 //! * a ledger of which items completed turns consumed and which the plan dropped, for
-//!   conservation checks (S10), and an optional synchronous turn hook
+//!   conservation checks (S10) (a long-running job turns it off and keeps
+//!   [`SimCounters`]), and an optional synchronous turn hook
 //!   ([`SimAgent::with_turn_hook`]) for checks that must see a completed turn before
 //!   the runtime does (the main job's crash loop).
 //!
@@ -282,6 +283,32 @@ impl Ledger {
     }
 }
 
+/// Counts of what simulated agents completed, shared between agents (the main job's
+/// progress): constant memory however long they run, unlike a [`Ledger`].
+#[derive(Debug, Default)]
+pub struct SimCounters {
+    turns: std::sync::atomic::AtomicU64,
+    items: std::sync::atomic::AtomicU64,
+}
+
+impl SimCounters {
+    /// Completed turns.
+    pub fn turns(&self) -> u64 {
+        self.turns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Items delivered to completed turns.
+    pub fn items(&self) -> u64 {
+        self.items.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn completed(&self, items: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.turns.fetch_add(1, Relaxed);
+        self.items.fetch_add(items as u64, Relaxed);
+    }
+}
+
 /// The simulated agent.
 pub struct SimAgent {
     script: Script,
@@ -295,6 +322,10 @@ pub struct SimAgent {
     plan_fn: Option<PlanFn>,
     on_cancel: CancelHandling,
     turn_hook: Option<TurnHook>,
+    /// Whether the ledger records turns, drops and answers (tests); without it the
+    /// agent keeps nothing per turn (a long-running job).
+    keep_ledger: bool,
+    counters: Option<Arc<SimCounters>>,
 }
 
 impl SimAgent {
@@ -312,7 +343,24 @@ impl SimAgent {
             plan_fn: None,
             on_cancel: CancelHandling::Propagate,
             turn_hook: None,
+            keep_ledger: true,
+            counters: None,
         }
+    }
+
+    /// Counts completed turns and their items in `counters` (shared with other agents).
+    pub fn with_counters(mut self, counters: Arc<SimCounters>) -> Self {
+        self.counters = Some(counters);
+        self
+    }
+
+    /// Keeps no ledger: completed turns, dropped items and answers are not recorded, so
+    /// the agent's memory does not grow with the turns it runs (the main job, which
+    /// runs for days, keeps [`SimCounters`] instead). Tests keep the ledger (the
+    /// default).
+    pub fn without_ledger(mut self) -> Self {
+        self.keep_ledger = false;
+        self
     }
 
     /// Calls `hook(turn, item_ids)` when a turn completes: synchronously, on the turn's
@@ -446,7 +494,7 @@ impl Agent for SimAgent {
                 consumed.push(item);
             }
         }
-        if !dropped.is_empty() {
+        if !dropped.is_empty() && self.keep_ledger {
             self.ledger.lock().dropped.extend(dropped);
         }
         Ok(Plan {
@@ -462,7 +510,7 @@ impl Agent for SimAgent {
     ) -> Result<TurnOutcome<SimState>, AgentError> {
         let ids: Vec<u64> = turn.items.iter().map(|i| i.id).collect();
         let resumed = turn.resume.is_some();
-        if let Some(a) = &turn.answer {
+        if let Some(a) = turn.answer.as_ref().filter(|_| self.keep_ledger) {
             self.ledger
                 .lock()
                 .answers
@@ -535,7 +583,12 @@ impl Agent for SimAgent {
         if let Some(hook) = &self.turn_hook {
             hook(turn.index, &ids);
         }
-        self.ledger.lock().completed.push((turn.index, ids));
+        if let Some(c) = &self.counters {
+            c.completed(ids.len());
+        }
+        if self.keep_ledger {
+            self.ledger.lock().completed.push((turn.index, ids));
+        }
         self.notice(Notice::TurnDone { turn: turn.index });
         Ok(TurnOutcome::Completed)
     }
