@@ -182,3 +182,51 @@ fn s28_store_engine_and_durability() {
         assert!(msg.contains(key) && msg.contains(says), "{text:?}: {msg}");
     }
 }
+
+/// Issue 16 (1): durations are humantime's; a malformed one says it is not a duration
+/// and names the key, and an error read from a file names the file.
+#[test]
+fn s28_malformed_durations_say_so_and_errors_name_the_file() {
+    for bad in ["banana", "5", "10S", "5 parsecs"] {
+        let text = format!("[shutdown]\ngrace = \"{bad}\"");
+        let err = RuntimeConfig::from_toml_str(&text).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ConfigError::NotADuration {
+                    key: "shutdown.grace",
+                    ..
+                }
+            ),
+            "{bad}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("`shutdown.grace`")
+                && msg.contains("is not a duration")
+                && msg.contains("\"30s\""),
+            "{bad}: {msg}"
+        );
+    }
+    // humantime's forms are read.
+    let c = RuntimeConfig::from_toml_str("[shutdown]\ngrace = \"1m 30s\"\ncleanup = \"1500ms\"")
+        .unwrap();
+    assert_eq!(c.shutdown.grace, Duration::from_secs(90));
+    assert_eq!(c.shutdown.cleanup, Duration::from_millis(1500));
+    // From a file: the file is named, for a malformed duration and for a range error.
+    let dir = TempDir::new("s28-file-errors");
+    for (text, says) in [
+        ("[shutdown]\ngrace = \"banana\"\n", "is not a duration"),
+        ("[shutdown]\ngrace = \"301s\"\n", "is out of range"),
+    ] {
+        let path = dir.path().join("agentloop.toml");
+        std::fs::write(&path, text).unwrap();
+        let msg = RuntimeConfig::from_file(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains(&path.display().to_string())
+                && msg.contains(says)
+                && msg.contains("shutdown.grace"),
+            "{msg}"
+        );
+    }
+}

@@ -106,6 +106,22 @@ impl CloneFor for WriteOp {
     }
 }
 
+/// Opens sled again right after a close: its IO threads can hold the directory's lock
+/// a moment after the database is dropped.
+fn open_sled(dir: &str) -> SledBackend {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match SledBackend::open(dir) {
+            Ok(b) => return b,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("sled did not reopen {dir}: {e}"),
+        }
+    }
+}
+
 fn agentloop(args: &[&str], stdin: Option<&str>) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentloop"));
     cmd.args(args)
@@ -268,7 +284,7 @@ fn export_stops_at_a_corrupt_record_and_import_checks_every_line_first() {
     let dir = tmp.sub("sled");
     populate(Path::new(&dir));
     {
-        let b = SledBackend::open(&dir).unwrap();
+        let b = open_sled(&dir);
         b.put_raw(&header_key("bad"), b"garbage, not a record")
             .unwrap();
         b.flush().unwrap();

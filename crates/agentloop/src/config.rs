@@ -1,9 +1,10 @@
 //! Runtime configuration read from a TOML file, `agentloop.toml` by default (DESIGN
 //! S28): `[shutdown]`, `[store]` and `[supervisor]`, with human-readable durations
-//! (`"30s"`, `"500ms"`, `"2m"`, `"1m30s"`).
+//! (`"30s"`, `"500ms"`, `"2m"`, `"1m30s"`: the `humantime` crate's grammar).
 //!
 //! This module owns parsing and range checks: a value out of range is refused with a
-//! [`ConfigError`] that names the key and the allowed range. It does not start
+//! [`ConfigError`] that names the key and the allowed range, a malformed duration says
+//! it is not a duration, and either names the file it came from. It does not start
 //! anything; the runtime builder and the CLI read the validated values. Which strategy
 //! names exist is checked where strategies are registered (the runtime builder).
 
@@ -48,6 +49,25 @@ pub enum ConfigError {
         path: Option<PathBuf>,
         /// The parser's message (it names the line and the key).
         message: String,
+    },
+    /// A duration that does not parse (humantime's grammar: `"30s"`, `"500ms"`,
+    /// `"1m30s"`, `"2h"`).
+    #[error("invalid configuration: `{key}` = {value:?} is not a duration ({reason}); write a number with a unit, like \"30s\", \"500ms\" or \"1m30s\"")]
+    NotADuration {
+        /// The key, e.g. `shutdown.grace`.
+        key: &'static str,
+        /// The value as written.
+        value: String,
+        /// What humantime said.
+        reason: String,
+    },
+    /// A value in a configuration file is invalid: the file, and what is wrong.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (never `Io`, `Parse` or `InFile`).
+        source: Box<ConfigError>,
     },
     /// A value is out of its range.
     #[error("invalid configuration: `{key}` = {value:?} is out of range; allowed: {allowed}")]
@@ -258,7 +278,16 @@ impl RuntimeConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, Some(path.to_path_buf()))
+        Self::parse(&text, Some(path.to_path_buf())).map_err(|e| match e {
+            // These name the file already.
+            e @ (ConfigError::Io { .. }
+            | ConfigError::Parse { .. }
+            | ConfigError::InFile { .. }) => e,
+            e => ConfigError::InFile {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            },
+        })
     }
 
     /// Reads `path` when given (it must exist), else `agentloop.toml` in the working
@@ -436,57 +465,38 @@ fn check_range(
     Ok(())
 }
 
-/// Parses a human-readable duration for `key`; zero and negative values are refused
-/// (the error names the key).
+/// Parses a human-readable duration for `key` (humantime); zero and negative values
+/// are refused as out of range, anything that is not a duration as
+/// [`ConfigError::NotADuration`].
 fn duration(key: &'static str, text: &str, allowed: &'static str) -> Result<Duration, ConfigError> {
-    let bad = || ConfigError::OutOfRange {
+    if text.trim_start().starts_with('-') {
+        // A negative duration is a duration, below the range.
+        return Err(ConfigError::OutOfRange {
+            key,
+            value: text.to_string(),
+            allowed,
+        });
+    }
+    let d = humantime::parse_duration(text.trim()).map_err(|e| ConfigError::NotADuration {
         key,
         value: text.to_string(),
-        allowed,
-    };
-    let d = parse_duration(text).ok_or_else(bad)?;
+        reason: e.to_string(),
+    })?;
     if d.is_zero() {
-        return Err(bad());
+        return Err(ConfigError::OutOfRange {
+            key,
+            value: text.to_string(),
+            allowed,
+        });
     }
     Ok(d)
 }
 
-/// Parses `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1.5s"`, `"1m30s"`. `None` for anything
-/// else, including negative values.
+/// Parses `"30s"`, `"500ms"`, `"2m"`, `"1h"`, `"1m30s"`, `"1m 30s"` (humantime's
+/// grammar). `None` for anything else, including negative values and a number without
+/// a unit.
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let t = text.trim();
-    if t.is_empty() {
-        return None;
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        if num_len == 0 {
-            return None;
-        }
-        let number: f64 = rest[..num_len].parse().ok()?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = rest[..unit_len].trim();
-        rest = &rest[unit_len..];
-        let seconds = match unit {
-            "ms" => number / 1000.0,
-            "s" | "sec" | "secs" => number,
-            "m" | "min" | "mins" => number * 60.0,
-            "h" => number * 3600.0,
-            _ => return None,
-        };
-        if !seconds.is_finite() || seconds > 1e9 {
-            return None;
-        }
-        total += Duration::from_secs_f64(seconds);
-    }
-    Some(total)
+    humantime::parse_duration(text.trim()).ok()
 }
 
 /// Formats a duration the way the file writes it (`"30s"`, `"250ms"`).
@@ -508,7 +518,8 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
         assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
-        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1m 30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_duration("10S"), None);
         assert_eq!(parse_duration("-5s"), None);
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_duration("s"), None);
