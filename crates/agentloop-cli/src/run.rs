@@ -30,31 +30,8 @@ use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
 use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 use serde::{Deserialize, Serialize};
 
+use crate::cli::{DurabilityArg, EngineArg, RunFlags};
 use crate::report_table::report_table;
-
-/// The usage of `agentloop run`.
-pub(crate) const RUN_USAGE: &str = "\
-usage: agentloop run [--config FILE] [--data-dir DIR] [--engine sled|fjall]
-                     [--durability crash|power] [--sessions N] [--items-per-session M]
-                     [--push-ms MS] [--rounds R] [--model-ms MS] [--tool-ms MS]
-                     [--item-log FILE]
-  --config FILE          configuration file (default: ./agentloop.toml when it exists)
-  --data-dir DIR         data directory (default: [store] data_dir, ./agentloop-data)
-  --engine ENGINE        embedded store engine: sled (default: [store] engine, sled) or
-                         fjall; a directory the other engine wrote is refused
-  --durability LEVEL     fjall only: crash (a group commit survives a process crash; the
-                         default) or power (it survives a power loss, fsync)
-  --sessions N           new sessions to spawn (default 4; 0 only resumes)
-  --items-per-session M  items pushed to each new session (default 20;
-                         N x M must be below 2^32)
-  --push-ms MS           pause between two pushes to a session (default 50)
-  --rounds R             model-call + tool-round pairs per turn (default 2)
-  --model-ms MS          latency of a simulated model call (default 40)
-  --tool-ms MS           latency of a simulated tool round (default 20)
-  --item-log FILE        append an audit line per event to FILE: `pushing <session> <id>`
-                         before a push, `acked <session> <id>` once it is acknowledged
-                         (durable under flush = \"sync\"), `turn <id>...` when a turn of
-                         the simulated agent completes (written inside the turn)";
 
 /// Parsed arguments.
 pub(crate) struct RunArgs {
@@ -88,94 +65,44 @@ impl AgentConfig {
     }
 }
 
-pub(crate) fn parse_run(args: &[String]) -> Result<RunArgs, String> {
-    let mut run = RunArgs {
-        config: None,
-        data_dir: None,
-        engine: None,
-        durability: None,
-        item_log: None,
-        sessions: 4,
-        items: 20,
-        push_ms: 50,
-        agent: AgentConfig {
-            rounds: 2,
-            model_ms: 40,
-            tool_ms: 20,
-        },
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{RUN_USAGE}"))?;
-        match flag.as_str() {
-            "--config" => {
-                run.config = Some(PathBuf::from(value));
-                continue;
-            }
-            "--data-dir" => {
-                if value.is_empty() {
-                    return Err(format!("--data-dir needs a directory\n{RUN_USAGE}"));
-                }
-                run.data_dir = Some(PathBuf::from(value));
-                continue;
-            }
-            "--engine" => {
-                if !matches!(value.as_str(), "sled" | "fjall") {
-                    return Err(format!(
-                        "--engine {value:?}: the engines are sled and fjall\n{RUN_USAGE}"
-                    ));
-                }
-                run.engine = Some(value.clone());
-                continue;
-            }
-            "--durability" => {
-                if !matches!(value.as_str(), "crash" | "power") {
-                    return Err(format!(
-                        "--durability {value:?}: the levels are crash and power\n{RUN_USAGE}"
-                    ));
-                }
-                run.durability = Some(value.clone());
-                continue;
-            }
-            "--item-log" => {
-                if value.is_empty() {
-                    return Err(format!("--item-log needs a file\n{RUN_USAGE}"));
-                }
-                run.item_log = Some(PathBuf::from(value));
-                continue;
-            }
-            _ => {}
+impl RunArgs {
+    /// The parsed flags, checked: item ids must stay unique across runs, and
+    /// `--durability` is a fjall setting. An `Err` is a usage error (exit 2).
+    pub(crate) fn from_flags(f: RunFlags) -> Result<RunArgs, String> {
+        let run = RunArgs {
+            config: f.config,
+            data_dir: f.data_dir,
+            engine: f.engine.map(|e| match e {
+                EngineArg::Sled => "sled".to_string(),
+                EngineArg::Fjall => "fjall".to_string(),
+            }),
+            durability: f.durability.map(|d| match d {
+                DurabilityArg::Crash => "crash".to_string(),
+                DurabilityArg::Power => "power".to_string(),
+            }),
+            item_log: f.item_log,
+            sessions: f.sessions,
+            items: f.items_per_session,
+            push_ms: RunFlags::millis(f.push, f.push_ms, 50),
+            agent: AgentConfig {
+                rounds: f.rounds as usize,
+                model_ms: RunFlags::millis(f.model, f.model_ms, 40),
+                tool_ms: RunFlags::millis(f.tool, f.tool_ms, 20),
+            },
+        };
+        // Item ids keep the low 32 bits for `k * items + i` (the high ones are the run's).
+        if (run.sessions as u64)
+            .checked_mul(run.items)
+            .is_none_or(|n| n >= 1 << 32)
+        {
+            return Err(format!(
+                "--sessions {} x --items-per-session {} must be below 2^32 (4294967296): item ids \
+                 keep 32 bits for the item and 32 for the run, so they stay unique across runs",
+                run.sessions, run.items
+            ));
         }
-        let n: u64 = value
-            .parse()
-            .map_err(|_| format!("{flag} takes a whole number, got `{value}`\n{RUN_USAGE}"))?;
-        match flag.as_str() {
-            "--sessions" => run.sessions = n as usize,
-            "--items-per-session" if n > 0 => run.items = n,
-            "--push-ms" => run.push_ms = n,
-            "--rounds" if n > 0 => run.agent.rounds = n as usize,
-            "--model-ms" => run.agent.model_ms = n,
-            "--tool-ms" => run.agent.tool_ms = n,
-            "--items-per-session" | "--rounds" => {
-                return Err(format!("{flag} must be at least 1\n{RUN_USAGE}"))
-            }
-            _ => return Err(format!("unknown option {flag}\n{RUN_USAGE}")),
-        }
+        Ok(run)
     }
-    // Item ids keep the low 32 bits for `k * items + i` (the high ones are the run's).
-    if (run.sessions as u64)
-        .checked_mul(run.items)
-        .is_none_or(|n| n >= 1 << 32)
-    {
-        return Err(format!(
-            "--sessions {} x --items-per-session {} must be below 2^32 (4294967296): item ids \
-             keep 32 bits for the item and 32 for the run, so they stay unique across runs\n{RUN_USAGE}",
-            run.sessions, run.items
-        ));
-    }
-    Ok(run)
 }
 
 /// The `--item-log` audit file: one line per event, each line one `write(2)` on a file
@@ -272,7 +199,7 @@ fn engine_from_flags(config: &RuntimeConfig, args: &RunArgs) -> Result<Engine, S
         (false, None) => Ok(Engine::Sled),
         (false, Some(_)) => Err(format!(
             "--durability is a fjall setting (sled's flush has one level: it survives a \
-             process crash); add --engine fjall\n{RUN_USAGE}"
+             process crash); add --engine fjall"
         )),
     }
 }

@@ -19,40 +19,9 @@ use agentloop::store::{
 use agentloop_sim::SimItem;
 use serde_json::{json, Value};
 
+use crate::cli::{DurabilityArg, EngineArg, SessionsCmd, StatusWord};
 use crate::timefmt::{age, utc};
 use crate::Failure;
-
-/// The usage text of `agentloop sessions`.
-pub(crate) const SESSIONS_USAGE: &str = "\
-usage: agentloop sessions list [--data-dir DIR] [--status STATUS[,STATUS...]] [--json]
-       agentloop sessions show <id> [--data-dir DIR] [--config FILE] [--json] [--raw]
-       agentloop sessions history <id> [--data-dir DIR] [--json]
-       agentloop sessions delete <id> [--data-dir DIR]
-       agentloop sessions export [--data-dir DIR] > sessions.jsonl
-       agentloop sessions import [--data-dir DIR] [--engine sled|fjall]
-                                 [--durability crash|power] < sessions.jsonl
-  history         the session's kept turn-end checkpoints (turn, time, size)
-  delete          removes the session's record and its checkpoint history
-  export          every session (record and history) as JSON lines on stdout, to move
-                  them to another directory or engine
-  import          stores the sessions of JSON lines from stdin (an export) in the data
-                  directory, created with --engine (default sled) when it does not
-                  exist; a session the directory already holds is refused and kept
-  --engine        (import) the engine of a new directory: sled or fjall
-  --durability    (import, fjall) crash (default) or power
-  --data-dir DIR  the data directory (default ./agentloop-data)
-  --config FILE   (show) the agentloop.toml whose [redact] fields are masked in items,
-                  state and question (default ./agentloop.toml when it exists); --raw
-                  is an operator's view of the bytes and is not redacted
-  --status        running, stopped, interrupted, completed, canceled, failed or corrupt;
-                  corrupt records are always listed, since their status cannot be read
-  --json          print JSON instead of a table
-  --raw           (show) every stored entry of the record undecoded, with what each
-                  part reads as: for a record that does not decode
-The directory is read offline: stop the agentloop process that uses it first.";
-
-/// The data directory used when `--data-dir` is not given.
-pub(crate) const DEFAULT_DATA_DIR: &str = "./agentloop-data";
 
 /// The status shown for a record that does not decode.
 const CORRUPT: &str = "CORRUPT";
@@ -60,7 +29,7 @@ const CORRUPT: &str = "CORRUPT";
 const CELL_MAX: usize = 40;
 
 #[derive(Debug, PartialEq)]
-enum Command {
+pub(crate) enum Command {
     List {
         dir: PathBuf,
         statuses: Option<Vec<StatusKind>>,
@@ -80,27 +49,89 @@ enum Command {
         json: bool,
     },
     /// `delete <id>`.
-    Delete {
-        dir: PathBuf,
-        id: String,
-    },
+    Delete { dir: PathBuf, id: String },
     /// `export`.
-    Export {
-        dir: PathBuf,
-    },
+    Export { dir: PathBuf },
     /// `import`.
     Import {
         dir: PathBuf,
         /// `None`: the directory's own engine, or sled for a new one.
         engine: Option<Engine>,
     },
-    Help,
 }
 
-/// Runs `agentloop sessions <args>` and returns what to print on stdout.
-pub(crate) fn main(args: &[String]) -> Result<String, Failure> {
-    match parse(args)? {
-        Command::Help => Ok(format!("{SESSIONS_USAGE}\n")),
+/// The parsed command line, checked (`--durability` is a fjall setting).
+pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
+    Ok(match cmd {
+        SessionsCmd::List { dir, status, json } => Command::List {
+            dir: dir.data_dir,
+            // `corrupt` alone narrows the listing to corrupt records (always listed).
+            statuses: (!status.is_empty()).then(|| {
+                let mut kinds = Vec::new();
+                for w in &status {
+                    if let StatusWord::Status(k) = w {
+                        if !kinds.contains(k) {
+                            kinds.push(*k);
+                        }
+                    }
+                }
+                kinds
+            }),
+            json,
+        },
+        SessionsCmd::Show {
+            id,
+            dir,
+            config,
+            json,
+            raw,
+        } => Command::Show {
+            dir: dir.data_dir,
+            id,
+            json,
+            raw,
+            config,
+        },
+        SessionsCmd::History { id, dir, json } => Command::History {
+            dir: dir.data_dir,
+            id,
+            json,
+        },
+        SessionsCmd::Delete { id, dir } => Command::Delete {
+            dir: dir.data_dir,
+            id,
+        },
+        SessionsCmd::Export { dir } => Command::Export { dir: dir.data_dir },
+        SessionsCmd::Import {
+            dir,
+            engine,
+            durability,
+        } => {
+            let level = durability.map(|d| match d {
+                DurabilityArg::Crash => FjallDurability::Crash,
+                DurabilityArg::Power => FjallDurability::Power,
+            });
+            let engine = match (engine, level) {
+                (Some(EngineArg::Fjall), l) => Some(Engine::Fjall(l.unwrap_or_default())),
+                (_, Some(_)) => {
+                    return Err(Failure::Usage {
+                        message: "--durability is a fjall setting: add --engine fjall (sled's flush has one level)".into(),
+                    })
+                }
+                (Some(EngineArg::Sled), None) => Some(Engine::Sled),
+                (None, None) => None,
+            };
+            Command::Import {
+                dir: dir.data_dir,
+                engine,
+            }
+        }
+    })
+}
+
+/// Runs a `sessions` command and returns what to print on stdout.
+pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
+    match cmd {
         Command::List {
             dir,
             statuses,
@@ -129,162 +160,6 @@ pub(crate) fn main(args: &[String]) -> Result<String, Failure> {
             import(&dir, engine, &text)
         }
     }
-}
-
-fn usage(msg: impl Into<String>) -> Failure {
-    Failure::Usage {
-        message: msg.into(),
-        usage: SESSIONS_USAGE,
-    }
-}
-
-fn parse(args: &[String]) -> Result<Command, Failure> {
-    let (sub, rest) = match args.split_first() {
-        Some((sub, rest)) => (sub.as_str(), rest),
-        None => return Err(usage("`sessions` needs a subcommand: list or show")),
-    };
-    if matches!(sub, "-h" | "--help" | "help") {
-        return Ok(Command::Help);
-    }
-    if !matches!(
-        sub,
-        "list" | "show" | "history" | "delete" | "export" | "import"
-    ) {
-        return Err(usage(format!(
-            "unknown sessions subcommand `{sub}`; use list, show, history, delete, export or import"
-        )));
-    }
-    let takes_id = !matches!(sub, "list" | "export" | "import");
-    let mut engine: Option<String> = None;
-    let mut durability: Option<String> = None;
-    let mut dir: Option<PathBuf> = None;
-    let mut statuses: Option<Vec<StatusKind>> = None;
-    let mut json = false;
-    let mut raw = false;
-    let mut config: Option<PathBuf> = None;
-    let mut id: Option<String> = None;
-    let mut it = rest.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| -> Result<String, Failure> {
-            match inline.clone().or_else(|| it.next().cloned()) {
-                Some(v) if !v.is_empty() => Ok(v),
-                _ => Err(usage(format!("{name} needs a value"))),
-            }
-        };
-        match flag {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--json" if inline.is_none() && matches!(sub, "list" | "show" | "history") => {
-                json = true
-            }
-            "--engine" if sub == "import" => {
-                let v = value("--engine")?;
-                if !matches!(v.as_str(), "sled" | "fjall") {
-                    return Err(usage(format!(
-                        "--engine {v:?}: the engines are sled and fjall"
-                    )));
-                }
-                engine = Some(v);
-            }
-            "--durability" if sub == "import" => {
-                let v = value("--durability")?;
-                if FjallDurability::parse(&v).is_none() {
-                    return Err(usage(format!(
-                        "--durability {v:?}: the levels are crash and power"
-                    )));
-                }
-                durability = Some(v);
-            }
-            "--raw" if inline.is_none() && sub == "show" => raw = true,
-            "--data-dir" if dir.is_some() => return Err(usage("--data-dir given twice")),
-            "--data-dir" => dir = Some(PathBuf::from(value("--data-dir")?)),
-            "--config" if sub == "show" && config.is_some() => {
-                return Err(usage("--config given twice"))
-            }
-            "--config" if sub == "show" => config = Some(PathBuf::from(value("--config")?)),
-            "--status" if sub == "list" => {
-                let v = value("--status")?;
-                let mut kinds = statuses.take().unwrap_or_default();
-                for word in v.split(',') {
-                    if let Some(kind) = parse_status(word)? {
-                        if !kinds.contains(&kind) {
-                            kinds.push(kind);
-                        }
-                    }
-                }
-                statuses = Some(kinds);
-            }
-            f if f.starts_with('-') && f.len() > 1 => {
-                return Err(usage(format!("unknown option {arg} for `sessions {sub}`")))
-            }
-            _ if takes_id && id.is_none() => id = Some(arg.clone()),
-            _ => {
-                return Err(usage(format!(
-                    "unexpected argument `{arg}` for `sessions {sub}`"
-                )))
-            }
-        }
-    }
-    let dir = dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-    if sub == "export" {
-        return Ok(Command::Export { dir });
-    }
-    if sub == "import" {
-        let level = durability.as_deref().and_then(FjallDurability::parse);
-        let engine = match (engine.as_deref(), level) {
-            (Some("fjall"), l) => Some(Engine::Fjall(l.unwrap_or_default())),
-            (_, Some(_)) => return Err(usage(
-                "--durability is a fjall setting: add --engine fjall (sled's flush has one level)",
-            )),
-            (Some(_), None) => Some(Engine::Sled),
-            (None, None) => None,
-        };
-        return Ok(Command::Import { dir, engine });
-    }
-    if sub == "list" {
-        Ok(Command::List {
-            dir,
-            statuses,
-            json,
-        })
-    } else {
-        let id = id.ok_or_else(|| usage(format!("`sessions {sub}` needs a session id")))?;
-        if sub == "history" {
-            return Ok(Command::History { dir, id, json });
-        }
-        if sub == "delete" {
-            return Ok(Command::Delete { dir, id });
-        }
-        Ok(Command::Show {
-            dir,
-            id,
-            json,
-            raw,
-            config,
-        })
-    }
-}
-
-/// One `--status` word: a status kind, or `None` for `corrupt` (corrupt records are
-/// always listed, so it only narrows the listing when given alone).
-fn parse_status(word: &str) -> Result<Option<StatusKind>, Failure> {
-    Ok(Some(match word.trim().to_ascii_lowercase().as_str() {
-        "running" => StatusKind::Running,
-        "stopped" => StatusKind::Stopped,
-        "interrupted" => StatusKind::Interrupted,
-        "completed" => StatusKind::Completed,
-        "canceled" | "cancelled" => StatusKind::Canceled,
-        "failed" => StatusKind::Failed,
-        "corrupt" => return Ok(None),
-        _ => {
-            return Err(usage(format!(
-                "unknown status `{word}`; use running, stopped, interrupted, completed, canceled, failed or corrupt"
-            )))
-        }
-    }))
 }
 
 /// Opens the data directory for reading, refusing to create a database where none is.
@@ -1066,73 +941,6 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
-
-    #[test]
-    fn parses_list_and_show() {
-        assert_eq!(
-            parse(&args("list")).ok(),
-            Some(Command::List {
-                dir: PathBuf::from(DEFAULT_DATA_DIR),
-                statuses: None,
-                json: false
-            })
-        );
-        assert_eq!(
-            parse(&args("list --data-dir /d --status stopped,Failed --json")).ok(),
-            Some(Command::List {
-                dir: PathBuf::from("/d"),
-                statuses: Some(vec![StatusKind::Stopped, StatusKind::Failed]),
-                json: true
-            })
-        );
-        assert_eq!(
-            parse(&args("list --status=corrupt")).ok(),
-            Some(Command::List {
-                dir: PathBuf::from(DEFAULT_DATA_DIR),
-                statuses: Some(vec![]),
-                json: false
-            })
-        );
-        assert_eq!(
-            parse(&args("show s-1 --data-dir=/d --json")).ok(),
-            Some(Command::Show {
-                dir: PathBuf::from("/d"),
-                id: "s-1".into(),
-                json: true,
-                raw: false,
-                config: None,
-            })
-        );
-        assert_eq!(parse(&args("show --help")).ok(), Some(Command::Help));
-    }
-
-    #[test]
-    fn rejects_bad_arguments() {
-        for bad in [
-            "",
-            "frobnicate",
-            "list --status nope",
-            "list --status",
-            "list --data-dir",
-            "list --bogus",
-            "list extra",
-            "list --json=yes",
-            "show",
-            "show a b",
-            "show a --status stopped",
-            "list --data-dir a --data-dir b",
-            "list --raw",
-        ] {
-            assert!(
-                matches!(parse(&args(bad)), Err(Failure::Usage { .. })),
-                "`{bad}` should be a usage error"
-            );
-        }
-    }
 
     #[test]
     fn cells_are_clean_and_bounded() {

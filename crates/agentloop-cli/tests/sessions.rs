@@ -338,16 +338,22 @@ fn sessions_list_and_show() {
         0,
         "nothing created"
     );
+    // `sessions` alone prints its commands (exit 2).
+    fails(&agentloop(&["sessions"]), 2, "Usage: agentloop sessions <COMMAND>");
     for bad in [
-        &["sessions"][..],
-        &["sessions", "lsit"],
+        &["sessions", "lsit"][..],
         &["sessions", "list", "--status", "sleepy"],
         &["sessions", "list", "--data-dir"],
         &["sessions", "show"],
         &["sessions", "show", "a", "b"],
         &["sessions", "list", "--frobnicate"],
     ] {
-        fails(&agentloop(bad), 2, "usage: agentloop sessions");
+        fails(&agentloop(bad), 2, "For more information, try '--help'.");
+        let err = text(&agentloop(bad).stderr);
+        assert!(
+            err.starts_with("error: "),
+            "one line says what was wrong: {err}"
+        );
     }
 
     // The records are untouched by reading them, and the lock was released each time.
@@ -550,6 +556,6 @@ fn sessions_history_and_delete() {
     fails(
         &agentloop(&["sessions", "delete", "--data-dir", d]),
         2,
-        "`sessions delete` needs a session id",
+        "the following required arguments were not provided",
     );
 }

@@ -1,0 +1,278 @@
+//! The command line, declared with clap (issue 16): `agentloop run` and `agentloop
+//! sessions list|show|history|delete|export|import`, with `--version`, a description
+//! and a help page per command, suggestions for typos, and usage errors that exit 2
+//! with one line saying what was wrong. Durations in flags are humantime's (`5ms`,
+//! `1m30s`). This module only declares and parses; `run.rs` and `sessions.rs` act.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Long-running agent sessions on actors: safe points, checkpoints, graceful shutdown.
+#[derive(Debug, Parser)]
+#[command(name = "agentloop", version, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Cmd {
+    /// Run simulated agent sessions with live progress and a graceful shutdown.
+    ///
+    /// Sessions of the simulated agent run on the data directory (sled by default).
+    /// Ctrl+C or SIGTERM shuts down gracefully and prints the report (a second signal
+    /// forces); the next run resumes what was interrupted first.
+    Run(RunFlags),
+    /// Inspect, delete, export and import stored session records, offline.
+    ///
+    /// The data directory is read offline: stop the process that uses it first.
+    #[command(subcommand)]
+    Sessions(SessionsCmd),
+}
+
+/// The embedded store engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum EngineArg {
+    /// sled 0.34 (the default): a flush survives a process crash.
+    Sled,
+    /// fjall 3: `--durability crash` or `power`.
+    Fjall,
+}
+
+/// What a fjall group commit survives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DurabilityArg {
+    /// persist(Buffer): survives a process crash.
+    Crash,
+    /// persist(SyncAll), fsync: survives a power loss.
+    Power,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| {
+        format!("`{text}` is not a duration ({e}); write a number with a unit, like 5ms or 1s")
+    })
+}
+
+/// `agentloop run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunFlags {
+    /// Configuration file (default: ./agentloop.toml when it exists).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory (default: [store] data_dir, ./agentloop-data).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Embedded store engine (default: [store] engine, sled); a directory the other
+    /// engine wrote is refused.
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineArg>,
+    /// fjall only: what a group commit survives (default crash).
+    #[arg(long, value_enum)]
+    pub durability: Option<DurabilityArg>,
+    /// New sessions to spawn (0 only resumes).
+    #[arg(long, default_value_t = 4)]
+    pub sessions: usize,
+    /// Items pushed to each new session (sessions x items must be below 2^32).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub items_per_session: u64,
+    /// Pause between two pushes to a session, e.g. 50ms [default: 50ms].
+    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "push_ms")]
+    pub push: Option<Duration>,
+    /// The same in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub push_ms: Option<u64>,
+    /// Model-call + tool-round pairs per turn.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: u64,
+    /// Latency of a simulated model call, e.g. 40ms [default: 40ms].
+    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "model_ms")]
+    pub model: Option<Duration>,
+    /// The same in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub model_ms: Option<u64>,
+    /// Latency of a simulated tool round, e.g. 20ms [default: 20ms].
+    #[arg(long, value_name = "DURATION", value_parser = duration, conflicts_with = "tool_ms")]
+    pub tool: Option<Duration>,
+    /// The same in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub tool_ms: Option<u64>,
+    /// Append an audit line per event to FILE: `pushing <session> <id>` before a push,
+    /// `acked <session> <id>` once it is acknowledged (durable under flush = "sync"),
+    /// `turn <id>...` when a turn of the simulated agent completes.
+    #[arg(long, value_name = "FILE")]
+    pub item_log: Option<PathBuf>,
+}
+
+impl RunFlags {
+    /// A duration flag in milliseconds: the humantime form, its `-ms` twin, or `default`.
+    pub fn millis(d: Option<Duration>, ms: Option<u64>, default: u64) -> u64 {
+        d.map(|d| d.as_millis() as u64).or(ms).unwrap_or(default)
+    }
+}
+
+/// `--data-dir`, shared by the `sessions` commands.
+#[derive(Debug, Args)]
+pub(crate) struct DataDir {
+    /// The data directory.
+    #[arg(long, value_name = "DIR", default_value = "./agentloop-data")]
+    pub data_dir: PathBuf,
+}
+
+/// `agentloop sessions …`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum SessionsCmd {
+    /// List the stored records (status, items, owner, age); corrupt ones are listed too.
+    List {
+        #[command(flatten)]
+        dir: DataDir,
+        /// Only these statuses: running, stopped, interrupted, completed, canceled,
+        /// failed or corrupt (comma-separated, or the flag repeated).
+        #[arg(long, value_name = "STATUS", value_delimiter = ',', value_parser = status_word)]
+        status: Vec<StatusWord>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one record: its items, state and question as JSON whatever their type.
+    Show {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        dir: DataDir,
+        /// The agentloop.toml whose [redact] fields are masked (default ./agentloop.toml
+        /// when it exists); --raw is not redacted.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Every stored entry undecoded, with what each part reads as: for a record
+        /// that does not decode.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// The session's kept turn-end checkpoints (turn, time, size).
+    History {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        dir: DataDir,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the session's record and its checkpoint history.
+    Delete {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        dir: DataDir,
+    },
+    /// Every session (record and history) as JSON lines on stdout, to move them to
+    /// another directory or engine.
+    Export {
+        #[command(flatten)]
+        dir: DataDir,
+    },
+    /// Store the sessions of JSON lines read from stdin (an export) in the data
+    /// directory; a session it already holds is refused and kept.
+    Import {
+        #[command(flatten)]
+        dir: DataDir,
+        /// The engine of a new directory (default sled; an existing one keeps its own).
+        #[arg(long, value_enum)]
+        engine: Option<EngineArg>,
+        /// fjall only: crash (default) or power.
+        #[arg(long, value_enum)]
+        durability: Option<DurabilityArg>,
+    },
+}
+
+/// A `--status` word: a status, or `corrupt` (records that do not decode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StatusWord {
+    Status(agentloop::store::StatusKind),
+    Corrupt,
+}
+
+fn status_word(word: &str) -> Result<StatusWord, String> {
+    use agentloop::store::StatusKind::*;
+    Ok(StatusWord::Status(
+        match word.trim().to_ascii_lowercase().as_str() {
+            "running" => Running,
+            "stopped" => Stopped,
+            "interrupted" => Interrupted,
+            "completed" => Completed,
+            "canceled" | "cancelled" => Canceled,
+            "failed" => Failed,
+            "corrupt" => return Ok(StatusWord::Corrupt),
+            _ => {
+                return Err(format!(
+                    "unknown status `{word}`; use running, stopped, interrupted, completed, canceled, failed or corrupt"
+                ))
+            }
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn parse(line: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("agentloop").chain(line.split_whitespace()))
+    }
+
+    #[test]
+    fn the_declaration_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_and_refuses() {
+        let Cmd::Run(r) = parse("run --sessions 3 --push 2ms --model-ms 7")
+            .unwrap()
+            .command
+        else {
+            panic!("not run")
+        };
+        assert_eq!(r.sessions, 3);
+        assert_eq!(RunFlags::millis(r.push, r.push_ms, 50), 2);
+        assert_eq!(RunFlags::millis(r.model, r.model_ms, 40), 7);
+        assert_eq!(RunFlags::millis(r.tool, r.tool_ms, 20), 20);
+        let Cmd::Sessions(SessionsCmd::List { status, .. }) =
+            parse("sessions list --status running,corrupt")
+                .unwrap()
+                .command
+        else {
+            panic!("not list")
+        };
+        assert_eq!(
+            status,
+            vec![
+                StatusWord::Status(agentloop::store::StatusKind::Running),
+                StatusWord::Corrupt
+            ]
+        );
+        for bad in [
+            "run --bogus",
+            "run extra",
+            "run --push banana",
+            "run --push 2ms --push-ms 2",
+            "run --items-per-session 0",
+            "sessions",
+            "sessions lsit",
+            "sessions show",
+            "sessions list --status sleepy",
+        ] {
+            let e = parse(bad).expect_err(bad);
+            assert_eq!(e.exit_code(), 2, "{bad}");
+        }
+    }
+}
