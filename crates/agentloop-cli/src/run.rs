@@ -197,10 +197,11 @@ fn engine_from_flags(config: &RuntimeConfig, args: &RunArgs) -> Result<Engine, S
     match (fjall, level) {
         (true, l) => Ok(Engine::Fjall(l.unwrap_or_default())),
         (false, None) => Ok(Engine::Sled),
-        (false, Some(_)) => Err(format!(
-            "--durability is a fjall setting (sled's flush has one level: it survives a \
-             process crash); add --engine fjall"
-        )),
+        (false, Some(_)) => Err(
+            "--durability is a fjall setting (sled's flush has one level: \
+             it survives a process crash); add --engine fjall"
+                .to_string(),
+        ),
     }
 }
 

@@ -339,7 +339,11 @@ fn sessions_list_and_show() {
         "nothing created"
     );
     // `sessions` alone prints its commands (exit 2).
-    fails(&agentloop(&["sessions"]), 2, "Usage: agentloop sessions <COMMAND>");
+    fails(
+        &agentloop(&["sessions"]),
+        2,
+        "Usage: agentloop sessions <COMMAND>",
+    );
     for bad in [
         &["sessions", "lsit"][..],
         &["sessions", "list", "--status", "sleepy"],
