@@ -340,42 +340,29 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     );
     let _ = std::io::stdout().flush();
 
-    // Progress until every session is done or a signal starts the shutdown.
-    let tty = std::io::stdout().is_terminal();
-    let tick = if tty {
-        Duration::from_millis(200)
-    } else {
-        Duration::from_secs(1)
-    };
+    // Progress until every session is done or a signal starts the shutdown: an
+    // indicatif bar on stderr when it is a terminal, else a plain line on stdout every
+    // second. Both show the total, the rate and the time left.
+    let total = args.sessions as u64 * args.items + start.items as u64;
+    let mut view = ProgressView::new(total);
     let wait_report = shutdown.wait_report();
     tokio::pin!(wait_report);
     let mut finished_by_itself = false;
     loop {
         tokio::select! {
             _ = &mut wait_report => break,
-            _ = tokio::time::sleep(tick) => {}
+            _ = tokio::time::sleep(view.tick()) => {}
         }
         let live = sup.list().await.len();
         let checkpoints = rt.checkpoint_stats().await.map(|s| s.saves).unwrap_or(0);
         let (turns, items) = progress.delivered();
-        let line = format!(
-            "sessions live {live:>4} | turns {turns:>6} | items delivered {items:>7} | checkpoints {checkpoints:>8}"
-        );
-        if tty {
-            let mut out = std::io::stdout().lock();
-            let _ = write!(out, "\r{line}");
-            let _ = out.flush();
-        } else {
-            say!("progress: {line}");
-        }
+        view.show(live, turns, items, checkpoints);
         if live == 0 && progress.feeders.load(Ordering::Relaxed) == 0 {
             finished_by_itself = true;
             break;
         }
     }
-    if tty {
-        say!();
-    }
+    view.finish();
     if finished_by_itself {
         say!("agentloop: every session delivered its items; shutting down");
     }
@@ -407,6 +394,93 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
         );
     }
     Ok(true)
+}
+
+/// The live progress: totals, rate (over the last 10 s) and time left.
+struct ProgressView {
+    total: u64,
+    bar: Option<indicatif::ProgressBar>,
+    /// `(when, items delivered)` samples for the rate.
+    window: std::collections::VecDeque<(Instant, u64)>,
+}
+
+impl ProgressView {
+    fn new(total: u64) -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {pos}/{len} items ({percent}%) {per_sec} ETA {eta} | {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        ProgressView {
+            total,
+            bar,
+            window: std::collections::VecDeque::new(),
+        }
+    }
+
+    fn tick(&self) -> Duration {
+        if self.bar.is_some() {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(1)
+        }
+    }
+
+    fn show(&mut self, live: usize, turns: u64, items: u64, checkpoints: u64) {
+        let now = Instant::now();
+        self.window.push_back((now, items));
+        while self
+            .window
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(10))
+        {
+            self.window.pop_front();
+        }
+        let rate = match (self.window.front(), self.window.back()) {
+            (Some((t0, i0)), Some((t1, i1))) if t1 > t0 => {
+                (i1 - i0) as f64 / t1.duration_since(*t0).as_secs_f64()
+            }
+            _ => 0.0,
+        };
+        let left = self.total.saturating_sub(items);
+        let eta = if left == 0 {
+            "0s".to_string()
+        } else if rate > 0.0 {
+            humantime::format_duration(Duration::from_secs((left as f64 / rate).ceil() as u64))
+                .to_string()
+        } else {
+            "unknown".to_string()
+        };
+        let rest = format!("sessions live {live} | turns {turns} | checkpoints {checkpoints}");
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(items.min(self.total));
+                bar.set_message(rest);
+            }
+            None => {
+                let pct = if self.total == 0 {
+                    100.0
+                } else {
+                    items as f64 * 100.0 / self.total as f64
+                };
+                say!(
+                    "progress: items delivered {items} of {} ({pct:.1}%) | {rate:.0} items/s | ETA {eta} | {rest}",
+                    self.total
+                );
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 fn plural(n: usize) -> &'static str {

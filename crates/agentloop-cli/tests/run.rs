@@ -46,8 +46,17 @@ fn sigterm_then_resume(engine: &[&str]) {
     );
     job.wait_for("agentloop: resumed 0 interrupted sessions");
     job.wait_for("ready:");
-    // Let some turns complete first (progress is printed every second).
-    job.wait_for("progress:");
+    // Let some turns complete first (progress is printed every second: stderr is not a
+    // terminal, so plain lines with the total, the rate and the time left, issue 16).
+    let line = job.wait_for("progress:");
+    assert!(
+        line.starts_with("progress: items delivered ")
+            && line.contains(" of 300000 (")
+            && line.contains("%) | ")
+            && line.contains(" items/s | ETA ")
+            && line.contains(" | sessions live 3 | turns "),
+        "{line}"
+    );
     job.signal(libc::SIGTERM);
     job.wait_for("SIGTERM received");
     let (status, out) = job.finish();
