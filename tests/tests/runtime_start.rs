@@ -191,3 +191,61 @@ async fn an_undecodable_record_is_logged_at_warn_with_its_id_and_reason() {
     );
     store.close().await.unwrap();
 }
+
+/// Issue 16 (2): a record still `Running` under another instance whose heartbeat is
+/// fresh is not resumed, and the report says whose it is, when its lease expires and
+/// what to do; once the lease has expired it is resumed and counted as recovered after
+/// a crash, apart from sessions interrupted by a shutdown.
+#[tokio::test]
+async fn a_live_owner_is_named_with_its_lease_and_a_dead_ones_sessions_are_recovered() {
+    use agentloop::store::{CheckpointStore, MemoryStore};
+    use agentloop::SessionRecord;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let mut crashed = SessionRecord::<SimItem>::new("crashed", "sim", 0);
+    crashed.status = SessionStatus::Running;
+    crashed.owner = Some("other".into());
+    crashed.unhandled_items = vec![item(1)];
+    store.save(crashed).await.unwrap();
+    let mut saved = SessionRecord::<SimItem>::new("saved", "sim", 0);
+    saved.status = SessionStatus::Interrupted;
+    saved.unhandled_items = vec![item(2)];
+    store.save(saved).await.unwrap();
+    store
+        .beat("other", agentloop::store::now_ms())
+        .await
+        .unwrap();
+    let start = |store: Arc<MemoryStore<SimItem>>| async move {
+        Rt::builder()
+            .store(store)
+            .heartbeat(Duration::from_millis(50), Duration::from_millis(400))
+            .register_agent("sim", |_cfg: &[u8]| {
+                Ok(SimAgent::new(steps(1)).with_step_gate(Gate::new()))
+            })
+            .start()
+            .await
+            .unwrap()
+    };
+    let (rt, report) = start(store.clone()).await;
+    assert_eq!(report.resumed, vec!["saved".to_string()], "{report:?}");
+    assert_eq!(report.recovered, 0);
+    assert_eq!(report.skipped.len(), 1, "{report:?}");
+    let (id, why) = &report.skipped[0];
+    assert_eq!(id, "crashed");
+    assert!(
+        why.contains("owned by instance `other`")
+            && why.contains("its lease expires in")
+            && why.contains("lease_timeout 400ms")
+            && why.contains("if it is gone, start again after that"),
+        "{why}"
+    );
+    rt.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    // The owner never beats again: after its lease the session is recovered.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (rt, report) = start(store).await;
+    assert!(
+        report.resumed.contains(&"crashed".to_string()),
+        "{report:?}"
+    );
+    assert_eq!(report.recovered, 1, "{report:?}");
+    rt.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}

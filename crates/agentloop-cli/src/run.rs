@@ -261,11 +261,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
 
     say!(
-        "agentloop: resumed {} interrupted session{} carrying {} item{}",
+        "agentloop: resumed {} session{} carrying {} item{} ({} interrupted by a shutdown, {} recovered after their process died)",
         start.resumed.len(),
         plural(start.resumed.len()),
         start.items,
-        plural(start.items)
+        plural(start.items),
+        start.resumed.len() - start.recovered,
+        start.recovered,
     );
     for (id, why) in &start.skipped {
         say!("agentloop: not resumed: {id}: {why}");

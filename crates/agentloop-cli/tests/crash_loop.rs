@@ -169,6 +169,8 @@ fn malformed<T>(n: usize, line: &str) -> T {
 struct Stored {
     /// Records `Running` or `Interrupted` (what the next run resumes).
     resumable: usize,
+    /// Of those, `Running` ones: their process died (the next run recovers them).
+    crashed: usize,
     /// Item ids on record (unhandled and interrupted).
     items: HashSet<u64>,
 }
@@ -177,11 +179,13 @@ struct Stored {
 fn resumed_line_for(stored: &Stored) -> String {
     let plural = |n: usize| if n == 1 { "" } else { "s" };
     format!(
-        "agentloop: resumed {} interrupted session{} carrying {} item{}",
+        "agentloop: resumed {} session{} carrying {} item{} ({} interrupted by a shutdown, {} recovered after their process died)",
         stored.resumable,
         plural(stored.resumable),
         stored.items.len(),
         plural(stored.items.len()),
+        stored.resumable - stored.crashed,
+        stored.crashed,
     )
 }
 
@@ -191,12 +195,14 @@ fn check_store(data: &Path, when: &str) -> Stored {
     let Some(engine) = Backend::detect(data) else {
         return Stored {
             resumable: 0,
+            crashed: 0,
             items: HashSet::new(),
         };
     };
     let backend = Backend::open(data, engine).expect("the data directory opens");
     let mut stored = Stored {
         resumable: 0,
+        crashed: 0,
         items: HashSet::new(),
     };
     for entry in backend.list(None).expect("list the records") {
@@ -209,7 +215,11 @@ fn check_store(data: &Path, when: &str) -> Stored {
             Err(e) => panic!("{when}: record {} does not decode: {e}", entry.session_id),
         };
         match rec.status {
-            SessionStatus::Running | SessionStatus::Interrupted => stored.resumable += 1,
+            SessionStatus::Running => {
+                stored.resumable += 1;
+                stored.crashed += 1;
+            }
+            SessionStatus::Interrupted => stored.resumable += 1,
             other => panic!(
                 "{when}: record {} is {other:?}; the main job leaves only resumable records",
                 rec.session_id
@@ -280,6 +290,7 @@ fn crash_loop(engine: &str) {
     let mut resumed_total = 0;
     let mut stored = Stored {
         resumable: 0,
+        crashed: 0,
         items: HashSet::new(),
     };
     let mut ever_on_record: HashSet<u64> = HashSet::new();

@@ -44,7 +44,7 @@ fn sigterm_then_resume(engine: &[&str]) {
         ]
         .concat(),
     );
-    job.wait_for("agentloop: resumed 0 interrupted sessions");
+    job.wait_for("agentloop: resumed 0 sessions");
     job.wait_for("ready:");
     // Let some turns complete first (progress is printed every second: stderr is not a
     // terminal, so plain lines with the total, the rate and the time left, issue 16).
@@ -101,7 +101,9 @@ fn sigterm_then_resume(engine: &[&str]) {
     let line = job.wait_for("agentloop: resumed");
     assert_eq!(
         line,
-        format!("agentloop: resumed 3 interrupted sessions carrying {saved} items"),
+        format!(
+            "agentloop: resumed 3 sessions carrying {saved} items (3 interrupted by a shutdown, 0 recovered after their process died)"
+        ),
     );
     // They finish their items and the job ends by itself.
     let (status, out) = job.finish();
@@ -187,7 +189,7 @@ fn a_second_sigint_skips_to_force() {
     );
     assert_eq!(
         job.wait_for("agentloop: resumed"),
-        "agentloop: resumed 2 interrupted sessions carrying 6 items"
+        "agentloop: resumed 2 sessions carrying 6 items (2 interrupted by a shutdown, 0 recovered after their process died)"
     );
     job.wait_for("ready:");
     job.signal(libc::SIGINT);

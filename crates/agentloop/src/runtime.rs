@@ -66,6 +66,10 @@ pub struct StartReport {
     pub resumed: Vec<String>,
     /// Items those sessions carried (unhandled plus interrupted).
     pub items: usize,
+    /// How many of the resumed sessions were recovered after their process died (their
+    /// record was still `Running` under an owner whose lease had expired); the others
+    /// were interrupted by a shutdown (or stopped) and saved.
+    pub recovered: usize,
     /// Records not resumed, with why (a live owner, corrupt, an unknown kind...).
     pub skipped: Vec<(String, String)>,
 }
@@ -496,16 +500,28 @@ where
             if h.status == SessionStatus::Running {
                 if let Some(owner) = h.owner.as_deref().filter(|o| *o != self.instance) {
                     let beat = store.heartbeat(owner).await?.unwrap_or(h.heartbeat_ms);
-                    if is_fresh(beat, now_ms(), self.lease_timeout) {
+                    let now = now_ms();
+                    if is_fresh(beat, now, self.lease_timeout) {
+                        let ago = Duration::from_millis(now.saturating_sub(beat));
+                        let left = self.lease_timeout.saturating_sub(ago);
                         report.skipped.push((
                             h.session_id.clone(),
-                            format!("running on live instance `{owner}`"),
+                            format!(
+                                "owned by instance `{owner}`, whose last heartbeat was {} ago; \
+                                 its lease expires in {} (lease_timeout {}): if that process \
+                                 is still running, it keeps the session; if it is gone, start \
+                                 again after that and the session is recovered",
+                                crate::config::format_duration(ago),
+                                crate::config::format_duration(left),
+                                crate::config::format_duration(self.lease_timeout),
+                            ),
                         ));
                         continue;
                     }
                 }
             }
             let items = rec.item_count();
+            let crashed = h.status == SessionStatus::Running;
             let mut spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
                 .config(h.agent_config.clone())
                 .persistent(true)
@@ -515,7 +531,7 @@ where
             // owner's lease as this runtime did (S19).
             spec.preloaded = Some(Box::new(rec));
             spec.lease_timeout = Some(self.lease_timeout);
-            spawns.push((id, items, spec));
+            spawns.push((id, (items, crashed), spec));
         }
         // All spawn requests go out back to back (each future sends its request when
         // first polled, in order) and the replies are collected afterwards: the
@@ -528,11 +544,12 @@ where
         let results =
             futures::future::join_all(specs.into_iter().map(|spec| self.supervisor.spawn(spec)))
                 .await;
-        for ((id, items), result) in meta.into_iter().zip(results) {
+        for ((id, (items, crashed)), result) in meta.into_iter().zip(results) {
             match result {
                 Ok(_) => {
                     report.resumed.push(id);
                     report.items += items;
+                    report.recovered += usize::from(crashed);
                 }
                 Err(e) => report.skipped.push((id, e.to_string())),
             }
