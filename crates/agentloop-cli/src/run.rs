@@ -374,6 +374,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
         .map_err(|e| format!("shutdown failed: {e}"))?;
     signals.abort();
     say!("{}", report_table(&report).trim_end());
+    if report.late_items > 0 {
+        say!(
+            "agentloop: {} late item{}: pushes that arrived after the drain gate closed; they were refused and handed back to the feeders, which stopped there, so they are in no record and the next run does not push them again",
+            report.late_items,
+            plural(report.late_items as usize)
+        );
+    }
     let (turns, items) = progress.delivered();
     say!(
         "agentloop: {turns} turns, {items} items delivered in {:.1?}",

@@ -194,9 +194,6 @@ fn open(dir: &Path) -> Result<Backend, Failure> {
         )));
     };
     Backend::open(dir, engine).map_err(|e| match e {
-        StoreError::Backend { message, .. } if message.contains("lock") => Failure::Error(format!(
-            "{message}\nthe data directory is in use: stop the agentloop process that holds it, then retry"
-        )),
         StoreError::Backend { message, .. } => Failure::Error(message),
         other => Failure::Error(other.to_string()),
     })

@@ -88,3 +88,69 @@ fn usage_errors_say_what_was_wrong() {
     let err = text(&agentloop(&["sessions", "lsit"]).stderr);
     assert!(err.contains("similar subcommand exists: 'list'"), "{err}");
 }
+
+/// Issue 16 (2): a data directory that is a file, or one held by another process, is
+/// said for what it is; the holder is named by its pid.
+#[test]
+fn data_directory_problems_are_named_for_what_they_are() {
+    let root = std::env::temp_dir().join(format!(
+        "agentloop-cli-usage-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&root).unwrap();
+    let file = root.join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let out = agentloop(&[
+        "run",
+        "--sessions",
+        "1",
+        "--data-dir",
+        file.to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is not a directory (it is a file)") && !err.contains("another"),
+        "{err}"
+    );
+
+    // A running job holds the directory: the offline command names its pid.
+    let data = root.join("data");
+    let mut job = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args([
+            "run",
+            "--sessions",
+            "1",
+            "--items-per-session",
+            "100000",
+            "--push-ms",
+            "5",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(job.stdout.take().unwrap()));
+    loop {
+        let line = lines.next().expect("the job printed ready").unwrap();
+        if line.starts_with("agentloop: ready:") {
+            break;
+        }
+    }
+    let out = agentloop(&["sessions", "list", "--data-dir", data.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    let _ = job.kill();
+    let _ = job.wait();
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("is in use") && err.contains(&format!("(pid {})", job.id())),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -69,6 +69,15 @@ fn sigterm_then_resume(engine: &[&str]) {
     assert_eq!(number(&row(&out, "  killed")), 0);
     assert_eq!(number(&row(&out, "checkpoints saved")), 3);
     assert_eq!(number(&row(&out, "checkpoints failed")), 0);
+    let late = number(&row(&out, "late items"));
+    if late > 0 {
+        assert!(
+            out.contains(&format!("agentloop: {late} late item"))
+                && out.contains("after the drain gate closed")
+                && out.contains("in no record"),
+            "late items are explained:\n{out}"
+        );
+    }
     let saved = number(&row(&out, "items saved"));
     assert!(saved > 0, "busy sessions leave items:\n{out}");
 

@@ -3,7 +3,9 @@
 //! opens an engine and forwards the actor's blocking calls to it; the engines' own
 //! files (`sled.rs`, `fjall.rs`) are the only ones that touch them.
 //!
-//! Opening checks which engine wrote the directory: sled's files (`conf`, `db`) or
+//! Opening says what is wrong with a directory for what it is (a file, no permission,
+//! held by another process, named by its pid from [`HOLDER_FILE`]) and checks which
+//! engine wrote the directory: sled's files (`conf`, `db`) or
 //! fjall's (`version` plus its keyspaces), and refuses the other engine with a message
 //! that says how to move the records (`agentloop sessions export` / `import`), since
 //! neither engine can read the other's files and opening one in the other's directory
@@ -109,6 +111,79 @@ impl Base for Backend {
     }
 }
 
+/// The file in a data directory that names the process holding it (its pid), written
+/// after each successful open, so a second process refused by the engine's lock can say
+/// who holds it.
+pub const HOLDER_FILE: &str = "agentloop.pid";
+
+fn open_error(why: String) -> StoreError {
+    StoreError::Backend {
+        operation: "open",
+        session: String::new(),
+        message: why,
+    }
+}
+
+/// What is wrong with `dir` before an engine tries it: a file where the directory
+/// should be, or no permission to create or use it.
+fn check_dir(dir: &Path) -> Result<(), StoreError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => Err(open_error(format!(
+            "the data directory {} is not a directory (it is a file): point data_dir / \
+                 --data-dir at a directory (it is created when missing)",
+            dir.display()
+        ))),
+        Ok(m) if m.permissions().readonly() => Err(open_error(format!(
+            "permission denied: the data directory {} is read-only; give this user \
+                 write access to it, or choose another directory",
+            dir.display()
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                open_error(format!(
+                    "cannot create the data directory {}: {e}",
+                    dir.display()
+                ))
+            })
+        }
+        Err(e) => Err(open_error(format!(
+            "cannot use the data directory {}: {e}",
+            dir.display()
+        ))),
+    }
+}
+
+/// The engine's open error, said for what it is: permission denied, or the lock held by
+/// another process (named by its pid when the holder wrote [`HOLDER_FILE`]).
+fn explain(dir: &Path, e: StoreError) -> StoreError {
+    let text = e.to_string();
+    if text.contains("Permission denied") || text.contains("permission denied") {
+        return open_error(format!(
+            "permission denied in the data directory {}: give this user write access to \
+                 it and its files, or choose another directory ({text})",
+            dir.display()
+        ));
+    }
+    let lower = text.to_ascii_lowercase();
+    if lower.contains("lock") {
+        let holder = std::fs::read_to_string(dir.join(HOLDER_FILE))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .filter(|pid| *pid != std::process::id());
+        let who = match holder {
+            Some(pid) => format!("another process (pid {pid}) holds it"),
+            None => "another process holds it".to_string(),
+        };
+        return open_error(format!(
+            "the data directory {} is in use: {who}; stop that process (another agentloop \
+                 run, or a program embedding agentloop) or choose another directory",
+            dir.display()
+        ));
+    }
+    e
+}
+
 impl Backend {
     /// The engine whose database is in `dir`, if any (an offline tool opens what it
     /// finds, at `crash` durability for fjall, and must not create a database where
@@ -124,12 +199,19 @@ impl Backend {
     /// Opens `engine` in `dir` (creating it), refusing a directory the other engine
     /// wrote. Blocks.
     pub fn open(dir: &Path, engine: Engine) -> Result<Self, StoreError> {
-        match (engine, found(dir)) {
-            (Engine::Sled, Found::Fjall) => Err(mismatch(dir, engine, "fjall")),
-            (Engine::Fjall(_), Found::Sled) => Err(mismatch(dir, engine, "sled")),
+        check_dir(dir)?;
+        let opened = match (engine, found(dir)) {
+            (Engine::Sled, Found::Fjall) => return Err(mismatch(dir, engine, "fjall")),
+            (Engine::Fjall(_), Found::Sled) => return Err(mismatch(dir, engine, "sled")),
             (Engine::Sled, _) => SledBackend::open(dir).map(Backend::Sled),
             (Engine::Fjall(d), _) => FjallBackend::open(dir, d).map(Backend::Fjall),
         }
+        .map_err(|e| explain(dir, e))?;
+        // Best effort: a second process refused by the lock names this one.
+        if let Err(e) = std::fs::write(dir.join(HOLDER_FILE), std::process::id().to_string()) {
+            tracing::debug!(dir = %dir.display(), error = %e, "could not write the holder file");
+        }
+        Ok(opened)
     }
 
     /// The engine and its settings.

@@ -85,10 +85,7 @@ impl SledBackend {
             .map_err(|e| StoreError::Backend {
                 operation: "open",
                 session: String::new(),
-                message: format!(
-                    "cannot open the data directory {}: {e} (is another agentloop process using it?)",
-                    path.display()
-                ),
+                message: format!("cannot open the sled database in {}: {e}", path.display()),
             })?;
         let tree = |name: &str| db.open_tree(name).map_err(|e| backend_err("open", "", e));
         let sessions = tree("sessions")?;
