@@ -114,7 +114,23 @@ fn data_directory_problems_are_named_for_what_they_are() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("is not a directory (it is a file)") && !err.contains("another"),
+        err.contains("is not a directory (it is a file)") && !err.contains("another process"),
+        "{err}"
+    );
+
+    // A read-only directory: permission denied, said so.
+    let ro = root.join("read-only");
+    std::fs::create_dir(&ro).unwrap();
+    let mut perm = std::fs::metadata(&ro).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o555);
+    std::fs::set_permissions(&ro, perm).unwrap();
+    let out = agentloop(&["run", "--sessions", "1", "--data-dir", ro.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("permission denied")
+            && err.contains("write access")
+            && !err.contains("another process"),
         "{err}"
     );
 

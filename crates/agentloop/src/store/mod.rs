@@ -139,7 +139,7 @@ pub enum StoreError {
         reason: String,
     },
     /// The backend failed.
-    #[error("checkpoint store failed to {operation} session `{session}`: {message}; check the data directory and disk, then retry")]
+    #[error("checkpoint store failed to {operation}{}: {message}; check the data directory and disk, then retry", on_session(.session))]
     Backend {
         /// What was attempted: load, save, delete, flush.
         operation: &'static str,
@@ -148,6 +148,15 @@ pub enum StoreError {
         /// The backend's message.
         message: String,
     },
+}
+
+/// ` session `id`` for an error about one session, nothing for one about the store.
+fn on_session(session: &str) -> String {
+    if session.is_empty() {
+        String::new()
+    } else {
+        format!(" session `{session}`")
+    }
 }
 
 /// A checkpoint store (S15–S19). Implementations must not block tokio workers.
