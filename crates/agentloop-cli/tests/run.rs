@@ -226,3 +226,68 @@ fn item_ids_that_could_repeat_across_runs_are_refused() {
     );
     assert!(!dir.0.join("data").exists(), "nothing was started");
 }
+
+/// Issue 16 (1, 2): a malformed duration in agentloop.toml names the file and the key
+/// and says it is not a duration; a rerun right after a SIGKILL says whose the sessions
+/// are and when that lease expires, instead of calling a dead process live.
+#[test]
+fn config_durations_and_a_dead_owners_lease_are_explained() {
+    let dir = TempDir::new("explained");
+    let config = dir.0.join("agentloop.toml");
+    for bad in ["banana", "5", "10S"] {
+        std::fs::write(&config, format!("[shutdown]\ngrace = \"{bad}\"\n")).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.0.join("data"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&config.display().to_string())
+                && err.contains("`shutdown.grace`")
+                && err.contains("is not a duration"),
+            "{bad}: {err}"
+        );
+    }
+    std::fs::remove_file(&config).unwrap();
+
+    // A run killed with SIGKILL leaves its sessions Running under its instance, whose
+    // lease (30 s by default) has not expired when the next run starts.
+    let mut job = Job::start(
+        &dir.0,
+        &[
+            "--sessions",
+            "2",
+            "--items-per-session",
+            "100000",
+            "--push-ms",
+            "5",
+        ],
+    );
+    job.wait_for("progress:");
+    let (_, _) = job.kill();
+    let job = Job::start(&dir.0, &["--sessions", "0"]);
+    let (status, out) = job.finish();
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("agentloop: resumed 0 sessions"),
+        "nothing is resumed while the lease runs:\n{out}"
+    );
+    let skipped: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("agentloop: not resumed:"))
+        .collect();
+    assert_eq!(skipped.len(), 2, "{out}");
+    for l in skipped {
+        assert!(
+            l.contains("owned by instance")
+                && l.contains("its lease expires in")
+                && l.contains("lease_timeout 30s")
+                && !l.contains("live instance"),
+            "{l}"
+        );
+    }
+}
