@@ -12,7 +12,8 @@
 //! gracefully (exit 0) within 120 s.
 //!
 //! `SOAK_SECS=<n>` shortens the run (a diagnostic; the verdict then compares the end
-//! with one fifth of the run).
+//! with one fifth of the run); `SOAK_FLUSH=sync` (or `turn`) runs the job with that
+//! `[store] flush` instead (a diagnostic: the store's cache then grows too).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -71,7 +72,12 @@ pub async fn run() {
     };
     let dir = TempDir::new("soak", "main-job");
     let config = dir.path().join("agentloop.toml");
-    std::fs::write(&config, "[store]\nflush = \"exit\"\n").expect("writing the soak config");
+    let flush = std::env::var("SOAK_FLUSH")
+        .ok()
+        .filter(|f| ["sync", "turn", "exit"].contains(&f.as_str()))
+        .unwrap_or_else(|| "exit".into());
+    std::fs::write(&config, format!("[store]\nflush = \"{flush}\"\n"))
+        .expect("writing the soak config");
     let data = dir.path().join("data");
     let args = [
         "run",
