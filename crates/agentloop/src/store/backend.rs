@@ -238,12 +238,15 @@ impl Backend {
         }
     }
 
-    /// See [`SledBackend::apply`].
+    /// Applies one wave of operations in order and makes it durable once at the end
+    /// (group commit). If that fails, every operation of the wave but reads reports it.
+    /// Blocks.
     pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
-        match self {
-            Backend::Sled(b) => b.apply(ops),
-            Backend::Fjall(b) => b.apply(ops),
+        let mut results = self.apply_unflushed(ops);
+        if let Err(e) = self.flush() {
+            crate::store::wave::fail_unflushed(&mut results, &e);
         }
+        results
     }
 
     /// Makes every write so far durable (sled: flush; fjall: persist at its level).

@@ -214,15 +214,6 @@ impl FjallBackend {
             .map_err(|e| backend_err("flush", "", e))
     }
 
-    /// Applies one wave of operations in order and flushes once at the end. Blocks.
-    pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
-        let mut results = self.apply_unflushed(ops);
-        if let Err(e) = self.flush() {
-            wave::fail_unflushed(&mut results, &e);
-        }
-        results
-    }
-
     /// Applies one wave of operations in order without persisting: each sees the ones
     /// before it; the wave's changes (heartbeats included) are committed as one atomic
     /// batch, visible to readers at once and durable after the next
@@ -235,7 +226,20 @@ impl FjallBackend {
             beats,
         } = staged;
         // Invariant: format-1 changes follow a format-1 read, and this engine has none.
-        debug_assert!(format1.is_empty(), "a format-1 change on fjall");
+        // Should one appear, nothing of the wave is written (rather than a part of it).
+        if !format1.is_empty() {
+            let e = backend_err(
+                "save",
+                "",
+                "internal: a format-1 change on fjall; nothing of this wave was written",
+            );
+            tracing::error!(error = %e, "a wave was refused");
+            wave::fail_changes(&mut results, &e);
+            for (i, _, _) in beats {
+                results[i] = Err(e.clone());
+            }
+            return results;
+        }
         let mut batch = self.db.batch();
         for (k, v) in sessions {
             match v {
