@@ -1,0 +1,99 @@
+//! The HTTP front's errors (issue 17): a JSON body with a stable `code` and a message
+//! that says what to do, and the status that goes with it. This module maps the
+//! runtime's errors to them; it does not decide anything else.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use agentloop::{PushError, RoutedPushError, SupervisorError};
+
+/// An error answer: `{"code": "...", "message": "..."}` with its status.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable, machine-readable code (`bad_request`, `unknown_session`, …).
+    pub code: &'static str,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl ApiError {
+    /// 400: the request cannot be used as it is.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code: "bad_request",
+            message: message.into(),
+        }
+    }
+
+    /// 503: the runtime is shutting down.
+    pub fn draining(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "draining",
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(Body {
+            code: self.code,
+            message: &self.message,
+        });
+        (self.status, body).into_response()
+    }
+}
+
+impl From<SupervisorError> for ApiError {
+    fn from(e: SupervisorError) -> Self {
+        let (status, code) = match &e {
+            SupervisorError::InvalidId(_)
+            | SupervisorError::UnknownKind { .. }
+            | SupervisorError::BadConfig { .. }
+            | SupervisorError::BatchTooLarge { .. }
+            | SupervisorError::NoStore(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            SupervisorError::Duplicate(_) => (StatusCode::CONFLICT, "duplicate"),
+            SupervisorError::Running(_) => (StatusCode::CONFLICT, "wrong_state"),
+            SupervisorError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+            SupervisorError::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError {
+            status,
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl<I> From<RoutedPushError<I>> for ApiError {
+    fn from(e: RoutedPushError<I>) -> Self {
+        let (status, code) = match &e {
+            RoutedPushError::UnknownSession { .. } => (StatusCode::NOT_FOUND, "unknown_session"),
+            RoutedPushError::Push(PushError::Late { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "draining")
+            }
+            RoutedPushError::Push(
+                PushError::NotStorable { .. } | PushError::InvalidOptions { .. },
+            ) => (StatusCode::BAD_REQUEST, "bad_request"),
+            RoutedPushError::Push(_) => (StatusCode::CONFLICT, "wrong_state"),
+        };
+        ApiError {
+            status,
+            code,
+            message: e.to_string(),
+        }
+    }
+}
