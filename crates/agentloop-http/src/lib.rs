@@ -22,6 +22,10 @@
 //! | `POST /sessions/{id}/stop` | stop `{"mode"?, "timeout"?, "cause"?, "skip_checkpoint"?}` → 202 |
 //! | `POST /sessions/{id}/cancel` | cancel by id → `{"status": …}` |
 //!
+//! With [`HttpOptions::token`] every route but the two probes needs `Authorization:
+//! Bearer <token>` (401 `unauthorized` otherwise); without one, [`check_bind`] allows
+//! loopback addresses only.
+//!
 //! This crate owns the HTTP shape only: it calls the runtime's supervisor and shutdown
 //! handles and never touches a store or a session directly.
 
@@ -42,17 +46,76 @@ use agentloop::{Durability, PreemptAck, Runtime, SessionSpec, StopOptions, Super
 
 pub use error::ApiError;
 
-/// How the router is bounded.
-#[derive(Clone, Debug)]
+/// How the router is bounded and guarded.
+#[derive(Clone, Default)]
 pub struct HttpOptions {
-    /// The largest request body accepted, in bytes (413 above it). Default 1 MiB.
-    pub body_limit: usize,
+    /// The largest request body accepted, in bytes (413 above it). `None`: 1 MiB.
+    pub body_limit: Option<usize>,
+    /// The bearer token every route but `/healthz` and `/readyz` requires
+    /// (`Authorization: Bearer <token>`, compared in constant time; 401 without it or
+    /// with another). `None`: no authentication, so serve on loopback only
+    /// ([`check_bind`]).
+    pub token: Option<String>,
 }
 
-impl Default for HttpOptions {
-    fn default() -> Self {
-        HttpOptions {
-            body_limit: 1 << 20,
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpOptions")
+            .field("body_limit", &self.body_limit)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// Whether the router may listen on `addr`: without a token only on a loopback address
+/// (anyone who reaches the port could drive every session).
+pub fn check_bind(addr: std::net::SocketAddr, options: &HttpOptions) -> Result<(), String> {
+    if options.token.is_none() && !addr.ip().is_loopback() {
+        return Err(format!(
+            "refusing to listen on {addr} without a token: set a bearer token (config or \
+             environment) to serve beyond this machine, or listen on 127.0.0.1"
+        ));
+    }
+    Ok(())
+}
+
+/// Constant-time comparison of the presented and the expected token.
+fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    presented.len() == expected.len() && bool::from(presented.ct_eq(expected))
+}
+
+async fn authenticate(
+    State(token): State<Option<std::sync::Arc<str>>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let Some(expected) = token else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/healthz" || path == "/readyz" {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(p) if token_matches(p.as_bytes(), expected.as_bytes()) => next.run(req).await,
+        _ => {
+            let mut resp = ApiError {
+                status: StatusCode::UNAUTHORIZED,
+                code: "unauthorized",
+                message: "no or wrong bearer token: send `Authorization: Bearer <token>`".into(),
+            }
+            .into_response();
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            resp
         }
     }
 }
@@ -89,8 +152,12 @@ where
         .route("/sessions/{id}/items", post(push::<I, E>))
         .route("/sessions/{id}/stop", post(stop::<I, E>))
         .route("/sessions/{id}/cancel", post(cancel::<I, E>))
-        .layer(DefaultBodyLimit::max(options.body_limit))
+        .layer(DefaultBodyLimit::max(options.body_limit.unwrap_or(1 << 20)))
         .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            options.token.map(std::sync::Arc::<str>::from),
+            authenticate,
+        ))
 }
 
 async fn healthz() -> impl IntoResponse {

@@ -121,7 +121,13 @@ async fn sessions_are_spawned_listed_pushed_to_stopped_and_canceled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_json_with_a_stable_code() {
     let rt = runtime().await;
-    let app = router(&rt, HttpOptions { body_limit: 256 });
+    let app = router(
+        &rt,
+        HttpOptions {
+            body_limit: Some(256),
+            ..HttpOptions::default()
+        },
+    );
     let spawn = |id: &str| json!({"id": id, "kind": "sim"});
     assert_eq!(
         call(&app, "POST", "/sessions", Some(spawn("x"))).await.0,
@@ -244,4 +250,72 @@ async fn errors_are_json_with_a_stable_code() {
     assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(call(&app, "GET", "/healthz", None).await.0, StatusCode::OK);
     rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_guards_every_route_but_the_probes() {
+    let rt = runtime().await;
+    let app = router(
+        &rt,
+        HttpOptions {
+            token: Some("s3cret".into()),
+            ..HttpOptions::default()
+        },
+    );
+    let send = |auth: Option<&'static str>| {
+        let app = app.clone();
+        async move {
+            let mut req = Request::builder().method("GET").uri("/sessions");
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let resp = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            (
+                resp.status(),
+                resp.headers().get("www-authenticate").cloned(),
+            )
+        }
+    };
+    for bad in [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer s3cre"),
+        Some("s3cret"),
+        Some("Basic s3cret"),
+    ] {
+        let (s, www) = send(bad).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{bad:?}");
+        assert_eq!(www.unwrap(), "Bearer");
+    }
+    assert_eq!(send(Some("Bearer s3cret")).await.0, StatusCode::OK);
+    // The probes answer without a token (load balancers do not carry one).
+    assert_eq!(call(&app, "GET", "/healthz", None).await.0, StatusCode::OK);
+    assert_eq!(call(&app, "GET", "/readyz", None).await.0, StatusCode::OK);
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "a", "kind": "sim"})),
+    )
+    .await;
+    assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    rt.shutdown().await.unwrap();
+}
+
+#[test]
+fn without_a_token_only_loopback_is_served() {
+    use agentloop_http::check_bind;
+    let open = HttpOptions::default();
+    assert!(check_bind("127.0.0.1:8080".parse().unwrap(), &open).is_ok());
+    assert!(check_bind("[::1]:8080".parse().unwrap(), &open).is_ok());
+    let err = check_bind("0.0.0.0:8080".parse().unwrap(), &open).unwrap_err();
+    assert!(
+        err.contains("without a token") && err.contains("127.0.0.1"),
+        "{err}"
+    );
+    let guarded = HttpOptions {
+        token: Some("t".into()),
+        ..HttpOptions::default()
+    };
+    assert!(check_bind("0.0.0.0:8080".parse().unwrap(), &guarded).is_ok());
 }
