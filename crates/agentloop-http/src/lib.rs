@@ -21,6 +21,7 @@
 //! | `POST /sessions/{id}/items` | push `{"item": …}` → `{"preempt": …}` (acknowledged) |
 //! | `POST /sessions/{id}/stop` | stop `{"mode"?, "timeout"?, "cause"?, "skip_checkpoint"?}` → 202 |
 //! | `POST /sessions/{id}/cancel` | cancel by id → `{"status": …}` |
+//! | `GET /sessions/{id}/events` | Server-Sent Events; `Last-Event-ID` resumes |
 //!
 //! With [`HttpOptions::token`] every route but the two probes needs `Authorization:
 //! Bearer <token>` (401 `unauthorized` otherwise); without one, [`check_bind`] allows
@@ -30,6 +31,7 @@
 //! handles and never touches a store or a session directly.
 
 mod error;
+mod events;
 
 use std::time::Duration;
 
@@ -139,7 +141,7 @@ impl<I, E> Clone for AppState<I, E> {
 pub fn router<I, E>(runtime: &Runtime<I, E>, options: HttpOptions) -> Router
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + Serialize + 'static,
 {
     let state = AppState {
         supervisor: runtime.supervisor().clone(),
@@ -152,6 +154,7 @@ where
         .route("/sessions/{id}/items", post(push::<I, E>))
         .route("/sessions/{id}/stop", post(stop::<I, E>))
         .route("/sessions/{id}/cancel", post(cancel::<I, E>))
+        .route("/sessions/{id}/events", get(events_route::<I, E>))
         .layer(DefaultBodyLimit::max(options.body_limit.unwrap_or(1 << 20)))
         .with_state(state)
         .layer(axum::middleware::from_fn_with_state(
@@ -374,4 +377,34 @@ where
     Ok(Json(
         serde_json::json!({ "id": id, "status": format!("{status:?}") }),
     ))
+}
+
+async fn events_route<I, E>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
+) -> Result<axum::response::Response, ApiError>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + Serialize + 'static,
+{
+    let after = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Last-Event-ID must be an event id this server sent (a number)",
+                    )
+                })?,
+        ),
+    };
+    let filter = agentloop::EventFilter::all();
+    let stream = match after {
+        Some(seq) => st.supervisor.subscribe_after(&id, seq, filter).await?,
+        None => st.supervisor.subscribe(&id, filter).await?,
+    };
+    Ok(events::sse(stream).into_response())
 }

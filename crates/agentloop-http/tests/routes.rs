@@ -319,3 +319,138 @@ fn without_a_token_only_loopback_is_served() {
     };
     assert!(check_bind("0.0.0.0:8080".parse().unwrap(), &guarded).is_ok());
 }
+
+/// The SSE lines of a whole response: `(id, event, data)` per event.
+fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let (mut id, mut name, mut data) = (None, None, None);
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().parse::<u64>().ok();
+            } else if let Some(v) = line.strip_prefix("event:") {
+                name = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data = serde_json::from_str(v.trim()).ok();
+            }
+        }
+        if let (Some(id), Some(name), Some(data)) = (id, name, data) {
+            out.push((id, name, data));
+        }
+    }
+    out
+}
+
+async fn open_events(app: &Router, id: &str, last: Option<u64>) -> axum::response::Response {
+    let mut req = Request::builder().uri(format!("/sessions/{id}/events"));
+    if let Some(l) = last {
+        req = req.header("last-event-id", l.to_string());
+    }
+    app.clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_stream_as_sse_numbered_and_end_with_ended() {
+    let rt = runtime().await;
+    let app = router(&rt, HttpOptions::default());
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "ev", "kind": "sim"})),
+    )
+    .await;
+    let resp = open_events(&app, "ev", None).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(
+        resp.headers().get("content-type").unwrap(),
+        "text/event-stream"
+    );
+    // A reconnect after event 0 on a session without a replay buffer says what it missed.
+    let resumed = open_events(&app, "ev", Some(0)).await;
+    assert_eq!(resumed.status(), StatusCode::OK);
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/sessions/ev/items",
+        Some(json!({"item": {"id": 7, "text": "hi"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/sessions/ev/stop",
+        Some(json!({"mode": "drain", "cause": "done"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let body = tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect())
+        .await
+        .expect("the stream ends after `ended`")
+        .unwrap()
+        .to_bytes();
+    let events = sse_events(&String::from_utf8_lossy(&body));
+    let names: Vec<&str> = events.iter().map(|(_, n, _)| n.as_str()).collect();
+    assert!(
+        names.contains(&"turn_started")
+            && names.contains(&"agent")
+            && names.contains(&"turn_ended"),
+        "{names:?}"
+    );
+    assert_eq!(names.last(), Some(&"ended"), "{names:?}");
+    let ended = &events.last().unwrap().2;
+    assert_eq!(ended["stop_cause"], "done");
+    let ids: Vec<u64> = events.iter().map(|(i, _, _)| *i).collect();
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "gap-free ids: {ids:?}"
+    );
+    let agent = events.iter().find(|(_, n, _)| n == "agent").unwrap();
+    assert!(
+        agent.2["event"].is_object(),
+        "the agent's event as JSON: {:?}",
+        agent.2
+    );
+    // The resumed stream: events after 0 it cannot replay are announced first, then
+    // the same live events with the same numbers.
+    let body = tokio::time::timeout(Duration::from_secs(10), resumed.into_body().collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    let again = sse_events(&String::from_utf8_lossy(&body));
+    assert_eq!(again.last().map(|(_, n, _)| n.as_str()), Some("ended"));
+    let live_ids: Vec<u64> = again
+        .iter()
+        .filter(|(_, n, _)| n != "lagged")
+        .map(|(i, _, _)| *i)
+        .collect();
+    assert_eq!(live_ids, ids, "the same numbers for the same events");
+    // Unknown sessions and bad ids are JSON errors.
+    let (s, v) = call(&app, "GET", "/sessions/ghost/events", None).await;
+    assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "unknown_session"));
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "ev2", "kind": "sim"})),
+    )
+    .await;
+    let bad = app
+        .clone()
+        .oneshot(
+            Request::builder()
+                .uri("/sessions/ev2/events")
+                .header("last-event-id", "yesterday")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    rt.stop(StopOptions::immediate()).await.unwrap();
+}

@@ -48,7 +48,7 @@ impl SimItem {
 }
 
 /// What the simulated agent emits.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SimEvent {
     /// A step finished.
     StepDone {

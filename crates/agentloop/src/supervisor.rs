@@ -406,6 +406,20 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Result<EventStream<E>, SupervisorError>>,
     },
+    /// Subscribe to a session's events after sequence number `after` (the replay
+    /// buffer first, with a `Lagged` marker when some are gone, then live).
+    SubscribeAfter {
+        /// The session.
+        id: String,
+        /// The last sequence number the client has.
+        after: u64,
+        /// Buffer capacity.
+        capacity: usize,
+        /// Which events.
+        filter: EventFilter,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<EventStream<E>, SupervisorError>>,
+    },
     /// Inspect a session by id.
     Inspect {
         /// The session.
@@ -1123,6 +1137,19 @@ where
                 };
                 let _ = reply.send(r);
             }
+            SupervisorMsg::SubscribeAfter {
+                id,
+                after,
+                capacity,
+                filter,
+                reply,
+            } => {
+                let r = match st.live(&myself, &id).await {
+                    Some(h) => Ok(h.subscribe_after(after, capacity, filter)),
+                    None => Err(SupervisorError::UnknownSession(id)),
+                };
+                let _ = reply.send(r);
+            }
             SupervisorMsg::Inspect { id, reply } => {
                 let h = st.live(&myself, &id).await;
                 answer_from_session(id, h, reply, |h| async move { h.inspect().await });
@@ -1691,6 +1718,27 @@ where
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::Subscribe {
             id,
+            capacity: crate::events::DEFAULT_EVENT_CAPACITY,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Subscribes to a session's current incarnation after event `after` (a number a
+    /// previous stream gave, e.g. an SSE client's `Last-Event-ID`): the events the
+    /// replay buffer still holds come first, preceded by `Lagged` when some are gone.
+    pub async fn subscribe_after(
+        &self,
+        id: &str,
+        after: u64,
+        filter: EventFilter,
+    ) -> Result<EventStream<E>, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::SubscribeAfter {
+            id,
+            after,
             capacity: crate::events::DEFAULT_EVENT_CAPACITY,
             filter,
             reply,
