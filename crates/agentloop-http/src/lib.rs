@@ -16,7 +16,7 @@
 //! |---|---|
 //! | `GET /healthz` | 200 while the process is up |
 //! | `GET /readyz` | 200 while accepting work, 503 once the shutdown began (drain gate) |
-//! | `POST /sessions` | spawn: `{"id", "kind", "config"?, "persistent"?, "durability"?}` → 201 |
+//! | `POST /sessions` | spawn: `{"id", "kind", "config"?, "persistent"?, "durability"?, "replay"?}` → 201 |
 //! | `GET /sessions` | the live sessions: `[{"id", "kind", "restarts"}]` |
 //! | `POST /sessions/{id}/items` | push `{"item": …}` → `{"preempt": …}` (acknowledged) |
 //! | `POST /sessions/{id}/stop` | stop `{"mode"?, "timeout"?, "cause"?, "skip_checkpoint"?}` → 202 |
@@ -122,6 +122,10 @@ async fn authenticate(
     }
 }
 
+/// Events a session spawned over HTTP keeps for reconnecting SSE clients, unless the
+/// spawn says otherwise (`"replay": n`).
+pub const DEFAULT_REPLAY: usize = 256;
+
 /// What the handlers share.
 struct AppState<I, E> {
     supervisor: SupervisorHandle<I, E>,
@@ -192,6 +196,9 @@ struct SpawnBody {
     persistent: bool,
     #[serde(default)]
     durability: Option<String>,
+    /// Recent events kept for SSE clients that reconnect with `Last-Event-ID`.
+    #[serde(default)]
+    replay: Option<usize>,
 }
 
 fn body<T: DeserializeOwned>(
@@ -222,7 +229,9 @@ where
     E: Clone + Send + Sync + 'static,
 {
     let b = body(raw)?;
-    let mut spec = SessionSpec::new(b.id.clone(), b.kind).persistent(b.persistent);
+    let mut spec = SessionSpec::new(b.id.clone(), b.kind)
+        .persistent(b.persistent)
+        .replay(b.replay.unwrap_or(DEFAULT_REPLAY));
     if let Some(config) = b.config {
         let bytes = serde_json::to_vec(&config)
             .map_err(|e| ApiError::bad_request(format!("config: {e}")))?;

@@ -454,3 +454,69 @@ async fn events_stream_as_sse_numbered_and_end_with_ended() {
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     rt.stop(StopOptions::immediate()).await.unwrap();
 }
+
+/// Reads SSE frames from `body` until an event named `until` arrives; returns the text.
+async fn read_until(body: &mut Body, until: &str) -> String {
+    let mut text = String::new();
+    while !sse_events(&text).iter().any(|(_, n, _)| n == until) {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("an event in time")
+            .expect("the stream is open")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    text
+}
+
+/// A client that reconnects with `Last-Event-ID` gets exactly the events it missed
+/// (from the session's replay buffer), then the live ones, with the same numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn last_event_id_replays_exactly_the_missed_events() {
+    let rt = runtime().await;
+    let app = router(&rt, HttpOptions::default());
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "re", "kind": "sim", "replay": 64})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let mut first = open_events(&app, "re", None).await.into_body();
+    call(
+        &app,
+        "POST",
+        "/sessions/re/items",
+        Some(json!({"item": {"id": 1, "text": "a"}})),
+    )
+    .await;
+    let mut seen = read_until(&mut first, "turn_ended").await;
+    let before = sse_events(&seen);
+    let k = before[0].0; // the client "lost" everything after its first event
+    let second = open_events(&app, "re", Some(k)).await.into_body();
+    call(
+        &app,
+        "POST",
+        "/sessions/re/stop",
+        Some(json!({"mode": "drain"})),
+    )
+    .await;
+    seen.push_str(&read_until(&mut first, "ended").await);
+    let all = sse_events(&seen);
+    let resumed = tokio::time::timeout(Duration::from_secs(10), second.collect())
+        .await
+        .unwrap()
+        .unwrap()
+        .to_bytes();
+    let resumed = sse_events(&String::from_utf8_lossy(&resumed));
+    let expected: Vec<_> = all.into_iter().filter(|(i, _, _)| *i > k).collect();
+    assert!(!expected.is_empty());
+    assert_eq!(
+        resumed, expected,
+        "the missed events, then the live ones, once each"
+    );
+    rt.stop(StopOptions::immediate()).await.unwrap();
+}

@@ -93,6 +93,9 @@ pub struct SessionSpec<I> {
     pub initial_items: Vec<I>,
     /// How many turn-end checkpoints to keep (see [`SessionConfig::history`]).
     pub history: usize,
+    /// How many recent events to keep for subscribers that reconnect after a sequence
+    /// number (see [`SessionConfig::replay`]).
+    pub replay: usize,
     /// The stored record, when the spawner already read it (the runtime's resume).
     /// (Boxed: the supervisor keeps every session's spec, and this is the largest field
     /// and almost always `None`, B2.)
@@ -121,6 +124,7 @@ impl<I> SessionSpec<I> {
             restart: RestartPolicy::Permanent,
             initial_items: Vec::new(),
             history: 0,
+            replay: 0,
             preloaded: None,
             lease_timeout: None,
             poll_interval: None,
@@ -163,6 +167,13 @@ impl<I> SessionSpec<I> {
     /// Items to push right after the start.
     pub fn initial_items(mut self, items: Vec<I>) -> Self {
         self.initial_items = items;
+        self
+    }
+
+    /// Keeps the last `capacity` events for reconnecting subscribers (see
+    /// [`SessionConfig::replay`]).
+    pub fn replay(mut self, capacity: usize) -> Self {
+        self.replay = capacity;
         self
     }
 
@@ -674,7 +685,8 @@ where
             .agent_kind(spec.kind.clone())
             .persistent(spec.persist)
             .durability(spec.durability)
-            .history(spec.history);
+            .history(spec.history)
+            .replay(spec.replay);
         config.load_record = load_record;
         config.supervised = true;
         config.agent_config = spec.agent_config.clone();
