@@ -58,37 +58,24 @@ pub(crate) fn event_json<E: Serialize>(ev: &SessionEvent<E>) -> (&'static str, V
     }
 }
 
-/// The SSE response for a subscribed stream: it ends after `ended`.
-pub(crate) fn sse<E>(
-    mut events: EventStream<E>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
+/// The SSE response for a subscribed stream: it ends after `ended`. The stream is the
+/// subscription itself (no task between them), so a client that goes away drops its
+/// subscriber at once, however quiet the session is.
+pub(crate) fn sse<E>(events: EventStream<E>) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
 where
     E: Clone + Send + Sync + Serialize + 'static,
 {
-    let stream = async_stream(move |tx| async move {
-        while let Some(s) = events.next_sequenced().await {
-            let (name, data) = event_json(&s.event);
-            let last = name == "ended";
-            let ev = Event::default()
-                .id(s.seq.to_string())
-                .event(name)
-                .data(data.to_string());
-            if tx.send(Ok(ev)).await.is_err() || last {
-                return;
-            }
-        }
+    let stream = futures_util::stream::unfold(Some(events), |state| async move {
+        let mut events = state?;
+        let s = events.next_sequenced().await?;
+        let (name, data) = event_json(&s.event);
+        let ev = Event::default()
+            .id(s.seq.to_string())
+            .event(name)
+            .data(data.to_string());
+        // After `ended` nothing follows: close the stream.
+        let next = (name != "ended").then_some(events);
+        Some((Ok(ev), next))
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-}
-
-/// A stream fed by a task through a bounded channel (the client's pace bounds it).
-fn async_stream<T, F, Fut>(f: F) -> impl Stream<Item = T>
-where
-    T: Send + 'static,
-    F: FnOnce(tokio::sync::mpsc::Sender<T>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(f(tx));
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
