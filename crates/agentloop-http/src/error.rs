@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use agentloop::{PushError, RoutedPushError, SupervisorError};
+use agentloop::{PushError, RoutedPushError, SessionError, SupervisorError};
 
 /// An error answer: `{"code": "...", "message": "..."}` with its status.
 #[derive(Debug)]
@@ -27,6 +27,15 @@ struct Body<'a> {
 }
 
 impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
     /// 400: the request cannot be used as it is.
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError {
@@ -62,12 +71,19 @@ impl From<SupervisorError> for ApiError {
             SupervisorError::InvalidId(_)
             | SupervisorError::UnknownKind { .. }
             | SupervisorError::BadConfig { .. }
-            | SupervisorError::BatchTooLarge { .. }
-            | SupervisorError::NoStore(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            | SupervisorError::BatchTooLarge { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
             SupervisorError::Duplicate(_) => (StatusCode::CONFLICT, "duplicate"),
-            SupervisorError::Running(_) => (StatusCode::CONFLICT, "wrong_state"),
+            SupervisorError::Running(_) | SupervisorError::NoStore(_) => {
+                (StatusCode::CONFLICT, "wrong_state")
+            }
             SupervisorError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
             SupervisorError::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+            SupervisorError::Session(SessionError::InvalidOptions(_)) => {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            }
+            SupervisorError::Session(
+                SessionError::DetachNeedsStore(_) | SessionError::Exited(_),
+            ) => (StatusCode::CONFLICT, "wrong_state"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         ApiError {
@@ -94,6 +110,38 @@ impl<I> From<RoutedPushError<I>> for ApiError {
             status,
             code,
             message: e.to_string(),
+        }
+    }
+}
+
+impl<I> From<agentloop::AnswerError<I>> for ApiError {
+    fn from(e: agentloop::AnswerError<I>) -> Self {
+        use agentloop::AnswerError as A;
+        let (status, code) = match &e {
+            A::NotFound { .. } => (StatusCode::NOT_FOUND, "unknown_session"),
+            A::NotPersistent { .. } | A::NotAwaiting { .. } => {
+                (StatusCode::CONFLICT, "wrong_state")
+            }
+            A::NotStorable { .. } | A::UnknownKind { .. } => {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            }
+            A::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError {
+            status,
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<agentloop::StoreError> for ApiError {
+    fn from(e: agentloop::StoreError) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            code: "internal",
+            message: format!("the checkpoint store failed: {e}"),
         }
     }
 }

@@ -1,8 +1,10 @@
-//! `GET /sessions/{id}/events` as Server-Sent Events (issue 17): `id:` is the event's
-//! sequence number, `event:` its kind, `data:` its JSON; `Last-Event-ID` resumes after
-//! that number from the session's replay buffer (a `lagged` event first when some are
-//! gone); keep-alive comments every 15 s; the last event is `ended` with the exit.
-//! This module only shapes events; subscribing is the supervisor's.
+//! `GET /sessions/{id}/events` as Server-Sent Events (issue 17, S33): `id:` is the
+//! event's sequence number, `event:` its kind, `data:` its JSON (stable names from
+//! `wire`; agent events and questions through the runtime's redaction); `Last-Event-ID`
+//! resumes after that number from the session's replay buffer (a `lagged` event first
+//! when some are gone); keep-alive comments every 15 s; the last event is `ended` with
+//! the exit reason (`{"kind": "shutdown"}` when the server is going away). This module
+//! only shapes events; subscribing is the supervisor's.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -12,10 +14,19 @@ use futures_util::stream::Stream;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use agentloop::{EventStream, SessionEvent};
+use agentloop::{EventStream, Part, Redaction, SessionEvent};
 
-/// The SSE name and the JSON of one event.
-pub(crate) fn event_json<E: Serialize>(ev: &SessionEvent<E>) -> (&'static str, Value) {
+use crate::limits::Slot;
+use crate::wire;
+
+/// How often an idle stream sends a keep-alive comment.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The SSE name and the JSON of one event, as a client may see it.
+pub(crate) fn event_json<E: Serialize>(
+    ev: &SessionEvent<E>,
+    redaction: &Redaction,
+) -> (&'static str, Value) {
     match ev {
         SessionEvent::TurnStarted {
             turn,
@@ -25,10 +36,14 @@ pub(crate) fn event_json<E: Serialize>(ev: &SessionEvent<E>) -> (&'static str, V
             "turn_started",
             json!({"turn": turn, "items": items, "resumed": resumed}),
         ),
-        SessionEvent::Agent { turn, event } => (
-            "agent",
-            json!({"turn": turn, "event": serde_json::to_value(event).unwrap_or_else(|e| json!({"unserializable": e.to_string()}))}),
-        ),
+        SessionEvent::Agent { turn, event } => {
+            let event = serde_json::to_value(event)
+                .unwrap_or_else(|e| json!({"unserializable": e.to_string()}));
+            (
+                "agent",
+                json!({"turn": turn, "event": redaction.apply(Part::Event, event)}),
+            )
+        }
         SessionEvent::Preempted { turn } => ("preempted", json!({"turn": turn})),
         SessionEvent::TurnEnded {
             turn,
@@ -36,46 +51,61 @@ pub(crate) fn event_json<E: Serialize>(ev: &SessionEvent<E>) -> (&'static str, V
             durable,
         } => (
             "turn_ended",
-            json!({"turn": turn, "outcome": format!("{outcome:?}"), "durable": durable}),
+            json!({"turn": turn, "outcome": redact_question(wire::turn_end(outcome), redaction), "durable": durable}),
         ),
         SessionEvent::StopRequested { cancel, cause } => (
             "stop_requested",
-            json!({"cancel": cancel.map(|c| format!("{c:?}")), "cause": cause}),
+            json!({"cancel": cancel.map(wire::cancel_mode), "cause": cause}),
         ),
         SessionEvent::Ended(x) => (
             "ended",
             json!({
                 "session_id": x.session_id,
-                "reason": format!("{:?}", x.reason),
+                "reason": redact_question(wire::exit_reason(&x.reason), redaction),
                 "stop_cause": x.stop_cause,
                 "unhandled": x.unhandled,
                 "interrupted": x.interrupted,
                 "late": x.late,
-                "checkpoint": format!("{:?}", x.checkpoint),
+                "checkpoint": wire::checkpoint(&x.checkpoint),
             }),
         ),
         SessionEvent::Lagged { missed } => ("lagged", json!({"missed": missed})),
     }
 }
 
+/// An interrupt's question goes through the redaction like the view's does.
+fn redact_question(mut v: Value, redaction: &Redaction) -> Value {
+    if let Some(q) = v.get_mut("question") {
+        *q = redaction.apply(Part::Question, q.take());
+    }
+    v
+}
+
 /// The SSE response for a subscribed stream: it ends after `ended`. The stream is the
 /// subscription itself (no task between them), so a client that goes away drops its
-/// subscriber at once, however quiet the session is.
-pub(crate) fn sse<E>(events: EventStream<E>) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
+/// subscriber, and its stream slot, at once, however quiet the session is.
+pub(crate) fn sse<E>(
+    events: EventStream<E>,
+    redaction: Redaction,
+    slot: Slot,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>>
 where
     E: Clone + Send + Sync + Serialize + 'static,
 {
-    let stream = futures_util::stream::unfold(Some(events), |state| async move {
-        let mut events = state?;
-        let s = events.next_sequenced().await?;
-        let (name, data) = event_json(&s.event);
-        let ev = Event::default()
-            .id(s.seq.to_string())
-            .event(name)
-            .data(data.to_string());
-        // After `ended` nothing follows: close the stream.
-        let next = (name != "ended").then_some(events);
-        Some((Ok(ev), next))
+    let stream = futures_util::stream::unfold(Some((events, slot)), move |state| {
+        let redaction = redaction.clone();
+        async move {
+            let (mut events, slot) = state?;
+            let s = events.next_sequenced().await?;
+            let (name, data) = event_json(&s.event, &redaction);
+            let ev = Event::default()
+                .id(s.seq.to_string())
+                .event(name)
+                .data(data.to_string());
+            // After `ended` nothing follows: close the stream.
+            let next = (name != "ended").then_some((events, slot));
+            Some((Ok(ev), next))
+        }
     });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }

@@ -109,6 +109,7 @@ pub mod ids;
 pub mod options;
 pub mod push;
 pub mod runtime;
+pub mod runtime_handle;
 pub mod session;
 pub(crate) mod shared;
 pub mod shutdown;
@@ -151,7 +152,7 @@ pub use session::{
 pub struct ReadmeDoctests;
 
 pub use config::{ConfigError, RedactConfig, RuntimeConfig, ShutdownConfig};
-pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, StartReport};
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeHandle, StartReport};
 pub use shutdown::{CleanupHook, ShutdownHandle, ShutdownReport, ShutdownStrategy};
 pub use store::{
     CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,

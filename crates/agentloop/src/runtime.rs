@@ -34,6 +34,8 @@ use crate::supervisor::{
 };
 use tokio::sync::mpsc;
 
+pub use crate::runtime_handle::RuntimeHandle;
+
 /// A runtime could not start or stop.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -297,15 +299,17 @@ where
         })
         .await?;
         let runtime = Runtime {
-            supervisor,
-            store,
+            handle: RuntimeHandle {
+                supervisor,
+                store,
+                instance,
+                durability: self.durability,
+                shutdown,
+                redaction: self.redaction,
+            },
             client,
             _lease: lease,
-            instance,
             lease_timeout: self.lease_timeout,
-            durability: self.durability,
-            shutdown,
-            redaction: self.redaction,
         };
         let report = runtime.resume().await?;
         Ok((runtime, report))
@@ -313,16 +317,22 @@ where
 }
 
 /// A running agentloop: checkpoint store, instance lease, session supervisor.
+///
+/// It dereferences to its [`RuntimeHandle`] (supervisor, store views, resume, delete,
+/// shutdown handle); clone that handle into anything that serves sessions while the
+/// `Runtime` itself stays with whoever shuts it down.
 pub struct Runtime<I, E> {
-    supervisor: SupervisorHandle<I, E>,
-    store: Option<Arc<dyn CheckpointStore<I>>>,
+    handle: RuntimeHandle<I, E>,
     client: Option<CheckpointClient<I>>,
     _lease: Option<InstanceLease>,
-    instance: String,
     lease_timeout: Duration,
-    durability: Durability,
-    shutdown: ShutdownHandle,
-    redaction: crate::view::Redaction,
+}
+
+impl<I, E> std::ops::Deref for Runtime<I, E> {
+    type Target = RuntimeHandle<I, E>;
+    fn deref(&self) -> &RuntimeHandle<I, E> {
+        &self.handle
+    }
 }
 
 impl<I, E> Runtime<I, E>
@@ -335,14 +345,10 @@ where
         RuntimeBuilder::new()
     }
 
-    /// The session supervisor.
-    pub fn supervisor(&self) -> &SupervisorHandle<I, E> {
-        &self.supervisor
-    }
-
-    /// The checkpoint store, if any.
-    pub fn store(&self) -> Option<Arc<dyn CheckpointStore<I>>> {
-        self.store.clone()
+    /// A handle on this runtime's sessions and store, to clone into servers and tasks
+    /// (the `Runtime` itself dereferences to it).
+    pub fn handle(&self) -> RuntimeHandle<I, E> {
+        self.handle.clone()
     }
 
     /// The checkpoint actor's counters, when the runtime runs one (built with a data
@@ -351,128 +357,6 @@ where
         self.client.as_ref()?.stats().await.ok()
     }
 
-    /// Answers the business interrupt of stored session `id` and resumes it under this
-    /// runtime with its durability (S4): LangGraph's `Command(resume=…)`. The answer
-    /// and this instance's claim are one durable write before the call returns; the
-    /// resumed turn gets the answer in [`crate::Turn::answer`]. Works after a restart:
-    /// `Runtime::start` never resumes a session awaiting an answer by itself. Returns
-    /// the handle and a stream attached before the session started.
-    pub async fn resume_with_answer(
-        &self,
-        id: &str,
-        answer: I,
-    ) -> Result<(crate::SessionHandle<I, E>, crate::EventStream<E>), crate::AnswerError<I>> {
-        self.supervisor
-            .resume_with_answer(
-                id,
-                answer,
-                self.durability,
-                crate::events::DEFAULT_EVENT_CAPACITY,
-            )
-            .await
-    }
-
-    /// The client view of stored session `id` through the runtime's redaction (S24):
-    /// items, state and question as JSON, with what clients may not see removed. The
-    /// record is never altered. `None` when nothing is stored under the id.
-    pub async fn view(&self, id: &str) -> Result<Option<crate::view::SessionView>, StoreError> {
-        let Some(store) = &self.store else {
-            return Ok(None);
-        };
-        match store.load_stored(id).await? {
-            None => Ok(None),
-            Some(crate::store::Stored::Current(r)) => {
-                crate::view::session_view(&r, &self.redaction).map(Some)
-            }
-            Some(old @ crate::store::Stored::Format1(_)) => {
-                // Format 1 is bincode: read it through the item type, then view it.
-                let rec = old.decode::<I>()?.into_record();
-                let write = rec.to_write(crate::store::WriteCondition::Always)?;
-                let stored = crate::store::StoredRecord {
-                    header: write.header,
-                    items: write
-                        .items
-                        .into_iter()
-                        .filter_map(|c| match c {
-                            crate::store::ItemChange::Put(s, b) => Some((s, b)),
-                            crate::store::ItemChange::Delete(_) => None,
-                        })
-                        .collect(),
-                    state: None,
-                };
-                crate::view::session_view(&stored, &self.redaction).map(Some)
-            }
-        }
-    }
-
-    /// The kept turn-end checkpoints of session `id`, oldest first (issue 13, 4).
-    pub async fn history(
-        &self,
-        id: &str,
-    ) -> Result<Vec<crate::store::history::HistoryEntry>, StoreError> {
-        let Some(store) = &self.store else {
-            return Ok(Vec::new());
-        };
-        match store
-            .history(id, crate::store::history::HistoryQuery::List)
-            .await?
-        {
-            crate::store::history::HistoryAnswer::List(l) => Ok(l),
-            crate::store::history::HistoryAnswer::Load(_) => Ok(Vec::new()),
-        }
-    }
-
-    /// The client view of turn `turn`'s kept checkpoint of session `id`, through the
-    /// runtime's redaction; `None` when no such checkpoint is kept.
-    pub async fn checkpoint(
-        &self,
-        id: &str,
-        turn: u64,
-    ) -> Result<Option<crate::view::SessionView>, StoreError> {
-        let Some(store) = &self.store else {
-            return Ok(None);
-        };
-        match store
-            .history(id, crate::store::history::HistoryQuery::Load(turn))
-            .await?
-        {
-            crate::store::history::HistoryAnswer::Load(Some(r)) => {
-                crate::view::session_view(&r, &self.redaction).map(Some)
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Starts new session `to` from turn `turn`'s kept checkpoint of session `from`
-    /// (issue 13, 4), under this runtime, with its durability; the fork keeps `history`
-    /// checkpoints of its own.
-    pub async fn fork(
-        &self,
-        from: &str,
-        turn: u64,
-        to: &str,
-        history: usize,
-    ) -> Result<crate::SessionHandle<I, E>, crate::ForkError> {
-        self.supervisor
-            .fork(from, turn, to, self.durability, history)
-            .await
-    }
-
-    /// Deletes stored session `id`: its record and its checkpoint history. Refused
-    /// while it runs (stop it first); resolves to whether anything was stored.
-    pub async fn delete(&self, id: &str) -> Result<bool, crate::SupervisorError> {
-        self.supervisor.delete(id).await
-    }
-
-    /// The runtime's redaction (for front ends that send events to clients).
-    pub fn redaction(&self) -> &crate::view::Redaction {
-        &self.redaction
-    }
-
-    /// This runtime instance's id (the owner of its `Running` records).
-    pub fn instance_id(&self) -> &str {
-        &self.instance
-    }
 
     /// Resumes every stored session that is `Interrupted`, or `Running` under an owner
     /// whose heartbeat is stale (S19).
@@ -563,17 +447,11 @@ where
         Ok(report)
     }
 
-    /// The shutdown coordinator: clone it into a signal listener
-    /// ([`crate::shutdown::listen_for_signals`]) or anything else that may start the
-    /// shutdown; every request gets the same report.
-    pub fn shutdown_handle(&self) -> ShutdownHandle {
-        self.shutdown.clone()
-    }
-
     /// Shuts down (S27): runs the coordinator's phases (or joins the shutdown a signal
     /// started), then stops the supervisor and closes the store. Returns the report.
     pub async fn shutdown(self) -> Result<ShutdownReport, RuntimeError> {
         let report = self
+            .handle
             .shutdown
             .shutdown()
             .await
@@ -593,7 +471,7 @@ where
 
     async fn release(&self) -> Result<(), RuntimeError> {
         let _ = self.supervisor.actor().drain_and_wait(None).await;
-        self.shutdown.actor().stop(None);
+        self.handle.shutdown.actor().stop(None);
         if let Some(c) = &self.client {
             c.close().await?;
         }

@@ -1,0 +1,264 @@
+//! Idempotent pushes (issue 17, S33): a push may carry an `Idempotency-Key` header; the
+//! first push with a key runs, and every retry with the same key for the same session
+//! gets that first outcome (status and body) and never delivers the item again, also
+//! while the first is still in flight (it waits for it).
+//!
+//! The first push runs in its own task, so a client that disconnects mid-push cannot
+//! leave a delivered item without a remembered outcome. Keys are remembered for a
+//! bounded window: at most [`DEFAULT_IDEMPOTENCY_KEYS`] keys (the oldest are forgotten
+//! first) for at most [`DEFAULT_IDEMPOTENCY_TTL`], in memory: a retry after a restart of
+//! the server is a new push. A retry whose item differs from the first is refused (409
+//! `idempotency_mismatch`). This module remembers outcomes; pushing is the caller's.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::ApiError;
+
+/// Keys remembered at most (the oldest are forgotten first).
+pub const DEFAULT_IDEMPOTENCY_KEYS: usize = 100_000;
+
+/// How long a key is remembered at most.
+pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(600);
+
+/// The longest key accepted.
+pub const MAX_KEY_LEN: usize = 256;
+
+/// An outcome as sent: status and JSON body.
+pub(crate) type Outcome = (StatusCode, Value);
+
+struct Entry {
+    /// Hash of the session id and the item's JSON, to refuse a reused key.
+    fingerprint: u64,
+    outcome: watch::Receiver<Option<Outcome>>,
+    at: Instant,
+}
+
+/// The remembered keys.
+pub(crate) struct Idempotency {
+    max_keys: usize,
+    ttl: Duration,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<(String, String), Entry>,
+    /// Insertion order, oldest first, for eviction.
+    order: VecDeque<((String, String), Instant)>,
+}
+
+/// What a keyed push should do.
+enum Claim {
+    /// First with this key: run and publish through the sender.
+    Run(watch::Sender<Option<Outcome>>),
+    /// Seen before: wait for (or take) the first outcome.
+    Wait(watch::Receiver<Option<Outcome>>),
+}
+
+fn fingerprint(session: &str, item: &Value) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    session.hash(&mut h);
+    item.to_string().hash(&mut h);
+    h.finish()
+}
+
+impl Idempotency {
+    pub(crate) fn new(max_keys: usize, ttl: Duration) -> Self {
+        Idempotency {
+            max_keys: max_keys.max(1),
+            ttl,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// Keys remembered now.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().entries.len()
+    }
+
+    fn claim(&self, session: &str, key: &str, item: &Value) -> Result<Claim, ApiError> {
+        let now = Instant::now();
+        let fp = fingerprint(session, item);
+        let mut inner = self.inner.lock();
+        // Forget what is too old or too many, oldest first.
+        while let Some((k, at)) = inner.order.front().cloned() {
+            let expired = now.duration_since(at) > self.ttl;
+            if !expired && inner.order.len() < self.max_keys {
+                break;
+            }
+            inner.order.pop_front();
+            if inner.entries.get(&k).is_some_and(|e| e.at == at) {
+                inner.entries.remove(&k);
+            }
+        }
+        let k = (session.to_string(), key.to_string());
+        if let Some(e) = inner.entries.get(&k) {
+            if e.fingerprint != fp {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_mismatch",
+                    format!(
+                        "Idempotency-Key `{key}` was used for another item to session `{session}`: \
+                         a retry must send the same item; use a new key for a new item"
+                    ),
+                ));
+            }
+            return Ok(Claim::Wait(e.outcome.clone()));
+        }
+        let (tx, rx) = watch::channel(None);
+        inner.entries.insert(
+            k.clone(),
+            Entry {
+                fingerprint: fp,
+                outcome: rx,
+                at: now,
+            },
+        );
+        inner.order.push_back((k, now));
+        Ok(Claim::Run(tx))
+    }
+
+    /// Runs `push` once per (session, key): the first call spawns it and every call
+    /// (the first included) answers its outcome.
+    pub(crate) async fn run<F>(
+        &self,
+        session: &str,
+        key: &str,
+        item: &Value,
+        push: F,
+    ) -> Result<Outcome, ApiError>
+    where
+        F: Future<Output = Outcome> + Send + 'static,
+    {
+        if key.is_empty() || key.len() > MAX_KEY_LEN || key.chars().any(char::is_control) {
+            return Err(ApiError::bad_request(format!(
+                "Idempotency-Key must be 1 to {MAX_KEY_LEN} bytes without control characters"
+            )));
+        }
+        let mut rx = match self.claim(session, key, item)? {
+            Claim::Run(tx) => {
+                let mut rx = tx.subscribe();
+                // Its own task: the push completes and its outcome is published even if
+                // this request is dropped.
+                tokio::spawn(async move {
+                    let outcome = push.await;
+                    let _ = tx.send(Some(outcome));
+                });
+                rx.mark_unchanged();
+                rx
+            }
+            Claim::Wait(rx) => rx,
+        };
+        let lost = || {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the first push with this Idempotency-Key ended without an outcome \
+                 (its task panicked); check the server log before retrying with a new key",
+            )
+        };
+        let outcome = rx.wait_for(Option::is_some).await.map_err(|_| lost())?;
+        outcome.as_ref().cloned().ok_or_else(lost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    fn ok() -> Outcome {
+        (StatusCode::OK, serde_json::json!({"ok": true}))
+    }
+
+    #[tokio::test]
+    async fn a_retry_gets_the_first_outcome_and_runs_nothing() {
+        let idem = Idempotency::new(10, Duration::from_secs(60));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let item = serde_json::json!({"id": 1});
+        for _ in 0..3 {
+            let r = runs.clone();
+            let out = idem
+                .run("s", "k", &item, async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    ok()
+                })
+                .await
+                .expect("outcome");
+            assert_eq!(out, ok());
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_concurrent_retry_waits_for_the_first() {
+        let idem = Arc::new(Idempotency::new(10, Duration::from_secs(60)));
+        let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
+        let item = serde_json::json!(1);
+        let first = {
+            let idem = idem.clone();
+            let item = item.clone();
+            tokio::spawn(async move {
+                idem.run("s", "k", &item, async move {
+                    let _ = gate_rx.await;
+                    (StatusCode::ACCEPTED, serde_json::json!("first"))
+                })
+                .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let second = {
+            let idem = idem.clone();
+            let item = item.clone();
+            tokio::spawn(async move {
+                idem.run("s", "k", &item, async { panic!("a retry must not run") })
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        assert!(!second.is_finished());
+        gate_tx.send(()).expect("gate");
+        let a = first.await.expect("join").expect("first");
+        let b = second.await.expect("join").expect("second");
+        assert_eq!(a, b);
+        assert_eq!(a.0, StatusCode::ACCEPTED);
+    }
+
+    #[tokio::test]
+    async fn a_reused_key_with_another_item_is_refused() {
+        let idem = Idempotency::new(10, Duration::from_secs(60));
+        idem.run("s", "k", &serde_json::json!(1), async { ok() })
+            .await
+            .expect("first");
+        let e = idem
+            .run("s", "k", &serde_json::json!(2), async { ok() })
+            .await
+            .expect_err("mismatch");
+        assert_eq!(e.code, "idempotency_mismatch");
+        // The same key on another session is another key.
+        idem.run("t", "k", &serde_json::json!(2), async { ok() })
+            .await
+            .expect("other session");
+    }
+
+    #[tokio::test]
+    async fn the_window_is_bounded() {
+        let idem = Idempotency::new(3, Duration::from_secs(60));
+        for i in 0..10 {
+            idem.run("s", &format!("k{i}"), &serde_json::json!(i), async { ok() })
+                .await
+                .expect("run");
+        }
+        assert!(idem.len() <= 3, "{} keys kept", idem.len());
+    }
+}

@@ -1,0 +1,114 @@
+//! Bounds on what clients may hold at once (issue 17, S34): requests in flight and open
+//! event streams. Over a bound the answer is 429 `too_many` at once, never a queue that
+//! grows. This module only counts; it never looks at a request's content.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::ApiError;
+
+/// Requests in flight the router serves at once unless [`crate::HttpOptions::max_requests`]
+/// says otherwise. An open event stream counts only against the stream bound.
+pub const DEFAULT_MAX_REQUESTS: usize = 1024;
+
+/// Event streams open at once unless [`crate::HttpOptions::max_event_streams`] says
+/// otherwise.
+pub const DEFAULT_MAX_EVENT_STREAMS: usize = 256;
+
+/// A counter with a ceiling; a [`Slot`] holds one unit until dropped.
+#[derive(Debug)]
+pub(crate) struct Gauge {
+    held: AtomicUsize,
+    max: usize,
+}
+
+/// One unit of a [`Gauge`], given back on drop.
+#[derive(Debug)]
+pub(crate) struct Slot(Arc<Gauge>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Gauge {
+    pub(crate) fn new(max: usize) -> Arc<Self> {
+        Arc::new(Gauge {
+            held: AtomicUsize::new(0),
+            max,
+        })
+    }
+
+    /// A slot, or `None` at the ceiling.
+    pub(crate) fn try_take(self: &Arc<Self>) -> Option<Slot> {
+        let mut held = self.held.load(Ordering::Acquire);
+        loop {
+            if held >= self.max {
+                return None;
+            }
+            match self.held.compare_exchange_weak(
+                held,
+                held + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(Slot(self.clone())),
+                Err(now) => held = now,
+            }
+        }
+    }
+
+    /// Units held now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+/// 429 with what to do.
+pub(crate) fn too_many(what: &str, max: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many",
+        format!("the server already serves {max} {what}, its configured bound; retry later"),
+    )
+}
+
+/// The middleware: one slot per request in flight (event streams are bounded by their
+/// own gauge when they open, so a long stream does not hold a request slot).
+pub(crate) async fn bound_requests(
+    State(gauge): State<Arc<Gauge>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match gauge.try_take() {
+        Some(slot) => {
+            let resp = next.run(req).await;
+            drop(slot);
+            resp
+        }
+        None => too_many("requests at once", gauge.max).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_refuses_at_its_ceiling_and_frees_on_drop() {
+        let g = Gauge::new(2);
+        let a = g.try_take().expect("first");
+        let _b = g.try_take().expect("second");
+        assert!(g.try_take().is_none());
+        drop(a);
+        assert_eq!(g.held(), 1);
+        assert!(g.try_take().is_some());
+    }
+}

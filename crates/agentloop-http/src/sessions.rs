@@ -1,0 +1,569 @@
+//! The session routes (issue 17, S33): spawn, list, read (the S24 redacted view), push
+//! (preempt options, idempotency key), stop (every stop option), detach, cancel, resume
+//! with an answer, history and delete. Each handler turns JSON into one runtime call
+//! and its answer back into JSON; the runtime decides everything.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use agentloop::{
+    Durability, Preempt, PushOptions, RuntimeHandle, SessionSpec, SessionStatus, StopOptions,
+};
+
+use crate::idempotency::Idempotency;
+use crate::limits::{too_many, Gauge};
+use crate::{wire, ApiError};
+
+/// Events a session spawned over HTTP keeps for reconnecting SSE clients, unless the
+/// spawn says otherwise (`"replay": n`).
+pub const DEFAULT_REPLAY: usize = 256;
+
+/// What the handlers share.
+pub(crate) struct AppState<I, E> {
+    pub(crate) runtime: RuntimeHandle<I, E>,
+    pub(crate) streams: Arc<Gauge>,
+    pub(crate) max_streams: usize,
+    pub(crate) idempotency: Arc<Idempotency>,
+}
+
+impl<I, E> Clone for AppState<I, E> {
+    fn clone(&self) -> Self {
+        AppState {
+            runtime: self.runtime.clone(),
+            streams: self.streams.clone(),
+            max_streams: self.max_streams,
+            idempotency: self.idempotency.clone(),
+        }
+    }
+}
+
+/// What the router needs of the runtime's item type: read from JSON (pushes,
+/// answers), written to JSON. Implemented for every such type.
+pub trait Item:
+    Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static
+{
+}
+impl<T> Item for T where
+    T: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static
+{
+}
+
+/// What the router needs of the runtime's event type: written to JSON for the event
+/// stream. Implemented for every such type.
+pub trait Ev: Clone + Send + Sync + Serialize + 'static {}
+impl<T> Ev for T where T: Clone + Send + Sync + Serialize + 'static {}
+
+/// A JSON body, or the error that says what is wrong with it (413 when too large).
+pub(crate) fn body<T: DeserializeOwned>(
+    raw: Result<Json<T>, JsonRejection>,
+) -> Result<T, ApiError> {
+    match raw {
+        Ok(Json(v)) => Ok(v),
+        Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the request body is too large: {e}; send less"),
+            ))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body is not what this route takes: {e}"
+        ))),
+    }
+}
+
+/// A body that may be empty (no content type): its default then.
+fn optional_body<T: DeserializeOwned + Default>(
+    raw: Result<Json<T>, JsonRejection>,
+) -> Result<T, ApiError> {
+    match raw {
+        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
+        other => body(other),
+    }
+}
+
+fn duration(option: &str, text: &str) -> Result<Duration, ApiError> {
+    let d = humantime::parse_duration(text).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{option} `{text}` is not a duration ({e}); write e.g. \"5s\""
+        ))
+    })?;
+    if d.is_zero() {
+        return Err(ApiError::bad_request(format!(
+            "{option} must be positive, not `{text}`"
+        )));
+    }
+    Ok(d)
+}
+
+/// `POST /sessions`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SpawnBody {
+    id: String,
+    kind: String,
+    #[serde(default)]
+    config: Option<Value>,
+    #[serde(default)]
+    persistent: bool,
+    #[serde(default)]
+    durability: Option<String>,
+    /// Recent events kept for SSE clients that reconnect with `Last-Event-ID`.
+    #[serde(default)]
+    replay: Option<usize>,
+    /// Turn-end checkpoints to keep (`GET /sessions/{id}/history`); needs `persistent`.
+    #[serde(default)]
+    history: Option<usize>,
+}
+
+pub(crate) async fn spawn<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    raw: Result<Json<SpawnBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = body(raw)?;
+    let mut spec = SessionSpec::new(b.id.clone(), b.kind)
+        .persistent(b.persistent)
+        .replay(b.replay.unwrap_or(DEFAULT_REPLAY));
+    if let Some(n) = b.history {
+        if !b.persistent {
+            return Err(ApiError::bad_request(
+                "history keeps checkpoints in the store: set \"persistent\": true too",
+            ));
+        }
+        spec = spec.history(n);
+    }
+    if let Some(config) = b.config {
+        let bytes = serde_json::to_vec(&config)
+            .map_err(|e| ApiError::bad_request(format!("config: {e}")))?;
+        spec = spec.config(bytes);
+    }
+    if let Some(d) = b.durability {
+        spec = spec.durability(match d.as_str() {
+            "sync" => Durability::Sync,
+            "turn" => Durability::Turn,
+            "exit" => Durability::Exit,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "durability `{other}`: use sync, turn or exit"
+                )))
+            }
+        });
+    }
+    st.runtime.supervisor().spawn(spec).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": b.id }))).into_response())
+}
+
+/// `GET /sessions`: the live sessions and the stored records, merged by id, each
+/// marked `live` and with its stored `status` (`null` when nothing is stored).
+pub(crate) async fn list<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    let mut rows: BTreeMap<String, Value> = BTreeMap::new();
+    if let Some(store) = st.runtime.store() {
+        for entry in store.list_stored(None).await? {
+            let row = match &entry.record {
+                Ok(stored) => json!({
+                    "id": entry.session_id,
+                    "kind": kind_of(stored),
+                    "live": false,
+                    "status": wire::status(stored.status()),
+                    "restarts": null,
+                }),
+                Err(e) => json!({
+                    "id": entry.session_id,
+                    "kind": null,
+                    "live": false,
+                    "status": "unreadable",
+                    "error": e.to_string(),
+                    "restarts": null,
+                }),
+            };
+            rows.insert(entry.session_id.clone(), row);
+        }
+    }
+    for s in st.runtime.supervisor().list().await {
+        let row = rows.entry(s.id.clone()).or_insert_with(
+            || json!({"id": s.id, "kind": s.kind, "live": true, "status": null, "restarts": 0}),
+        );
+        row["live"] = json!(true);
+        row["kind"] = json!(s.kind);
+        row["restarts"] = json!(s.restarts);
+    }
+    Ok(Json(rows.into_values().collect()))
+}
+
+fn kind_of(stored: &agentloop::store::Stored) -> &str {
+    match stored {
+        agentloop::store::Stored::Current(r) => &r.header.agent_kind,
+        agentloop::store::Stored::Format1(r) => &r.agent_kind,
+    }
+}
+
+/// `GET /sessions/{id}`: the stored record through the runtime's redaction (S24), with
+/// `live` and, while the session runs here, what it is doing.
+pub(crate) async fn get_one<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let view = st.runtime.view(&id).await?;
+    let live = st.runtime.supervisor().inspect(&id).await.ok();
+    let mut out = match (&view, &live) {
+        (None, None) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_session",
+                format!(
+                    "no session `{id}` runs here and none is stored; list them with GET /sessions"
+                ),
+            ))
+        }
+        (Some(v), _) => {
+            let mut out = serde_json::to_value(v).map_err(|e| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+            })?;
+            // The view's status is Rust display text; clients get the stable name.
+            out["status"] = json!(status_name(&v.status));
+            out
+        }
+        (None, Some(_)) => json!({"session_id": id, "status": null}),
+    };
+    out["live"] = json!(live.is_some());
+    if let Some(info) = live {
+        out["run"] = json!({
+            "phase": match info.phase {
+                agentloop::TurnPhase::Idle => "idle",
+                agentloop::TurnPhase::Planning => "planning",
+                agentloop::TurnPhase::Running => "running",
+            },
+            "turn_index": info.turn_index,
+            "buffered": info.buffered,
+            "preempted": info.preempted,
+            "stop_committed": info.stop_committed,
+        });
+    }
+    Ok(Json(out))
+}
+
+/// The stable name of a status from its display text (`Failed(..)` → `failed`).
+fn status_name(display: &str) -> String {
+    display
+        .split('(')
+        .next()
+        .unwrap_or(display)
+        .to_ascii_lowercase()
+}
+
+/// `POST /sessions/{id}/items`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PushBody {
+    item: Value,
+    #[serde(default)]
+    preempt: Option<PreemptBody>,
+}
+
+/// A push's preempt: `{"at": "any", "timeout"?: "5s", "delay"?: "1s"}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PreemptBody {
+    at: String,
+    #[serde(default)]
+    timeout: Option<String>,
+    #[serde(default)]
+    delay: Option<String>,
+}
+
+fn preempt(b: PreemptBody) -> Result<Preempt, ApiError> {
+    let at = wire::parse_safe_point(&b.at)
+        .map_err(|e| ApiError::bad_request(format!("preempt: {e}")))?;
+    let mut p = Preempt::at(at);
+    if let Some(t) = b.timeout {
+        p = p.timeout(duration("preempt timeout", &t)?);
+    }
+    if let Some(d) = b.delay {
+        p = p.delay(duration("preempt delay", &d)?);
+    }
+    p.validate()
+        .map_err(|e| ApiError::bad_request(format!("preempt: {e}")))?;
+    Ok(p)
+}
+
+pub(crate) async fn push<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    raw: Result<Json<PushBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = body(raw)?;
+    // The whole request is checked before anything is delivered: never half-accepted.
+    let item: I = serde_json::from_value(b.item.clone())
+        .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
+    let options = match b.preempt {
+        Some(p) => PushOptions::preempt(preempt(p)?),
+        None => PushOptions::new(),
+    };
+    let supervisor = st.runtime.supervisor().clone();
+    let session = id.clone();
+    let deliver = async move {
+        match supervisor.push_with(&session, item, options).await {
+            Ok(ack) => (StatusCode::OK, json!({ "preempt": wire::preempt_ack(ack) })),
+            Err(e) => {
+                let e = ApiError::from(e);
+                (e.status, json!({ "code": e.code, "message": e.message }))
+            }
+        }
+    };
+    let key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::bad_request("Idempotency-Key must be visible ASCII"))?,
+        ),
+    };
+    let (status, out) = match key {
+        None => deliver.await,
+        Some(key) => st.idempotency.run(&id, key, &b.item, deliver).await?,
+    };
+    Ok((status, Json(out)).into_response())
+}
+
+/// `POST /sessions/{id}/stop`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StopBody {
+    /// `graceful` (default), `at`, `immediate`, `drain`, `bare` or `idle`.
+    #[serde(default)]
+    mode: Option<String>,
+    /// For `graceful` and `at`: the cancel's timeout, e.g. `"5s"`; for `idle`: how long
+    /// idle.
+    #[serde(default)]
+    timeout: Option<String>,
+    /// For `at`: the safe points (`after_model_call`, `after_tool_calls`, `any`).
+    #[serde(default)]
+    at: Option<String>,
+    /// For `idle`: how long the session must be idle before it exits.
+    #[serde(default)]
+    idle_for: Option<String>,
+    #[serde(default)]
+    cause: Option<String>,
+    #[serde(default)]
+    skip_checkpoint: bool,
+}
+
+fn stop_options(b: StopBody) -> Result<StopOptions, ApiError> {
+    let timeout = b
+        .timeout
+        .as_deref()
+        .map(|t| duration("timeout", t))
+        .transpose()?;
+    let mode = b.mode.as_deref().unwrap_or("graceful");
+    let misplaced = |field: &str| {
+        ApiError::bad_request(format!(
+            "`{field}` does not apply to the `{mode}` stop mode"
+        ))
+    };
+    if b.at.is_some() && mode != "at" {
+        return Err(misplaced("at"));
+    }
+    if b.idle_for.is_some() && mode != "idle" {
+        return Err(misplaced("idle_for"));
+    }
+    let mut o = match mode {
+        "graceful" => match timeout {
+            None => StopOptions::graceful(),
+            Some(t) => StopOptions::graceful_timeout(t),
+        },
+        "at" => {
+            let at = b.at.as_deref().ok_or_else(|| {
+                ApiError::bad_request(
+                    "the `at` stop mode needs `at`: after_model_call, after_tool_calls or any",
+                )
+            })?;
+            let p = wire::parse_safe_point(at).map_err(ApiError::bad_request)?;
+            let mut o = StopOptions::at(p);
+            if let (Some(t), Some(c)) = (timeout, o.cancel.as_mut()) {
+                c.timeout = Some(t);
+            }
+            o
+        }
+        "idle" => {
+            let d = b.idle_for.as_deref().ok_or_else(|| {
+                ApiError::bad_request("the `idle` stop mode needs `idle_for`, e.g. \"30s\"")
+            })?;
+            StopOptions::until_idle_for(duration("idle_for", d)?)
+        }
+        m @ ("immediate" | "drain" | "bare") => {
+            if timeout.is_some() {
+                return Err(misplaced("timeout"));
+            }
+            match m {
+                "immediate" => StopOptions::immediate(),
+                "drain" => StopOptions::drain(),
+                _ => StopOptions::bare(),
+            }
+        }
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "mode `{other}`: use graceful, at, immediate, drain, bare or idle"
+            )))
+        }
+    };
+    if let Some(c) = b.cause {
+        o = o.cause(c);
+    }
+    if b.skip_checkpoint {
+        o = o.skip_checkpoint();
+    }
+    o.validate()
+        .map_err(|e| ApiError::bad_request(format!("stop options: {e}")))?;
+    Ok(o)
+}
+
+pub(crate) async fn stop<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+    raw: Result<Json<StopBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = optional_body(raw)?;
+    st.runtime.supervisor().stop(&id, stop_options(b)?).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": id, "stopping": true })),
+    )
+        .into_response())
+}
+
+/// `POST /sessions/{id}/detach` (S23): the session goes on in the background and its
+/// record is finalized when it drains. Refused (409) for a session without a store.
+pub(crate) async fn detach<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    st.runtime.supervisor().detach(&id).await?;
+    Ok(Json(json!({ "id": id, "detached": true })))
+}
+
+/// `POST /sessions/{id}/cancel` (S24).
+pub(crate) async fn cancel<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let status: SessionStatus = st.runtime.supervisor().cancel(&id).await?;
+    Ok(Json(json!({ "id": id, "status": wire::status(&status) })))
+}
+
+/// `POST /sessions/{id}/resume`: `{"answer": <item>}` answers the session's business
+/// interrupt and resumes it (S4).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResumeBody {
+    answer: Value,
+}
+
+pub(crate) async fn resume<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+    raw: Result<Json<ResumeBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let b = body(raw)?;
+    let answer: I = serde_json::from_value(b.answer).map_err(|e| {
+        ApiError::bad_request(format!("answer: not an item this server takes: {e}"))
+    })?;
+    // The stream attached before the start is not needed: clients subscribe by id.
+    let (_handle, _events) = st.runtime.resume_with_answer(&id, answer).await?;
+    Ok(Json(json!({ "id": id, "resumed": true })))
+}
+
+/// `GET /sessions/{id}/history`: the kept turn-end checkpoints, oldest first.
+pub(crate) async fn history<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    agentloop::ids::validate_session_id(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let list = st.runtime.history(&id).await?;
+    if list.is_empty() && st.runtime.view(&id).await?.is_none() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_session",
+            format!("nothing is stored under `{id}`: no record, no history"),
+        ));
+    }
+    Ok(Json(json!(list)))
+}
+
+/// `GET /sessions/{id}/history/{turn}`: that checkpoint's view (redacted).
+pub(crate) async fn checkpoint<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path((id, turn)): Path<(String, u64)>,
+) -> Result<Json<Value>, ApiError> {
+    match st.runtime.checkpoint(&id, turn).await? {
+        Some(v) => {
+            let mut out = json!(v);
+            out["status"] = json!(status_name(&v.status));
+            Ok(Json(out))
+        }
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_checkpoint",
+            format!("session `{id}` keeps no checkpoint of turn {turn}; list them with GET /sessions/{id}/history"),
+        )),
+    }
+}
+
+/// `DELETE /sessions/{id}`: the record and its history. 409 while the session runs.
+pub(crate) async fn delete<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if st.runtime.delete(&id).await? {
+        Ok(Json(json!({ "id": id, "deleted": true })))
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_session",
+            format!("nothing is stored under `{id}`"),
+        ))
+    }
+}
+
+/// `GET /sessions/{id}/events`.
+pub(crate) async fn events<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let after = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "Last-Event-ID must be an event id this server sent (a number)",
+                    )
+                })?,
+        ),
+    };
+    let slot = st
+        .streams
+        .try_take()
+        .ok_or_else(|| too_many("event streams", st.max_streams))?;
+    let filter = agentloop::EventFilter::all();
+    let supervisor = st.runtime.supervisor();
+    let stream = match after {
+        Some(seq) => supervisor.subscribe_after(&id, seq, filter).await?,
+        None => supervisor.subscribe(&id, filter).await?,
+    };
+    Ok(crate::events::sse(stream, st.runtime.redaction().clone(), slot).into_response())
+}

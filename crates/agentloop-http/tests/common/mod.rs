@@ -1,0 +1,109 @@
+//! Helpers shared by the router's tests: a runtime of simulated agents, one request
+//! through the router in process, and SSE parsing.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use agentloop::Runtime;
+use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+pub type Rt = Runtime<SimItem, SimEvent>;
+
+pub async fn runtime() -> Rt {
+    let (rt, _) = Rt::builder()
+        .register_agent("sim", |_cfg: &[u8]| {
+            Ok(SimAgent::new(Script::react(
+                1,
+                Duration::ZERO,
+                Duration::ZERO,
+            )))
+        })
+        .flush_logs(None)
+        .start()
+        .await
+        .unwrap();
+    rt
+}
+
+pub async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| json!(String::from_utf8_lossy(&bytes)))
+    };
+    (status, v)
+}
+
+pub fn code(v: &Value) -> &str {
+    v["code"].as_str().unwrap_or("")
+}
+
+/// Reads SSE frames from `body` until an event named `until` arrives; returns the text.
+pub async fn read_until(body: &mut Body, until: &str) -> String {
+    let mut text = String::new();
+    while !sse_events(&text).iter().any(|(_, n, _)| n == until) {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("an event in time")
+            .expect("the stream is open")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    text
+}
+
+pub async fn open_events(app: &Router, id: &str, last: Option<u64>) -> axum::response::Response {
+    let mut req = Request::builder().uri(format!("/sessions/{id}/events"));
+    if let Some(l) = last {
+        req = req.header("last-event-id", l.to_string());
+    }
+    app.clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+/// The SSE lines of a whole response: `(id, event, data)` per event.
+pub fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
+    let mut out = Vec::new();
+    for block in text.split("\n\n") {
+        let (mut id, mut name, mut data) = (None, None, None);
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().parse::<u64>().ok();
+            } else if let Some(v) = line.strip_prefix("event:") {
+                name = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data = serde_json::from_str(v.trim()).ok();
+            }
+        }
+        if let (Some(id), Some(name), Some(data)) = (id, name, data) {
+            out.push((id, name, data));
+        }
+    }
+    out
+}

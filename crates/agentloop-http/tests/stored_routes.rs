@@ -1,0 +1,476 @@
+//! The routes over stored sessions and the request options (issue 17, S33, S34): the
+//! S24 view through the runtime's redaction, the list with live and stored sessions
+//! marked, history, resume with an answer, delete, detach, preempt options, idempotent
+//! pushes, every stop mode, the event-stream bound (429) and CORS only when configured.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop::{Redaction, Runtime, StopOptions};
+use agentloop_http::{router, HttpOptions};
+use agentloop_sim::{Fault, Ledger, Script, SimAgent, SimEvent, SimItem};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::Router;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+mod common;
+use common::*;
+
+type Ledgers = Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>;
+
+/// A persistent runtime in `dir`: kind `asks` interrupts turn 1 in every other agent
+/// built (the 1st, 3rd, ...: the tests resume each asking session once before the next
+/// one starts, and a resumed agent must not ask again); kind `sim` never does. Items' `text` and
+/// questions' `items` are redacted for clients.
+async fn stored_runtime(dir: &std::path::Path, ledgers: Ledgers) -> Rt {
+    let built = Arc::new(AtomicUsize::new(0));
+    let l = ledgers.clone();
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .data_dir(dir)
+        .flush_logs(None)
+        .redact(Redaction::fields(["text", "items"]))
+        .register_agent("asks", move |_cfg: &[u8]| {
+            let a = SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO));
+            Ok(if built.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
+                a
+            } else {
+                a.with_fault(Some(1), 0, Fault::Interrupt, true)
+            })
+        })
+        .register_agent("sim", move |_cfg: &[u8]| {
+            let a = SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO));
+            l.lock().push(a.ledger());
+            Ok(a)
+        })
+        .start()
+        .await
+        .unwrap();
+    rt
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..400 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn push_body(id: u64, text: &str) -> Option<Value> {
+    Some(json!({"item": {"id": id, "text": text}}))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_session_is_viewed_redacted_listed_answered_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = stored_runtime(dir.path(), Ledgers::default()).await;
+    let app = router(&rt, HttpOptions::default());
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "ask", "kind": "asks", "persistent": true, "history": 4})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    // history needs a store behind it.
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "h", "kind": "sim", "history": 2})),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, "bad_request"),
+        "{v}"
+    );
+
+    // Turn 0 completes; turn 1 asks and the session stops awaiting an answer.
+    assert_eq!(
+        call(
+            &app,
+            "POST",
+            "/sessions/ask/items",
+            push_body(1, "secret one")
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    eventually("turn 0's checkpoint", || async {
+        call(&app, "GET", "/sessions/ask/history", None)
+            .await
+            .1
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    })
+    .await;
+    assert_eq!(
+        call(
+            &app,
+            "POST",
+            "/sessions/ask/items",
+            push_body(2, "secret two")
+        )
+        .await
+        .0,
+        StatusCode::OK
+    );
+    eventually("the interrupt", || async {
+        let (_, v) = call(&app, "GET", "/sessions/ask", None).await;
+        v["status"] == "stopped" && v["live"] == false
+    })
+    .await;
+
+    let (s, v) = call(&app, "GET", "/sessions/ask", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["agent_kind"], "asks");
+    assert_eq!(
+        v["interrupted_items"],
+        json!([{"id": 2, "text": "[redacted]"}]),
+        "{v}"
+    );
+    assert_eq!(v["interrupt"]["question"]["items"], "[redacted]", "{v}");
+    // The stored record itself is untouched (S24).
+    let stored = rt.store().unwrap().load("ask").await.unwrap().unwrap();
+    assert_eq!(stored.interrupted_items[0].text, "secret two");
+
+    let (s, list) = call(&app, "GET", "/sessions", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let row = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "ask")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (
+            row["live"].clone(),
+            row["status"].clone(),
+            row["kind"].clone()
+        ),
+        (json!(false), json!("stopped"), json!("asks"))
+    );
+
+    let (s, hist) = call(&app, "GET", "/sessions/ask/history", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let turn = hist[0]["turn"].as_u64().unwrap();
+    let (s, cp) = call(&app, "GET", &format!("/sessions/ask/history/{turn}"), None).await;
+    assert_eq!(s, StatusCode::OK, "{cp}");
+    assert_eq!(cp["session_id"], "ask");
+    let (s, v) = call(&app, "GET", "/sessions/ask/history/99", None).await;
+    assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "unknown_checkpoint"));
+
+    // The answer resumes it; a second answer finds nothing awaiting one.
+    let answer = Some(json!({"answer": {"id": 99, "text": "approved"}}));
+    let (s, v) = call(&app, "POST", "/sessions/ask/resume", answer.clone()).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v) = call(&app, "POST", "/sessions/ask/resume", answer.clone()).await;
+    assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "wrong_state"), "{v}");
+    let (s, v) = call(&app, "POST", "/sessions/ghost/resume", answer).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::NOT_FOUND, "unknown_session"),
+        "{v}"
+    );
+
+    // Delete is refused while it runs; a stop that leaves nothing to resume removes
+    // the record by itself.
+    let (s, v) = call(&app, "DELETE", "/sessions/ask", None).await;
+    assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "wrong_state"), "{v}");
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/sessions/ask/stop",
+        Some(json!({"mode": "immediate"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    eventually("the stop", || async {
+        let (s, v) = call(&app, "GET", "/sessions/ask", None).await;
+        s == StatusCode::NOT_FOUND || v["live"] == false
+    })
+    .await;
+
+    // A second session awaiting an answer is deleted with its history.
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "ask2", "kind": "asks", "persistent": true, "history": 4})),
+    )
+    .await;
+    for i in [10, 11] {
+        assert_eq!(
+            call(&app, "POST", "/sessions/ask2/items", push_body(i, "x"))
+                .await
+                .0,
+            StatusCode::OK
+        );
+    }
+    eventually("the second interrupt", || async {
+        let (_, v) = call(&app, "GET", "/sessions/ask2", None).await;
+        v["status"] == "stopped" && v["live"] == false
+    })
+    .await;
+    let (s, v) = call(&app, "DELETE", "/sessions/ask2", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["deleted"], true);
+    assert_eq!(
+        call(&app, "GET", "/sessions/ask2", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        call(&app, "GET", "/sessions/ask2/history", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (s, v) = call(&app, "DELETE", "/sessions/ask2", None).await;
+    assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "unknown_session"));
+    rt.shutdown().await.unwrap();
+}
+
+/// Sends one push with an `Idempotency-Key`.
+async fn keyed_push(app: &Router, key: &str, id: u64) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method("POST")
+        .uri("/sessions/k/items")
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(
+            json!({"item": {"id": id, "text": "t"}}).to_string(),
+        ))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_retry_delivers_once_and_preempts_are_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledgers = Ledgers::default();
+    let rt = stored_runtime(dir.path(), ledgers.clone()).await;
+    let app = router(&rt, HttpOptions::default());
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "k", "kind": "sim"})),
+    )
+    .await;
+
+    let first = keyed_push(&app, "order-1", 1).await;
+    assert_eq!(first.0, StatusCode::OK, "{first:?}");
+    for _ in 0..3 {
+        assert_eq!(
+            keyed_push(&app, "order-1", 1).await,
+            first,
+            "a retry answers the first outcome"
+        );
+    }
+    let (s, v) = keyed_push(&app, "order-1", 2).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::CONFLICT, "idempotency_mismatch"),
+        "{v}"
+    );
+    assert_eq!(keyed_push(&app, "order-2", 3).await.0, StatusCode::OK);
+
+    // A preempt on an idle session has nothing to cancel.
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/k/items",
+        Some(json!({"item": {"id": 4, "text": "t"}, "preempt": {"at": "any", "timeout": "1s"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert!(
+        ["no_target", "submitted", "target_ended"]
+            .contains(&v["preempt"]["kind"].as_str().unwrap()),
+        "{v}"
+    );
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/k/items",
+        Some(json!({"item": {"id": 5, "text": "t"}, "preempt": {"at": "sometimes"}})),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, "bad_request"),
+        "{v}"
+    );
+
+    // Drain: every accepted item is delivered, item 1 once, item 5 never.
+    let (s, _) = call(
+        &app,
+        "POST",
+        "/sessions/k/stop",
+        Some(json!({"mode": "drain"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    eventually("the drain", || async {
+        call(&app, "GET", "/sessions", None)
+            .await
+            .1
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["live"] == false)
+    })
+    .await;
+    let mut delivered: Vec<u64> = ledgers
+        .lock()
+        .iter()
+        .flat_map(|l| l.lock().delivered_ids())
+        .collect();
+    delivered.sort_unstable();
+    assert_eq!(delivered, [1, 3, 4]);
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detach_and_every_stop_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = stored_runtime(dir.path(), Ledgers::default()).await;
+    let app = router(&rt, HttpOptions::default());
+    for (id, persistent) in [("mem", false), ("bg", true), ("at", false), ("idle", false)] {
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/sessions",
+            Some(json!({"id": id, "kind": "sim", "persistent": persistent})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{v}");
+    }
+    let (s, v) = call(&app, "POST", "/sessions/mem/detach", None).await;
+    assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "wrong_state"), "{v}");
+    let (s, v) = call(&app, "POST", "/sessions/bg/detach", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["detached"], true);
+    let (s, v) = call(&app, "POST", "/sessions/ghost/detach", None).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::NOT_FOUND, "unknown_session"),
+        "{v}"
+    );
+
+    for (body, want) in [
+        (json!({"mode": "at"}), StatusCode::BAD_REQUEST),
+        (
+            json!({"mode": "at", "at": "never"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"mode": "graceful", "idle_for": "1s"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (json!({"mode": "idle"}), StatusCode::BAD_REQUEST),
+        (
+            json!({"mode": "drain", "timeout": "1s"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"mode": "graceful", "timeout": "0s"}),
+            StatusCode::BAD_REQUEST,
+        ),
+    ] {
+        let (s, v) = call(&app, "POST", "/sessions/at/stop", Some(body.clone())).await;
+        assert_eq!((s, code(&v)), (want, "bad_request"), "{body}: {v}");
+    }
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/at/stop",
+        Some(json!({"mode": "at", "at": "after_tool_calls", "timeout": "2s", "cause": "user"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/idle/stop",
+        Some(json!({"mode": "idle", "idle_for": "10ms"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    eventually("both stops", || async {
+        let (_, l) = call(&app, "GET", "/sessions", None).await;
+        !l.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| (r["id"] == "at" || r["id"] == "idle") && r["live"] == true)
+    })
+    .await;
+    rt.stop(StopOptions::immediate()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_are_bounded_and_cors_is_off_unless_configured() {
+    let rt = runtime().await;
+    let app = router(
+        &rt,
+        HttpOptions {
+            max_event_streams: Some(1),
+            ..HttpOptions::default()
+        },
+    );
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "s", "kind": "sim"})),
+    )
+    .await;
+    let first = open_events(&app, "s", None).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = open_events(&app, "s", None).await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(first);
+    assert_eq!(open_events(&app, "s", None).await.status(), StatusCode::OK);
+
+    let with_origin = |app: Router| async move {
+        let req = Request::builder()
+            .uri("/healthz")
+            .header("origin", "http://app.example")
+            .body(Body::empty())
+            .unwrap();
+        app.oneshot(req)
+            .await
+            .unwrap()
+            .headers()
+            .get("access-control-allow-origin")
+            .cloned()
+    };
+    assert_eq!(with_origin(app.clone()).await, None);
+    let cors = router(
+        &rt,
+        HttpOptions {
+            cors_origins: vec!["http://app.example".into()],
+            ..HttpOptions::default()
+        },
+    );
+    assert_eq!(with_origin(cors).await.unwrap(), "http://app.example");
+    rt.stop(StopOptions::immediate()).await.unwrap();
+}

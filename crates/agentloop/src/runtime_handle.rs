@@ -1,0 +1,188 @@
+//! [`RuntimeHandle`]: a cheap, cloneable handle on a running runtime's sessions and
+//! store: the supervisor, the redacted client views (S24), history, resume with an
+//! answer, delete, and the shutdown handle. Front ends (the HTTP router, a service's
+//! own tasks) hold one; the [`crate::Runtime`] that owns the lease and the checkpoint
+//! actor dereferences to it.
+//!
+//! It only forwards to the supervisor and reads through the store's trait; it starts
+//! and stops nothing (that is `runtime`).
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::session::Durability;
+use crate::shutdown::ShutdownHandle;
+use crate::store::{CheckpointStore, StoreError};
+use crate::supervisor::SupervisorHandle;
+
+/// A handle on a running runtime (see the module docs). Cloning is cheap.
+pub struct RuntimeHandle<I, E> {
+    pub(crate) supervisor: SupervisorHandle<I, E>,
+    pub(crate) store: Option<Arc<dyn CheckpointStore<I>>>,
+    pub(crate) instance: String,
+    pub(crate) durability: Durability,
+    pub(crate) shutdown: ShutdownHandle,
+    pub(crate) redaction: crate::view::Redaction,
+}
+
+impl<I, E> Clone for RuntimeHandle<I, E> {
+    fn clone(&self) -> Self {
+        RuntimeHandle {
+            supervisor: self.supervisor.clone(),
+            store: self.store.clone(),
+            instance: self.instance.clone(),
+            durability: self.durability,
+            shutdown: self.shutdown.clone(),
+            redaction: self.redaction.clone(),
+        }
+    }
+}
+
+impl<I, E> RuntimeHandle<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// The session supervisor.
+    pub fn supervisor(&self) -> &SupervisorHandle<I, E> {
+        &self.supervisor
+    }
+
+    /// The checkpoint store, if any.
+    pub fn store(&self) -> Option<Arc<dyn CheckpointStore<I>>> {
+        self.store.clone()
+    }
+
+    /// Answers the business interrupt of stored session `id` and resumes it under this
+    /// runtime with its durability (S4): LangGraph's `Command(resume=…)`. The answer
+    /// and this instance's claim are one durable write before the call returns; the
+    /// resumed turn gets the answer in [`crate::Turn::answer`]. Works after a restart:
+    /// `Runtime::start` never resumes a session awaiting an answer by itself. Returns
+    /// the handle and a stream attached before the session started.
+    pub async fn resume_with_answer(
+        &self,
+        id: &str,
+        answer: I,
+    ) -> Result<(crate::SessionHandle<I, E>, crate::EventStream<E>), crate::AnswerError<I>> {
+        self.supervisor
+            .resume_with_answer(
+                id,
+                answer,
+                self.durability,
+                crate::events::DEFAULT_EVENT_CAPACITY,
+            )
+            .await
+    }
+
+    /// The client view of stored session `id` through the runtime's redaction (S24):
+    /// items, state and question as JSON, with what clients may not see removed. The
+    /// record is never altered. `None` when nothing is stored under the id.
+    pub async fn view(&self, id: &str) -> Result<Option<crate::view::SessionView>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        match store.load_stored(id).await? {
+            None => Ok(None),
+            Some(crate::store::Stored::Current(r)) => {
+                crate::view::session_view(&r, &self.redaction).map(Some)
+            }
+            Some(old @ crate::store::Stored::Format1(_)) => {
+                // Format 1 is bincode: read it through the item type, then view it.
+                let rec = old.decode::<I>()?.into_record();
+                let write = rec.to_write(crate::store::WriteCondition::Always)?;
+                let stored = crate::store::StoredRecord {
+                    header: write.header,
+                    items: write
+                        .items
+                        .into_iter()
+                        .filter_map(|c| match c {
+                            crate::store::ItemChange::Put(s, b) => Some((s, b)),
+                            crate::store::ItemChange::Delete(_) => None,
+                        })
+                        .collect(),
+                    state: None,
+                };
+                crate::view::session_view(&stored, &self.redaction).map(Some)
+            }
+        }
+    }
+
+    /// The kept turn-end checkpoints of session `id`, oldest first (issue 13, 4).
+    pub async fn history(
+        &self,
+        id: &str,
+    ) -> Result<Vec<crate::store::history::HistoryEntry>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(Vec::new());
+        };
+        match store
+            .history(id, crate::store::history::HistoryQuery::List)
+            .await?
+        {
+            crate::store::history::HistoryAnswer::List(l) => Ok(l),
+            crate::store::history::HistoryAnswer::Load(_) => Ok(Vec::new()),
+        }
+    }
+
+    /// The client view of turn `turn`'s kept checkpoint of session `id`, through the
+    /// runtime's redaction; `None` when no such checkpoint is kept.
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        turn: u64,
+    ) -> Result<Option<crate::view::SessionView>, StoreError> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        match store
+            .history(id, crate::store::history::HistoryQuery::Load(turn))
+            .await?
+        {
+            crate::store::history::HistoryAnswer::Load(Some(r)) => {
+                crate::view::session_view(&r, &self.redaction).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Starts new session `to` from turn `turn`'s kept checkpoint of session `from`
+    /// (issue 13, 4), under this runtime, with its durability; the fork keeps `history`
+    /// checkpoints of its own.
+    pub async fn fork(
+        &self,
+        from: &str,
+        turn: u64,
+        to: &str,
+        history: usize,
+    ) -> Result<crate::SessionHandle<I, E>, crate::ForkError> {
+        self.supervisor
+            .fork(from, turn, to, self.durability, history)
+            .await
+    }
+
+    /// Deletes stored session `id`: its record and its checkpoint history. Refused
+    /// while it runs (stop it first); resolves to whether anything was stored.
+    pub async fn delete(&self, id: &str) -> Result<bool, crate::SupervisorError> {
+        self.supervisor.delete(id).await
+    }
+
+    /// The runtime's redaction (for front ends that send events to clients).
+    pub fn redaction(&self) -> &crate::view::Redaction {
+        &self.redaction
+    }
+
+    /// This runtime instance's id (the owner of its `Running` records).
+    pub fn instance_id(&self) -> &str {
+        &self.instance
+    }
+
+    /// The shutdown coordinator: clone it into a signal listener
+    /// ([`crate::shutdown::listen_for_signals`]) or anything else that may start the
+    /// shutdown; every request gets the same report.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+}
