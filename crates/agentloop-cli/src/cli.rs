@@ -26,6 +26,13 @@ pub(crate) enum Cmd {
     /// Ctrl+C or SIGTERM shuts down gracefully and prints the report (a second signal
     /// forces); the next run resumes what was interrupted first.
     Run(RunFlags),
+    /// Serve sessions over HTTP: REST, Server-Sent Events, /metrics and a live page.
+    ///
+    /// Sessions of the simulated agent (kind `sim`) on the data directory (sled by
+    /// default). Without a token it listens on loopback only. Ctrl+C or SIGTERM drains
+    /// (readyz 503), ends every event stream with `ended`, saves the sessions
+    /// Interrupted; the next `agentloop serve` resumes them.
+    Serve(ServeFlags),
     /// Inspect, delete, export and import stored session records, offline.
     ///
     /// The data directory is read offline: stop the process that uses it first.
@@ -112,6 +119,37 @@ impl RunFlags {
     pub fn millis(d: Option<Duration>, ms: Option<u64>, default: u64) -> u64 {
         d.map(|d| d.as_millis() as u64).or(ms).unwrap_or(default)
     }
+}
+
+/// `agentloop serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeFlags {
+    /// Configuration file (default: ./agentloop.toml when it exists); its [http] table
+    /// sets the address, token, bounds and CORS origins.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory (default: [store] data_dir, ./agentloop-data).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Embedded store engine (default: [store] engine, sled).
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineArg>,
+    /// fjall only: what a group commit survives (default crash).
+    #[arg(long, value_enum)]
+    pub durability: Option<DurabilityArg>,
+    /// Address to listen on (default: [http] listen, 127.0.0.1:7420; port 0 picks a
+    /// free port, printed at start).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Bearer token clients must send (default: [http] token); needed to listen
+    /// beyond loopback.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "AGENTLOOP_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
 }
 
 /// `--data-dir`, shared by the `sessions` commands.

@@ -2,6 +2,7 @@
 //!
 //! - `agentloop run` runs sessions of the simulated agent on the sled store, with live
 //!   progress and a graceful shutdown on Ctrl+C / SIGTERM (see [`run`]).
+//! - `agentloop serve` serves sessions over HTTP (see [`serve`]).
 //! - `agentloop sessions list|show|history|delete|export|import` reads, deletes and
 //!   moves the stored session records of a data directory, offline (see [`sessions`]).
 //!
@@ -11,6 +12,7 @@
 mod cli;
 mod report_table;
 mod run;
+mod serve;
 mod sessions;
 mod timefmt;
 
@@ -36,6 +38,7 @@ fn main() -> ExitCode {
             Ok(args) => run_command(args),
             Err(message) => usage_error(&message),
         },
+        cli::Cmd::Serve(flags) => serve_command(flags),
         cli::Cmd::Sessions(cmd) => match sessions::command(cmd).and_then(sessions::run) {
             Ok(out) => print_stdout(&out),
             Err(Failure::Usage { message }) => usage_error(&message),
@@ -57,6 +60,18 @@ fn usage_error(message: &str) -> ExitCode {
 /// shutdown, 1 if it could not start or a record could not be written. Logs go to
 /// stderr (`RUST_LOG`, default `warn`); progress and the report go to stdout.
 fn run_command(args: run::RunArgs) -> ExitCode {
+    block_on(run::run(args))
+}
+
+/// `agentloop serve`: like `run`, until a signal shuts it down.
+fn serve_command(flags: cli::ServeFlags) -> ExitCode {
+    block_on(serve::serve(flags))
+}
+
+/// Logs to stderr (`RUST_LOG`, default `warn`), runs `job` on a multi-threaded tokio
+/// runtime: 0 after a clean shutdown, 1 if it could not start or a record could not be
+/// written.
+fn block_on(job: impl std::future::Future<Output = Result<bool, String>>) -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
@@ -69,7 +84,7 @@ fn run_command(args: run::RunArgs) -> ExitCode {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the tokio runtime: {e}"))
-        .and_then(|rt| rt.block_on(run::run(args)));
+        .and_then(|rt| rt.block_on(job));
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

@@ -49,14 +49,52 @@ pub(crate) struct RunArgs {
 /// The simulated agent's configuration, stored in each record so a resumed session
 /// runs the same agent.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-struct AgentConfig {
+pub(crate) struct AgentConfig {
     rounds: usize,
     model_ms: u64,
     tool_ms: u64,
 }
 
+impl Default for AgentConfig {
+    /// `agentloop run`'s defaults: 2 rounds of a 40 ms model call and a 20 ms tool round.
+    fn default() -> Self {
+        AgentConfig {
+            rounds: 2,
+            model_ms: 40,
+            tool_ms: 20,
+        }
+    }
+}
+
 impl AgentConfig {
-    fn agent(&self) -> SimAgent {
+    /// The configuration a session was spawned with: JSON, `{}` or nothing for the
+    /// defaults (`agentloop serve` spawns by JSON); missing keys take the defaults.
+    pub(crate) fn from_json(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.is_empty() {
+            return Ok(AgentConfig::default());
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Partial {
+            rounds: Option<usize>,
+            model_ms: Option<u64>,
+            tool_ms: Option<u64>,
+        }
+        let p: Partial = serde_json::from_slice(bytes).map_err(|e| {
+            format!(
+                "not a simulated agent configuration ({e}): send {{\"rounds\": n, \"model_ms\": ms, \"tool_ms\": ms}}, each optional"
+            )
+        })?;
+        let d = AgentConfig::default();
+        Ok(AgentConfig {
+            rounds: p.rounds.unwrap_or(d.rounds),
+            model_ms: p.model_ms.unwrap_or(d.model_ms),
+            tool_ms: p.tool_ms.unwrap_or(d.tool_ms),
+        })
+    }
+
+    /// The agent.
+    pub(crate) fn agent(&self) -> SimAgent {
         SimAgent::new(Script::react(
             self.rounds,
             Duration::from_millis(self.model_ms),
@@ -183,13 +221,17 @@ macro_rules! say {
 }
 
 /// `--engine` / `--durability` over the configuration file's `[store]` values.
-fn engine_from_flags(config: &RuntimeConfig, args: &RunArgs) -> Result<Engine, String> {
-    let fjall = match args.engine.as_deref() {
+pub(crate) fn engine_from_flags(
+    config: &RuntimeConfig,
+    engine: Option<&str>,
+    durability: Option<&str>,
+) -> Result<Engine, String> {
+    let fjall = match engine {
         Some("fjall") => true,
         Some(_) => false,
         None => matches!(config.store.engine, Engine::Fjall(_)),
     };
-    let level = match (args.durability.as_deref(), config.store.engine) {
+    let level = match (durability, config.store.engine) {
         (Some(d), _) => FjallDurability::parse(d),
         (None, Engine::Fjall(l)) => Some(l),
         (None, Engine::Sled) => None,
@@ -213,7 +255,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
         config.store.data_dir = dir.clone();
     }
     if args.engine.is_some() || args.durability.is_some() {
-        config.store.engine = engine_from_flags(&config, &args)?;
+        config.store.engine =
+            engine_from_flags(&config, args.engine.as_deref(), args.durability.as_deref())?;
     }
     let data_dir = config.store.data_dir.clone();
     // The run's tag (session ids) and nonce (the high 32 bits of its item ids).

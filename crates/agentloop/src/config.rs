@@ -201,6 +201,41 @@ pub struct RuntimeConfig {
     pub supervisor: SupervisorConfig,
     /// `[redact]`.
     pub redact: RedactConfig,
+    /// `[http]`: read by `agentloop serve` (the runtime itself does not serve).
+    pub http: HttpConfig,
+}
+
+/// The `[http]` table, for `agentloop serve` (issue 17). Every key is optional; unset
+/// bounds take the HTTP front's defaults.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct HttpConfig {
+    /// Where to listen, e.g. `"127.0.0.1:7420"`.
+    pub listen: Option<String>,
+    /// The bearer token clients must send (the `AGENTLOOP_TOKEN` environment variable
+    /// overrides it). Without one the server listens on loopback only.
+    pub token: Option<String>,
+    /// The largest request body, in bytes.
+    pub body_limit: Option<usize>,
+    /// Requests in flight at once.
+    pub max_requests: Option<usize>,
+    /// Event streams open at once.
+    pub max_event_streams: Option<usize>,
+    /// Origins allowed to call from browser pages served elsewhere (CORS); none by
+    /// default.
+    pub cors_origins: Vec<String>,
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("body_limit", &self.body_limit)
+            .field("max_requests", &self.max_requests)
+            .field("max_event_streams", &self.max_event_streams)
+            .field("cors_origins", &self.cors_origins)
+            .finish()
+    }
 }
 
 /// The `[redact]` table: what clients never see (issue 13, 5).
@@ -230,6 +265,32 @@ struct RawFile {
     supervisor: RawSupervisor,
     #[serde(default)]
     redact: RawRedact,
+    #[serde(default)]
+    http: RawHttp,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    listen: Option<String>,
+    token: Option<String>,
+    body_limit: Option<i64>,
+    max_requests: Option<i64>,
+    max_event_streams: Option<i64>,
+    cors_origins: Option<Vec<String>>,
+}
+
+/// A positive whole number of the `[http]` table.
+fn positive(key: &'static str, n: Option<i64>) -> Result<Option<usize>, ConfigError> {
+    match n {
+        None => Ok(None),
+        Some(n) if n > 0 => Ok(Some(n as usize)),
+        Some(n) => Err(ConfigError::OutOfRange {
+            key,
+            value: n.to_string(),
+            allowed: "a whole number above 0",
+        }),
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -308,6 +369,24 @@ impl RuntimeConfig {
             message: e.to_string().trim_end().to_string(),
         })?;
         let mut c = RuntimeConfig::default();
+        let h = raw.http;
+        if let Some(t) = &h.token {
+            if t.trim().is_empty() {
+                return Err(ConfigError::OutOfRange {
+                    key: "http.token",
+                    value: "\"\"".into(),
+                    allowed: "a non-empty secret (or leave the key out for loopback-only serving)",
+                });
+            }
+        }
+        c.http = HttpConfig {
+            listen: h.listen,
+            token: h.token,
+            body_limit: positive("http.body_limit", h.body_limit)?,
+            max_requests: positive("http.max_requests", h.max_requests)?,
+            max_event_streams: positive("http.max_event_streams", h.max_event_streams)?,
+            cors_origins: h.cors_origins.unwrap_or_default(),
+        };
         if let Some(fields) = raw.redact.fields {
             if let Some(bad) = fields.iter().find(|f| f.is_empty()) {
                 return Err(ConfigError::OutOfRange {

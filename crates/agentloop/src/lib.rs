@@ -151,7 +151,7 @@ pub use session::{
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use config::{ConfigError, RedactConfig, RuntimeConfig, ShutdownConfig};
+pub use config::{ConfigError, HttpConfig, RedactConfig, RuntimeConfig, ShutdownConfig};
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeHandle, StartReport};
 pub use shutdown::{CleanupHook, ShutdownHandle, ShutdownReport, ShutdownStrategy};
 pub use store::{

@@ -357,7 +357,6 @@ where
         self.client.as_ref()?.stats().await.ok()
     }
 
-
     /// Resumes every stored session that is `Interrupted`, or `Running` under an owner
     /// whose heartbeat is stale (S19).
     async fn resume(&self) -> Result<StartReport, RuntimeError> {

@@ -184,5 +184,4 @@ where
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         self.shutdown.clone()
     }
-
 }

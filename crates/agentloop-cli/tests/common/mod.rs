@@ -55,8 +55,20 @@ impl Job {
 
     /// The same, with stderr sent to `stderr` (e.g. a file, for a failure's evidence).
     pub fn start_with_stderr(dir: &Path, args: &[&str], stderr: impl Into<Stdio>) -> Job {
+        Job::command(dir, "run", args, stderr.into())
+    }
+
+    /// `agentloop serve --data-dir DIR/data --listen 127.0.0.1:0 ARGS...` in `dir`,
+    /// stderr inherited (its log shows in a failing test's output).
+    pub fn serve(dir: &Path, args: &[&str]) -> Job {
+        let args = [&["--listen", "127.0.0.1:0"], args].concat();
+        Job::command(dir, "serve", &args, Stdio::inherit())
+    }
+
+    /// `agentloop COMMAND --data-dir DIR/data ARGS...` in `dir`.
+    pub fn command(dir: &Path, command: &str, args: &[&str], stderr: Stdio) -> Job {
         let mut child = Command::new(env!("CARGO_BIN_EXE_agentloop"))
-            .arg("run")
+            .arg(command)
             .args(["--data-dir", dir.join("data").to_str().unwrap()])
             .args(args)
             .current_dir(dir)

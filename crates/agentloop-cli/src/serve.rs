@@ -1,0 +1,173 @@
+//! `agentloop serve` (issue 17, S33–S35): the runtime as a service. Sessions of the
+//! simulated agent (kind `sim`, configured by JSON `{"rounds", "model_ms",
+//! "tool_ms"}`, each optional) on the data directory (sled by default), served by
+//! `agentloop-http`'s router: REST, Server-Sent Events, `/metrics`, the live page.
+//!
+//! Shutdown is the runtime's: Ctrl+C or SIGTERM closes the drain gate (`/readyz` and
+//! new work answer 503), stops every session (each event stream ends with `ended`,
+//! reason `shutdown`), saves them `Interrupted`; the HTTP server then finishes the
+//! requests in flight and closes. The next `agentloop serve` on the directory resumes
+//! them. This file owns the service's flow and output; routes are `agentloop-http`'s.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentloop::config::RuntimeConfig;
+use agentloop::shutdown::{listen_for_signals, Signal};
+use agentloop::Runtime;
+use agentloop_http::HttpOptions;
+use agentloop_sim::{SimEvent, SimItem};
+
+use crate::cli::ServeFlags;
+use crate::report_table::report_table;
+use crate::run::{engine_from_flags, AgentConfig};
+
+/// Where `agentloop serve` listens unless told otherwise.
+pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+
+/// How long the HTTP server may take to finish its requests once the runtime has shut
+/// down; connections still open then are closed.
+const HTTP_CLOSE: Duration = Duration::from_secs(5);
+
+/// Prints a line to stdout at once (tests and operators read it as it happens).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
+/// Runs the service until a signal shuts it down; `Ok(true)` when every record was
+/// left safe.
+pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
+    let mut config = RuntimeConfig::load(flags.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(dir) = &flags.data_dir {
+        config.store.data_dir = dir.clone();
+    }
+    if flags.engine.is_some() || flags.durability.is_some() {
+        let engine = flags.engine.map(|e| format!("{e:?}").to_lowercase());
+        let durability = flags.durability.map(|d| format!("{d:?}").to_lowercase());
+        config.store.engine = engine_from_flags(&config, engine.as_deref(), durability.as_deref())?;
+    }
+    let listen = flags
+        .listen
+        .clone()
+        .or_else(|| config.http.listen.clone())
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let addr: SocketAddr = listen.parse().map_err(|e| {
+        format!("--listen `{listen}` is not an address ({e}); write e.g. 127.0.0.1:7420")
+    })?;
+    let options = HttpOptions {
+        body_limit: config.http.body_limit,
+        // The flag (or AGENTLOOP_TOKEN, read by clap) over the file.
+        token: flags.token.clone().or_else(|| config.http.token.clone()),
+        max_requests: config.http.max_requests,
+        max_event_streams: config.http.max_event_streams,
+        cors_origins: config.http.cors_origins.clone(),
+        ..HttpOptions::default()
+    };
+    agentloop_http::check_bind(addr, &options)?;
+    let data_dir = config.store.data_dir.clone();
+
+    let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
+        .config(&config)
+        .register_agent("sim", |bytes: &[u8]| {
+            Ok(AgentConfig::from_json(bytes)?.agent().without_ledger())
+        })
+        .start()
+        .await
+        .map_err(|e| format!("cannot start on {}: {e}", data_dir.display()))?;
+    let shutdown = rt.shutdown_handle();
+    // Bound before the signal handlers: a port in use fails before anything waits.
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = rt.shutdown().await;
+            return Err(format!(
+                "cannot listen on {addr}: {e}; choose another --listen address (port 0 picks a free one)"
+            ));
+        }
+    };
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the listening address: {e}"))?;
+    let signals = listen_for_signals(shutdown.clone(), |sig: Signal, n: usize| {
+        if n == 1 {
+            say!("agentloop: {sig} received: draining (readyz answers 503), stopping sessions, saving them (send it again to force)");
+        } else if n == 2 {
+            say!("agentloop: second signal ({sig}): forcing the shutdown");
+        }
+    })
+    .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
+
+    let app = agentloop_http::router(&rt, options.clone());
+    let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = close_rx.await;
+            })
+            .await
+    });
+    say!(
+        "agentloop: resumed {} session{} carrying {} item{} ({} recovered after their process died)",
+        start.resumed.len(),
+        plural(start.resumed.len()),
+        start.items,
+        plural(start.items),
+        start.recovered,
+    );
+    for (id, why) in &start.skipped {
+        say!("agentloop: not resumed: {id}: {why}");
+    }
+    say!(
+        "agentloop: serving on http://{bound} ({}; data {}, pid {}); Ctrl+C or SIGTERM shuts down gracefully",
+        if options.token.is_some() { "bearer token required" } else { "no token: loopback only" },
+        data_dir.display(),
+        std::process::id()
+    );
+
+    // Until a signal (or anything else) shut the runtime down.
+    let report = shutdown
+        .wait_report()
+        .await
+        .map_err(|_| "the shutdown coordinator is gone".to_string())?;
+    // The sessions are down and every event stream ended: close the server, then
+    // release the store.
+    let _ = close_tx.send(());
+    match tokio::time::timeout(HTTP_CLOSE, server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the HTTP server ended with an error"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "the HTTP server task failed"),
+        Err(_) => tracing::warn!(
+            after = ?HTTP_CLOSE,
+            "HTTP connections were still open after the shutdown; they were closed"
+        ),
+    }
+    let _ = rt.shutdown().await;
+    signals.abort();
+    say!("{}", report_table(&report).trim_end());
+    if report.checkpoints.failed > 0 || report.store_flush_error.is_some() {
+        say!("agentloop: some records could not be written (see the report and the log)");
+        return Ok(false);
+    }
+    if report.checkpoints.saved > 0 {
+        say!(
+            "agentloop: {} session{} saved Interrupted; the next `agentloop serve` on {} resumes them",
+            report.checkpoints.saved,
+            plural(report.checkpoints.saved as usize),
+            data_dir.display()
+        );
+    }
+    Ok(true)
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
