@@ -61,6 +61,7 @@ impl Actor for App {
                 owner: None,
                 budget: RestartBudget::default(),
                 heartbeat: agentloop::DEFAULT_HEARTBEAT,
+                metrics: None,
             },
             myself.get_cell(),
         )

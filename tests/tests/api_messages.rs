@@ -23,6 +23,7 @@ async fn session_and_supervisor_messages_work_with_cast_and_call() {
         owner: None,
         budget: RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
     })
     .await
     .unwrap();

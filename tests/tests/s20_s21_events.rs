@@ -272,6 +272,7 @@ async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
         owner: Some("me".into()),
         budget: agentloop::RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
     })
     .await
     .unwrap();
@@ -411,6 +412,7 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
         owner: None,
         budget: agentloop::RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
     })
     .await
     .unwrap();

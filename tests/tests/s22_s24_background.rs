@@ -151,6 +151,7 @@ fn supervisor_args(
         owner: Some("me".into()),
         budget: RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
     }
 }
 

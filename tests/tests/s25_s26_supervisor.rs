@@ -48,6 +48,7 @@ fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem
             window: Duration::from_secs(60),
         },
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
     }
 }
 

@@ -219,6 +219,7 @@ async fn supervisor_side(n: usize, round: &str, batched: bool) -> SideRound {
         owner: None,
         budget: RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
     })
     .await
     .expect("starting the B2 supervisor");

@@ -18,6 +18,7 @@
 //! | `GET /` | the live page |
 //! | `GET /healthz` | 200 while the process is up |
 //! | `GET /readyz` | 200 while accepting work, 503 once the shutdown began (drain gate) |
+//! | `GET /metrics` | Prometheus (OpenMetrics text): turns, pushes, checkpoints, sessions |
 //! | `POST /sessions` | spawn |
 //! | `GET /sessions` | live sessions and stored records, each marked |
 //! | `GET /sessions/{id}` | the S24 redacted view, and what the live session does |
@@ -43,6 +44,7 @@ mod error;
 mod events;
 mod idempotency;
 mod limits;
+mod metrics;
 mod sessions;
 mod wire;
 
@@ -144,6 +146,7 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         .route("/", get(page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz::<I, E>))
+        .route("/metrics", get(metrics::metrics::<I, E>))
         .route(
             "/sessions",
             post(sessions::spawn::<I, E>).get(sessions::list::<I, E>),

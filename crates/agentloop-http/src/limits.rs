@@ -65,7 +65,6 @@ impl Gauge {
     }
 
     /// Units held now.
-    #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
     }

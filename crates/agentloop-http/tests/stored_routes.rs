@@ -474,3 +474,85 @@ async fn event_streams_are_bounded_and_cors_is_off_unless_configured() {
     assert_eq!(with_origin(cors).await.unwrap(), "http://app.example");
     rt.stop(StopOptions::immediate()).await.unwrap();
 }
+
+/// The number on the metrics line that starts with `prefix`.
+fn sample(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {prefix:?} in:\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_turns_pushes_checkpoints_and_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledgers = Ledgers::default();
+    let rt = stored_runtime(dir.path(), ledgers.clone()).await;
+    let app = router(&rt, HttpOptions::default());
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "m", "kind": "sim", "persistent": true})),
+    )
+    .await;
+    for i in 0..3 {
+        assert_eq!(
+            call(&app, "POST", "/sessions/m/items", push_body(i, "t"))
+                .await
+                .0,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        call(&app, "POST", "/sessions/ghost/items", push_body(9, "t"))
+            .await
+            .0,
+        StatusCode::NOT_FOUND
+    );
+    eventually("three items delivered", || async {
+        ledgers
+            .lock()
+            .iter()
+            .map(|l| l.lock().delivered_ids().len())
+            .sum::<usize>()
+            == 3
+    })
+    .await;
+
+    let req = Request::builder()
+        .uri("/metrics")
+        .body(Body::empty())
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(sample(&text, "agentloop_turns_total{outcome=\"completed\"}") >= 1.0);
+    assert_eq!(
+        sample(&text, "agentloop_pushes_total{result=\"accepted\"}"),
+        3.0
+    );
+    assert_eq!(
+        sample(&text, "agentloop_pushes_total{result=\"refused\"}"),
+        1.0
+    );
+    // sync durability: every accepted item was a group commit of its own or a share of one.
+    assert!(sample(&text, "agentloop_checkpoint_apply_seconds_count") >= 1.0);
+    assert!(sample(&text, "agentloop_checkpoint_flush_seconds_count") >= 1.0);
+    assert_eq!(sample(&text, "agentloop_sessions{status=\"live\"}"), 1.0);
+    assert_eq!(sample(&text, "agentloop_draining"), 0.0);
+    assert!(
+        text.trim_end().ends_with("# EOF"),
+        "OpenMetrics ends with # EOF"
+    );
+    rt.shutdown().await.unwrap();
+}

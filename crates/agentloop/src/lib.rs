@@ -106,6 +106,7 @@ pub mod error;
 pub mod events;
 pub mod exit;
 pub mod ids;
+pub mod metrics;
 pub mod options;
 pub mod push;
 pub mod runtime;

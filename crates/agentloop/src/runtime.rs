@@ -258,10 +258,12 @@ where
                 known: known.join(", "),
             });
         };
+        let metrics = Arc::new(crate::metrics::RuntimeMetrics::new());
         let (store, client) = match (self.store, self.data_dir) {
             (Some(s), _) => (Some(s), None),
             (None, Some(dir)) => {
-                let c = CheckpointActor::<I>::spawn_engine(dir, self.engine).await?;
+                let c =
+                    CheckpointActor::<I>::spawn_observed(dir, self.engine, metrics.clone()).await?;
                 (
                     Some(Arc::new(c.clone()) as Arc<dyn CheckpointStore<I>>),
                     Some(c),
@@ -283,6 +285,7 @@ where
             owner: Some(instance.clone()),
             budget: self.budget,
             heartbeat: self.heartbeat,
+            metrics: Some(metrics.clone()),
         })
         .await?;
         // Before the resume below: a resumed session's end must reach the feeds too.
@@ -300,6 +303,7 @@ where
         .await?;
         let runtime = Runtime {
             handle: RuntimeHandle {
+                metrics: metrics.clone(),
                 supervisor,
                 store,
                 instance,
@@ -311,6 +315,13 @@ where
             _lease: lease,
             lease_timeout: self.lease_timeout,
         };
+        // The shutdown's phase durations, once it happened.
+        let phases = runtime.handle.shutdown.clone();
+        tokio::spawn(async move {
+            if let Ok(report) = phases.wait_report().await {
+                metrics.shutdown_phases(&report.phases);
+            }
+        });
         let report = runtime.resume().await?;
         Ok((runtime, report))
     }

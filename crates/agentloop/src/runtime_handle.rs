@@ -25,6 +25,7 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) durability: Durability,
     pub(crate) shutdown: ShutdownHandle,
     pub(crate) redaction: crate::view::Redaction,
+    pub(crate) metrics: Arc<crate::metrics::RuntimeMetrics>,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -36,6 +37,7 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             durability: self.durability,
             shutdown: self.shutdown.clone(),
             redaction: self.redaction.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }
@@ -45,6 +47,12 @@ where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     E: Clone + Send + Sync + 'static,
 {
+    /// The runtime's metrics (S35): register them in a Prometheus registry to expose
+    /// them (the HTTP front's `GET /metrics` does).
+    pub fn metrics(&self) -> &Arc<crate::metrics::RuntimeMetrics> {
+        &self.metrics
+    }
+
     /// The session supervisor.
     pub fn supervisor(&self) -> &SupervisorHandle<I, E> {
         &self.supervisor

@@ -637,6 +637,9 @@ pub struct SupervisorArgs<I, E> {
     /// cancel written by another process is noticed within one heartbeat (S24). The
     /// runtime passes its own; [`DEFAULT_HEARTBEAT`](crate::DEFAULT_HEARTBEAT) otherwise.
     pub heartbeat: Duration,
+    /// Where the supervisor and its sessions count turns, routed pushes and restarts
+    /// (S35); `None` counts nothing.
+    pub metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
 }
 
 struct Entry<I, E> {
@@ -663,6 +666,7 @@ pub(crate) struct SupervisorState<I, E> {
     owner: Option<String>,
     budget: RestartBudget,
     heartbeat: Duration,
+    metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
     sessions: HashMap<String, Entry<I, E>>,
     by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
@@ -698,6 +702,7 @@ where
         }
         config.poll_interval = spec.poll_interval.unwrap_or(self.heartbeat);
         config.subscribe_at_spawn = spec.subscribe;
+        config.metrics = self.metrics.clone();
         config
     }
 
@@ -935,6 +940,9 @@ where
             items
         };
         tracing::warn!(session = id, %error, attempt = restarts.len(), from_record, "restarting a failed session");
+        if let Some(m) = &self.metrics {
+            m.restart();
+        }
         let spec = entry.spec.clone();
         match self
             .start(
@@ -1050,6 +1058,7 @@ where
             owner: args.owner,
             budget: args.budget,
             heartbeat: args.heartbeat,
+            metrics: args.metrics,
             sessions: HashMap::new(),
             by_actor: HashMap::new(),
             stopping: false,
@@ -1400,13 +1409,22 @@ async fn route_push<I, E>(
     I: Clone + Send + Sync + 'static,
     E: Clone + Send + Sync + 'static,
 {
+    use crate::metrics::PushResult;
+    let metrics = st.metrics.clone();
+    let count = move |r: PushResult| {
+        if let Some(m) = &metrics {
+            m.push(r);
+        }
+    };
     if st.gate_closed {
         // S27 drain gate: the item goes back to the caller as a late item.
         st.gate_late.fetch_add(1, Ordering::Relaxed);
+        count(PushResult::Late);
         let _ = reply.send(Err(RoutedPushError::Push(PushError::Late { item })));
         return;
     }
     let Some(h) = st.live(myself, &id).await else {
+        count(PushResult::Refused);
         let _ = reply.send(Err(RoutedPushError::UnknownSession { id, item }));
         return;
     };
@@ -1415,6 +1433,7 @@ async fn route_push<I, E>(
     tokio::spawn(async move {
         match h.push_with(item, options).await {
             Ok(ack) => {
+                count(PushResult::Accepted);
                 let _ = reply.send(Ok(ack));
             }
             // The incarnation ended between routing and delivery: if it is being
@@ -1443,6 +1462,10 @@ async fn route_push<I, E>(
                 }
             }
             Err(e) => {
+                count(match e {
+                    PushError::Late { .. } => PushResult::Late,
+                    _ => PushResult::Refused,
+                });
                 let _ = reply.send(Err(RoutedPushError::Push(e)));
             }
         }

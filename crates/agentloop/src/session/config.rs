@@ -87,6 +87,8 @@ pub struct SessionConfig {
     /// Set by [`crate::SessionHandle::spawn_subscribed`] and the supervisor's
     /// [`crate::SupervisorHandle::spawn_subscribed`], which take the stream at once.
     pub(crate) subscribe_at_spawn: Option<(usize, crate::events::EventFilter)>,
+    /// Where the session counts its turns (S35); set by the supervisor from its own.
+    pub(crate) metrics: Option<std::sync::Arc<crate::metrics::RuntimeMetrics>>,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -125,6 +127,7 @@ impl SessionConfig {
             poll_interval: crate::store::lease::DEFAULT_HEARTBEAT,
             supervised: false,
             subscribe_at_spawn: None,
+            metrics: None,
         }
     }
 

@@ -131,6 +131,7 @@ fn start_turn<A: Agent>(
         subscribers: state.subscribers.clone(),
         myself: myself.clone(),
         work,
+        metrics: state.metrics.clone(),
     };
     let span = tracing::info_span!(parent: &state.span, "turn", index, resume = is_resume);
     // The task always reports: a panic that escapes the agent's guarded futures (e.g.

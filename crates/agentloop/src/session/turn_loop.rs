@@ -70,6 +70,8 @@ pub(crate) struct LoopState<A: Agent> {
     pub(super) end_hooks: Vec<crate::session::EndHook>,
     pub(super) hook_timeout: std::time::Duration,
     pub(super) span: tracing::Span,
+    /// Where turns are counted (S35).
+    pub(super) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
 }
 
 impl<A: Agent> Drop for LoopState<A> {
@@ -148,6 +150,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             end_hooks: config.end_hooks,
             hook_timeout: config.hook_timeout,
             span,
+            metrics: config.metrics,
         })
     }
 

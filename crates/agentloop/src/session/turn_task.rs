@@ -49,6 +49,8 @@ pub(crate) struct TurnTask<A: Agent> {
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
     pub(crate) myself: ActorRef<TurnLoopMsg<A::Item, A::Event>>,
     pub(crate) work: TurnWork<A>,
+    /// Where the turn's end is counted (S35).
+    pub(crate) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
 }
 
 fn panic_message(p: Box<dyn Any + Send>) -> String {
@@ -104,7 +106,13 @@ impl<A: Agent> TurnTask<A> {
             subscribers,
             myself,
             work,
+            metrics,
         } = self;
+        let count = |end: &TurnEnd| {
+            if let Some(m) = &metrics {
+                m.turn_ended(end);
+            }
+        };
         let index = control.index;
         let resumed = matches!(work, TurnWork::Resume { .. });
 
@@ -180,10 +188,12 @@ impl<A: Agent> TurnTask<A> {
         let planned = match planned {
             Err((reason, kind)) => {
                 control.end_planning(reason.clone(), Some(kind));
+                let outcome = TurnEnd::PlanAborted(reason);
+                count(&outcome);
                 let fin = subscribers.send_final(
                     vec![SessionEvent::TurnEnded {
                         turn: index,
-                        outcome: TurnEnd::PlanAborted(reason),
+                        outcome,
                         durable: false,
                     }],
                     gate,
@@ -282,6 +292,7 @@ impl<A: Agent> TurnTask<A> {
         // for the write holding the turn's end, still holding the order gate (the
         // next turn's events come after it) and holding `Ended` back.
         let end = control.finish(run_end);
+        count(&end);
         let mut finals = Vec::with_capacity(2);
         if matches!(end, TurnEnd::Preempted(_)) {
             finals.push(SessionEvent::Preempted { turn: index });

@@ -36,6 +36,7 @@ use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
 use crate::ids::validate_session_id;
+use crate::metrics::RuntimeMetrics;
 use crate::store::backend::{Backend, Engine};
 use crate::store::wave::{OpResult, WriteOp};
 use crate::store::{
@@ -202,6 +203,26 @@ pub struct CheckpointState {
     /// Set by `Close`: new writes are refused; answered once the pipeline is empty.
     closing: Option<Reply<()>>,
     stats: CheckpointStats,
+    /// Where apply and flush times are observed (S35).
+    metrics: Option<Arc<RuntimeMetrics>>,
+}
+
+/// Runs `f` (a blocking store job), observing its duration with `observe` when there
+/// are metrics.
+fn timed<T>(
+    metrics: &Option<Arc<RuntimeMetrics>>,
+    observe: fn(&RuntimeMetrics, std::time::Duration),
+    f: impl FnOnce() -> T,
+) -> T {
+    match metrics {
+        None => f(),
+        Some(m) => {
+            let began = std::time::Instant::now();
+            let out = f();
+            observe(m, began.elapsed());
+            out
+        }
+    }
 }
 
 fn check_id(id: &str) -> Result<(), StoreError> {
@@ -243,10 +264,29 @@ impl<I: 'static> CheckpointActor<I> {
         Self::spawn_inner(dir.as_ref().to_path_buf(), engine, Some(supervisor)).await
     }
 
+    /// Like [`CheckpointActor::spawn_engine`], observing every group commit's apply and
+    /// flush time in `metrics` (the runtime's).
+    pub async fn spawn_observed(
+        dir: impl AsRef<Path>,
+        engine: Engine,
+        metrics: Arc<RuntimeMetrics>,
+    ) -> Result<CheckpointClient<I>, StoreError> {
+        Self::spawn_with(dir.as_ref().to_path_buf(), engine, None, Some(metrics)).await
+    }
+
     async fn spawn_inner(
         dir: std::path::PathBuf,
         engine: Engine,
         supervisor: Option<ActorCell>,
+    ) -> Result<CheckpointClient<I>, StoreError> {
+        Self::spawn_with(dir, engine, supervisor, None).await
+    }
+
+    async fn spawn_with(
+        dir: std::path::PathBuf,
+        engine: Engine,
+        supervisor: Option<ActorCell>,
+        metrics: Option<Arc<RuntimeMetrics>>,
     ) -> Result<CheckpointClient<I>, StoreError> {
         let backend = tokio::task::spawn_blocking(move || Backend::open(&dir, engine))
             .await
@@ -258,8 +298,8 @@ impl<I: 'static> CheckpointActor<I> {
         let backend = Arc::new(backend);
         let actor = CheckpointActor::<I>(PhantomData);
         let spawned = match supervisor {
-            None => Actor::spawn(None, actor, backend).await,
-            Some(s) => Actor::spawn_linked(None, actor, backend, s).await,
+            None => Actor::spawn(None, actor, (backend, metrics)).await,
+            Some(s) => Actor::spawn_linked(None, actor, (backend, metrics), s).await,
         };
         let (actor, _join) = spawned.map_err(|e| StoreError::Backend {
             operation: "open",
@@ -314,8 +354,11 @@ impl CheckpointState {
                 self.applying = Some(Vec::new());
                 self.flushing = Some(Vec::new());
                 self.stats.flushes += 1;
+                let metrics = self.metrics.clone();
                 tokio::task::spawn_blocking(move || {
-                    let results = backend.apply_unflushed(ops);
+                    let results = timed(&metrics, RuntimeMetrics::checkpoint_applied, || {
+                        backend.apply_unflushed(ops)
+                    });
                     let mut writes = Vec::with_capacity(waiters.len());
                     for (waiter, result) in waiters.into_iter().zip(results) {
                         match waiter {
@@ -324,7 +367,9 @@ impl CheckpointState {
                         }
                     }
                     let _ = myself.send_message(CheckpointMsg::Applied(Applied(Vec::new())));
-                    let flush = backend.flush();
+                    let flush = timed(&metrics, RuntimeMetrics::checkpoint_flushed, || {
+                        backend.flush()
+                    });
                     // Invariant: released before the report (see below).
                     drop(backend);
                     for (waiter, result) in writes {
@@ -337,8 +382,11 @@ impl CheckpointState {
                 return;
             }
             self.applying = Some(waiters);
+            let metrics = self.metrics.clone();
             tokio::task::spawn_blocking(move || {
-                let results = backend.apply_unflushed(ops);
+                let results = timed(&metrics, RuntimeMetrics::checkpoint_applied, || {
+                    backend.apply_unflushed(ops)
+                });
                 // Invariant: blocking jobs release the backend before they report, so
                 // once the actor has stopped nothing holds sled's lock.
                 drop(backend);
@@ -354,8 +402,11 @@ impl CheckpointState {
             self.flushing = Some(std::mem::take(&mut self.unflushed));
             self.stats.flushes += 1;
             let myself = myself.clone();
+            let metrics = self.metrics.clone();
             tokio::task::spawn_blocking(move || {
-                let r = backend.flush();
+                let r = timed(&metrics, RuntimeMetrics::checkpoint_flushed, || {
+                    backend.flush()
+                });
                 drop(backend);
                 let _ = myself.send_message(CheckpointMsg::Flushed(Flushed(r)));
             });
@@ -560,14 +611,15 @@ fn unexpected(r: OpResult) -> StoreError {
 impl<I: 'static> Actor for CheckpointActor<I> {
     type Msg = CheckpointMsg;
     type State = CheckpointState;
-    type Arguments = Arc<Backend>;
+    type Arguments = (Arc<Backend>, Option<Arc<RuntimeMetrics>>);
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        backend: Arc<Backend>,
+        (backend, metrics): Self::Arguments,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(CheckpointState {
+            metrics,
             backend: Some(backend),
             pending: Vec::new(),
             busy: HashSet::new(),

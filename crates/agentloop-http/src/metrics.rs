@@ -1,0 +1,78 @@
+//! `GET /metrics` (issue 17, S35): the runtime's counters and histograms
+//! ([`agentloop::metrics::RuntimeMetrics`]) plus readings taken at scrape time, encoded
+//! by the Prometheus client library in the OpenMetrics text format (which Prometheus
+//! scrapes):
+//!
+//! - `agentloop_sessions{status}`: `live` sessions in this process, and stored records
+//!   by status (`running`, `stopped`, `interrupted`, `completed`, `canceled`, `failed`,
+//!   `unreadable`); listing the records costs one store scan per scrape.
+//! - `agentloop_event_streams`: event streams open now.
+//! - `agentloop_draining`: 1 once the shutdown began.
+//!
+//! This module only reads; it counts nothing itself.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::sessions::{AppState, Ev, Item};
+use crate::{wire, ApiError};
+
+/// The OpenMetrics text format's content type.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+pub(crate) async fn metrics<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+) -> Result<Response, ApiError> {
+    // Every reading first: the registry is not `Send`, so no await may follow it.
+    let live = st.runtime.supervisor().list().await.len() as i64;
+    let stored = match st.runtime.store() {
+        Some(store) => store.list_stored(None).await?,
+        None => Vec::new(),
+    };
+    let draining = st.runtime.shutdown_handle().is_started().await;
+
+    let mut registry = Registry::default();
+    st.runtime.metrics().register(&mut registry);
+    let sessions = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    sessions.get_or_create(&vec![("status", "live")]).set(live);
+    for entry in &stored {
+        let status = match &entry.record {
+            Ok(stored) => wire::status(stored.status()),
+            Err(_) => "unreadable",
+        };
+        sessions.get_or_create(&vec![("status", status)]).inc();
+    }
+    registry.register(
+        "agentloop_sessions",
+        "Sessions live in this process (status=live) and stored records by status",
+        sessions,
+    );
+    let streams = Gauge::<i64>::default();
+    streams.set(st.streams.held() as i64);
+    registry.register(
+        "agentloop_event_streams",
+        "Event streams (SSE) open now",
+        streams,
+    );
+    let gauge = Gauge::<i64>::default();
+    gauge.set(i64::from(draining));
+    registry.register(
+        "agentloop_draining",
+        "1 once the shutdown began (the drain gate is closed)",
+        gauge,
+    );
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the metrics could not be encoded: {e}"),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response())
+}
