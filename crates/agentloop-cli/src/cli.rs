@@ -33,6 +33,19 @@ pub(crate) enum Cmd {
     /// (readyz 503), ends every event stream with `ended`, saves the sessions
     /// Interrupted; the next `agentloop serve` resumes them.
     Serve(ServeFlags),
+    /// Push an item to a session of a running server.
+    Push(PushFlags),
+    /// Stop a session of a running server (graceful unless told otherwise).
+    Stop(StopFlags),
+    /// Cancel a session of a running server by id (its record turns Canceled).
+    Cancel(IdFlags),
+    /// Answer a session's business interrupt on a running server and resume it.
+    Resume(ResumeFlags),
+    /// Delete a stored session (record and history) through a running server.
+    Delete(IdFlags),
+    /// Print a session's events as they happen, reconnecting where it left off, until
+    /// the session ends.
+    Watch(WatchFlags),
     /// Inspect, delete, export and import stored session records, offline.
     ///
     /// The data directory is read offline: stop the process that uses it first.
@@ -152,6 +165,116 @@ pub(crate) struct ServeFlags {
     pub token: Option<String>,
 }
 
+/// A running server to talk to: `--server` and `--token`.
+#[derive(Debug, Args)]
+pub(crate) struct Remote {
+    /// The server's URL, e.g. http://127.0.0.1:7420 (`agentloop serve` prints it).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// The server's bearer token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "AGENTLOOP_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+}
+
+/// A running server, required.
+#[derive(Debug, Args)]
+pub(crate) struct ServerArgs {
+    /// The server's URL, e.g. http://127.0.0.1:7420 (`agentloop serve` prints it).
+    #[arg(long, value_name = "URL", required = true)]
+    pub server: String,
+    /// The server's bearer token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "AGENTLOOP_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+}
+
+/// `agentloop cancel|delete <id>`.
+#[derive(Debug, Args)]
+pub(crate) struct IdFlags {
+    /// The session id.
+    pub id: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `agentloop push <id> <item>`.
+#[derive(Debug, Args)]
+pub(crate) struct PushFlags {
+    /// The session id.
+    pub id: String,
+    /// The item as JSON (e.g. '{"id": 1, "text": "hi"}'), or - to read it from stdin.
+    pub item: String,
+    /// Preempt the running turn at these safe points: after_model_call,
+    /// after_tool_calls or any.
+    #[arg(long, value_name = "SAFE_POINT")]
+    pub preempt: Option<String>,
+    /// The idempotency key (default: one made for this invocation); a retry with the
+    /// same key never delivers the item twice.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `agentloop stop <id>`.
+#[derive(Debug, Args)]
+pub(crate) struct StopFlags {
+    /// The session id.
+    pub id: String,
+    /// graceful (default), at, immediate, drain, bare or idle.
+    #[arg(long, value_name = "MODE")]
+    pub mode: Option<String>,
+    /// The cancel's timeout (graceful, at), e.g. 5s.
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<String>,
+    /// For --mode at: after_model_call, after_tool_calls or any.
+    #[arg(long, value_name = "SAFE_POINT")]
+    pub at: Option<String>,
+    /// For --mode idle: exit once idle this long, e.g. 30s.
+    #[arg(long, value_name = "DURATION")]
+    pub idle_for: Option<String>,
+    /// A business reason, kept in the exit state and the record.
+    #[arg(long)]
+    pub cause: Option<String>,
+    /// Do not save the session at exit.
+    #[arg(long)]
+    pub skip_checkpoint: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `agentloop resume <id> <answer>`.
+#[derive(Debug, Args)]
+pub(crate) struct ResumeFlags {
+    /// The session id.
+    pub id: String,
+    /// The answer as JSON (an item), or - to read it from stdin.
+    pub answer: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `agentloop watch <id>`.
+#[derive(Debug, Args)]
+pub(crate) struct WatchFlags {
+    /// The session id.
+    pub id: String,
+    /// Reconnections in a row without an event before giving up.
+    #[arg(long, default_value_t = 10)]
+    pub reconnects: u32,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
 /// `--data-dir`, shared by the `sessions` commands.
 #[derive(Debug, Args)]
 pub(crate) struct DataDir {
@@ -174,6 +297,9 @@ pub(crate) enum SessionsCmd {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Ask a running server instead of reading the data directory.
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Show one record: its items, state and question as JSON whatever their type.
     Show {
@@ -192,6 +318,10 @@ pub(crate) enum SessionsCmd {
         /// that does not decode.
         #[arg(long)]
         raw: bool,
+        /// Ask a running server instead (its redacted view, and what the live session
+        /// does), printed as JSON.
+        #[command(flatten)]
+        remote: Remote,
     },
     /// The session's kept turn-end checkpoints (turn, time, size).
     History {

@@ -3,6 +3,8 @@
 //! - `agentloop run` runs sessions of the simulated agent on the sled store, with live
 //!   progress and a graceful shutdown on Ctrl+C / SIGTERM (see [`run`]).
 //! - `agentloop serve` serves sessions over HTTP (see [`serve`]).
+//! - `agentloop push|stop|cancel|resume|delete|watch --server URL` and `agentloop
+//!   sessions list|show --server URL` talk to a running server (see [`remote`]).
 //! - `agentloop sessions list|show|history|delete|export|import` reads, deletes and
 //!   moves the stored session records of a data directory, offline (see [`sessions`]).
 //!
@@ -10,6 +12,7 @@
 //! arguments (one line saying what was wrong; clap, `cli.rs`).
 
 mod cli;
+mod remote;
 mod report_table;
 mod run;
 mod serve;
@@ -39,14 +42,71 @@ fn main() -> ExitCode {
             Err(message) => usage_error(&message),
         },
         cli::Cmd::Serve(flags) => serve_command(flags),
+        cli::Cmd::Watch(f) => match remote::Server::new(&f.server.server, f.server.token)
+            .and_then(|s| remote::watch(&s, &f.id, f.reconnects))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => failure(e),
+        },
+        cli::Cmd::Push(_)
+        | cli::Cmd::Stop(_)
+        | cli::Cmd::Cancel(_)
+        | cli::Cmd::Resume(_)
+        | cli::Cmd::Delete(_) => match live(cli.command) {
+            Ok(out) => print_stdout(&out),
+            Err(e) => failure(e),
+        },
         cli::Cmd::Sessions(cmd) => match sessions::command(cmd).and_then(sessions::run) {
             Ok(out) => print_stdout(&out),
-            Err(Failure::Usage { message }) => usage_error(&message),
-            Err(Failure::Error(message)) => {
-                eprintln!("agentloop: {message}");
-                ExitCode::from(1)
-            }
+            Err(e) => failure(e),
         },
+    }
+}
+
+/// A live command against a running server; what to print.
+fn live(cmd: cli::Cmd) -> Result<String, Failure> {
+    let server = |a: cli::ServerArgs| remote::Server::new(&a.server, a.token);
+    match cmd {
+        cli::Cmd::Push(f) => {
+            let item = remote::json_arg("item", &f.item)?;
+            remote::push(&server(f.server)?, &f.id, item, f.preempt.as_deref(), f.key)
+        }
+        cli::Cmd::Stop(f) => {
+            let mut options = serde_json::Map::new();
+            for (k, v) in [
+                ("mode", f.mode),
+                ("timeout", f.timeout),
+                ("at", f.at),
+                ("idle_for", f.idle_for),
+                ("cause", f.cause),
+            ] {
+                if let Some(v) = v {
+                    options.insert(k.into(), v.into());
+                }
+            }
+            if f.skip_checkpoint {
+                options.insert("skip_checkpoint".into(), true.into());
+            }
+            remote::stop(&server(f.server)?, &f.id, options.into())
+        }
+        cli::Cmd::Cancel(f) => remote::cancel(&server(f.server)?, &f.id),
+        cli::Cmd::Resume(f) => {
+            let answer = remote::json_arg("answer", &f.answer)?;
+            remote::resume(&server(f.server)?, &f.id, answer)
+        }
+        cli::Cmd::Delete(f) => remote::delete(&server(f.server)?, &f.id),
+        _ => Err(Failure::Error("not a live command".into())),
+    }
+}
+
+/// A failure's exit: 2 with a usage line, or 1 with the message.
+fn failure(e: Failure) -> ExitCode {
+    match e {
+        Failure::Usage { message } => usage_error(&message),
+        Failure::Error(message) => {
+            eprintln!("agentloop: {message}");
+            ExitCode::from(1)
+        }
     }
 }
 

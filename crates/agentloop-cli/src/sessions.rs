@@ -42,6 +42,17 @@ pub(crate) enum Command {
         raw: bool,
         config: Option<PathBuf>,
     },
+    /// `list --server`.
+    RemoteList {
+        server: crate::remote::Server,
+        statuses: Vec<String>,
+        json: bool,
+    },
+    /// `show <id> --server`.
+    RemoteShow {
+        server: crate::remote::Server,
+        id: String,
+    },
     /// `history <id>`.
     History {
         dir: PathBuf,
@@ -63,7 +74,41 @@ pub(crate) enum Command {
 /// The parsed command line, checked (`--durability` is a fjall setting).
 pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
     Ok(match cmd {
-        SessionsCmd::List { dir, status, json } => Command::List {
+        SessionsCmd::List {
+            status,
+            json,
+            remote:
+                crate::cli::Remote {
+                    server: Some(url),
+                    token,
+                },
+            ..
+        } => Command::RemoteList {
+            server: crate::remote::Server::new(&url, token)?,
+            statuses: status
+                .iter()
+                .map(|w| match w {
+                    StatusWord::Status(k) => format!("{k:?}").to_lowercase(),
+                    StatusWord::Corrupt => "unreadable".to_string(),
+                })
+                .collect(),
+            json,
+        },
+        SessionsCmd::Show {
+            id,
+            remote:
+                crate::cli::Remote {
+                    server: Some(url),
+                    token,
+                },
+            ..
+        } => Command::RemoteShow {
+            server: crate::remote::Server::new(&url, token)?,
+            id,
+        },
+        SessionsCmd::List {
+            dir, status, json, ..
+        } => Command::List {
             dir: dir.data_dir,
             // `corrupt` alone narrows the listing to corrupt records (always listed).
             statuses: (!status.is_empty()).then(|| {
@@ -85,6 +130,7 @@ pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
             config,
             json,
             raw,
+            ..
         } => Command::Show {
             dir: dir.data_dir,
             id,
@@ -150,6 +196,12 @@ pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
                 .redaction();
             show(&dir, &id, json, raw, &redaction)
         }
+        Command::RemoteList {
+            server,
+            statuses,
+            json,
+        } => crate::remote::list(&server, &statuses, json),
+        Command::RemoteShow { server, id } => crate::remote::show(&server, &id),
         Command::History { dir, id, json } => history(&dir, &id, json),
         Command::Delete { dir, id } => delete(&dir, &id),
         Command::Export { dir } => export(&dir),
@@ -897,7 +949,7 @@ fn clean(s: &str) -> String {
 }
 
 /// A table cell: cleaned and cut to [`CELL_MAX`] characters.
-fn cell(s: &str) -> String {
+pub(crate) fn cell(s: &str) -> String {
     let s = clean(s);
     if s.chars().count() <= CELL_MAX {
         return s;
@@ -907,7 +959,7 @@ fn cell(s: &str) -> String {
     cut
 }
 
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, c) in widths.iter_mut().zip(row) {

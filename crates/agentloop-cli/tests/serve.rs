@@ -163,3 +163,169 @@ fn serve_refuses_a_public_address_without_a_token() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("without a token"), "{err}");
 }
+
+/// Runs `agentloop ARGS` (stdin from `input`), with the token in the environment when
+/// given; returns (exit code, stdout, stderr).
+fn cli(args: &[&str], token: Option<&str>, input: Option<&str>) -> (i32, String, String) {
+    use std::io::Write as _;
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    cmd.args(args)
+        .env_remove("AGENTLOOP_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if let Some(t) = token {
+        cmd.env("AGENTLOOP_TOKEN", t);
+    }
+    let mut child = cmd.spawn().expect("agentloop runs");
+    if let Some(text) = input {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    } else {
+        drop(child.stdin.take());
+    }
+    let out = child.wait_with_output().expect("agentloop exits");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn live_commands_drive_a_token_protected_server() {
+    let dir = TempDir::new("serve-live");
+    let mut job = Job::serve(&dir.0, &["--token", "s3cret"]);
+    let url = base(&mut job);
+    let tok = Some("s3cret");
+    // Sessions are spawned over HTTP (the CLI has no spawn: sessions come from services).
+    for id in ["w", "c"] {
+        let mut r = agent()
+            .post(&format!("{url}/sessions"))
+            .header("Authorization", "Bearer s3cret")
+            .send_json(json!({"id": id, "kind": "sim", "persistent": true,
+                              "config": {"rounds": 1, "model_ms": 5, "tool_ms": 5}}))
+            .expect("spawn");
+        assert_eq!(
+            r.status().as_u16(),
+            201,
+            "{}",
+            r.body_mut().read_to_string().unwrap()
+        );
+    }
+
+    // Without the token: refused, and told how to pass one.
+    let (code, _, err) = cli(&["sessions", "list", "--server", &url], None, None);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("401") && err.contains("--token"), "{err}");
+
+    let (code, out, err) = cli(&["sessions", "list", "--server", &url], tok, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("ID") && out.lines().any(|l| l.starts_with("w ")),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["sessions", "list", "--server", &url, "--json"], tok, None);
+    assert_eq!(code, 0, "{err}");
+    let rows: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(rows.as_array().unwrap().len(), 2, "{out}");
+
+    // watch tails w's events until it ends.
+    let watcher = {
+        let url = url.clone();
+        std::thread::spawn(move || cli(&["watch", "w", "--server", &url], Some("s3cret"), None))
+    };
+    // Give the watcher a moment to subscribe (it prints what it sees; the checks
+    // below do not depend on when it attached: the drain comes after the pushes).
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, out, err) = cli(
+        &[
+            "push",
+            "w",
+            r#"{"id": 1, "text": "from an argument"}"#,
+            "--server",
+            &url,
+        ],
+        tok,
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pushed to w"), "{out}");
+    let (code, _, err) = cli(
+        &["push", "w", "-", "--server", &url, "--preempt", "any"],
+        tok,
+        Some(r#"{"id": 2, "text": "from stdin"}"#),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(&["push", "w", "not json", "--server", &url], tok, None);
+    assert_eq!(code, 2, "a bad item is a usage error: {err}");
+    let (code, out, err) = cli(&["sessions", "show", "w", "--server", &url], tok, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"live\": true"), "{out}");
+    let (code, _, err) = cli(
+        &[
+            "stop", "w", "--mode", "drain", "--cause", "done", "--server", &url,
+        ],
+        tok,
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = watcher.join().unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines().last().unwrap_or("").contains(" ended "),
+        "{out}"
+    );
+    assert!(out.contains("turn_ended"), "{out}");
+
+    // cancel (c has a record once it took an item), resume refused (nothing awaits an
+    // answer), delete.
+    let (code, _, err) = cli(
+        &["push", "c", r#"{"id": 3, "text": "t"}"#, "--server", &url],
+        tok,
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = cli(&["cancel", "c", "--server", &url], tok, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("canceled"), "{out}");
+    let (code, _, err) = cli(
+        &[
+            "resume",
+            "c",
+            r#"{"id": 9, "text": "yes"}"#,
+            "--server",
+            &url,
+        ],
+        tok,
+        None,
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("409 wrong_state"), "{err}");
+    let (code, out, err) = cli(&["delete", "c", "--server", &url], tok, None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("deleted"), "{out}");
+    let (code, _, err) = cli(&["delete", "c", "--server", &url], tok, None);
+    assert_eq!(code, 1);
+    assert!(err.contains("404 unknown_session"), "{err}");
+
+    // An unreachable server is named.
+    let (code, _, err) = cli(
+        &["cancel", "c", "--server", "http://127.0.0.1:9"],
+        tok,
+        None,
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("cannot reach the server at http://127.0.0.1:9"),
+        "{err}"
+    );
+
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

@@ -47,6 +47,16 @@ pub struct Job {
     pub seen: Vec<String>,
 }
 
+/// A test that fails mid-way must not leave its server or job running.
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Job {
     /// `agentloop run --data-dir DIR/data ARGS...` in `dir`, stderr discarded.
     pub fn start(dir: &Path, args: &[&str]) -> Job {
