@@ -163,6 +163,10 @@ pub(crate) struct ServeFlags {
         hide_env_values = true
     )]
     pub token: Option<String>,
+    /// Append `turn <id>...` to FILE when a turn of the simulated agent completes (an
+    /// audit of deliveries across restarts).
+    #[arg(long, value_name = "FILE")]
+    pub item_log: Option<PathBuf>,
 }
 
 /// A running server to talk to: `--server` and `--token`.

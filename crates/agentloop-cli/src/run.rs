@@ -157,7 +157,7 @@ pub(crate) struct ItemLog {
 }
 
 impl ItemLog {
-    fn open(path: &Path) -> Result<Self, String> {
+    pub(crate) fn open(path: &Path) -> Result<Self, String> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -182,7 +182,7 @@ impl ItemLog {
         self.line(format!("acked {session} {id}"));
     }
 
-    fn turn(&self, ids: &[u64]) {
+    pub(crate) fn turn(&self, ids: &[u64]) {
         let mut line = String::with_capacity(5 + ids.len() * 21);
         line.push_str("turn");
         for id in ids {

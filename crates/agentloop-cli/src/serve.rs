@@ -11,6 +11,7 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::config::RuntimeConfig;
@@ -21,7 +22,7 @@ use agentloop_sim::{SimEvent, SimItem};
 
 use crate::cli::ServeFlags;
 use crate::report_table::report_table;
-use crate::run::{engine_from_flags, AgentConfig};
+use crate::run::{engine_from_flags, AgentConfig, ItemLog};
 
 /// Where `agentloop serve` listens unless told otherwise.
 pub(crate) const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
@@ -71,10 +72,19 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     agentloop_http::check_bind(addr, &options)?;
     let data_dir = config.store.data_dir.clone();
 
+    let item_log = match &flags.item_log {
+        Some(path) => Some(Arc::new(ItemLog::open(path)?)),
+        None => None,
+    };
     let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
-        .register_agent("sim", |bytes: &[u8]| {
-            Ok(AgentConfig::from_json(bytes)?.agent().without_ledger())
+        .register_agent("sim", move |bytes: &[u8]| {
+            let mut agent = AgentConfig::from_json(bytes)?.agent().without_ledger();
+            if let Some(log) = &item_log {
+                let log = log.clone();
+                agent = agent.with_turn_hook(Arc::new(move |_turn, ids: &[u64]| log.turn(ids)));
+            }
+            Ok(agent)
         })
         .start()
         .await
