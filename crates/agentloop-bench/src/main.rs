@@ -3,7 +3,7 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1` … `b7`, `b3f` (B3 on fjall), `b9` or `all`; `soak` runs
+//! `b1` … `b9`, `b3f` (B3 on fjall) or `all`; `soak` runs
 //! the main job for five minutes (its binary built first); `codec` runs the (non-figure) measurement
 //! behind the payload encoding.
 
@@ -16,6 +16,7 @@ mod b4;
 mod b5;
 mod b6;
 mod b7;
+mod b8;
 mod b9;
 mod codec_choice;
 mod report;
@@ -23,7 +24,7 @@ mod soak;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b9"];
+const FIGURES: &[&str] = &["b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9"];
 
 fn usage() -> String {
     format!(
@@ -42,6 +43,7 @@ async fn run_figure(id: &str) {
         "b5" => b5::run().await,
         "b6" => b6::run().await,
         "b7" => b7::run().await,
+        "b8" => b8::run().await,
         "b9" => b9::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }

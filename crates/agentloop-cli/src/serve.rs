@@ -113,6 +113,12 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
 
     let app = agentloop_http::router(&rt, options.clone());
+    // Requests and answers are small: send them without Nagle's delay.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+        }
+    });
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)

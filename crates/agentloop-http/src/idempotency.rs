@@ -63,11 +63,23 @@ enum Claim {
     Wait(watch::Receiver<Option<Outcome>>),
 }
 
-fn fingerprint(session: &str, item: &Value) -> u64 {
+/// The hash of the session id and the item's JSON text as sent (a retry sends the same
+/// bytes).
+fn fingerprint(session: &str, item: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     session.hash(&mut h);
-    item.to_string().hash(&mut h);
+    item.hash(&mut h);
     h.finish()
+}
+
+/// A response as an outcome to remember: its status and JSON body.
+pub(crate) async fn outcome(resp: axum::response::Response) -> Outcome {
+    let status = resp.status();
+    let body = match axum::body::to_bytes(resp.into_body(), usize::MAX).await {
+        Ok(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    };
+    (status, body)
 }
 
 impl Idempotency {
@@ -85,7 +97,7 @@ impl Idempotency {
         self.inner.lock().entries.len()
     }
 
-    fn claim(&self, session: &str, key: &str, item: &Value) -> Result<Claim, ApiError> {
+    fn claim(&self, session: &str, key: &str, item: &str) -> Result<Claim, ApiError> {
         let now = Instant::now();
         let fp = fingerprint(session, item);
         let mut inner = self.inner.lock();
@@ -133,7 +145,7 @@ impl Idempotency {
         &self,
         session: &str,
         key: &str,
-        item: &Value,
+        item: &str,
         push: F,
     ) -> Result<Outcome, ApiError>
     where
@@ -185,11 +197,11 @@ mod tests {
     async fn a_retry_gets_the_first_outcome_and_runs_nothing() {
         let idem = Idempotency::new(10, Duration::from_secs(60));
         let runs = Arc::new(AtomicUsize::new(0));
-        let item = serde_json::json!({"id": 1});
+        let item = r#"{"id": 1}"#;
         for _ in 0..3 {
             let r = runs.clone();
             let out = idem
-                .run("s", "k", &item, async move {
+                .run("s", "k", item, async move {
                     r.fetch_add(1, Ordering::SeqCst);
                     ok()
                 })
@@ -204,12 +216,11 @@ mod tests {
     async fn a_concurrent_retry_waits_for_the_first() {
         let idem = Arc::new(Idempotency::new(10, Duration::from_secs(60)));
         let (gate_tx, gate_rx) = tokio::sync::oneshot::channel::<()>();
-        let item = serde_json::json!(1);
+        let item = "1";
         let first = {
             let idem = idem.clone();
-            let item = item.clone();
             tokio::spawn(async move {
-                idem.run("s", "k", &item, async move {
+                idem.run("s", "k", item, async move {
                     let _ = gate_rx.await;
                     (StatusCode::ACCEPTED, serde_json::json!("first"))
                 })
@@ -219,9 +230,8 @@ mod tests {
         tokio::task::yield_now().await;
         let second = {
             let idem = idem.clone();
-            let item = item.clone();
             tokio::spawn(async move {
-                idem.run("s", "k", &item, async { panic!("a retry must not run") })
+                idem.run("s", "k", item, async { panic!("a retry must not run") })
                     .await
             })
         };
@@ -237,16 +247,16 @@ mod tests {
     #[tokio::test]
     async fn a_reused_key_with_another_item_is_refused() {
         let idem = Idempotency::new(10, Duration::from_secs(60));
-        idem.run("s", "k", &serde_json::json!(1), async { ok() })
+        idem.run("s", "k", "1", async { ok() })
             .await
             .expect("first");
         let e = idem
-            .run("s", "k", &serde_json::json!(2), async { ok() })
+            .run("s", "k", "2", async { ok() })
             .await
             .expect_err("mismatch");
         assert_eq!(e.code, "idempotency_mismatch");
         // The same key on another session is another key.
-        idem.run("t", "k", &serde_json::json!(2), async { ok() })
+        idem.run("t", "k", "2", async { ok() })
             .await
             .expect("other session");
     }
@@ -255,7 +265,7 @@ mod tests {
     async fn the_window_is_bounded() {
         let idem = Idempotency::new(3, Duration::from_secs(60));
         for i in 0..10 {
-            idem.run("s", &format!("k{i}"), &serde_json::json!(i), async { ok() })
+            idem.run("s", &format!("k{i}"), &i.to_string(), async { ok() })
                 .await
                 .expect("run");
         }

@@ -263,13 +263,41 @@ fn status_name(display: &str) -> String {
         .to_ascii_lowercase()
 }
 
-/// `POST /sessions/{id}/items`.
+/// `POST /sessions/{id}/items`. The item stays raw JSON until the whole body is read:
+/// it is parsed once, into the item type, and its text is the idempotency fingerprint.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PushBody {
-    item: Value,
+    item: Box<serde_json::value::RawValue>,
     #[serde(default)]
     preempt: Option<PreemptBody>,
+}
+
+/// The `Idempotency-Key` header, if any (read alone: the push path does not copy the
+/// whole header map).
+pub(crate) struct IdempotencyKey(Option<String>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, ApiError> {
+        match parts.headers.get("idempotency-key") {
+            None => Ok(IdempotencyKey(None)),
+            Some(v) => v
+                .to_str()
+                .map(|s| IdempotencyKey(Some(s.to_string())))
+                .map_err(|_| ApiError::bad_request("Idempotency-Key must be visible ASCII")),
+        }
+    }
+}
+
+/// A push's answer.
+#[derive(serde::Serialize)]
+struct Pushed {
+    preempt: Value,
 }
 
 /// A push's preempt: `{"at": "any", "timeout"?: "5s", "delay"?: "1s"}`.
@@ -301,12 +329,12 @@ fn preempt(b: PreemptBody) -> Result<Preempt, ApiError> {
 pub(crate) async fn push<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    key: IdempotencyKey,
     raw: Result<Json<PushBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = body(raw)?;
     // The whole request is checked before anything is delivered: never half-accepted.
-    let item: I = serde_json::from_value(b.item.clone())
+    let item: I = serde_json::from_str(b.item.get())
         .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
     let options = match b.preempt {
         Some(p) => PushOptions::preempt(preempt(p)?),
@@ -316,25 +344,25 @@ pub(crate) async fn push<I: Item, E: Ev>(
     let session = id.clone();
     let deliver = async move {
         match supervisor.push_with(&session, item, options).await {
-            Ok(ack) => (StatusCode::OK, json!({ "preempt": wire::preempt_ack(ack) })),
-            Err(e) => {
-                let e = ApiError::from(e);
-                (e.status, json!({ "code": e.code, "message": e.message }))
-            }
+            Ok(ack) => Json(Pushed {
+                preempt: wire::preempt_ack(ack),
+            })
+            .into_response(),
+            Err(e) => ApiError::from(e).into_response(),
         }
     };
-    let key = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::bad_request("Idempotency-Key must be visible ASCII"))?,
-        ),
-    };
-    let (status, out) = match key {
-        None => deliver.await,
-        Some(key) => st.idempotency.run(&id, key, &b.item, deliver).await?,
-    };
-    Ok((status, Json(out)).into_response())
+    match key.0.as_deref() {
+        None => Ok(deliver.await),
+        Some(key) => {
+            let (status, out) = st
+                .idempotency
+                .run(&id, key, b.item.get(), async move {
+                    crate::idempotency::outcome(deliver.await).await
+                })
+                .await?;
+            Ok((status, Json(out)).into_response())
+        }
+    }
 }
 
 /// `POST /sessions/{id}/stop`.
