@@ -1,5 +1,5 @@
-//! The router's routes, success and error paths (issue 17, first step), driven in
-//! process through tower (no socket): spawn, list, push, stop, cancel, health and
+//! The router's routes, success and error paths (issue 17, first step), driven over a
+//! real loopback socket with hyper's client: spawn, list, push, stop, cancel, health and
 //! readiness, and the JSON errors with their codes.
 
 use std::time::Duration;
@@ -10,7 +10,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::json;
-use tower::ServiceExt;
 
 mod common;
 use common::*;
@@ -228,7 +227,7 @@ async fn a_token_guards_every_route_but_the_probes() {
             if let Some(a) = auth {
                 req = req.header("authorization", a);
             }
-            let resp = app.oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
+            let resp = send(&app, req.body(Body::empty()).unwrap()).await;
             (
                 resp.status(),
                 resp.headers().get("www-authenticate").cloned(),
@@ -367,17 +366,15 @@ async fn events_stream_as_sse_numbered_and_end_with_ended() {
         Some(json!({"id": "ev2", "kind": "sim"})),
     )
     .await;
-    let bad = app
-        .clone()
-        .oneshot(
-            Request::builder()
-                .uri("/sessions/ev2/events")
-                .header("last-event-id", "yesterday")
-                .body(Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
+    let bad = send(
+        &app,
+        Request::builder()
+            .uri("/sessions/ev2/events")
+            .header("last-event-id", "yesterday")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     rt.stop(StopOptions::immediate()).await.unwrap();
 }

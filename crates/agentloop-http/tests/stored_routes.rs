@@ -15,7 +15,6 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 mod common;
 use common::*;
@@ -253,7 +252,7 @@ async fn keyed_push(app: &Router, key: &str, id: u64) -> (StatusCode, Value) {
             json!({"item": {"id": id, "text": "t"}}).to_string(),
         ))
         .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
+    let resp = send(app, req).await;
     let status = resp.status();
     let bytes = http_body_util::BodyExt::collect(resp.into_body())
         .await
@@ -447,8 +446,12 @@ async fn event_streams_are_bounded_and_cors_is_off_unless_configured() {
     assert_eq!(first.status(), StatusCode::OK);
     let second = open_events(&app, "s", None).await;
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Over a socket the server sees the client go away a moment later.
     drop(first);
-    assert_eq!(open_events(&app, "s", None).await.status(), StatusCode::OK);
+    eventually("the stream slot to free", || async {
+        open_events(&app, "s", None).await.status() == StatusCode::OK
+    })
+    .await;
 
     let with_origin = |app: Router| async move {
         let req = Request::builder()
@@ -456,9 +459,8 @@ async fn event_streams_are_bounded_and_cors_is_off_unless_configured() {
             .header("origin", "http://app.example")
             .body(Body::empty())
             .unwrap();
-        app.oneshot(req)
+        send(&app, req)
             .await
-            .unwrap()
             .headers()
             .get("access-control-allow-origin")
             .cloned()
@@ -525,7 +527,7 @@ async fn metrics_count_turns_pushes_checkpoints_and_sessions() {
         .uri("/metrics")
         .body(Body::empty())
         .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
+    let resp = send(&app, req).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert!(resp.headers()["content-type"]
         .to_str()
@@ -554,5 +556,83 @@ async fn metrics_count_turns_pushes_checkpoints_and_sessions() {
         text.trim_end().ends_with("# EOF"),
         "OpenMetrics ends with # EOF"
     );
+    rt.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_restarts_and_show_the_shutdown_phases() {
+    // An agent whose first turn fails: the supervisor restarts the session (S26).
+    let (rt, _) = Rt::builder()
+        .flush_logs(None)
+        .register_agent("flaky", |_cfg: &[u8]| {
+            Ok(
+                SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO)).with_fault(
+                    Some(0),
+                    0,
+                    Fault::Fail,
+                    true,
+                ),
+            )
+        })
+        .start()
+        .await
+        .unwrap();
+    let app = router(&rt, HttpOptions::default());
+    call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "f", "kind": "flaky"})),
+    )
+    .await;
+    assert_eq!(
+        call(&app, "POST", "/sessions/f/items", push_body(1, "t"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let metrics = || async {
+        let req = Request::builder()
+            .uri("/metrics")
+            .body(Body::empty())
+            .unwrap();
+        let bytes = http_body_util::BodyExt::collect(send(&app, req).await.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    };
+    eventually("a restart", || async {
+        metrics()
+            .await
+            .lines()
+            .any(|l| l.starts_with("agentloop_restarts_total ") && !l.ends_with(" 0"))
+    })
+    .await;
+    assert!(
+        sample(
+            &metrics().await,
+            "agentloop_turns_total{outcome=\"failed\"}"
+        ) >= 1.0
+    );
+
+    rt.shutdown_handle()
+        .shutdown()
+        .await
+        .expect("the shutdown report");
+    eventually("the shutdown phases", || async {
+        metrics()
+            .await
+            .contains("agentloop_shutdown_phase_seconds{phase=\"total\"}")
+    })
+    .await;
+    let text = metrics().await;
+    assert_eq!(sample(&text, "agentloop_draining"), 1.0);
+    for phase in ["gate", "grace", "force", "cleanup"] {
+        sample(
+            &text,
+            &format!("agentloop_shutdown_phase_seconds{{phase=\"{phase}\"}}"),
+        );
+    }
     rt.shutdown().await.unwrap();
 }

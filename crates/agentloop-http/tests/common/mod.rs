@@ -1,5 +1,5 @@
 //! Helpers shared by the router's tests: a runtime of simulated agents, one request
-//! through the router in process, and SSE parsing.
+//! to the router over a real loopback socket with hyper's client, and SSE parsing.
 #![allow(dead_code)]
 
 use std::time::Duration;
@@ -11,7 +11,6 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 pub type Rt = Runtime<SimItem, SimEvent>;
 
@@ -31,6 +30,31 @@ pub async fn runtime() -> Rt {
     rt
 }
 
+/// Sends `req` to `app` over a real loopback socket: an HTTP/1.1 server of its own on
+/// 127.0.0.1:0 (left running, so a streamed answer keeps flowing) and hyper's client.
+pub async fn send(app: &Router, req: Request<Body>) -> axum::response::Response {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = app.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    parts.uri = format!("http://{addr}{path}").parse().unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Body>();
+    let resp = client
+        .request(Request::from_parts(parts, body))
+        .await
+        .expect("the request reaches the server");
+    resp.map(Body::new)
+}
+
 pub async fn call(
     app: &Router,
     method: &str,
@@ -45,7 +69,7 @@ pub async fn call(
         }
         None => Body::empty(),
     };
-    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let resp = send(app, req.body(body).unwrap()).await;
     let status = resp.status();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     let v = if bytes.is_empty() {
@@ -81,10 +105,7 @@ pub async fn open_events(app: &Router, id: &str, last: Option<u64>) -> axum::res
     if let Some(l) = last {
         req = req.header("last-event-id", l.to_string());
     }
-    app.clone()
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap()
+    send(app, req.body(Body::empty()).unwrap()).await
 }
 
 /// The SSE lines of a whole response: `(id, event, data)` per event.
