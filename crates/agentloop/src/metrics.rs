@@ -7,8 +7,8 @@
 //! front's `GET /metrics`). Gauges that are a reading of the present (sessions by
 //! status) are the front end's, taken at scrape time.
 //!
-//! Counting is a few atomic operations; nothing here blocks, allocates per event (label
-//! sets are static strings) or decides anything.
+//! Counting is one atomic add (every labelled counter is resolved once, at creation);
+//! nothing here blocks, allocates per event or decides anything.
 
 use std::time::Duration;
 
@@ -29,6 +29,11 @@ type Label = Vec<(&'static str, &'static str)>;
 pub struct RuntimeMetrics {
     turns: Family<Label, Counter>,
     pushes: Family<Label, Counter>,
+    /// The members of `turns`, resolved once (counting is one atomic add, no lookup):
+    /// completed, preempted, canceled, interrupted, failed, plan_aborted.
+    turn_counters: [Counter; 6],
+    /// The members of `pushes`: accepted, late, refused.
+    push_counters: [Counter; 3],
     restarts: Counter,
     checkpoint_apply: Histogram,
     checkpoint_flush: Histogram,
@@ -40,9 +45,17 @@ impl Default for RuntimeMetrics {
         // 50 µs to ~1.6 s, doubling: group commits on sled run from tens of µs (no
         // flush work) to hundreds of ms (a large wave behind a slow disk).
         let buckets = || exponential_buckets(50e-6, 2.0, 16);
+        let turns = Family::<Label, Counter>::default();
+        let pushes = Family::<Label, Counter>::default();
+        let turn_counters =
+            TURN_OUTCOMES.map(|o| turns.get_or_create(&vec![("outcome", o)]).clone());
+        let push_counters =
+            PUSH_RESULTS.map(|r| pushes.get_or_create(&vec![("result", r)]).clone());
         RuntimeMetrics {
-            turns: Family::default(),
-            pushes: Family::default(),
+            turns,
+            pushes,
+            turn_counters,
+            push_counters,
             restarts: Counter::default(),
             checkpoint_apply: Histogram::new(buckets()),
             checkpoint_flush: Histogram::new(buckets()),
@@ -50,6 +63,19 @@ impl Default for RuntimeMetrics {
         }
     }
 }
+
+/// The `outcome` label values of `agentloop_turns_total`, in `turn_counters` order.
+const TURN_OUTCOMES: [&str; 6] = [
+    "completed",
+    "preempted",
+    "canceled",
+    "interrupted",
+    "failed",
+    "plan_aborted",
+];
+
+/// The `result` label values of `agentloop_pushes_total`, in `push_counters` order.
+const PUSH_RESULTS: [&str; 3] = ["accepted", "late", "refused"];
 
 /// How a routed push ended, for [`RuntimeMetrics::push`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,25 +136,25 @@ impl RuntimeMetrics {
 
     /// A turn ended.
     pub fn turn_ended(&self, end: &TurnEnd) {
-        let outcome = match end {
-            TurnEnd::Completed => "completed",
-            TurnEnd::Preempted(_) => "preempted",
-            TurnEnd::Canceled(_) => "canceled",
-            TurnEnd::Interrupted(_) => "interrupted",
-            TurnEnd::Failed(_) => "failed",
-            TurnEnd::PlanAborted(_) => "plan_aborted",
+        let i = match end {
+            TurnEnd::Completed => 0,
+            TurnEnd::Preempted(_) => 1,
+            TurnEnd::Canceled(_) => 2,
+            TurnEnd::Interrupted(_) => 3,
+            TurnEnd::Failed(_) => 4,
+            TurnEnd::PlanAborted(_) => 5,
         };
-        self.turns.get_or_create(&vec![("outcome", outcome)]).inc();
+        self.turn_counters[i].inc();
     }
 
     /// A push routed by id was answered.
     pub fn push(&self, result: PushResult) {
-        let r = match result {
-            PushResult::Accepted => "accepted",
-            PushResult::Late => "late",
-            PushResult::Refused => "refused",
+        let i = match result {
+            PushResult::Accepted => 0,
+            PushResult::Late => 1,
+            PushResult::Refused => 2,
         };
-        self.pushes.get_or_create(&vec![("result", r)]).inc();
+        self.push_counters[i].inc();
     }
 
     /// The supervisor restarted a failed session.
