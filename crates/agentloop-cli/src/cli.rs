@@ -77,9 +77,10 @@ fn duration(text: &str) -> Result<Duration, String> {
     })
 }
 
-/// `agentloop run`.
+/// Where `run` and `serve` keep their sessions: the configuration file, the data
+/// directory and the engine.
 #[derive(Debug, Args)]
-pub(crate) struct RunFlags {
+pub(crate) struct StoreFlags {
     /// Configuration file (default: ./agentloop.toml when it exists).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -93,6 +94,31 @@ pub(crate) struct RunFlags {
     /// fjall only: what a group commit survives (default crash).
     #[arg(long, value_enum)]
     pub durability: Option<DurabilityArg>,
+}
+
+impl StoreFlags {
+    /// `--engine` as the configuration file writes it.
+    pub fn engine_name(&self) -> Option<String> {
+        self.engine.map(|e| match e {
+            EngineArg::Sled => "sled".to_string(),
+            EngineArg::Fjall => "fjall".to_string(),
+        })
+    }
+
+    /// `--durability` as the configuration file writes it.
+    pub fn durability_name(&self) -> Option<String> {
+        self.durability.map(|d| match d {
+            DurabilityArg::Crash => "crash".to_string(),
+            DurabilityArg::Power => "power".to_string(),
+        })
+    }
+}
+
+/// `agentloop run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunFlags {
+    #[command(flatten)]
+    pub store: StoreFlags,
     /// New sessions to spawn (0 only resumes).
     #[arg(long, default_value_t = 4)]
     pub sessions: usize,
@@ -137,19 +163,9 @@ impl RunFlags {
 /// `agentloop serve`.
 #[derive(Debug, Args)]
 pub(crate) struct ServeFlags {
-    /// Configuration file (default: ./agentloop.toml when it exists); its [http] table
-    /// sets the address, token, bounds and CORS origins.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Data directory (default: [store] data_dir, ./agentloop-data).
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Embedded store engine (default: [store] engine, sled).
-    #[arg(long, value_enum)]
-    pub engine: Option<EngineArg>,
-    /// fjall only: what a group commit survives (default crash).
-    #[arg(long, value_enum)]
-    pub durability: Option<DurabilityArg>,
+    /// Its [http] table sets the address, token, bounds and CORS origins.
+    #[command(flatten)]
+    pub store: StoreFlags,
     /// Address to listen on (default: [http] listen, 127.0.0.1:7420; port 0 picks a
     /// free port, printed at start).
     #[arg(long, value_name = "ADDR")]

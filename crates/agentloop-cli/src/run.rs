@@ -30,7 +30,7 @@ use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
 use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{DurabilityArg, EngineArg, RunFlags};
+use crate::cli::RunFlags;
 use crate::report_table::report_table;
 
 /// Parsed arguments.
@@ -93,6 +93,19 @@ impl AgentConfig {
         })
     }
 
+    /// The agent as the jobs run it: no ledger (flat memory), and a `turn` line in
+    /// `log` per completed turn when there is one.
+    pub(crate) fn logged_agent(&self, log: Option<&Arc<ItemLog>>) -> SimAgent {
+        let agent = self.agent().without_ledger();
+        match log {
+            Some(log) => {
+                let log = log.clone();
+                agent.with_turn_hook(Arc::new(move |_turn, ids: &[u64]| log.turn(ids)))
+            }
+            None => agent,
+        }
+    }
+
     /// The agent.
     pub(crate) fn agent(&self) -> SimAgent {
         SimAgent::new(Script::react(
@@ -108,16 +121,10 @@ impl RunArgs {
     /// `--durability` is a fjall setting. An `Err` is a usage error (exit 2).
     pub(crate) fn from_flags(f: RunFlags) -> Result<RunArgs, String> {
         let run = RunArgs {
-            config: f.config,
-            data_dir: f.data_dir,
-            engine: f.engine.map(|e| match e {
-                EngineArg::Sled => "sled".to_string(),
-                EngineArg::Fjall => "fjall".to_string(),
-            }),
-            durability: f.durability.map(|d| match d {
-                DurabilityArg::Crash => "crash".to_string(),
-                DurabilityArg::Power => "power".to_string(),
-            }),
+            engine: f.store.engine_name(),
+            durability: f.store.durability_name(),
+            config: f.store.config,
+            data_dir: f.store.data_dir,
             item_log: f.item_log,
             sessions: f.sessions,
             items: f.items_per_session,
@@ -277,17 +284,9 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", move |bytes: &[u8]| {
-            let cfg: AgentConfig = serde_json::from_slice(bytes)
-                .map_err(|e| format!("not a simulated agent configuration: {e}"))?;
-            let mut agent = cfg
-                .agent()
-                .without_ledger()
-                .with_counters(p.counters.clone());
-            if let Some(log) = &hook_log {
-                let log = log.clone();
-                agent = agent.with_turn_hook(Arc::new(move |_turn, ids: &[u64]| log.turn(ids)));
-            }
-            Ok(agent)
+            Ok(AgentConfig::from_json(bytes)?
+                .logged_agent(hook_log.as_ref())
+                .with_counters(p.counters.clone()))
         })
         .start()
         .await

@@ -43,13 +43,13 @@ macro_rules! say {
 /// Runs the service until a signal shuts it down; `Ok(true)` when every record was
 /// left safe.
 pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
-    let mut config = RuntimeConfig::load(flags.config.as_deref()).map_err(|e| e.to_string())?;
-    if let Some(dir) = &flags.data_dir {
+    let mut config =
+        RuntimeConfig::load(flags.store.config.as_deref()).map_err(|e| e.to_string())?;
+    if let Some(dir) = &flags.store.data_dir {
         config.store.data_dir = dir.clone();
     }
-    if flags.engine.is_some() || flags.durability.is_some() {
-        let engine = flags.engine.map(|e| format!("{e:?}").to_lowercase());
-        let durability = flags.durability.map(|d| format!("{d:?}").to_lowercase());
+    let (engine, durability) = (flags.store.engine_name(), flags.store.durability_name());
+    if engine.is_some() || durability.is_some() {
         config.store.engine = engine_from_flags(&config, engine.as_deref(), durability.as_deref())?;
     }
     let listen = flags
@@ -79,12 +79,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", move |bytes: &[u8]| {
-            let mut agent = AgentConfig::from_json(bytes)?.agent().without_ledger();
-            if let Some(log) = &item_log {
-                let log = log.clone();
-                agent = agent.with_turn_hook(Arc::new(move |_turn, ids: &[u64]| log.turn(ids)));
-            }
-            Ok(agent)
+            Ok(AgentConfig::from_json(bytes)?.logged_agent(item_log.as_ref()))
         })
         .start()
         .await

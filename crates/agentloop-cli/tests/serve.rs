@@ -9,27 +9,8 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use common::{Job, TempDir};
+use common::{agent, base, Job, TempDir};
 use serde_json::{json, Value};
-
-/// The base URL the server printed.
-fn base(job: &mut Job) -> String {
-    let line = job.wait_for("serving on http://");
-    let url = line
-        .split("serving on ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .expect("the address");
-    url.to_string()
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into()
-}
 
 fn get(url: &str) -> (u16, Value) {
     let mut r = agent().get(url).call().expect("GET");

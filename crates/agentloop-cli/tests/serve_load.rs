@@ -11,29 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Job, TempDir};
+use common::{agent, base, Job, TempDir};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
 const SESSIONS: usize = 50;
 const CLIENTS: u64 = 8;
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into()
-}
-
-fn base(job: &mut Job) -> String {
-    let line = job.wait_for("serving on http://");
-    line.split("serving on ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .expect("the address")
-        .to_string()
-}
 
 /// One push with its key: `Ok(true)` on a 2xx, `Ok(false)` when refused (503 while
 /// draining: not accepted, safe to send again later), `Err` when the server could not

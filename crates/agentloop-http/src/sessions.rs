@@ -227,14 +227,7 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
                 ),
             ))
         }
-        (Some(v), _) => {
-            let mut out = serde_json::to_value(v).map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            })?;
-            // The view's status is Rust display text; clients get the stable name.
-            out["status"] = json!(status_name(&v.status));
-            out
-        }
+        (Some(v), _) => view_json(v),
         (None, Some(_)) => json!({"session_id": id, "status": null}),
     };
     out["live"] = json!(live.is_some());
@@ -254,13 +247,13 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
     Ok(Json(out))
 }
 
-/// The stable name of a status from its display text (`Failed(..)` → `failed`).
-fn status_name(display: &str) -> String {
-    display
-        .split('(')
-        .next()
-        .unwrap_or(display)
-        .to_ascii_lowercase()
+/// A view as clients get it: its status as the stable name (the view carries display
+/// text, `Failed(..)` → `failed`).
+fn view_json(v: &agentloop::SessionView) -> Value {
+    let mut out = json!(v);
+    let name = v.status.split('(').next().unwrap_or(&v.status);
+    out["status"] = json!(name.to_ascii_lowercase());
+    out
 }
 
 /// `POST /sessions/{id}/items`. The item stays raw JSON until the whole body is read:
@@ -535,11 +528,7 @@ pub(crate) async fn checkpoint<I: Item, E: Ev>(
     Path((id, turn)): Path<(String, u64)>,
 ) -> Result<Json<Value>, ApiError> {
     match st.runtime.checkpoint(&id, turn).await? {
-        Some(v) => {
-            let mut out = json!(v);
-            out["status"] = json!(status_name(&v.status));
-            Ok(Json(out))
-        }
+        Some(v) => Ok(Json(view_json(&v))),
         None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_checkpoint",

@@ -1,6 +1,6 @@
-//! Shared by the tests that run the real `agentloop` binary (`run.rs`, `crash_loop.rs`):
-//! a temporary directory and a `Job` (a running `agentloop run` whose stdout lines
-//! arrive on a channel).
+//! Shared by the tests that run the real `agentloop` binary (`run.rs`, `crash_loop.rs`,
+//! `serve.rs`, ...): a temporary directory, a `Job` (a running `agentloop run` or
+//! `serve` whose stdout lines arrive on a channel) and an HTTP client for `serve`.
 
 // Each test file uses its own part of this module.
 #![allow(dead_code)]
@@ -179,4 +179,23 @@ pub fn row(out: &str, name: &str) -> String {
 pub fn number(s: &str) -> u64 {
     s.parse()
         .unwrap_or_else(|_| panic!("{s:?} is not a number"))
+}
+
+/// An HTTP client that answers every status (tests look at it) and gives up after 20 s.
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into()
+}
+
+/// The base URL a `serve` job printed (`serving on http://…`).
+pub fn base(job: &mut Job) -> String {
+    let line = job.wait_for("serving on http://");
+    line.split("serving on ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the address")
+        .to_string()
 }
