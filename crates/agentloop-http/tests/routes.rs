@@ -207,6 +207,34 @@ async fn errors_are_json_with_a_stable_code() {
     }
     assert_eq!(ready, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(call(&app, "GET", "/healthz", None).await.0, StatusCode::OK);
+    // Behind the closed drain gate, new work is 503 `draining` (S34): a push is not
+    // accepted (whatever session it names), a spawn is refused.
+    let mut push = (StatusCode::OK, json!(null));
+    for _ in 0..200 {
+        push = call(
+            &app,
+            "POST",
+            "/sessions/x/items",
+            Some(json!({"item": {"id": 3, "text": "late"}})),
+        )
+        .await;
+        if push.0 == StatusCode::SERVICE_UNAVAILABLE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        (push.0, code(&push.1)),
+        (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        "{}",
+        push.1
+    );
+    let (s, v) = call(&app, "POST", "/sessions", Some(spawn("late"))).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+        "{v}"
+    );
     rt.shutdown().await.unwrap();
 }
 
