@@ -314,6 +314,9 @@ enum BareSupMsg {
     Spawn(RpcReplyPort<ActorRef<()>>),
 }
 
+// ractor's `cluster` feature is on workspace-wide (issue 18): messages say so.
+impl ractor::Message for BareSupMsg {}
+
 struct BareSupervisor;
 
 impl Actor for BareSupervisor {
