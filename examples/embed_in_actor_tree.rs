@@ -26,12 +26,6 @@ enum AppMsg {
     },
 }
 
-// agentloop builds ractor with its `cluster` feature, which removes ractor's blanket
-// `impl Message for T`: every message type of your own actors says it is one. A local
-// message (replies, closures) needs nothing more; docs/architecture.md, "Your actors'
-// messages", shows a message that can cross nodes.
-impl ractor::Message for AppMsg {}
-
 struct AppState {
     sessions: SupervisorHandle<SimItem, SimEvent>,
     next_item: u64,

@@ -51,9 +51,6 @@ enum BaseMsg {
     Done(u64),
 }
 
-// ractor's `cluster` feature is on workspace-wide (issue 18): messages say so.
-impl ractor::Message for BaseMsg {}
-
 struct BaseActor;
 
 struct BaseState {

@@ -314,9 +314,6 @@ enum BareSupMsg {
     Spawn(RpcReplyPort<ActorRef<()>>),
 }
 
-// ractor's `cluster` feature is on workspace-wide (issue 18): messages say so.
-impl ractor::Message for BareSupMsg {}
-
 struct BareSupervisor;
 
 impl Actor for BareSupervisor {

@@ -491,11 +491,6 @@ pub enum SupervisorMsg<I, E> {
     Internal(SupervisorInternal<I, E>),
 }
 
-// ractor's `cluster` feature (issue 18) drops its blanket `Message` impl: every message
-// type says it is one. Local only: this message carries replies and closures, so it
-// never crosses nodes (the default `serializable() == false`).
-impl<I: Send + Sync + 'static, E: Send + Sync + 'static> ractor::Message for SupervisorMsg<I, E> {}
-
 /// An internal supervisor message (opaque outside the crate).
 pub struct SupervisorInternal<I, E>(pub(crate) InternalMsg<I, E>);
 

@@ -77,9 +77,6 @@ pub enum TurnLoopMsg<I, E> {
     Internal(Internal<I>),
 }
 
-// A local message (ractor's `cluster` feature needs the impl; see docs/architecture.md).
-impl<I: Send + Sync + 'static, E: Send + Sync + 'static> ractor::Message for TurnLoopMsg<I, E> {}
-
 impl<I, E> fmt::Debug for TurnLoopMsg<I, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -57,9 +57,6 @@ pub enum ShutdownMsg {
     Finished(Box<ShutdownReport>),
 }
 
-// A local message (ractor's `cluster` feature needs the impl; see docs/architecture.md).
-impl ractor::Message for ShutdownMsg {}
-
 /// What the coordinator is built with.
 pub struct CoordinatorArgs<I, E> {
     /// The supervisor whose sessions are shut down.

@@ -165,9 +165,6 @@ pub enum CheckpointMsg {
     Flushed(Flushed),
 }
 
-// A local message (ractor's `cluster` feature needs the impl; see docs/architecture.md).
-impl ractor::Message for CheckpointMsg {}
-
 /// Internal: the results of an applied wave (opaque).
 pub struct Applied(Vec<Result<OpResult, StoreError>>);
 
