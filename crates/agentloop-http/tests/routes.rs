@@ -285,7 +285,38 @@ async fn a_token_guards_every_route_but_the_probes() {
     )
     .await;
     assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    // The page holds no data: it loads without a token (and sends the one it is given).
+    assert_eq!(call(&app, "GET", "/", None).await.0, StatusCode::OK);
+    // A browser's EventSource cannot set headers: the event stream (only) takes the
+    // token as ?access_token=, percent-encoded like any query value.
+    let get = |uri: &'static str| {
+        let app = app.clone();
+        async move { status_of(&app, uri).await }
+    };
+    assert_eq!(
+        get("/sessions/a/events?access_token=wrong").await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get("/sessions?access_token=s3cret").await,
+        StatusCode::UNAUTHORIZED
+    );
+    // Past authentication: the session does not exist, so 404 (not 401).
+    assert_eq!(
+        get("/sessions/a/events?access_token=s3cr%65t").await,
+        StatusCode::NOT_FOUND
+    );
     rt.shutdown().await.unwrap();
+}
+
+/// A bare GET's status.
+async fn status_of(app: &axum::Router, uri: &str) -> StatusCode {
+    common::send(
+        app,
+        Request::builder().uri(uri).body(Body::empty()).unwrap(),
+    )
+    .await
+    .status()
 }
 
 #[test]
