@@ -46,9 +46,11 @@ pub(crate) enum Cmd {
     /// Print a session's events as they happen, reconnecting where it left off, until
     /// the session ends.
     Watch(WatchFlags),
-    /// Inspect, delete, export and import stored session records, offline.
+    /// Inspect, delete, export and import stored session records, offline (list and
+    /// show also from a running server with --server).
     ///
-    /// The data directory is read offline: stop the process that uses it first.
+    /// The data directory is read offline: stop the process that uses it first, or ask
+    /// the server that holds it (`list --server URL`, `show ID --server URL`).
     #[command(subcommand)]
     Sessions(SessionsCmd),
 }
