@@ -171,6 +171,9 @@ impl Idempotency {
             Claim::Wait(rx) => rx,
         };
         let lost = || {
+            // The item may or may not have reached the session: say so where operators
+            // look, naming the push.
+            tracing::warn!(session, key, "a keyed push ended without an outcome (its task panicked); whether its item was accepted is unknown");
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",

@@ -132,15 +132,14 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
     let max_streams = options
         .max_event_streams
         .unwrap_or(DEFAULT_MAX_EVENT_STREAMS);
-    let state = AppState {
+    let state = AppState(Arc::new(sessions::Shared {
         runtime: runtime.clone(),
         streams: limits::Gauge::new(max_streams),
-        max_streams,
-        idempotency: Arc::new(idempotency::Idempotency::new(
+        idempotency: idempotency::Idempotency::new(
             options.idempotency_keys.unwrap_or(DEFAULT_IDEMPOTENCY_KEYS),
             options.idempotency_ttl.unwrap_or(DEFAULT_IDEMPOTENCY_TTL),
-        )),
-    };
+        ),
+    }));
     let requests = limits::Gauge::new(options.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS));
     let mut app = Router::new()
         .route("/", get(page))

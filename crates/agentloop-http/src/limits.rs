@@ -64,6 +64,11 @@ impl Gauge {
         }
     }
 
+    /// The ceiling.
+    pub(crate) fn max(&self) -> usize {
+        self.max
+    }
+
     /// Units held now.
     pub(crate) fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)
@@ -92,7 +97,7 @@ pub(crate) async fn bound_requests(
             drop(slot);
             resp
         }
-        None => too_many("requests at once", gauge.max).into_response(),
+        None => too_many("requests at once", gauge.max()).into_response(),
     }
 }
 

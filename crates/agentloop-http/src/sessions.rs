@@ -28,22 +28,28 @@ use crate::{wire, ApiError};
 /// spawn says otherwise (`"replay": n`).
 pub const DEFAULT_REPLAY: usize = 256;
 
-/// What the handlers share.
-pub(crate) struct AppState<I, E> {
+/// What the handlers share. axum clones the state for every request: it is one `Arc`,
+/// so that clone is one reference count, not a copy of the runtime handle.
+pub(crate) struct AppState<I, E>(pub(crate) Arc<Shared<I, E>>);
+
+/// The shared part of [`AppState`].
+pub(crate) struct Shared<I, E> {
     pub(crate) runtime: RuntimeHandle<I, E>,
+    /// Open event streams, and their bound.
     pub(crate) streams: Arc<Gauge>,
-    pub(crate) max_streams: usize,
-    pub(crate) idempotency: Arc<Idempotency>,
+    pub(crate) idempotency: Idempotency,
 }
 
 impl<I, E> Clone for AppState<I, E> {
     fn clone(&self) -> Self {
-        AppState {
-            runtime: self.runtime.clone(),
-            streams: self.streams.clone(),
-            max_streams: self.max_streams,
-            idempotency: self.idempotency.clone(),
-        }
+        AppState(self.0.clone())
+    }
+}
+
+impl<I, E> std::ops::Deref for AppState<I, E> {
+    type Target = Shared<I, E>;
+    fn deref(&self) -> &Shared<I, E> {
+        &self.0
     }
 }
 
@@ -575,7 +581,7 @@ pub(crate) async fn events<I: Item, E: Ev>(
     let slot = st
         .streams
         .try_take()
-        .ok_or_else(|| too_many("event streams", st.max_streams))?;
+        .ok_or_else(|| too_many("event streams", st.streams.max()))?;
     let filter = agentloop::EventFilter::all();
     let supervisor = st.runtime.supervisor();
     let stream = match after {
