@@ -356,13 +356,41 @@ pub async fn writes_are_fenced_by_the_lease_epoch(store: &Store) {
         })
     ));
     assert_eq!(stored(store, id).await.header.lease_epoch, 3);
-    // A status compare-and-swap (cancel by id) needs no epoch.
+    // A status compare-and-swap (cancel by id) needs no epoch, and moves it on.
     assert!(matches!(
         store
             .cas_status(id, vec![StatusKind::Running], SessionStatus::Canceled)
             .await
             .unwrap(),
         CasOutcome::Swapped(SessionStatus::Running)
+    ));
+    assert_eq!(
+        stored(store, id).await.header.lease_epoch,
+        4,
+        "a cancel by id increments the epoch (S37)"
+    );
+    // The canceled owner (epoch 3) may still write what it holds over `Canceled` (S24);
+    // the epoch stays where the cancel put it.
+    let mut last = at(3, 5);
+    last.header.status = SessionStatus::Canceled;
+    last.condition = WriteCondition::CanceledOrLive;
+    store
+        .write(last)
+        .await
+        .expect("the canceled owner's last write");
+    let after = stored(store, id).await;
+    assert_eq!(after.header.lease_epoch, 4, "the epoch never goes down");
+    assert_eq!(after.header.status, SessionStatus::Canceled);
+    // An owner older than that is fenced, also over `Canceled`.
+    let mut stale = at(2, 6);
+    stale.condition = WriteCondition::CanceledOrLive;
+    assert!(matches!(
+        store.write(stale).await,
+        Err(StoreError::Fenced {
+            held: 2,
+            current: 4,
+            ..
+        })
     ));
 }
 

@@ -100,3 +100,122 @@ async fn s15_sled_store_conforms() {
     assert_eq!(agentloop_tests::ids(&whole.interrupted_items), vec![4, 1]);
     client.close().await.unwrap();
 }
+
+/// The suite on PostgreSQL (issue 18): a server started for the test on loopback, the
+/// suite through one store, then a second store (another process would be the same):
+/// what the first wrote is there, and the two are fenced against each other (S37) and
+/// serialized per session (two conditional writes racing: exactly one wins).
+#[test]
+fn s15_postgres_store_conforms() {
+    use agentloop::store::{RecordHeader, RecordWrite, StateChange, WriteCondition};
+    use agentloop::{CasOutcome, SessionStatus, StatusKind};
+    use agentloop_postgres::local_server::LocalServer;
+    use agentloop_postgres::{PostgresOptions, PostgresStore};
+
+    let server = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let url = server.database("conformance").expect("a database");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let first = PostgresStore::<SimItem>::connect(PostgresOptions::new(url.clone()))
+            .await
+            .expect("connect");
+        run_all(Arc::new(first.clone())).await;
+
+        let second = PostgresStore::<SimItem>::connect(PostgresOptions {
+            url: url.clone(),
+            connections: 2,
+        })
+        .await
+        .expect("a second store");
+        let incr = CheckpointStore::<SimItem>::load(&second, "incr")
+            .await
+            .unwrap()
+            .expect("what the first store wrote");
+        assert_eq!(agentloop_tests::ids(&incr.unhandled_items), vec![3]);
+        assert_eq!(incr.version, 6);
+
+        // Owner A holds epoch 1; B cancels by id (no epoch) and A's next write is refused.
+        let id = "two-nodes";
+        let at = |epoch: u64, condition: WriteCondition| RecordWrite {
+            header: RecordHeader {
+                session_id: id.into(),
+                agent_kind: "sim".into(),
+                status: SessionStatus::Running,
+                lease_epoch: epoch,
+                ..RecordHeader::default()
+            },
+            items: vec![],
+            state: StateChange::Keep,
+            replace: false,
+            condition,
+            history: None,
+        };
+        CheckpointStore::<SimItem>::write(&first, at(1, WriteCondition::NotFinal))
+            .await
+            .expect("A claims");
+        assert!(matches!(
+            CheckpointStore::<SimItem>::cas_status(
+                &second,
+                id,
+                vec![StatusKind::Running],
+                SessionStatus::Canceled
+            )
+            .await
+            .unwrap(),
+            CasOutcome::Swapped(SessionStatus::Running)
+        ));
+        let e = CheckpointStore::<SimItem>::write(&first, at(1, WriteCondition::Always))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Fenced {
+                    held: 1,
+                    current: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+
+        // Two stores racing conditional writes on one version: exactly one wins.
+        let race = "race";
+        CheckpointStore::<SimItem>::write(&first, {
+            let mut w = at(1, WriteCondition::Always);
+            w.header.session_id = race.into();
+            w
+        })
+        .await
+        .unwrap();
+        for round in 0..20u64 {
+            let v = match CheckpointStore::<SimItem>::load_stored(&first, race)
+                .await
+                .unwrap()
+            {
+                Some(agentloop::store::Stored::Current(r)) => r.header.version,
+                other => panic!("{other:?}"),
+            };
+            let w = |n: u64| {
+                let mut w = at(1, WriteCondition::AtVersion(v));
+                w.header.session_id = race.into();
+                w.header.turn_index = n;
+                w
+            };
+            let (a, b) = tokio::join!(
+                CheckpointStore::<SimItem>::write(&first, w(round * 2)),
+                CheckpointStore::<SimItem>::write(&second, w(round * 2 + 1)),
+            );
+            assert!(
+                a.is_ok() != b.is_ok(),
+                "round {round}: exactly one of two racing writes wins: {a:?} {b:?}"
+            );
+            let loser = a.err().or(b.err()).unwrap();
+            assert!(matches!(loser, StoreError::Changed { .. }), "{loser}");
+        }
+    });
+}

@@ -150,11 +150,7 @@ fn decode(id: &str, bytes: &[u8]) -> Result<Snapshot, StoreError> {
 }
 
 /// Answers `query` over `t`.
-pub(crate) fn read(
-    t: &impl Table,
-    id: &str,
-    query: HistoryQuery,
-) -> Result<HistoryAnswer, StoreError> {
+pub fn read(t: &impl Table, id: &str, query: HistoryQuery) -> Result<HistoryAnswer, StoreError> {
     let prefix = history_prefix(id);
     match query {
         HistoryQuery::List => {

@@ -148,6 +148,18 @@ pub enum StoreError {
         /// The backend's message.
         message: String,
     },
+    /// A networked store's database failed or could not be reached (issue 18: the
+    /// PostgreSQL store). Nothing of the operation is known to be written unless it
+    /// resolves later; a session retries or stops as for any store failure.
+    #[error("the session database failed to {operation}{}: {message}; check that the database server runs and is reachable at the configured URL (`--postgres` / `[store] postgres`), then retry", on_session(.session))]
+    Database {
+        /// What was attempted.
+        operation: &'static str,
+        /// The session.
+        session: String,
+        /// The database's message.
+        message: String,
+    },
 }
 
 /// ` session `id`` for an error about one session, nothing for one about the store.

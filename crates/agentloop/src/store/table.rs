@@ -236,7 +236,12 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
         }
     }
     let stored_epoch = stored.as_ref().map_or(0, |h| h.lease_epoch);
-    if w.header.lease_epoch < stored_epoch {
+    // S37: a cancel by id moved the epoch one past its owner's; that owner may still
+    // write what it holds over the `Canceled` record (S24), and no one else below it.
+    let canceled_owner = w.condition == crate::store::WriteCondition::CanceledOrLive
+        && status.as_ref().map(SessionStatus::kind) == Some(StatusKind::Canceled)
+        && w.header.lease_epoch + 1 == stored_epoch;
+    if w.header.lease_epoch < stored_epoch && !canceled_owner {
         return Err(StoreError::Fenced {
             session: id,
             held: w.header.lease_epoch,
@@ -254,6 +259,8 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     }
     let mut header = w.header;
     header.version = stored.as_ref().map_or(0, |h| h.version) + 1;
+    // The stored epoch never goes down (the canceled owner's write above keeps it).
+    header.lease_epoch = header.lease_epoch.max(stored_epoch);
     let encoded = codec::encode_header(&header)?;
     if w.replace {
         for k in t.keys_with_prefix(&session_prefix(&id))? {
@@ -297,8 +304,12 @@ pub fn cas(
                 return Ok(CasOutcome::Mismatch(h.status));
             }
             let prev = std::mem::replace(&mut h.status, to);
-            if let SessionStatus::Failed(e) = &h.status {
-                h.last_error = Some(e.clone());
+            match &h.status {
+                SessionStatus::Failed(e) => h.last_error = Some(e.clone()),
+                // S37: a cancel by id needs no epoch and fences the owner it had: the
+                // owner's next live write is refused wherever it runs.
+                SessionStatus::Canceled => h.lease_epoch += 1,
+                _ => {}
             }
             h.updated_at_ms = now_ms;
             h.version += 1;

@@ -1,0 +1,352 @@
+//! A PostgreSQL [`CheckpointStore`] for agentloop (issue 18, DESIGN S36, S37): the
+//! records, checkpoint history and instance heartbeats of sessions that several nodes
+//! share. It owns its connections and its tables; it knows nothing of sessions beyond
+//! the store trait, and decides nothing about records itself: every write, status
+//! change and delete runs the same table code as the memory, sled and fjall stores
+//! (`agentloop::store::table`), over a session's rows read inside a transaction that
+//! holds the session's advisory lock. So fencing (S37: a write whose lease epoch is
+//! below the stored one is refused; a cancel by id moves the epoch on) holds across
+//! every node that writes through this store.
+//!
+//! Requests go to one of [`PostgresOptions::connections`] shards by the session's id
+//! (`shard.rs`): a shard owns one connection and runs its requests in the order they
+//! were made (the trait's ordering contract), many to a transaction. A write is
+//! answered after its transaction commits, so it is as durable as the server makes a
+//! commit (power-loss durable with `synchronous_commit = on` and `fsync = on`, the
+//! server's defaults; docs/operations.md).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), agentloop::StoreError> {
+//! use std::sync::Arc;
+//! use agentloop_postgres::{PostgresOptions, PostgresStore};
+//! let store = PostgresStore::<String>::connect(
+//!     PostgresOptions::new("postgresql://agentloop@db.internal/agentloop"),
+//! )
+//! .await?;
+//! let store: Arc<dyn agentloop::CheckpointStore<String>> = Arc::new(store);
+//! # Ok(()) }
+//! ```
+
+mod rows;
+mod schema;
+mod shard;
+
+#[cfg(feature = "local-server")]
+pub mod local_server;
+
+use std::marker::PhantomData;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use agentloop::store::history::{HistoryAnswer, HistoryQuery};
+use agentloop::store::{RecordWrite, Stored, StoredEntry};
+use agentloop::{CasOutcome, CheckpointStore, SessionStatus, StatusKind, StoreError};
+use futures::future::BoxFuture;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::shard::{Answer, Connection, Op, Request};
+
+/// How to reach PostgreSQL and how many connections to hold.
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// A libpq-style URL or key=value string
+    /// (`postgresql://user:password@host:port/db`, `host=… port=… user=…`).
+    pub url: String,
+    /// Connections, one per shard (default 4). Requests of one session always use the
+    /// same one.
+    pub connections: usize,
+}
+
+impl PostgresOptions {
+    /// The defaults for `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresOptions {
+            url: url.into(),
+            connections: 4,
+        }
+    }
+}
+
+/// A checkpoint store in PostgreSQL. Cheap to clone: clones share the connections.
+pub struct PostgresStore<I> {
+    shards: Arc<[mpsc::UnboundedSender<Op>]>,
+    target: Arc<str>,
+    _items: PhantomData<fn() -> I>,
+}
+
+impl<I> Clone for PostgresStore<I> {
+    fn clone(&self) -> Self {
+        PostgresStore {
+            shards: self.shards.clone(),
+            target: self.target.clone(),
+            _items: PhantomData,
+        }
+    }
+}
+
+impl<I> std::fmt::Debug for PostgresStore<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("server", &self.target)
+            .field("connections", &self.shards.len())
+            .finish()
+    }
+}
+
+fn refused_url(url: &str, why: impl std::fmt::Display) -> StoreError {
+    StoreError::Database {
+        operation: "connect",
+        session: String::new(),
+        message: format!(
+            "the PostgreSQL URL {:?} is not usable ({why}); write it as \
+             postgresql://user:password@host:port/database or host=… port=… user=… dbname=…",
+            redact(url)
+        ),
+    }
+}
+
+/// The URL without its password, for messages and logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => match url.find("password=") {
+            Some(p) => {
+                let rest = &url[p + 9..];
+                let end = rest.find(' ').map_or(url.len(), |e| p + 9 + e);
+                format!("{}password=***{}", &url[..p], &url[end..])
+            }
+            None => url.to_string(),
+        },
+    }
+}
+
+impl<I> PostgresStore<I> {
+    /// Connects (every connection now, so a wrong URL or a server that is down is
+    /// reported here, naming the server) and creates the store's tables when missing.
+    pub async fn connect(options: PostgresOptions) -> Result<Self, StoreError> {
+        let config = tokio_postgres::Config::from_str(&options.url)
+            .map_err(|e| refused_url(&options.url, e))?;
+        let host = config
+            .get_hosts()
+            .first()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .unwrap_or_else(|| "localhost".into());
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let target = format!("{host}:{port}");
+        let mut first = Connection::open(config.clone(), target.clone()).await?;
+        create_tables(&mut first).await?;
+        let n = options.connections.max(1);
+        let mut shards = Vec::with_capacity(n);
+        let mut conns = vec![first];
+        for _ in 1..n {
+            conns.push(Connection::open(config.clone(), target.clone()).await?);
+        }
+        for conn in conns {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(shard::run(conn, rx));
+            shards.push(tx);
+        }
+        tracing::info!(server = %target, connections = n, "PostgreSQL store connected");
+        Ok(PostgresStore {
+            shards: shards.into(),
+            target: target.into(),
+            _items: PhantomData,
+        })
+    }
+
+    /// The server, as `host:port`.
+    pub fn server(&self) -> &str {
+        &self.target
+    }
+
+    /// The shard of a session (or an instance): FNV-1a of the id, so it is the same in
+    /// every process and build.
+    fn shard(&self, key: &str) -> &mpsc::UnboundedSender<Op> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key.as_bytes() {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        &self.shards[(h % self.shards.len() as u64) as usize]
+    }
+
+    /// Queues `request` on its shard now (the ordering contract: order of calls), and
+    /// resolves to its answer.
+    fn call(&self, key: &str, request: Request) -> BoxFuture<'static, Result<Answer, StoreError>> {
+        // An id PostgreSQL cannot hold (S32: a control character, say) is refused here,
+        // as the table code would refuse it, without a round trip.
+        if let Some(id) = request.session() {
+            if let Err(reason) = agentloop::ids::validate_session_id(id) {
+                let id = id.to_string();
+                return Box::pin(std::future::ready(Err(StoreError::InvalidId {
+                    id,
+                    reason,
+                })));
+            }
+        }
+        let (reply, answer) = oneshot::channel();
+        let sent = self.shard(key).send(Op { request, reply });
+        Box::pin(async move {
+            sent.map_err(|_| StoreError::Closed)?;
+            answer.await.map_err(|_| StoreError::Closed)?
+        })
+    }
+}
+
+async fn create_tables(conn: &mut Connection) -> Result<(), StoreError> {
+    let target = conn.target().to_string();
+    let db = |e: tokio_postgres::Error| shard::database_error(&target, "create its tables", "", &e);
+    let client = conn.client().await?;
+    let tx = client.transaction().await.map_err(db)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::CREATE_LOCK])
+        .await
+        .map_err(db)?;
+    tx.batch_execute(schema::CREATE).await.map_err(db)?;
+    tx.commit().await.map_err(db)
+}
+
+/// An answer of the wrong kind: a bug in this crate, said as one.
+fn unexpected(answer: Answer) -> StoreError {
+    StoreError::Database {
+        operation: "answer",
+        session: String::new(),
+        message: format!(
+            "unexpected answer {answer:?} (a bug in the PostgreSQL store: please report it)"
+        ),
+    }
+}
+
+macro_rules! expect {
+    ($fut:expr, $pat:pat => $out:expr) => {
+        Box::pin(async move {
+            match $fut.await? {
+                $pat => Ok($out),
+                other => Err(unexpected(other)),
+            }
+        })
+    };
+}
+
+impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
+    fn load_stored<'a>(
+        &'a self,
+        session_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Stored>, StoreError>> {
+        let f = self.call(session_id, Request::Load(session_id.to_string()));
+        expect!(f, Answer::Loaded(s) => s.map(|s| *s))
+    }
+
+    fn write(&self, write: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        let id = write.session_id().to_string();
+        let f = self.call(&id, Request::Write(Box::new(write)));
+        expect!(f, Answer::Done => ())
+    }
+
+    fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let f = self.call(session_id, Request::Delete(session_id.to_string()));
+        expect!(f, Answer::Existed(b) => b)
+    }
+
+    fn purge(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let f = self.call(session_id, Request::Purge(session_id.to_string()));
+        expect!(f, Answer::Existed(b) => b)
+    }
+
+    fn list_stored(
+        &self,
+        statuses: Option<Vec<StatusKind>>,
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        let f = self.call("", Request::List(statuses));
+        expect!(f, Answer::Listed(l) => l)
+    }
+
+    fn cas_status(
+        &self,
+        session_id: &str,
+        from: Vec<StatusKind>,
+        to: SessionStatus,
+    ) -> BoxFuture<'static, Result<CasOutcome, StoreError>> {
+        let request = Request::Cas {
+            id: session_id.to_string(),
+            from,
+            to,
+            now_ms: agentloop::store::now_ms(),
+        };
+        let f = self.call(session_id, request);
+        expect!(f, Answer::Swapped(c) => c)
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Every shard answers a flush once the requests queued before it are done.
+        let waits: Vec<_> = self
+            .shards
+            .iter()
+            .map(|tx| {
+                let (reply, answer) = oneshot::channel();
+                let sent = tx.send(Op {
+                    request: Request::Flush,
+                    reply,
+                });
+                (sent, answer)
+            })
+            .collect();
+        Box::pin(async move {
+            for (sent, answer) in waits {
+                sent.map_err(|_| StoreError::Closed)?;
+                answer.await.map_err(|_| StoreError::Closed)??;
+            }
+            Ok(())
+        })
+    }
+
+    fn beat(&self, instance: &str, now_ms: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        let f = self.call(instance, Request::Beat(instance.to_string(), now_ms));
+        expect!(f, Answer::Done => ())
+    }
+
+    fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        let f = self.call(instance, Request::Heartbeat(instance.to_string()));
+        expect!(f, Answer::Beat(b) => b)
+    }
+
+    fn history(
+        &self,
+        session_id: &str,
+        query: HistoryQuery,
+    ) -> BoxFuture<'static, Result<HistoryAnswer, StoreError>> {
+        let f = self.call(session_id, Request::History(session_id.to_string(), query));
+        expect!(f, Answer::History(h) => h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact("postgresql://al:secret@db:5432/x"),
+            "postgresql://al:***@db:5432/x"
+        );
+        assert_eq!(redact("postgresql://al@db/x"), "postgresql://al@db/x");
+        assert_eq!(
+            redact("host=db password=secret user=al"),
+            "host=db password=*** user=al"
+        );
+    }
+}

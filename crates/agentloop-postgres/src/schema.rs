@@ -1,0 +1,66 @@
+//! The tables the store keeps in PostgreSQL and the statements it runs on them. This
+//! file owns the SQL text; `shard.rs` runs it.
+//!
+//! ```text
+//! agentloop_entries   (session text, key bytea, value bytea)   one row per table entry
+//! agentloop_instances (instance text, beat_ms bigint)          one heartbeat per instance
+//! ```
+//!
+//! An entry's `key` is exactly the key the embedded engines use (`agentloop::store::table`
+//! and `history`), so export/import and the conformance suite see one layout; `session`
+//! repeats the key's id so one session's rows (record and history) are one index range.
+
+/// Creates the tables when missing. Run under an advisory lock so two nodes starting
+/// together do not race PostgreSQL's catalog.
+pub(crate) const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS agentloop_entries (
+    session text NOT NULL,
+    key bytea NOT NULL,
+    value bytea NOT NULL,
+    PRIMARY KEY (session, key)
+);
+CREATE TABLE IF NOT EXISTS agentloop_instances (
+    instance text PRIMARY KEY,
+    beat_ms bigint NOT NULL
+);
+";
+
+/// The advisory lock key that serializes [`CREATE`] across nodes ("agentlp" in ASCII).
+pub(crate) const CREATE_LOCK: i64 = 0x0061_6765_6e74_6c70;
+
+/// Locks the sessions `$1` for the transaction, in one global order (the lock key's),
+/// so two nodes locking overlapping batches cannot deadlock.
+pub(crate) const LOCK_SESSIONS: &str = "
+SELECT pg_advisory_xact_lock(k) FROM (
+    SELECT DISTINCT hashtextextended(s, 0) AS k FROM unnest($1::text[]) AS s ORDER BY k
+) AS ordered";
+
+/// Every row of the sessions `$1`; history values only when `$2` (a write needs only
+/// the history keys).
+pub(crate) const READ_SESSIONS: &str = "
+SELECT session, key, CASE WHEN $2 OR get_byte(key, 0) <> 1 THEN value END
+FROM agentloop_entries WHERE session = ANY($1::text[])";
+
+/// Stores rows `(session, key, value)` given as three arrays.
+pub(crate) const PUT_ROWS: &str = "
+INSERT INTO agentloop_entries (session, key, value)
+SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[])
+ON CONFLICT (session, key) DO UPDATE SET value = EXCLUDED.value";
+
+/// Removes rows `(session, key)` given as two arrays.
+pub(crate) const REMOVE_ROWS: &str = "
+DELETE FROM agentloop_entries AS e
+USING unnest($1::text[], $2::bytea[]) AS gone(session, key)
+WHERE e.session = gone.session AND e.key = gone.key";
+
+/// Every live-record row (history excluded), in key order: what a list groups.
+pub(crate) const LIST_ROWS: &str = "
+SELECT key, value FROM agentloop_entries WHERE get_byte(key, 0) <> 1 ORDER BY key";
+
+/// Renews an instance's heartbeat.
+pub(crate) const BEAT: &str = "
+INSERT INTO agentloop_instances (instance, beat_ms) VALUES ($1, $2)
+ON CONFLICT (instance) DO UPDATE SET beat_ms = EXCLUDED.beat_ms";
+
+/// An instance's last heartbeat.
+pub(crate) const HEARTBEAT: &str = "SELECT beat_ms FROM agentloop_instances WHERE instance = $1";

@@ -1,0 +1,360 @@
+//! One connection to PostgreSQL and the task that owns it: the store's requests for
+//! the sessions hashed to this shard, run in the order they were made, many per
+//! transaction (group commit). This file owns the connection, its reconnection and
+//! the transaction around a batch; what a request does to a session's rows is the
+//! shared table code's (`agentloop::store::table`), run over [`SessionRows`].
+//!
+//! A batch is every session request waiting when the shard gets to it (up to
+//! [`BATCH_MAX`]): one transaction locks their sessions (advisory locks in one global
+//! order, so two nodes cannot deadlock), reads their rows, applies the requests in
+//! order, writes what changed and commits; only then is anyone answered, so an answered
+//! write is durable to the server's `synchronous_commit`. Requests that are not about
+//! one session (list, heartbeats, flush) run alone, between batches, in order.
+
+use std::collections::HashMap;
+
+use agentloop::store::history::{self, HistoryAnswer, HistoryQuery};
+use agentloop::store::table;
+use agentloop::store::{Payload, RecordWrite, Stored, StoredEntry};
+use agentloop::{CasOutcome, SessionStatus, StatusKind, StoreError};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::{Client, Config, NoTls};
+
+use crate::rows::SessionRows;
+use crate::schema;
+
+/// The most requests one transaction carries.
+pub(crate) const BATCH_MAX: usize = 256;
+
+/// What a request asks.
+pub(crate) enum Request {
+    Load(String),
+    Write(Box<RecordWrite>),
+    Delete(String),
+    Purge(String),
+    Cas {
+        id: String,
+        from: Vec<StatusKind>,
+        to: SessionStatus,
+        now_ms: u64,
+    },
+    History(String, HistoryQuery),
+    List(Option<Vec<StatusKind>>),
+    Beat(String, u64),
+    Heartbeat(String),
+    Flush,
+}
+
+/// What a request is answered.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Done,
+    Loaded(Option<Box<Stored>>),
+    Existed(bool),
+    Swapped(CasOutcome),
+    History(HistoryAnswer),
+    Listed(Vec<StoredEntry>),
+    Beat(Option<u64>),
+}
+
+/// A request and where its answer goes.
+pub(crate) struct Op {
+    pub(crate) request: Request,
+    pub(crate) reply: oneshot::Sender<Result<Answer, StoreError>>,
+}
+
+impl Request {
+    /// The session a request is about, if it is about one.
+    pub(crate) fn session(&self) -> Option<&str> {
+        match self {
+            Request::Load(id)
+            | Request::Delete(id)
+            | Request::Purge(id)
+            | Request::History(id, _)
+            | Request::Cas { id, .. } => Some(id),
+            Request::Write(w) => Some(w.session_id()),
+            Request::List(_) | Request::Beat(..) | Request::Heartbeat(_) | Request::Flush => None,
+        }
+    }
+
+    fn operation(&self) -> &'static str {
+        match self {
+            Request::Load(_) => "load",
+            Request::Write(_) => "save",
+            Request::Delete(_) => "delete",
+            Request::Purge(_) => "delete",
+            Request::Cas { .. } => "change the status of",
+            Request::History(..) => "read the history of",
+            Request::List(_) => "list",
+            Request::Beat(..) => "renew the heartbeat",
+            Request::Heartbeat(_) => "read the heartbeat",
+            Request::Flush => "flush",
+        }
+    }
+}
+
+/// The error for a failed database call, naming the server and PostgreSQL's own
+/// message (its `DbError` when there is one: the useful part).
+pub(crate) fn database_error(
+    target: &str,
+    operation: &'static str,
+    session: &str,
+    e: &tokio_postgres::Error,
+) -> StoreError {
+    let said = match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut s = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(inner) = source {
+                s.push_str(": ");
+                s.push_str(&inner.to_string());
+                source = inner.source();
+            }
+            s
+        }
+    };
+    StoreError::Database {
+        operation,
+        session: session.to_string(),
+        message: format!("PostgreSQL at {target}: {said}"),
+    }
+}
+
+/// A connection that reconnects when it was lost.
+pub(crate) struct Connection {
+    config: Config,
+    target: String,
+    client: Option<Client>,
+}
+
+impl Connection {
+    /// Connects now (so a wrong URL or a server that is down is reported at start).
+    pub(crate) async fn open(config: Config, target: String) -> Result<Self, StoreError> {
+        let mut c = Connection {
+            config,
+            target,
+            client: None,
+        };
+        c.client().await?;
+        Ok(c)
+    }
+
+    /// The connected client, reconnecting when the last one closed.
+    pub(crate) async fn client(&mut self) -> Result<&mut Client, StoreError> {
+        if self.client.as_ref().is_none_or(Client::is_closed) {
+            let (client, connection) = self
+                .config
+                .connect(NoTls)
+                .await
+                .map_err(|e| database_error(&self.target, "connect", "", &e))?;
+            let target = self.target.clone();
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::warn!(server = %target, error = %e, "connection to PostgreSQL lost; the next request reconnects");
+                }
+            });
+            self.client = Some(client);
+        }
+        self.client.as_mut().ok_or(StoreError::Closed)
+    }
+
+    /// The server, as `host:port`, for messages.
+    pub(crate) fn target(&self) -> &str {
+        &self.target
+    }
+}
+
+/// Runs a shard until every sender is gone and its queue is empty.
+pub(crate) async fn run(mut conn: Connection, mut rx: mpsc::UnboundedReceiver<Op>) {
+    let mut carried: Option<Op> = None;
+    loop {
+        let first = match carried.take() {
+            Some(op) => op,
+            None => match rx.recv().await {
+                Some(op) => op,
+                None => return,
+            },
+        };
+        if first.request.session().is_none() {
+            guarded(&mut conn, |conn| Box::pin(alone(conn, first))).await;
+            continue;
+        }
+        let mut batch = vec![first];
+        while batch.len() < BATCH_MAX {
+            match rx.try_recv() {
+                Ok(op) if op.request.session().is_some() => batch.push(op),
+                Ok(op) => {
+                    carried = Some(op);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        guarded(&mut conn, |conn| Box::pin(sessions(conn, batch))).await;
+    }
+}
+
+/// Runs one step of the shard; a panic in it (a bug, in this crate or the driver) is
+/// logged, its requests hear `Closed` (their answers were dropped), the connection is
+/// replaced, and the shard goes on serving the sessions hashed to it.
+async fn guarded<F>(conn: &mut Connection, step: F)
+where
+    F: for<'c> FnOnce(&'c mut Connection) -> futures::future::BoxFuture<'c, ()>,
+{
+    use futures::FutureExt;
+    let outcome = std::panic::AssertUnwindSafe(step(conn))
+        .catch_unwind()
+        .await;
+    if outcome.is_err() {
+        tracing::error!(server = %conn.target(), "a PostgreSQL store request panicked; its callers were told the store closed, and the connection is replaced");
+        conn.client = None;
+    }
+}
+
+/// Runs a request that is not about one session.
+async fn alone(conn: &mut Connection, op: Op) {
+    let operation = op.request.operation();
+    let target = conn.target().to_string();
+    let answer = async {
+        let client = conn.client().await?;
+        let db = |e: tokio_postgres::Error| database_error(&target, operation, "", &e);
+        match op.request {
+            Request::Flush => Ok(Answer::Done),
+            Request::Beat(instance, now_ms) => {
+                let ms = i64::try_from(now_ms).unwrap_or(i64::MAX);
+                client
+                    .execute(schema::BEAT, &[&instance, &ms])
+                    .await
+                    .map_err(db)?;
+                Ok(Answer::Done)
+            }
+            Request::Heartbeat(instance) => {
+                let row = client
+                    .query_opt(schema::HEARTBEAT, &[&instance])
+                    .await
+                    .map_err(db)?;
+                Ok(Answer::Beat(
+                    row.map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)),
+                ))
+            }
+            Request::List(statuses) => {
+                let rows = client.query(schema::LIST_ROWS, &[]).await.map_err(db)?;
+                let scan = rows.into_iter().map(|r| {
+                    let key: Vec<u8> = r.get(0);
+                    let value: Vec<u8> = r.get(1);
+                    Ok((key, Payload::from(value)))
+                });
+                table::list(scan, std::iter::empty(), statuses.as_deref()).map(Answer::Listed)
+            }
+            _ => Err(StoreError::Closed),
+        }
+    }
+    .await;
+    let _ = op.reply.send(answer);
+}
+
+/// Runs a batch of session requests in one transaction.
+async fn sessions(conn: &mut Connection, batch: Vec<Op>) {
+    let target = conn.target().to_string();
+    let mut ids: Vec<String> = batch
+        .iter()
+        .filter_map(|op| op.request.session().map(str::to_string))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    let with_history = batch
+        .iter()
+        .any(|op| matches!(op.request, Request::History(..)));
+    let mut replies = Vec::with_capacity(batch.len());
+    let result: Result<(), StoreError> = async {
+        let db = |e: tokio_postgres::Error| database_error(&target, "save", "", &e);
+        let client = conn.client().await?;
+        let tx = client.transaction().await.map_err(db)?;
+        tx.execute(schema::LOCK_SESSIONS, &[&ids])
+            .await
+            .map_err(db)?;
+        let mut tables: HashMap<String, SessionRows> = HashMap::with_capacity(ids.len());
+        for row in tx
+            .query(schema::READ_SESSIONS, &[&ids, &with_history])
+            .await
+            .map_err(db)?
+        {
+            let session: String = row.get(0);
+            let key: Vec<u8> = row.get(1);
+            let value: Option<Vec<u8>> = row.get(2);
+            tables
+                .entry(session)
+                .or_default()
+                .insert_read(key, value.map(Payload::from));
+        }
+        for op in batch {
+            let id = op.request.session().unwrap_or_default().to_string();
+            let rows = tables.entry(id).or_default();
+            replies.push((op.reply, apply(rows, op.request)));
+        }
+        let (mut put_s, mut put_k, mut put_v) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut del_s, mut del_k) = (Vec::new(), Vec::new());
+        for (session, rows) in tables.iter_mut() {
+            for (key, value) in rows.take_changes() {
+                match value {
+                    Some(v) => {
+                        put_s.push(session.as_str());
+                        put_k.push(key);
+                        put_v.push(v.to_vec());
+                    }
+                    None => {
+                        del_s.push(session.as_str());
+                        del_k.push(key);
+                    }
+                }
+            }
+        }
+        if !del_s.is_empty() {
+            tx.execute(schema::REMOVE_ROWS, &[&del_s, &del_k])
+                .await
+                .map_err(db)?;
+        }
+        if !put_s.is_empty() {
+            tx.execute(schema::PUT_ROWS, &[&put_s, &put_k, &put_v])
+                .await
+                .map_err(db)?;
+        }
+        tx.commit().await.map_err(db)
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            for (reply, answer) in replies {
+                let _ = reply.send(answer);
+            }
+        }
+        Err(e) => {
+            // Nothing of the batch is known to be written: every request hears why.
+            tracing::warn!(error = %e, requests = replies.len(), "a PostgreSQL transaction failed; its writes were not acknowledged");
+            for (reply, _) in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// What one session request does to its session's rows (the shared table code).
+fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError> {
+    match request {
+        Request::Load(id) => table::read(rows, &id).map(|s| Answer::Loaded(s.map(Box::new))),
+        Request::Write(w) => table::write(rows, *w).map(|()| Answer::Done),
+        Request::Delete(id) => table::delete(rows, &id).map(Answer::Existed),
+        Request::Purge(id) => table::purge(rows, &id).map(Answer::Existed),
+        Request::Cas {
+            id,
+            from,
+            to,
+            now_ms,
+        } => table::cas(rows, &id, &from, to, now_ms).map(Answer::Swapped),
+        Request::History(id, query) => history::read(rows, &id, query).map(Answer::History),
+        Request::List(_) | Request::Beat(..) | Request::Heartbeat(_) | Request::Flush => {
+            Err(StoreError::Closed)
+        }
+    }
+}
