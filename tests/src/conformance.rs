@@ -562,6 +562,25 @@ pub async fn heartbeats(store: &Store) {
     assert_eq!(store.heartbeat("i-1").await.unwrap(), Some(9));
 }
 
+/// A store several instances share lists every instance that beat, with its last
+/// heartbeat (issue 18: cluster membership). Not part of [`run_all`]: a store one
+/// process owns lists none.
+pub async fn shared_membership(store: &Store) {
+    store.beat("node-b", 7).await.unwrap();
+    store.beat("node-a", 3).await.unwrap();
+    store.beat("node-a", 4).await.unwrap();
+    let all = store.instances().await.unwrap();
+    let mine: Vec<_> = all
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("node-"))
+        .collect();
+    assert_eq!(
+        mine,
+        vec![("node-a".to_string(), 4), ("node-b".to_string(), 7)],
+        "every instance once, with its last beat, by name"
+    );
+}
+
 /// Issue 13 (4): a write with a history mark keeps a snapshot of the record it leaves;
 /// only the newest `keep` stay; a snapshot reads back as the record was; S16's delete
 /// keeps the history, `purge` removes record and history; listing records never shows

@@ -13,7 +13,8 @@ use agentloop_tests::TempDir;
 #[tokio::test]
 async fn s15_memory_store_conforms() {
     let store: Store = Arc::new(MemoryStore::<SimItem>::new());
-    run_all(store).await;
+    run_all(store.clone()).await;
+    agentloop_tests::conformance::shared_membership(&store).await;
 }
 
 /// The suite through the checkpoint actor on `engine`, then a restart: what it wrote is
@@ -124,6 +125,7 @@ fn s15_postgres_store_conforms() {
             .await
             .expect("connect");
         run_all(Arc::new(first.clone())).await;
+        agentloop_tests::conformance::shared_membership(&(Arc::new(first.clone()) as Store)).await;
 
         let second = PostgresStore::<SimItem>::connect(PostgresOptions {
             url: url.clone(),

@@ -323,6 +323,11 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         expect!(f, Answer::Beat(b) => b)
     }
 
+    fn instances(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        let f = self.call("", Request::Instances);
+        expect!(f, Answer::Instances(all) => all)
+    }
+
     fn history(
         &self,
         session_id: &str,

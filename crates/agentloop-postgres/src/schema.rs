@@ -62,5 +62,9 @@ pub(crate) const BEAT: &str = "
 INSERT INTO agentloop_instances (instance, beat_ms) VALUES ($1, $2)
 ON CONFLICT (instance) DO UPDATE SET beat_ms = EXCLUDED.beat_ms";
 
+/// Every instance's last heartbeat, by name.
+pub(crate) const INSTANCES: &str =
+    "SELECT instance, beat_ms FROM agentloop_instances ORDER BY instance";
+
 /// An instance's last heartbeat.
 pub(crate) const HEARTBEAT: &str = "SELECT beat_ms FROM agentloop_instances WHERE instance = $1";

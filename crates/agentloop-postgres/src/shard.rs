@@ -42,6 +42,7 @@ pub(crate) enum Request {
     List(Option<Vec<StatusKind>>),
     Beat(String, u64),
     Heartbeat(String),
+    Instances,
     Flush,
 }
 
@@ -55,6 +56,7 @@ pub(crate) enum Answer {
     History(HistoryAnswer),
     Listed(Vec<StoredEntry>),
     Beat(Option<u64>),
+    Instances(Vec<(String, u64)>),
 }
 
 /// A request and where its answer goes.
@@ -73,7 +75,11 @@ impl Request {
             | Request::History(id, _)
             | Request::Cas { id, .. } => Some(id),
             Request::Write(w) => Some(w.session_id()),
-            Request::List(_) | Request::Beat(..) | Request::Heartbeat(_) | Request::Flush => None,
+            Request::List(_)
+            | Request::Beat(..)
+            | Request::Heartbeat(_)
+            | Request::Instances
+            | Request::Flush => None,
         }
     }
 
@@ -88,6 +94,7 @@ impl Request {
             Request::List(_) => "list",
             Request::Beat(..) => "renew the heartbeat",
             Request::Heartbeat(_) => "read the heartbeat",
+            Request::Instances => "list the instances",
             Request::Flush => "flush",
         }
     }
@@ -238,6 +245,19 @@ async fn alone(conn: &mut Connection, op: Op) {
                     row.map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)),
                 ))
             }
+            Request::Instances => {
+                let rows = client.query(schema::INSTANCES, &[]).await.map_err(db)?;
+                Ok(Answer::Instances(
+                    rows.into_iter()
+                        .map(|r| {
+                            (
+                                r.get::<_, String>(0),
+                                u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
+                            )
+                        })
+                        .collect(),
+                ))
+            }
             Request::List(statuses) => {
                 let rows = client.query(schema::LIST_ROWS, &[]).await.map_err(db)?;
                 let scan = rows.into_iter().map(|r| {
@@ -353,8 +373,10 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
             now_ms,
         } => table::cas(rows, &id, &from, to, now_ms).map(Answer::Swapped),
         Request::History(id, query) => history::read(rows, &id, query).map(Answer::History),
-        Request::List(_) | Request::Beat(..) | Request::Heartbeat(_) | Request::Flush => {
-            Err(StoreError::Closed)
-        }
+        Request::List(_)
+        | Request::Beat(..)
+        | Request::Heartbeat(_)
+        | Request::Instances
+        | Request::Flush => Err(StoreError::Closed),
     }
 }

@@ -101,6 +101,7 @@
 
 pub mod agent;
 pub mod cancel;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod events;

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::agent::Agent;
+use crate::cluster::adopt::{should_adopt, Membership, Sweeper};
 use crate::config::{ConfigError, RuntimeConfig, ShutdownConfig};
 use crate::error::SpawnError;
 use crate::options::StopOptions;
@@ -92,6 +93,7 @@ pub struct RuntimeBuilder<I, E> {
     flush_logs: Option<LogFlush>,
     end_feeds: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
     redaction: crate::view::Redaction,
+    node: Option<String>,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -118,6 +120,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             flush_logs: Some(Arc::new(flush_std)),
             end_feeds: Vec::new(),
             redaction: crate::view::Redaction::none(),
+            node: None,
         }
     }
 }
@@ -167,6 +170,22 @@ where
     /// Sets the restart budget of every session.
     pub fn restart_budget(mut self, budget: RestartBudget) -> Self {
         self.budget = budget;
+        self
+    }
+
+    /// Runs this runtime as node `name` of a cluster sharing one store (issue 18, S36,
+    /// S38; the PostgreSQL store, `agentloop-postgres`): the instance id is `name`, so a
+    /// restarted node resumes its own sessions at once; every resume claims its record
+    /// by compare-and-swap; and the runtime adopts the sessions of nodes whose lease
+    /// expired, those placement gives it ([`crate::cluster`]). Unless a heartbeat was
+    /// configured, the cluster defaults apply (1 s heartbeat, 3 s lease:
+    /// docs/operations.md says what they cost). Names must be unique among the nodes.
+    pub fn node(mut self, name: impl Into<String>) -> Self {
+        self.node = Some(name.into());
+        if self.heartbeat == DEFAULT_HEARTBEAT && self.lease_timeout == DEFAULT_LEASE_TIMEOUT {
+            self.heartbeat = crate::store::lease::CLUSTER_HEARTBEAT;
+            self.lease_timeout = crate::store::lease::CLUSTER_LEASE_TIMEOUT;
+        }
         self
     }
 
@@ -271,9 +290,12 @@ where
             }
             (None, None) => (None, None),
         };
-        let lease = match &store {
-            Some(s) => Some(InstanceLease::start(s.clone(), self.heartbeat).await?),
-            None => None,
+        let lease = match (&store, &self.node) {
+            (Some(s), Some(name)) => {
+                Some(InstanceLease::start_named(s.clone(), self.heartbeat, name.clone()).await?)
+            }
+            (Some(s), None) => Some(InstanceLease::start(s.clone(), self.heartbeat).await?),
+            (None, _) => None,
         };
         let instance = lease
             .as_ref()
@@ -314,6 +336,9 @@ where
             client,
             _lease: lease,
             lease_timeout: self.lease_timeout,
+            heartbeat: self.heartbeat,
+            node: self.node.is_some(),
+            adopter: parking_lot::Mutex::new(None),
         };
         // The shutdown's phase durations, once it happened.
         let phases = runtime.handle.shutdown.clone();
@@ -323,6 +348,9 @@ where
             }
         });
         let report = runtime.resume().await?;
+        if runtime.node {
+            runtime.start_adopting();
+        }
         Ok((runtime, report))
     }
 }
@@ -337,6 +365,39 @@ pub struct Runtime<I, E> {
     client: Option<CheckpointClient<I>>,
     _lease: Option<InstanceLease>,
     lease_timeout: Duration,
+    heartbeat: Duration,
+    /// A cluster node (issue 18): resumes claim, dead nodes' sessions are adopted.
+    node: bool,
+    /// The adoption sweep of a cluster node, stopped at shutdown.
+    adopter: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The spec that resumes a stored record: persistent at `durability`; the session uses
+/// this record instead of loading it again, judges its owner's lease by `lease_timeout`
+/// as the runtime did (S19), and claims it first when `claim` (a cluster node).
+fn resume_spec<I>(
+    rec: crate::store::LoadedRecord<I>,
+    durability: Durability,
+    lease_timeout: Duration,
+    claim: bool,
+) -> SessionSpec<I> {
+    let h = &rec.header;
+    let mut spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
+        .config(h.agent_config.clone())
+        .persistent(true)
+        .durability(durability);
+    spec.preloaded = Some(Box::new(rec));
+    spec.lease_timeout = Some(lease_timeout);
+    spec.claim = claim;
+    spec
+}
+
+impl<I, E> Drop for Runtime<I, E> {
+    fn drop(&mut self) {
+        if let Some(task) = self.adopter.lock().take() {
+            task.abort();
+        }
+    }
 }
 
 impl<I, E> std::ops::Deref for Runtime<I, E> {
@@ -378,6 +439,16 @@ where
         let entries = store
             .list_stored(Some(vec![StatusKind::Interrupted, StatusKind::Running]))
             .await?;
+        // A cluster node judges other nodes' records by membership and placement.
+        let membership = match self.node {
+            true => Some(Membership::judge(
+                &store.instances().await?,
+                &self.instance,
+                now_ms(),
+                self.lease_timeout,
+            )),
+            false => None,
+        };
         let mut spawns = Vec::new();
         for entry in entries {
             let rec = match entry.record.and_then(|s| s.decode::<I>()) {
@@ -391,6 +462,23 @@ where
                 }
             };
             let h = &rec.header;
+            if self.node && h.owner.as_deref() != Some(self.instance.as_str()) {
+                // A node resumes its own records; another's only when that node is dead
+                // and placement names this one (the adoption sweep's rule).
+                if !membership.as_ref().is_some_and(|m| {
+                    should_adopt(m, &self.instance, &h.session_id, h.owner.as_deref())
+                }) {
+                    report.skipped.push((
+                        h.session_id.clone(),
+                        format!(
+                            "owned by node `{}`, or placed on another live node; that node \
+                             runs it (or adopts it when its owner's lease expires)",
+                            h.owner.as_deref().unwrap_or("none")
+                        ),
+                    ));
+                    continue;
+                }
+            }
             if h.status == SessionStatus::Running {
                 if let Some(owner) = h.owner.as_deref().filter(|o| *o != self.instance) {
                     let beat = store.heartbeat(owner).await?.unwrap_or(h.heartbeat_ms);
@@ -416,15 +504,8 @@ where
             }
             let items = rec.item_count();
             let crashed = h.status == SessionStatus::Running;
-            let mut spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
-                .config(h.agent_config.clone())
-                .persistent(true)
-                .durability(self.durability);
             let id = h.session_id.clone();
-            // The session uses this record instead of loading it again, and judges its
-            // owner's lease as this runtime did (S19).
-            spec.preloaded = Some(Box::new(rec));
-            spec.lease_timeout = Some(self.lease_timeout);
+            let spec = resume_spec(rec, self.durability, self.lease_timeout, self.node);
             spawns.push((id, (items, crashed), spec));
         }
         // All spawn requests go out back to back (each future sends its request when
@@ -457,6 +538,82 @@ where
         Ok(report)
     }
 
+    /// Starts the adoption sweep of a cluster node (issue 18, S38): every heartbeat it
+    /// reads the store's membership; when a node is newly presumed dead (or membership
+    /// changed, or every 30 beats anyway) it lists the resumable records and resumes
+    /// those whose owner is dead and that placement gives this node, each claiming its
+    /// record first. It stops when the runtime shuts down.
+    fn start_adopting(&self) {
+        let Some(store) = self.store.clone() else {
+            return;
+        };
+        let supervisor = self.supervisor.clone();
+        let shutdown = self.handle.shutdown.clone();
+        let me = self.instance.clone();
+        let lease_timeout = self.lease_timeout;
+        let durability = self.durability;
+        let mut tick = tokio::time::interval(self.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let task = tokio::spawn(async move {
+            let mut sweeper = Sweeper::new(30);
+            loop {
+                tick.tick().await;
+                if shutdown.is_started().await {
+                    return;
+                }
+                let beats = match store.instances().await {
+                    Ok(b) => b,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the cluster's heartbeats; the next beat retries");
+                        continue;
+                    }
+                };
+                let m = Membership::judge(&beats, &me, now_ms(), lease_timeout);
+                if !sweeper.due(&m) {
+                    continue;
+                }
+                let entries = match store
+                    .list_stored(Some(vec![StatusKind::Interrupted, StatusKind::Running]))
+                    .await
+                {
+                    Ok(e) => e,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list the records to adopt; the next beat retries");
+                        sweeper.retry();
+                        continue;
+                    }
+                };
+                let live: std::collections::HashSet<String> =
+                    supervisor.list().await.into_iter().map(|s| s.id).collect();
+                let mut specs = Vec::new();
+                for entry in entries {
+                    let Ok(rec) = entry.record.and_then(|s| s.decode::<I>()) else {
+                        continue;
+                    };
+                    let h = &rec.header;
+                    if !should_adopt(&m, &me, &h.session_id, h.owner.as_deref())
+                        || live.contains(&h.session_id)
+                    {
+                        continue;
+                    }
+                    tracing::info!(session = %h.session_id, dead = ?h.owner, "adopting a session of a dead node");
+                    specs.push(resume_spec(rec, durability, lease_timeout, true));
+                }
+                let results =
+                    futures::future::join_all(specs.into_iter().map(|s| supervisor.spawn(s))).await;
+                let failed = results.iter().filter(|r| r.is_err()).count();
+                if failed > 0 {
+                    tracing::warn!(
+                        failed,
+                        "some adopted sessions did not start; the sweep retries them"
+                    );
+                    sweeper.retry();
+                }
+            }
+        });
+        *self.adopter.lock() = Some(task);
+    }
+
     /// Shuts down (S27): runs the coordinator's phases (or joins the shutdown a signal
     /// started), then stops the supervisor and closes the store. Returns the report.
     pub async fn shutdown(self) -> Result<ShutdownReport, RuntimeError> {
@@ -480,6 +637,9 @@ where
     }
 
     async fn release(&self) -> Result<(), RuntimeError> {
+        if let Some(task) = self.adopter.lock().take() {
+            task.abort();
+        }
         let _ = self.supervisor.actor().drain_and_wait(None).await;
         self.handle.shutdown.actor().stop(None);
         if let Some(c) = &self.client {

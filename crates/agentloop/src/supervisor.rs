@@ -104,6 +104,9 @@ pub struct SessionSpec<I> {
     /// not the default: the runtime's configured one for the sessions it resumes, so
     /// the session agrees with the runtime that the owner is gone.
     pub(crate) lease_timeout: Option<Duration>,
+    /// Claim the record by compare-and-swap before running (a cluster node's resume,
+    /// issue 18; [`SessionConfig`]'s `claim`).
+    pub(crate) claim: bool,
     /// How often this session re-reads its record while detached (S24), when not the
     /// supervisor's heartbeat ([`SupervisorArgs::heartbeat`]).
     pub(crate) poll_interval: Option<Duration>,
@@ -127,6 +130,7 @@ impl<I> SessionSpec<I> {
             replay: 0,
             preloaded: None,
             lease_timeout: None,
+            claim: false,
             poll_interval: None,
             subscribe: None,
         }
@@ -692,6 +696,7 @@ where
             .history(spec.history)
             .replay(spec.replay);
         config.load_record = load_record;
+        config.claim = spec.claim;
         config.supervised = true;
         config.agent_config = spec.agent_config.clone();
         if let Some(owner) = &self.owner {

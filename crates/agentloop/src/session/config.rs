@@ -75,6 +75,11 @@ pub struct SessionConfig {
     /// supervisor turns it off when it restarts a session from the items the failed
     /// incarnation handed back, which are fresher than any record.
     pub load_record: bool,
+    /// Whether the session claims a record another instance owned by compare-and-swap
+    /// before it runs (issue 18, S37): on a store several instances share, two of them
+    /// may resume the same record, and exactly one claim succeeds. Set by the runtime
+    /// for the sessions it resumes or adopts as a cluster node.
+    pub(crate) claim: bool,
     /// How often a detached (background) session re-reads its own record, so a cancel
     /// written by another process is honoured (S24).
     pub poll_interval: Duration,
@@ -124,6 +129,7 @@ impl SessionConfig {
             owner: None,
             lease_timeout: crate::store::lease::DEFAULT_LEASE_TIMEOUT,
             load_record: true,
+            claim: false,
             poll_interval: crate::store::lease::DEFAULT_HEARTBEAT,
             supervised: false,
             subscribe_at_spawn: None,

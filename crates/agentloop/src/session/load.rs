@@ -68,6 +68,13 @@ pub(super) async fn load<A: Agent>(
         core.load_error = Some(Box::new(e));
         return;
     }
+    let mut loaded = loaded;
+    if config.claim && loaded.header.owner != config.owner && !loaded.header.status.is_terminal() {
+        if let Err(e) = claim(store, &mut loaded.header, config.owner.clone()).await {
+            core.load_error = Some(Box::new(e));
+            return;
+        }
+    }
     match finished(&loaded) {
         Some(Finished::Delete) => {
             // A finished session: this run starts afresh under the id.
@@ -133,4 +140,45 @@ pub(super) async fn load<A: Agent>(
         },
     };
     core.seed(loaded, state, bytes, answer);
+}
+
+/// Claims a record another instance owned (issue 18, S37): one write, conditioned on the
+/// version read, that names this instance the owner of a `Running` record at the next
+/// lease epoch. Of several instances resuming the same record, exactly one succeeds;
+/// the others are refused here and never write it. On success `header` is the record
+/// as claimed (its epoch and version), so the session's own writes carry a later epoch
+/// still and a paused former owner is fenced.
+async fn claim<I: 'static>(
+    store: &dyn CheckpointStore<I>,
+    header: &mut crate::store::RecordHeader,
+    owner: Option<String>,
+) -> Result<(), StoreError> {
+    let mut claimed = header.clone();
+    claimed.owner = owner;
+    claimed.status = SessionStatus::Running;
+    claimed.lease_epoch += 1;
+    claimed.heartbeat_ms = now_ms();
+    claimed.updated_at_ms = claimed.heartbeat_ms;
+    let write = crate::store::RecordWrite {
+        header: claimed.clone(),
+        items: Vec::new(),
+        state: crate::store::StateChange::Keep,
+        replace: false,
+        condition: crate::store::WriteCondition::AtVersion(header.version),
+        history: None,
+    };
+    match store.write(write).await {
+        Ok(()) => {
+            claimed.version = header.version + 1;
+            *header = claimed;
+            Ok(())
+        }
+        Err(StoreError::Changed { session, .. }) => Err(StoreError::Refused {
+            session,
+            status: header.status.to_string(),
+            why: "another instance claimed it first (its record changed since it was read);                   that instance runs it now"
+                .into(),
+        }),
+        Err(e) => Err(e),
+    }
 }

@@ -17,6 +17,12 @@ pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
 /// The default lease timeout: three missed heartbeats.
 pub const DEFAULT_LEASE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The heartbeat interval of a cluster node (issue 18): C1 needs a dead node's
+/// sessions running on survivors within 5 s.
+pub const CLUSTER_HEARTBEAT: Duration = Duration::from_secs(1);
+/// The lease timeout of a cluster node: three missed heartbeats.
+pub const CLUSTER_LEASE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A runtime instance's lease: its id and the task that renews its heartbeat.
 pub struct InstanceLease {
     id: String,
@@ -49,7 +55,16 @@ impl InstanceLease {
         store: Arc<dyn CheckpointStore<I>>,
         interval: Duration,
     ) -> Result<Self, crate::store::StoreError> {
-        let id = Self::new_id();
+        Self::start_named(store, interval, Self::new_id()).await
+    }
+
+    /// [`InstanceLease::start`] under a given id (a cluster node's name, which outlives
+    /// the process: a restarted node is the same instance).
+    pub async fn start_named<I: 'static>(
+        store: Arc<dyn CheckpointStore<I>>,
+        interval: Duration,
+        id: String,
+    ) -> Result<Self, crate::store::StoreError> {
         store.beat(&id, now_ms()).await?;
         let beat_id = id.clone();
         let task = tokio::spawn(async move {

@@ -244,6 +244,17 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(Ok(self.instances.lock().get(instance).copied())))
     }
 
+    fn instances(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        let mut all: Vec<(String, u64)> = self
+            .instances
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        all.sort();
+        Box::pin(ready(Ok(all)))
+    }
+
     fn history(
         &self,
         session_id: &str,

@@ -220,6 +220,13 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
     /// The last heartbeat of runtime instance `instance`, if any.
     fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>>;
 
+    /// Every runtime instance that ever beat, with its last heartbeat (issue 18: the
+    /// membership of nodes sharing this store). The default, for a store one process
+    /// owns, lists none.
+    fn instances(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
     /// Reads a session's checkpoint history (issue 13): the list of kept turn-end
     /// checkpoints, or one of them. The default is a store that keeps none: it refuses.
     fn history(

@@ -1,0 +1,291 @@
+//! Cluster nodes sharing one store (issue 18, S36–S38), in one process: two runtimes
+//! as nodes on one shared store. A dead node's sessions are adopted by the live node
+//! placement names, each by exactly one; a node that stops beating (paused past its
+//! lease) is fenced: its session's next write is refused, the session stops, and the
+//! record stays the adopter's.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentloop::cluster::placement;
+use agentloop::store::history::{HistoryAnswer, HistoryQuery};
+use agentloop::store::{MemoryStore, RecordWrite, Stored, StoredEntry};
+use agentloop::{
+    CasOutcome, CheckpointStore, Runtime, SessionRecord, SessionSpec, SessionStatus, StatusKind,
+    StopOptions, StoreError,
+};
+use agentloop_sim::{Gate, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+
+type Rt = Runtime<SimItem, SimEvent>;
+
+const BEAT: Duration = Duration::from_millis(50);
+const LEASE: Duration = Duration::from_millis(300);
+
+/// Which node ran a turn holding which item ids.
+type Turns = Arc<Mutex<Vec<(&'static str, Vec<u64>)>>>;
+
+async fn node(
+    name: &'static str,
+    store: Arc<dyn CheckpointStore<SimItem>>,
+    turns: Turns,
+    gate: Option<Gate>,
+) -> Rt {
+    let (rt, _report) = Rt::builder()
+        .store(store)
+        .heartbeat(BEAT, LEASE)
+        .node(name)
+        .register_agent("sim", move |_cfg: &[u8]| {
+            let t = turns.clone();
+            let agent = SimAgent::new(steps(1)).with_turn_hook(Arc::new(move |_turn, ids| {
+                t.lock().push((name, ids.to_vec()))
+            }));
+            Ok(match &gate {
+                Some(g) => agent.with_step_gate(g.clone()),
+                None => agent,
+            })
+        })
+        .start()
+        .await
+        .unwrap();
+    rt
+}
+
+async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..400 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// S38: a dead node's `Running` sessions (each with work waiting) are resumed by the
+/// live nodes after its lease expires, each by the node placement names and by no
+/// other; every record then names its adopter at a later lease epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_nodes_sessions_are_adopted_by_placement_each_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let n = 24u64;
+    for i in 0..n {
+        let mut r = SessionRecord::<SimItem>::new(format!("s{i}"), "sim", 0);
+        r.status = SessionStatus::Running;
+        r.owner = Some("dead".into());
+        r.unhandled_items = vec![item(i)];
+        store.save(r).await.unwrap();
+    }
+    // The dead node beat just now: at the start of a and b it is still live.
+    store
+        .beat("dead", agentloop::store::now_ms())
+        .await
+        .unwrap();
+    let turns: Turns = Arc::default();
+    let a = node("a", store.clone(), turns.clone(), None).await;
+    let b = node("b", store.clone(), turns.clone(), None).await;
+    assert!(
+        turns.lock().is_empty(),
+        "nothing adopted while its owner is live"
+    );
+    wait_until("every session ran its item", || {
+        turns.lock().len() as u64 >= n
+    })
+    .await;
+    // A little longer: nothing runs twice.
+    tokio::time::sleep(LEASE).await;
+    let ran = turns.lock().clone();
+    assert_eq!(ran.len() as u64, n, "each item delivered once: {ran:?}");
+    let by_item: HashMap<u64, &str> = ran.iter().map(|(node, ids)| (ids[0], *node)).collect();
+    let live = ["a".to_string(), "b".to_string()];
+    for i in 0..n {
+        let id = format!("s{i}");
+        let expected = placement::owner_of(&live, &id).unwrap();
+        assert_eq!(
+            by_item.get(&i).copied(),
+            Some(expected),
+            "{id} ran where placement said"
+        );
+        // The record is gone (a clean exit) or names its adopter at a later epoch.
+        if let Some(r) = store.get(&id) {
+            assert_eq!(r.owner.as_deref(), Some(expected), "{id}");
+            assert!(r.lease_epoch >= 1, "{id}: {}", r.lease_epoch);
+        }
+    }
+    assert!(by_item.values().any(|n| *n == "a") && by_item.values().any(|n| *n == "b"));
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}
+
+/// A store whose heartbeats can be withheld: a node paused (SIGSTOP, a long GC) beats
+/// no more while its sessions, once it runs again, still try to write.
+struct PausableBeats {
+    inner: Arc<MemoryStore<SimItem>>,
+    paused: AtomicBool,
+    /// A node this view of the store does not see (a membership that disagrees).
+    hide: Option<&'static str>,
+}
+
+impl CheckpointStore<SimItem> for PausableBeats {
+    fn load_stored<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Stored>, StoreError>> {
+        self.inner.load_stored(id)
+    }
+    fn write(&self, w: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.inner.write(w)
+    }
+    fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
+        self.inner.delete(id)
+    }
+    fn list_stored(
+        &self,
+        s: Option<Vec<StatusKind>>,
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        self.inner.list_stored(s)
+    }
+    fn cas_status(
+        &self,
+        id: &str,
+        from: Vec<StatusKind>,
+        to: SessionStatus,
+    ) -> BoxFuture<'static, Result<CasOutcome, StoreError>> {
+        self.inner.cas_status(id, from, to)
+    }
+    fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>> {
+        CheckpointStore::<SimItem>::flush(&*self.inner)
+    }
+    fn beat(&self, instance: &str, now_ms: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        if self.paused.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        CheckpointStore::<SimItem>::beat(&*self.inner, instance, now_ms)
+    }
+    fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
+        CheckpointStore::<SimItem>::heartbeat(&*self.inner, instance)
+    }
+    fn instances(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        let all = CheckpointStore::<SimItem>::instances(&*self.inner);
+        let hide = self.hide;
+        Box::pin(async move {
+            Ok(all
+                .await?
+                .into_iter()
+                .filter(|(n, _)| Some(n.as_str()) != hide)
+                .collect())
+        })
+    }
+    fn history(
+        &self,
+        id: &str,
+        q: HistoryQuery,
+    ) -> BoxFuture<'static, Result<HistoryAnswer, StoreError>> {
+        self.inner.history(id, q)
+    }
+}
+
+/// S37: a node paused past its lease loses its session to the node placement names;
+/// when it runs again, its session's next write is refused (fenced) and the session
+/// stops without touching the record; the adopter runs the work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_lease_is_fenced_and_stops_its_session() {
+    let inner = Arc::new(MemoryStore::<SimItem>::new());
+    let paused = Arc::new(PausableBeats {
+        inner: inner.clone(),
+        paused: AtomicBool::new(false),
+        hide: None,
+    });
+    // A session id placement gives to b once a is gone (any id goes to b then: it is
+    // the only live node), started on a.
+    let id = "busy";
+    let turns: Turns = Arc::default();
+    let gate = Gate::new();
+    let a = node("a", paused.clone(), turns.clone(), Some(gate.clone())).await;
+    a.supervisor()
+        .spawn(
+            SessionSpec::new(id, "sim")
+                .persistent(true)
+                .initial_items(vec![item(7)]),
+        )
+        .await
+        .unwrap();
+    wait_until("a's record names it", || {
+        inner
+            .get(id)
+            .is_some_and(|r| r.owner.as_deref() == Some("a"))
+    })
+    .await;
+    let epoch_a = inner.get(id).unwrap().lease_epoch;
+    // a stops beating (its turn is held at the gate: it is "paused").
+    paused.paused.store(true, Ordering::SeqCst);
+    let b = node("b", inner.clone(), turns.clone(), None).await;
+    wait_until("b adopted the session and ran its item", || {
+        turns.lock().iter().any(|(n, ids)| *n == "b" && ids == &[7])
+    })
+    .await;
+    let after = inner.get(id);
+    if let Some(r) = &after {
+        assert_eq!(r.owner.as_deref(), Some("b"));
+        assert!(r.lease_epoch > epoch_a, "{} > {epoch_a}", r.lease_epoch);
+    }
+    // a runs again: its turn ends, its write is fenced, its session stops.
+    gate.open_all();
+    let mut stopped = false;
+    for _ in 0..400 {
+        if a.supervisor().list().await.is_empty() {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(stopped, "a's fenced session stopped");
+    // Nothing a did reached the record: it is b's (or b deleted it at a clean exit).
+    match inner.get(id) {
+        Some(r) => assert_eq!(r.owner.as_deref(), Some("b"), "{r:?}"),
+        None => assert!(after.is_none() || turns.lock().iter().any(|(n, _)| *n == "b")),
+    }
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}
+
+/// S37: two nodes that disagree about membership (each sees only itself) both try to
+/// adopt every session of a dead node; each record is claimed by compare-and-swap, so
+/// exactly one of them runs each session's work, never both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_disagree_about_membership_never_both_run_a_session() {
+    let inner = Arc::new(MemoryStore::<SimItem>::new());
+    let n = 16u64;
+    for i in 0..n {
+        let mut r = SessionRecord::<SimItem>::new(format!("s{i}"), "sim", 0);
+        r.status = SessionStatus::Running;
+        r.owner = Some("dead".into());
+        r.unhandled_items = vec![item(100 + i)];
+        inner.save(r).await.unwrap();
+    }
+    let view = |hide| {
+        Arc::new(PausableBeats {
+            inner: inner.clone(),
+            paused: AtomicBool::new(false),
+            hide: Some(hide),
+        })
+    };
+    let turns: Turns = Arc::default();
+    // The dead node never beat: both adopt at their first sweep, racing.
+    let (a, b) = tokio::join!(
+        node("a", view("b"), turns.clone(), None),
+        node("b", view("a"), turns.clone(), None)
+    );
+    wait_until("every session ran", || turns.lock().len() as u64 >= n).await;
+    tokio::time::sleep(LEASE).await;
+    let ran = turns.lock().clone();
+    let mut items: Vec<u64> = ran.iter().flat_map(|(_, ids)| ids.clone()).collect();
+    items.sort_unstable();
+    assert_eq!(
+        items,
+        (100..100 + n).collect::<Vec<_>>(),
+        "each item once: {ran:?}"
+    );
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}
