@@ -185,6 +185,20 @@ pub(crate) struct ServeFlags {
     /// audit of deliveries across restarts).
     #[arg(long, value_name = "FILE")]
     pub item_log: Option<PathBuf>,
+    /// Keep the records in PostgreSQL instead of the data directory, e.g.
+    /// postgresql://agentloop@db.internal/agentloop (a cluster's shared store).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "AGENTLOOP_POSTGRES",
+        hide_env_values = true
+    )]
+    pub postgres: Option<String>,
+    /// Run as node NAME of a cluster sharing the --postgres store: a restarted node
+    /// resumes its own sessions, and the sessions of a node that died are adopted by
+    /// the live nodes (names must be unique among the nodes).
+    #[arg(long, value_name = "NAME", requires = "postgres")]
+    pub node: Option<String>,
 }
 
 /// A running server to talk to: `--server` and `--token`.
@@ -322,6 +336,16 @@ pub(crate) enum SessionsCmd {
         /// Ask a running server instead of reading the data directory.
         #[command(flatten)]
         remote: Remote,
+        /// Read a PostgreSQL store (a cluster's) instead of the data directory; the
+        /// OWNER column names each session's node.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "AGENTLOOP_POSTGRES",
+            hide_env_values = true,
+            conflicts_with = "server"
+        )]
+        postgres: Option<String>,
     },
     /// Show one record: its items, state and question as JSON whatever their type.
     Show {

@@ -71,19 +71,42 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     };
     agentloop_http::check_bind(addr, &options)?;
     let data_dir = config.store.data_dir.clone();
+    // Where the records live, for messages: the data directory, or the PostgreSQL
+    // server (issue 18).
+    let place = match &flags.postgres {
+        Some(url) => crate::sessions::postgres_name(url),
+        None => data_dir.display().to_string(),
+    };
+    let shared = match &flags.postgres {
+        Some(url) => Some(
+            agentloop_postgres::PostgresStore::<SimItem>::connect(
+                agentloop_postgres::PostgresOptions::new(url.clone()),
+            )
+            .await
+            .map_err(|e| format!("cannot open the PostgreSQL store: {e}"))?,
+        ),
+        None => None,
+    };
 
     let item_log = match &flags.item_log {
         Some(path) => Some(Arc::new(ItemLog::open(path)?)),
         None => None,
     };
-    let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
+    let mut builder = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", move |bytes: &[u8]| {
             Ok(AgentConfig::from_json(bytes)?.logged_agent(item_log.as_ref()))
-        })
+        });
+    if let Some(store) = shared {
+        builder = builder.store(Arc::new(store));
+    }
+    if let Some(name) = &flags.node {
+        builder = builder.node(name.clone());
+    }
+    let (rt, start) = builder
         .start()
         .await
-        .map_err(|e| format!("cannot start on {}: {e}", data_dir.display()))?;
+        .map_err(|e| format!("cannot start on {place}: {e}"))?;
     let shutdown = rt.shutdown_handle();
     // Bound before the signal handlers: a port in use fails before anything waits.
     let listener = match tokio::net::TcpListener::bind(addr).await {
@@ -134,9 +157,12 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         say!("agentloop: not resumed: {id}: {why}");
     }
     say!(
-        "agentloop: serving on http://{bound} ({}; data {}, pid {}); Ctrl+C or SIGTERM shuts down gracefully",
+        "agentloop: serving on http://{bound} ({}; data {place}{}, pid {}); Ctrl+C or SIGTERM shuts down gracefully",
         if options.token.is_some() { "bearer token required" } else { "no token: loopback only" },
-        data_dir.display(),
+        match &flags.node {
+            Some(n) => format!(", node {n}"),
+            None => String::new(),
+        },
         std::process::id()
     );
 
@@ -166,10 +192,9 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     }
     if report.checkpoints.saved > 0 {
         say!(
-            "agentloop: {} session{} saved Interrupted; the next `agentloop serve` on {} resumes them",
+            "agentloop: {} session{} saved Interrupted; the next `agentloop serve` on {place} resumes them",
             report.checkpoints.saved,
             plural(report.checkpoints.saved as usize),
-            data_dir.display()
         );
     }
     Ok(true)

@@ -34,6 +34,8 @@ pub(crate) enum Command {
         dir: PathBuf,
         statuses: Option<Vec<StatusKind>>,
         json: bool,
+        /// Read this PostgreSQL store instead of `dir`.
+        postgres: Option<String>,
     },
     Show {
         dir: PathBuf,
@@ -107,9 +109,14 @@ pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
             id,
         },
         SessionsCmd::List {
-            dir, status, json, ..
+            dir,
+            status,
+            json,
+            postgres,
+            ..
         } => Command::List {
             dir: dir.data_dir,
+            postgres,
             // `corrupt` alone narrows the listing to corrupt records (always listed).
             statuses: (!status.is_empty()).then(|| {
                 let mut kinds = Vec::new();
@@ -182,7 +189,14 @@ pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
             dir,
             statuses,
             json,
-        } => list(&dir, statuses.as_deref(), json),
+            postgres,
+        } => match postgres {
+            Some(url) => {
+                let entries = postgres_entries(&url, statuses.clone())?;
+                render_list(entries, statuses.as_deref(), json, &postgres_name(&url))
+            }
+            None => list(&dir, statuses.as_deref(), json),
+        },
         Command::Show {
             dir,
             id,
@@ -361,6 +375,48 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
         .list(statuses)
         .map_err(|e| Failure::Error(e.to_string()))?;
     drop(backend);
+    render_list(entries, statuses, json, &dir.display().to_string())
+}
+
+/// The records of a PostgreSQL store (issue 18), read on a runtime of this command's
+/// own (this module is otherwise blocking).
+fn postgres_entries(
+    url: &str,
+    statuses: Option<Vec<StatusKind>>,
+) -> Result<Vec<agentloop::store::StoredEntry>, Failure> {
+    use agentloop::CheckpointStore as _;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::Error(format!("cannot start a runtime: {e}")))?;
+    rt.block_on(async {
+        let store = agentloop_postgres::PostgresStore::<SimItem>::connect(
+            agentloop_postgres::PostgresOptions {
+                url: url.to_string(),
+                connections: 1,
+            },
+        )
+        .await?;
+        store.list_stored(statuses).await
+    })
+    .map_err(|e| Failure::Error(e.to_string()))
+}
+
+/// How a listing names a PostgreSQL store: its server, never its password.
+pub(crate) fn postgres_name(url: &str) -> String {
+    match url.rsplit_once('@') {
+        Some((_, host)) => format!("PostgreSQL at {host}"),
+        None => "PostgreSQL".to_string(),
+    }
+}
+
+/// Prints listed records as a table (or JSON); `place` says where they were read.
+fn render_list(
+    entries: Vec<agentloop::store::StoredEntry>,
+    statuses: Option<&[StatusKind]>,
+    json: bool,
+    place: &str,
+) -> Result<String, Failure> {
     let views: Vec<(String, Result<View, StoreError>)> = entries
         .into_iter()
         .map(|e| (e.session_id, e.record.and_then(|r| view(&r))))
@@ -377,7 +433,7 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
     }
     if views.is_empty() {
         let which = if statuses.is_some() { "matching " } else { "" };
-        return Ok(format!("no {which}records in {}\n", dir.display()));
+        return Ok(format!("no {which}records in {place}\n"));
     }
     let header = [
         "ID",
@@ -426,7 +482,7 @@ fn list(dir: &Path, statuses: Option<&[StatusKind]>, json: bool) -> Result<Strin
     if corrupt > 0 {
         let _ = write!(out, " ({corrupt} corrupt)");
     }
-    let _ = writeln!(out, " in {}", dir.display());
+    let _ = writeln!(out, " in {place}");
     for n in notes {
         let _ = writeln!(out, "{n}");
     }
