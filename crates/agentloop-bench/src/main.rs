@@ -18,13 +18,16 @@ mod b6;
 mod b7;
 mod b8;
 mod b9;
+mod c1;
 mod codec_choice;
 mod report;
 mod soak;
 mod tempdir;
 
 /// The figures, in the order `all` runs them.
-const FIGURES: &[&str] = &["b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9"];
+const FIGURES: &[&str] = &[
+    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "c1",
+];
 
 fn usage() -> String {
     format!(
@@ -45,6 +48,7 @@ async fn run_figure(id: &str) {
         "b7" => b7::run().await,
         "b8" => b8::run().await,
         "b9" => b9::run().await,
+        "c1" => c1::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }
 }
@@ -54,6 +58,12 @@ async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let figures: Vec<&str> = match args.as_slice() {
         [one] if one == "all" => FIGURES.to_vec(),
+        // C1's doomed node, started by `c1` itself.
+        [node, url, name, n] if node == "c1-node" => {
+            let n = n.parse().unwrap_or(1_000);
+            c1::node_main(url, name, n).await;
+            return ExitCode::SUCCESS;
+        }
         [one] if one == "codec" => {
             codec_choice::run().await;
             return ExitCode::SUCCESS;
