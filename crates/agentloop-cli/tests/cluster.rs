@@ -63,6 +63,154 @@ fn live_sessions(url: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Clients pushing under load: each push goes to the node its session was spawned on,
+/// then to the others on 404 (not there) or a refused connection (node down).
+struct Load {
+    acked: Arc<Mutex<HashSet<u64>>>,
+    unknown: Arc<Mutex<HashSet<u64>>>,
+    done: Arc<AtomicBool>,
+    clients: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(urls: Arc<Mutex<Vec<String>>>) -> Load {
+        let acked: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        let unknown: Arc<Mutex<HashSet<u64>>> = Arc::default();
+        let done = Arc::new(AtomicBool::new(false));
+        let clients = (0..CLIENTS)
+            .map(|c| {
+                let (urls, acked, unknown, done) =
+                    (urls.clone(), acked.clone(), unknown.clone(), done.clone());
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !done.load(Ordering::Relaxed) {
+                        let id = c * 1_000_000_000 + i;
+                        let s = (id % SESSIONS as u64) as usize;
+                        let session = format!("s{s}");
+                        'item: loop {
+                            if done.load(Ordering::Relaxed) {
+                                return;
+                            }
+                            let nodes = urls.lock().clone();
+                            for k in 0..nodes.len() {
+                                match push(&nodes[(s + k) % nodes.len()], &session, id) {
+                                    Push::Accepted => {
+                                        acked.lock().insert(id);
+                                        break 'item;
+                                    }
+                                    Push::Unknown => {
+                                        unknown.lock().insert(id);
+                                        break 'item;
+                                    }
+                                    Push::NotHere => {}
+                                }
+                            }
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            acked,
+            unknown,
+            done,
+            clients,
+        }
+    }
+
+    fn join(self) {
+        self.done.store(true, Ordering::Relaxed);
+        for c in self.clients {
+            c.join().expect("a client");
+        }
+    }
+}
+
+/// Drains every session on `nodes` and waits until none is live.
+fn drain(nodes: &[String]) {
+    for url in nodes {
+        for id in live_sessions(url).expect("a node answers") {
+            let r = agent()
+                .post(&format!("{url}/sessions/{id}/stop"))
+                .send_json(json!({"mode": "drain"}))
+                .expect("stop");
+            assert_eq!(r.status().as_u16(), 202);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while nodes
+        .iter()
+        .any(|u| !live_sessions(u).unwrap_or_default().is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "sessions still live after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The S10 audit over the nodes' item logs: panics if an acknowledged push was never
+/// delivered; returns how many items were delivered, those delivered twice, and those
+/// node `killed` delivered.
+fn audit(
+    logs: &[std::path::PathBuf],
+    killed: Option<usize>,
+    acked: &HashSet<u64>,
+) -> (usize, Vec<u64>, HashSet<u64>) {
+    let mut delivered: HashMap<u64, u32> = HashMap::new();
+    let mut by_killed: HashSet<u64> = HashSet::new();
+    for (n, log) in logs.iter().enumerate() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines().filter(|l| l.starts_with("turn")) {
+            for id in line.split_whitespace().skip(1) {
+                let id: u64 = id.parse().expect("an id");
+                *delivered.entry(id).or_default() += 1;
+                if Some(n) == killed {
+                    by_killed.insert(id);
+                }
+            }
+        }
+    }
+    let lost: Vec<_> = acked
+        .iter()
+        .filter(|id| !delivered.contains_key(id))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged pushes never delivered: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(10)]
+    );
+    let twice = delivered
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    (delivered.len(), twice, by_killed)
+}
+
+fn start_node(dir: &std::path::Path, db: &str, n: usize, log: &std::path::Path) -> (Job, String) {
+    let node_dir = dir.join(format!("n{n}"));
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let name = format!("n{n}");
+    let mut job = Job::serve(
+        &node_dir,
+        &[
+            "--postgres",
+            db,
+            "--node",
+            &name,
+            "--item-log",
+            log.to_str().unwrap(),
+        ],
+    );
+    let url = base(&mut job);
+    (job, url)
+}
+
 #[test]
 fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
     let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
@@ -71,24 +219,7 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
     let logs: Vec<_> = (0..NODES)
         .map(|n| dir.0.join(format!("n{n}.log")))
         .collect();
-    let start = |n: usize| {
-        let node_dir = dir.0.join(format!("n{n}"));
-        std::fs::create_dir_all(&node_dir).unwrap();
-        let name = format!("n{n}");
-        let mut job = Job::serve(
-            &node_dir,
-            &[
-                "--postgres",
-                &db,
-                "--node",
-                &name,
-                "--item-log",
-                logs[n].to_str().unwrap(),
-            ],
-        );
-        let url = base(&mut job);
-        (job, url)
-    };
+    let start = |n: usize| start_node(&dir.0, &db, n, &logs[n]);
     let mut jobs = Vec::new();
     let mut urls = Vec::new();
     for n in 0..NODES {
@@ -112,46 +243,9 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
         );
     }
 
-    let urls = Arc::new(urls);
-    let acked: Arc<Mutex<HashSet<u64>>> = Arc::default();
-    let unknown: Arc<Mutex<HashSet<u64>>> = Arc::default();
-    let done = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS)
-        .map(|c| {
-            let (urls, acked, unknown, done) =
-                (urls.clone(), acked.clone(), unknown.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut i = 0u64;
-                while !done.load(Ordering::Relaxed) {
-                    let id = c * 1_000_000_000 + i;
-                    let s = (id % SESSIONS as u64) as usize;
-                    let session = format!("s{s}");
-                    // Start at the node it was spawned on; on 404 try the others.
-                    'item: loop {
-                        if done.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        for k in 0..NODES {
-                            match push(&urls[(s + k) % NODES], &session, id) {
-                                Push::Accepted => {
-                                    acked.lock().insert(id);
-                                    break 'item;
-                                }
-                                Push::Unknown => {
-                                    unknown.lock().insert(id);
-                                    break 'item;
-                                }
-                                Push::NotHere => {}
-                            }
-                        }
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    i += 1;
-                }
-            })
-        })
-        .collect();
-
+    let urls = Arc::new(Mutex::new(urls));
+    let load = Load::start(urls.clone());
+    let (acked, unknown, done) = (load.acked.clone(), load.unknown.clone(), load.done.clone());
     std::thread::sleep(Duration::from_secs(3));
     let before = acked.lock().len();
     assert!(before > 0, "no push acknowledged before the kill");
@@ -161,7 +255,7 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
     // The survivors adopt n0's sessions: every session is live on n1 or n2 again.
     let adopted = loop {
         let live: HashSet<String> = (1..NODES)
-            .filter_map(|n| live_sessions(&urls[n]))
+            .filter_map(|n| live_sessions(&urls.lock()[n]))
             .flatten()
             .collect();
         if live.len() == SESSIONS {
@@ -176,30 +270,13 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
     };
     std::thread::sleep(Duration::from_secs(3));
     done.store(true, Ordering::Relaxed);
-    for c in clients {
-        c.join().expect("a client");
-    }
+    load.join();
     let after = acked.lock().len();
     assert!(after > before, "no push acknowledged after the failover");
 
     // Drain every session where it lives, then stop the survivors.
-    for n in 1..NODES {
-        for id in live_sessions(&urls[n]).expect("a survivor answers") {
-            let r = agent()
-                .post(&format!("{}/sessions/{id}/stop", urls[n]))
-                .send_json(json!({"mode": "drain"}))
-                .expect("stop");
-            assert_eq!(r.status().as_u16(), 202);
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while (1..NODES).any(|n| !live_sessions(&urls[n]).unwrap_or_default().is_empty()) {
-        assert!(
-            Instant::now() < deadline,
-            "sessions still live after the drain"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let survivors: Vec<String> = urls.lock()[1..].to_vec();
+    drain(&survivors);
     for job in jobs.iter_mut().skip(1) {
         let job = job.take().unwrap();
         job.signal(libc::SIGTERM);
@@ -207,51 +284,199 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
         assert!(status.success(), "{out}");
     }
 
-    // The audit over the three item logs.
-    let mut delivered: HashMap<u64, u32> = HashMap::new();
-    let mut by_killed: HashSet<u64> = HashSet::new();
-    for (n, log) in logs.iter().enumerate() {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        for line in text.lines().filter(|l| l.starts_with("turn")) {
-            for id in line.split_whitespace().skip(1) {
-                let id: u64 = id.parse().expect("an id");
-                *delivered.entry(id).or_default() += 1;
-                if n == 0 {
-                    by_killed.insert(id);
-                }
-            }
-        }
-    }
-    let acked = acked.lock();
-    let lost: Vec<_> = acked
-        .iter()
-        .filter(|id| !delivered.contains_key(id))
-        .collect();
-    assert!(
-        lost.is_empty(),
-        "{} acknowledged pushes never delivered: {:?}",
-        lost.len(),
-        &lost[..lost.len().min(10)]
-    );
-    let twice: Vec<_> = delivered
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(id, _)| *id)
-        .collect();
+    let (delivered, twice, by_killed) = audit(&logs, Some(0), &acked.lock());
     for id in &twice {
         assert!(
             by_killed.contains(id),
             "item {id} delivered twice, but not by the killed node's unfinished turn"
         );
     }
+    let acked = acked.lock();
     eprintln!(
         "cluster failover: {} pushes acknowledged ({before} before the SIGKILL), {} delivered, \
          {} twice (turns of the killed node whose end was not durable), {} unanswered; \
          all {SESSIONS} sessions live on the survivors {:.2} s after the kill",
         acked.len(),
-        delivered.len(),
+        delivered,
         twice.len(),
         unknown.lock().len(),
         adopted.as_secs_f64()
+    );
+}
+
+/// S37 over processes: a node SIGSTOPped past its lease loses its sessions to the
+/// other node; SIGCONTed, its sessions' writes are refused (fenced) and they stop; the
+/// records stay the adopter's, which goes on running them.
+#[test]
+fn a_node_stopped_past_its_lease_is_fenced_when_it_continues() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("fencing").expect("a database");
+    let dir = TempDir::new("fencing");
+    let start = |n: usize| {
+        let node_dir = dir.0.join(format!("n{n}"));
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let name = format!("n{n}");
+        let mut job = Job::serve(&node_dir, &["--postgres", &db, "--node", &name]);
+        let url = base(&mut job);
+        (job, url)
+    };
+    let (paused, url0) = start(0);
+    let (survivor, url1) = start(1);
+    let ids: Vec<String> = (0..6).map(|s| format!("f{s}")).collect();
+    for id in &ids {
+        let r = agent()
+            .post(&format!("{url0}/sessions"))
+            .send_json(json!({"id": id, "kind": "sim", "persistent": true,
+                              "config": {"rounds": 1, "model_ms": 300, "tool_ms": 300}}))
+            .expect("spawn");
+        assert_eq!(r.status().as_u16(), 201);
+        let r = agent()
+            .post(&format!("{url0}/sessions/{id}/items"))
+            .send_json(json!({"item": {"id": 1, "text": "before the pause"}}))
+            .expect("push");
+        assert!(r.status().is_success());
+    }
+    // Mid-turn, n0 is stopped for longer than its lease (3 s).
+    std::thread::sleep(Duration::from_millis(200));
+    paused.signal(libc::SIGSTOP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let live = live_sessions(&url1).unwrap_or_default();
+        if ids.iter().all(|id| live.contains(id)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n1 adopted only {live:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    paused.signal(libc::SIGCONT);
+    // n0's sessions write when their turn ends: fenced, they stop.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let live = live_sessions(&url0).expect("n0 answers again");
+        if live.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "n0 still runs {live:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Every record is n1's, at a later epoch than n0 held; n1 still runs them all.
+    let mut r = agent()
+        .get(&format!("{url1}/sessions"))
+        .call()
+        .expect("list");
+    let rows: Value = r.body_mut().read_json().unwrap();
+    for id in &ids {
+        let row = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("{id} listed on n1: {rows}"));
+        assert_eq!(row["live"], true, "{row}");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["sessions", "list", "--postgres", &db, "--json"])
+        .output()
+        .expect("sessions list --postgres");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for id in &ids {
+        let rec = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["session_id"] == id.as_str() || r["id"] == id.as_str())
+            .unwrap_or_else(|| panic!("{id} in the store: {listed}"));
+        assert_eq!(
+            rec["owner"], "n1",
+            "nothing n0 did reached the record: {rec}"
+        );
+    }
+    // Pushes to n0 for those sessions are refused now; n1 takes them.
+    let r = agent()
+        .post(&format!("{url0}/sessions/f0/items"))
+        .send_json(json!({"item": {"id": 2, "text": "to the fenced node"}}))
+        .expect("push");
+    assert_eq!(r.status().as_u16(), 404);
+    let r = agent()
+        .post(&format!("{url1}/sessions/f0/items"))
+        .send_json(json!({"item": {"id": 2, "text": "to the owner"}}))
+        .expect("push");
+    assert!(r.status().is_success());
+    for job in [paused, survivor] {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+}
+
+/// A rolling restart under load: each of three nodes in turn gets SIGTERM (its
+/// sessions are saved `Interrupted`) and starts again under its name, which resumes
+/// them (or a survivor adopted them meanwhile). Nothing acknowledged is lost and,
+/// since no node dies, nothing is delivered twice.
+#[test]
+fn a_rolling_restart_of_three_nodes_under_load_loses_nothing() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("rolling").expect("a database");
+    let dir = TempDir::new("rolling");
+    let logs: Vec<_> = (0..NODES)
+        .map(|n| dir.0.join(format!("n{n}.log")))
+        .collect();
+    let mut jobs = Vec::new();
+    let mut urls = Vec::new();
+    for n in 0..NODES {
+        let (job, url) = start_node(&dir.0, &db, n, &logs[n]);
+        jobs.push(Some(job));
+        urls.push(url);
+    }
+    for s in 0..SESSIONS {
+        let r = agent()
+            .post(&format!("{}/sessions", urls[s % NODES]))
+            .send_json(
+                json!({"id": format!("s{s}"), "kind": "sim", "persistent": true,
+                              "config": {"rounds": 1, "model_ms": 15, "tool_ms": 15}}),
+            )
+            .expect("spawn");
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    let urls = Arc::new(Mutex::new(urls));
+    let load = Load::start(urls.clone());
+    let acked = load.acked.clone();
+    std::thread::sleep(Duration::from_secs(2));
+    let mut last = acked.lock().len();
+    for n in 0..NODES {
+        let old = jobs[n].take().expect("a running node");
+        old.signal(libc::SIGTERM);
+        let (status, out) = old.finish();
+        assert!(status.success(), "n{n}: {out}");
+        let (job, url) = start_node(&dir.0, &db, n, &logs[n]);
+        jobs[n] = Some(job);
+        urls.lock()[n] = url;
+        std::thread::sleep(Duration::from_secs(2));
+        let now = acked.lock().len();
+        assert!(now > last, "no push acknowledged after restarting n{n}");
+        last = now;
+    }
+    load.join();
+    let all: Vec<String> = urls.lock().clone();
+    drain(&all);
+    for job in jobs.into_iter().flatten() {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+    let acked = acked.lock();
+    let (delivered, twice, _) = audit(&logs, None, &acked);
+    assert!(
+        twice.is_empty(),
+        "delivered twice without a crash: {twice:?}"
+    );
+    eprintln!(
+        "rolling restart: {} pushes acknowledged, {delivered} delivered, none twice",
+        acked.len()
     );
 }
