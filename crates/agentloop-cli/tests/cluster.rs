@@ -428,8 +428,8 @@ fn a_rolling_restart_of_three_nodes_under_load_loses_nothing() {
         .collect();
     let mut jobs = Vec::new();
     let mut urls = Vec::new();
-    for n in 0..NODES {
-        let (job, url) = start_node(&dir.0, &db, n, &logs[n]);
+    for (n, log) in logs.iter().enumerate() {
+        let (job, url) = start_node(&dir.0, &db, n, log);
         jobs.push(Some(job));
         urls.push(url);
     }
