@@ -26,6 +26,9 @@ enum AppMsg {
     },
 }
 
+// Local: compiles with and without agentloop's `cluster` feature (docs/architecture.md).
+agentloop::local_message!(AppMsg);
+
 struct AppState {
     sessions: SupervisorHandle<SimItem, SimEvent>,
     next_item: u64,

@@ -289,3 +289,93 @@ async fn nodes_that_disagree_about_membership_never_both_run_a_session() {
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
+
+/// S36: only serializable requests cross nodes. A push with an S9 strategy (a closure)
+/// for a session another node owns is refused with a typed error and the item handed
+/// back; the same push without the strategy is forwarded (here: no connected owner, so
+/// `OwnerUnreachable` naming it); a session nobody owns is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_with_a_strategy_does_not_cross_nodes() {
+    use agentloop::cluster::node::{ClusterNode, NodeConfig};
+    use agentloop::options::{PushOptions, PushStrategy};
+    use agentloop::supervisor::RoutedPushError;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let turns: Turns = Arc::default();
+    let gate = Gate::new();
+    let a = node("a", store.clone(), turns.clone(), Some(gate.clone())).await;
+    a.supervisor()
+        .spawn(
+            SessionSpec::new("owned-by-a", "sim")
+                .persistent(true)
+                .initial_items(vec![item(1)]),
+        )
+        .await
+        .unwrap();
+    wait_until("a's record names it", || {
+        store
+            .get("owned-by-a")
+            .is_some_and(|r| r.owner.as_deref() == Some("a"))
+    })
+    .await;
+    let b = node("b", store.clone(), turns.clone(), None).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _node = ClusterNode::start(
+        &b,
+        NodeConfig {
+            name: "b".into(),
+            listen: format!("127.0.0.1:{port}").parse().unwrap(),
+            cookie: "c".into(),
+            join: vec![],
+        },
+    )
+    .await
+    .expect("b's node starts");
+    let mut with_strategy = PushOptions::new();
+    with_strategy.strategy = Some(
+        Arc::new(|_: &agentloop::options::TurnView<'_, SimItem>| None) as PushStrategy<SimItem>,
+    );
+    match b.push_anywhere("owned-by-a", item(2), with_strategy).await {
+        Err(RoutedPushError::NotForwardable { id, item }) => {
+            assert_eq!((id.as_str(), item.id), ("owned-by-a", 2));
+        }
+        other => panic!("expected NotForwardable, got {other:?}"),
+    }
+    match b
+        .push_anywhere("owned-by-a", item(3), PushOptions::new())
+        .await
+    {
+        Err(RoutedPushError::OwnerUnreachable { node, item, .. }) => {
+            assert_eq!((node.as_str(), item.id), ("a", 3));
+        }
+        other => panic!("expected OwnerUnreachable, got {other:?}"),
+    }
+    assert!(matches!(
+        b.push_anywhere("nobody", item(4), PushOptions::new()).await,
+        Err(RoutedPushError::UnknownSession { .. })
+    ));
+    // And a public address is refused for a node: the cookie does not encrypt.
+    let public = ClusterNode::start(
+        &b,
+        NodeConfig {
+            name: "b2".into(),
+            listen: "8.8.8.8:7520".parse().unwrap(),
+            cookie: "c".into(),
+            join: vec![],
+        },
+    )
+    .await;
+    assert!(
+        matches!(
+            public,
+            Err(agentloop::cluster::node::NodeError::PublicAddress(_))
+        ),
+        "{public:?}"
+    );
+    gate.open_all();
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}

@@ -51,6 +51,8 @@ enum BaseMsg {
     Done(u64),
 }
 
+agentloop::local_message!(BaseMsg);
+
 struct BaseActor;
 
 struct BaseState {

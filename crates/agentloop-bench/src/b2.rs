@@ -314,6 +314,8 @@ enum BareSupMsg {
     Spawn(RpcReplyPort<ActorRef<()>>),
 }
 
+agentloop::local_message!(BareSupMsg);
+
 struct BareSupervisor;
 
 impl Actor for BareSupervisor {

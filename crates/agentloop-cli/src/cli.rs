@@ -199,6 +199,22 @@ pub(crate) struct ServeFlags {
     /// the live nodes (names must be unique among the nodes).
     #[arg(long, value_name = "NAME", requires = "postgres")]
     pub node: Option<String>,
+    /// Where this node listens for other nodes (ractor_cluster), e.g. 10.0.0.11:7520;
+    /// loopback or a private address only (the cookie does not encrypt).
+    #[arg(long, value_name = "ADDR", requires = "node")]
+    pub cluster_listen: Option<String>,
+    /// A node to join at start (its --cluster-listen address); repeat for several.
+    #[arg(long, value_name = "ADDR", requires = "cluster_listen")]
+    pub join: Vec<String>,
+    /// The cluster's shared secret (the same on every node).
+    #[arg(
+        long,
+        value_name = "SECRET",
+        env = "AGENTLOOP_COOKIE",
+        hide_env_values = true,
+        requires = "cluster_listen"
+    )]
+    pub cookie: Option<String>,
 }
 
 /// A running server to talk to: `--server` and `--token`.

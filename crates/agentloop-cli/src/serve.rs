@@ -107,6 +107,33 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         .start()
         .await
         .map_err(|e| format!("cannot start on {place}: {e}"))?;
+    // A node of a cluster on ractor_cluster: requests for sessions other nodes run are
+    // forwarded to their owners (issue 18).
+    let _node = match (&flags.node, &flags.cluster_listen) {
+        (Some(name), Some(listen)) => {
+            let listen: SocketAddr = listen.parse().map_err(|e| {
+                format!("--cluster-listen `{listen}` is not an address ({e}); write e.g. 10.0.0.11:7520")
+            })?;
+            let Some(cookie) = flags.cookie.clone() else {
+                let _ = rt.shutdown().await;
+                return Err("--cluster-listen needs --cookie (or AGENTLOOP_COOKIE): the secret every node of the cluster shares".into());
+            };
+            let config = agentloop::cluster::node::NodeConfig {
+                name: name.clone(),
+                listen,
+                cookie,
+                join: flags.join.clone(),
+            };
+            match agentloop::cluster::node::ClusterNode::start(&rt, config).await {
+                Ok(node) => Some(node),
+                Err(e) => {
+                    let _ = rt.shutdown().await;
+                    return Err(e.to_string());
+                }
+            }
+        }
+        _ => None,
+    };
     let shutdown = rt.shutdown_handle();
     // Bound before the signal handlers: a port in use fails before anything waits.
     let listener = match tokio::net::TcpListener::bind(addr).await {

@@ -480,3 +480,137 @@ fn a_rolling_restart_of_three_nodes_under_load_loses_nothing() {
         acked.len()
     );
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// S36: nodes joined on ractor_cluster (address and cookie): a push sent to a node that
+/// does not run the session reaches its owner, in order, with a preempt as data; the
+/// owner delivers it. Without a joined owner the push is refused with a clear error.
+#[test]
+fn a_push_to_any_node_reaches_the_sessions_owner() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("forward").expect("a database");
+    let dir = TempDir::new("forward");
+    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+    let ports = [free_port(), free_port()];
+    let start = |n: usize, join: Option<u16>| {
+        let node_dir = dir.0.join(format!("n{n}"));
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let name = format!("n{n}");
+        let listen = format!("127.0.0.1:{}", ports[n]);
+        let mut args = vec![
+            "--postgres".to_string(),
+            db.clone(),
+            "--node".into(),
+            name,
+            "--cluster-listen".into(),
+            listen,
+            "--cookie".into(),
+            "test-cookie".into(),
+            "--item-log".into(),
+            logs[n].to_str().unwrap().to_string(),
+        ];
+        if let Some(p) = join {
+            args.push("--join".into());
+            args.push(format!("127.0.0.1:{p}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut job = Job::serve(&node_dir, &args);
+        let url = base(&mut job);
+        (job, url)
+    };
+    let (n0, url0) = start(0, None);
+    let (n1, url1) = start(1, Some(ports[0]));
+    let r = agent()
+        .post(&format!("{url0}/sessions"))
+        .send_json(json!({"id": "far", "kind": "sim", "persistent": true,
+                          "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}}))
+        .expect("spawn");
+    assert_eq!(r.status().as_u16(), 201);
+    // Until the nodes have joined, n1 cannot reach the owner (404, or 502 once the
+    // record names n0).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut first = 0;
+    loop {
+        let mut r = agent()
+            .post(&format!("{url1}/sessions/far/items"))
+            .send_json(json!({"item": {"id": 1, "text": "via n1"}}))
+            .expect("push");
+        match r.status().as_u16() {
+            200 => break,
+            // Not joined yet: no node to ask (the session has no record naming n0 yet).
+            404 => first += 1,
+            502 => {
+                let body: Value = r.body_mut().read_json().unwrap();
+                assert_eq!(body["error"]["code"], "owner_unreachable", "{body}");
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("node `n0`"),
+                    "{body}"
+                );
+                first += 1;
+            }
+            other => panic!("{other}: {}", r.body_mut().read_to_string().unwrap()),
+        }
+        assert!(Instant::now() < deadline, "n1 never reached n0");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Then every push through n1 reaches n0, in order; one carries a preempt.
+    for id in 2..=20u64 {
+        let body = if id == 10 {
+            json!({"item": {"id": id, "text": "via n1"}, "preempt": {"at": "any"}})
+        } else {
+            json!({"item": {"id": id, "text": "via n1"}})
+        };
+        let r = agent()
+            .post(&format!("{url1}/sessions/far/items"))
+            .send_json(body)
+            .expect("push");
+        assert_eq!(r.status().as_u16(), 200, "push {id}");
+    }
+    // A session nobody runs is unknown everywhere.
+    let r = agent()
+        .post(&format!("{url1}/sessions/nobody/items"))
+        .send_json(json!({"item": {"id": 99, "text": "x"}}))
+        .expect("push");
+    assert_eq!(r.status().as_u16(), 404);
+    drain(std::slice::from_ref(&url0));
+    for job in [n0, n1] {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+    let n0_log = std::fs::read_to_string(&logs[0]).unwrap_or_default();
+    let mut seen: Vec<u64> = n0_log
+        .lines()
+        .filter(|l| l.starts_with("turn"))
+        .flat_map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(|s| s.parse::<u64>().unwrap())
+        })
+        .collect();
+    let order = seen.clone();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (1..=20).collect::<Vec<_>>(),
+        "each forwarded item delivered once by n0"
+    );
+    assert_eq!(order, seen, "in the order they were pushed");
+    assert!(
+        std::fs::read_to_string(&logs[1])
+            .unwrap_or_default()
+            .lines()
+            .all(|l| !l.starts_with("turn")),
+        "n1 delivered nothing itself"
+    );
+    eprintln!("forwarding: 20 pushes through n1 delivered by n0 in order ({first} refused before the join)");
+}

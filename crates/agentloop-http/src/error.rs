@@ -105,6 +105,12 @@ impl<I> From<RoutedPushError<I>> for ApiError {
                 PushError::NotStorable { .. } | PushError::InvalidOptions { .. },
             ) => (StatusCode::BAD_REQUEST, "bad_request"),
             RoutedPushError::Push(_) => (StatusCode::CONFLICT, "wrong_state"),
+            // Issue 18: the session runs on another node.
+            RoutedPushError::NotForwardable { .. } => (StatusCode::CONFLICT, "not_forwardable"),
+            RoutedPushError::RefusedByOwner { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+            RoutedPushError::OwnerUnreachable { .. } => {
+                (StatusCode::BAD_GATEWAY, "owner_unreachable")
+            }
         };
         ApiError {
             status,

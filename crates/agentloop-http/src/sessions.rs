@@ -339,10 +339,11 @@ pub(crate) async fn push<I: Item, E: Ev>(
         Some(p) => PushOptions::preempt(preempt(p)?),
         None => PushOptions::new(),
     };
-    let supervisor = st.runtime.supervisor().clone();
+    // Wherever the session runs: here, or (a cluster node) at its owner (issue 18).
+    let runtime = st.runtime.clone();
     let session = id.clone();
     let deliver = async move {
-        match supervisor.push_with(&session, item, options).await {
+        match runtime.push_anywhere(&session, item, options).await {
             Ok(ack) => Json(Pushed {
                 preempt: wire::preempt_ack(ack),
             })

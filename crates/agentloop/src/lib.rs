@@ -125,6 +125,50 @@ pub mod view;
 /// use the same version.
 pub use ractor;
 
+/// Declares message types local (never sent to another node) for ractor.
+///
+/// With agentloop's `cluster` feature, ractor's own `cluster` feature is on for the
+/// whole program, which removes ractor's blanket `impl<T> Message for T`; every actor
+/// message type must then say it is one. This macro writes that impl when the feature
+/// is on and nothing when it is off, so your actors compile either way:
+///
+/// ```
+/// enum AppMsg {
+///     Start { id: String },
+/// }
+/// agentloop::local_message!(AppMsg);
+/// ```
+///
+/// A message that must cross nodes implements `ractor::Message` itself (or derives it
+/// with `ractor_cluster`'s `RactorClusterMessage`).
+#[cfg(feature = "cluster")]
+#[macro_export]
+macro_rules! local_message {
+    ($($t:ty),+ $(,)?) => { $(impl $crate::ractor::Message for $t {})+ };
+}
+
+/// Declares message types local (never sent to another node) for ractor.
+///
+/// With agentloop's `cluster` feature, ractor's own `cluster` feature is on for the
+/// whole program, which removes ractor's blanket `impl<T> Message for T`; every actor
+/// message type must then say it is one. This macro writes that impl when the feature
+/// is on and nothing when it is off, so your actors compile either way:
+///
+/// ```
+/// enum AppMsg {
+///     Start { id: String },
+/// }
+/// agentloop::local_message!(AppMsg);
+/// ```
+///
+/// A message that must cross nodes implements `ractor::Message` itself (or derives it
+/// with `ractor_cluster`'s `RactorClusterMessage`).
+#[cfg(not(feature = "cluster"))]
+#[macro_export]
+macro_rules! local_message {
+    ($($t:ty),+ $(,)?) => {};
+}
+
 /// The names most programs need: `use agentloop::prelude::*;`.
 pub mod prelude {
     pub use crate::agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};

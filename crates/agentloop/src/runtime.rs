@@ -325,6 +325,7 @@ where
         .await?;
         let runtime = Runtime {
             handle: RuntimeHandle {
+                forwarder: Arc::default(),
                 metrics: metrics.clone(),
                 supervisor,
                 store,

@@ -26,6 +26,9 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) shutdown: ShutdownHandle,
     pub(crate) redaction: crate::view::Redaction,
     pub(crate) metrics: Arc<crate::metrics::RuntimeMetrics>,
+    /// How to reach the owner of a session another node runs (a cluster node installs
+    /// it; issue 18).
+    pub(crate) forwarder: Arc<std::sync::OnceLock<Arc<dyn crate::cluster::forward::Forward<I>>>>,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -38,6 +41,7 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             shutdown: self.shutdown.clone(),
             redaction: self.redaction.clone(),
             metrics: self.metrics.clone(),
+            forwarder: self.forwarder.clone(),
         }
     }
 }
@@ -56,6 +60,35 @@ where
     /// The session supervisor.
     pub fn supervisor(&self) -> &SupervisorHandle<I, E> {
         &self.supervisor
+    }
+
+    /// Installs how this runtime reaches sessions other nodes run (a cluster node does,
+    /// once); `false` when one was already installed.
+    pub fn set_forwarder(&self, f: Arc<dyn crate::cluster::forward::Forward<I>>) -> bool {
+        self.forwarder.set(f).is_ok()
+    }
+
+    /// Pushes to a session wherever it runs (issue 18, S36): here when this runtime runs
+    /// it, else, on a cluster node, at its owner. A push with an S9 strategy does not
+    /// cross nodes ([`crate::supervisor::RoutedPushError::NotForwardable`]).
+    pub async fn push_anywhere(
+        &self,
+        id: &str,
+        item: I,
+        options: crate::options::PushOptions<I>,
+    ) -> Result<crate::push::PreemptAck, crate::supervisor::RoutedPushError<I>> {
+        use crate::supervisor::RoutedPushError;
+        let Some(forwarder) = self.forwarder.get() else {
+            return self.supervisor.push_with(id, item, options).await;
+        };
+        let strategy = options.strategy.is_some();
+        let preempt = options.preempt;
+        match self.supervisor.push_with(id, item, options).await {
+            Err(RoutedPushError::UnknownSession { id, item }) => {
+                forwarder.push(id, item, preempt, !strategy).await
+            }
+            other => other,
+        }
     }
 
     /// The checkpoint store, if any.

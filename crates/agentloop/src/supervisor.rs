@@ -495,6 +495,11 @@ pub enum SupervisorMsg<I, E> {
     Internal(SupervisorInternal<I, E>),
 }
 
+// A local message: it carries replies and closures, so it never crosses nodes (with the
+// `cluster` feature ractor needs the impl; `local_message!`).
+#[cfg(feature = "cluster")]
+impl<I: Send + Sync + 'static, E: Send + Sync + 'static> ractor::Message for SupervisorMsg<I, E> {}
+
 /// An internal supervisor message (opaque outside the crate).
 pub struct SupervisorInternal<I, E>(pub(crate) InternalMsg<I, E>);
 
@@ -604,6 +609,40 @@ pub enum RoutedPushError<I> {
     },
     /// The session rejected it.
     Push(PushError<I>),
+    /// Another node owns the session and the push cannot cross nodes: it carries an S9
+    /// strategy (a closure) (issue 18, S36). The item is handed back; send it to the
+    /// owner node, or without the strategy.
+    NotForwardable {
+        /// The session.
+        id: String,
+        /// The item.
+        item: I,
+    },
+    /// Another node owns the session and could not be reached (down, not joined, or it
+    /// did not answer in time). The item is handed back: it may or may not have been
+    /// taken when the error is a timeout.
+    OwnerUnreachable {
+        /// The session.
+        id: String,
+        /// The owner node, as its record names it.
+        node: String,
+        /// The item.
+        item: I,
+        /// What happened.
+        error: String,
+    },
+    /// Another node owns the session and refused the push (invalid options there, or
+    /// an item it cannot store); the item is handed back.
+    RefusedByOwner {
+        /// The session.
+        id: String,
+        /// The owner node.
+        node: String,
+        /// The item.
+        item: I,
+        /// The owner's reason.
+        error: String,
+    },
 }
 
 impl<I> fmt::Display for RoutedPushError<I> {
@@ -614,6 +653,26 @@ impl<I> fmt::Display for RoutedPushError<I> {
                 "no live session has id `{id}`; the item is handed back in this error"
             ),
             RoutedPushError::Push(e) => fmt::Display::fmt(e, f),
+            RoutedPushError::NotForwardable { id, .. } => write!(
+                f,
+                "session `{id}` runs on another node and this push carries a strategy (a \
+                 closure), which cannot cross nodes; push it on the owner node, or without \
+                 the strategy; the item is handed back"
+            ),
+            RoutedPushError::RefusedByOwner {
+                id, node, error, ..
+            } => write!(
+                f,
+                "session `{id}` runs on node `{node}`, which refused the push: {error}; the \
+                 item is handed back"
+            ),
+            RoutedPushError::OwnerUnreachable {
+                id, node, error, ..
+            } => write!(
+                f,
+                "session `{id}` runs on node `{node}`, which could not be reached ({error}); \
+                 retry, or push to that node directly; the item is handed back"
+            ),
         }
     }
 }

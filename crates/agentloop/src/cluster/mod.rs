@@ -4,4 +4,7 @@
 //! records and claims are the session's and the store's business.
 
 pub mod adopt;
+pub mod forward;
+#[cfg(feature = "cluster")]
+pub mod node;
 pub mod placement;

@@ -77,6 +77,10 @@ pub enum TurnLoopMsg<I, E> {
     Internal(Internal<I>),
 }
 
+// A local message (with the `cluster` feature ractor needs the impl; `local_message!`).
+#[cfg(feature = "cluster")]
+impl<I: Send + Sync + 'static, E: Send + Sync + 'static> ractor::Message for TurnLoopMsg<I, E> {}
+
 impl<I, E> fmt::Debug for TurnLoopMsg<I, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

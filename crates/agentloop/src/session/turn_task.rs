@@ -88,7 +88,7 @@ enum Planned<A: Agent> {
 fn report_finished<I, E>(myself: &ActorRef<TurnLoopMsg<I, E>>, turn: u64)
 where
     I: Send + Sync + 'static,
-    E: Send + 'static,
+    E: Send + Sync + 'static,
 {
     // The actor may be gone (killed); then nobody needs the report.
     let msg: TurnLoopMsg<I, E> =

@@ -57,6 +57,8 @@ pub enum ShutdownMsg {
     Finished(Box<ShutdownReport>),
 }
 
+crate::local_message!(ShutdownMsg);
+
 /// What the coordinator is built with.
 pub struct CoordinatorArgs<I, E> {
     /// The supervisor whose sessions are shut down.

@@ -165,6 +165,8 @@ pub enum CheckpointMsg {
     Flushed(Flushed),
 }
 
+crate::local_message!(CheckpointMsg);
+
 /// Internal: the results of an applied wave (opaque).
 pub struct Applied(Vec<Result<OpResult, StoreError>>);
 

@@ -1,0 +1,185 @@
+//! Requests that cross nodes (issue 18, S36): what a node sends the owner of a session
+//! it does not run, and what it gets back. Only serializable requests cross: a push's
+//! item as JSON and a static preempt as data; a push with an S9 strategy (a closure)
+//! is refused with [`crate::supervisor::RoutedPushError::NotForwardable`].
+//!
+//! This file owns the wire shapes and the [`Forward`] hook a cluster node installs on
+//! the runtime's handle; the transport is `cluster/node.rs` (`ractor_cluster`, feature
+//! `cluster`), and the local handling is the supervisor's.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+
+use crate::cancel::SafePoint;
+use crate::options::Preempt;
+use crate::push::PreemptAck;
+use crate::supervisor::RoutedPushError;
+
+/// A request for the owner of a session.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Request {
+    /// A push (S5), with a static preempt (S7) when it carries one.
+    Push {
+        /// The session.
+        session: String,
+        /// The item, as JSON.
+        item: serde_json::Value,
+        /// The preempt, as data.
+        preempt: Option<WirePreempt>,
+    },
+}
+
+/// A static preempt as data.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WirePreempt {
+    /// `model`, `tools` or `any`.
+    pub at: WireSafePoint,
+    /// Escalation timeout, in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Delay before the cancel, in milliseconds.
+    pub delay_ms: Option<u64>,
+}
+
+/// The safe points a preempt targets.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum WireSafePoint {
+    /// After a model call.
+    Model,
+    /// After tool calls.
+    Tools,
+    /// Either.
+    Any,
+}
+
+impl WirePreempt {
+    /// The preempt as data (every valid preempt has one of the three safe-point sets).
+    pub fn from_preempt(p: &Preempt) -> Option<Self> {
+        let at = if p.at == SafePoint::AfterModelCall {
+            WireSafePoint::Model
+        } else if p.at == SafePoint::AfterToolCalls {
+            WireSafePoint::Tools
+        } else if p.at == SafePoint::AnySafePoint {
+            WireSafePoint::Any
+        } else {
+            return None;
+        };
+        Some(WirePreempt {
+            at,
+            timeout_ms: p.timeout.map(|d| d.as_millis() as u64),
+            delay_ms: p.delay.map(|d| d.as_millis() as u64),
+        })
+    }
+
+    /// Back to a preempt.
+    pub fn to_preempt(self) -> Preempt {
+        let at = match self.at {
+            WireSafePoint::Model => SafePoint::AfterModelCall,
+            WireSafePoint::Tools => SafePoint::AfterToolCalls,
+            WireSafePoint::Any => SafePoint::AnySafePoint,
+        };
+        Preempt {
+            at,
+            timeout: self.timeout_ms.map(Duration::from_millis),
+            delay: self.delay_ms.map(Duration::from_millis),
+        }
+    }
+}
+
+/// The owner's answer to a push.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum PushAnswer {
+    /// Accepted (durable under `sync`), with what the preempt did.
+    Accepted(WireAck),
+    /// The owner does not run it either (it moved, or ended).
+    UnknownSession,
+    /// The session is stopping: late; the caller still holds the item.
+    Late,
+    /// Accepted but not durable: the owner's store failed.
+    NotDurable(String),
+    /// Refused for another reason (invalid options, not storable), said in words.
+    Refused(String),
+}
+
+/// [`PreemptAck`] as data.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum WireAck {
+    /// No preempt requested.
+    NotRequested,
+    /// Nothing to preempt.
+    NoTarget,
+    /// Submitted to this turn.
+    Submitted(u64),
+    /// The target ended first.
+    TargetEnded(u64),
+}
+
+impl From<PreemptAck> for WireAck {
+    fn from(a: PreemptAck) -> Self {
+        match a {
+            PreemptAck::NotRequested => WireAck::NotRequested,
+            PreemptAck::NoTarget => WireAck::NoTarget,
+            PreemptAck::Submitted { turn } => WireAck::Submitted(turn),
+            PreemptAck::TargetEnded { turn } => WireAck::TargetEnded(turn),
+        }
+    }
+}
+
+impl From<WireAck> for PreemptAck {
+    fn from(a: WireAck) -> Self {
+        match a {
+            WireAck::NotRequested => PreemptAck::NotRequested,
+            WireAck::NoTarget => PreemptAck::NoTarget,
+            WireAck::Submitted(turn) => PreemptAck::Submitted { turn },
+            WireAck::TargetEnded(turn) => PreemptAck::TargetEnded { turn },
+        }
+    }
+}
+
+/// How a runtime reaches the owner of a session it does not run: installed by a
+/// cluster node ([`crate::RuntimeHandle::set_forwarder`]).
+pub trait Forward<I>: Send + Sync + 'static {
+    /// Pushes `item` to the owner of `session`, if another node owns it:
+    /// `UnknownSession` when none does; `NotForwardable` when one does and the push is
+    /// not `forwardable` (it carries an S9 strategy).
+    fn push(
+        &self,
+        session: String,
+        item: I,
+        preempt: Option<Preempt>,
+        forwardable: bool,
+    ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preempts_and_acks_survive_the_wire() {
+        for at in [
+            SafePoint::AfterModelCall,
+            SafePoint::AfterToolCalls,
+            SafePoint::AnySafePoint,
+        ] {
+            let p = Preempt {
+                at,
+                timeout: Some(Duration::from_millis(250)),
+                delay: None,
+            };
+            let w = WirePreempt::from_preempt(&p).unwrap();
+            let back: WirePreempt =
+                serde_json::from_str(&serde_json::to_string(&w).unwrap()).unwrap();
+            assert_eq!(back.to_preempt(), p);
+        }
+        for a in [
+            PreemptAck::NotRequested,
+            PreemptAck::NoTarget,
+            PreemptAck::Submitted { turn: 3 },
+            PreemptAck::TargetEnded { turn: 4 },
+        ] {
+            assert_eq!(PreemptAck::from(WireAck::from(a)), a);
+        }
+    }
+}

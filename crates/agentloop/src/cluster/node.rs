@@ -1,0 +1,395 @@
+//! A cluster node on `ractor_cluster` (issue 18, S36; feature `cluster`): the node
+//! server (nodes join by address and cookie), the node actor that serves requests for
+//! the sessions this node runs, and the forwarder that sends a request to the node that
+//! owns a session ([`super::forward`]). The owner is the one the session's record names
+//! (the lease decides, not placement). Every node actor joins the process group
+//! `agentloop.node.<name>`, which ractor_cluster keeps in sync across connected nodes.
+//!
+//! This file owns the transport only: what a request does is the supervisor's, what
+//! crosses is `forward.rs`'s. The cookie authenticates and does not encrypt, so a node
+//! listens only on loopback or a private network ([`NodeError::PublicAddress`]).
+
+use std::marker::PhantomData;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::cluster::forward::{Forward, PushAnswer, Request, WirePreempt};
+use crate::options::{Preempt, PushOptions};
+use crate::push::{PreemptAck, PushError};
+use crate::runtime_handle::RuntimeHandle;
+use crate::store::{CheckpointStore, Stored};
+use crate::supervisor::RoutedPushError;
+
+/// How long a forwarded request may take before the caller hears `OwnerUnreachable`.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A node's settings.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// The node's name: the runtime's (`RuntimeBuilder::node`), unique among nodes.
+    pub name: String,
+    /// Where the node server listens for other nodes (loopback or a private address).
+    pub listen: SocketAddr,
+    /// The shared secret nodes authenticate each other with (it does not encrypt).
+    pub cookie: String,
+    /// Nodes to join at start (`host:port` of their node servers).
+    pub join: Vec<String>,
+}
+
+/// A node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The address is public: the cookie authenticates but does not encrypt.
+    #[error("refusing to listen for cluster nodes on the public address {0}: the cookie authenticates but does not encrypt; use a loopback or private address (10/8, 172.16/12, 192.168/16, fc00::/7) on a private network")]
+    PublicAddress(IpAddr),
+    /// The node server or actor did not start.
+    #[error("the cluster node did not start: {0}; check that the port is free")]
+    Start(String),
+}
+
+/// Whether `ip` is loopback or private (where an unencrypted cookie is acceptable).
+pub fn is_private(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback() || v4.is_private(),
+        IpAddr::V6(v6) => v6.is_loopback() || (v6.segments()[0] & 0xfe00) == 0xfc00,
+    }
+}
+
+/// The node actor's message: one request (JSON of [`Request`]) and its answer.
+#[derive(RactorClusterMessage)]
+pub enum NodeMsg {
+    /// A request for a session this node runs.
+    #[rpc]
+    Request(Vec<u8>, RpcReplyPort<Vec<u8>>),
+}
+
+fn group(node: &str) -> String {
+    format!("agentloop.node.{node}")
+}
+
+/// The process group every node actor joins (asked in turn for a session whose record
+/// names no owner yet: a session spawned with nothing to store).
+const ALL_NODES: &str = "agentloop.nodes";
+
+/// Serves requests for this node's sessions.
+struct NodeActor<I, E>(PhantomData<fn() -> (I, E)>);
+
+impl<I, E> Actor for NodeActor<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    type Msg = NodeMsg;
+    type State = RuntimeHandle<I, E>;
+    type Arguments = (RuntimeHandle<I, E>, String);
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<NodeMsg>,
+        (handle, name): Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        ractor::pg::join(group(&name), vec![myself.get_cell()]);
+        ractor::pg::join(ALL_NODES.to_string(), vec![myself.get_cell()]);
+        Ok(handle)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<NodeMsg>,
+        msg: NodeMsg,
+        handle: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let NodeMsg::Request(bytes, reply) = msg;
+        let handle = handle.clone();
+        // A push waits for durability: never in the actor's handler.
+        tokio::spawn(async move {
+            let answer = serve(&handle, &bytes).await;
+            let bytes = serde_json::to_vec(&answer).unwrap_or_default();
+            let _ = reply.send(bytes);
+        });
+        Ok(())
+    }
+}
+
+/// What this node does with a request from another (locally only: never forwarded on).
+async fn serve<I, E>(handle: &RuntimeHandle<I, E>, bytes: &[u8]) -> PushAnswer
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let request: Request = match serde_json::from_slice(bytes) {
+        Ok(r) => r,
+        Err(e) => return PushAnswer::Refused(format!("not a request this node understands: {e}")),
+    };
+    match request {
+        Request::Push {
+            session,
+            item,
+            preempt,
+        } => {
+            let item: I = match serde_json::from_value(item) {
+                Ok(i) => i,
+                Err(e) => return PushAnswer::Refused(format!("not an item this node takes: {e}")),
+            };
+            let options = match preempt {
+                Some(p) => PushOptions::preempt(p.to_preempt()),
+                None => PushOptions::new(),
+            };
+            match handle.supervisor().push_with(&session, item, options).await {
+                Ok(ack) => PushAnswer::Accepted(ack.into()),
+                Err(RoutedPushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
+                Err(RoutedPushError::Push(PushError::Late { .. })) => PushAnswer::Late,
+                Err(RoutedPushError::Push(PushError::NotDurable { error })) => {
+                    PushAnswer::NotDurable(error)
+                }
+                Err(e) => PushAnswer::Refused(e.to_string()),
+            }
+        }
+    }
+}
+
+/// Sends requests to the node a session's record names as its owner.
+struct Forwarder<I> {
+    store: Arc<dyn CheckpointStore<I>>,
+    me: String,
+}
+
+impl<I> Forward<I> for Forwarder<I>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+{
+    fn push(
+        &self,
+        session: String,
+        item: I,
+        preempt: Option<Preempt>,
+        forwardable: bool,
+    ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
+        let store = self.store.clone();
+        let me = self.me.clone();
+        Box::pin(async move {
+            let owner = match store.load_stored(&session).await {
+                Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
+                _ => None,
+            };
+            if owner.as_deref() == Some(me.as_str()) {
+                // Its record says this node, which does not run it: it ended, or moves.
+                return Err(RoutedPushError::UnknownSession { id: session, item });
+            }
+            if owner.is_some() && !forwardable {
+                return Err(RoutedPushError::NotForwardable { id: session, item });
+            }
+            // The owner its record names; with none, every joined node in turn.
+            let targets: Vec<(String, ActorRef<NodeMsg>)> = match &owner {
+                Some(node) => remote_members(&group(node))
+                    .into_iter()
+                    .map(|a| (node.clone(), a))
+                    .collect(),
+                None => remote_members(ALL_NODES)
+                    .into_iter()
+                    .map(|a| ("a joined node".to_string(), a))
+                    .collect(),
+            };
+            if let (Some(node), true) = (&owner, targets.is_empty()) {
+                return Err(RoutedPushError::OwnerUnreachable {
+                    id: session,
+                    node: node.clone(),
+                    item,
+                    error: "this node is not connected to it".into(),
+                });
+            }
+            if targets.is_empty() {
+                return Err(RoutedPushError::UnknownSession { id: session, item });
+            }
+            if !forwardable {
+                return Err(RoutedPushError::NotForwardable { id: session, item });
+            }
+            let request = match serde_json::to_value(&item) {
+                Ok(json) => Request::Push {
+                    session: session.clone(),
+                    item: json,
+                    preempt: preempt.as_ref().and_then(WirePreempt::from_preempt),
+                },
+                Err(e) => {
+                    return Err(RoutedPushError::RefusedByOwner {
+                        id: session,
+                        node: owner.unwrap_or_default(),
+                        item,
+                        error: format!("the item does not encode as JSON: {e}"),
+                    })
+                }
+            };
+            let bytes = serde_json::to_vec(&request).unwrap_or_default();
+            for (node, actor) in targets {
+                let unreachable = |item: I, error: String| RoutedPushError::OwnerUnreachable {
+                    id: session.clone(),
+                    node: node.clone(),
+                    item,
+                    error,
+                };
+                let bytes = bytes.clone();
+                let answer = match actor
+                    .call(
+                        |reply| NodeMsg::Request(bytes, reply),
+                        Some(FORWARD_TIMEOUT),
+                    )
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(b)) => b,
+                    Ok(ractor::rpc::CallResult::Timeout) => {
+                        return Err(unreachable(
+                            item,
+                            format!(
+                                "no answer within {FORWARD_TIMEOUT:?}; it may have taken the item"
+                            ),
+                        ))
+                    }
+                    Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {
+                        return Err(unreachable(item, "the connection to it failed".into()))
+                    }
+                };
+                return match serde_json::from_slice::<PushAnswer>(&answer) {
+                    Ok(PushAnswer::Accepted(ack)) => Ok(ack.into()),
+                    // Not there: ask the next node (only when the record named none).
+                    Ok(PushAnswer::UnknownSession) => continue,
+                    Ok(PushAnswer::Late) => Err(RoutedPushError::Push(PushError::Late { item })),
+                    Ok(PushAnswer::NotDurable(error)) => {
+                        Err(RoutedPushError::Push(PushError::NotDurable { error }))
+                    }
+                    Ok(PushAnswer::Refused(error)) => Err(RoutedPushError::RefusedByOwner {
+                        id: session,
+                        node,
+                        item,
+                        error,
+                    }),
+                    Err(e) => Err(unreachable(
+                        item,
+                        format!("an answer it could not read: {e}"),
+                    )),
+                };
+            }
+            Err(RoutedPushError::UnknownSession { id: session, item })
+        })
+    }
+}
+
+/// The members of `group` on other nodes.
+fn remote_members(group: &str) -> Vec<ActorRef<NodeMsg>> {
+    ractor::pg::get_members(&group.to_string())
+        .into_iter()
+        .filter(|c| !c.get_id().is_local())
+        .map(ActorRef::<NodeMsg>::from)
+        .collect()
+}
+
+/// A running cluster node: its node server and node actor. Stopped when dropped.
+pub struct ClusterNode {
+    server: ActorRef<NodeServerMessage>,
+    actor: ActorRef<NodeMsg>,
+}
+
+impl std::fmt::Debug for ClusterNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterNode").finish_non_exhaustive()
+    }
+}
+
+impl ClusterNode {
+    /// Starts the node server on `config.listen`, the node actor for `handle`'s
+    /// sessions, installs the forwarder on `handle`, and joins `config.join` (retried in
+    /// the background while a peer is not up yet).
+    pub async fn start<I, E>(
+        handle: &RuntimeHandle<I, E>,
+        config: NodeConfig,
+    ) -> Result<Self, NodeError>
+    where
+        I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+        E: Clone + Send + Sync + 'static,
+    {
+        let ip = config.listen.ip();
+        if !is_private(ip) {
+            return Err(NodeError::PublicAddress(ip));
+        }
+        let server = NodeServer::new(
+            config.listen.port(),
+            config.cookie.clone(),
+            config.name.clone(),
+            ip.to_string(),
+            None,
+            None,
+        )
+        .with_listen_addr(ip);
+        let (server, _) = Actor::spawn(None, server, ())
+            .await
+            .map_err(|e| NodeError::Start(e.to_string()))?;
+        let (actor, _) = Actor::spawn(
+            None,
+            NodeActor::<I, E>(PhantomData),
+            (handle.clone(), config.name.clone()),
+        )
+        .await
+        .map_err(|e| NodeError::Start(e.to_string()))?;
+        if let Some(store) = handle.store.clone() {
+            handle.set_forwarder(Arc::new(Forwarder {
+                store,
+                me: config.name.clone(),
+            }));
+        }
+        for peer in config.join {
+            let server = server.clone();
+            tokio::spawn(async move {
+                let mut wait = Duration::from_millis(100);
+                loop {
+                    match ractor_cluster::client_connect(&server, peer.as_str()).await {
+                        Ok(()) => {
+                            tracing::info!(%peer, "joined a cluster node");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(%peer, error = %e, retry_in = ?wait, "cannot join a cluster node yet");
+                            tokio::time::sleep(wait).await;
+                            wait = (wait * 2).min(Duration::from_secs(5));
+                        }
+                    }
+                }
+            });
+        }
+        Ok(ClusterNode { server, actor })
+    }
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        self.actor.stop(None);
+        self.server.stop(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_and_private_addresses_take_an_unencrypted_cookie() {
+        for ok in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "192.168.0.9",
+            "172.16.0.1",
+            "::1",
+            "fd00::1",
+        ] {
+            assert!(is_private(ok.parse().unwrap()), "{ok}");
+        }
+        for public in ["8.8.8.8", "1.1.1.1", "2001:db8::1", "0.0.0.0"] {
+            assert!(!is_private(public.parse().unwrap()), "{public}");
+        }
+    }
+}
