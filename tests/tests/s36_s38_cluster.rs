@@ -379,3 +379,117 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
+
+/// An agent whose turn is ten 10 ms steps: a safe point every 10 ms (C2's busy session).
+fn busy_node_agent(name: &'static str, turns: Turns) -> impl Fn(&[u8]) -> Result<SimAgent, String> {
+    move |_cfg: &[u8]| {
+        let t = turns.clone();
+        let steps = (0..10)
+            .map(|i| {
+                if i % 2 == 0 {
+                    agentloop_sim::SimStep::ModelCall {
+                        latency: Duration::from_millis(10),
+                        input_tokens: 1,
+                    }
+                } else {
+                    agentloop_sim::SimStep::ToolRound {
+                        latency: Duration::from_millis(10),
+                        calls: 1,
+                    }
+                }
+            })
+            .collect();
+        Ok(
+            SimAgent::new(agentloop_sim::Script { steps }).with_turn_hook(Arc::new(
+                move |_turn, ids| t.lock().push((name, ids.to_vec())),
+            )),
+        )
+    }
+}
+
+/// S38: a planned move of a busy session. Pushes keep arriving at the old owner while
+/// the session stops at its next safe point, its lease moves by compare-and-swap and
+/// the new owner resumes it: every acknowledged push is delivered exactly once, in the
+/// order it was pushed, and the record ends the new owner's at a later epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
+    use agentloop::cluster::peers::connect_in_process;
+    use agentloop::options::PushOptions;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let turns: Turns = Arc::default();
+    let start = |name: &'static str| {
+        let (store, turns) = (store.clone(), turns.clone());
+        async move {
+            Rt::builder()
+                .store(store)
+                .heartbeat(BEAT, LEASE)
+                .node(name)
+                .register_agent("sim", busy_node_agent(name, turns))
+                .start()
+                .await
+                .unwrap()
+                .0
+        }
+    };
+    let a = start("a").await;
+    let b = start("b").await;
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    a.supervisor()
+        .spawn(SessionSpec::new("mover", "sim").persistent(true))
+        .await
+        .unwrap();
+    let pushing = a.handle();
+    let pusher = tokio::spawn(async move {
+        let mut acked = Vec::new();
+        for id in 1..=120u64 {
+            match pushing
+                .push_anywhere("mover", item(id), PushOptions::new())
+                .await
+            {
+                Ok(_) => acked.push(id),
+                Err(e) => panic!("push {id}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        acked
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let epoch_before = store.get("mover").map(|r| r.lease_epoch).unwrap_or(0);
+    let moved = a
+        .migrate("mover", "b", Duration::from_secs(1))
+        .await
+        .expect("the move");
+    assert!(moved.total < Duration::from_secs(1), "{moved:?}");
+    let acked = pusher.await.unwrap();
+    assert_eq!(acked.len(), 120);
+    // The session runs on b now; a runs nothing.
+    assert!(a.supervisor().list().await.is_empty());
+    assert_eq!(b.supervisor().list().await.len(), 1);
+    let rec = store.get("mover").expect("b's record");
+    assert_eq!(rec.owner.as_deref(), Some("b"));
+    assert!(
+        rec.lease_epoch > epoch_before,
+        "{} > {epoch_before}",
+        rec.lease_epoch
+    );
+    // Drain on b, then audit: each acknowledged push once, in push order.
+    b.supervisor()
+        .stop("mover", StopOptions::drain())
+        .await
+        .unwrap();
+    let mut gone = false;
+    for _ in 0..500 {
+        if b.supervisor().list().await.is_empty() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(gone, "the drain ended");
+    let ran = turns.lock().clone();
+    let delivered: Vec<u64> = ran.iter().flat_map(|(_, ids)| ids.clone()).collect();
+    assert_eq!(delivered, acked, "exactly once, in order: {ran:?}");
+    assert!(ran.iter().any(|(n, _)| *n == "a") && ran.iter().any(|(n, _)| *n == "b"));
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}

@@ -326,6 +326,8 @@ where
         let runtime = Runtime {
             handle: RuntimeHandle {
                 forwarder: Arc::default(),
+                moving: Default::default(),
+                lease_timeout: self.lease_timeout,
                 metrics: metrics.clone(),
                 supervisor,
                 store,
@@ -376,7 +378,7 @@ pub struct Runtime<I, E> {
 /// The spec that resumes a stored record: persistent at `durability`; the session uses
 /// this record instead of loading it again, judges its owner's lease by `lease_timeout`
 /// as the runtime did (S19), and claims it first when `claim` (a cluster node).
-fn resume_spec<I>(
+pub(crate) fn resume_spec<I>(
     rec: crate::store::LoadedRecord<I>,
     durability: Durability,
     lease_timeout: Duration,

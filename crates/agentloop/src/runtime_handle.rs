@@ -29,6 +29,11 @@ pub struct RuntimeHandle<I, E> {
     /// How to reach the owner of a session another node runs (a cluster node installs
     /// it; issue 18).
     pub(crate) forwarder: Arc<std::sync::OnceLock<Arc<dyn crate::cluster::forward::Forward<I>>>>,
+    /// Sessions this node moved or is moving to another (issue 18, S38): pushes for
+    /// them queue on the session's gate, in arrival order, and go to the new owner.
+    pub(crate) moving: crate::cluster::migrate::Moving,
+    /// The lease timeout resumed sessions judge owners by (S19).
+    pub(crate) lease_timeout: std::time::Duration,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -42,6 +47,8 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             redaction: self.redaction.clone(),
             metrics: self.metrics.clone(),
             forwarder: self.forwarder.clone(),
+            moving: self.moving.clone(),
+            lease_timeout: self.lease_timeout,
         }
     }
 }
@@ -83,9 +90,28 @@ where
         };
         let strategy = options.strategy.is_some();
         let preempt = options.preempt;
+        // A session this node moved (or is moving): in line behind the move, then
+        // wherever it runs now (here again, or its new owner).
+        let gate = self.moving.gate(id);
+        let _in_line = match &gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
         match self.supervisor.push_with(id, item, options).await {
             Err(RoutedPushError::UnknownSession { id, item }) => {
                 forwarder.push(id, item, preempt, !strategy).await
+            }
+            // Late because a move began meanwhile: in line behind it, then to the owner.
+            Err(RoutedPushError::Push(crate::push::PushError::Late { item })) if gate.is_none() => {
+                match self.moving.gate(id) {
+                    Some(gate) => {
+                        let _in_line = gate.lock().await;
+                        forwarder
+                            .push(id.to_string(), item, preempt, !strategy)
+                            .await
+                    }
+                    None => Err(RoutedPushError::Push(crate::push::PushError::Late { item })),
+                }
             }
             other => other,
         }

@@ -29,6 +29,12 @@ pub enum Request {
         /// The preempt, as data.
         preempt: Option<WirePreempt>,
     },
+    /// Resume a stored session whose lease was handed to the receiving node (a planned
+    /// move, S38).
+    Resume {
+        /// The session.
+        session: String,
+    },
 }
 
 /// A static preempt as data.
@@ -87,9 +93,11 @@ impl WirePreempt {
     }
 }
 
-/// The owner's answer to a push.
+/// The receiving node's answer to a [`Request`].
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum PushAnswer {
+    /// The handed-over session runs here now.
+    Resumed,
     /// Accepted (durable under `sync`), with what the preempt did.
     Accepted(WireAck),
     /// The owner does not run it either (it moved, or ended).
@@ -150,6 +158,10 @@ pub trait Forward<I>: Send + Sync + 'static {
         preempt: Option<Preempt>,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>>;
+
+    /// Asks node `node` to resume stored session `session`, whose lease was handed to
+    /// it; resolves once it runs there (or why not).
+    fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>>;
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 
 pub mod adopt;
 pub mod forward;
+pub mod migrate;
 #[cfg(feature = "cluster")]
 pub mod node;
+pub mod peers;
 pub mod placement;

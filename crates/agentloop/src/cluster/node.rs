@@ -129,6 +129,10 @@ where
         Err(e) => return PushAnswer::Refused(format!("not a request this node understands: {e}")),
     };
     match request {
+        Request::Resume { session } => match handle.resume_handed_over(&session).await {
+            Ok(()) => PushAnswer::Resumed,
+            Err(e) => PushAnswer::Refused(e),
+        },
         Request::Push {
             session,
             item,
@@ -257,6 +261,7 @@ where
                 };
                 return match serde_json::from_slice::<PushAnswer>(&answer) {
                     Ok(PushAnswer::Accepted(ack)) => Ok(ack.into()),
+                    Ok(PushAnswer::Resumed) => Err(unreachable(item, "a mismatched answer".into())),
                     // Not there: ask the next node (only when the record named none).
                     Ok(PushAnswer::UnknownSession) => continue,
                     Ok(PushAnswer::Late) => Err(RoutedPushError::Push(PushError::Late { item })),
@@ -276,6 +281,32 @@ where
                 };
             }
             Err(RoutedPushError::UnknownSession { id: session, item })
+        })
+    }
+
+    fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async move {
+            let Some(actor) = remote_members(&group(&node)).into_iter().next() else {
+                return Err(format!("this node is not connected to node `{node}`"));
+            };
+            let bytes = serde_json::to_vec(&Request::Resume { session }).unwrap_or_default();
+            match actor
+                .call(
+                    |reply| NodeMsg::Request(bytes, reply),
+                    Some(FORWARD_TIMEOUT),
+                )
+                .await
+            {
+                Ok(ractor::rpc::CallResult::Success(b)) => {
+                    match serde_json::from_slice::<PushAnswer>(&b) {
+                        Ok(PushAnswer::Resumed) => Ok(()),
+                        Ok(PushAnswer::Refused(e)) => Err(e),
+                        Ok(other) => Err(format!("a mismatched answer {other:?}")),
+                        Err(e) => Err(format!("an answer it could not read: {e}")),
+                    }
+                }
+                Ok(_) | Err(_) => Err(format!("node `{node}` did not answer")),
+            }
         })
     }
 }

@@ -1,0 +1,218 @@
+//! Planned migration (issue 18, S38): moving a session from this node to another while
+//! losing nothing. The move stops the session at its next safe point (bounded by a
+//! timeout that escalates to Immediate), so its final record holds everything it had;
+//! hands the lease to the new owner by compare-and-swap (owner and next epoch, on the
+//! version just read); and asks the new owner to resume it. Pushes that arrive here
+//! meanwhile queue on the session's gate in arrival order and go to the new owner once
+//! it runs the session: none lost, none duplicated. Event numbers continue (the record
+//! carries the last one).
+//!
+//! This file owns the move's steps and the gate; stopping is the supervisor's, the
+//! transport the forwarder's ([`super::forward::Forward`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::options::StopOptions;
+use crate::runtime_handle::RuntimeHandle;
+use crate::store::{
+    now_ms, RecordWrite, SessionStatus, StateChange, StoreError, Stored, WriteCondition,
+};
+
+/// How long a moved session keeps routing this node's pushes through its gate (so a
+/// push that arrives right after the move cannot overtake those queued during it).
+const REMEMBER_MOVED: Duration = Duration::from_secs(60);
+
+/// The sessions this node moved or is moving: each one's gate (a fair lock: pushes
+/// take it in arrival order) and when the move began.
+#[derive(Clone, Default)]
+pub(crate) struct Moving(Arc<Mutex<HashMap<String, (Gate, Instant)>>>);
+
+/// A moving session's gate: a fair lock, so pushes take it in arrival order.
+type Gate = Arc<tokio::sync::Mutex<()>>;
+
+impl Moving {
+    /// The gate of a session being moved or moved recently.
+    pub(crate) fn gate(&self, id: &str) -> Option<Gate> {
+        let mut map = self.0.lock();
+        map.retain(|_, (_, at)| at.elapsed() < REMEMBER_MOVED);
+        map.get(id).map(|(g, _)| g.clone())
+    }
+
+    fn begin(&self, id: &str) -> Gate {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        self.0
+            .lock()
+            .insert(id.to_string(), (gate.clone(), Instant::now()));
+        gate
+    }
+
+    fn forget(&self, id: &str) {
+        self.0.lock().remove(id);
+    }
+}
+
+/// A move that did not happen, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    /// This runtime is not a cluster node with a forwarder.
+    #[error("session `{0}` cannot move: this runtime is not a cluster node (start it with RuntimeBuilder::node and a ClusterNode)")]
+    NotANode(String),
+    /// This node does not run the session.
+    #[error("session `{0}` does not run on this node; move it from the node that runs it")]
+    NotHere(String),
+    /// The store failed or refused the hand-over.
+    #[error("session `{session}`: the lease could not be handed over: {error}")]
+    Store {
+        /// The session.
+        session: String,
+        /// The store's error.
+        error: StoreError,
+    },
+    /// The new owner did not resume it. Its lease is the new owner's; that node's
+    /// adoption (or a resume there) picks it up.
+    #[error("session `{session}` was handed to node `{node}`, which did not resume it: {error}; it resumes there when that node adopts it")]
+    NotResumed {
+        /// The session.
+        session: String,
+        /// The new owner.
+        node: String,
+        /// Why.
+        error: String,
+    },
+}
+
+/// What a completed move took.
+#[derive(Clone, Copy, Debug)]
+pub struct Moved {
+    /// From the request to the session's exit here (its next safe point).
+    pub stopped: Duration,
+    /// From the request to the new owner running it.
+    pub total: Duration,
+}
+
+impl<I, E> RuntimeHandle<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// Moves session `id` from this node to node `to` (see the module docs); `timeout`
+    /// bounds the wait for its next safe point before the stop escalates to Immediate.
+    pub async fn migrate(
+        &self,
+        id: &str,
+        to: &str,
+        timeout: Duration,
+    ) -> Result<Moved, MigrateError> {
+        let started = Instant::now();
+        let (Some(store), Some(forwarder)) = (self.store.clone(), self.forwarder.get().cloned())
+        else {
+            return Err(MigrateError::NotANode(id.to_string()));
+        };
+        if self.supervisor.inspect(id).await.is_err() {
+            return Err(MigrateError::NotHere(id.to_string()));
+        }
+        let gate = self.moving.begin(id);
+        let in_line = gate.lock().await;
+        let options = StopOptions::graceful_timeout(timeout)
+            .shutdown()
+            .cause(format!("moving to node `{to}`"));
+        if self.supervisor.stop(id, options).await.is_err() {
+            self.moving.forget(id);
+            return Err(MigrateError::NotHere(id.to_string()));
+        }
+        // Its exit (the final record written before it) ends its registration.
+        while self.supervisor.inspect(id).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let stopped = started.elapsed();
+        let store_error = |error| MigrateError::Store {
+            session: id.to_string(),
+            error,
+        };
+        let record = match store.load_stored(id).await.map_err(store_error)? {
+            Some(Stored::Current(r)) => r,
+            // It ended with nothing left to keep (no record): nothing to move.
+            None => {
+                drop(in_line);
+                return Ok(Moved {
+                    stopped,
+                    total: started.elapsed(),
+                });
+            }
+            Some(other) => {
+                return Err(store_error(StoreError::Refused {
+                    session: id.to_string(),
+                    status: other.status().to_string(),
+                    why: "a record of the previous format cannot be handed over; resume it \
+                          here once to convert it"
+                        .into(),
+                }))
+            }
+        };
+        let mut header = record.header.clone();
+        if header.status.is_terminal() {
+            drop(in_line);
+            return Ok(Moved {
+                stopped,
+                total: started.elapsed(),
+            });
+        }
+        header.owner = Some(to.to_string());
+        header.status = SessionStatus::Interrupted;
+        header.lease_epoch += 1;
+        header.heartbeat_ms = now_ms();
+        header.updated_at_ms = header.heartbeat_ms;
+        let hand_over = RecordWrite {
+            header,
+            items: Vec::new(),
+            state: StateChange::Keep,
+            replace: false,
+            condition: WriteCondition::AtVersion(record.header.version),
+            history: None,
+        };
+        store.write(hand_over).await.map_err(store_error)?;
+        let resumed = forwarder.resume_on(to.to_string(), id.to_string()).await;
+        // The queued pushes go now, in order, to the new owner.
+        drop(in_line);
+        resumed.map_err(|error| MigrateError::NotResumed {
+            session: id.to_string(),
+            node: to.to_string(),
+            error,
+        })?;
+        Ok(Moved {
+            stopped,
+            total: started.elapsed(),
+        })
+    }
+
+    /// Resumes stored session `id`, whose lease was handed to this node (the receiving
+    /// end of [`RuntimeHandle::migrate`]).
+    pub async fn resume_handed_over(&self, id: &str) -> Result<(), String> {
+        let Some(store) = &self.store else {
+            return Err("this node has no store".into());
+        };
+        let rec = match store.load_stored(id).await {
+            Ok(Some(s)) => s.decode::<I>().map_err(|e| e.to_string())?,
+            Ok(None) => return Err(format!("no record of session `{id}`")),
+            Err(e) => return Err(e.to_string()),
+        };
+        if rec.header.owner.as_deref() != Some(self.instance.as_str()) {
+            return Err(format!(
+                "session `{id}` is not handed to this node (its record names {:?})",
+                rec.header.owner
+            ));
+        }
+        let spec = crate::runtime::resume_spec(rec, self.durability, self.lease_timeout, false);
+        self.supervisor
+            .spawn(spec)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,115 @@
+//! Nodes in one process (tests, benchmarks, a service that runs several runtimes):
+//! a forwarder that reaches the other runtimes' supervisors directly instead of over
+//! `ractor_cluster`. Same semantics as the network forwarder (`node.rs`): the owner the
+//! record names, else every peer in turn; a push with an S9 strategy does not cross.
+//! This file only routes; what a request does is the receiving runtime's.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use parking_lot::RwLock;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::cluster::forward::Forward;
+use crate::options::{Preempt, PushOptions};
+use crate::push::PreemptAck;
+use crate::runtime_handle::RuntimeHandle;
+use crate::store::Stored;
+use crate::supervisor::RoutedPushError;
+
+type Peers<I, E> = Arc<RwLock<BTreeMap<String, RuntimeHandle<I, E>>>>;
+
+/// Connects runtimes of one process as cluster peers: each gets a forwarder to the
+/// others. Every runtime must be a node (`RuntimeBuilder::node`) named as given.
+pub fn connect_in_process<I, E>(nodes: &[(&str, &RuntimeHandle<I, E>)])
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let peers: Peers<I, E> = Arc::new(RwLock::new(
+        nodes
+            .iter()
+            .map(|(name, h)| (name.to_string(), (*h).clone()))
+            .collect(),
+    ));
+    for (name, h) in nodes {
+        h.set_forwarder(Arc::new(PeerForwarder {
+            me: name.to_string(),
+            peers: peers.clone(),
+        }));
+    }
+}
+
+struct PeerForwarder<I, E> {
+    me: String,
+    peers: Peers<I, E>,
+}
+
+impl<I, E> Forward<I> for PeerForwarder<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    fn push(
+        &self,
+        session: String,
+        item: I,
+        preempt: Option<Preempt>,
+        forwardable: bool,
+    ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
+        let me = self.me.clone();
+        let peers = self.peers.clone();
+        Box::pin(async move {
+            let all: Vec<(String, RuntimeHandle<I, E>)> = peers
+                .read()
+                .iter()
+                .filter(|(n, _)| **n != me)
+                .map(|(n, h)| (n.clone(), h.clone()))
+                .collect();
+            let Some((_, any)) = all.first() else {
+                return Err(RoutedPushError::UnknownSession { id: session, item });
+            };
+            let owner = match any.store.as_ref() {
+                Some(s) => match s.load_stored(&session).await {
+                    Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
+                    _ => None,
+                },
+                None => None,
+            };
+            if owner.as_deref() == Some(me.as_str()) {
+                return Err(RoutedPushError::UnknownSession { id: session, item });
+            }
+            if owner.is_some() && !forwardable {
+                return Err(RoutedPushError::NotForwardable { id: session, item });
+            }
+            let targets: Vec<_> = all
+                .into_iter()
+                .filter(|(n, _)| owner.as_ref().is_none_or(|o| o == n))
+                .collect();
+            let mut item = item;
+            for (_, h) in targets {
+                let options = match preempt {
+                    Some(p) => PushOptions::preempt(p),
+                    None => PushOptions::new(),
+                };
+                match h.supervisor.push_with(&session, item, options).await {
+                    Err(RoutedPushError::UnknownSession { item: back, .. }) => item = back,
+                    other => return other,
+                }
+            }
+            Err(RoutedPushError::UnknownSession { id: session, item })
+        })
+    }
+
+    fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>> {
+        let peer = self.peers.read().get(&node).cloned();
+        Box::pin(async move {
+            match peer {
+                Some(h) => h.resume_handed_over(&session).await,
+                None => Err(format!("no node `{node}` in this process")),
+            }
+        })
+    }
+}
