@@ -493,3 +493,84 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
+
+/// S38: the `migrate` shutdown strategy of a cluster node stops its sessions at their
+/// next safe point and hands each to the live node placement names, which resumes it
+/// at once (no wait for a lease): after the shutdown every session runs on the other
+/// node, and each item is delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
+    use agentloop::cluster::peers::connect_in_process;
+    use agentloop::config::ShutdownConfig;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let turns: Turns = Arc::default();
+    let a = Rt::builder()
+        .store(store.clone())
+        .heartbeat(BEAT, LEASE)
+        .node("a")
+        .shutdown_config(ShutdownConfig {
+            strategy: "migrate".into(),
+            ..ShutdownConfig::default()
+        })
+        .register_agent("sim", busy_node_agent("a", turns.clone()))
+        .start()
+        .await
+        .unwrap()
+        .0;
+    let b = Rt::builder()
+        .store(store.clone())
+        .heartbeat(BEAT, LEASE)
+        .node("b")
+        .register_agent("sim", busy_node_agent("b", turns.clone()))
+        .start()
+        .await
+        .unwrap()
+        .0;
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    let ids: Vec<String> = (0..4).map(|i| format!("m{i}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let items = (0..3).map(|k| item(10 * i as u64 + k)).collect();
+        a.supervisor()
+            .spawn(
+                SessionSpec::new(id.clone(), "sim")
+                    .persistent(true)
+                    .initial_items(items),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let report = a.shutdown().await.unwrap();
+    assert_eq!(report.checkpoints.saved, 4, "{report:?}");
+    let mut running: Vec<String> = b
+        .supervisor()
+        .list()
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    running.sort();
+    assert_eq!(
+        running, ids,
+        "every session runs on b right after a's shutdown"
+    );
+    for id in &ids {
+        assert_eq!(store.get(id).unwrap().owner.as_deref(), Some("b"));
+    }
+    let mut gone = false;
+    for _ in 0..500 {
+        let mut delivered: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
+        delivered.sort_unstable();
+        if delivered.len() >= 12 {
+            let expected: Vec<u64> = (0..4u64)
+                .flat_map(|i| (0..3).map(move |k| 10 * i + k))
+                .collect();
+            assert_eq!(delivered, expected, "each item once");
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(gone, "every item delivered: {:?}", turns.lock());
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}

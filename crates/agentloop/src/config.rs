@@ -92,6 +92,7 @@ fn origin(path: &Option<PathBuf>) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShutdownConfig {
     /// The strategy's registered name: `cooperative` (default), `immediate`, `drain`,
+    /// `migrate` (a cluster node: hand the sessions to the other nodes, issue 18),
     /// or one registered on the runtime.
     pub strategy: String,
     /// How long sessions get to stop gracefully (default 30 s, at most 300 s).
@@ -120,7 +121,7 @@ impl ShutdownConfig {
             return Err(ConfigError::OutOfRange {
                 key: "shutdown.strategy",
                 value: self.strategy.clone(),
-                allowed: "a registered strategy name: cooperative, immediate, drain, or your own",
+                allowed: "a registered strategy name: cooperative, immediate, drain, migrate (cluster nodes), or your own",
             });
         }
         check_range(

@@ -266,7 +266,17 @@ where
 
     /// Starts the store, the lease, the supervisor and the shutdown coordinator, then
     /// resumes what a previous run left resumable.
-    pub async fn start(self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
+    pub async fn start(mut self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
+        // A cluster node can hand its sessions over at shutdown (issue 18, S38).
+        let hand_over: Arc<std::sync::OnceLock<crate::shutdown::HandOver>> = Arc::default();
+        if self.node.is_some() {
+            self.strategies.insert(
+                "migrate".into(),
+                Arc::new(crate::shutdown::Migrate {
+                    hand_over: hand_over.clone(),
+                }),
+            );
+        }
         self.shutdown.validate()?;
         crate::config::check_lease(self.heartbeat, self.lease_timeout)?;
         let Some(strategy) = self.strategies.get(&self.shutdown.strategy).cloned() else {
@@ -343,6 +353,11 @@ where
             node: self.node.is_some(),
             adopter: parking_lot::Mutex::new(None),
         };
+        let h = runtime.handle.clone();
+        let _ = hand_over.set(Arc::new(move || {
+            let h = h.clone();
+            Box::pin(async move { h.hand_over_all().await })
+        }));
         // The shutdown's phase durations, once it happened.
         let phases = runtime.handle.shutdown.clone();
         tokio::spawn(async move {

@@ -96,6 +96,25 @@ pub struct Moved {
     pub total: Duration,
 }
 
+/// The write that hands a stopped session's lease to node `to`: owner `to`, the next
+/// epoch, `Interrupted`, conditioned on the version read (a concurrent change wins).
+fn hand_over(header: &crate::store::RecordHeader, to: &str) -> RecordWrite {
+    let mut h = header.clone();
+    h.owner = Some(to.to_string());
+    h.status = SessionStatus::Interrupted;
+    h.lease_epoch += 1;
+    h.heartbeat_ms = now_ms();
+    h.updated_at_ms = h.heartbeat_ms;
+    RecordWrite {
+        header: h,
+        items: Vec::new(),
+        state: StateChange::Keep,
+        replace: false,
+        condition: WriteCondition::AtVersion(header.version),
+        history: None,
+    }
+}
+
 impl<I, E> RuntimeHandle<I, E>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
@@ -155,28 +174,17 @@ where
                 }))
             }
         };
-        let mut header = record.header.clone();
-        if header.status.is_terminal() {
+        if record.header.status.is_terminal() {
             drop(in_line);
             return Ok(Moved {
                 stopped,
                 total: started.elapsed(),
             });
         }
-        header.owner = Some(to.to_string());
-        header.status = SessionStatus::Interrupted;
-        header.lease_epoch += 1;
-        header.heartbeat_ms = now_ms();
-        header.updated_at_ms = header.heartbeat_ms;
-        let hand_over = RecordWrite {
-            header,
-            items: Vec::new(),
-            state: StateChange::Keep,
-            replace: false,
-            condition: WriteCondition::AtVersion(record.header.version),
-            history: None,
-        };
-        store.write(hand_over).await.map_err(store_error)?;
+        store
+            .write(hand_over(&record.header, to))
+            .await
+            .map_err(store_error)?;
         let resumed = forwarder.resume_on(to.to_string(), id.to_string()).await;
         // The queued pushes go now, in order, to the new owner.
         drop(in_line);
@@ -214,5 +222,75 @@ where
             .await
             .map(|_| ())
             .map_err(|e| e.to_string())
+    }
+}
+
+impl<I, E> RuntimeHandle<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// Hands every session this node left `Interrupted` to the live node placement
+    /// names among the others, each resumed there (the `migrate` shutdown strategy's
+    /// last step, after its sessions stopped at their next safe point). Returns how
+    /// many moved; one that cannot move stays `Interrupted` under this node and is
+    /// adopted once this node's lease expires (S38).
+    pub async fn hand_over_all(&self) -> usize {
+        let (Some(store), Some(forwarder)) = (self.store.clone(), self.forwarder.get().cloned())
+        else {
+            return 0;
+        };
+        let beats = match store.instances().await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the cluster's members: sessions stay Interrupted here until adopted");
+                return 0;
+            }
+        };
+        let m = crate::cluster::adopt::Membership::judge(
+            &beats,
+            &self.instance,
+            now_ms(),
+            self.lease_timeout,
+        );
+        let others: Vec<String> = m.live.into_iter().filter(|n| *n != self.instance).collect();
+        if others.is_empty() {
+            tracing::warn!("no other live node: sessions stay Interrupted here until this node (or another) resumes them");
+            return 0;
+        }
+        let entries = match store
+            .list_stored(Some(vec![crate::store::StatusKind::Interrupted]))
+            .await
+        {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the sessions to hand over: they stay Interrupted here until adopted");
+                return 0;
+            }
+        };
+        let mut moved = 0;
+        for entry in entries {
+            let Ok(Stored::Current(r)) = entry.record else {
+                continue;
+            };
+            if r.header.owner.as_deref() != Some(self.instance.as_str()) {
+                continue;
+            }
+            let Some(to) = crate::cluster::placement::owner_of(&others, &r.header.session_id)
+            else {
+                continue;
+            };
+            let id = r.header.session_id.clone();
+            if let Err(e) = store.write(hand_over(&r.header, to)).await {
+                tracing::warn!(session = %id, error = %e, "could not hand the session over; it stays Interrupted here until adopted");
+                continue;
+            }
+            match forwarder.resume_on(to.to_string(), id.clone()).await {
+                Ok(()) => moved += 1,
+                Err(e) => tracing::warn!(session = %id, node = %to, error = %e,
+                    "the session was handed over but not resumed there yet; that node adopts it"),
+            }
+        }
+        moved
     }
 }

@@ -23,5 +23,6 @@ pub use report::{
 };
 pub use signals::{listen as listen_for_signals, Signal};
 pub use strategy::{
-    builtin_strategies, Cooperative, Drain, Immediate, ShutdownCx, ShutdownStrategy, SHUTDOWN_CAUSE,
+    builtin_strategies, Cooperative, Drain, HandOver, Immediate, Migrate, ShutdownCx,
+    ShutdownStrategy, SHUTDOWN_CAUSE,
 };

@@ -115,6 +115,32 @@ impl ShutdownStrategy for Drain {
     }
 }
 
+/// What the `migrate` strategy runs after its grace: hands the stopped sessions to
+/// other nodes (a cluster node's runtime builds it; type-erased like the phases).
+pub type HandOver = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
+
+/// A cluster node's shutdown (issue 18, S38): every session stops at its next safe
+/// point (as `cooperative`), then each one left `Interrupted` is handed to the live
+/// node placement names and resumed there, instead of waiting for this node to come
+/// back. What cannot move stays `Interrupted` here and is adopted after the lease.
+#[derive(Clone)]
+pub struct Migrate {
+    pub(crate) hand_over: Arc<std::sync::OnceLock<HandOver>>,
+}
+
+impl ShutdownStrategy for Migrate {
+    fn run<'a>(&'a self, cx: &'a mut ShutdownCx) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            cx.grace(StopOptions::graceful()).await;
+            cx.force().await;
+            if let Some(hand_over) = self.hand_over.get() {
+                let moved = hand_over().await;
+                tracing::info!(moved, "handed the sessions over to the other nodes");
+            }
+        })
+    }
+}
+
 /// Strategies by name: the three built-ins, to which a runtime adds its own.
 pub fn builtin_strategies() -> HashMap<String, Arc<dyn ShutdownStrategy>> {
     let mut m: HashMap<String, Arc<dyn ShutdownStrategy>> = HashMap::new();
