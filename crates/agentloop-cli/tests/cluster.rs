@@ -614,3 +614,121 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
     );
     eprintln!("forwarding: 20 pushes through n1 delivered by n0 in order ({first} refused before the join)");
 }
+
+/// S38 over processes: a planned move of a busy session (a safe point every 10 ms)
+/// from n0 to n1 through `POST /sessions/{id}/move`, while a client keeps pushing to
+/// n0: the turn ends at a safe point, n1 resumes the session, and every push is
+/// delivered once, in the order it was sent (n0's turns, then n1's).
+#[test]
+fn a_planned_move_over_http_delivers_every_push_once_in_order() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("moving").expect("a database");
+    let dir = TempDir::new("moving");
+    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+    let ports = [free_port(), free_port()];
+    let start = |n: usize, join: Option<u16>| {
+        let node_dir = dir.0.join(format!("n{n}"));
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let mut args = vec![
+            "--postgres".to_string(),
+            db.clone(),
+            "--node".into(),
+            format!("n{n}"),
+            "--cluster-listen".into(),
+            format!("127.0.0.1:{}", ports[n]),
+            "--cookie".into(),
+            "test-cookie".into(),
+            "--item-log".into(),
+            logs[n].to_str().unwrap().to_string(),
+        ];
+        if let Some(p) = join {
+            args.extend(["--join".to_string(), format!("127.0.0.1:{p}")]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut job = Job::serve(&node_dir, &args);
+        let url = base(&mut job);
+        (job, url)
+    };
+    let (n0, url0) = start(0, None);
+    let (n1, url1) = start(1, Some(ports[0]));
+    let r = agent()
+        .post(&format!("{url0}/sessions"))
+        .send_json(json!({"id": "busy", "kind": "sim", "persistent": true,
+                          "config": {"rounds": 5, "model_ms": 10, "tool_ms": 10}}))
+        .expect("spawn");
+    assert_eq!(r.status().as_u16(), 201);
+    // Wait until n1 reaches n0 (a push through n1 is forwarded): the nodes joined.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent()
+        .post(&format!("{url1}/sessions/busy/items"))
+        .send_json(json!({"item": {"id": 1, "text": "joined?"}}))
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+        != 200
+    {
+        assert!(Instant::now() < deadline, "the nodes never joined");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pusher = {
+        let url0 = url0.clone();
+        std::thread::spawn(move || {
+            for id in 2..=150u64 {
+                let r = agent()
+                    .post(&format!("{url0}/sessions/busy/items"))
+                    .send_json(json!({"item": {"id": id, "text": "to n0"}}))
+                    .expect("push");
+                assert_eq!(r.status().as_u16(), 200, "push {id}");
+                std::thread::sleep(Duration::from_millis(4));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(250));
+    let mut r = agent()
+        .post(&format!("{url0}/sessions/busy/move"))
+        .send_json(json!({"to": "n1", "timeout": "2s"}))
+        .expect("move");
+    let moved: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(moved["to"], "n1", "{moved}");
+    pusher.join().expect("every push acknowledged");
+    assert!(
+        live_sessions(&url0).unwrap().is_empty(),
+        "n0 runs nothing now"
+    );
+    assert_eq!(live_sessions(&url1).unwrap(), vec!["busy".to_string()]);
+    drain(std::slice::from_ref(&url1));
+    for job in [n0, n1] {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+    let turns = |log: &std::path::Path| -> Vec<u64> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("turn"))
+            .flat_map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .map(|s| s.parse::<u64>().unwrap())
+            })
+            .collect()
+    };
+    let (before, after) = (turns(&logs[0]), turns(&logs[1]));
+    assert!(
+        !before.is_empty() && !after.is_empty(),
+        "turns on both nodes"
+    );
+    let all: Vec<u64> = before.iter().chain(&after).copied().collect();
+    assert_eq!(
+        all,
+        (1..=150).collect::<Vec<_>>(),
+        "once each, in push order"
+    );
+    eprintln!(
+        "planned move: {} items delivered on n0, {} on n1, in order; move took {} ms ({} ms to the safe point)",
+        before.len(),
+        after.len(),
+        moved["total_ms"],
+        moved["stopped_ms"]
+    );
+}

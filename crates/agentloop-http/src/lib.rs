@@ -157,6 +157,7 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         .route("/sessions/{id}/items", post(sessions::push::<I, E>))
         .route("/sessions/{id}/stop", post(sessions::stop::<I, E>))
         .route("/sessions/{id}/detach", post(sessions::detach::<I, E>))
+        .route("/sessions/{id}/move", post(sessions::move_to::<I, E>))
         .route("/sessions/{id}/cancel", post(sessions::cancel::<I, E>))
         .route("/sessions/{id}/resume", post(sessions::resume::<I, E>))
         .route("/sessions/{id}/history", get(sessions::history::<I, E>))

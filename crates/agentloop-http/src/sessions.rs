@@ -481,6 +481,50 @@ pub(crate) async fn detach<I: Item, E: Ev>(
     Ok(Json(json!({ "id": id, "detached": true })))
 }
 
+/// `POST /sessions/{id}/move` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MoveBody {
+    /// The node to move the session to.
+    to: String,
+    /// How long to wait for the next safe point before the stop escalates (default 5s).
+    #[serde(default)]
+    timeout: Option<String>,
+}
+
+/// `POST /sessions/{id}/move` (issue 18, S38): a planned move of a session this node
+/// runs to node `to` (a cluster node only). Pushes sent here meanwhile are queued and
+/// delivered there in order.
+pub(crate) async fn move_to<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path(id): Path<String>,
+    raw: Result<Json<MoveBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    use agentloop::cluster::migrate::MigrateError;
+    let b = body(raw)?;
+    let timeout = match &b.timeout {
+        Some(t) => duration("timeout", t)?,
+        None => Duration::from_secs(5),
+    };
+    match st.runtime.migrate(&id, &b.to, timeout).await {
+        Ok(moved) => Ok(Json(json!({
+            "id": id,
+            "to": b.to,
+            "stopped_ms": moved.stopped.as_millis() as u64,
+            "total_ms": moved.total.as_millis() as u64,
+        }))),
+        Err(e) => {
+            let (status, code) = match &e {
+                MigrateError::NotANode(_) => (StatusCode::CONFLICT, "not_a_node"),
+                MigrateError::NotHere(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+                MigrateError::Store { .. } => (StatusCode::CONFLICT, "wrong_state"),
+                MigrateError::NotResumed { .. } => (StatusCode::BAD_GATEWAY, "owner_unreachable"),
+            };
+            Err(ApiError::new(status, code, e.to_string()))
+        }
+    }
+}
+
 /// `POST /sessions/{id}/cancel` (S24).
 pub(crate) async fn cancel<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
