@@ -120,6 +120,28 @@ impl Base for FjallBackend {
     }
 }
 
+/// Removes what an interrupted creation of a fjall database left in `dir`.
+///
+/// Invariant (fjall 3.1, `Database::create_new`): a new database writes its first
+/// journal `0.jnl` and its `keyspaces` folder first and its `version` marker last, and
+/// a directory without the marker is created anew, which fails on the leftover `0.jnl`
+/// ("File exists"). A process killed in between (the crash loop's SIGKILL shortly after
+/// start) would leave a directory that never opens again. Without the marker nothing
+/// was ever written through the database (it is usable only once creation returned),
+/// so the leftovers hold no data: they are removed, and the removal is logged.
+fn clear_unfinished_creation(dir: &Path) {
+    if dir.join("version").exists() || !dir.join("0.jnl").is_file() {
+        return;
+    }
+    tracing::warn!(dir = %dir.display(),
+        "an earlier creation of the fjall database here was interrupted before it finished (no version marker); its leftovers hold no data and are removed");
+    if let Err(e) = std::fs::remove_file(dir.join("0.jnl")) {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not remove the leftover journal");
+    }
+    // Only when empty: anything in it would be data, never removed.
+    let _ = std::fs::remove_dir(dir.join("keyspaces"));
+}
+
 impl FjallBackend {
     /// Opens (or creates) the database in `dir`. Blocks.
     pub fn open(dir: impl AsRef<Path>, durability: FjallDurability) -> Result<Self, StoreError> {
@@ -136,6 +158,7 @@ impl FjallBackend {
                 e => format!("cannot open the fjall database in {}: {e}", path.display()),
             },
         };
+        clear_unfinished_creation(&path);
         let db = Database::builder(&path).open().map_err(open_err)?;
         let sessions = db
             .keyspace("sessions", KeyspaceCreateOptions::default)
@@ -258,5 +281,32 @@ impl FjallBackend {
             }
         }
         results
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A creation killed before fjall wrote its version marker leaves `0.jnl`, `lock`
+    /// and an empty `keyspaces`: the directory opens again (it used to fail with "File
+    /// exists" forever), and a real database's files are never touched.
+    #[test]
+    fn an_interrupted_creation_does_not_brick_the_directory() {
+        let dir = std::env::temp_dir().join(format!("agentloop-fjall-half-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("keyspaces")).unwrap();
+        std::fs::write(dir.join("0.jnl"), vec![0u8; 4096]).unwrap();
+        std::fs::write(dir.join("lock"), b"").unwrap();
+        let b =
+            FjallBackend::open(&dir, FjallDurability::Crash).expect("opens after a half creation");
+        b.flush().unwrap();
+        drop(b);
+        assert!(dir.join("version").is_file());
+        // A finished database keeps its journal across opens.
+        let b = FjallBackend::open(&dir, FjallDurability::Crash).expect("opens again");
+        drop(b);
+        assert!(dir.join("version").is_file());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
