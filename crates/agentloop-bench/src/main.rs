@@ -20,6 +20,7 @@ mod b8;
 mod b9;
 mod c1;
 mod c2;
+mod c3;
 mod codec_choice;
 mod report;
 mod soak;
@@ -27,7 +28,7 @@ mod tempdir;
 
 /// The figures, in the order `all` runs them.
 const FIGURES: &[&str] = &[
-    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "c1", "c2",
+    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "c1", "c2", "c3",
 ];
 
 fn usage() -> String {
@@ -51,6 +52,7 @@ async fn run_figure(id: &str) {
         "b9" => b9::run().await,
         "c1" => c1::run().await,
         "c2" => c2::run().await,
+        "c3" => c3::run().await,
         other => unreachable!("figure {other} is listed but not dispatched"),
     }
 }
