@@ -472,11 +472,11 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
         "{} > {epoch_before}",
         rec.lease_epoch
     );
-    // Drain on b, then audit: each acknowledged push once, in push order.
-    b.supervisor()
-        .stop("mover", StopOptions::drain())
+    // Drain it through a (the stop goes to b, its owner), then audit: each
+    // acknowledged push once, in push order.
+    a.stop_anywhere("mover", StopOptions::drain())
         .await
-        .unwrap();
+        .expect("a stop sent to the old owner reaches the new one");
     let mut gone = false;
     for _ in 0..500 {
         if b.supervisor().list().await.is_empty() {

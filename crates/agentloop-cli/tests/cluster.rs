@@ -581,7 +581,50 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
         .send_json(json!({"item": {"id": 99, "text": "x"}}))
         .expect("push");
     assert_eq!(r.status().as_u16(), 404);
-    drain(std::slice::from_ref(&url0));
+    // A stop sent to n1 reaches the owner (S11 across nodes): a slow session on n0,
+    // stopped at once through n1.
+    let r = agent()
+        .post(&format!("{url0}/sessions"))
+        .send_json(json!({"id": "slow", "kind": "sim", "persistent": true,
+                          "config": {"rounds": 1, "model_ms": 60000, "tool_ms": 1}}))
+        .expect("spawn");
+    assert_eq!(r.status().as_u16(), 201);
+    let r = agent()
+        .post(&format!("{url0}/sessions/slow/items"))
+        .send_json(json!({"item": {"id": 500, "text": "a long turn"}}))
+        .expect("push");
+    assert_eq!(r.status().as_u16(), 200);
+    let mut r = agent()
+        .post(&format!("{url1}/sessions/slow/stop"))
+        .send_json(json!({"mode": "immediate"}))
+        .expect("stop");
+    assert_eq!(
+        r.status().as_u16(),
+        202,
+        "{}",
+        r.body_mut().read_to_string().unwrap()
+    );
+    // A detach sent to n1 reaches the owner too (S23): the session finishes its work in
+    // the background and ends by itself.
+    let mut r = agent()
+        .post(&format!("{url1}/sessions/far/detach"))
+        .send_json(json!({}))
+        .expect("detach");
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "{}",
+        r.body_mut().read_to_string().unwrap()
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !live_sessions(&url0).unwrap_or_default().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "n0 still runs {:?}",
+            live_sessions(&url0)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for job in [n0, n1] {
         job.signal(libc::SIGTERM);
         let (status, out) = job.finish();

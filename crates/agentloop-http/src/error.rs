@@ -94,6 +94,24 @@ impl From<SupervisorError> for ApiError {
     }
 }
 
+impl From<agentloop::cluster::control::ControlError> for ApiError {
+    fn from(e: agentloop::cluster::control::ControlError) -> Self {
+        use agentloop::cluster::control::ControlError;
+        match e {
+            ControlError::Here(e) => e.into(),
+            e @ ControlError::Unreachable { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "owner_unreachable", e.to_string())
+            }
+            e @ ControlError::Refused { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "wrong_state", e.to_string())
+            }
+            e @ ControlError::NotForwardable(_) => {
+                ApiError::new(StatusCode::CONFLICT, "not_forwardable", e.to_string())
+            }
+        }
+    }
+}
+
 impl<I> From<RoutedPushError<I>> for ApiError {
     fn from(e: RoutedPushError<I>) -> Self {
         let (status, code) = match &e {

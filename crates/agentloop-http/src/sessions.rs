@@ -463,7 +463,8 @@ pub(crate) async fn stop<I: Item, E: Ev>(
     raw: Result<Json<StopBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = optional_body(raw)?;
-    st.runtime.supervisor().stop(&id, stop_options(b)?).await?;
+    // Wherever it runs: here, or (a cluster node) at its owner (issue 18).
+    st.runtime.stop_anywhere(&id, stop_options(b)?).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "id": id, "stopping": true })),
@@ -477,7 +478,7 @@ pub(crate) async fn detach<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    st.runtime.supervisor().detach(&id).await?;
+    st.runtime.detach_anywhere(&id).await?;
     Ok(Json(json!({ "id": id, "detached": true })))
 }
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::cancel::SafePoint;
-use crate::options::Preempt;
+use crate::cancel::{CancelMode, CancelRequest, SafePoint};
+use crate::options::{Preempt, StopOptions};
 use crate::push::PreemptAck;
 use crate::supervisor::RoutedPushError;
 
@@ -35,6 +35,110 @@ pub enum Request {
         /// The session.
         session: String,
     },
+    /// Stop or detach a session the receiving node runs.
+    Control {
+        /// The session.
+        session: String,
+        /// What to do.
+        op: Control,
+    },
+}
+
+/// A control request that crosses nodes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub enum Control {
+    /// A stop with these options (S11).
+    Stop(WireStop),
+    /// A detach (S23).
+    Detach,
+}
+
+/// Where a stop's cancel ends the running turn.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum WireCancel {
+    /// At once.
+    Immediate,
+    /// At the next safe point of these kinds.
+    At(WireSafePoint),
+}
+
+/// [`StopOptions`] as data.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireStop {
+    /// The cancel of the running turn, if any.
+    pub cancel: Option<WireCancel>,
+    /// The cancel's escalation timeout, in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Finish every accepted item first.
+    pub drain: bool,
+    /// Exit once idle this long, in milliseconds.
+    pub idle_for_ms: Option<u64>,
+    /// Do not persist at exit.
+    pub skip_checkpoint: bool,
+    /// The business reason.
+    pub cause: Option<String>,
+}
+
+impl WireStop {
+    /// The options as data; `None` for a cancel at a safe-point set other than the
+    /// three named ones (it cannot cross).
+    pub fn from_options(o: &StopOptions) -> Option<Self> {
+        let cancel = match &o.cancel {
+            None => None,
+            Some(c) => Some(match c.mode {
+                CancelMode::Immediate => WireCancel::Immediate,
+                CancelMode::At(at) => WireCancel::At(WireSafePoint::from_safe_point(at)?),
+            }),
+        };
+        Some(WireStop {
+            cancel,
+            timeout_ms: o
+                .cancel
+                .as_ref()
+                .and_then(|c| c.timeout)
+                .map(|d| d.as_millis() as u64),
+            drain: o.drain,
+            idle_for_ms: o.idle_for.map(|d| d.as_millis() as u64),
+            skip_checkpoint: o.skip_checkpoint,
+            cause: o.cause.clone(),
+        })
+    }
+
+    /// Back to options.
+    pub fn to_options(&self) -> StopOptions {
+        StopOptions {
+            cancel: self.cancel.map(|c| CancelRequest {
+                mode: match c {
+                    WireCancel::Immediate => CancelMode::Immediate,
+                    WireCancel::At(at) => CancelMode::At(at.to_safe_point()),
+                },
+                timeout: self.timeout_ms.map(Duration::from_millis),
+            }),
+            drain: self.drain,
+            idle_for: self.idle_for_ms.map(Duration::from_millis),
+            skip_checkpoint: self.skip_checkpoint,
+            cause: self.cause.clone(),
+            ..StopOptions::default()
+        }
+    }
+}
+
+/// What became of a control request sent to another node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlOutcome {
+    /// Done there.
+    Done,
+    /// No node runs it.
+    UnknownSession,
+    /// The node that runs it could not be reached.
+    Unreachable {
+        /// That node.
+        node: String,
+        /// What happened.
+        error: String,
+    },
+    /// That node refused it (the message says why).
+    Refused(String),
 }
 
 /// A static preempt as data.
@@ -59,18 +163,34 @@ pub enum WireSafePoint {
     Any,
 }
 
+impl WireSafePoint {
+    /// One of the three named sets, or `None`.
+    pub fn from_safe_point(at: SafePoint) -> Option<Self> {
+        if at == SafePoint::AfterModelCall {
+            Some(WireSafePoint::Model)
+        } else if at == SafePoint::AfterToolCalls {
+            Some(WireSafePoint::Tools)
+        } else if at == SafePoint::AnySafePoint {
+            Some(WireSafePoint::Any)
+        } else {
+            None
+        }
+    }
+
+    /// The safe-point set.
+    pub fn to_safe_point(self) -> SafePoint {
+        match self {
+            WireSafePoint::Model => SafePoint::AfterModelCall,
+            WireSafePoint::Tools => SafePoint::AfterToolCalls,
+            WireSafePoint::Any => SafePoint::AnySafePoint,
+        }
+    }
+}
+
 impl WirePreempt {
     /// The preempt as data (every valid preempt has one of the three safe-point sets).
     pub fn from_preempt(p: &Preempt) -> Option<Self> {
-        let at = if p.at == SafePoint::AfterModelCall {
-            WireSafePoint::Model
-        } else if p.at == SafePoint::AfterToolCalls {
-            WireSafePoint::Tools
-        } else if p.at == SafePoint::AnySafePoint {
-            WireSafePoint::Any
-        } else {
-            return None;
-        };
+        let at = WireSafePoint::from_safe_point(p.at)?;
         Some(WirePreempt {
             at,
             timeout_ms: p.timeout.map(|d| d.as_millis() as u64),
@@ -80,13 +200,8 @@ impl WirePreempt {
 
     /// Back to a preempt.
     pub fn to_preempt(self) -> Preempt {
-        let at = match self.at {
-            WireSafePoint::Model => SafePoint::AfterModelCall,
-            WireSafePoint::Tools => SafePoint::AfterToolCalls,
-            WireSafePoint::Any => SafePoint::AnySafePoint,
-        };
         Preempt {
-            at,
+            at: self.at.to_safe_point(),
             timeout: self.timeout_ms.map(Duration::from_millis),
             delay: self.delay_ms.map(Duration::from_millis),
         }
@@ -108,6 +223,8 @@ pub enum PushAnswer {
     NotDurable(String),
     /// Refused for another reason (invalid options, not storable), said in words.
     Refused(String),
+    /// A control request was done.
+    Done,
 }
 
 /// [`PreemptAck`] as data.
@@ -162,6 +279,9 @@ pub trait Forward<I>: Send + Sync + 'static {
     /// Asks node `node` to resume stored session `session`, whose lease was handed to
     /// it; resolves once it runs there (or why not).
     fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>>;
+
+    /// Sends a stop or detach to the node that runs `session`, if another one does.
+    fn control(&self, session: String, op: Control) -> BoxFuture<'static, ControlOutcome>;
 }
 
 #[cfg(test)]
@@ -192,6 +312,17 @@ mod tests {
             PreemptAck::TargetEnded { turn: 4 },
         ] {
             assert_eq!(PreemptAck::from(WireAck::from(a)), a);
+        }
+        for o in [
+            StopOptions::graceful_timeout(Duration::from_secs(2)).cause("deploy"),
+            StopOptions::immediate(),
+            StopOptions::drain().skip_checkpoint(),
+            StopOptions::until_idle_for(Duration::from_millis(300)),
+            StopOptions::bare(),
+        ] {
+            let w = WireStop::from_options(&o).expect("crosses");
+            let back: WireStop = serde_json::from_str(&serde_json::to_string(&w).unwrap()).unwrap();
+            assert_eq!(back.to_options(), o);
         }
     }
 }

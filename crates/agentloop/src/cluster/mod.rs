@@ -4,6 +4,7 @@
 //! records and claims are the session's and the store's business.
 
 pub mod adopt;
+pub mod control;
 pub mod forward;
 pub mod migrate;
 #[cfg(feature = "cluster")]

@@ -129,6 +129,14 @@ where
         Err(e) => return PushAnswer::Refused(format!("not a request this node understands: {e}")),
     };
     match request {
+        Request::Control { session, op } => match handle.control_here(&session, op).await {
+            crate::cluster::forward::ControlOutcome::Done => PushAnswer::Done,
+            crate::cluster::forward::ControlOutcome::UnknownSession => PushAnswer::UnknownSession,
+            crate::cluster::forward::ControlOutcome::Refused(e)
+            | crate::cluster::forward::ControlOutcome::Unreachable { error: e, .. } => {
+                PushAnswer::Refused(e)
+            }
+        },
         Request::Resume { session } => match handle.resume_handed_over(&session).await {
             Ok(()) => PushAnswer::Resumed,
             Err(e) => PushAnswer::Refused(e),
@@ -261,7 +269,9 @@ where
                 };
                 return match serde_json::from_slice::<PushAnswer>(&answer) {
                     Ok(PushAnswer::Accepted(ack)) => Ok(ack.into()),
-                    Ok(PushAnswer::Resumed) => Err(unreachable(item, "a mismatched answer".into())),
+                    Ok(PushAnswer::Resumed | PushAnswer::Done) => {
+                        Err(unreachable(item, "a mismatched answer".into()))
+                    }
                     // Not there: ask the next node (only when the record named none).
                     Ok(PushAnswer::UnknownSession) => continue,
                     Ok(PushAnswer::Late) => Err(RoutedPushError::Push(PushError::Late { item })),
@@ -281,6 +291,75 @@ where
                 };
             }
             Err(RoutedPushError::UnknownSession { id: session, item })
+        })
+    }
+
+    fn control(
+        &self,
+        session: String,
+        op: crate::cluster::forward::Control,
+    ) -> BoxFuture<'static, crate::cluster::forward::ControlOutcome> {
+        use crate::cluster::forward::ControlOutcome;
+        let store = self.store.clone();
+        let me = self.me.clone();
+        Box::pin(async move {
+            let owner = match store.load_stored(&session).await {
+                Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
+                _ => None,
+            };
+            if owner.as_deref() == Some(me.as_str()) {
+                return ControlOutcome::UnknownSession;
+            }
+            let targets: Vec<(String, ActorRef<NodeMsg>)> = match &owner {
+                Some(node) => remote_members(&group(node))
+                    .into_iter()
+                    .map(|a| (node.clone(), a))
+                    .collect(),
+                None => remote_members(ALL_NODES)
+                    .into_iter()
+                    .map(|a| ("a joined node".to_string(), a))
+                    .collect(),
+            };
+            if let (Some(node), true) = (&owner, targets.is_empty()) {
+                return ControlOutcome::Unreachable {
+                    node: node.clone(),
+                    error: "this node is not connected to it".into(),
+                };
+            }
+            let bytes = serde_json::to_vec(&Request::Control { session, op }).unwrap_or_default();
+            for (node, actor) in targets {
+                let bytes = bytes.clone();
+                let answer = match actor
+                    .call(
+                        |reply| NodeMsg::Request(bytes, reply),
+                        Some(FORWARD_TIMEOUT),
+                    )
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(b)) => b,
+                    Ok(_) | Err(_) => {
+                        return ControlOutcome::Unreachable {
+                            node,
+                            error: "no answer".into(),
+                        }
+                    }
+                };
+                match serde_json::from_slice::<PushAnswer>(&answer) {
+                    Ok(PushAnswer::Done) => return ControlOutcome::Done,
+                    Ok(PushAnswer::UnknownSession) => continue,
+                    Ok(PushAnswer::Refused(e)) => return ControlOutcome::Refused(e),
+                    Ok(other) => {
+                        return ControlOutcome::Refused(format!("a mismatched answer {other:?}"))
+                    }
+                    Err(e) => {
+                        return ControlOutcome::Unreachable {
+                            node,
+                            error: format!("an answer it could not read: {e}"),
+                        }
+                    }
+                }
+            }
+            ControlOutcome::UnknownSession
         })
     }
 

@@ -103,6 +103,31 @@ where
         })
     }
 
+    fn control(
+        &self,
+        session: String,
+        op: crate::cluster::forward::Control,
+    ) -> BoxFuture<'static, crate::cluster::forward::ControlOutcome> {
+        use crate::cluster::forward::ControlOutcome;
+        let me = self.me.clone();
+        let peers: Vec<RuntimeHandle<I, E>> = self
+            .peers
+            .read()
+            .iter()
+            .filter(|(n, _)| **n != me)
+            .map(|(_, h)| h.clone())
+            .collect();
+        Box::pin(async move {
+            for h in peers {
+                match h.control_here(&session, op.clone()).await {
+                    ControlOutcome::UnknownSession => continue,
+                    other => return other,
+                }
+            }
+            ControlOutcome::UnknownSession
+        })
+    }
+
     fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>> {
         let peer = self.peers.read().get(&node).cloned();
         Box::pin(async move {
