@@ -481,6 +481,39 @@ fn a_rolling_restart_of_three_nodes_under_load_loses_nothing() {
     );
 }
 
+/// A node joined on ractor_cluster: `serve --postgres DB --node nN --cluster-listen
+/// 127.0.0.1:ports[n] --cookie … [--join 127.0.0.1:JOIN] --item-log LOG`.
+fn start_joined(
+    dir: &std::path::Path,
+    db: &str,
+    n: usize,
+    ports: &[u16],
+    join: Option<u16>,
+    log: &std::path::Path,
+) -> (Job, String) {
+    let node_dir = dir.join(format!("n{n}"));
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let mut args = vec![
+        "--postgres".to_string(),
+        db.to_string(),
+        "--node".into(),
+        format!("n{n}"),
+        "--cluster-listen".into(),
+        format!("127.0.0.1:{}", ports[n]),
+        "--cookie".into(),
+        "test-cookie".into(),
+        "--item-log".into(),
+        log.to_str().unwrap().to_string(),
+    ];
+    if let Some(p) = join {
+        args.extend(["--join".to_string(), format!("127.0.0.1:{p}")]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut job = Job::serve(&node_dir, &args);
+    let url = base(&mut job);
+    (job, url)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -498,32 +531,7 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
     let dir = TempDir::new("forward");
     let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
     let ports = [free_port(), free_port()];
-    let start = |n: usize, join: Option<u16>| {
-        let node_dir = dir.0.join(format!("n{n}"));
-        std::fs::create_dir_all(&node_dir).unwrap();
-        let name = format!("n{n}");
-        let listen = format!("127.0.0.1:{}", ports[n]);
-        let mut args = vec![
-            "--postgres".to_string(),
-            db.clone(),
-            "--node".into(),
-            name,
-            "--cluster-listen".into(),
-            listen,
-            "--cookie".into(),
-            "test-cookie".into(),
-            "--item-log".into(),
-            logs[n].to_str().unwrap().to_string(),
-        ];
-        if let Some(p) = join {
-            args.push("--join".into());
-            args.push(format!("127.0.0.1:{p}"));
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut job = Job::serve(&node_dir, &args);
-        let url = base(&mut job);
-        (job, url)
-    };
+    let start = |n: usize, join: Option<u16>| start_joined(&dir.0, &db, n, &ports, join, &logs[n]);
     let (n0, url0) = start(0, None);
     let (n1, url1) = start(1, Some(ports[0]));
     let r = agent()
@@ -669,29 +677,7 @@ fn a_planned_move_over_http_delivers_every_push_once_in_order() {
     let dir = TempDir::new("moving");
     let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
     let ports = [free_port(), free_port()];
-    let start = |n: usize, join: Option<u16>| {
-        let node_dir = dir.0.join(format!("n{n}"));
-        std::fs::create_dir_all(&node_dir).unwrap();
-        let mut args = vec![
-            "--postgres".to_string(),
-            db.clone(),
-            "--node".into(),
-            format!("n{n}"),
-            "--cluster-listen".into(),
-            format!("127.0.0.1:{}", ports[n]),
-            "--cookie".into(),
-            "test-cookie".into(),
-            "--item-log".into(),
-            logs[n].to_str().unwrap().to_string(),
-        ];
-        if let Some(p) = join {
-            args.extend(["--join".to_string(), format!("127.0.0.1:{p}")]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut job = Job::serve(&node_dir, &args);
-        let url = base(&mut job);
-        (job, url)
-    };
+    let start = |n: usize, join: Option<u16>| start_joined(&dir.0, &db, n, &ports, join, &logs[n]);
     let (n0, url0) = start(0, None);
     let (n1, url1) = start(1, Some(ports[0]));
     let r = agent()

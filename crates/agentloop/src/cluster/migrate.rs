@@ -38,17 +38,20 @@ type Gate = Arc<tokio::sync::Mutex<()>>;
 
 impl Moving {
     /// The gate of a session being moved or moved recently.
+    /// Looked up on every push of a cluster node: one map read, no sweep.
     pub(crate) fn gate(&self, id: &str) -> Option<Gate> {
-        let mut map = self.0.lock();
-        map.retain(|_, (_, at)| at.elapsed() < REMEMBER_MOVED);
-        map.get(id).map(|(g, _)| g.clone())
+        let map = self.0.lock();
+        map.get(id)
+            .filter(|(_, at)| at.elapsed() < REMEMBER_MOVED)
+            .map(|(g, _)| g.clone())
     }
 
+    /// A new move's gate; old moves are forgotten here (moves are rare, pushes not).
     fn begin(&self, id: &str) -> Gate {
         let gate = Arc::new(tokio::sync::Mutex::new(()));
-        self.0
-            .lock()
-            .insert(id.to_string(), (gate.clone(), Instant::now()));
+        let mut map = self.0.lock();
+        map.retain(|_, (_, at)| at.elapsed() < REMEMBER_MOVED);
+        map.insert(id.to_string(), (gate.clone(), Instant::now()));
         gate
     }
 

@@ -187,28 +187,14 @@ where
         let store = self.store.clone();
         let me = self.me.clone();
         Box::pin(async move {
-            let owner = match store.load_stored(&session).await {
-                Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
-                _ => None,
-            };
-            if owner.as_deref() == Some(me.as_str()) {
+            let (owner, targets) = match targets(&*store, &me, &session).await {
+                Some(t) => t,
                 // Its record says this node, which does not run it: it ended, or moves.
-                return Err(RoutedPushError::UnknownSession { id: session, item });
-            }
+                None => return Err(RoutedPushError::UnknownSession { id: session, item }),
+            };
             if owner.is_some() && !forwardable {
                 return Err(RoutedPushError::NotForwardable { id: session, item });
             }
-            // The owner its record names; with none, every joined node in turn.
-            let targets: Vec<(String, ActorRef<NodeMsg>)> = match &owner {
-                Some(node) => remote_members(&group(node))
-                    .into_iter()
-                    .map(|a| (node.clone(), a))
-                    .collect(),
-                None => remote_members(ALL_NODES)
-                    .into_iter()
-                    .map(|a| ("a joined node".to_string(), a))
-                    .collect(),
-            };
             if let (Some(node), true) = (&owner, targets.is_empty()) {
                 return Err(RoutedPushError::OwnerUnreachable {
                     id: session,
@@ -303,22 +289,8 @@ where
         let store = self.store.clone();
         let me = self.me.clone();
         Box::pin(async move {
-            let owner = match store.load_stored(&session).await {
-                Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
-                _ => None,
-            };
-            if owner.as_deref() == Some(me.as_str()) {
+            let Some((owner, targets)) = targets(&*store, &me, &session).await else {
                 return ControlOutcome::UnknownSession;
-            }
-            let targets: Vec<(String, ActorRef<NodeMsg>)> = match &owner {
-                Some(node) => remote_members(&group(node))
-                    .into_iter()
-                    .map(|a| (node.clone(), a))
-                    .collect(),
-                None => remote_members(ALL_NODES)
-                    .into_iter()
-                    .map(|a| ("a joined node".to_string(), a))
-                    .collect(),
             };
             if let (Some(node), true) = (&owner, targets.is_empty()) {
                 return ControlOutcome::Unreachable {
@@ -388,6 +360,34 @@ where
             }
         })
     }
+}
+
+/// The node a session's record names as its owner (`None`: none yet) and whom to ask:
+/// that node's actor, or every joined node's when the record names none. `None` when
+/// the record names this node, which does not run it (it ended, or is moving).
+async fn targets<I: 'static>(
+    store: &dyn CheckpointStore<I>,
+    me: &str,
+    session: &str,
+) -> Option<(Option<String>, Vec<(String, ActorRef<NodeMsg>)>)> {
+    let owner = match store.load_stored(session).await {
+        Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
+        _ => None,
+    };
+    if owner.as_deref() == Some(me) {
+        return None;
+    }
+    let targets = match &owner {
+        Some(node) => remote_members(&group(node))
+            .into_iter()
+            .map(|a| (node.clone(), a))
+            .collect(),
+        None => remote_members(ALL_NODES)
+            .into_iter()
+            .map(|a| ("a joined node".to_string(), a))
+            .collect(),
+    };
+    Some((owner, targets))
 }
 
 /// The members of `group` on other nodes.
