@@ -454,6 +454,18 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
         acked
     });
     tokio::time::sleep(Duration::from_millis(150)).await;
+    // A move to a node this one is not joined to is refused before anything happens.
+    match a.migrate("mover", "nowhere", Duration::from_secs(1)).await {
+        Err(agentloop::cluster::migrate::MigrateError::Unreachable { node, .. }) => {
+            assert_eq!(node, "nowhere")
+        }
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+    assert_eq!(
+        a.supervisor().list().await.len(),
+        1,
+        "the session still runs on a"
+    );
     let epoch_before = store.get("mover").map(|r| r.lease_epoch).unwrap_or(0);
     let moved = a
         .migrate("mover", "b", Duration::from_secs(1))

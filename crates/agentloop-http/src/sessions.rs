@@ -517,6 +517,7 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
         Err(e) => {
             let (status, code) = match &e {
                 MigrateError::NotANode(_) => (StatusCode::CONFLICT, "not_a_node"),
+                MigrateError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "owner_unreachable"),
                 MigrateError::NotHere(_) => (StatusCode::NOT_FOUND, "unknown_session"),
                 MigrateError::Store { .. } => (StatusCode::CONFLICT, "wrong_state"),
                 MigrateError::NotResumed { .. } => (StatusCode::BAD_GATEWAY, "owner_unreachable"),

@@ -280,6 +280,9 @@ pub trait Forward<I>: Send + Sync + 'static {
     /// it; resolves once it runs there (or why not).
     fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>>;
 
+    /// Whether node `node` can be asked now (it is joined), checked before a move.
+    fn reachable(&self, node: &str) -> bool;
+
     /// Sends a stop or detach to the node that runs `session`, if another one does.
     fn control(&self, session: String, op: Control) -> BoxFuture<'static, ControlOutcome>;
 }

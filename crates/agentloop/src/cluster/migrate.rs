@@ -66,6 +66,14 @@ pub enum MigrateError {
     /// This runtime is not a cluster node with a forwarder.
     #[error("session `{0}` cannot move: this runtime is not a cluster node (start it with RuntimeBuilder::node and a ClusterNode)")]
     NotANode(String),
+    /// The target is this node, or not a node this one is joined to: nothing was done.
+    #[error("session `{session}` cannot move to node `{node}`: it is not a node this one is joined to (or it is this node); join it first (--join) or pick another")]
+    Unreachable {
+        /// The session.
+        session: String,
+        /// The target.
+        node: String,
+    },
     /// This node does not run the session.
     #[error("session `{0}` does not run on this node; move it from the node that runs it")]
     NotHere(String),
@@ -79,7 +87,7 @@ pub enum MigrateError {
     },
     /// The new owner did not resume it. Its lease is the new owner's; that node's
     /// adoption (or a resume there) picks it up.
-    #[error("session `{session}` was handed to node `{node}`, which did not resume it: {error}; it resumes there when that node adopts it")]
+    #[error("session `{session}` was handed to node `{node}`, which did not resume it: {error}; its record is `Interrupted` under that node, which resumes it when it restarts (or the others adopt it if it dies)")]
     NotResumed {
         /// The session.
         session: String,
@@ -138,6 +146,12 @@ where
         };
         if self.supervisor.inspect(id).await.is_err() {
             return Err(MigrateError::NotHere(id.to_string()));
+        }
+        if !forwarder.reachable(to) {
+            return Err(MigrateError::Unreachable {
+                session: id.to_string(),
+                node: to.to_string(),
+            });
         }
         let gate = self.moving.begin(id);
         let in_line = gate.lock().await;
@@ -291,7 +305,7 @@ where
             match forwarder.resume_on(to.to_string(), id.clone()).await {
                 Ok(()) => moved += 1,
                 Err(e) => tracing::warn!(session = %id, node = %to, error = %e,
-                    "the session was handed over but not resumed there yet; that node adopts it"),
+                    "the session was handed over but not resumed there; it stays Interrupted under that node until it restarts (or the others adopt it if it dies)"),
             }
         }
         moved

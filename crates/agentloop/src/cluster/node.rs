@@ -280,6 +280,10 @@ where
         })
     }
 
+    fn reachable(&self, node: &str) -> bool {
+        node != self.me && !remote_members(&group(node)).is_empty()
+    }
+
     fn control(
         &self,
         session: String,

@@ -103,6 +103,10 @@ where
         })
     }
 
+    fn reachable(&self, node: &str) -> bool {
+        node != self.me && self.peers.read().contains_key(node)
+    }
+
     fn control(
         &self,
         session: String,
