@@ -127,6 +127,9 @@ struct PausableBeats {
     paused: AtomicBool,
     /// A node this view of the store does not see (a membership that disagrees).
     hide: Option<&'static str>,
+    /// Refuse every compare-and-swap write (a hand-over that loses to a concurrent
+    /// change, or a database failing at that moment).
+    refuse_cas: AtomicBool,
 }
 
 impl CheckpointStore<SimItem> for PausableBeats {
@@ -134,6 +137,15 @@ impl CheckpointStore<SimItem> for PausableBeats {
         self.inner.load_stored(id)
     }
     fn write(&self, w: RecordWrite) -> BoxFuture<'static, Result<(), StoreError>> {
+        if self.refuse_cas.load(Ordering::SeqCst)
+            && matches!(w.condition, agentloop::store::WriteCondition::AtVersion(_))
+        {
+            return Box::pin(std::future::ready(Err(StoreError::Backend {
+                operation: "save",
+                session: w.header.session_id.clone(),
+                message: "injected compare-and-swap failure".into(),
+            })));
+        }
         self.inner.write(w)
     }
     fn delete(&self, id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
@@ -195,6 +207,7 @@ async fn a_node_paused_past_its_lease_is_fenced_and_stops_its_session() {
         inner: inner.clone(),
         paused: AtomicBool::new(false),
         hide: None,
+        refuse_cas: AtomicBool::new(false),
     });
     // A session id placement gives to b once a is gone (any id goes to b then: it is
     // the only live node), started on a.
@@ -268,6 +281,7 @@ async fn nodes_that_disagree_about_membership_never_both_run_a_session() {
             inner: inner.clone(),
             paused: AtomicBool::new(false),
             hide: Some(hide),
+            refuse_cas: AtomicBool::new(false),
         })
     };
     let turns: Turns = Arc::default();
@@ -584,5 +598,59 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(gone, "every item delivered: {:?}", turns.lock());
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}
+
+/// S38: a move whose lease hand-over fails (the compare-and-swap is refused) leaves the
+/// session running where it was, with everything it held: it is never left stopped
+/// with nobody to run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_hand_over_fails_resumes_the_session_in_place() {
+    use agentloop::cluster::migrate::MigrateError;
+    use agentloop::cluster::peers::connect_in_process;
+    let inner = Arc::new(MemoryStore::<SimItem>::new());
+    let view = Arc::new(PausableBeats {
+        inner: inner.clone(),
+        paused: AtomicBool::new(false),
+        hide: None,
+        refuse_cas: AtomicBool::new(false),
+    });
+    let turns: Turns = Arc::default();
+    let gate = Gate::new();
+    let a = node("a", view.clone(), turns.clone(), Some(gate.clone())).await;
+    let b = node("b", inner.clone(), turns.clone(), None).await;
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    a.supervisor()
+        .spawn(
+            SessionSpec::new("stays", "sim")
+                .persistent(true)
+                .initial_items(vec![item(41), item(42)]),
+        )
+        .await
+        .unwrap();
+    wait_until("a's record names it", || {
+        inner
+            .get("stays")
+            .is_some_and(|r| r.owner.as_deref() == Some("a"))
+    })
+    .await;
+    view.refuse_cas.store(true, Ordering::SeqCst);
+    match a.migrate("stays", "b", Duration::from_millis(50)).await {
+        Err(MigrateError::Store { .. }) => {}
+        other => panic!("expected the hand-over to fail, got {other:?}"),
+    }
+    view.refuse_cas.store(false, Ordering::SeqCst);
+    assert_eq!(a.supervisor().list().await.len(), 1, "it runs on a again");
+    assert!(b.supervisor().list().await.is_empty());
+    assert_eq!(inner.get("stays").unwrap().owner.as_deref(), Some("a"));
+    gate.open_all();
+    wait_until("its items delivered on a", || {
+        let mut ids: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
+        ids.sort_unstable();
+        ids == vec![41, 42]
+    })
+    .await;
+    assert!(turns.lock().iter().all(|(n, _)| *n == "a"));
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }

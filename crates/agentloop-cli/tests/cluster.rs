@@ -514,6 +514,53 @@ fn start_joined(
     (job, url)
 }
 
+/// Two nodes joined on ractor_cluster over one PostgreSQL started for the test: n0,
+/// and n1 joining it. The server and directory live as long as the pair.
+struct JoinedPair {
+    n0: Job,
+    url0: String,
+    n1: Job,
+    url1: String,
+    logs: Vec<std::path::PathBuf>,
+    _dir: TempDir,
+    _pg: LocalServer,
+}
+
+impl JoinedPair {
+    fn start(tag: &str) -> JoinedPair {
+        let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+        let db = pg.database(tag).expect("a database");
+        let dir = TempDir::new(tag);
+        let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+        let ports = [free_port(), free_port()];
+        let (n0, url0) = start_joined(&dir.0, &db, 0, &ports, None, &logs[0]);
+        let (n1, url1) = start_joined(&dir.0, &db, 1, &ports, Some(ports[0]), &logs[1]);
+        JoinedPair {
+            n0,
+            url0,
+            n1,
+            url1,
+            logs,
+            _dir: dir,
+            _pg: pg,
+        }
+    }
+}
+
+/// Spawns a persistent session of the simulated agent on the node at `url`.
+fn spawn_sim(url: &str, id: &str, config: Value) {
+    let mut r = agent()
+        .post(&format!("{url}/sessions"))
+        .send_json(json!({"id": id, "kind": "sim", "persistent": true, "config": config}))
+        .expect("spawn");
+    assert_eq!(
+        r.status().as_u16(),
+        201,
+        "{}",
+        r.body_mut().read_to_string().unwrap()
+    );
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -526,20 +573,13 @@ fn free_port() -> u16 {
 /// owner delivers it. Without a joined owner the push is refused with a clear error.
 #[test]
 fn a_push_to_any_node_reaches_the_sessions_owner() {
-    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
-    let db = pg.database("forward").expect("a database");
-    let dir = TempDir::new("forward");
-    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
-    let ports = [free_port(), free_port()];
-    let start = |n: usize, join: Option<u16>| start_joined(&dir.0, &db, n, &ports, join, &logs[n]);
-    let (n0, url0) = start(0, None);
-    let (n1, url1) = start(1, Some(ports[0]));
-    let r = agent()
-        .post(&format!("{url0}/sessions"))
-        .send_json(json!({"id": "far", "kind": "sim", "persistent": true,
-                          "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}}))
-        .expect("spawn");
-    assert_eq!(r.status().as_u16(), 201);
+    let pair = JoinedPair::start("forward");
+    let (n0, url0, n1, url1, logs) = (pair.n0, pair.url0, pair.n1, pair.url1, &pair.logs);
+    spawn_sim(
+        &url0,
+        "far",
+        json!({"rounds": 1, "model_ms": 1, "tool_ms": 1}),
+    );
     // Until the nodes have joined, n1 cannot reach the owner (404, or 502 once the
     // record names n0).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -591,12 +631,11 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
     assert_eq!(r.status().as_u16(), 404);
     // A stop sent to n1 reaches the owner (S11 across nodes): a slow session on n0,
     // stopped at once through n1.
-    let r = agent()
-        .post(&format!("{url0}/sessions"))
-        .send_json(json!({"id": "slow", "kind": "sim", "persistent": true,
-                          "config": {"rounds": 1, "model_ms": 60000, "tool_ms": 1}}))
-        .expect("spawn");
-    assert_eq!(r.status().as_u16(), 201);
+    spawn_sim(
+        &url0,
+        "slow",
+        json!({"rounds": 1, "model_ms": 60000, "tool_ms": 1}),
+    );
     let r = agent()
         .post(&format!("{url0}/sessions/slow/items"))
         .send_json(json!({"item": {"id": 500, "text": "a long turn"}}))
@@ -672,20 +711,13 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
 /// delivered once, in the order it was sent (n0's turns, then n1's).
 #[test]
 fn a_planned_move_over_http_delivers_every_push_once_in_order() {
-    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
-    let db = pg.database("moving").expect("a database");
-    let dir = TempDir::new("moving");
-    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
-    let ports = [free_port(), free_port()];
-    let start = |n: usize, join: Option<u16>| start_joined(&dir.0, &db, n, &ports, join, &logs[n]);
-    let (n0, url0) = start(0, None);
-    let (n1, url1) = start(1, Some(ports[0]));
-    let r = agent()
-        .post(&format!("{url0}/sessions"))
-        .send_json(json!({"id": "busy", "kind": "sim", "persistent": true,
-                          "config": {"rounds": 5, "model_ms": 10, "tool_ms": 10}}))
-        .expect("spawn");
-    assert_eq!(r.status().as_u16(), 201);
+    let pair = JoinedPair::start("moving");
+    let (n0, url0, n1, url1, logs) = (pair.n0, pair.url0, pair.n1, pair.url1, &pair.logs);
+    spawn_sim(
+        &url0,
+        "busy",
+        json!({"rounds": 5, "model_ms": 10, "tool_ms": 10}),
+    );
     // Wait until n1 reaches n0 (a push through n1 is forwarded): the nodes joined.
     let deadline = Instant::now() + Duration::from_secs(30);
     while agent()

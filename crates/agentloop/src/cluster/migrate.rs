@@ -126,6 +126,34 @@ fn hand_over(header: &crate::store::RecordHeader, to: &str) -> RecordWrite {
     }
 }
 
+/// Hands a stopped session's record to node `to` (one compare-and-swap write);
+/// `Ok(false)` when there is nothing to move (no record: it ended with nothing left; or
+/// a final one).
+async fn hand_over_stopped<I: 'static>(
+    store: &dyn crate::store::CheckpointStore<I>,
+    id: &str,
+    to: &str,
+) -> Result<bool, StoreError> {
+    let record = match store.load_stored(id).await? {
+        Some(Stored::Current(r)) => r,
+        None => return Ok(false),
+        Some(other) => {
+            return Err(StoreError::Refused {
+                session: id.to_string(),
+                status: other.status().to_string(),
+                why: "a record of the previous format cannot be handed over; resume it here \
+                      once to convert it"
+                    .into(),
+            })
+        }
+    };
+    if record.header.status.is_terminal() {
+        return Ok(false);
+    }
+    store.write(hand_over(&record.header, to)).await?;
+    Ok(true)
+}
+
 impl<I, E> RuntimeHandle<I, E>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
@@ -167,53 +195,41 @@ where
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let stopped = started.elapsed();
-        let store_error = |error| MigrateError::Store {
-            session: id.to_string(),
-            error,
-        };
-        let record = match store.load_stored(id).await.map_err(store_error)? {
-            Some(Stored::Current(r)) => r,
-            // It ended with nothing left to keep (no record): nothing to move.
-            None => {
-                drop(in_line);
-                return Ok(Moved {
-                    stopped,
-                    total: started.elapsed(),
-                });
-            }
-            Some(other) => {
-                return Err(store_error(StoreError::Refused {
-                    session: id.to_string(),
-                    status: other.status().to_string(),
-                    why: "a record of the previous format cannot be handed over; resume it \
-                          here once to convert it"
-                        .into(),
-                }))
-            }
-        };
-        if record.header.status.is_terminal() {
-            drop(in_line);
-            return Ok(Moved {
-                stopped,
-                total: started.elapsed(),
-            });
-        }
-        store
-            .write(hand_over(&record.header, to))
-            .await
-            .map_err(store_error)?;
-        let resumed = forwarder.resume_on(to.to_string(), id.to_string()).await;
-        // The queued pushes go now, in order, to the new owner.
-        drop(in_line);
-        resumed.map_err(|error| MigrateError::NotResumed {
-            session: id.to_string(),
-            node: to.to_string(),
-            error,
-        })?;
-        Ok(Moved {
+        let done = |stopped| Moved {
             stopped,
             total: started.elapsed(),
-        })
+        };
+        match hand_over_stopped(&*store, id, to).await {
+            // Nothing left to keep, or it ended for good: nothing to move.
+            Ok(false) => Ok(done(stopped)),
+            Ok(true) => {
+                let resumed = forwarder.resume_on(to.to_string(), id.to_string()).await;
+                // The queued pushes go now, in order, to the new owner.
+                drop(in_line);
+                resumed.map_err(|error| MigrateError::NotResumed {
+                    session: id.to_string(),
+                    node: to.to_string(),
+                    error,
+                })?;
+                Ok(done(stopped))
+            }
+            Err(error) => {
+                // The lease is still this node's: run the session here again rather
+                // than leave it stopped, and let the queued pushes reach it here.
+                tracing::warn!(session = %id, node = %to, error = %error,
+                    "the session could not be handed over; it resumes on this node");
+                self.moving.forget(id);
+                if let Err(e) = self.resume_handed_over(id).await {
+                    tracing::warn!(session = %id, error = %e,
+                        "the session did not resume here either; it stays Interrupted until this node restarts (or another adopts it)");
+                }
+                drop(in_line);
+                Err(MigrateError::Store {
+                    session: id.to_string(),
+                    error,
+                })
+            }
+        }
     }
 
     /// Resumes stored session `id`, whose lease was handed to this node (the receiving
