@@ -654,3 +654,76 @@ async fn a_move_whose_hand_over_fails_resumes_the_session_in_place() {
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
+
+/// S36, S20: a session's events read through another node are the events its owner's
+/// subscribers get: the same numbers, in order, `Ended` last; a subscription after a
+/// number replays from the owner's buffer; a session that runs nowhere is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
+    use agentloop::cluster::peers::connect_in_process;
+    use agentloop::options::PushOptions;
+    use agentloop::{EventFilter, EventStream, Sequenced, SessionEvent};
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let turns: Turns = Arc::default();
+    let a = node("a", store.clone(), turns.clone(), None).await;
+    let b = node("b", store.clone(), turns.clone(), None).await;
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    a.supervisor()
+        .spawn(
+            SessionSpec::new("watched", "sim")
+                .persistent(true)
+                .replay(64),
+        )
+        .await
+        .unwrap();
+    let all = EventFilter::all();
+    let at_owner = a.subscribe_anywhere("watched", None, all).await.unwrap();
+    let relayed = b.subscribe_anywhere("watched", None, all).await.unwrap();
+    for id in 1..=5 {
+        b.push_anywhere("watched", item(id), PushOptions::new())
+            .await
+            .unwrap();
+    }
+    wait_until("five items delivered", || {
+        turns.lock().iter().map(|(_, ids)| ids.len()).sum::<usize>() == 5
+    })
+    .await;
+    // A late subscriber through b, after the owner's second event: the rest replayed.
+    let late = b.subscribe_anywhere("watched", Some(2), all).await.unwrap();
+    b.stop_anywhere("watched", StopOptions::drain())
+        .await
+        .unwrap();
+    async fn collect(mut s: EventStream<SimEvent>) -> Vec<Sequenced<SimEvent>> {
+        let mut v = Vec::new();
+        while let Some(e) = s.next_sequenced().await {
+            v.push(e);
+        }
+        v
+    }
+    let (at_owner, relayed, late) = (
+        collect(at_owner).await,
+        collect(relayed).await,
+        collect(late).await,
+    );
+    assert!(
+        at_owner
+            .iter()
+            .any(|e| matches!(e.event, SessionEvent::Agent { .. })),
+        "{at_owner:?}"
+    );
+    assert!(matches!(
+        at_owner.last().map(|e| &e.event),
+        Some(SessionEvent::Ended(_))
+    ));
+    assert_eq!(relayed, at_owner, "the same events, numbers and end");
+    let after_two: Vec<_> = at_owner.iter().filter(|e| e.seq > 2).cloned().collect();
+    assert_eq!(late, after_two, "replayed after number 2, then live");
+    match b.subscribe_anywhere("watched", None, all).await {
+        Err(agentloop::cluster::control::ControlError::Here(
+            agentloop::SupervisorError::UnknownSession(id),
+        )) => assert_eq!(id, "watched"),
+        other => panic!("expected UnknownSession, got {:?}", other.map(|_| ())),
+    }
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop_postgres::local_server::LocalServer;
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, open_events, Job, TempDir};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -610,6 +610,9 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
         assert!(Instant::now() < deadline, "n1 never reached n0");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The session's events, read at its owner and through n1 (relayed from n0).
+    let at_n0 = open_events(&format!("{url0}/sessions/far/events"), None);
+    let via_n1 = open_events(&format!("{url1}/sessions/far/events"), None);
     // Then every push through n1 reaches n0, in order; one carries a preempt.
     for id in 2..=20u64 {
         let body = if id == 10 {
@@ -623,7 +626,14 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
             .expect("push");
         assert_eq!(r.status().as_u16(), 200, "push {id}");
     }
+    // A reconnect through n1 with `Last-Event-ID` replays from n0's buffer.
+    let late_via_n1 = open_events(&format!("{url1}/sessions/far/events"), Some(3));
     // A session nobody runs is unknown everywhere.
+    let r = agent()
+        .get(&format!("{url1}/sessions/nobody/events"))
+        .call()
+        .expect("events");
+    assert_eq!(r.status().as_u16(), 404);
     let r = agent()
         .post(&format!("{url1}/sessions/nobody/items"))
         .send_json(json!({"item": {"id": 99, "text": "x"}}))
@@ -672,6 +682,40 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // S36, S20: the stream through n1 is the owner's: same numbers, names and data,
+    // `ended` last; the reconnect got everything after number 3.
+    let (at_n0, via_n1, late) = (
+        at_n0.join().expect("n0's stream"),
+        via_n1.join().expect("n1's stream"),
+        late_via_n1.join().expect("the reconnect"),
+    );
+    assert_eq!(
+        at_n0.last().map(|e| e.name.as_str()),
+        Some("ended"),
+        "{at_n0:?}"
+    );
+    // Both streams opened before items 2..=20 were pushed (turn 0 may have been on
+    // its way): from n1's first event on, the two are the same.
+    let from = via_n1
+        .first()
+        .and_then(|e| e.id)
+        .expect("events through n1");
+    let owner_since: Vec<_> = at_n0
+        .iter()
+        .filter(|e| e.id.is_some_and(|n| n >= from))
+        .cloned()
+        .collect();
+    assert_eq!(via_n1, owner_since, "relayed as sent");
+    assert!(
+        via_n1.iter().filter(|e| e.name == "turn_ended").count() >= 19,
+        "every turn after the streams opened: {via_n1:?}"
+    );
+    let after_three: Vec<_> = at_n0
+        .iter()
+        .filter(|e| e.id.is_some_and(|n| n > 3))
+        .cloned()
+        .collect();
+    assert_eq!(late, after_three, "replayed after 3, then live");
     for job in [n0, n1] {
         job.signal(libc::SIGTERM);
         let (status, out) = job.finish();
@@ -702,7 +746,10 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
             .all(|l| !l.starts_with("turn")),
         "n1 delivered nothing itself"
     );
-    eprintln!("forwarding: 20 pushes through n1 delivered by n0 in order ({first} refused before the join)");
+    eprintln!(
+        "forwarding: 20 pushes through n1 delivered by n0 in order ({first} refused before the join); {} events relayed to n1",
+        via_n1.len()
+    );
 }
 
 /// S38 over processes: a planned move of a busy session (a safe point every 10 ms)

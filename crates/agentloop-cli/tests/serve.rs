@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, open_events, Job, TempDir};
 use serde_json::{json, Value};
 
 fn get(url: &str) -> (u16, Value) {
@@ -22,34 +21,6 @@ fn post(url: &str, body: Value) -> (u16, Value) {
     let mut r = agent().post(url).send_json(body).expect("POST");
     let status = r.status().as_u16();
     (status, r.body_mut().read_json().unwrap_or(Value::Null))
-}
-
-/// Reads an event stream until `ended` (or EOF); returns `(event, data)` in order.
-fn read_events(url: String) -> std::thread::JoinHandle<Vec<(String, Value)>> {
-    std::thread::spawn(move || {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(60)))
-            .build()
-            .into();
-        let resp = agent.get(&url).call().expect("the event stream");
-        let reader = BufReader::new(resp.into_body().into_reader());
-        let mut out = Vec::new();
-        let mut name = String::new();
-        for line in reader.lines() {
-            let Ok(line) = line else { break };
-            if let Some(n) = line.strip_prefix("event:") {
-                name = n.trim().to_string();
-            } else if let Some(d) = line.strip_prefix("data:") {
-                let data: Value = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
-                let end = name == "ended";
-                out.push((name.clone(), data));
-                if end {
-                    break;
-                }
-            }
-        }
-        out
-    })
 }
 
 #[test]
@@ -77,7 +48,7 @@ fn serve_drains_on_sigterm_and_the_next_serve_resumes() {
                "config": {"rounds": 1, "model_ms": 150, "tool_ms": 150}}),
     );
     assert_eq!(s, 201, "{v}");
-    let events = read_events(format!("{url}/sessions/busy/events"));
+    let events = open_events(&format!("{url}/sessions/busy/events"), None);
     for i in 0..5 {
         let (s, v) = post(
             &format!("{url}/sessions/busy/items"),
@@ -97,9 +68,9 @@ fn serve_drains_on_sigterm_and_the_next_serve_resumes() {
     }
     job.signal(libc::SIGTERM);
     let seen = events.join().expect("the reader");
-    let (last, data) = seen.last().cloned().expect("some events");
-    assert_eq!(last, "ended", "{seen:?}");
-    assert_eq!(data["reason"]["kind"], "shutdown", "{data}");
+    let last = seen.last().cloned().expect("some events");
+    assert_eq!(last.name, "ended", "{seen:?}");
+    assert_eq!(last.data["reason"]["kind"], "shutdown", "{last:?}");
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");
     assert!(out.contains("saved Interrupted"), "{out}");

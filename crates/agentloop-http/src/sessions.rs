@@ -630,10 +630,7 @@ pub(crate) async fn events<I: Item, E: Ev>(
         .try_take()
         .ok_or_else(|| too_many("event streams", st.streams.max()))?;
     let filter = agentloop::EventFilter::all();
-    let supervisor = st.runtime.supervisor();
-    let stream = match after {
-        Some(seq) => supervisor.subscribe_after(&id, seq, filter).await?,
-        None => supervisor.subscribe(&id, filter).await?,
-    };
+    // Here, or relayed from the node that runs it (issue 18).
+    let stream = st.runtime.subscribe_anywhere(&id, after, filter).await?;
     Ok(crate::events::sse(stream, st.runtime.redaction().clone(), slot).into_response())
 }

@@ -65,8 +65,9 @@ pub enum TurnEnd {
     PlanAborted(String),
 }
 
-/// An event of a session's stream (S20).
-#[derive(Clone, Debug, PartialEq)]
+/// An event of a session's stream (S20). It crosses nodes as JSON when a node relays
+/// another node's stream (issue 18).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum SessionEvent<E> {
     /// A turn's plan is done and the turn runs.
     TurnStarted {
@@ -120,7 +121,7 @@ pub enum SessionEvent<E> {
 }
 
 /// An event with its place in the session's sequence.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sequenced<E> {
     /// The event's number: strictly increasing in every stream, and across the
     /// session's restarts and resumes (S20, S26).
@@ -157,7 +158,7 @@ impl EventSeq {
 
 /// Which events a subscriber receives. `Ended` is always delivered. A subscriber is
 /// neither woken nor slowed by events it filters out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventFilter {
     /// `TurnStarted`.
     pub turn_started: bool,
@@ -453,7 +454,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         drop(replay);
         EventStream {
             rx,
-            slot,
+            slot: Some(slot),
             finished: false,
         }
     }
@@ -633,11 +634,25 @@ async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<Sequenced<E>>) {
 /// unsubscribes; the session never waits on a dropped stream.
 pub struct EventStream<E> {
     rx: mpsc::Receiver<Sequenced<E>>,
-    slot: Arc<TerminalSlot>,
+    /// Where `Ended` waits for a local subscriber; `None` for a stream relayed from
+    /// another node, whose `Ended` arrives in `rx` like any event.
+    slot: Option<Arc<TerminalSlot>>,
     finished: bool,
 }
 
 impl<E> EventStream<E> {
+    /// A stream fed by a relay of another node's stream (issue 18): its events in
+    /// order, `Ended` last, then `None`. When the relay closes the channel without
+    /// `Ended` (the owner was lost), the stream ends there: resubscribe after the last
+    /// number seen.
+    pub(crate) fn relayed(rx: mpsc::Receiver<Sequenced<E>>) -> Self {
+        EventStream {
+            rx,
+            slot: None,
+            finished: false,
+        }
+    }
+
     /// The next event, or `None` once `Ended` was returned.
     pub async fn next(&mut self) -> Option<SessionEvent<E>> {
         self.next_sequenced().await.map(|s| s.event)
@@ -652,6 +667,19 @@ impl<E> EventStream<E> {
         if self.finished {
             return Poll::Ready(None);
         }
+        let Some(slot) = self.slot.clone() else {
+            return match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => {
+                    self.finished = matches!(ev.event, SessionEvent::Ended(_));
+                    Poll::Ready(Some(ev))
+                }
+                Poll::Ready(None) => {
+                    self.finished = true;
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            };
+        };
         // Buffered events always come before `Ended`.
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(ev)) => return Poll::Ready(Some(ev)),
@@ -659,9 +687,9 @@ impl<E> EventStream<E> {
         }
         // Register the waker before checking the slot so a concurrent `set` (or the last
         // in-flight final event) is not missed.
-        self.slot.waker.register(cx.waker());
-        if let Some((seq, summary)) = self.slot.get() {
-            if self.slot.inflight.load(Ordering::Acquire) > 0 {
+        slot.waker.register(cx.waker());
+        if let Some((seq, summary)) = slot.get() {
+            if slot.inflight.load(Ordering::Acquire) > 0 {
                 // A turn's final events are still on their way (the subscriber freed
                 // capacity; the sender will queue them): `Ended` waits behind them.
                 return match self.rx.poll_recv(cx) {

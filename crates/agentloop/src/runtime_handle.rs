@@ -28,7 +28,7 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) metrics: Arc<crate::metrics::RuntimeMetrics>,
     /// How to reach the owner of a session another node runs (a cluster node installs
     /// it; issue 18).
-    pub(crate) forwarder: Arc<std::sync::OnceLock<Arc<dyn crate::cluster::forward::Forward<I>>>>,
+    pub(crate) forwarder: Arc<std::sync::OnceLock<Arc<dyn crate::cluster::forward::Forward<I, E>>>>,
     /// Sessions this node moved or is moving to another (issue 18, S38): pushes for
     /// them queue on the session's gate, in arrival order, and go to the new owner.
     pub(crate) moving: crate::cluster::migrate::Moving,
@@ -71,7 +71,7 @@ where
 
     /// Installs how this runtime reaches sessions other nodes run (a cluster node does,
     /// once); `false` when one was already installed.
-    pub fn set_forwarder(&self, f: Arc<dyn crate::cluster::forward::Forward<I>>) -> bool {
+    pub fn set_forwarder(&self, f: Arc<dyn crate::cluster::forward::Forward<I, E>>) -> bool {
         self.forwarder.set(f).is_ok()
     }
 

@@ -199,3 +199,54 @@ pub fn base(job: &mut Job) -> String {
         .expect("the address")
         .to_string()
 }
+
+/// One Server-Sent Event as a test reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sse {
+    /// Its `id:` (the session's event number).
+    pub id: Option<u64>,
+    /// Its `event:` name.
+    pub name: String,
+    /// Its `data:` as JSON.
+    pub data: serde_json::Value,
+}
+
+/// Opens the event stream at `url` (after `last_event_id` when given) and returns once
+/// the server answered (the subscription exists); a thread reads it until `ended` or
+/// the end of the stream and returns the events in order.
+pub fn open_events(url: &str, last_event_id: Option<u64>) -> std::thread::JoinHandle<Vec<Sse>> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut req = agent.get(url);
+    if let Some(n) = last_event_id {
+        req = req.header("Last-Event-ID", n.to_string());
+    }
+    let resp = req.call().expect("the event stream");
+    std::thread::spawn(move || {
+        let reader = BufReader::new(resp.into_body().into_reader());
+        let mut out = Vec::new();
+        let (mut id, mut name) = (None, String::new());
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            if let Some(n) = line.strip_prefix("id:") {
+                id = n.trim().parse().ok();
+            } else if let Some(n) = line.strip_prefix("event:") {
+                name = n.trim().to_string();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                let data = serde_json::from_str(d.trim()).unwrap_or(serde_json::Value::Null);
+                let end = name == "ended";
+                out.push(Sse {
+                    id: id.take(),
+                    name: name.clone(),
+                    data,
+                });
+                if end {
+                    break;
+                }
+            }
+        }
+        out
+    })
+}

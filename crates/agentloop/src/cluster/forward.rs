@@ -13,6 +13,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::{CancelMode, CancelRequest, SafePoint};
+use crate::events::{EventFilter, EventStream};
 use crate::options::{Preempt, StopOptions};
 use crate::push::PreemptAck;
 use crate::supervisor::RoutedPushError;
@@ -42,7 +43,31 @@ pub enum Request {
         /// What to do.
         op: Control,
     },
+    /// Open a relay of the event stream of a session the receiving node runs
+    /// (`cluster/relay.rs`), after event `after` when given.
+    Subscribe {
+        /// The session.
+        session: String,
+        /// The last event number the subscriber saw, if any.
+        after: Option<u64>,
+        /// Which events.
+        filter: EventFilter,
+    },
+    /// The next events of relay `stream` (waits up to [`RELAY_POLL`] for the first).
+    NextEvents {
+        /// The relay.
+        stream: u64,
+    },
+    /// Close relay `stream` (its subscriber went away).
+    CloseEvents {
+        /// The relay.
+        stream: u64,
+    },
 }
+
+/// How long the owner holds a [`Request::NextEvents`] waiting for an event before it
+/// answers with none (well inside the forwarding timeout).
+pub const RELAY_POLL: Duration = Duration::from_secs(5);
 
 /// A control request that crosses nodes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -225,6 +250,18 @@ pub enum PushAnswer {
     Refused(String),
     /// A control request was done.
     Done,
+    /// A relay of the session's events is open under this number.
+    Subscribed(u64),
+    /// A relay's next events (JSON of [`crate::Sequenced`]), in order; `ended` once the
+    /// last of them is `Ended` (the relay is closed then).
+    Events {
+        /// The events.
+        events: Vec<serde_json::Value>,
+        /// Whether the stream ended.
+        ended: bool,
+    },
+    /// The relay is gone (closed, or unpolled for too long): resubscribe.
+    UnknownStream,
 }
 
 /// [`PreemptAck`] as data.
@@ -264,7 +301,7 @@ impl From<WireAck> for PreemptAck {
 
 /// How a runtime reaches the owner of a session it does not run: installed by a
 /// cluster node ([`crate::RuntimeHandle::set_forwarder`]).
-pub trait Forward<I>: Send + Sync + 'static {
+pub trait Forward<I, E>: Send + Sync + 'static {
     /// Pushes `item` to the owner of `session`, if another node owns it:
     /// `UnknownSession` when none does; `NotForwardable` when one does and the push is
     /// not `forwardable` (it carries an S9 strategy).
@@ -285,6 +322,16 @@ pub trait Forward<I>: Send + Sync + 'static {
 
     /// Sends a stop or detach to the node that runs `session`, if another one does.
     fn control(&self, session: String, op: Control) -> BoxFuture<'static, ControlOutcome>;
+
+    /// Subscribes to the events of `session` at the node that runs it, if another one
+    /// does: a stream relayed from there (after event `after` when given). The error
+    /// is never [`ControlOutcome::Done`].
+    fn subscribe(
+        &self,
+        session: String,
+        after: Option<u64>,
+        filter: EventFilter,
+    ) -> BoxFuture<'static, Result<EventStream<E>, ControlOutcome>>;
 }
 
 #[cfg(test)]

@@ -11,3 +11,4 @@ pub mod migrate;
 pub mod node;
 pub mod peers;
 pub mod placement;
+pub mod relay;

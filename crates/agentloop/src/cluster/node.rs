@@ -15,12 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::forward::{Forward, PushAnswer, Request, WirePreempt};
+use crate::cluster::forward::{Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt};
+use crate::cluster::relay::{pump, Ask, Relays};
+use crate::events::{EventFilter, EventStream};
 use crate::options::{Preempt, PushOptions};
 use crate::push::{PreemptAck, PushError};
 use crate::runtime_handle::RuntimeHandle;
@@ -81,13 +84,19 @@ const ALL_NODES: &str = "agentloop.nodes";
 /// Serves requests for this node's sessions.
 struct NodeActor<I, E>(PhantomData<fn() -> (I, E)>);
 
+/// What the node actor serves requests with: the runtime and its event relays.
+struct Served<I, E> {
+    handle: RuntimeHandle<I, E>,
+    relays: Arc<Relays<E>>,
+}
+
 impl<I, E> Actor for NodeActor<I, E>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
 {
     type Msg = NodeMsg;
-    type State = RuntimeHandle<I, E>;
+    type State = Served<I, E>;
     type Arguments = (RuntimeHandle<I, E>, String);
 
     async fn pre_start(
@@ -97,20 +106,25 @@ where
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(group(&name), vec![myself.get_cell()]);
         ractor::pg::join(ALL_NODES.to_string(), vec![myself.get_cell()]);
-        Ok(handle)
+        Ok(Served {
+            handle,
+            relays: Arc::new(Relays::default()),
+        })
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<NodeMsg>,
         msg: NodeMsg,
-        handle: &mut Self::State,
+        served: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         let NodeMsg::Request(bytes, reply) = msg;
-        let handle = handle.clone();
-        // A push waits for durability: never in the actor's handler.
+        let handle = served.handle.clone();
+        let relays = served.relays.clone();
+        // A push waits for durability, an event poll for events: never in the
+        // actor's handler.
         tokio::spawn(async move {
-            let answer = serve(&handle, &bytes).await;
+            let answer = serve(&handle, &relays, &bytes).await;
             let bytes = serde_json::to_vec(&answer).unwrap_or_default();
             let _ = reply.send(bytes);
         });
@@ -119,10 +133,10 @@ where
 }
 
 /// What this node does with a request from another (locally only: never forwarded on).
-async fn serve<I, E>(handle: &RuntimeHandle<I, E>, bytes: &[u8]) -> PushAnswer
+async fn serve<I, E>(handle: &RuntimeHandle<I, E>, relays: &Relays<E>, bytes: &[u8]) -> PushAnswer
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + Serialize + 'static,
 {
     let request: Request = match serde_json::from_slice(bytes) {
         Ok(r) => r,
@@ -130,13 +144,22 @@ where
     };
     match request {
         Request::Control { session, op } => match handle.control_here(&session, op).await {
-            crate::cluster::forward::ControlOutcome::Done => PushAnswer::Done,
-            crate::cluster::forward::ControlOutcome::UnknownSession => PushAnswer::UnknownSession,
-            crate::cluster::forward::ControlOutcome::Refused(e)
-            | crate::cluster::forward::ControlOutcome::Unreachable { error: e, .. } => {
+            ControlOutcome::Done => PushAnswer::Done,
+            ControlOutcome::UnknownSession => PushAnswer::UnknownSession,
+            ControlOutcome::Refused(e) | ControlOutcome::Unreachable { error: e, .. } => {
                 PushAnswer::Refused(e)
             }
         },
+        Request::Subscribe {
+            session,
+            after,
+            filter,
+        } => relays.open(handle, &session, after, filter).await,
+        Request::NextEvents { stream } => relays.next(stream).await,
+        Request::CloseEvents { stream } => {
+            relays.close(stream);
+            PushAnswer::Done
+        }
         Request::Resume { session } => match handle.resume_handed_over(&session).await {
             Ok(()) => PushAnswer::Resumed,
             Err(e) => PushAnswer::Refused(e),
@@ -167,15 +190,37 @@ where
     }
 }
 
-/// Sends requests to the node a session's record names as its owner.
-struct Forwarder<I> {
-    store: Arc<dyn CheckpointStore<I>>,
-    me: String,
+/// Sends `request` to a node actor and reads its answer (or says why there is none).
+async fn ask(actor: &ActorRef<NodeMsg>, request: &Request) -> Result<PushAnswer, String> {
+    let bytes =
+        serde_json::to_vec(request).map_err(|e| format!("the request does not encode: {e}"))?;
+    match actor
+        .call(
+            |reply| NodeMsg::Request(bytes, reply),
+            Some(FORWARD_TIMEOUT),
+        )
+        .await
+    {
+        Ok(CallResult::Success(b)) => serde_json::from_slice::<PushAnswer>(&b)
+            .map_err(|e| format!("an answer it could not read: {e}")),
+        Ok(CallResult::Timeout) => Err(format!(
+            "no answer within {FORWARD_TIMEOUT:?}; it may have done what was asked"
+        )),
+        Ok(CallResult::SenderError) | Err(_) => Err("the connection to it failed".into()),
+    }
 }
 
-impl<I> Forward<I> for Forwarder<I>
+/// Sends requests to the node a session's record names as its owner.
+struct Forwarder<I, E> {
+    store: Arc<dyn CheckpointStore<I>>,
+    me: String,
+    _events: PhantomData<fn() -> E>,
+}
+
+impl<I, E> Forward<I, E> for Forwarder<I, E>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
 {
     fn push(
         &self,
@@ -224,40 +269,9 @@ where
                     })
                 }
             };
-            let bytes = serde_json::to_vec(&request).unwrap_or_default();
             for (node, actor) in targets {
-                let unreachable = |item: I, error: String| RoutedPushError::OwnerUnreachable {
-                    id: session.clone(),
-                    node: node.clone(),
-                    item,
-                    error,
-                };
-                let bytes = bytes.clone();
-                let answer = match actor
-                    .call(
-                        |reply| NodeMsg::Request(bytes, reply),
-                        Some(FORWARD_TIMEOUT),
-                    )
-                    .await
-                {
-                    Ok(ractor::rpc::CallResult::Success(b)) => b,
-                    Ok(ractor::rpc::CallResult::Timeout) => {
-                        return Err(unreachable(
-                            item,
-                            format!(
-                                "no answer within {FORWARD_TIMEOUT:?}; it may have taken the item"
-                            ),
-                        ))
-                    }
-                    Ok(ractor::rpc::CallResult::SenderError) | Err(_) => {
-                        return Err(unreachable(item, "the connection to it failed".into()))
-                    }
-                };
-                return match serde_json::from_slice::<PushAnswer>(&answer) {
+                return match ask(&actor, &request).await {
                     Ok(PushAnswer::Accepted(ack)) => Ok(ack.into()),
-                    Ok(PushAnswer::Resumed | PushAnswer::Done) => {
-                        Err(unreachable(item, "a mismatched answer".into()))
-                    }
                     // Not there: ask the next node (only when the record named none).
                     Ok(PushAnswer::UnknownSession) => continue,
                     Ok(PushAnswer::Late) => Err(RoutedPushError::Push(PushError::Late { item })),
@@ -270,10 +284,18 @@ where
                         item,
                         error,
                     }),
-                    Err(e) => Err(unreachable(
+                    Ok(other) => Err(RoutedPushError::OwnerUnreachable {
+                        id: session,
+                        node,
                         item,
-                        format!("an answer it could not read: {e}"),
-                    )),
+                        error: format!("a mismatched answer {other:?}"),
+                    }),
+                    Err(error) => Err(RoutedPushError::OwnerUnreachable {
+                        id: session,
+                        node,
+                        item,
+                        error,
+                    }),
                 };
             }
             Err(RoutedPushError::UnknownSession { id: session, item })
@@ -284,58 +306,49 @@ where
         node != self.me && !remote_members(&group(node)).is_empty()
     }
 
-    fn control(
-        &self,
-        session: String,
-        op: crate::cluster::forward::Control,
-    ) -> BoxFuture<'static, crate::cluster::forward::ControlOutcome> {
-        use crate::cluster::forward::ControlOutcome;
+    fn control(&self, session: String, op: Control) -> BoxFuture<'static, ControlOutcome> {
         let store = self.store.clone();
         let me = self.me.clone();
         Box::pin(async move {
-            let Some((owner, targets)) = targets(&*store, &me, &session).await else {
-                return ControlOutcome::UnknownSession;
+            let request = Request::Control {
+                session: session.clone(),
+                op,
             };
-            if let (Some(node), true) = (&owner, targets.is_empty()) {
-                return ControlOutcome::Unreachable {
-                    node: node.clone(),
-                    error: "this node is not connected to it".into(),
-                };
+            match ask_owner(&*store, &me, &session, &request).await {
+                Ok((_, PushAnswer::Done)) => ControlOutcome::Done,
+                Ok((_, other)) => ControlOutcome::Refused(format!("a mismatched answer {other:?}")),
+                Err(outcome) => outcome,
             }
-            let bytes = serde_json::to_vec(&Request::Control { session, op }).unwrap_or_default();
-            for (node, actor) in targets {
-                let bytes = bytes.clone();
-                let answer = match actor
-                    .call(
-                        |reply| NodeMsg::Request(bytes, reply),
-                        Some(FORWARD_TIMEOUT),
-                    )
-                    .await
-                {
-                    Ok(ractor::rpc::CallResult::Success(b)) => b,
-                    Ok(_) | Err(_) => {
-                        return ControlOutcome::Unreachable {
-                            node,
-                            error: "no answer".into(),
-                        }
-                    }
-                };
-                match serde_json::from_slice::<PushAnswer>(&answer) {
-                    Ok(PushAnswer::Done) => return ControlOutcome::Done,
-                    Ok(PushAnswer::UnknownSession) => continue,
-                    Ok(PushAnswer::Refused(e)) => return ControlOutcome::Refused(e),
-                    Ok(other) => {
-                        return ControlOutcome::Refused(format!("a mismatched answer {other:?}"))
-                    }
-                    Err(e) => {
-                        return ControlOutcome::Unreachable {
-                            node,
-                            error: format!("an answer it could not read: {e}"),
-                        }
-                    }
+        })
+    }
+
+    fn subscribe(
+        &self,
+        session: String,
+        after: Option<u64>,
+        filter: EventFilter,
+    ) -> BoxFuture<'static, Result<EventStream<E>, ControlOutcome>> {
+        let store = self.store.clone();
+        let me = self.me.clone();
+        Box::pin(async move {
+            let request = Request::Subscribe {
+                session: session.clone(),
+                after,
+                filter,
+            };
+            match ask_owner(&*store, &me, &session, &request).await {
+                Ok(((node, actor), PushAnswer::Subscribed(stream))) => {
+                    let ask: Ask = Arc::new(move |request: Request| {
+                        let actor = actor.clone();
+                        Box::pin(async move { ask(&actor, &request).await })
+                    });
+                    Ok(pump(node, stream, ask))
                 }
+                Ok((_, other)) => Err(ControlOutcome::Refused(format!(
+                    "a mismatched answer {other:?}"
+                ))),
+                Err(outcome) => Err(outcome),
             }
-            ControlOutcome::UnknownSession
         })
     }
 
@@ -344,26 +357,43 @@ where
             let Some(actor) = remote_members(&group(&node)).into_iter().next() else {
                 return Err(format!("this node is not connected to node `{node}`"));
             };
-            let bytes = serde_json::to_vec(&Request::Resume { session }).unwrap_or_default();
-            match actor
-                .call(
-                    |reply| NodeMsg::Request(bytes, reply),
-                    Some(FORWARD_TIMEOUT),
-                )
-                .await
-            {
-                Ok(ractor::rpc::CallResult::Success(b)) => {
-                    match serde_json::from_slice::<PushAnswer>(&b) {
-                        Ok(PushAnswer::Resumed) => Ok(()),
-                        Ok(PushAnswer::Refused(e)) => Err(e),
-                        Ok(other) => Err(format!("a mismatched answer {other:?}")),
-                        Err(e) => Err(format!("an answer it could not read: {e}")),
-                    }
-                }
-                Ok(_) | Err(_) => Err(format!("node `{node}` did not answer")),
+            match ask(&actor, &Request::Resume { session }).await {
+                Ok(PushAnswer::Resumed) => Ok(()),
+                Ok(PushAnswer::Refused(e)) => Err(e),
+                Ok(other) => Err(format!("a mismatched answer {other:?}")),
+                Err(e) => Err(format!("node `{node}`: {e}")),
             }
         })
     }
+}
+
+/// Sends `request` for `session` to the node that runs it (the one its record names,
+/// else each joined node in turn until one knows it): that node and its answer, or
+/// the outcome to report (never `Done`). A `Refused` answer is reported as such.
+async fn ask_owner<I: 'static>(
+    store: &dyn CheckpointStore<I>,
+    me: &str,
+    session: &str,
+    request: &Request,
+) -> Result<((String, ActorRef<NodeMsg>), PushAnswer), ControlOutcome> {
+    let Some((owner, targets)) = targets(store, me, session).await else {
+        return Err(ControlOutcome::UnknownSession);
+    };
+    if let (Some(node), true) = (&owner, targets.is_empty()) {
+        return Err(ControlOutcome::Unreachable {
+            node: node.clone(),
+            error: "this node is not connected to it".into(),
+        });
+    }
+    for (node, actor) in targets {
+        match ask(&actor, request).await {
+            Ok(PushAnswer::UnknownSession) => continue,
+            Ok(PushAnswer::Refused(e)) => return Err(ControlOutcome::Refused(e)),
+            Ok(answer) => return Ok(((node, actor), answer)),
+            Err(error) => return Err(ControlOutcome::Unreachable { node, error }),
+        }
+    }
+    Err(ControlOutcome::UnknownSession)
 }
 
 /// The node a session's record names as its owner (`None`: none yet) and whom to ask:
@@ -425,7 +455,7 @@ impl ClusterNode {
     ) -> Result<Self, NodeError>
     where
         I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-        E: Clone + Send + Sync + 'static,
+        E: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
     {
         let ip = config.listen.ip();
         if !is_private(ip) {
@@ -454,6 +484,7 @@ impl ClusterNode {
             handle.set_forwarder(Arc::new(Forwarder {
                 store,
                 me: config.name.clone(),
+                _events: PhantomData,
             }));
         }
         for peer in config.join {

@@ -13,25 +13,29 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::cluster::forward::Forward;
+use crate::cluster::relay::Relays;
 use crate::options::{Preempt, PushOptions};
 use crate::push::PreemptAck;
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::Stored;
 use crate::supervisor::RoutedPushError;
 
-type Peers<I, E> = Arc<RwLock<BTreeMap<String, RuntimeHandle<I, E>>>>;
+/// Each runtime and the event relays it serves to the others.
+type Peers<I, E> = Arc<RwLock<BTreeMap<String, (RuntimeHandle<I, E>, Arc<Relays<E>>)>>>;
 
 /// Connects runtimes of one process as cluster peers: each gets a forwarder to the
 /// others. Every runtime must be a node (`RuntimeBuilder::node`) named as given.
+/// Event streams cross as they do between processes: relayed as JSON
+/// (`cluster/relay.rs`).
 pub fn connect_in_process<I, E>(nodes: &[(&str, &RuntimeHandle<I, E>)])
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
 {
     let peers: Peers<I, E> = Arc::new(RwLock::new(
         nodes
             .iter()
-            .map(|(name, h)| (name.to_string(), (*h).clone()))
+            .map(|(name, h)| (name.to_string(), ((*h).clone(), Arc::default())))
             .collect(),
     ));
     for (name, h) in nodes {
@@ -42,15 +46,30 @@ where
     }
 }
 
+/// A peer's name, runtime and relays.
+type Peer<I, E> = (String, RuntimeHandle<I, E>, Arc<Relays<E>>);
+
 struct PeerForwarder<I, E> {
     me: String,
     peers: Peers<I, E>,
 }
 
-impl<I, E> Forward<I> for PeerForwarder<I, E>
+impl<I, E> PeerForwarder<I, E> {
+    /// The other runtimes, with their names and relays.
+    fn others(&self) -> Vec<Peer<I, E>> {
+        self.peers
+            .read()
+            .iter()
+            .filter(|(n, _)| **n != self.me)
+            .map(|(n, (h, r))| (n.clone(), h.clone(), r.clone()))
+            .collect()
+    }
+}
+
+impl<I, E> Forward<I, E> for PeerForwarder<I, E>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
 {
     fn push(
         &self,
@@ -66,7 +85,7 @@ where
                 .read()
                 .iter()
                 .filter(|(n, _)| **n != me)
-                .map(|(n, h)| (n.clone(), h.clone()))
+                .map(|(n, (h, _))| (n.clone(), h.clone()))
                 .collect();
             let Some((_, any)) = all.first() else {
                 return Err(RoutedPushError::UnknownSession { id: session, item });
@@ -113,16 +132,9 @@ where
         op: crate::cluster::forward::Control,
     ) -> BoxFuture<'static, crate::cluster::forward::ControlOutcome> {
         use crate::cluster::forward::ControlOutcome;
-        let me = self.me.clone();
-        let peers: Vec<RuntimeHandle<I, E>> = self
-            .peers
-            .read()
-            .iter()
-            .filter(|(n, _)| **n != me)
-            .map(|(_, h)| h.clone())
-            .collect();
+        let peers = self.others();
         Box::pin(async move {
-            for h in peers {
+            for (_, h, _) in peers {
                 match h.control_here(&session, op.clone()).await {
                     ControlOutcome::UnknownSession => continue,
                     other => return other,
@@ -132,8 +144,53 @@ where
         })
     }
 
+    fn subscribe(
+        &self,
+        session: String,
+        after: Option<u64>,
+        filter: crate::EventFilter,
+    ) -> BoxFuture<'static, Result<crate::EventStream<E>, crate::cluster::forward::ControlOutcome>>
+    {
+        use crate::cluster::forward::{ControlOutcome, PushAnswer, Request};
+        use crate::cluster::relay::{pump, Ask};
+        let peers = self.others();
+        Box::pin(async move {
+            for (node, h, relays) in peers {
+                let answer = relays.open(&h, &session, after, filter).await;
+                match answer {
+                    PushAnswer::Subscribed(stream) => {
+                        let ask: Ask = Arc::new(move |r: Request| {
+                            let relays = relays.clone();
+                            Box::pin(async move {
+                                Ok(match r {
+                                    Request::NextEvents { stream } => relays.next(stream).await,
+                                    Request::CloseEvents { stream } => {
+                                        relays.close(stream);
+                                        PushAnswer::Done
+                                    }
+                                    other => PushAnswer::Refused(format!(
+                                        "not a relay request: {other:?}"
+                                    )),
+                                })
+                            })
+                        });
+                        return Ok(pump(node, stream, ask));
+                    }
+                    PushAnswer::UnknownSession => continue,
+                    PushAnswer::Refused(e) => return Err(ControlOutcome::Refused(e)),
+                    other => {
+                        return Err(ControlOutcome::Refused(format!(
+                            "a mismatched answer {other:?}"
+                        )))
+                    }
+                }
+            }
+            Err(ControlOutcome::UnknownSession)
+        })
+    }
+
     fn resume_on(&self, node: String, session: String) -> BoxFuture<'static, Result<(), String>> {
-        let peer = self.peers.read().get(&node).cloned();
+        let peer = self.peers.read().get(&node).map(|(h, _)| h.clone());
         Box::pin(async move {
             match peer {
                 Some(h) => h.resume_handed_over(&session).await,

@@ -1,0 +1,441 @@
+//! Event streams across nodes (issue 18, S36): a subscriber on one node reads the
+//! events of a session another node runs. The owner keeps a local subscription per
+//! relay ([`Relays`]); the subscriber's node long-polls it ([`Request::NextEvents`],
+//! at most [`RELAY_POLL`] per poll) and feeds what arrives into an ordinary
+//! [`EventStream`] ([`pump`]). Polling, not pushing, keeps backpressure where it is
+//! on one node: a subscriber that reads slowly stops the polls, and the owner's
+//! subscription buffer (and its `Lagged` accounting) decides the rest.
+//!
+//! A relayed stream carries the owner's sequence numbers, ends with the owner's
+//! `Ended`, and ends without it when the owner is lost (the subscriber resubscribes
+//! after the last number it saw, S20). This file owns relays only: subscribing is the
+//! supervisor's, the transport the forwarder's.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::cluster::control::ControlError;
+use crate::cluster::forward::{ControlOutcome, PushAnswer, Request, RELAY_POLL};
+use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent, DEFAULT_EVENT_CAPACITY};
+use crate::runtime_handle::RuntimeHandle;
+use crate::supervisor::SupervisorError;
+
+/// A relay nobody polled for this long is closed (its subscriber's node went away
+/// without closing it).
+pub const RELAY_IDLE: Duration = Duration::from_secs(30);
+
+/// At most this many events per answer.
+const BATCH: usize = 256;
+
+struct Relay<E> {
+    events: EventStream<E>,
+    polled: Instant,
+}
+
+/// The relays this node serves: one local subscription per remote subscriber.
+pub(crate) struct Relays<E> {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Relay<E>>>>>,
+}
+
+impl<E> Default for Relays<E> {
+    fn default() -> Self {
+        Relays {
+            next: AtomicU64::new(1),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<E> Relays<E>
+where
+    E: Clone + Send + Sync + Serialize + 'static,
+{
+    /// Opens a relay of `session`'s events (subscribed here, on the node that runs it).
+    pub(crate) async fn open<I>(
+        &self,
+        handle: &RuntimeHandle<I, E>,
+        session: &str,
+        after: Option<u64>,
+        filter: EventFilter,
+    ) -> PushAnswer
+    where
+        I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    {
+        self.close_idle();
+        let subscribed = match after {
+            Some(after) => {
+                handle
+                    .supervisor
+                    .subscribe_after(session, after, filter)
+                    .await
+            }
+            None => handle.supervisor.subscribe(session, filter).await,
+        };
+        match subscribed {
+            Ok(events) => {
+                let id = self.next.fetch_add(1, Ordering::Relaxed);
+                let relay = Relay {
+                    events,
+                    polled: Instant::now(),
+                };
+                self.open
+                    .lock()
+                    .insert(id, Arc::new(tokio::sync::Mutex::new(relay)));
+                PushAnswer::Subscribed(id)
+            }
+            Err(SupervisorError::UnknownSession(_)) => PushAnswer::UnknownSession,
+            Err(e) => PushAnswer::Refused(e.to_string()),
+        }
+    }
+
+    /// The next events of relay `stream`: waits up to [`RELAY_POLL`] for the first,
+    /// then takes what is ready (at most [`BATCH`]). Closes the relay after `Ended`.
+    pub(crate) async fn next(&self, stream: u64) -> PushAnswer {
+        let Some(relay) = self.open.lock().get(&stream).cloned() else {
+            return PushAnswer::UnknownStream;
+        };
+        let mut relay = relay.lock().await;
+        relay.polled = Instant::now();
+        let mut events = Vec::new();
+        let mut ended = false;
+        let mut next = match tokio::time::timeout(RELAY_POLL, relay.events.next_sequenced()).await {
+            Err(_) => None,
+            Ok(None) => {
+                ended = true;
+                None
+            }
+            Ok(Some(s)) => Some(s),
+        };
+        while let Some(s) = next.take() {
+            ended = matches!(s.event, SessionEvent::Ended(_));
+            match serde_json::to_value(&s) {
+                Ok(v) => events.push(v),
+                Err(e) => tracing::warn!(
+                    stream,
+                    seq = s.seq,
+                    error = %e,
+                    "an event does not encode as JSON; the remote subscriber misses it"
+                ),
+            }
+            if ended || events.len() >= BATCH {
+                break;
+            }
+            match relay.events.next_sequenced().now_or_never() {
+                Some(Some(s)) => next = Some(s),
+                Some(None) => ended = true,
+                None => {}
+            }
+        }
+        relay.polled = Instant::now();
+        drop(relay);
+        if ended {
+            self.close(stream);
+        }
+        PushAnswer::Events { events, ended }
+    }
+
+    /// Closes relay `stream` (unsubscribes).
+    pub(crate) fn close(&self, stream: u64) {
+        self.open.lock().remove(&stream);
+    }
+
+    /// Closes relays nobody polled for [`RELAY_IDLE`] (one being polled is busy, so
+    /// alive).
+    fn close_idle(&self) {
+        self.open.lock().retain(|_, r| match r.try_lock() {
+            Ok(r) => r.polled.elapsed() < RELAY_IDLE,
+            Err(_) => true,
+        });
+    }
+
+    /// How many relays are open (tests).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.open.lock().len()
+    }
+}
+
+/// Sends one request to the owner and returns its answer (or why there is none).
+pub(crate) type Ask =
+    Arc<dyn Fn(Request) -> BoxFuture<'static, Result<PushAnswer, String>> + Send + Sync>;
+
+/// The subscriber's side of relay `stream` at node `node`: a task that polls it and
+/// feeds an [`EventStream`]; it closes the relay when the stream is dropped, and ends
+/// the stream (without `Ended`) with a WARN when the owner cannot be reached.
+pub(crate) fn pump<E>(node: String, stream: u64, ask: Ask) -> EventStream<E>
+where
+    E: DeserializeOwned + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Sequenced<E>>(DEFAULT_EVENT_CAPACITY);
+    tokio::spawn(async move {
+        loop {
+            let answer = tokio::select! {
+                a = ask(Request::NextEvents { stream }) => a,
+                _ = tx.closed() => {
+                    let _ = ask(Request::CloseEvents { stream }).await;
+                    return;
+                }
+            };
+            let (events, ended) = match answer {
+                Ok(PushAnswer::Events { events, ended }) => (events, ended),
+                Ok(PushAnswer::UnknownStream) => {
+                    tracing::warn!(%node, stream, "the node running the session closed this event stream (unpolled too long); resubscribe after the last event number seen");
+                    return;
+                }
+                Ok(other) => {
+                    tracing::warn!(%node, stream, answer = ?other, "a mismatched answer to an event poll; the stream ends, resubscribe after the last event number seen");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%node, stream, %error, "lost the node running the session; its event stream ends here, resubscribe after the last event number seen");
+                    return;
+                }
+            };
+            for v in events {
+                match serde_json::from_value::<Sequenced<E>>(v) {
+                    Ok(s) => {
+                        if tx.send(s).await.is_err() {
+                            let _ = ask(Request::CloseEvents { stream }).await;
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(%node, stream, error = %e, "an event from another node does not decode; the subscriber misses it")
+                    }
+                }
+            }
+            if ended {
+                return;
+            }
+        }
+    });
+    EventStream::relayed(rx)
+}
+
+impl<I, E> RuntimeHandle<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// Subscribes to session `id`'s events wherever it runs (issue 18, S36): here when
+    /// this runtime runs it, else, on a cluster node, relayed from its owner (after
+    /// event `after` when given, like [`crate::SupervisorHandle::subscribe_after`]).
+    /// A relayed stream ends without `Ended` when its owner is lost: resubscribe
+    /// after the last number seen.
+    pub async fn subscribe_anywhere(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        filter: EventFilter,
+    ) -> Result<EventStream<E>, ControlError> {
+        let here = match after {
+            Some(after) => self.supervisor.subscribe_after(id, after, filter).await,
+            None => self.supervisor.subscribe(id, filter).await,
+        };
+        let forwarder = match (here, self.forwarder.get()) {
+            (Err(SupervisorError::UnknownSession(_)), Some(f)) => f,
+            (other, _) => return other.map_err(ControlError::from),
+        };
+        forwarder
+            .subscribe(id.to_string(), after, filter)
+            .await
+            .map_err(|outcome| match outcome {
+                ControlOutcome::Done | ControlOutcome::UnknownSession => {
+                    SupervisorError::UnknownSession(id.to_string()).into()
+                }
+                ControlOutcome::Unreachable { node, error } => ControlError::Unreachable {
+                    session: id.to_string(),
+                    node,
+                    error,
+                },
+                ControlOutcome::Refused(error) => ControlError::Refused {
+                    session: id.to_string(),
+                    error,
+                },
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitSummary};
+
+    fn started(seq: u64) -> Sequenced<u32> {
+        Sequenced {
+            seq,
+            event: SessionEvent::TurnStarted {
+                turn: seq,
+                items: 1,
+                resumed: false,
+            },
+        }
+    }
+
+    fn ended(seq: u64) -> Sequenced<u32> {
+        Sequenced {
+            seq,
+            event: SessionEvent::Ended(ExitSummary {
+                session_id: "s".into(),
+                reason: ExitReason::Completed,
+                stop_cause: Some("done".into()),
+                unhandled: 0,
+                interrupted: 0,
+                late: 0,
+                checkpoint: CheckpointOutcome::Saved,
+                counters: ExitCounters::default(),
+            }),
+        }
+    }
+
+    /// An owner-side relay fed by a channel instead of a session.
+    fn relay_on(relays: &Relays<u32>) -> (u64, mpsc::Sender<Sequenced<u32>>) {
+        let (tx, rx) = mpsc::channel(16);
+        let id = relays.next.fetch_add(1, Ordering::Relaxed);
+        let relay = Relay {
+            events: EventStream::relayed(rx),
+            polled: Instant::now(),
+        };
+        relays
+            .open
+            .lock()
+            .insert(id, Arc::new(tokio::sync::Mutex::new(relay)));
+        (id, tx)
+    }
+
+    fn decoded(answer: PushAnswer) -> (Vec<u64>, bool) {
+        match answer {
+            PushAnswer::Events { events, ended } => (
+                events
+                    .into_iter()
+                    .map(|v| serde_json::from_value::<Sequenced<u32>>(v).unwrap().seq)
+                    .collect(),
+                ended,
+            ),
+            other => panic!("not events: {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_takes_what_is_ready_and_the_relay_closes_after_ended() {
+        let relays = Relays::<u32>::default();
+        let (id, tx) = relay_on(&relays);
+        for seq in 1..=3 {
+            tx.send(started(seq)).await.unwrap();
+        }
+        assert_eq!(decoded(relays.next(id).await), (vec![1, 2, 3], false));
+        // Nothing for RELAY_POLL: an empty answer, the relay stays open.
+        assert_eq!(decoded(relays.next(id).await), (vec![], false));
+        assert_eq!(relays.len(), 1);
+        tx.send(started(4)).await.unwrap();
+        tx.send(ended(5)).await.unwrap();
+        assert_eq!(decoded(relays.next(id).await), (vec![4, 5], true));
+        assert_eq!(relays.len(), 0, "closed after Ended");
+        assert_eq!(relays.next(id).await, PushAnswer::UnknownStream);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_relay_nobody_polls_is_closed_and_a_polled_one_is_kept() {
+        let relays = Relays::<u32>::default();
+        let (idle, _tx1) = relay_on(&relays);
+        let (busy, tx2) = relay_on(&relays);
+        tokio::time::advance(RELAY_IDLE / 2).await;
+        tx2.send(started(1)).await.unwrap();
+        assert_eq!(decoded(relays.next(busy).await), (vec![1], false));
+        tokio::time::advance(RELAY_IDLE / 2 + Duration::from_millis(1)).await;
+        relays.close_idle();
+        assert_eq!(relays.next(idle).await, PushAnswer::UnknownStream);
+        assert_eq!(relays.len(), 1, "the polled relay stays");
+    }
+
+    /// A fake owner: answers polls from a script, records every request.
+    fn scripted(script: Vec<Result<PushAnswer, String>>) -> (Ask, Arc<Mutex<Vec<Request>>>) {
+        let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
+        let script = Arc::new(Mutex::new(std::collections::VecDeque::from(script)));
+        let log = seen.clone();
+        let ask: Ask = Arc::new(move |r: Request| {
+            log.lock().push(r.clone());
+            let next = match r {
+                Request::NextEvents { .. } => script.lock().pop_front(),
+                _ => Some(Ok(PushAnswer::Done)),
+            };
+            Box::pin(async move {
+                match next {
+                    Some(a) => a,
+                    // Script exhausted: the owner has nothing more, ever.
+                    None => std::future::pending().await,
+                }
+            })
+        });
+        (ask, seen)
+    }
+
+    fn events(seqs: &[Sequenced<u32>], ended: bool) -> Result<PushAnswer, String> {
+        Ok(PushAnswer::Events {
+            events: seqs
+                .iter()
+                .map(|s| serde_json::to_value(s).unwrap())
+                .collect(),
+            ended,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_pumped_stream_yields_the_owners_events_in_order_then_ends_after_ended() {
+        let (ask, seen) = scripted(vec![
+            events(&[started(7), started(8)], false),
+            events(&[], false),
+            events(&[started(9), ended(10)], true),
+        ]);
+        let mut stream = pump::<u32>("n0".into(), 3, ask);
+        let mut got = Vec::new();
+        while let Some(s) = stream.next_sequenced().await {
+            got.push(s);
+        }
+        assert_eq!(got, vec![started(7), started(8), started(9), ended(10)]);
+        assert_eq!(
+            seen.lock().len(),
+            3,
+            "no poll after Ended: {:?}",
+            seen.lock()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_owner_ends_the_stream_without_ended() {
+        let (ask, _) = scripted(vec![
+            events(&[started(1)], false),
+            Err("the connection to it failed".into()),
+        ]);
+        let mut stream = pump::<u32>("n0".into(), 1, ask);
+        assert_eq!(stream.next_sequenced().await, Some(started(1)));
+        assert_eq!(stream.next_sequenced().await, None);
+    }
+
+    #[tokio::test]
+    async fn dropping_a_pumped_stream_closes_the_relay_at_the_owner() {
+        let (ask, seen) = scripted(vec![events(&[started(1)], false)]);
+        let mut stream = pump::<u32>("n0".into(), 5, ask);
+        assert_eq!(stream.next_sequenced().await, Some(started(1)));
+        drop(stream);
+        for _ in 0..200 {
+            if seen.lock().contains(&Request::CloseEvents { stream: 5 }) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the relay was not closed: {:?}", seen.lock());
+    }
+}
