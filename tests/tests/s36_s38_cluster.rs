@@ -727,3 +727,130 @@ async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
+
+/// S38, issue 18 item 3: placement changes when a node joins. Node a ran every session
+/// alone; b joins; once the live set has settled, a moves the sessions placement now
+/// gives b to it by planned migration and keeps the rest. Pushes sent through a after
+/// the move reach b; every acknowledged push is delivered exactly once; and once moved,
+/// nothing moves again (no back and forth between the two nodes' rounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_node_joins_the_sessions_placement_gives_it_move_to_it() {
+    use agentloop::cluster::peers::connect_in_process;
+    use agentloop::cluster::rebalance::Rebalance;
+    use agentloop::options::PushOptions;
+    use std::collections::BTreeSet;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let turns: Turns = Arc::default();
+    let policy = Rebalance {
+        settle: Duration::from_millis(300),
+        concurrent: 4,
+        safe_point_timeout: Duration::from_secs(1),
+    };
+    let start = |name: &'static str| {
+        let (store, turns) = (store.clone(), turns.clone());
+        async move {
+            Rt::builder()
+                .store(store)
+                .heartbeat(BEAT, LEASE)
+                .node(name)
+                .rebalance(policy)
+                .register_agent("sim", move |_cfg: &[u8]| {
+                    let t = turns.clone();
+                    Ok(
+                        SimAgent::new(steps(1)).with_turn_hook(Arc::new(move |_turn, ids| {
+                            t.lock().push((name, ids.to_vec()))
+                        })),
+                    )
+                })
+                .start()
+                .await
+                .unwrap()
+                .0
+        }
+    };
+    let n = 16u64;
+    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let a = start("a").await;
+    for (i, id) in ids.iter().enumerate() {
+        a.supervisor()
+            .spawn(SessionSpec::new(id.clone(), "sim").persistent(true))
+            .await
+            .unwrap();
+        a.push_anywhere(id, item(i as u64), PushOptions::new())
+            .await
+            .unwrap();
+    }
+    let to_b: BTreeSet<String> = ids
+        .iter()
+        .filter(|s| placement::owner_of(&["a", "b"], s) == Some("b"))
+        .cloned()
+        .collect();
+    assert!(!to_b.is_empty() && to_b.len() < ids.len(), "{to_b:?}");
+    let b = start("b").await;
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    let running = |rt: &Rt| {
+        let s = rt.supervisor().clone();
+        async move {
+            s.list()
+                .await
+                .into_iter()
+                .map(|x| x.id)
+                .collect::<BTreeSet<_>>()
+        }
+    };
+    let mut settled = false;
+    for _ in 0..500 {
+        if running(&b).await == to_b && running(&a).await.len() == ids.len() - to_b.len() {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        settled,
+        "b runs {:?}, expected {to_b:?}; a runs {:?}",
+        running(&b).await,
+        running(&a).await
+    );
+    for id in &to_b {
+        assert_eq!(store.get(id).and_then(|r| r.owner), Some("b".to_string()));
+    }
+    // Pushes through a reach each session wherever it runs now.
+    for (i, id) in ids.iter().enumerate() {
+        a.push_anywhere(id, item(100 + i as u64), PushOptions::new())
+            .await
+            .unwrap();
+    }
+    wait_until("every push delivered", || {
+        turns.lock().iter().map(|(_, ids)| ids.len()).sum::<usize>() == 2 * ids.len()
+    })
+    .await;
+    // Stable: after three more settle periods, nobody moved anything again.
+    let epochs: Vec<u64> = ids
+        .iter()
+        .map(|id| store.get(id).map(|r| r.lease_epoch).unwrap_or(0))
+        .collect();
+    tokio::time::sleep(policy.settle * 3).await;
+    let later: Vec<u64> = ids
+        .iter()
+        .map(|id| store.get(id).map(|r| r.lease_epoch).unwrap_or(0))
+        .collect();
+    assert_eq!(epochs, later, "no session moved again");
+    assert_eq!(running(&b).await, to_b);
+    let ran = turns.lock().clone();
+    let mut delivered: Vec<u64> = ran.iter().flat_map(|(_, ids)| ids.clone()).collect();
+    delivered.sort_unstable();
+    let mut expected: Vec<u64> = (0..n).chain(100..100 + n).collect();
+    expected.sort_unstable();
+    assert_eq!(delivered, expected, "each push exactly once: {ran:?}");
+    for (i, id) in ids.iter().enumerate() {
+        let by = if to_b.contains(id) { "b" } else { "a" };
+        assert!(
+            ran.iter()
+                .any(|(n, ids)| *n == by && ids.contains(&(100 + i as u64))),
+            "{id}'s second item ran on {by}: {ran:?}"
+        );
+    }
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}

@@ -215,6 +215,11 @@ pub(crate) struct ServeFlags {
         requires = "cluster_listen"
     )]
     pub cookie: Option<String>,
+    /// Move the sessions this node runs to the node placement names when placement
+    /// changes (a node joined), at their next safe point, once membership has been
+    /// stable for 6 s (docs/operations.md, "Rebalancing").
+    #[arg(long, requires = "cluster_listen")]
+    pub rebalance: bool,
 }
 
 /// A running server to talk to: `--server` and `--token`.

@@ -103,6 +103,9 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     if let Some(name) = &flags.node {
         builder = builder.node(name.clone());
     }
+    if flags.rebalance {
+        builder = builder.rebalance(agentloop::cluster::rebalance::Rebalance::default());
+    }
     let (rt, start) = builder
         .start()
         .await

@@ -490,6 +490,7 @@ fn start_joined(
     ports: &[u16],
     join: Option<u16>,
     log: &std::path::Path,
+    extra: &[&str],
 ) -> (Job, String) {
     let node_dir = dir.join(format!("n{n}"));
     std::fs::create_dir_all(&node_dir).unwrap();
@@ -508,6 +509,7 @@ fn start_joined(
     if let Some(p) = join {
         args.extend(["--join".to_string(), format!("127.0.0.1:{p}")]);
     }
+    args.extend(extra.iter().map(|a| a.to_string()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut job = Job::serve(&node_dir, &args);
     let url = base(&mut job);
@@ -533,8 +535,8 @@ impl JoinedPair {
         let dir = TempDir::new(tag);
         let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
         let ports = [free_port(), free_port()];
-        let (n0, url0) = start_joined(&dir.0, &db, 0, &ports, None, &logs[0]);
-        let (n1, url1) = start_joined(&dir.0, &db, 1, &ports, Some(ports[0]), &logs[1]);
+        let (n0, url0) = start_joined(&dir.0, &db, 0, &ports, None, &logs[0], &[]);
+        let (n1, url1) = start_joined(&dir.0, &db, 1, &ports, Some(ports[0]), &logs[1], &[]);
         JoinedPair {
             n0,
             url0,
@@ -838,5 +840,113 @@ fn a_planned_move_over_http_delivers_every_push_once_in_order() {
         after.len(),
         moved["total_ms"],
         moved["stopped_ms"]
+    );
+}
+
+/// S38 over processes, `serve --rebalance`: n0 runs eight sessions alone; n1 joins;
+/// once membership has settled, n0 moves the sessions placement now gives n1 to it
+/// (each at a safe point) and keeps the rest; pushes sent to n0 afterwards reach each
+/// session where it runs, and each is delivered once, by that node.
+#[test]
+fn a_node_that_joins_receives_the_sessions_placement_gives_it() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("rebalance").expect("a database");
+    let dir = TempDir::new("rebalance");
+    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+    let ports = [free_port(), free_port()];
+    let (n0, url0) = start_joined(&dir.0, &db, 0, &ports, None, &logs[0], &["--rebalance"]);
+    let ids: Vec<String> = (0..8).map(|i| format!("rb{i}")).collect();
+    // Each session has a record (a session with nothing stored is not moved: it would
+    // not be resumed after a restart either).
+    for (i, id) in ids.iter().enumerate() {
+        spawn_sim(&url0, id, json!({"rounds": 1, "model_ms": 1, "tool_ms": 1}));
+        let r = agent()
+            .post(&format!("{url0}/sessions/{id}/items"))
+            .send_json(json!({"item": {"id": i, "text": "before the join"}}))
+            .expect("push");
+        assert_eq!(r.status().as_u16(), 200, "push to {id}");
+    }
+    let mut to_n1: Vec<String> = ids
+        .iter()
+        .filter(|s| agentloop::cluster::placement::owner_of(&["n0", "n1"], s) == Some("n1"))
+        .cloned()
+        .collect();
+    to_n1.sort();
+    assert!(!to_n1.is_empty() && to_n1.len() < ids.len(), "{to_n1:?}");
+    let (n1, url1) = start_joined(
+        &dir.0,
+        &db,
+        1,
+        &ports,
+        Some(ports[0]),
+        &logs[1],
+        &["--rebalance"],
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(60);
+    loop {
+        let mut on_n1 = live_sessions(&url1).unwrap_or_default();
+        on_n1.sort();
+        if on_n1 == to_n1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n1 runs {on_n1:?}, expected {to_n1:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = started.elapsed();
+    assert_eq!(
+        live_sessions(&url0).unwrap().len(),
+        ids.len() - to_n1.len(),
+        "n0 keeps the rest"
+    );
+    for (i, id) in ids.iter().enumerate() {
+        let r = agent()
+            .post(&format!("{url0}/sessions/{id}/items"))
+            .send_json(json!({"item": {"id": 100 + i, "text": "after the join"}}))
+            .expect("push");
+        assert_eq!(r.status().as_u16(), 200, "push to {id}");
+    }
+    drain(&[url0.clone(), url1.clone()]);
+    for job in [n0, n1] {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+    let delivered = |log: &std::path::Path| -> Vec<u64> {
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("turn"))
+            .flat_map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .map(|s| s.parse::<u64>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let (mut on0, mut on1) = (delivered(&logs[0]), delivered(&logs[1]));
+    on0.sort_unstable();
+    on1.sort_unstable();
+    let want1: Vec<u64> = ids
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| to_n1.contains(id))
+        .map(|(i, _)| 100 + i as u64)
+        .collect();
+    let want0: Vec<u64> = (0..ids.len() as u64)
+        .chain(100..100 + ids.len() as u64)
+        .filter(|i| !want1.contains(i))
+        .collect();
+    assert_eq!(on1, want1, "n1 delivered the moved sessions' items, once");
+    assert_eq!(on0, want0, "n0 delivered the others', once");
+    eprintln!(
+        "rebalance: {} of {} sessions moved to n1 {:.1} s after it started",
+        to_n1.len(),
+        ids.len(),
+        took.as_secs_f64()
     );
 }

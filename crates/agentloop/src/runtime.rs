@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use crate::agent::Agent;
 use crate::cluster::adopt::{should_adopt, Membership, Sweeper};
+use crate::cluster::rebalance::{Rebalance, Rebalancer};
 use crate::config::{ConfigError, RuntimeConfig, ShutdownConfig};
 use crate::error::SpawnError;
 use crate::options::StopOptions;
@@ -94,6 +95,7 @@ pub struct RuntimeBuilder<I, E> {
     end_feeds: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
     redaction: crate::view::Redaction,
     node: Option<String>,
+    rebalance: Option<Rebalance>,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -121,6 +123,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             end_feeds: Vec::new(),
             redaction: crate::view::Redaction::none(),
             node: None,
+            rebalance: None,
         }
     }
 }
@@ -186,6 +189,16 @@ where
             self.heartbeat = crate::store::lease::CLUSTER_HEARTBEAT;
             self.lease_timeout = crate::store::lease::CLUSTER_LEASE_TIMEOUT;
         }
+        self
+    }
+
+    /// Makes this node move the sessions it runs to the node placement names when
+    /// placement changes (a node joined), by planned migration, once the live set has
+    /// been stable for `policy.settle` ([`crate::cluster::rebalance`]; issue 18, S38).
+    /// Off unless set; only on a node (`node`) with a forwarder installed
+    /// (`ClusterNode::start`, `connect_in_process`).
+    pub fn rebalance(mut self, policy: Rebalance) -> Self {
+        self.rebalance = Some(policy);
         self
     }
 
@@ -351,6 +364,7 @@ where
             lease_timeout: self.lease_timeout,
             heartbeat: self.heartbeat,
             node: self.node.is_some(),
+            rebalance: self.rebalance,
             adopter: parking_lot::Mutex::new(None),
         };
         let h = runtime.handle.clone();
@@ -386,6 +400,8 @@ pub struct Runtime<I, E> {
     heartbeat: Duration,
     /// A cluster node (issue 18): resumes claim, dead nodes' sessions are adopted.
     node: bool,
+    /// Whether and how the node moves sessions when placement changes.
+    rebalance: Option<Rebalance>,
     /// The adoption sweep of a cluster node, stopped at shutdown.
     adopter: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -572,8 +588,12 @@ where
         let durability = self.durability;
         let mut tick = tokio::time::interval(self.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let rebalance = self.rebalance.map(|p| (p, Rebalancer::new(p.settle, 30)));
+        let handle = self.handle.clone();
         let task = tokio::spawn(async move {
             let mut sweeper = Sweeper::new(30);
+            let mut rebalance = rebalance;
+            let round: Arc<tokio::sync::Mutex<()>> = Arc::default();
             loop {
                 tick.tick().await;
                 if shutdown.is_started().await {
@@ -587,6 +607,18 @@ where
                     }
                 };
                 let m = Membership::judge(&beats, &me, now_ms(), lease_timeout);
+                if let Some((policy, rebalancer)) = rebalance.as_mut() {
+                    // One round at a time; a round runs beside the adoption sweep.
+                    if rebalancer.due(&m, now_ms()) {
+                        if let Ok(in_round) = round.clone().try_lock_owned() {
+                            let (handle, m, policy) = (handle.clone(), m.clone(), *policy);
+                            tokio::spawn(async move {
+                                handle.rebalance_round(&m, policy).await;
+                                drop(in_round);
+                            });
+                        }
+                    }
+                }
                 if !sweeper.due(&m) {
                     continue;
                 }

@@ -11,4 +11,5 @@ pub mod migrate;
 pub mod node;
 pub mod peers;
 pub mod placement;
+pub mod rebalance;
 pub mod relay;
