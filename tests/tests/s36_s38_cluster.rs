@@ -481,10 +481,29 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
         "the session still runs on a"
     );
     let epoch_before = store.get("mover").map(|r| r.lease_epoch).unwrap_or(0);
+    let mut on_a = a
+        .subscribe_anywhere("mover", None, agentloop::EventFilter::all())
+        .await
+        .unwrap();
     let moved = a
         .migrate("mover", "b", Duration::from_secs(1))
         .await
         .expect("the move");
+    // Event numbers continue on the new owner (S20, S38): a's stream ended with the
+    // move; the first event b gives is numbered after a's last.
+    let mut last_on_a = 0;
+    while let Some(e) = on_a.next_sequenced().await {
+        last_on_a = e.seq;
+    }
+    let mut on_b = a
+        .subscribe_anywhere("mover", None, agentloop::EventFilter::all())
+        .await
+        .expect("relayed from b");
+    let first_on_b = on_b.next_sequenced().await.expect("an event on b").seq;
+    assert!(
+        last_on_a > 0 && first_on_b > last_on_a,
+        "numbers continue: {first_on_b} > {last_on_a}"
+    );
     assert!(moved.total < Duration::from_secs(1), "{moved:?}");
     let acked = pusher.await.unwrap();
     assert_eq!(acked.len(), 120);

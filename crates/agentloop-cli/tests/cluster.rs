@@ -712,12 +712,23 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
         via_n1.iter().filter(|e| e.name == "turn_ended").count() >= 19,
         "every turn after the streams opened: {via_n1:?}"
     );
-    let after_three: Vec<_> = at_n0
-        .iter()
-        .filter(|e| e.id.is_some_and(|n| n > 3))
-        .cloned()
-        .collect();
-    assert_eq!(late, after_three, "replayed after 3, then live");
+    // The reconnect starts right after 3, gap-free, and from where n0's own stream
+    // began (it may have opened after event 4) it is the same as that stream.
+    let late_ids: Vec<u64> = late.iter().filter_map(|e| e.id).collect();
+    assert_eq!(late_ids.len(), late.len(), "every event numbered");
+    assert_eq!(late_ids.first(), Some(&4), "{late_ids:?}");
+    assert!(
+        late_ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "gap-free: {late_ids:?}"
+    );
+    let n0_from = at_n0.first().and_then(|e| e.id).unwrap_or(0).max(4);
+    let since = |v: &[common::Sse]| -> Vec<common::Sse> {
+        v.iter()
+            .filter(|e| e.id.is_some_and(|n| n >= n0_from))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(since(&late), since(&at_n0), "replayed after 3, then live");
     for job in [n0, n1] {
         job.signal(libc::SIGTERM);
         let (status, out) = job.finish();

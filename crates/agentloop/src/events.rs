@@ -667,7 +667,8 @@ impl<E> EventStream<E> {
         if self.finished {
             return Poll::Ready(None);
         }
-        let Some(slot) = self.slot.clone() else {
+        // Fields borrowed apart: no Arc clone on this path (every event polls it).
+        let Some(slot) = self.slot.as_ref() else {
             return match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(ev)) => {
                     self.finished = matches!(ev.event, SessionEvent::Ended(_));
