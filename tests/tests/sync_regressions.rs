@@ -257,9 +257,9 @@ fn oversized_record_is_refused_at_encode() {
     assert!(matches!(e, StoreError::Encode { .. }), "{e}");
 }
 
-/// close() while another task keeps writing: every write is answered truthfully (none
-/// answered `Closed` ends up stored) and the directory opens again as soon as close()
-/// returns.
+/// close() while another task keeps writing: every write is answered (none waits
+/// forever), truthfully (none answered `Closed` ends up stored), and the directory opens
+/// again as soon as close() returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_with_concurrent_writers() {
     let dir = TempDir::new("close");
@@ -280,7 +280,12 @@ async fn close_with_concurrent_writers() {
             }
             let mut closed = Vec::new();
             for (i, f) in futs.into_iter().enumerate() {
-                match f.await {
+                // Bounded: a write whose send raced the actor's stop once stayed in
+                // its mailbox unanswered, and this waited forever.
+                let Ok(answer) = tokio::time::timeout(Duration::from_secs(20), f).await else {
+                    panic!("round {round}: save {i} was never answered")
+                };
+                match answer {
                     Ok(()) => {}
                     Err(StoreError::Closed) => closed.push(i),
                     Err(e) => panic!("unexpected error: {e}"),
@@ -289,7 +294,10 @@ async fn close_with_concurrent_writers() {
             closed
         });
         tokio::time::sleep(Duration::from_micros(300 * round)).await;
-        c.close().await.unwrap();
+        tokio::time::timeout(Duration::from_secs(20), c.close())
+            .await
+            .expect("close() answers")
+            .unwrap();
         let p = dir.path().to_path_buf();
         let reopened = tokio::task::spawn_blocking(move || agentloop::store::SledBackend::open(p))
             .await

@@ -204,6 +204,9 @@ pub struct CheckpointState {
     completed_waves: u64,
     /// Set by `Close`: new writes are refused; answered once the pipeline is empty.
     closing: Option<Reply<()>>,
+    /// Set once `Close` was answered: the actor drains its mailbox, refusing each
+    /// message, and stops.
+    closed: bool,
     stats: CheckpointStats,
     /// Where apply and flush times are observed (S35).
     metrics: Option<Arc<RuntimeMetrics>>,
@@ -461,9 +464,15 @@ impl CheckpointState {
         if let Some(reply) = self.closing.take() {
             let _ = reply.send(Ok(()));
         }
-        // Everything taken was answered; messages still queued are dropped with the
-        // mailbox, and their callers see `Closed` (their reply port closes).
-        myself.stop(None);
+        self.closed = true;
+        // Everything taken was answered. Drain, not stop: ractor closes the mailbox to
+        // new messages at once and stops after the ones already admitted, each refused
+        // with `Closed` here. (A stop drops the mailbox instead, and a message whose
+        // send raced that drop stays in the channel unanswered for as long as a client
+        // holds the actor's reference: a caller waited forever.)
+        if myself.drain().is_err() {
+            myself.stop(None);
+        }
         Ok(())
     }
 
@@ -631,6 +640,7 @@ impl<I: 'static> Actor for CheckpointActor<I> {
             lists: Vec::new(),
             completed_waves: 0,
             closing: None,
+            closed: false,
             stats: CheckpointStats::default(),
         })
     }
@@ -655,6 +665,11 @@ impl<I: 'static> Actor for CheckpointActor<I> {
         msg: Self::Msg,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        if st.closed {
+            // Closed and draining: every message still in the mailbox is refused.
+            refuse_closed(msg);
+            return Ok(());
+        }
         if st.closing.is_some() {
             // Closing: refuse new work; the pipeline's own messages still flow.
             match msg {
