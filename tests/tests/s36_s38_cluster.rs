@@ -585,7 +585,49 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
             .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(30)).await;
+    // A client keeps pushing through a while it shuts down: pushes that arrive during
+    // the hand-over wait in line and go to b (issue 18 item 3), none is refused.
+    let shutting = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicBool::new(false));
+    let pusher = {
+        let (ha, ids, shutting, done) = (a.handle(), ids.clone(), shutting.clone(), done.clone());
+        tokio::spawn(async move {
+            use agentloop::options::PushOptions;
+            let (mut acked, mut during) = (Vec::new(), 0);
+            for k in 0..10_000u64 {
+                if done.load(Ordering::SeqCst) {
+                    break;
+                }
+                let in_shutdown = shutting.load(Ordering::SeqCst);
+                let id = &ids[(k % 4) as usize];
+                match ha
+                    .push_anywhere(id, item(1000 + k), PushOptions::new())
+                    .await
+                {
+                    Ok(_) => {
+                        acked.push(1000 + k);
+                        during += usize::from(in_shutdown);
+                    }
+                    // Refused only once a's shutdown is over (its supervisor is gone).
+                    Err(e) => {
+                        assert!(
+                            done.load(Ordering::SeqCst),
+                            "push {k} during the shutdown: {e}"
+                        );
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            (acked, during)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    shutting.store(true, Ordering::SeqCst);
     let report = a.shutdown().await.unwrap();
+    done.store(true, Ordering::SeqCst);
+    let (acked, during) = pusher.await.unwrap();
+    assert!(during > 0, "some pushes were sent during the shutdown");
     assert_eq!(report.checkpoints.saved, 4, "{report:?}");
     let mut running: Vec<String> = b
         .supervisor()
@@ -606,10 +648,12 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
     for _ in 0..500 {
         let mut delivered: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
         delivered.sort_unstable();
-        if delivered.len() >= 12 {
-            let expected: Vec<u64> = (0..4u64)
+        if delivered.len() >= 12 + acked.len() {
+            let mut expected: Vec<u64> = (0..4u64)
                 .flat_map(|i| (0..3).map(move |k| 10 * i + k))
+                .chain(acked.iter().copied())
                 .collect();
+            expected.sort_unstable();
             assert_eq!(delivered, expected, "each item once");
             gone = true;
             break;

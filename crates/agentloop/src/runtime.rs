@@ -281,7 +281,8 @@ where
     /// resumes what a previous run left resumable.
     pub async fn start(mut self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
         // A cluster node can hand its sessions over at shutdown (issue 18, S38).
-        let hand_over: Arc<std::sync::OnceLock<crate::shutdown::HandOver>> = Arc::default();
+        let hand_over: Arc<std::sync::OnceLock<Arc<dyn crate::shutdown::HandOver>>> =
+            Arc::default();
         if self.node.is_some() {
             self.strategies.insert(
                 "migrate".into(),
@@ -367,11 +368,9 @@ where
             rebalance: self.rebalance,
             adopter: parking_lot::Mutex::new(None),
         };
-        let h = runtime.handle.clone();
-        let _ = hand_over.set(Arc::new(move || {
-            let h = h.clone();
-            Box::pin(async move { h.hand_over_all().await })
-        }));
+        let _ = hand_over.set(Arc::new(crate::cluster::migrate::NodeHandOver(
+            runtime.handle.clone(),
+        )));
         // The shutdown's phase durations, once it happened.
         let phases = runtime.handle.shutdown.clone();
         tokio::spawn(async move {

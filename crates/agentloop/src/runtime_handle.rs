@@ -97,20 +97,39 @@ where
             Some(g) => Some(g.lock().await),
             None => None,
         };
+        use crate::push::PushError;
+        let late = |item| Err(RoutedPushError::Push(PushError::Late { item }));
         match self.supervisor.push_with(id, item, options).await {
             Err(RoutedPushError::UnknownSession { id, item }) => {
-                forwarder.push(id, item, preempt, !strategy).await
-            }
-            // Late because a move began meanwhile: in line behind it, then to the owner.
-            Err(RoutedPushError::Push(crate::push::PushError::Late { item })) if gate.is_none() => {
-                match self.moving.gate(id) {
-                    Some(gate) => {
-                        let _in_line = gate.lock().await;
-                        forwarder
-                            .push(id.to_string(), item, preempt, !strategy)
-                            .await
+                match forwarder.push(id, item, preempt, !strategy).await {
+                    // Held by a `migrate` shutdown for a session that stayed here:
+                    // late (send it elsewhere), not unknown.
+                    Err(RoutedPushError::UnknownSession { item, .. })
+                        if gate.is_some() && self.shutdown.is_started().await =>
+                    {
+                        late(item)
                     }
-                    None => Err(RoutedPushError::Push(crate::push::PushError::Late { item })),
+                    other => other,
+                }
+            }
+            // Late because the session is moving (a move, or a `migrate` shutdown whose
+            // drain gate refuses it here): in line behind the move, then to the node
+            // that runs it now; late when it still runs nowhere else.
+            Err(RoutedPushError::Push(PushError::Late { item })) => {
+                let behind = match &gate {
+                    Some(_) => None,
+                    None => match self.moving.gate(id) {
+                        Some(g) => Some(g.lock_owned().await),
+                        None => return late(item),
+                    },
+                };
+                let forwarded = forwarder
+                    .push(id.to_string(), item, preempt, !strategy)
+                    .await;
+                drop(behind);
+                match forwarded {
+                    Err(RoutedPushError::UnknownSession { item, .. }) => late(item),
+                    other => other,
                 }
             }
             other => other,

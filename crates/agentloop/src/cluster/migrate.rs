@@ -31,7 +31,11 @@ const REMEMBER_MOVED: Duration = Duration::from_secs(60);
 /// The sessions this node moved or is moving: each one's gate (a fair lock: pushes
 /// take it in arrival order) and when the move began.
 #[derive(Clone, Default)]
-pub(crate) struct Moving(Arc<Mutex<HashMap<String, (Gate, Instant)>>>);
+pub(crate) struct Moving {
+    gates: Arc<Mutex<HashMap<String, (Gate, Instant)>>>,
+    /// Gates closed by a `migrate` shutdown until its hand-over of each session.
+    held: Arc<Mutex<HashMap<String, tokio::sync::OwnedMutexGuard<()>>>>,
+}
 
 /// A moving session's gate: a fair lock, so pushes take it in arrival order.
 type Gate = Arc<tokio::sync::Mutex<()>>;
@@ -40,7 +44,7 @@ impl Moving {
     /// The gate of a session being moved or moved recently.
     /// Looked up on every push of a cluster node: one map read, no sweep.
     pub(crate) fn gate(&self, id: &str) -> Option<Gate> {
-        let map = self.0.lock();
+        let map = self.gates.lock();
         map.get(id)
             .filter(|(_, at)| at.elapsed() < REMEMBER_MOVED)
             .map(|(g, _)| g.clone())
@@ -49,14 +53,66 @@ impl Moving {
     /// A new move's gate; old moves are forgotten here (moves are rare, pushes not).
     fn begin(&self, id: &str) -> Gate {
         let gate = Arc::new(tokio::sync::Mutex::new(()));
-        let mut map = self.0.lock();
+        let mut map = self.gates.lock();
         map.retain(|_, (_, at)| at.elapsed() < REMEMBER_MOVED);
         map.insert(id.to_string(), (gate.clone(), Instant::now()));
         gate
     }
 
     fn forget(&self, id: &str) {
-        self.0.lock().remove(id);
+        self.gates.lock().remove(id);
+    }
+
+    /// Closes a new gate for `id` until [`Moving::release`]: its pushes wait in line.
+    fn hold(&self, id: &str) {
+        // A new gate: nobody holds it yet.
+        if let Ok(guard) = self.begin(id).try_lock_owned() {
+            self.held.lock().insert(id.to_string(), guard);
+        }
+    }
+
+    /// Opens `id`'s held gate: its waiting pushes go on, in order.
+    fn release(&self, id: &str) {
+        self.held.lock().remove(id);
+    }
+
+    /// Opens every held gate.
+    fn release_all(&self) {
+        self.held.lock().clear();
+    }
+}
+
+/// Opens every gate a `migrate` shutdown held, whichever way its hand-over returns.
+struct ReleaseAll<'a>(&'a Moving);
+
+impl Drop for ReleaseAll<'_> {
+    fn drop(&mut self) {
+        self.0.release_all();
+    }
+}
+
+/// The `migrate` shutdown strategy's view of a cluster node's runtime.
+pub(crate) struct NodeHandOver<I, E>(pub(crate) RuntimeHandle<I, E>);
+
+impl<I, E> crate::shutdown::HandOver for NodeHandOver<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    fn hold(&self) -> futures::future::BoxFuture<'static, ()> {
+        let h = self.0.clone();
+        Box::pin(async move {
+            // The sessions running now; one spawned later is refused (the runtime
+            // drains).
+            for s in h.supervisor.list().await {
+                h.moving.hold(&s.id);
+            }
+        })
+    }
+
+    fn hand_over(&self) -> futures::future::BoxFuture<'static, usize> {
+        let h = self.0.clone();
+        Box::pin(async move { h.hand_over_all().await })
     }
 }
 
@@ -269,6 +325,9 @@ where
     /// many moved; one that cannot move stays `Interrupted` under this node and is
     /// adopted once this node's lease expires (S38).
     pub async fn hand_over_all(&self) -> usize {
+        // Pushes held by the shutdown go on however this returns (to the new owner, or
+        // refused as late when the session stays here).
+        let _release = ReleaseAll(&self.moving);
         let (Some(store), Some(forwarder)) = (self.store.clone(), self.forwarder.get().cloned())
         else {
             return 0;
@@ -323,6 +382,7 @@ where
                 Err(e) => tracing::warn!(session = %id, node = %to, error = %e,
                     "the session was handed over but not resumed there; it stays Interrupted under that node until it restarts (or the others adopt it if it dies)"),
             }
+            self.moving.release(&id);
         }
         moved
     }

@@ -217,7 +217,8 @@ where
     let (strategy_name, strategy) = args.strategy;
     tracing::info!(grace = ?args.config.grace, force_timeout = ?args.config.force_timeout, cleanup = ?args.config.cleanup, "shutdown started: drain gate closing");
 
-    // 1. Drain gate.
+    // 1. Drain gate (after what the strategy does first).
+    strategy.before_gate().await;
     let gate = args.supervisor.close_gate().await;
     let gate_took = started.elapsed();
     let (members, late_at_gate, owner) = match gate {

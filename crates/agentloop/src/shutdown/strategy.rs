@@ -72,6 +72,11 @@ impl ShutdownCx {
 /// A way to shut down (S27). Implement it to add your own and register it on the
 /// runtime by name.
 pub trait ShutdownStrategy: Send + Sync + 'static {
+    /// Runs before the drain gate closes (nothing by default).
+    fn before_gate(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
     /// Runs the phases between the drain gate and cleanup. Sessions it leaves alive
     /// are forced by the coordinator afterwards.
     fn run<'a>(&'a self, cx: &'a mut ShutdownCx) -> BoxFuture<'a, ()>;
@@ -115,9 +120,16 @@ impl ShutdownStrategy for Drain {
     }
 }
 
-/// What the `migrate` strategy runs after its grace: hands the stopped sessions to
-/// other nodes (a cluster node's runtime builds it; type-erased like the phases).
-pub type HandOver = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
+/// What the `migrate` strategy asks of a cluster node's runtime (which builds it;
+/// type-erased like the phases).
+pub trait HandOver: Send + Sync {
+    /// Before the drain gate: pushes for the sessions running now wait in line from
+    /// here on, in arrival order, instead of being refused as late (S38).
+    fn hold(&self) -> BoxFuture<'static, ()>;
+    /// After the force: hands the stopped sessions to other nodes, then lets the
+    /// pushes held for each go to its new node; how many moved.
+    fn hand_over(&self) -> BoxFuture<'static, usize>;
+}
 
 /// A cluster node's shutdown (issue 18, S38): every session stops at its next safe
 /// point (as `cooperative`), then each one left `Interrupted` is handed to the live
@@ -125,16 +137,27 @@ pub type HandOver = Arc<dyn Fn() -> BoxFuture<'static, usize> + Send + Sync>;
 /// back. What cannot move stays `Interrupted` here and is adopted after the lease.
 #[derive(Clone)]
 pub struct Migrate {
-    pub(crate) hand_over: Arc<std::sync::OnceLock<HandOver>>,
+    pub(crate) hand_over: Arc<std::sync::OnceLock<Arc<dyn HandOver>>>,
 }
 
 impl ShutdownStrategy for Migrate {
+    /// Holds the pushes of the running sessions before the drain gate would refuse
+    /// them: they wait in line and go to each session's new node.
+    fn before_gate(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some(h) = self.hand_over.get() {
+                h.hold().await;
+            }
+        })
+    }
+
     fn run<'a>(&'a self, cx: &'a mut ShutdownCx) -> BoxFuture<'a, ()> {
         Box::pin(async move {
+            let hand_over = self.hand_over.get().cloned();
             cx.grace(StopOptions::graceful()).await;
             cx.force().await;
-            if let Some(hand_over) = self.hand_over.get() {
-                let moved = hand_over().await;
+            if let Some(hand_over) = hand_over {
+                let moved = hand_over.hand_over().await;
                 tracing::info!(moved, "handed the sessions over to the other nodes");
             }
         })
