@@ -63,6 +63,22 @@ fn live_sessions(url: &str) -> Option<Vec<String>> {
     )
 }
 
+/// The item ids a node's item log (`--item-log`) says its completed turns delivered,
+/// in delivery order.
+fn delivered(log: &std::path::Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("turn"))
+        .flat_map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(|s| s.parse::<u64>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Clients pushing under load: each push goes to the node its session was spawned on,
 /// then to the others on 404 (not there) or a refused connection (node down).
 struct Load {
@@ -734,16 +750,7 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
         let (status, out) = job.finish();
         assert!(status.success(), "{out}");
     }
-    let n0_log = std::fs::read_to_string(&logs[0]).unwrap_or_default();
-    let mut seen: Vec<u64> = n0_log
-        .lines()
-        .filter(|l| l.starts_with("turn"))
-        .flat_map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .map(|s| s.parse::<u64>().unwrap())
-        })
-        .collect();
+    let mut seen = delivered(&logs[0]);
     let order = seen.clone();
     seen.sort_unstable();
     assert_eq!(
@@ -753,10 +760,7 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
     );
     assert_eq!(order, seen, "in the order they were pushed");
     assert!(
-        std::fs::read_to_string(&logs[1])
-            .unwrap_or_default()
-            .lines()
-            .all(|l| !l.starts_with("turn")),
+        delivered(&logs[1]).is_empty(),
         "n1 delivered nothing itself"
     );
     eprintln!(
@@ -822,19 +826,7 @@ fn a_planned_move_over_http_delivers_every_push_once_in_order() {
         let (status, out) = job.finish();
         assert!(status.success(), "{out}");
     }
-    let turns = |log: &std::path::Path| -> Vec<u64> {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("turn"))
-            .flat_map(|l| {
-                l.split_whitespace()
-                    .skip(1)
-                    .map(|s| s.parse::<u64>().unwrap())
-            })
-            .collect()
-    };
-    let (before, after) = (turns(&logs[0]), turns(&logs[1]));
+    let (before, after) = (delivered(&logs[0]), delivered(&logs[1]));
     assert!(
         !before.is_empty() && !after.is_empty(),
         "turns on both nodes"
@@ -926,19 +918,6 @@ fn a_node_that_joins_receives_the_sessions_placement_gives_it() {
         let (status, out) = job.finish();
         assert!(status.success(), "{out}");
     }
-    let delivered = |log: &std::path::Path| -> Vec<u64> {
-        std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| l.starts_with("turn"))
-            .flat_map(|l| {
-                l.split_whitespace()
-                    .skip(1)
-                    .map(|s| s.parse::<u64>().unwrap())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
-    };
     let (mut on0, mut on1) = (delivered(&logs[0]), delivered(&logs[1]));
     on0.sort_unstable();
     on1.sort_unstable();
