@@ -718,6 +718,66 @@ async fn a_move_whose_hand_over_fails_resumes_the_session_in_place() {
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
 
+/// S38: a move whose new node cannot resume the session (here: b does not know its
+/// agent kind) takes the lease back by compare-and-swap and runs the session on the
+/// old node again; nothing is left `Interrupted` under a node that will not run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_again() {
+    use agentloop::cluster::migrate::MigrateError;
+    use agentloop::cluster::peers::connect_in_process;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let turns: Turns = Arc::default();
+    let gate = Gate::new();
+    let a = node("a", store.clone(), turns.clone(), Some(gate.clone())).await;
+    let b = Rt::builder()
+        .store(store.clone())
+        .heartbeat(BEAT, LEASE)
+        .node("b")
+        .start()
+        .await
+        .unwrap()
+        .0;
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    a.supervisor()
+        .spawn(
+            SessionSpec::new("homing", "sim")
+                .persistent(true)
+                .initial_items(vec![item(51), item(52)]),
+        )
+        .await
+        .unwrap();
+    wait_until("a's record names it", || {
+        store
+            .get("homing")
+            .is_some_and(|r| r.owner.as_deref() == Some("a"))
+    })
+    .await;
+    let epoch = store.get("homing").unwrap().lease_epoch;
+    match a.migrate("homing", "b", Duration::from_millis(50)).await {
+        Err(MigrateError::NotResumed { node, .. }) => assert_eq!(node, "b"),
+        other => panic!("expected NotResumed, got {other:?}"),
+    }
+    assert_eq!(a.supervisor().list().await.len(), 1, "it runs on a again");
+    assert!(b.supervisor().list().await.is_empty());
+    let rec = store.get("homing").unwrap();
+    assert_eq!(rec.owner.as_deref(), Some("a"));
+    assert!(
+        rec.lease_epoch > epoch + 1,
+        "handed over and back: {}",
+        rec.lease_epoch
+    );
+    gate.open_all();
+    wait_until("its items delivered on a", || {
+        let mut ids: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
+        ids.sort_unstable();
+        ids == vec![51, 52]
+    })
+    .await;
+    assert!(turns.lock().iter().all(|(n, _)| *n == "a"));
+    a.stop(StopOptions::immediate().shutdown()).await.unwrap();
+    b.stop(StopOptions::immediate().shutdown()).await.unwrap();
+}
+
 /// S36, S20: a session's events read through another node are the events its owner's
 /// subscribers get: the same numbers, in order, `Ended` last; a subscription after a
 /// number replays from the owner's buffer; a session that runs nowhere is unknown.

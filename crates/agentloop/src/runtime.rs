@@ -607,9 +607,10 @@ where
                 };
                 let m = Membership::judge(&beats, &me, now_ms(), lease_timeout);
                 if let Some((policy, rebalancer)) = rebalance.as_mut() {
-                    // One round at a time; a round runs beside the adoption sweep.
-                    if rebalancer.due(&m, now_ms()) {
-                        if let Ok(in_round) = round.clone().try_lock_owned() {
+                    // One round at a time (a round is judged due only when none runs);
+                    // a round runs beside the adoption sweep.
+                    if let Ok(in_round) = round.clone().try_lock_owned() {
+                        if rebalancer.due(&m, now_ms()) {
                             let (handle, m, policy) = (handle.clone(), m.clone(), *policy);
                             tokio::spawn(async move {
                                 handle.rebalance_round(&m, policy).await;

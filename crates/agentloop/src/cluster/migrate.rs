@@ -44,17 +44,26 @@ impl Moving {
     /// The gate of a session being moved or moved recently.
     /// Looked up on every push of a cluster node: one map read, no sweep.
     pub(crate) fn gate(&self, id: &str) -> Option<Gate> {
-        let map = self.gates.lock();
-        map.get(id)
-            .filter(|(_, at)| at.elapsed() < REMEMBER_MOVED)
-            .map(|(g, _)| g.clone())
+        let found = self.gates.lock().get(id).cloned();
+        // A gate a `migrate` shutdown holds closed never expires.
+        found
+            .filter(|(_, at)| at.elapsed() < REMEMBER_MOVED || self.held.lock().contains_key(id))
+            .map(|(g, _)| g)
     }
 
     /// A new move's gate; old moves are forgotten here (moves are rare, pushes not).
+    /// A gate a `migrate` shutdown holds is kept, not replaced: a move queues behind
+    /// the pushes already waiting at it.
     fn begin(&self, id: &str) -> Gate {
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let held: std::collections::HashSet<String> = self.held.lock().keys().cloned().collect();
         let mut map = self.gates.lock();
-        map.retain(|_, (_, at)| at.elapsed() < REMEMBER_MOVED);
+        map.retain(|k, (_, at)| at.elapsed() < REMEMBER_MOVED || held.contains(k));
+        if held.contains(id) {
+            if let Some((g, _)) = map.get(id) {
+                return g.clone();
+            }
+        }
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
         map.insert(id.to_string(), (gate.clone(), Instant::now()));
         gate
     }
@@ -65,7 +74,7 @@ impl Moving {
 
     /// Closes a new gate for `id` until [`Moving::release`]: its pushes wait in line.
     fn hold(&self, id: &str) {
-        // A new gate: nobody holds it yet.
+        // A new gate (none is held for `id` yet): nobody holds it.
         if let Ok(guard) = self.begin(id).try_lock_owned() {
             self.held.lock().insert(id.to_string(), guard);
         }
@@ -260,7 +269,24 @@ where
             Ok(false) => Ok(done(stopped)),
             Ok(true) => {
                 let resumed = forwarder.resume_on(to.to_string(), id.to_string()).await;
-                // The queued pushes go now, in order, to the new owner.
+                if let Err(error) = &resumed {
+                    // Not running there: take the lease back (a compare-and-swap that
+                    // fails if `to` claimed or wrote it meanwhile; if `to` runs it
+                    // anyway, its writes are fenced, S37) and run it here again.
+                    let back = hand_over_stopped(&*store, id, &self.instance).await;
+                    let here = match back {
+                        Ok(true) => self.resume_handed_over(id).await,
+                        Ok(false) => Err("it ended meanwhile".to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    match here {
+                        Ok(()) => tracing::warn!(session = %id, node = %to, %error,
+                            "the session was not resumed on the node it moved to; it runs on this node again"),
+                        Err(e) => tracing::warn!(session = %id, node = %to, %error, back = %e,
+                            "the session was not resumed on the node it moved to, nor taken back here; its record is Interrupted and is resumed when its owner restarts (or adopted if it dies)"),
+                    }
+                }
+                // The queued pushes go now, in order, to whichever node runs it.
                 drop(in_line);
                 resumed.map_err(|error| MigrateError::NotResumed {
                     session: id.to_string(),
@@ -385,5 +411,28 @@ where
             self.moving.release(&id);
         }
         moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_move_queues_behind_the_pushes_a_migrate_shutdown_holds() {
+        let m = Moving::default();
+        m.hold("s");
+        let held = m.gate("s").expect("held");
+        assert!(held.try_lock().is_err(), "closed while held");
+        // A move begun meanwhile gets the same gate (behind the waiting pushes), not
+        // a fresh one that would let later pushes overtake them.
+        assert!(Arc::ptr_eq(&m.begin("s"), &held));
+        m.release("s");
+        assert!(held.try_lock().is_ok(), "open once released");
+        // Not held: a move gets a new gate.
+        assert!(!Arc::ptr_eq(&m.begin("s"), &held));
+        m.hold("t");
+        m.release_all();
+        assert!(m.gate("t").expect("remembered").try_lock().is_ok());
     }
 }

@@ -88,6 +88,8 @@ struct NodeActor<I, E>(PhantomData<fn() -> (I, E)>);
 struct Served<I, E> {
     handle: RuntimeHandle<I, E>,
     relays: Arc<Relays<E>>,
+    /// Closes relays whose subscriber went away; stopped with the actor.
+    sweeper: tokio::task::JoinHandle<()>,
 }
 
 impl<I, E> Actor for NodeActor<I, E>
@@ -106,10 +108,22 @@ where
     ) -> Result<Self::State, ActorProcessingErr> {
         ractor::pg::join(group(&name), vec![myself.get_cell()]);
         ractor::pg::join(ALL_NODES.to_string(), vec![myself.get_cell()]);
+        let relays = Arc::new(Relays::default());
+        let sweeper = relays.sweep_idle();
         Ok(Served {
             handle,
-            relays: Arc::new(Relays::default()),
+            relays,
+            sweeper,
         })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<NodeMsg>,
+        served: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        served.sweeper.abort();
+        Ok(())
     }
 
     async fn handle(

@@ -169,6 +169,10 @@ where
         );
         futures::stream::iter(planned)
             .for_each_concurrent(policy.concurrent.max(1), |(session, to)| async move {
+                // A shutdown moves what it moves itself (`migrate` strategy), or stops it.
+                if self.shutdown.is_started().await {
+                    return;
+                }
                 match self.migrate(&session, &to, policy.safe_point_timeout).await {
                     Ok(moved) => tracing::info!(%session, %to, took = ?moved.total, "rebalanced"),
                     Err(e) => tracing::warn!(%session, %to, error = %e, "a rebalancing move failed; a later round retries"),

@@ -152,12 +152,39 @@ where
     }
 
     /// Closes relays nobody polled for [`RELAY_IDLE`] (one being polled is busy, so
-    /// alive).
-    fn close_idle(&self) {
-        self.open.lock().retain(|_, r| match r.try_lock() {
-            Ok(r) => r.polled.elapsed() < RELAY_IDLE,
-            Err(_) => true,
+    /// alive): their subscriber's node went away without closing them, and an
+    /// unread subscription would hold the session's events back once its buffer
+    /// fills.
+    pub(crate) fn close_idle(&self) {
+        self.open.lock().retain(|stream, r| match r.try_lock() {
+            Ok(r) if r.polled.elapsed() >= RELAY_IDLE => {
+                tracing::warn!(
+                    stream,
+                    idle = ?r.polled.elapsed(),
+                    "closing an event relay nobody polls (its subscriber's node went away); that subscriber misses the rest"
+                );
+                false
+            }
+            _ => true,
         });
+    }
+
+    /// Closes idle relays every half [`RELAY_IDLE`] until `self` is dropped (the node
+    /// actor owns the only other reference).
+    pub(crate) fn sweep_idle(self: &Arc<Self>) -> tokio::task::JoinHandle<()>
+    where
+        E: Send + 'static,
+    {
+        let relays = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(RELAY_IDLE / 2).await;
+                match relays.upgrade() {
+                    Some(r) => r.close_idle(),
+                    None => return,
+                }
+            }
+        })
     }
 
     /// How many relays are open (tests).
@@ -196,10 +223,14 @@ where
                 }
                 Ok(other) => {
                     tracing::warn!(%node, stream, answer = ?other, "a mismatched answer to an event poll; the stream ends, resubscribe after the last event number seen");
+                    let _ = ask(Request::CloseEvents { stream }).await;
                     return;
                 }
                 Err(error) => {
                     tracing::warn!(%node, stream, %error, "lost the node running the session; its event stream ends here, resubscribe after the last event number seen");
+                    // Best effort: the owner may still hold the relay (a poll that
+                    // timed out); otherwise it closes it once idle.
+                    let _ = ask(Request::CloseEvents { stream }).await;
                     return;
                 }
             };
@@ -358,6 +389,19 @@ mod tests {
         relays.close_idle();
         assert_eq!(relays.next(idle).await, PushAnswer::UnknownStream);
         assert_eq!(relays.len(), 1, "the polled relay stays");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sweeper_closes_a_relay_whose_subscriber_went_away() {
+        let relays = Arc::new(Relays::<u32>::default());
+        let (id, _tx) = relay_on(&relays);
+        let sweeper = relays.sweep_idle();
+        tokio::time::sleep(RELAY_IDLE + RELAY_IDLE / 2 + Duration::from_millis(1)).await;
+        assert_eq!(relays.next(id).await, PushAnswer::UnknownStream);
+        // It stops once the relays are gone.
+        drop(relays);
+        tokio::time::sleep(RELAY_IDLE).await;
+        assert!(sweeper.is_finished());
     }
 
     /// A fake owner: answers polls from a script, records every request.
