@@ -664,6 +664,30 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
 
+/// After a move that did not happen: the session runs on a again and nowhere else, its
+/// record is a's, and once `gate` opens its `items` are delivered on a, once each.
+async fn runs_on_a_again(
+    a: &Rt,
+    b: &Rt,
+    store: &MemoryStore<SimItem>,
+    turns: &Turns,
+    gate: &Gate,
+    id: &str,
+    items: &[u64],
+) {
+    assert_eq!(a.supervisor().list().await.len(), 1, "it runs on a again");
+    assert!(b.supervisor().list().await.is_empty());
+    assert_eq!(store.get(id).unwrap().owner.as_deref(), Some("a"));
+    gate.open_all();
+    wait_until("its items delivered on a", || {
+        let mut ids: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
+        ids.sort_unstable();
+        ids == items
+    })
+    .await;
+    assert!(turns.lock().iter().all(|(n, _)| *n == "a"));
+}
+
 /// S38: a move whose lease hand-over fails (the compare-and-swap is refused) leaves the
 /// session running where it was, with everything it held: it is never left stopped
 /// with nobody to run it.
@@ -703,17 +727,7 @@ async fn a_move_whose_hand_over_fails_resumes_the_session_in_place() {
         other => panic!("expected the hand-over to fail, got {other:?}"),
     }
     view.refuse_cas.store(false, Ordering::SeqCst);
-    assert_eq!(a.supervisor().list().await.len(), 1, "it runs on a again");
-    assert!(b.supervisor().list().await.is_empty());
-    assert_eq!(inner.get("stays").unwrap().owner.as_deref(), Some("a"));
-    gate.open_all();
-    wait_until("its items delivered on a", || {
-        let mut ids: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
-        ids.sort_unstable();
-        ids == vec![41, 42]
-    })
-    .await;
-    assert!(turns.lock().iter().all(|(n, _)| *n == "a"));
+    runs_on_a_again(&a, &b, &inner, &turns, &gate, "stays", &[41, 42]).await;
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
@@ -757,23 +771,9 @@ async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_agai
         Err(MigrateError::NotResumed { node, .. }) => assert_eq!(node, "b"),
         other => panic!("expected NotResumed, got {other:?}"),
     }
-    assert_eq!(a.supervisor().list().await.len(), 1, "it runs on a again");
-    assert!(b.supervisor().list().await.is_empty());
-    let rec = store.get("homing").unwrap();
-    assert_eq!(rec.owner.as_deref(), Some("a"));
-    assert!(
-        rec.lease_epoch > epoch + 1,
-        "handed over and back: {}",
-        rec.lease_epoch
-    );
-    gate.open_all();
-    wait_until("its items delivered on a", || {
-        let mut ids: Vec<u64> = turns.lock().iter().flat_map(|(_, i)| i.clone()).collect();
-        ids.sort_unstable();
-        ids == vec![51, 52]
-    })
-    .await;
-    assert!(turns.lock().iter().all(|(n, _)| *n == "a"));
+    let back = store.get("homing").unwrap().lease_epoch;
+    assert!(back > epoch + 1, "handed over and back: {back}");
+    runs_on_a_again(&a, &b, &store, &turns, &gate, "homing", &[51, 52]).await;
     a.stop(StopOptions::immediate().shutdown()).await.unwrap();
     b.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
