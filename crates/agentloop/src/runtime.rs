@@ -691,7 +691,12 @@ where
             task.abort();
         }
         let _ = self.supervisor.actor().drain_and_wait(None).await;
-        self.handle.shutdown.actor().stop(None);
+        // Drain, not stop: a question to the coordinator racing a stop would stay in its
+        // mailbox unanswered while any shutdown handle lives (a caller of
+        // `is_started` waited forever); drained, each is answered, later ones refused.
+        if self.handle.shutdown.actor().drain().is_err() {
+            self.handle.shutdown.actor().stop(None);
+        }
         if let Some(c) = &self.client {
             c.close().await?;
         }
