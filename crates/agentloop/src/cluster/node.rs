@@ -169,11 +169,7 @@ where
             after,
             filter,
         } => relays.open(handle, &session, after, filter).await,
-        Request::NextEvents { stream } => relays.next(stream).await,
-        Request::CloseEvents { stream } => {
-            relays.close(stream);
-            PushAnswer::Done
-        }
+        r @ (Request::NextEvents { .. } | Request::CloseEvents { .. }) => relays.answer(r).await,
         Request::Resume { session } => match handle.resume_handed_over(&session).await {
             Ok(()) => PushAnswer::Resumed,
             Err(e) => PushAnswer::Refused(e),

@@ -161,18 +161,7 @@ where
                     PushAnswer::Subscribed(stream) => {
                         let ask: Ask = Arc::new(move |r: Request| {
                             let relays = relays.clone();
-                            Box::pin(async move {
-                                Ok(match r {
-                                    Request::NextEvents { stream } => relays.next(stream).await,
-                                    Request::CloseEvents { stream } => {
-                                        relays.close(stream);
-                                        PushAnswer::Done
-                                    }
-                                    other => PushAnswer::Refused(format!(
-                                        "not a relay request: {other:?}"
-                                    )),
-                                })
-                            })
+                            Box::pin(async move { Ok(relays.answer(r).await) })
                         });
                         return Ok(pump(node, stream, ask));
                     }

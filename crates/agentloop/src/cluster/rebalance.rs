@@ -11,7 +11,6 @@
 //! judgements as plain functions of what the store and the transport said; the
 //! runtime's sweep task reads them and performs the moves.
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -21,7 +20,7 @@ use serde::Serialize;
 use crate::cluster::adopt::Membership;
 use crate::cluster::placement;
 use crate::runtime_handle::RuntimeHandle;
-use crate::store::{StatusKind, Stored};
+use crate::store::{SessionStatus, Stored};
 
 /// How a node rebalances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,22 +95,20 @@ impl Rebalancer {
     }
 }
 
-/// The moves node `me` should make: each session of `mine` (the persistent sessions
-/// it runs and owns) whose placement over the live nodes names another node that
-/// `reachable` says can be asked now, at most `max`, in the order given.
+/// The moves node `me` should make: each session of `mine` (the sessions it runs)
+/// whose placement over the live nodes names another node that `reachable` says can
+/// be asked now, in the order given.
 pub fn moves(
     m: &Membership,
     me: &str,
     mine: &[String],
     reachable: impl Fn(&str) -> bool,
-    max: usize,
 ) -> Vec<(String, String)> {
     mine.iter()
         .filter_map(|s| {
             let to = placement::owner_of(&m.live, s)?;
             (to != me && reachable(to)).then(|| (s.clone(), to.to_string()))
         })
-        .take(max)
         .collect()
 }
 
@@ -129,36 +126,32 @@ where
         else {
             return;
         };
-        let running: HashSet<String> = self
+        // Candidates from what runs here and placement alone (no I/O): after a join
+        // about one in n sessions, none in a settled cluster.
+        let running: Vec<String> = self
             .supervisor
             .list()
             .await
             .into_iter()
             .map(|s| s.id)
             .collect();
-        let entries = match store.list_stored(Some(vec![StatusKind::Running])).await {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list the records to rebalance; a later round retries");
-                return;
+        let candidates = moves(m, &self.instance, &running, |n| forwarder.reachable(n));
+        // Only sessions with a `Running` record this node owns: one with nothing
+        // stored would end instead of moving.
+        let mut planned = Vec::with_capacity(candidates.len());
+        for (session, to) in candidates {
+            match store.load_stored(&session).await {
+                Ok(Some(Stored::Current(r)))
+                    if r.header.owner.as_deref() == Some(self.instance.as_str())
+                        && r.header.status == SessionStatus::Running =>
+                {
+                    planned.push((session, to))
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(%session, error = %e,
+                    "cannot read a record to rebalance; a later round retries"),
             }
-        };
-        let mine: Vec<String> = entries
-            .into_iter()
-            .filter(|e| running.contains(&e.session_id))
-            .filter(|e| match &e.record {
-                Ok(Stored::Current(r)) => r.header.owner.as_deref() == Some(self.instance.as_str()),
-                _ => false,
-            })
-            .map(|e| e.session_id)
-            .collect();
-        let planned = moves(
-            m,
-            &self.instance,
-            &mine,
-            |n| forwarder.reachable(n),
-            usize::MAX,
-        );
+        }
         if planned.is_empty() {
             return;
         }
@@ -219,7 +212,7 @@ mod tests {
     fn only_sessions_placement_gives_a_reachable_other_node_move() {
         let m = live(&["a", "b", "c"]);
         let mine: Vec<String> = (0..60).map(|i| format!("s{i}")).collect();
-        let all = moves(&m, "a", &mine, |_| true, usize::MAX);
+        let all = moves(&m, "a", &mine, |_| true);
         assert!(!all.is_empty());
         for (s, to) in &all {
             assert_eq!(placement::owner_of(&m.live, s), Some(to.as_str()));
@@ -230,12 +223,11 @@ mod tests {
             .filter(|s| placement::owner_of(&m.live, s) == Some("a"))
             .count();
         assert_eq!(all.len() + stay, mine.len(), "the rest stay");
-        // An unreachable target is not moved to; the cap holds.
-        let to_b = moves(&m, "a", &mine, |n| n == "b", usize::MAX);
+        // An unreachable target is not moved to.
+        let to_b = moves(&m, "a", &mine, |n| n == "b");
         assert!(to_b.iter().all(|(_, to)| to == "b"));
         assert_eq!(to_b.len(), all.iter().filter(|(_, to)| to == "b").count());
-        assert_eq!(moves(&m, "a", &mine, |_| true, 2).len(), 2);
         // Alone, nothing moves.
-        assert!(moves(&live(&["a"]), "a", &mine, |_| true, usize::MAX).is_empty());
+        assert!(moves(&live(&["a"]), "a", &mine, |_| true).is_empty());
     }
 }

@@ -146,6 +146,19 @@ where
         PushAnswer::Events { events, ended }
     }
 
+    /// Answers a subscriber node's poll or close of one of these relays; any other
+    /// request is not a relay's.
+    pub(crate) async fn answer(&self, request: Request) -> PushAnswer {
+        match request {
+            Request::NextEvents { stream } => self.next(stream).await,
+            Request::CloseEvents { stream } => {
+                self.close(stream);
+                PushAnswer::Done
+            }
+            other => PushAnswer::Refused(format!("not a relay request: {other:?}")),
+        }
+    }
+
     /// Closes relay `stream` (unsubscribes).
     pub(crate) fn close(&self, stream: u64) {
         self.open.lock().remove(&stream);
