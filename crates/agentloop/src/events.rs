@@ -130,29 +130,70 @@ pub struct Sequenced<E> {
     pub event: SessionEvent<E>,
 }
 
-/// The last sequence number a session gave, shared by its subscriber registry and the
-/// session core (which records it in every write).
+/// The numbers a session gave and still owes, shared by its subscriber registry and the
+/// session core (which records [`EventSeq::mark`] in every write).
+///
+/// A turn whose `TurnEnded` waits for its write has already reported its end, so the
+/// session may exit (and write its final record) before that event is numbered; the
+/// turn *owes* those numbers meanwhile ([`EventSeq::owe`]). The record keeps the last
+/// number given plus the owed ones, so the next incarnation never reuses a number the
+/// owed events take, and `Ended` is numbered after them (issue 28).
+///
+/// Packed in one atomic (the last number given in the high 48 bits, the numbers owed in
+/// the low 16) so that giving an owed number and settling its debt is one step: a
+/// writer never reads the mark between the two.
 #[derive(Debug, Default)]
 pub(crate) struct EventSeq {
-    last: AtomicU64,
+    state: AtomicU64,
 }
+
+/// Bits of [`EventSeq`]'s state that count owed numbers.
+const OWED_BITS: u32 = 16;
+/// The owed count's mask.
+const OWED_MASK: u64 = (1 << OWED_BITS) - 1;
+/// One given number in [`EventSeq`]'s state.
+const GIVEN: u64 = 1 << OWED_BITS;
 
 impl EventSeq {
     /// The last number given (0 before the first event).
     pub(crate) fn last(&self) -> u64 {
-        self.last.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire) >> OWED_BITS
+    }
+
+    /// The last number given or owed: what a record keeps, so a later incarnation
+    /// starts after every number this one gives before its `Ended`.
+    pub(crate) fn mark(&self) -> u64 {
+        let s = self.state.load(Ordering::Acquire);
+        (s >> OWED_BITS) + (s & OWED_MASK)
     }
 
     /// Continues a sequence a record left off: the next event gets `last + 2` (one
     /// number is left for the previous incarnation's `Ended`, which followed its last
     /// write). Called before the session emits anything; never moves backwards.
     pub(crate) fn continue_after(&self, last: u64) {
-        self.last
-            .fetch_max(last.saturating_add(1), Ordering::AcqRel);
+        self.state
+            .fetch_max(last.saturating_add(1) << OWED_BITS, Ordering::AcqRel);
     }
 
     fn next(&self) -> u64 {
-        self.last.fetch_add(1, Ordering::AcqRel) + 1
+        (self.state.fetch_add(GIVEN, Ordering::AcqRel) >> OWED_BITS) + 1
+    }
+
+    /// Promises `n` numbers to events not numbered yet (a turn's final events).
+    fn owe(&self, n: u64) {
+        self.state.fetch_add(n.min(OWED_MASK), Ordering::AcqRel);
+    }
+
+    /// Gives the next number to an owed event, settling one owed number.
+    fn pay(&self) -> u64 {
+        (self.state.fetch_add(GIVEN - 1, Ordering::AcqRel) >> OWED_BITS) + 1
+    }
+
+    /// Gives up `n` owed numbers whose events were never sent (the turn task was
+    /// dropped): they are skipped, as for events nobody receives, so `Ended` still
+    /// follows the mark a record kept.
+    fn forgive(&self, n: u64) {
+        self.state.fetch_add(n * (GIVEN - 1), Ordering::AcqRel);
     }
 }
 
@@ -301,27 +342,48 @@ pub(crate) struct Subscribers<E> {
 /// `Ended` once given, and the turn tasks that hold it back.
 #[derive(Default)]
 struct EndState {
+    /// `Ended`, numbered: the streams have it (or get it when they subscribe).
     ended: Option<(u64, ExitSummary)>,
+    /// `Ended` asked for while turn tasks hold it back: numbered and sent when the
+    /// last hold goes, so it is numbered after their events (issue 28).
+    pending: Option<ExitSummary>,
     /// Turn tasks between reporting their end and queuing `TurnEnded` (which waits
     /// for its write): `Ended` reaches the streams only when none is left.
     holds: usize,
 }
 
-/// Holds `Ended` back until dropped (see [`Subscribers::hold_end`]).
-pub(crate) struct EndHold<E: Clone + Send + 'static>(Arc<Subscribers<E>>);
+/// Holds `Ended` back until dropped (see [`Subscribers::hold_end`]), and owes the
+/// numbers of the final events its turn task will send.
+pub(crate) struct EndHold<E: Clone + Send + 'static> {
+    subscribers: Arc<Subscribers<E>>,
+    /// Final events promised and not numbered yet.
+    owed: u64,
+}
 
 impl<E: Clone + Send + 'static> Drop for EndHold<E> {
     fn drop(&mut self) {
+        let subs = &self.subscribers;
+        if self.owed > 0 {
+            subs.seq.forgive(self.owed);
+        }
         let ended = {
-            let mut st = self.0.ended.lock();
+            let _publish = subs.publish.lock();
+            let mut st = subs.ended.lock();
             st.holds -= 1;
-            match (&st.ended, st.holds) {
-                (Some(e), 0) => Some(e.clone()),
-                _ => None,
+            match (st.holds, st.pending.take()) {
+                (0, Some(summary)) => {
+                    let e = (subs.seq.next(), summary);
+                    st.ended = Some(e.clone());
+                    Some(e)
+                }
+                (_, pending) => {
+                    st.pending = pending;
+                    None
+                }
             }
         };
         if let Some(ended) = ended {
-            self.0.close_streams(ended);
+            subs.close_streams(ended);
         }
     }
 }
@@ -483,12 +545,20 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// Numbers `event`, keeps it for replay and queues it to every accepting
     /// subscriber with room; returns the subscribers that were full (their copy is
     /// registered in flight, so `Ended` and later events wait for it).
-    fn publish(&self, event: &SessionEvent<E>) -> (u64, Vec<(SubscriberTx<E>, InflightGuard)>) {
+    /// `owed`: the event's number was promised by an [`EndHold`], which it settles.
+    fn publish(
+        &self,
+        event: &SessionEvent<E>,
+        owed: bool,
+    ) -> (u64, Vec<(SubscriberTx<E>, InflightGuard)>) {
         let mut replay = self.publish.lock();
         // Taken under the lock: a subscriber registered meanwhile is in it or got this
         // event from the replay buffer.
         let subs = self.snapshot();
-        let seq = self.seq.next();
+        let seq = match owed {
+            true => self.seq.pay(),
+            false => self.seq.next(),
+        };
         replay.keep(seq, event);
         let mut full = Vec::new();
         for s in subs.iter().filter(|s| s.filter.accepts(event)) {
@@ -510,7 +580,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// Sends to every live subscriber, waiting for capacity (backpressure). Called from
     /// turn tasks only (holding the order gate), never from the actor.
     pub(crate) async fn send(&self, event: SessionEvent<E>) {
-        let (seq, full) = self.publish(&event);
+        let (seq, full) = self.publish(&event, false);
         for (s, guard) in full {
             // A closed subscriber fails at once; it is pruned on the next subscribe.
             let _ =
@@ -529,17 +599,26 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// delivers them, holding the order gate until done. `None` means everything was
     /// delivered and the gate is released.
     ///
-    /// Call before reporting the turn's end to the actor, then await the future (if
-    /// any): teardown may run meanwhile and `Ended` still comes after these events.
+    /// Call before reporting the turn's end to the actor, or with the [`EndHold`] taken
+    /// before reporting it (whose owed numbers the events take), then await the future
+    /// (if any): teardown may run meanwhile and `Ended` still comes after these events.
     pub(crate) fn send_final(
         &self,
         events: Vec<SessionEvent<E>>,
         gate: tokio::sync::OwnedMutexGuard<()>,
+        mut hold: Option<&mut EndHold<E>>,
     ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         // Per full subscriber: its guard and the numbered events still owed to it.
         let mut pending: Vec<(SubscriberTx<E>, Vec<Sequenced<E>>, InflightGuard)> = Vec::new();
         for event in events {
-            let (seq, full) = self.publish(&event);
+            let owed = match hold.as_deref_mut() {
+                Some(h) if h.owed > 0 => {
+                    h.owed -= 1;
+                    true
+                }
+                _ => false,
+            };
+            let (seq, full) = self.publish(&event, owed);
             for (s, guard) in full {
                 let item = Sequenced {
                     seq,
@@ -570,7 +649,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// flight (this event would overtake them), is skipped. Returns how many
     /// subscribers were skipped because they were full or had events in flight.
     pub(crate) fn try_send(&self, event: SessionEvent<E>) -> usize {
-        let (_, full) = self.publish(&event);
+        let (_, full) = self.publish(&event, false);
         full.len()
     }
 
@@ -583,20 +662,22 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
 
     /// Ends every stream: writes `Ended` into each terminal slot and empties the
     /// registry. Never waits. Idempotent.
-    /// While a turn task holds it back ([`Subscribers::hold_end`]), the streams get
-    /// `Ended` when the last hold is dropped.
+    /// While a turn task holds it back ([`Subscribers::hold_end`]), `Ended` is numbered
+    /// and reaches the streams when the last hold is dropped: it is the last event and
+    /// has the highest number.
     pub(crate) fn end(&self, summary: ExitSummary) {
         let ended = {
             let _publish = self.publish.lock();
             let mut st = self.ended.lock();
-            if st.ended.is_some() {
+            if st.ended.is_some() || st.pending.is_some() {
+                return;
+            }
+            if st.holds > 0 {
+                st.pending = Some(summary);
                 return;
             }
             let e = (self.seq.next(), summary);
             st.ended = Some(e.clone());
-            if st.holds > 0 {
-                return;
-            }
             e
         };
         self.close_streams(ended);
@@ -604,10 +685,16 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
 
     /// Keeps `Ended` from the streams until the hold is dropped: a turn task takes it
     /// before reporting its end when its `TurnEnded` waits for a write, so `Ended`
-    /// stays last even when the session exits meanwhile.
-    pub(crate) fn hold_end(self: &Arc<Self>) -> EndHold<E> {
+    /// stays last even when the session exits meanwhile. The hold owes the numbers of
+    /// the `owed` final events the task will send ([`Subscribers::send_final`]), so a
+    /// record written meanwhile reserves them ([`EventSeq::mark`]).
+    pub(crate) fn hold_end(self: &Arc<Self>, owed: u64) -> EndHold<E> {
         self.ended.lock().holds += 1;
-        EndHold(self.clone())
+        self.seq.owe(owed);
+        EndHold {
+            subscribers: self.clone(),
+            owed,
+        }
     }
 
     /// Writes `Ended` into every stream's terminal slot and empties the registry.

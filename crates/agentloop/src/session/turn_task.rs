@@ -197,6 +197,7 @@ impl<A: Agent> TurnTask<A> {
                         durable: false,
                     }],
                     gate,
+                    None,
                 );
                 report_finished(&myself, index);
                 if let Some(fin) = fin {
@@ -297,10 +298,12 @@ impl<A: Agent> TurnTask<A> {
         if matches!(end, TurnEnd::Preempted(_)) {
             finals.push(SessionEvent::Preempted { turn: index });
         }
-        let (durable, hold) = match control.take_durable_end() {
+        let (durable, mut hold) = match control.take_durable_end() {
             None => (false, None),
             Some(rx) => {
-                let hold = subscribers.hold_end();
+                // The final events (these and `TurnEnded`) owe their numbers from now:
+                // a record the session writes meanwhile reserves them (issue 28).
+                let hold = subscribers.hold_end(finals.len() as u64 + 1);
                 report_finished(&myself, index);
                 // A dropped sender (the session died): not durable.
                 (rx.await.unwrap_or(false), Some(hold))
@@ -311,7 +314,7 @@ impl<A: Agent> TurnTask<A> {
             outcome: end,
             durable,
         });
-        let fin = subscribers.send_final(finals, gate);
+        let fin = subscribers.send_final(finals, gate, hold.as_mut());
         match hold {
             // Queued (or registered in flight): `Ended` may follow now.
             Some(hold) => drop(hold),

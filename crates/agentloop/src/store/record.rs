@@ -74,8 +74,9 @@ pub struct RecordHeader {
     /// stored one (`StoreError::Fenced`). Each new owner of a session claims the stored
     /// epoch plus one.
     pub lease_epoch: u64,
-    /// The last event sequence number the session had given when this was written
-    /// (S20): a new incarnation numbers its events after it (S26).
+    /// The last event sequence number the session had given, or promised to a turn's
+    /// final events still waiting for their write, when this was written (S20): a new
+    /// incarnation numbers its events after it and the previous `Ended` (S26).
     pub last_event_seq: u64,
     /// The business interrupt that stopped the session (S4), with its question.
     pub interrupt: Option<InterruptInfo>,

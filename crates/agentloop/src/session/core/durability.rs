@@ -209,7 +209,7 @@ impl<A: Agent> Core<A> {
             updated_at_ms: now,
             version: 0,
             lease_epoch: self.durable.lease_epoch,
-            last_event_seq: self.shared.event_seq.last(),
+            last_event_seq: self.shared.event_seq.mark(),
             interrupt: None,
             awaiting_answer: false,
             answer: self.answer.as_ref().map(|a| a.bytes.to_vec().into()),
