@@ -36,6 +36,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         interrupt: None,
         awaiting_answer: false,
         answer: None,
+        settings: None,
     }
 }
 

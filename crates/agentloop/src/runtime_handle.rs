@@ -234,8 +234,10 @@ where
     }
 
     /// Starts new session `to` from turn `turn`'s kept checkpoint of session `from`
-    /// (issue 13, 4), under this runtime, with its durability; the fork keeps `history`
-    /// checkpoints of its own.
+    /// (issue 13, 4), under this runtime, with the settings that checkpoint kept
+    /// (durability, replay, restart policy, poll interval; issue 28), or this runtime's
+    /// durability for a checkpoint written before settings were kept; the fork keeps
+    /// `history` checkpoints of its own.
     pub async fn fork(
         &self,
         from: &str,

@@ -42,18 +42,7 @@ use crate::session::{
 };
 use crate::store::{CheckpointStore, SessionStatus, StatusKind};
 
-/// When a session that ended `Failed` is restarted (S26).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RestartPolicy {
-    /// Restart after any failure (an agent error, a panic, an internal error).
-    #[default]
-    Permanent,
-    /// Restart only after a panic or an internal error, not after an error the agent
-    /// returned on purpose.
-    Transient,
-    /// Never restart.
-    Never,
-}
+pub use crate::session::RestartPolicy;
 
 /// At most `max_restarts` restarts within `window` (OTP's intensity and period).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +174,28 @@ impl<I> SessionSpec<I> {
     pub fn history(mut self, n: usize) -> Self {
         self.history = n;
         self
+    }
+
+    /// Applies the settings a record kept (issue 28): durability, history, replay,
+    /// restart policy and, when it was set, the poll interval.
+    pub fn settings(mut self, s: crate::session::SessionSettings) -> Self {
+        self.durability = s.durability;
+        self.history = s.history;
+        self.replay = s.replay;
+        self.restart = s.restart;
+        self.poll_interval = s.poll_interval();
+        self
+    }
+
+    /// The settings this spec gives its session, as its record keeps them.
+    pub fn recorded_settings(&self) -> crate::session::SessionSettings {
+        crate::session::SessionSettings {
+            durability: self.durability,
+            history: self.history,
+            replay: self.replay,
+            restart: self.restart,
+            poll_interval_ms: self.poll_interval.map(|d| d.as_millis() as u64),
+        }
     }
 }
 
@@ -765,6 +776,8 @@ where
             config = config.lease_timeout(lease);
         }
         config.poll_interval = spec.poll_interval.unwrap_or(self.heartbeat);
+        config.own_poll_interval = spec.poll_interval;
+        config.restart = spec.restart;
         config.subscribe_at_spawn = spec.subscribe;
         config.metrics = self.metrics.clone();
         config
@@ -1669,7 +1682,9 @@ where
     /// [`SessionHandle::resume_with_answer`]); the agent is rebuilt from the record's
     /// kind and configuration. Returns the handle and a stream attached before the
     /// session started (it sees the resumed turn's `TurnStarted`). The session is
-    /// persistent with `durability`, restart policy permanent.
+    /// persistent with the settings its record kept (issue 28: durability, history,
+    /// replay, restart policy, poll interval), or, for a record written before
+    /// settings were kept, with `durability` and the defaults.
     pub async fn resume_with_answer(
         &self,
         id: &str,
@@ -1704,10 +1719,14 @@ where
             Some(&ctx.kinds),
         )
         .await?;
+        // The session's own settings (issue 28); `durability` for an older record.
         let mut spec = SessionSpec::new(id, record.header.agent_kind.clone())
             .config(record.header.agent_config.clone())
-            .persistent(true)
-            .durability(durability);
+            .persistent(true);
+        spec = match record.header.settings {
+            Some(s) => spec.settings(s),
+            None => spec.durability(durability),
+        };
         spec.preloaded = Some(Box::new(record));
         self.spawn_subscribed(spec, capacity, EventFilter::all())
             .await
@@ -1718,8 +1737,10 @@ where
     }
 
     /// Starts new session `to` under this supervisor from turn `turn`'s kept checkpoint
-    /// of session `from` (issue 13, 4), with the source's agent kind and configuration,
-    /// persistent with `durability` and keeping `history` checkpoints of its own.
+    /// of session `from` (issue 13, 4), with the source's agent kind, configuration and
+    /// settings as that checkpoint kept them (issue 28: durability, replay, restart
+    /// policy, poll interval), or `durability` and the defaults for a checkpoint written
+    /// before settings were kept; persistent, keeping `history` checkpoints of its own.
     pub async fn fork(
         &self,
         from: &str,
@@ -1742,12 +1763,23 @@ where
         let Some(store) = ctx.store else {
             return Err(crate::ForkError::NotPersistent(to.to_string()));
         };
-        let record = crate::session::fork::write_fork(&*store, from, turn, to).await?;
+        // The checkpoint's own settings (issue 28), or `durability` with the defaults
+        // for a checkpoint written before settings were kept; the fork's history is its
+        // own.
+        let overrides = |kept: Option<crate::session::SessionSettings>| {
+            let mut s = kept.unwrap_or(crate::session::SessionSettings {
+                durability,
+                ..Default::default()
+            });
+            s.history = history;
+            s
+        };
+        let record = crate::session::fork::write_fork(&*store, from, turn, to, overrides).await?;
+        let settings = record.header.settings.unwrap_or_default();
         let mut spec = SessionSpec::new(to, record.header.agent_kind.clone())
             .config(record.header.agent_config.clone())
             .persistent(true)
-            .durability(durability)
-            .history(history);
+            .settings(settings);
         spec.preloaded = Some(Box::new(record));
         self.spawn(spec).await.map_err(|e| crate::ForkError::Spawn {
             id: to.to_string(),

@@ -156,6 +156,9 @@ pub struct SessionView {
     pub updated_at_ms: u64,
     /// The record's version.
     pub version: u64,
+    /// The session's own settings (issue 28), restored when it resumes; `None` for a
+    /// record written before they were kept.
+    pub settings: Option<crate::session::SessionSettings>,
 }
 
 /// Builds the client view of a stored (format-2) record through `redaction`.
@@ -211,6 +214,7 @@ pub fn session_view(
         }),
         updated_at_ms: h.updated_at_ms,
         version: h.version,
+        settings: h.settings,
     })
 }
 

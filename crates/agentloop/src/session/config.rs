@@ -20,7 +20,8 @@ pub use crate::ids::{validate_session_id, SessionIdError, MAX_SESSION_ID_LEN};
 pub type EndHook = Arc<dyn Fn(ExitSummary) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
 /// When a persistent session writes its record (S16a).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Durability {
     /// Only at exit (S16): cheapest; a crash loses what the process held.
     Exit,
@@ -94,6 +95,12 @@ pub struct SessionConfig {
     pub(crate) subscribe_at_spawn: Option<(usize, crate::events::EventFilter)>,
     /// Where the session counts its turns (S35); set by the supervisor from its own.
     pub(crate) metrics: Option<std::sync::Arc<crate::metrics::RuntimeMetrics>>,
+    /// The restart policy its supervisor applies, kept in the record so a resume
+    /// restores it (issue 28); the session itself never restarts.
+    pub(crate) restart: crate::session::RestartPolicy,
+    /// `poll_interval`, when it was set for this session rather than taken from the
+    /// runtime's heartbeat: kept in the record so a resume restores it (issue 28).
+    pub(crate) own_poll_interval: Option<Duration>,
 }
 
 impl fmt::Debug for SessionConfig {
@@ -134,6 +141,20 @@ impl SessionConfig {
             supervised: false,
             subscribe_at_spawn: None,
             metrics: None,
+            restart: crate::session::RestartPolicy::Permanent,
+            own_poll_interval: None,
+        }
+    }
+
+    /// The settings this session's record keeps (issue 28), restored when it is
+    /// rebuilt from the record.
+    pub fn settings(&self) -> crate::session::SessionSettings {
+        crate::session::SessionSettings {
+            durability: self.durability,
+            history: self.history,
+            replay: self.replay_capacity,
+            restart: self.restart,
+            poll_interval_ms: self.own_poll_interval.map(|d| d.as_millis() as u64),
         }
     }
 

@@ -8,6 +8,7 @@
 //! and returns it for the new session to start on. The source session is untouched.
 //! This module spawns nothing (the handle, the supervisor and the runtime do).
 
+use crate::session::SessionSettings;
 use crate::store::history::{HistoryAnswer, HistoryQuery};
 use crate::store::{
     now_ms, CheckpointStore, ItemChange, LoadedRecord, RecordWrite, SessionStatus, StateChange,
@@ -57,12 +58,15 @@ pub enum ForkError {
 }
 
 /// Writes turn `turn`'s checkpoint of session `from` as the record of new session
-/// `to`; returns it, decoded, for the new session to start on.
+/// `to`, with the settings `settings` makes of the checkpoint's (`None` when it kept
+/// none): a fork inherits them or overrides them (issue 28); returns it, decoded, for
+/// the new session to start on.
 pub(crate) async fn write_fork<I>(
     store: &dyn CheckpointStore<I>,
     from: &str,
     turn: u64,
     to: &str,
+    settings: impl FnOnce(Option<SessionSettings>) -> SessionSettings,
 ) -> Result<LoadedRecord<I>, ForkError>
 where
     I: serde::Serialize + serde::de::DeserializeOwned + 'static,
@@ -101,6 +105,7 @@ where
     header.created_at_ms = now;
     header.updated_at_ms = now;
     header.heartbeat_ms = now;
+    header.settings = Some(settings(header.settings));
     let write = RecordWrite {
         header: header.clone(),
         items: checkpoint

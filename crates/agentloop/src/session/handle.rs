@@ -170,7 +170,8 @@ where
     /// Starts a new session `config.id` from turn `turn`'s kept checkpoint of session
     /// `from` (issue 13, 4): its items and state, as that turn's end left them. The
     /// checkpoint is written as the new session's record first (never over an
-    /// existing record), then the session starts on it. `from` is untouched.
+    /// existing record), then the session starts on it, with `config`'s settings.
+    /// `from` is untouched.
     pub async fn fork<A>(
         config: SessionConfig,
         agent: Arc<A>,
@@ -187,7 +188,10 @@ where
             Some(s) => s,
             None => return Err(crate::ForkError::NotPersistent(id)),
         };
-        let record = crate::session::fork::write_fork(&*store, from, turn, &id).await?;
+        // The fork runs with `config`: its record says so from the first write.
+        let settings = config.settings();
+        let record =
+            crate::session::fork::write_fork(&*store, from, turn, &id, |_| settings).await?;
         Self::spawn_inner(config, agent, Some(store), None, Some(record))
             .await
             .map_err(|e| crate::ForkError::Spawn {

@@ -18,6 +18,7 @@ mod handle;
 pub(crate) mod ledger;
 mod load;
 pub(crate) mod messages;
+mod settings;
 mod teardown;
 mod turn_loop;
 mod turn_task;
@@ -35,3 +36,4 @@ pub use handle::{BoundClient, SessionHandle};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,
 };
+pub use settings::{RestartPolicy, SessionSettings};

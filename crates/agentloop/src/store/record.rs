@@ -85,6 +85,10 @@ pub struct RecordHeader {
     pub awaiting_answer: bool,
     /// The answer given (an encoded item), until the resumed turn has run.
     pub answer: Option<serde_bytes::ByteBuf>,
+    /// The session's own settings (issue 28), restored when it is rebuilt from this
+    /// record; `None` in records written before they were kept (the runtime's
+    /// defaults apply).
+    pub settings: Option<crate::session::SessionSettings>,
 }
 
 impl Default for RecordHeader {
@@ -110,6 +114,7 @@ impl Default for RecordHeader {
             interrupt: None,
             awaiting_answer: false,
             answer: None,
+            settings: None,
         }
     }
 }
@@ -340,6 +345,7 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             interrupt: rec.interrupt,
             awaiting_answer: rec.awaiting_answer,
             answer: rec.answer.map(serde_bytes::ByteBuf::from),
+            settings: rec.settings,
         };
         Ok(LoadedRecord {
             header,
@@ -376,6 +382,7 @@ impl<I> LoadedRecord<I> {
             interrupt: h.interrupt,
             awaiting_answer: h.awaiting_answer,
             answer: h.answer.map(serde_bytes::ByteBuf::into_vec),
+            settings: h.settings,
         }
     }
 
@@ -435,6 +442,8 @@ pub struct SessionRecord<I> {
     pub awaiting_answer: bool,
     /// The answer given, encoded, until the resumed turn has run.
     pub answer: Option<Vec<u8>>,
+    /// The session's own settings (see [`RecordHeader::settings`]).
+    pub settings: Option<crate::session::SessionSettings>,
 }
 
 impl<I> SessionRecord<I> {
@@ -466,6 +475,7 @@ impl<I> SessionRecord<I> {
             interrupt: None,
             awaiting_answer: false,
             answer: None,
+            settings: None,
         }
     }
 

@@ -213,6 +213,7 @@ impl<A: Agent> Core<A> {
             interrupt: None,
             awaiting_answer: false,
             answer: self.answer.as_ref().map(|a| a.bytes.to_vec().into()),
+            settings: Some(self.config.settings),
         }
     }
 

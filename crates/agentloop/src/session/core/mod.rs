@@ -246,6 +246,8 @@ pub(crate) struct CoreConfig {
     pub(crate) supervised: bool,
     /// Turn-end checkpoints to keep (0: none).
     pub(crate) history: usize,
+    /// What every record header keeps of the session's settings (issue 28).
+    pub(crate) settings: crate::session::SessionSettings,
 }
 
 impl CoreConfig {
@@ -261,6 +263,7 @@ impl CoreConfig {
             poll_interval: config.poll_interval,
             supervised: config.supervised,
             history: config.history,
+            settings: config.settings(),
         }
     }
 }

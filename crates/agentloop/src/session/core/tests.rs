@@ -160,6 +160,10 @@ impl Harness {
             poll_interval: std::time::Duration::from_secs(1),
             supervised: false,
             history: 0,
+            settings: crate::session::SessionSettings {
+                durability,
+                ..Default::default()
+            },
         };
         let mut core = Core::new(config, shared);
         let progress = Arc::new(Mutex::new(Vec::new()));
@@ -707,6 +711,7 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
             poll_interval: std::time::Duration::from_secs(1),
             supervised: false,
             history: 0,
+            settings: Default::default(),
         },
         shared,
     );

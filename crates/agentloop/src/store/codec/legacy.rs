@@ -162,6 +162,7 @@ pub fn decode_record<I: DeserializeOwned>(
         interrupt: None,
         awaiting_answer: false,
         answer: None,
+        settings: None,
     })
 }
 

@@ -242,6 +242,13 @@ mod tests {
                         }),
                         awaiting_answer: v % 2 == 1,
                         answer: (v % 3 == 0).then(|| serde_bytes::ByteBuf::from(vec![0x92, 1, 2])),
+                        settings: (v % 5 != 0).then(|| crate::session::SessionSettings {
+                            durability: crate::session::Durability::Turn,
+                            history: (turn % 7) as usize,
+                            replay: (v % 300) as usize,
+                            restart: crate::session::RestartPolicy::Transient,
+                            poll_interval_ms: (hb % 2 == 0).then_some(hb % 10_000),
+                        }),
                     }
                 },
             )
