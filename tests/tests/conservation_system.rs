@@ -543,11 +543,28 @@ async fn run(s: Schedule) -> Result<Stats, String> {
     while let Some(end) = within("the second runtime's end feed to close", ends2.recv()).await {
         second_ends.push(end);
     }
-    if drained.len() != started.resumed.len() {
+    // Every resumed session ends once here: by the drain, or before it by a failure
+    // its spawn settings do not restart (a `no-restart` session keeps that policy
+    // across the restart, issue 28).
+    let drained_ids: BTreeSet<&str> = drained.iter().map(|e| e.session_id.as_str()).collect();
+    let failed_before: Vec<&str> = second_ends
+        .iter()
+        .filter(|e| {
+            matches!(e.exit.reason, ExitReason::Failed(_)) && !drained_ids.contains(e.id.as_str())
+        })
+        .map(|e| e.id.as_str())
+        .collect();
+    let mut ended: Vec<&str> = drained_ids.iter().copied().chain(failed_before).collect();
+    ended.sort_unstable();
+    let mut resumed: Vec<&str> = started.resumed.iter().map(String::as_str).collect();
+    resumed.sort_unstable();
+    if ended != resumed {
         return Err(format!(
-            "resumed {:?} but the drain ended {} sessions",
-            started.resumed,
-            drained.len()
+            "resumed {resumed:?} but the drain ended {drained_ids:?} and failures {:?}",
+            second_ends
+                .iter()
+                .map(|e| format!("{}: {:?}", e.id, e.exit.reason))
+                .collect::<Vec<_>>()
         ));
     }
 

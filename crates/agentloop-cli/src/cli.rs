@@ -278,6 +278,11 @@ pub(crate) struct PushFlags {
     /// same key never delivers the item twice.
     #[arg(long, value_name = "KEY")]
     pub key: Option<String>,
+    /// How long to keep retrying, with the same key, while the server cannot be
+    /// reached (restarting) or answers 503 not_live (the session is being recovered);
+    /// 0s tries once.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = duration)]
+    pub retry_for: Duration,
     #[command(flatten)]
     pub server: ServerArgs,
 }

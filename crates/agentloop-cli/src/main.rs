@@ -69,7 +69,14 @@ fn live(cmd: cli::Cmd) -> Result<String, Failure> {
     match cmd {
         cli::Cmd::Push(f) => {
             let item = remote::json_arg("item", &f.item)?;
-            remote::push(&server(f.server)?, &f.id, item, f.preempt.as_deref(), f.key)
+            remote::push(
+                &server(f.server)?,
+                &f.id,
+                item,
+                f.preempt.as_deref(),
+                f.key,
+                f.retry_for,
+            )
         }
         cli::Cmd::Stop(f) => {
             let mut options = serde_json::Map::new();

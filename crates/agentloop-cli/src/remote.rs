@@ -4,11 +4,12 @@
 //! `agentloop-http`'s router). The token comes from `--token` or `AGENTLOOP_TOKEN`.
 //!
 //! Blocking HTTP (ureq), no tokio runtime. A push carries an `Idempotency-Key` made
-//! for this invocation and is retried on a connection failure, so a retry never
-//! delivers the item twice. `watch` prints every event and reconnects with the last
-//! sequence number (`Last-Event-ID`) until the stream's `ended`. Server errors are
-//! printed as the server's `code: message`. This module only talks HTTP; the server
-//! decides everything.
+//! for this invocation and is retried while the server cannot be reached or answers
+//! `503 not_live` (issue 28: a restarted server recovering the session), so a retry
+//! never delivers the item twice. `watch` prints every event and reconnects with the
+//! last sequence number (`Last-Event-ID`) until the stream's `ended`, waiting as a
+//! `not_live` event's `retry:` says. Server errors are printed as the server's
+//! `code: message`. This module only talks HTTP; the server decides everything.
 
 use std::io::{BufRead, BufReader, Read as _, Write as _};
 use std::time::Duration;
@@ -17,8 +18,17 @@ use serde_json::{json, Value};
 
 use crate::Failure;
 
-/// How many times a push is retried after a connection failure (same key each time).
-const PUSH_RETRIES: u32 = 3;
+/// The longest a retry waits, whatever the server's `Retry-After` says.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(10);
+
+/// An answer that is not a 2xx.
+struct Refusal {
+    status: u16,
+    code: String,
+    message: String,
+    /// `Retry-After`, in seconds.
+    retry_after: Option<u64>,
+}
 
 /// Where the server is and how to authenticate.
 #[derive(Clone, PartialEq, Eq)]
@@ -74,10 +84,14 @@ impl Server {
     }
 
     fn unreachable(&self, e: ureq::Error) -> Failure {
-        Failure::Error(format!(
+        Failure::Error(self.unreachable_text(e))
+    }
+
+    fn unreachable_text(&self, e: ureq::Error) -> String {
+        format!(
             "cannot reach the server at {}: {e}; is `agentloop serve` running there?",
             self.base
-        ))
+        )
     }
 
     /// One request; the JSON answer of a 2xx, else the server's error.
@@ -92,6 +106,34 @@ impl Server {
         body: Option<&Value>,
         headers: &[(&str, &str)],
     ) -> Result<Value, Failure> {
+        match self.call_raw(method, path, body, headers) {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(r)) => Err(self.refused(r)),
+            Err(e) => Err(self.unreachable(e)),
+        }
+    }
+
+    /// The server's refusal as a failure.
+    fn refused(&self, r: Refusal) -> Failure {
+        let hint = if r.status == 401 {
+            " (pass the server's token with --token or AGENTLOOP_TOKEN)"
+        } else {
+            ""
+        };
+        Failure::Error(format!(
+            "the server answered {} {}: {}{hint}",
+            r.status, r.code, r.message
+        ))
+    }
+
+    /// One request: the JSON of a 2xx, the server's refusal, or why it was not reached.
+    fn call_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Result<Value, Refusal>, ureq::Error> {
         let url = format!("{}{path}", self.base);
         let agent = Self::agent(Some(Duration::from_secs(60)));
         let result = match (method, body) {
@@ -111,23 +153,27 @@ impl Server {
                 r.send_json(b.cloned().unwrap_or_else(|| json!({})))
             }
         };
-        let mut resp = result.map_err(|e| self.unreachable(e))?;
+        let mut resp = result?;
         let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if (200..300).contains(&status) {
-            return Ok(value);
+            return Ok(Ok(value));
         }
-        let code = value["code"].as_str().unwrap_or("error");
-        let message = value["message"].as_str().unwrap_or("(no message)");
-        let hint = if status == 401 {
-            " (pass the server's token with --token or AGENTLOOP_TOKEN)"
-        } else {
-            ""
-        };
-        Err(Failure::Error(format!(
-            "the server answered {status} {code}: {message}{hint}"
-        )))
+        Ok(Err(Refusal {
+            status,
+            code: value["code"].as_str().unwrap_or("error").to_string(),
+            message: value["message"]
+                .as_str()
+                .unwrap_or("(no message)")
+                .to_string(),
+            retry_after,
+        }))
     }
 }
 
@@ -219,14 +265,16 @@ pub(crate) fn show(server: &Server, id: &str) -> Result<String, Failure> {
     ))
 }
 
-/// `push <id> <item>`: with an idempotency key for this invocation, retried on a
-/// connection failure.
+/// `push <id> <item>`: with an idempotency key for this invocation, retried with that
+/// key for up to `retry_for` while the server cannot be reached (a restart) or answers
+/// `503 not_live` (the session is being recovered; waiting as its `Retry-After` says).
 pub(crate) fn push(
     server: &Server,
     id: &str,
     item: Value,
     preempt: Option<&str>,
     key: Option<String>,
+    retry_for: Duration,
 ) -> Result<String, Failure> {
     let mut body = json!({ "item": item });
     if let Some(at) = preempt {
@@ -239,22 +287,40 @@ pub(crate) fn push(
             .unwrap_or(0);
         format!("cli-{}-{nanos}", std::process::id())
     });
-    let mut attempt = 0;
+    let deadline = std::time::Instant::now() + retry_for;
+    let mut backoff = Duration::from_millis(100);
     loop {
-        match server.call_with(
+        let answer = server.call_raw(
             "POST",
             &path(id, "/items"),
             Some(&body),
             &[("Idempotency-Key", &key)],
-        ) {
-            Ok(v) => return Ok(format!("pushed to {id}: preempt {}\n", v["preempt"])),
-            Err(Failure::Error(e)) if e.starts_with("cannot reach") && attempt < PUSH_RETRIES => {
-                attempt += 1;
-                eprintln!("agentloop: {e}; retrying ({attempt}/{PUSH_RETRIES}) with the same Idempotency-Key");
-                std::thread::sleep(Duration::from_millis(200 * u64::from(attempt)));
+        );
+        let (wait, why) = match answer {
+            Ok(Ok(v)) => return Ok(format!("pushed to {id}: preempt {}\n", v["preempt"])),
+            Ok(Err(r)) if r.status == 503 && r.code == "not_live" => {
+                let wait = Duration::from_secs(r.retry_after.unwrap_or(1));
+                (wait, format!("{}: {}", r.code, r.message))
             }
-            Err(e) => return Err(e),
+            Ok(Err(r)) => return Err(server.refused(r)),
+            Err(e) => {
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                (backoff, server.unreachable_text(e))
+            }
+        };
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return Err(Failure::Error(format!(
+                "{why}; gave up after retrying for {} (--retry-for)",
+                humantime::format_duration(retry_for)
+            )));
         }
+        let wait = wait.min(MAX_RETRY_WAIT).min(deadline - now);
+        eprintln!(
+            "agentloop: {why}; retrying in {} with the same Idempotency-Key",
+            humantime::format_duration(Duration::from_millis(wait.as_millis() as u64))
+        );
+        std::thread::sleep(wait);
     }
 }
 
@@ -288,10 +354,15 @@ pub(crate) fn delete(server: &Server, id: &str) -> Result<String, Failure> {
 
 /// `watch <id>`: prints `#<seq> <event> <data>` per event until `ended`, reconnecting
 /// with `Last-Event-ID` when the connection drops (at most `reconnects` times in a row
-/// without an event in between).
+/// without an event in between). A session that is stored but not live yet (a restarted
+/// server recovering it, issue 28) answers a `not_live` event and the SSE `retry:` to
+/// wait; watch waits that long and reconnects, for up to `NOT_LIVE_FOR` in a row.
 pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Failure> {
+    /// How long watch waits for a session that stays not live.
+    const NOT_LIVE_FOR: Duration = Duration::from_secs(600);
     let mut last: Option<u64> = None;
     let mut failures = 0;
+    let mut not_live_since: Option<std::time::Instant> = None;
     let url = format!("{}{}", server.base, path(id, "/events"));
     let mut out = std::io::stdout().lock();
     loop {
@@ -324,14 +395,24 @@ pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Fa
         }
         let reader = BufReader::new(resp.into_body().into_reader());
         let (mut seq, mut name) = (None::<u64>, String::new());
+        let mut retry: Option<Duration> = None;
+        let mut not_live: Option<String> = None;
         for line in reader.lines() {
             let Ok(line) = line else { break };
             if let Some(v) = line.strip_prefix("id:") {
                 seq = v.trim().parse().ok();
             } else if let Some(v) = line.strip_prefix("event:") {
                 name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("retry:") {
+                retry = v.trim().parse().ok().map(Duration::from_millis);
             } else if let Some(v) = line.strip_prefix("data:") {
+                if name == "not_live" {
+                    let v: Value = serde_json::from_str(v.trim()).unwrap_or(Value::Null);
+                    not_live = Some(v["message"].as_str().unwrap_or("not live yet").to_string());
+                    continue;
+                }
                 failures = 0;
+                not_live_since = None;
                 if seq.is_some() {
                     last = seq;
                 }
@@ -342,6 +423,22 @@ pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Fa
                     return Ok(());
                 }
             }
+        }
+        if let Some(message) = not_live {
+            let since = *not_live_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() > NOT_LIVE_FOR {
+                return Err(Failure::Error(format!(
+                    "{message}; still not live after {}: giving up",
+                    humantime::format_duration(NOT_LIVE_FOR)
+                )));
+            }
+            let wait = retry.unwrap_or(Duration::from_secs(1)).min(MAX_RETRY_WAIT);
+            eprintln!(
+                "agentloop: {message}; reconnecting in {} after event {last:?}",
+                humantime::format_duration(wait)
+            );
+            std::thread::sleep(wait);
+            continue;
         }
         // The stream closed before `ended`: the server went away or a proxy cut it.
         failures += 1;

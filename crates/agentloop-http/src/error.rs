@@ -18,6 +18,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// What happened and what to do.
     pub message: String,
+    /// When to retry (`Retry-After`, whole seconds rounded up), for `503 not_live`.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 #[derive(Serialize)]
@@ -33,6 +35,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -42,6 +45,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             code: "bad_request",
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -51,8 +55,27 @@ impl ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             code: "draining",
             message: message.into(),
+            retry_after: None,
         }
     }
+}
+
+impl ApiError {
+    /// `503 not_live` (issue 28): a session is stored but not live yet; retry after
+    /// `retry_after`.
+    pub fn not_live(message: impl Into<String>, retry_after: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "not_live",
+            message: message.into(),
+            retry_after: Some(retry_after),
+        }
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(d: std::time::Duration) -> u64 {
+    d.as_millis().div_ceil(1000).max(1) as u64
 }
 
 impl IntoResponse for ApiError {
@@ -61,7 +84,14 @@ impl IntoResponse for ApiError {
             code: self.code,
             message: &self.message,
         });
-        (self.status, body).into_response()
+        let mut response = (self.status, body).into_response();
+        if let Some(d) = self.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(retry_after_secs(d)),
+            );
+        }
+        response
     }
 }
 
@@ -90,6 +120,7 @@ impl From<SupervisorError> for ApiError {
             status,
             code,
             message: e.to_string(),
+            retry_after: None,
         }
     }
 }
@@ -107,6 +138,16 @@ impl From<agentloop::cluster::control::ControlError> for ApiError {
             }
             e @ ControlError::NotForwardable(_) => {
                 ApiError::new(StatusCode::CONFLICT, "not_forwardable", e.to_string())
+            }
+            // Issue 28: stored, not live yet (retry) or not running (what to do).
+            ControlError::NotLive {
+                ref retry_after, ..
+            } => {
+                let after = *retry_after;
+                ApiError::not_live(e.to_string(), after)
+            }
+            e @ ControlError::NotRunning { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "wrong_state", e.to_string())
             }
         }
     }
@@ -129,11 +170,17 @@ impl<I> From<RoutedPushError<I>> for ApiError {
             RoutedPushError::OwnerUnreachable { .. } => {
                 (StatusCode::BAD_GATEWAY, "owner_unreachable")
             }
+            // Issue 28: stored, not live yet (retry) or not running (what to do).
+            RoutedPushError::NotLive { retry_after, .. } => {
+                return ApiError::not_live(e.to_string(), *retry_after)
+            }
+            RoutedPushError::NotRunning { .. } => (StatusCode::CONFLICT, "wrong_state"),
         };
         ApiError {
             status,
             code,
             message: e.to_string(),
+            retry_after: None,
         }
     }
 }
@@ -156,6 +203,7 @@ impl<I> From<agentloop::AnswerError<I>> for ApiError {
             status,
             code,
             message: e.to_string(),
+            retry_after: None,
         }
     }
 }
@@ -166,6 +214,7 @@ impl From<agentloop::StoreError> for ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             code: "internal",
             message: format!("the checkpoint store failed: {e}"),
+            retry_after: None,
         }
     }
 }

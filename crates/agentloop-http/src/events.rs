@@ -3,8 +3,9 @@
 //! `wire`; agent events and questions through the runtime's redaction); `Last-Event-ID`
 //! resumes after that number from the session's replay buffer (a `lagged` event first
 //! when some are gone); keep-alive comments every 15 s; the last event is `ended` with
-//! the exit reason (`{"kind": "shutdown"}` when the server is going away). This module
-//! only shapes events; subscribing is the supervisor's.
+//! the exit reason (`{"kind": "shutdown"}` when the server is going away). A session that
+//! is stored but not live yet answers one `not_live` event with SSE's `retry:` (issue
+//! 28). This module only shapes events; subscribing is the supervisor's.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -108,4 +109,30 @@ where
         }
     });
     Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+}
+
+/// The answer to a subscription for a session that is stored but not live yet (issue
+/// 28): a `200` event stream of one `not_live` event (`{"code": "not_live", "message",
+/// "retry_after_ms"}`) after an SSE `retry:` field of `retry_after`, then closed. A
+/// browser's EventSource treats any other status as final; this way it reconnects after
+/// `retry_after` with the same `Last-Event-ID`. `Retry-After` says the same for other
+/// clients.
+pub(crate) fn not_live(message: &str, retry_after: Duration) -> axum::response::Response {
+    use axum::http::{header, HeaderValue, StatusCode};
+    use axum::response::IntoResponse;
+    let ms = retry_after.as_millis() as u64;
+    let data = json!({ "code": "not_live", "message": message, "retry_after_ms": ms });
+    let body = format!("retry: {ms}\nevent: not_live\ndata: {data}\n\n");
+    let mut response = (StatusCode::OK, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(crate::error::retry_after_secs(retry_after)),
+    );
+    response
 }

@@ -631,6 +631,17 @@ pub(crate) async fn events<I: Item, E: Ev>(
         .ok_or_else(|| too_many("event streams", st.streams.max()))?;
     let filter = agentloop::EventFilter::all();
     // Here, or relayed from the node that runs it (issue 18).
-    let stream = st.runtime.subscribe_anywhere(&id, after, filter).await?;
+    let stream = match st.runtime.subscribe_anywhere(&id, after, filter).await {
+        Ok(stream) => stream,
+        // Issue 28: stored but not live yet. A browser's EventSource treats any answer
+        // but a 200 event stream as final and stops reconnecting, so this is a 200
+        // stream of one `not_live` event whose `retry:` tells it when to reconnect
+        // (with the same Last-Event-ID); it closes at once.
+        Err(e @ agentloop::cluster::control::ControlError::NotLive { .. }) => {
+            let after = e.retry_after().unwrap_or(agentloop::liveness::RETRY_SOON);
+            return Ok(crate::events::not_live(&e.to_string(), after));
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(crate::events::sse(stream, st.runtime.redaction().clone(), slot).into_response())
 }

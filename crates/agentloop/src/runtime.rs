@@ -347,11 +347,19 @@ where
             flush_logs: self.flush_logs,
         })
         .await?;
+        // A cluster node adopts dead nodes' sessions; every runtime on a store other
+        // processes may share recovers the records whose owner's lease expires while
+        // it runs (issue 28). A store this process holds exclusively needs no sweep:
+        // the start recovers everything a previous process left.
+        let sweeps = self.node.is_some() || store.as_ref().is_some_and(|s| !s.exclusive());
         let runtime = Runtime {
             handle: RuntimeHandle {
                 forwarder: Arc::default(),
                 moving: Default::default(),
                 lease_timeout: self.lease_timeout,
+                heartbeat: self.heartbeat,
+                sweeps,
+                node: self.node.is_some(),
                 metrics: metrics.clone(),
                 supervisor,
                 store,
@@ -379,7 +387,7 @@ where
             }
         });
         let report = runtime.resume().await?;
-        if runtime.node {
+        if runtime.handle.sweeps {
             runtime.start_adopting();
         }
         Ok((runtime, report))
@@ -522,7 +530,13 @@ where
                 if let Some(owner) = h.owner.as_deref().filter(|o| *o != self.instance) {
                     let beat = store.heartbeat(owner).await?.unwrap_or(h.heartbeat_ms);
                     let now = now_ms();
-                    if is_fresh(beat, now, self.lease_timeout) {
+                    // An exclusive store proves a previous process's owner gone: its
+                    // sessions are recovered at once, not after its lease (issue 28).
+                    let orphaned = store.orphaned(owner, crate::store::lease::last_seen(h, beat));
+                    if orphaned {
+                        tracing::info!(session = %h.session_id, owner,
+                            "recovering a session of a process that held this data directory before");
+                    } else if is_fresh(beat, now, self.lease_timeout) {
                         let ago = Duration::from_millis(now.saturating_sub(beat));
                         let left = self.lease_timeout.saturating_sub(ago);
                         report.skipped.push((
@@ -544,7 +558,10 @@ where
             let items = rec.item_count();
             let crashed = h.status == SessionStatus::Running;
             let id = h.session_id.clone();
-            let spec = resume_spec(rec, self.durability, self.lease_timeout, self.node);
+            // On a shared store the resume claims the record (a new owner and lease
+            // epoch), so no other runtime's recovery sweep takes it for its dead
+            // former owner's (issue 28).
+            let spec = resume_spec(rec, self.durability, self.lease_timeout, self.sweeps);
             spawns.push((id, (items, crashed), spec));
         }
         // All spawn requests go out back to back (each future sends its request when
@@ -577,11 +594,14 @@ where
         Ok(report)
     }
 
-    /// Starts the adoption sweep of a cluster node (issue 18, S38): every heartbeat it
-    /// reads the store's membership; when a node is newly presumed dead (or membership
-    /// changed, or every 30 beats anyway) it lists the resumable records and resumes
-    /// those whose owner is dead and that placement gives this node, each claiming its
-    /// record first. It stops when the runtime shuts down.
+    /// Starts the adoption sweep of a cluster node (issue 18, S38), which is also the
+    /// recovery sweep of a runtime on a shared store (issue 28): every heartbeat it
+    /// reads the store's membership; when an instance is newly presumed dead (or
+    /// membership changed, or every 30 beats anyway) it lists the resumable records and
+    /// resumes those whose owner is dead and that placement gives this instance, each
+    /// claiming its record first. A runtime that is not a node also reads the owner's
+    /// own heartbeat (a store may list no instances) and takes only records whose
+    /// owner's lease expired. It stops when the runtime shuts down.
     fn start_adopting(&self) {
         let Some(store) = self.store.clone() else {
             return;
@@ -591,6 +611,7 @@ where
         let me = self.instance.clone();
         let lease_timeout = self.lease_timeout;
         let durability = self.durability;
+        let node = self.node;
         let mut tick = tokio::time::interval(self.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let rebalance = self.rebalance.map(|p| (p, Rebalancer::new(p.settle, 30)));
@@ -652,7 +673,24 @@ where
                     {
                         continue;
                     }
-                    tracing::info!(session = %h.session_id, dead = ?h.owner, "adopting a session of a dead node");
+                    if !node {
+                        if let Some(owner) = h.owner.as_deref() {
+                            let beat = match store.heartbeat(owner).await {
+                                Ok(b) => b.unwrap_or(0),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, session = %h.session_id,
+                                        "cannot read the owner's heartbeat; the next sweep retries");
+                                    sweeper.retry();
+                                    continue;
+                                }
+                            };
+                            let seen = crate::store::lease::last_seen(h, beat);
+                            if is_fresh(seen, now_ms(), lease_timeout) {
+                                continue;
+                            }
+                        }
+                    }
+                    tracing::info!(session = %h.session_id, dead = ?h.owner, "adopting a session whose owner's lease expired");
                     specs.push(resume_spec(rec, durability, lease_timeout, true));
                 }
                 let results =
@@ -687,6 +725,10 @@ where
     /// dropped), then the supervisor, then the store, without the shutdown phases.
     /// Returns the sessions' exit states.
     pub async fn stop(self, options: StopOptions) -> Result<Vec<ExitState<I>>, RuntimeError> {
+        // No recovery sweep may resume what the stop is ending.
+        if let Some(task) = self.adopter.lock().take() {
+            task.abort();
+        }
         let exits = self.supervisor.stop_all(options).await;
         self.release().await?;
         Ok(exits)

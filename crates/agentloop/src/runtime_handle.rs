@@ -34,6 +34,13 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) moving: crate::cluster::migrate::Moving,
     /// The lease timeout resumed sessions judge owners by (S19).
     pub(crate) lease_timeout: std::time::Duration,
+    /// The runtime's heartbeat: how often it sweeps for records to recover.
+    pub(crate) heartbeat: std::time::Duration,
+    /// Whether it recovers records whose owner's lease expired while it runs (a node,
+    /// or a runtime on a shared store; issue 28).
+    pub(crate) sweeps: bool,
+    /// Whether it is a cluster node.
+    pub(crate) node: bool,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -49,6 +56,9 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             forwarder: self.forwarder.clone(),
             moving: self.moving.clone(),
             lease_timeout: self.lease_timeout,
+            heartbeat: self.heartbeat,
+            sweeps: self.sweeps,
+            node: self.node,
         }
     }
 }
@@ -77,8 +87,27 @@ where
 
     /// Pushes to a session wherever it runs (issue 18, S36): here when this runtime runs
     /// it, else, on a cluster node, at its owner. A push with an S9 strategy does not
-    /// cross nodes ([`crate::supervisor::RoutedPushError::NotForwardable`]).
+    /// cross nodes ([`crate::supervisor::RoutedPushError::NotForwardable`]). A session
+    /// that is stored but not live yet (being recovered, resumed or moved) answers
+    /// [`crate::supervisor::RoutedPushError::NotLive`] with when to push again; one
+    /// stored but not running, `NotRunning` with what to do (issue 28).
     pub async fn push_anywhere(
+        &self,
+        id: &str,
+        item: I,
+        options: crate::options::PushOptions<I>,
+    ) -> Result<crate::push::PreemptAck, crate::supervisor::RoutedPushError<I>> {
+        use crate::supervisor::RoutedPushError;
+        match self.push_routed(id, item, options).await {
+            Err(RoutedPushError::UnknownSession { id, item }) => match self.absence(&id).await {
+                Some(absence) => Err(RoutedPushError::stored(id, item, absence)),
+                None => Err(RoutedPushError::UnknownSession { id, item }),
+            },
+            other => other,
+        }
+    }
+
+    async fn push_routed(
         &self,
         id: &str,
         item: I,
@@ -134,6 +163,44 @@ where
             }
             other => other,
         }
+    }
+
+    /// Why session `id`, which no live session here (or on a node this one forwards
+    /// to) has, is not live, when a record is stored under it (issue 28): not live yet
+    /// (retry) or not running (what to do). `None` when nothing is stored (or the store
+    /// cannot be read: the caller's "unknown" stands).
+    pub async fn absence(&self, id: &str) -> Option<crate::liveness::Absence> {
+        let store = self.store.as_ref()?;
+        let header = match store.load_stored(id).await {
+            Ok(Some(crate::store::Stored::Current(r))) => r.header,
+            Ok(Some(other)) => other.decode::<I>().ok()?.header,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(session = id, error = %e, "cannot read a record to say why its session is not live");
+                return None;
+            }
+        };
+        let (beat, orphaned) = match header.owner.as_deref() {
+            Some(owner) if owner != self.instance => {
+                let beat = store.heartbeat(owner).await.ok().flatten();
+                let seen = crate::store::lease::last_seen(&header, beat.unwrap_or(0));
+                (beat, store.orphaned(owner, seen))
+            }
+            _ => (None, false),
+        };
+        Some(crate::liveness::judge(
+            &header,
+            beat,
+            orphaned,
+            crate::liveness::Looker {
+                me: &self.instance,
+                now_ms: crate::store::now_ms(),
+                lease_timeout: self.lease_timeout,
+                heartbeat: self.heartbeat,
+                sweeps: self.sweeps,
+                node: self.node,
+            },
+        ))
     }
 
     /// The checkpoint store, if any.

@@ -620,6 +620,31 @@ pub enum RoutedPushError<I> {
     },
     /// The session rejected it.
     Push(PushError<I>),
+    /// A session is stored under this id but is not live yet: it is being recovered,
+    /// resumed or moved, or waits for its dead owner's lease (issue 28). The item is
+    /// handed back; push it again after `retry_after`.
+    NotLive {
+        /// The session.
+        id: String,
+        /// The item.
+        item: I,
+        /// When to retry.
+        retry_after: std::time::Duration,
+        /// What is happening to it.
+        why: String,
+    },
+    /// A session is stored under this id but nothing runs it (stopped, interrupted,
+    /// ended or waiting for an answer); `hint` says what to do. The item is handed back.
+    NotRunning {
+        /// The session.
+        id: String,
+        /// The item.
+        item: I,
+        /// Its stored status.
+        status: String,
+        /// What to do.
+        hint: String,
+    },
     /// Another node owns the session and the push cannot cross nodes: it carries an S9
     /// strategy (a closure) (issue 18, S36). The item is handed back; send it to the
     /// owner node, or without the strategy.
@@ -656,6 +681,34 @@ pub enum RoutedPushError<I> {
     },
 }
 
+impl<I> RoutedPushError<I> {
+    /// When to push again, for a session that is stored but not live yet.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            RoutedPushError::NotLive { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// An `UnknownSession` for a session that is stored after all, told as what it is.
+    pub(crate) fn stored(id: String, item: I, absence: crate::liveness::Absence) -> Self {
+        match absence {
+            crate::liveness::Absence::NotLive { retry_after, why } => RoutedPushError::NotLive {
+                id,
+                item,
+                retry_after,
+                why,
+            },
+            crate::liveness::Absence::NotRunning { status, hint } => RoutedPushError::NotRunning {
+                id,
+                item,
+                status,
+                hint,
+            },
+        }
+    }
+}
+
 impl<I> fmt::Display for RoutedPushError<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -664,6 +717,24 @@ impl<I> fmt::Display for RoutedPushError<I> {
                 "no live session has id `{id}`; the item is handed back in this error"
             ),
             RoutedPushError::Push(e) => fmt::Display::fmt(e, f),
+            RoutedPushError::NotLive {
+                id,
+                retry_after,
+                why,
+                ..
+            } => write!(
+                f,
+                "session `{id}` is stored but not live yet: {why}; push again in {}; the item \
+                 is handed back",
+                crate::config::format_duration(*retry_after)
+            ),
+            RoutedPushError::NotRunning {
+                id, status, hint, ..
+            } => write!(
+                f,
+                "session `{id}` is stored ({status}) but not running: {hint}; the item is \
+                 handed back"
+            ),
             RoutedPushError::NotForwardable { id, .. } => write!(
                 f,
                 "session `{id}` runs on another node and this push carries a strategy (a \

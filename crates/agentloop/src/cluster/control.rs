@@ -36,9 +36,55 @@ pub enum ControlError {
         /// Its reason.
         error: String,
     },
+    /// A session is stored under this id but is not live yet (issue 28): retry after
+    /// `retry_after`.
+    #[error("session `{session}` is stored but not live yet: {why}; retry in {}", crate::config::format_duration(*retry_after))]
+    NotLive {
+        /// The session.
+        session: String,
+        /// When to retry.
+        retry_after: std::time::Duration,
+        /// What is happening to it.
+        why: String,
+    },
+    /// A session is stored under this id but nothing runs it: `hint` says what to do.
+    #[error("session `{session}` is stored ({status}) but not running: {hint}")]
+    NotRunning {
+        /// The session.
+        session: String,
+        /// Its stored status.
+        status: String,
+        /// What to do.
+        hint: String,
+    },
     /// The options cannot cross nodes.
     #[error("session `{0}` runs on another node and this stop's cancel targets a safe-point set that cannot cross nodes; use after_model_call, after_tool_calls or any")]
     NotForwardable(String),
+}
+
+impl ControlError {
+    /// When to retry, for a session that is stored but not live yet.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ControlError::NotLive { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    fn stored(session: String, absence: crate::liveness::Absence) -> Self {
+        match absence {
+            crate::liveness::Absence::NotLive { retry_after, why } => ControlError::NotLive {
+                session,
+                retry_after,
+                why,
+            },
+            crate::liveness::Absence::NotRunning { status, hint } => ControlError::NotRunning {
+                session,
+                status,
+                hint,
+            },
+        }
+    }
 }
 
 impl<I, E> RuntimeHandle<I, E>
@@ -46,8 +92,31 @@ where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     E: Clone + Send + Sync + 'static,
 {
+    /// Tells an unknown session that is stored after all as what it is (issue 28).
+    pub(crate) async fn unknown_or_stored<T>(
+        &self,
+        r: Result<T, ControlError>,
+    ) -> Result<T, ControlError> {
+        match r {
+            Err(ControlError::Here(SupervisorError::UnknownSession(id))) => {
+                match self.absence(&id).await {
+                    Some(absence) => Err(ControlError::stored(id, absence)),
+                    None => Err(SupervisorError::UnknownSession(id).into()),
+                }
+            }
+            other => other,
+        }
+    }
+
     /// Stops session `id` wherever it runs (here, or on a cluster node at its owner).
+    /// A session that is stored but not live yet is [`ControlError::NotLive`] (retry),
+    /// one stored but not running [`ControlError::NotRunning`].
     pub async fn stop_anywhere(&self, id: &str, options: StopOptions) -> Result<(), ControlError> {
+        let r = self.stop_routed(id, options).await;
+        self.unknown_or_stored(r).await
+    }
+
+    async fn stop_routed(&self, id: &str, options: StopOptions) -> Result<(), ControlError> {
         let wire = WireStop::from_options(&options);
         match self.supervisor.stop(id, options).await {
             Err(SupervisorError::UnknownSession(_)) if self.forwarder.get().is_some() => {
@@ -60,8 +129,14 @@ where
         }
     }
 
-    /// Detaches session `id` wherever it runs (S23).
+    /// Detaches session `id` wherever it runs (S23); not live or not running as for
+    /// [`RuntimeHandle::stop_anywhere`].
     pub async fn detach_anywhere(&self, id: &str) -> Result<(), ControlError> {
+        let r = self.detach_routed(id).await;
+        self.unknown_or_stored(r).await
+    }
+
+    async fn detach_routed(&self, id: &str) -> Result<(), ControlError> {
         match self.supervisor.detach(id).await {
             Err(SupervisorError::UnknownSession(_)) if self.forwarder.get().is_some() => {
                 self.remote(id, Control::Detach).await

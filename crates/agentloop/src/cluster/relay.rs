@@ -277,8 +277,20 @@ where
     /// this runtime runs it, else, on a cluster node, relayed from its owner (after
     /// event `after` when given, like [`crate::SupervisorHandle::subscribe_after`]).
     /// A relayed stream ends without `Ended` when its owner is lost: resubscribe
-    /// after the last number seen.
+    /// after the last number seen. A session that is stored but not live yet is
+    /// [`ControlError::NotLive`] (resubscribe after its `retry_after`), one stored but
+    /// not running [`ControlError::NotRunning`].
     pub async fn subscribe_anywhere(
+        &self,
+        id: &str,
+        after: Option<u64>,
+        filter: EventFilter,
+    ) -> Result<EventStream<E>, ControlError> {
+        let r = self.subscribe_routed(id, after, filter).await;
+        self.unknown_or_stored(r).await
+    }
+
+    async fn subscribe_routed(
         &self,
         id: &str,
         after: Option<u64>,

@@ -58,10 +58,19 @@ pub(super) async fn load<A: Agent>(
         }
         _ => None,
     };
+    // An exclusive store proves a previous process's owner gone (issue 28).
+    let orphaned = match (&loaded.header.status, loaded.header.owner.as_deref()) {
+        (SessionStatus::Running, Some(owner)) if config.owner.as_deref() != Some(owner) => {
+            let beat = owner_beat.unwrap_or(loaded.header.heartbeat_ms);
+            store.orphaned(owner, crate::store::lease::last_seen(&loaded.header, beat))
+        }
+        _ => false,
+    };
     if let Err(e) = check_resumable(
         &loaded.header,
         config.owner.as_deref(),
         owner_beat,
+        orphaned,
         now_ms(),
         config.lease_timeout,
     ) {

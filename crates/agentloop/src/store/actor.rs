@@ -293,6 +293,9 @@ impl<I: 'static> CheckpointActor<I> {
         supervisor: Option<ActorCell>,
         metrics: Option<Arc<RuntimeMetrics>>,
     ) -> Result<CheckpointClient<I>, StoreError> {
+        // Taken before the open: anything written before the directory was locked by
+        // this process was written by another one.
+        let opened_at_ms = crate::store::now_ms();
         let backend = tokio::task::spawn_blocking(move || Backend::open(&dir, engine))
             .await
             .map_err(|e| StoreError::Backend {
@@ -313,6 +316,10 @@ impl<I: 'static> CheckpointActor<I> {
         })?;
         Ok(CheckpointClient {
             actor,
+            opened: Arc::new(Opened {
+                at_ms: opened_at_ms,
+                beaten: Default::default(),
+            }),
             _items: PhantomData,
         })
     }
@@ -814,13 +821,26 @@ impl<I: 'static> Actor for CheckpointActor<I> {
 /// trait's ordering contract).
 pub struct CheckpointClient<I> {
     actor: ActorRef<CheckpointMsg>,
+    /// Who beat through this store since it was opened, and when it was opened: the
+    /// proof [`CheckpointStore::orphaned`] gives (issue 28).
+    opened: Arc<Opened>,
     _items: PhantomData<fn() -> I>,
+}
+
+/// What a client remembers of the store's life in this process.
+#[derive(Debug)]
+struct Opened {
+    /// Wall-clock time the engine was opened (and its directory locked).
+    at_ms: u64,
+    /// Every runtime instance that beat through this store since.
+    beaten: parking_lot::Mutex<HashSet<String>>,
 }
 
 impl<I> Clone for CheckpointClient<I> {
     fn clone(&self) -> Self {
         CheckpointClient {
             actor: self.actor.clone(),
+            opened: self.opened.clone(),
             _items: PhantomData,
         }
     }
@@ -915,6 +935,9 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
     }
 
     fn beat(&self, instance: &str, now_ms: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        if !self.opened.beaten.lock().contains(instance) {
+            self.opened.beaten.lock().insert(instance.to_string());
+        }
         let instance = instance.to_string();
         self.ask(|reply| CheckpointMsg::Beat {
             instance,
@@ -926,6 +949,15 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
     fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
         let instance = instance.to_string();
         self.ask(|reply| CheckpointMsg::Heartbeat { instance, reply })
+    }
+
+    /// sled and fjall lock their data directory: one process holds it.
+    fn exclusive(&self) -> bool {
+        true
+    }
+
+    fn orphaned(&self, owner: &str, last_seen_ms: u64) -> bool {
+        last_seen_ms < self.opened.at_ms && !self.opened.beaten.lock().contains(owner)
     }
 
     fn history(

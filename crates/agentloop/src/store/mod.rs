@@ -227,6 +227,27 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
+    /// Whether one process holds this store exclusively while it is open (sled and
+    /// fjall lock their data directory): no runtime of another process can write it,
+    /// so no record can be orphaned behind a running runtime's back and no recovery
+    /// sweep is needed (issue 28). The default, for a store several processes may
+    /// share (PostgreSQL, the memory store in tests), is `false`.
+    fn exclusive(&self) -> bool {
+        false
+    }
+
+    /// Whether this store proves that runtime instance `owner` no longer runs, so a
+    /// `Running` record it owns may be recovered at once instead of after its lease
+    /// (issue 28). `last_seen_ms` is the owner's last sign of life: the later of its
+    /// heartbeat and the record's own times. An exclusive store proves it when `owner`
+    /// has not beaten through it since it was opened and was last seen before that:
+    /// whoever held the store then was another process, and the lock says it is gone.
+    /// The default (a shared store) proves nothing; leases decide there.
+    fn orphaned(&self, owner: &str, last_seen_ms: u64) -> bool {
+        let _ = (owner, last_seen_ms);
+        false
+    }
+
     /// Reads a session's checkpoint history (issue 13): the list of kept turn-end
     /// checkpoints, or one of them. The default is a store that keeps none: it refuses.
     fn history(

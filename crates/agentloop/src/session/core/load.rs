@@ -12,12 +12,15 @@ use crate::turn::control::StateSnap;
 
 /// S19: a record may be resumed unless it is `Canceled`, `Failed`, or `Running` under
 /// another live owner (fresh heartbeat). A `Running` record whose owner's heartbeat is
-/// stale (the process died) is recoverable, and so is one this instance owns.
-/// `owner_beat` is the owner's instance heartbeat, if any is stored.
+/// stale (the process died) is recoverable, and so is one this instance owns, and one
+/// whose owner the store proved gone (`orphaned`: an exclusive store another process
+/// held before, issue 28). `owner_beat` is the owner's instance heartbeat, if any is
+/// stored.
 pub(crate) fn check_resumable(
     header: &RecordHeader,
     me: Option<&str>,
     owner_beat: Option<u64>,
+    orphaned: bool,
     now_ms: u64,
     lease_timeout: Duration,
 ) -> Result<(), StoreError> {
@@ -34,6 +37,12 @@ pub(crate) fn check_resumable(
                 return Ok(()); // no owner recorded: nothing can hold it
             };
             if me == Some(owner) {
+                return Ok(());
+            }
+            if orphaned {
+                // The store proved the owner gone (an exclusive store another process
+                // held before this one, issue 28): no lease to wait for.
+                tracing::info!(owner, "recovering a session whose owner's process is gone");
                 return Ok(());
             }
             let beat = owner_beat.unwrap_or(header.heartbeat_ms);

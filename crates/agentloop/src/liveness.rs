@@ -1,0 +1,265 @@
+//! Why a by-id request found no live session although one is stored (issue 28): a
+//! session being recovered, resumed or waiting for its dead owner's lease is *not live
+//! yet* (retry, and when), one that stopped, ended or waits for an answer is *not
+//! running* (what to do instead); only an id with nothing stored is unknown.
+//!
+//! This file is the judgement alone, a plain function of the stored header and what the
+//! store said about its owner, tested without a runtime. It reads nothing and touches
+//! nothing: the runtime handle reads the record and the owner's heartbeat when a push,
+//! stop, detach or subscription by id found no live session, and turns the answer into
+//! its error.
+
+use std::time::Duration;
+
+use crate::store::lease::{is_fresh, last_seen};
+use crate::store::{RecordHeader, SessionStatus};
+
+/// How soon to retry a session that is starting, ending or moving here or on a live
+/// node: a resume or a move takes well under this.
+pub const RETRY_SOON: Duration = Duration::from_secs(1);
+
+/// Why a stored session is not live where a request looked for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Absence {
+    /// It is stored as running, or is being recovered: it will be live again by
+    /// itself; retry after `retry_after`.
+    NotLive {
+        /// When to retry.
+        retry_after: Duration,
+        /// What is happening to it.
+        why: String,
+    },
+    /// It is stored, but nothing will run it until someone acts: `hint` says what.
+    NotRunning {
+        /// Its stored status.
+        status: String,
+        /// What to do.
+        hint: String,
+    },
+}
+
+/// What the runtime that looked knows about itself and its store.
+#[derive(Clone, Copy, Debug)]
+pub struct Looker<'a> {
+    /// This runtime's instance (or node name).
+    pub me: &'a str,
+    /// When it looked (ms since the epoch).
+    pub now_ms: u64,
+    /// The lease timeout owners are judged by (S19).
+    pub lease_timeout: Duration,
+    /// How often this runtime sweeps for records whose owner's lease expired.
+    pub heartbeat: Duration,
+    /// Whether it recovers such records while it runs: a cluster node, or a runtime on
+    /// a shared store (a store one process holds recovers everything at start).
+    pub sweeps: bool,
+    /// Whether it is a cluster node (a live owner elsewhere is reached by forwarding,
+    /// so finding none means the session is starting or moving there).
+    pub node: bool,
+}
+
+/// Judges stored header `h` for a request that found no live session with its id.
+/// `owner_beat` is the owner's instance heartbeat, if the store has one; `orphaned` is
+/// whether the store proved the owner gone ([`crate::CheckpointStore::orphaned`]).
+pub fn judge(h: &RecordHeader, owner_beat: Option<u64>, orphaned: bool, at: Looker<'_>) -> Absence {
+    let owner = h.owner.as_deref();
+    let seen = last_seen(h, owner_beat.unwrap_or(0));
+    let owner_live = owner
+        .is_some_and(|o| o == at.me || (!orphaned && is_fresh(seen, at.now_ms, at.lease_timeout)));
+    let left = || {
+        let age = Duration::from_millis(at.now_ms.saturating_sub(seen));
+        at.lease_timeout.saturating_sub(age)
+    };
+    match &h.status {
+        SessionStatus::Running => match owner {
+            Some(o) if o == at.me => Absence::NotLive {
+                retry_after: RETRY_SOON,
+                why: "it is starting or ending on this instance".into(),
+            },
+            Some(o) if owner_live && at.node => Absence::NotLive {
+                retry_after: RETRY_SOON,
+                why: format!("it is starting or moving on node `{o}`"),
+            },
+            Some(o) if owner_live => Absence::NotLive {
+                retry_after: left() + at.heartbeat,
+                why: format!(
+                    "it is stored as running on instance `{o}`, whose lease expires in {}; \
+                     if that process is gone, this runtime recovers it then",
+                    crate::config::format_duration(left())
+                ),
+            },
+            Some(o) => Absence::NotLive {
+                retry_after: at.heartbeat.max(RETRY_SOON),
+                why: format!("its owner `{o}` is gone and it is being recovered"),
+            },
+            None => Absence::NotLive {
+                retry_after: at.heartbeat.max(RETRY_SOON),
+                why: "it is stored as running with no owner and is being recovered".into(),
+            },
+        },
+        SessionStatus::Interrupted if !owner_live && at.sweeps => Absence::NotLive {
+            retry_after: at.heartbeat.max(RETRY_SOON),
+            why: "it was interrupted by a shutdown of a runtime that is gone, and is being \
+                  recovered"
+                .into(),
+        },
+        SessionStatus::Interrupted => Absence::NotRunning {
+            status: h.status.to_string(),
+            hint: "it was interrupted by a shutdown and resumes when its runtime starts \
+                   again; spawn it again by id to resume it now"
+                .into(),
+        },
+        SessionStatus::Stopped if h.awaiting_answer && h.answer.is_none() => Absence::NotRunning {
+            status: h.status.to_string(),
+            hint: "it waits for an answer to its interrupt; answer it \
+                       (POST /sessions/{id}/answer, `agentloop sessions resume`) to resume it"
+                .into(),
+        },
+        SessionStatus::Stopped => Absence::NotRunning {
+            status: h.status.to_string(),
+            hint: "it was stopped; spawn it again by id to resume it with what it holds".into(),
+        },
+        SessionStatus::Completed | SessionStatus::Canceled | SessionStatus::Failed(_) => {
+            Absence::NotRunning {
+                status: h.status.to_string(),
+                hint: "it has ended and its record is kept for inspection; delete it, or spawn \
+                       a session under another id"
+                    .into(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_000_000;
+
+    fn header(status: SessionStatus, owner: Option<&str>, beat: u64) -> RecordHeader {
+        RecordHeader {
+            session_id: "s".into(),
+            status,
+            owner: owner.map(str::to_string),
+            heartbeat_ms: beat,
+            updated_at_ms: beat,
+            ..Default::default()
+        }
+    }
+
+    fn looker(sweeps: bool, node: bool) -> Looker<'static> {
+        Looker {
+            me: "me",
+            now_ms: NOW,
+            lease_timeout: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(10),
+            sweeps,
+            node,
+        }
+    }
+
+    fn retry(a: &Absence) -> Duration {
+        match a {
+            Absence::NotLive { retry_after, .. } => *retry_after,
+            other => panic!("expected NotLive, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn running_here_is_retried_soon() {
+        let h = header(SessionStatus::Running, Some("me"), NOW);
+        assert_eq!(
+            retry(&judge(&h, None, false, looker(false, false))),
+            RETRY_SOON
+        );
+    }
+
+    #[test]
+    fn a_fresh_owner_elsewhere_is_retried_after_its_lease_and_one_sweep() {
+        // Beat 4 s ago under a 30 s lease: 26 s left, then one 10 s sweep.
+        let h = header(SessionStatus::Running, Some("old"), NOW - 4_000);
+        let a = judge(&h, Some(NOW - 4_000), false, looker(true, false));
+        assert_eq!(retry(&a), Duration::from_secs(36));
+        let Absence::NotLive { why, .. } = a else {
+            unreachable!()
+        };
+        assert!(why.contains("`old`") && why.contains("26s"), "{why}");
+        // A cluster node forwards to live owners: finding none means it is moving.
+        let a = judge(&h, Some(NOW - 4_000), false, looker(true, true));
+        assert_eq!(retry(&a), RETRY_SOON);
+    }
+
+    #[test]
+    fn the_owners_own_heartbeat_counts_as_well_as_the_records() {
+        // The record was written long ago, but the owner beat a moment ago: live.
+        let h = header(SessionStatus::Running, Some("old"), NOW - 100_000);
+        let a = judge(&h, Some(NOW - 1_000), false, looker(true, false));
+        assert_eq!(retry(&a), Duration::from_secs(39));
+    }
+
+    #[test]
+    fn a_stale_or_orphaned_owner_is_being_recovered() {
+        let h = header(SessionStatus::Running, Some("old"), NOW - 60_000);
+        assert_eq!(
+            retry(&judge(&h, Some(NOW - 60_000), false, looker(true, false))),
+            Duration::from_secs(10)
+        );
+        // Fresh by the clock, but the store proved it gone.
+        let h = header(SessionStatus::Running, Some("old"), NOW - 1_000);
+        let a = judge(&h, Some(NOW - 1_000), true, looker(false, false));
+        let Absence::NotLive { why, .. } = a else {
+            panic!("{a:?}")
+        };
+        assert!(why.contains("gone"), "{why}");
+    }
+
+    #[test]
+    fn interrupted_is_recovered_only_where_someone_sweeps_for_a_dead_owner() {
+        let dead = header(SessionStatus::Interrupted, Some("old"), NOW - 60_000);
+        assert!(matches!(
+            judge(&dead, None, false, looker(true, false)),
+            Absence::NotLive { .. }
+        ));
+        assert!(matches!(
+            judge(&dead, None, false, looker(false, false)),
+            Absence::NotRunning { .. }
+        ));
+        let mine = header(SessionStatus::Interrupted, Some("me"), NOW - 60_000);
+        assert!(matches!(
+            judge(&mine, None, false, looker(true, false)),
+            Absence::NotRunning { .. }
+        ));
+    }
+
+    #[test]
+    fn stopped_answered_and_ended_records_say_what_to_do() {
+        let stopped = header(SessionStatus::Stopped, None, NOW);
+        let Absence::NotRunning { hint, status } =
+            judge(&stopped, None, false, looker(true, false))
+        else {
+            panic!()
+        };
+        assert!(
+            hint.contains("spawn it again") && status == "Stopped",
+            "{status}: {hint}"
+        );
+        let mut waiting = header(SessionStatus::Stopped, None, NOW);
+        waiting.awaiting_answer = true;
+        let Absence::NotRunning { hint, .. } = judge(&waiting, None, false, looker(true, false))
+        else {
+            panic!()
+        };
+        assert!(hint.contains("answer"), "{hint}");
+        for s in [
+            SessionStatus::Completed,
+            SessionStatus::Canceled,
+            SessionStatus::Failed("boom".into()),
+        ] {
+            let Absence::NotRunning { hint, .. } =
+                judge(&header(s, None, NOW), None, false, looker(true, false))
+            else {
+                panic!()
+            };
+            assert!(hint.contains("ended"), "{hint}");
+        }
+    }
+}
