@@ -26,6 +26,9 @@ pub struct ApiError {
 struct Body<'a> {
     code: &'a str,
     message: &'a str,
+    /// For `not_live`: when to retry, in milliseconds (also as `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
@@ -83,6 +86,7 @@ impl IntoResponse for ApiError {
         let body = Json(Body {
             code: self.code,
             message: &self.message,
+            retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
         });
         let mut response = (self.status, body).into_response();
         if let Some(d) = self.retry_after {

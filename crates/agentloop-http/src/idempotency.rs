@@ -8,7 +8,9 @@
 //! bounded window: at most [`DEFAULT_IDEMPOTENCY_KEYS`] keys (the oldest are forgotten
 //! first) for at most [`DEFAULT_IDEMPOTENCY_TTL`], in memory: a retry after a restart of
 //! the server is a new push. A retry whose item differs from the first is refused (409
-//! `idempotency_mismatch`). This module remembers outcomes; pushing is the caller's.
+//! `idempotency_mismatch`). A first outcome of `503` (`not_live`, `draining`: nothing was
+//! accepted, retry) is not kept, so the retry runs again (issue 28). This module
+//! remembers outcomes; pushing is the caller's.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -113,7 +115,15 @@ impl Idempotency {
             }
         }
         let k = (session.to_string(), key.to_string());
-        if let Some(e) = inner.entries.get(&k) {
+        // A first outcome that accepted nothing and asks for a retry (503: the session
+        // is not live yet, or the server is draining) is not kept: the retry runs again.
+        let retry = |e: &Entry| {
+            e.outcome
+                .borrow()
+                .as_ref()
+                .is_some_and(|(s, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
+        };
+        if let Some(e) = inner.entries.get(&k).filter(|e| !retry(e)) {
             if e.fingerprint != fp {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
@@ -194,6 +204,35 @@ mod tests {
 
     fn ok() -> Outcome {
         (StatusCode::OK, serde_json::json!({"ok": true}))
+    }
+
+    #[tokio::test]
+    async fn a_503_is_not_kept_so_the_retry_runs_again() {
+        let idem = Idempotency::new(10, Duration::from_secs(60));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let push = |status: StatusCode| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                (status, serde_json::json!({"code": "not_live"}))
+            }
+        };
+        let first = idem
+            .run("s", "k", "{}", push(StatusCode::SERVICE_UNAVAILABLE))
+            .await
+            .unwrap();
+        assert_eq!(first.0, StatusCode::SERVICE_UNAVAILABLE);
+        let second = idem
+            .run("s", "k", "{}", push(StatusCode::OK))
+            .await
+            .unwrap();
+        assert_eq!(second.0, StatusCode::OK, "the retry ran");
+        let third = idem
+            .run("s", "k", "{}", push(StatusCode::SERVICE_UNAVAILABLE))
+            .await
+            .unwrap();
+        assert_eq!(third.0, StatusCode::OK, "an accepted outcome is kept");
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

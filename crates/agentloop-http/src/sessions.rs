@@ -360,7 +360,17 @@ pub(crate) async fn push<I: Item, E: Ev>(
                     crate::idempotency::outcome(deliver.await).await
                 })
                 .await?;
-            Ok((status, Json(out)).into_response())
+            // A remembered outcome is status and body: `Retry-After` comes back from
+            // the body's `retry_after_ms` (a `not_live` answer).
+            let retry = out["retry_after_ms"].as_u64().map(Duration::from_millis);
+            let mut response = (status, Json(out)).into_response();
+            if let Some(d) = retry {
+                response.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(crate::error::retry_after_secs(d)),
+                );
+            }
+            Ok(response)
         }
     }
 }

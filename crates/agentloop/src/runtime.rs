@@ -684,8 +684,11 @@ where
                                     continue;
                                 }
                             };
+                            // Its record may have been written after the owner's
+                            // last beat: sweep again next beat, not in 30.
                             let seen = crate::store::lease::last_seen(h, beat);
                             if is_fresh(seen, now_ms(), lease_timeout) {
+                                sweeper.retry();
                                 continue;
                             }
                         }

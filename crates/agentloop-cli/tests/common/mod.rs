@@ -75,6 +75,13 @@ impl Job {
         Job::command(dir, "serve", &args, Stdio::inherit())
     }
 
+    /// `agentloop serve --data-dir DIR/data --listen ADDR ARGS...` in `dir`: a restart
+    /// on the same address, as systemd or Kubernetes would do it.
+    pub fn serve_at(dir: &Path, addr: &str, args: &[&str]) -> Job {
+        let args = [&["--listen", addr], args].concat();
+        Job::command(dir, "serve", &args, Stdio::inherit())
+    }
+
     /// `agentloop COMMAND --data-dir DIR/data ARGS...` in `dir`.
     pub fn command(dir: &Path, command: &str, args: &[&str], stderr: Stdio) -> Job {
         let mut child = Command::new(env!("CARGO_BIN_EXE_agentloop"))
@@ -179,6 +186,13 @@ pub fn row(out: &str, name: &str) -> String {
 pub fn number(s: &str) -> u64 {
     s.parse()
         .unwrap_or_else(|_| panic!("{s:?} is not a number"))
+}
+
+/// A loopback address with a port that was free a moment ago (for a server that must
+/// come back on the same address after a restart).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("its address").to_string()
 }
 
 /// An HTTP client that answers every status (tests look at it) and gives up after 20 s.
