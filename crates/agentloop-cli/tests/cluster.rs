@@ -412,12 +412,22 @@ fn a_node_stopped_past_its_lease_is_fenced_when_it_continues() {
             "nothing n0 did reached the record: {rec}"
         );
     }
-    // Pushes to n0 for those sessions are refused now; n1 takes them.
-    let r = agent()
+    // Pushes to n0 for those sessions are refused now, naming the node that runs them
+    // (n0 is not joined to n1, so it cannot forward); n1 takes them.
+    let mut r = agent()
         .post(&format!("{url0}/sessions/f0/items"))
         .send_json(json!({"item": {"id": 2, "text": "to the fenced node"}}))
         .expect("push");
-    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(r.status().as_u16(), 409);
+    let v: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(v["code"], "wrong_state", "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("runs on node `n1`"),
+        "{v}"
+    );
     let r = agent()
         .post(&format!("{url1}/sessions/f0/items"))
         .send_json(json!({"item": {"id": 2, "text": "to the owner"}}))

@@ -131,12 +131,30 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// How long the server lets a connection sit idle inside a transaction before it ends
+/// it: far longer than any of the store's transactions (milliseconds), shorter than a
+/// cluster node's lease (3 s) plus a sweep.
+pub const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl<I> PostgresStore<I> {
     /// Connects (every connection now, so a wrong URL or a server that is down is
     /// reported here, naming the server) and creates the store's tables when missing.
     pub async fn connect(options: PostgresOptions) -> Result<Self, StoreError> {
-        let config = tokio_postgres::Config::from_str(&options.url)
+        let mut config = tokio_postgres::Config::from_str(&options.url)
             .map_err(|e| refused_url(&options.url, e))?;
+        // A process frozen inside a transaction (SIGSTOP, a VM pause) would hold its
+        // sessions' locks for as long as it is frozen, and no other node could claim
+        // them (S37, S38): the server ends such a connection after IDLE_IN_TRANSACTION,
+        // which rolls its write back (the frozen writer is fenced anyway).
+        let guard = format!(
+            "-c idle_in_transaction_session_timeout={}",
+            IDLE_IN_TRANSACTION.as_millis()
+        );
+        let opts = match config.get_options() {
+            Some(o) if !o.trim().is_empty() => format!("{o} {guard}"),
+            _ => guard,
+        };
+        config.options(&opts);
         let host = config
             .get_hosts()
             .first()

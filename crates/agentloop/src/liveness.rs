@@ -52,9 +52,13 @@ pub struct Looker<'a> {
     /// Whether it recovers such records while it runs: a cluster node, or a runtime on
     /// a shared store (a store one process holds recovers everything at start).
     pub sweeps: bool,
-    /// Whether it is a cluster node (a live owner elsewhere is reached by forwarding,
-    /// so finding none means the session is starting or moving there).
+    /// Whether it is a cluster node (its peers' leases are judged by membership: a
+    /// fresh owner is live, not a process that may be gone).
     pub node: bool,
+    /// Whether it forwards by-id requests to the node that runs a session (a node
+    /// joined on ractor_cluster): finding no live session there then means it is
+    /// starting or moving.
+    pub forwards: bool,
 }
 
 /// Judges stored header `h` for a request that found no live session with its id.
@@ -75,9 +79,17 @@ pub fn judge(h: &RecordHeader, owner_beat: Option<u64>, orphaned: bool, at: Look
                 retry_after: RETRY_SOON,
                 why: "it is starting or ending on this instance".into(),
             },
-            Some(o) if owner_live && at.node => Absence::NotLive {
+            Some(o) if owner_live && at.forwards => Absence::NotLive {
                 retry_after: RETRY_SOON,
                 why: format!("it is starting or moving on node `{o}`"),
+            },
+            Some(o) if owner_live && at.node => Absence::NotRunning {
+                status: h.status.to_string(),
+                hint: format!(
+                    "it runs on node `{o}`; send requests for it there (this node does not \
+                     forward them: join the nodes with --cluster-listen to reach it from any \
+                     node)"
+                ),
             },
             Some(o) if owner_live => Absence::NotLive {
                 retry_after: left() + at.heartbeat,
@@ -154,6 +166,7 @@ mod tests {
             heartbeat: Duration::from_secs(10),
             sweeps,
             node,
+            forwards: node,
         }
     }
 
@@ -186,6 +199,20 @@ mod tests {
         // A cluster node forwards to live owners: finding none means it is moving.
         let a = judge(&h, Some(NOW - 4_000), false, looker(true, true));
         assert_eq!(retry(&a), RETRY_SOON);
+        // A node that does not forward: it runs there, go there.
+        let a = judge(
+            &h,
+            Some(NOW - 4_000),
+            false,
+            Looker {
+                forwards: false,
+                ..looker(true, true)
+            },
+        );
+        let Absence::NotRunning { hint, .. } = a else {
+            panic!("{a:?}")
+        };
+        assert!(hint.contains("runs on node `old`"), "{hint}");
     }
 
     #[test]

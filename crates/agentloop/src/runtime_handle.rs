@@ -199,6 +199,7 @@ where
                 heartbeat: self.heartbeat,
                 sweeps: self.sweeps,
                 node: self.node,
+                forwards: self.forwarder.get().is_some(),
             },
         ))
     }
