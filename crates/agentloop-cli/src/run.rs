@@ -69,7 +69,32 @@ impl Default for AgentConfig {
 impl AgentConfig {
     /// The configuration a session was spawned with: JSON, `{}` or nothing for the
     /// defaults (`agentloop serve` spawns by JSON); missing keys take the defaults.
-    pub(crate) fn from_json(bytes: &[u8]) -> Result<Self, String> {
+    /// Refused above `limits` (S34a: the script is built at spawn, so an unbounded
+    /// `rounds` would take the process down), naming the key that raises the bound.
+    pub(crate) fn from_json(
+        bytes: &[u8],
+        limits: &agentloop::config::LimitsConfig,
+    ) -> Result<Self, String> {
+        let c = Self::parse(bytes)?;
+        if c.rounds == 0 || c.rounds > limits.sim_rounds {
+            return Err(format!(
+                "rounds {} is out of range: 1 to {} (the server's [limits] sim_rounds)",
+                c.rounds, limits.sim_rounds
+            ));
+        }
+        let step = limits.sim_step.as_millis() as u64;
+        for (key, ms) in [("model_ms", c.model_ms), ("tool_ms", c.tool_ms)] {
+            if ms > step {
+                return Err(format!(
+                    "{key} {ms} is out of range: at most {step} (the server's [limits] sim_step, {})",
+                    agentloop::config::format_duration(limits.sim_step)
+                ));
+            }
+        }
+        Ok(c)
+    }
+
+    fn parse(bytes: &[u8]) -> Result<Self, String> {
         if bytes.is_empty() {
             return Ok(AgentConfig::default());
         }
@@ -281,10 +306,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     let progress = Arc::new(Progress::default());
     let p = progress.clone();
     let hook_log = item_log.clone();
+    let limits = config.limits;
     let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", move |bytes: &[u8]| {
-            Ok(AgentConfig::from_json(bytes)?
+            Ok(AgentConfig::from_json(bytes, &limits)?
                 .logged_agent(hook_log.as_ref())
                 .with_counters(p.counters.clone()))
         })

@@ -67,6 +67,8 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         max_requests: config.http.max_requests,
         max_event_streams: config.http.max_event_streams,
         cors_origins: config.http.cors_origins.clone(),
+        max_replay: Some(config.limits.replay),
+        max_duration: Some(config.limits.duration),
         ..HttpOptions::default()
     };
     agentloop_http::check_bind(addr, &options)?;
@@ -92,10 +94,11 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         Some(path) => Some(Arc::new(ItemLog::open(path)?)),
         None => None,
     };
+    let limits = config.limits;
     let mut builder = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         .register_agent("sim", move |bytes: &[u8]| {
-            Ok(AgentConfig::from_json(bytes)?.logged_agent(item_log.as_ref()))
+            Ok(AgentConfig::from_json(bytes, &limits)?.logged_agent(item_log.as_ref()))
         });
     if let Some(store) = shared {
         builder = builder.store(Arc::new(store));

@@ -97,6 +97,12 @@ pub struct HttpOptions {
     pub idempotency_keys: Option<usize>,
     /// How long an idempotency key is remembered. `None`: [`DEFAULT_IDEMPOTENCY_TTL`].
     pub idempotency_ttl: Option<Duration>,
+    /// The largest replay buffer a spawn may ask for (400 above it; S34a). `None`:
+    /// [`agentloop::config::DEFAULT_MAX_REPLAY`].
+    pub max_replay: Option<usize>,
+    /// The longest duration a request may carry (timeouts, delays, idle; 400 above it;
+    /// S34a). `None`: [`agentloop::config::DEFAULT_MAX_DURATION`].
+    pub max_duration: Option<Duration>,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -109,6 +115,8 @@ impl std::fmt::Debug for HttpOptions {
             .field("cors_origins", &self.cors_origins)
             .field("idempotency_keys", &self.idempotency_keys)
             .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("max_replay", &self.max_replay)
+            .field("max_duration", &self.max_duration)
             .finish()
     }
 }
@@ -139,6 +147,12 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
             options.idempotency_keys.unwrap_or(DEFAULT_IDEMPOTENCY_KEYS),
             options.idempotency_ttl.unwrap_or(DEFAULT_IDEMPOTENCY_TTL),
         ),
+        max_replay: options
+            .max_replay
+            .unwrap_or(agentloop::config::DEFAULT_MAX_REPLAY),
+        max_duration: options
+            .max_duration
+            .unwrap_or(agentloop::config::DEFAULT_MAX_DURATION),
     }));
     let requests = limits::Gauge::new(options.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS));
     let mut app = Router::new()

@@ -38,6 +38,10 @@ pub(crate) struct Shared<I, E> {
     /// Open event streams, and their bound.
     pub(crate) streams: Arc<Gauge>,
     pub(crate) idempotency: Idempotency,
+    /// The largest replay buffer a spawn may ask for (S34a).
+    pub(crate) max_replay: usize,
+    /// The longest duration a request may carry (S34a).
+    pub(crate) max_duration: Duration,
 }
 
 impl<I, E> Clone for AppState<I, E> {
@@ -98,7 +102,9 @@ fn optional_body<T: DeserializeOwned + Default>(
     }
 }
 
-fn duration(option: &str, text: &str) -> Result<Duration, ApiError> {
+/// A request's duration `text` for `option`: positive and at most `max` (the server's
+/// `[limits] duration`, S34a).
+fn duration(option: &str, text: &str, max: Duration) -> Result<Duration, ApiError> {
     let d = humantime::parse_duration(text).map_err(|e| {
         ApiError::bad_request(format!(
             "{option} `{text}` is not a duration ({e}); write e.g. \"5s\""
@@ -107,6 +113,12 @@ fn duration(option: &str, text: &str) -> Result<Duration, ApiError> {
     if d.is_zero() {
         return Err(ApiError::bad_request(format!(
             "{option} must be positive, not `{text}`"
+        )));
+    }
+    if d > max {
+        return Err(ApiError::bad_request(format!(
+            "{option} `{text}` is longer than this server allows: at most {} (its [limits] duration)",
+            humantime::format_duration(max)
         )));
     }
     Ok(d)
@@ -137,9 +149,16 @@ pub(crate) async fn spawn<I: Item, E: Ev>(
     raw: Result<Json<SpawnBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = body(raw)?;
+    let replay = b.replay.unwrap_or(DEFAULT_REPLAY);
+    if replay > st.max_replay {
+        return Err(ApiError::bad_request(format!(
+            "replay {replay} is more than this server allows: at most {} events (its [limits] replay)",
+            st.max_replay
+        )));
+    }
     let mut spec = SessionSpec::new(b.id.clone(), b.kind)
         .persistent(b.persistent)
-        .replay(b.replay.unwrap_or(DEFAULT_REPLAY));
+        .replay(replay);
     if let Some(n) = b.history {
         if !b.persistent {
             return Err(ApiError::bad_request(
@@ -310,15 +329,15 @@ pub(crate) struct PreemptBody {
     delay: Option<String>,
 }
 
-fn preempt(b: PreemptBody) -> Result<Preempt, ApiError> {
+fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError> {
     let at = wire::parse_safe_point(&b.at)
         .map_err(|e| ApiError::bad_request(format!("preempt: {e}")))?;
     let mut p = Preempt::at(at);
     if let Some(t) = b.timeout {
-        p = p.timeout(duration("preempt timeout", &t)?);
+        p = p.timeout(duration("preempt timeout", &t, max)?);
     }
     if let Some(d) = b.delay {
-        p = p.delay(duration("preempt delay", &d)?);
+        p = p.delay(duration("preempt delay", &d, max)?);
     }
     p.validate()
         .map_err(|e| ApiError::bad_request(format!("preempt: {e}")))?;
@@ -336,7 +355,7 @@ pub(crate) async fn push<I: Item, E: Ev>(
     let item: I = serde_json::from_str(b.item.get())
         .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
     let options = match b.preempt {
-        Some(p) => PushOptions::preempt(preempt(p)?),
+        Some(p) => PushOptions::preempt(preempt(p, st.max_duration)?),
         None => PushOptions::new(),
     };
     // Wherever the session runs: here, or (a cluster node) at its owner (issue 18).
@@ -398,11 +417,11 @@ pub(crate) struct StopBody {
     skip_checkpoint: bool,
 }
 
-fn stop_options(b: StopBody) -> Result<StopOptions, ApiError> {
+fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, ApiError> {
     let timeout = b
         .timeout
         .as_deref()
-        .map(|t| duration("timeout", t))
+        .map(|t| duration("timeout", t, max))
         .transpose()?;
     let mode = b.mode.as_deref().unwrap_or("graceful");
     let misplaced = |field: &str| {
@@ -438,7 +457,7 @@ fn stop_options(b: StopBody) -> Result<StopOptions, ApiError> {
             let d = b.idle_for.as_deref().ok_or_else(|| {
                 ApiError::bad_request("the `idle` stop mode needs `idle_for`, e.g. \"30s\"")
             })?;
-            StopOptions::until_idle_for(duration("idle_for", d)?)
+            StopOptions::until_idle_for(duration("idle_for", d, max)?)
         }
         m @ ("immediate" | "drain" | "bare") => {
             if timeout.is_some() {
@@ -474,7 +493,9 @@ pub(crate) async fn stop<I: Item, E: Ev>(
 ) -> Result<Response, ApiError> {
     let b = optional_body(raw)?;
     // Wherever it runs: here, or (a cluster node) at its owner (issue 18).
-    st.runtime.stop_anywhere(&id, stop_options(b)?).await?;
+    st.runtime
+        .stop_anywhere(&id, stop_options(b, st.max_duration)?)
+        .await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "id": id, "stopping": true })),
@@ -514,7 +535,7 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
     use agentloop::cluster::migrate::MigrateError;
     let b = body(raw)?;
     let timeout = match &b.timeout {
-        Some(t) => duration("timeout", t)?,
+        Some(t) => duration("timeout", t, st.max_duration)?,
         None => Duration::from_secs(5),
     };
     match st.runtime.migrate(&id, &b.to, timeout).await {

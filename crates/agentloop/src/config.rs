@@ -204,6 +204,45 @@ pub struct RuntimeConfig {
     pub redact: RedactConfig,
     /// `[http]`: read by `agentloop serve` (the runtime itself does not serve).
     pub http: HttpConfig,
+    /// `[limits]`: bounds on what clients may ask for (S34a).
+    pub limits: LimitsConfig,
+}
+
+/// The `[limits]` table (S34a, issue 29): bounds on quantities a client controls,
+/// checked before anything is accepted. Every key is optional.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitsConfig {
+    /// The most model-call/tool rounds a simulated agent's configuration may ask for
+    /// (`sim_rounds`, default 1 000): its script is built at spawn.
+    pub sim_rounds: usize,
+    /// The longest simulated model call or tool round (`sim_step`, default 10 min).
+    pub sim_step: Duration,
+    /// The largest replay buffer a session spawned over HTTP may ask for
+    /// (`replay`, default 10 000 events).
+    pub replay: usize,
+    /// The longest duration a request may carry: a stop's or a preempt's timeout, a
+    /// preempt's delay, an idle stop (`duration`, default 24 h).
+    pub duration: Duration,
+}
+
+/// `[limits] sim_rounds` by default.
+pub const DEFAULT_SIM_ROUNDS: usize = 1_000;
+/// `[limits] sim_step` by default.
+pub const DEFAULT_SIM_STEP: Duration = Duration::from_secs(600);
+/// `[limits] replay` by default.
+pub const DEFAULT_MAX_REPLAY: usize = 10_000;
+/// `[limits] duration` by default.
+pub const DEFAULT_MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            sim_rounds: DEFAULT_SIM_ROUNDS,
+            sim_step: DEFAULT_SIM_STEP,
+            replay: DEFAULT_MAX_REPLAY,
+            duration: DEFAULT_MAX_DURATION,
+        }
+    }
 }
 
 /// The `[http]` table, for `agentloop serve` (issue 17). Every key is optional; unset
@@ -268,6 +307,17 @@ struct RawFile {
     redact: RawRedact,
     #[serde(default)]
     http: RawHttp,
+    #[serde(default)]
+    limits: RawLimits,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    sim_rounds: Option<i64>,
+    sim_step: Option<String>,
+    replay: Option<i64>,
+    duration: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -388,6 +438,35 @@ impl RuntimeConfig {
             max_event_streams: positive("http.max_event_streams", h.max_event_streams)?,
             cors_origins: h.cors_origins.unwrap_or_default(),
         };
+        let l = raw.limits;
+        if let Some(n) = positive("limits.sim_rounds", l.sim_rounds)? {
+            c.limits.sim_rounds = n;
+        }
+        if let Some(n) = positive("limits.replay", l.replay)? {
+            c.limits.replay = n;
+        }
+        if let Some(v) = l.sim_step {
+            let allowed = "a duration above 0 and at most 24h";
+            let d = duration("limits.sim_step", &v, allowed)?;
+            check_range(
+                "limits.sim_step",
+                d,
+                Duration::from_secs(24 * 3600),
+                allowed,
+            )?;
+            c.limits.sim_step = d;
+        }
+        if let Some(v) = l.duration {
+            let allowed = "a duration above 0 and at most 365 days";
+            let d = duration("limits.duration", &v, allowed)?;
+            check_range(
+                "limits.duration",
+                d,
+                Duration::from_secs(365 * 24 * 3600),
+                allowed,
+            )?;
+            c.limits.duration = d;
+        }
         if let Some(fields) = raw.redact.fields {
             if let Some(bad) = fields.iter().find(|f| f.is_empty()) {
                 return Err(ConfigError::OutOfRange {
@@ -591,6 +670,38 @@ pub fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
+        let c = RuntimeConfig::from_toml_str("").unwrap();
+        assert_eq!(c.limits, LimitsConfig::default());
+        let c = RuntimeConfig::from_toml_str(
+            "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.limits,
+            LimitsConfig {
+                sim_rounds: 5,
+                sim_step: Duration::from_secs(2),
+                replay: 64,
+                duration: Duration::from_secs(3600),
+            }
+        );
+        for bad in [
+            "[limits]\nsim_rounds = 0",
+            "[limits]\nreplay = -1",
+            "[limits]\nsim_step = \"25h\"",
+            "[limits]\nduration = \"0s\"",
+            "[limits]\nunknown = 1",
+        ] {
+            let e = RuntimeConfig::from_toml_str(bad).expect_err(bad);
+            assert!(
+                e.to_string().contains("limits") || e.to_string().contains("unknown"),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn durations_parse() {

@@ -1,0 +1,130 @@
+//! S34a through the real binary (issue 29): what a client asks for is bounded before
+//! anything is accepted, and the operator sets the bounds in `[limits]`. A simulated
+//! agent asking for a billion rounds (its script is built at spawn: ~48 GB) or a year
+//! per step, a replay buffer of `usize::MAX` events, a preempt delay of a billion
+//! hours: each is a 400 that names the bound and the key that raises it, and the server
+//! keeps serving.
+
+mod common;
+
+use common::{agent, base, Job, TempDir};
+use serde_json::{json, Value};
+
+fn post(url: &str, body: Value) -> (u16, Value) {
+    let mut r = agent().post(url).send_json(body).expect("POST");
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_json().unwrap_or(Value::Null))
+}
+
+fn refused(url: &str, body: Value, names: &str) {
+    let (s, v) = post(url, body.clone());
+    assert_eq!(s, 400, "{body} -> {v}");
+    assert_eq!(v["code"], "bad_request", "{v}");
+    let message = v["message"].as_str().unwrap_or("");
+    assert!(message.contains(names), "{body}: {message}");
+}
+
+#[test]
+fn what_a_client_asks_for_is_bounded_by_the_servers_limits() {
+    let dir = TempDir::new("bounds");
+    std::fs::write(
+        dir.0.join("agentloop.toml"),
+        "[limits]\nsim_rounds = 50\nsim_step = \"2s\"\nreplay = 1000\nduration = \"1h\"\n",
+    )
+    .unwrap();
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = base(&mut job);
+    let sessions = format!("{url}/sessions");
+
+    // The simulated agent's configuration.
+    let sim = |config: Value| json!({"id": "p", "kind": "sim", "config": config});
+    refused(
+        &sessions,
+        sim(json!({"rounds": 1_000_000_000u64})),
+        "sim_rounds",
+    );
+    refused(&sessions, sim(json!({"rounds": 51})), "1 to 50");
+    refused(&sessions, sim(json!({"rounds": 0})), "sim_rounds");
+    refused(
+        &sessions,
+        sim(json!({"model_ms": 1_000_000_000_000u64})),
+        "sim_step",
+    );
+    refused(&sessions, sim(json!({"tool_ms": 2_001})), "sim_step");
+    // The replay buffer.
+    refused(
+        &sessions,
+        json!({"id": "r", "kind": "sim", "replay": u64::MAX}),
+        "[limits] replay",
+    );
+    // At the bounds: accepted.
+    let (s, v) = post(
+        &sessions,
+        json!({"id": "ok", "kind": "sim", "replay": 1000,
+               "config": {"rounds": 50, "model_ms": 2000, "tool_ms": 0}}),
+    );
+    assert_eq!(s, 201, "{v}");
+
+    // Durations a request carries.
+    let items = format!("{url}/sessions/ok/items");
+    refused(
+        &items,
+        json!({"item": {"id": 1, "text": "x"},
+               "preempt": {"at": "any", "delay": "1000000000000h"}}),
+        "[limits] duration",
+    );
+    refused(
+        &items,
+        json!({"item": {"id": 1, "text": "x"},
+               "preempt": {"at": "any", "timeout": "2h"}}),
+        "at most 1h",
+    );
+    refused(
+        &format!("{url}/sessions/ok/stop"),
+        json!({"mode": "idle", "idle_for": "1000000000000h"}),
+        "[limits] duration",
+    );
+    refused(
+        &format!("{url}/sessions/ok/stop"),
+        json!({"mode": "graceful", "timeout": "61m"}),
+        "[limits] duration",
+    );
+    // Nothing was accepted by a refused request, and the server still serves.
+    let (s, v) = post(&items, json!({"item": {"id": 2, "text": "fine"}}));
+    assert_eq!(s, 200, "{v}");
+    let mut r = agent()
+        .get(&format!("{url}/healthz"))
+        .call()
+        .expect("healthz");
+    assert_eq!(r.status().as_u16(), 200);
+    let _ = r.body_mut().read_to_string();
+    let mut r = agent().get(&sessions).call().expect("list");
+    let listed: Value = r.body_mut().read_json().unwrap();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["ok"], "no refused spawn left a session");
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}
+
+/// The defaults hold without a configuration file: the request that took the process
+/// down on main (a billion rounds) is refused.
+#[test]
+fn the_default_limits_refuse_a_billion_rounds() {
+    let dir = TempDir::new("bounds-default");
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = base(&mut job);
+    refused(
+        &format!("{url}/sessions"),
+        json!({"id": "p", "kind": "sim", "config": {"rounds": 1_000_000_000u64}}),
+        "1 to 1000",
+    );
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}
