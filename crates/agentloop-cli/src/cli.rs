@@ -173,14 +173,19 @@ pub(crate) struct ServeFlags {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// Bearer token clients must send (default: [http] token); needed to listen
-    /// beyond loopback.
+    /// beyond loopback; at least 16 characters. Prefer AGENTLOOP_TOKEN or --token-file:
+    /// a flag's value shows in `ps`.
     #[arg(
         long,
         value_name = "TOKEN",
         env = "AGENTLOOP_TOKEN",
-        hide_env_values = true
+        hide_env_values = true,
+        conflicts_with = "token_file"
     )]
     pub token: Option<String>,
+    /// Read the bearer token from FILE (its first line), e.g. a mounted secret.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
     /// Append `turn <id>...` to FILE when a turn of the simulated agent completes (an
     /// audit of deliveries across restarts).
     #[arg(long, value_name = "FILE")]

@@ -40,6 +40,28 @@ macro_rules! say {
     }};
 }
 
+/// The token from `--token-file`, `--token` or `AGENTLOOP_TOKEN` (clap reads it into
+/// `--token`), if any: checked by `check_bind` like the file's. A token given on the
+/// command line shows in `ps`: warned.
+fn token(flags: &ServeFlags) -> Result<Option<String>, String> {
+    if let Some(path) = &flags.token_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+        let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
+        return Ok(Some(first.to_string()));
+    }
+    let Some(t) = &flags.token else {
+        return Ok(None);
+    };
+    if std::env::var("AGENTLOOP_TOKEN").ok().as_deref() != Some(t.as_str()) {
+        tracing::warn!(
+            "the bearer token was given with --token, so any user of this machine can read it \
+             in the process list; pass it in AGENTLOOP_TOKEN or with --token-file instead"
+        );
+    }
+    Ok(Some(t.clone()))
+}
+
 /// Runs the service until a signal shuts it down; `Ok(true)` when every record was
 /// left safe.
 pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
@@ -62,8 +84,8 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     })?;
     let options = HttpOptions {
         body_limit: config.http.body_limit,
-        // The flag (or AGENTLOOP_TOKEN, read by clap) over the file.
-        token: flags.token.clone().or_else(|| config.http.token.clone()),
+        // The flag (or AGENTLOOP_TOKEN, read by clap) or the token file over the file.
+        token: token(&flags)?.or_else(|| config.http.token.clone()),
         max_requests: config.http.max_requests,
         max_event_streams: config.http.max_event_streams,
         cors_origins: config.http.cors_origins.clone(),

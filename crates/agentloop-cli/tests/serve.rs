@@ -151,14 +151,14 @@ fn cli(args: &[&str], token: Option<&str>, input: Option<&str>) -> (i32, String,
 #[test]
 fn live_commands_drive_a_token_protected_server() {
     let dir = TempDir::new("serve-live");
-    let mut job = Job::serve(&dir.0, &["--token", "s3cret"]);
+    let mut job = Job::serve(&dir.0, &["--token", "s3cret-s3cret-s3cret"]);
     let url = base(&mut job);
-    let tok = Some("s3cret");
+    let tok = Some("s3cret-s3cret-s3cret");
     // Sessions are spawned over HTTP (the CLI has no spawn: sessions come from services).
     for id in ["w", "c"] {
         let mut r = agent()
             .post(&format!("{url}/sessions"))
-            .header("Authorization", "Bearer s3cret")
+            .header("Authorization", "Bearer s3cret-s3cret-s3cret")
             .send_json(json!({"id": id, "kind": "sim", "persistent": true,
                               "config": {"rounds": 1, "model_ms": 5, "tool_ms": 5}}))
             .expect("spawn");
@@ -189,7 +189,13 @@ fn live_commands_drive_a_token_protected_server() {
     // watch tails w's events until it ends.
     let watcher = {
         let url = url.clone();
-        std::thread::spawn(move || cli(&["watch", "w", "--server", &url], Some("s3cret"), None))
+        std::thread::spawn(move || {
+            cli(
+                &["watch", "w", "--server", &url],
+                Some("s3cret-s3cret-s3cret"),
+                None,
+            )
+        })
     };
     // Give the watcher a moment to subscribe (it prints what it sees; the checks
     // below do not depend on when it attached: the drain comes after the pushes).
@@ -280,4 +286,102 @@ fn live_commands_drive_a_token_protected_server() {
     job.signal(libc::SIGTERM);
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");
+}
+
+/// S34a (issue 29): a token is never empty or short, from any source (flag, environment,
+/// token file, configuration file): the server refuses to start and says why; a token
+/// read from a file guards every route; a token on the command line is warned about
+/// (it shows in `ps`).
+#[test]
+fn a_token_is_never_empty_or_short_from_any_source() {
+    let dir = TempDir::new("serve-tokens");
+    let data = dir.0.join("data");
+    let serve = |args: &[&str], env: Option<&str>, cwd: &std::path::Path| {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"));
+        c.arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("AGENTLOOP_TOKEN");
+        if let Some(v) = env {
+            c.env("AGENTLOOP_TOKEN", v);
+        }
+        c.output().expect("run")
+    };
+    let refused = |out: std::process::Output, why: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(why), "{why}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("serving on"));
+    };
+    refused(serve(&["--token", ""], None, &dir.0), "empty");
+    refused(serve(&["--token", "   "], None, &dir.0), "empty");
+    refused(serve(&["--token", "short"], None, &dir.0), "at least 16");
+    refused(serve(&[], Some("short-too"), &dir.0), "at least 16");
+    let file = dir.0.join("token");
+    std::fs::write(&file, "\n").unwrap();
+    refused(
+        serve(&["--token-file", file.to_str().unwrap()], None, &dir.0),
+        "empty",
+    );
+    let conf = dir.0.join("conf");
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(conf.join("agentloop.toml"), "[http]\ntoken = \"tiny\"\n").unwrap();
+    refused(serve(&[], None, &conf), "at least 16");
+    // An empty AGENTLOOP_TOKEN is no token: beyond loopback that is refused.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(&data)
+        .env("AGENTLOOP_TOKEN", "")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("serving on"));
+
+    // A good token from a file guards the routes.
+    let secret = "0123456789abcdef0123456789abcdef";
+    std::fs::write(&file, format!("{secret}\n")).unwrap();
+    let mut job = Job::serve(&dir.0, &["--token-file", file.to_str().unwrap()]);
+    let url = base(&mut job);
+    let r = agent().get(&format!("{url}/sessions")).call().expect("GET");
+    assert_eq!(r.status().as_u16(), 401);
+    let r = agent()
+        .get(&format!("{url}/sessions"))
+        .header("Authorization", &format!("Bearer {secret}"))
+        .call()
+        .expect("GET");
+    assert_eq!(r.status().as_u16(), 200);
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+
+    // On the command line it works, with a warning on stderr.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .args(["--token", secret])
+        .env_remove("AGENTLOOP_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("serving on") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0,
+            "it started"
+        );
+    }
+    // SAFETY: kill(2) with our own child's pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = child.wait_with_output().expect("exit");
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--token") && err.contains("process list") && !err.contains(secret),
+        "{err}"
+    );
 }

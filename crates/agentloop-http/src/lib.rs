@@ -121,9 +121,38 @@ impl std::fmt::Debug for HttpOptions {
     }
 }
 
-/// Whether the router may listen on `addr`: without a token only on a loopback address
-/// (anyone who reaches the port could drive every session).
+/// The shortest bearer token accepted (S34a): a short one is guessed.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Whether `token` may guard the server (S34a): not empty or blank, at least
+/// [`MIN_TOKEN_LEN`] characters, no whitespace or control characters (a header cannot
+/// carry them).
+pub fn check_token(token: &str) -> Result<(), String> {
+    if token.trim().is_empty() {
+        return Err("the bearer token is empty: set a secret of at least 16 characters (e.g.                     `openssl rand -hex 24`), or leave it unset to serve on loopback only"
+            .into());
+    }
+    if token.chars().count() < MIN_TOKEN_LEN {
+        return Err(format!(
+            "the bearer token is {} characters long: use at least {MIN_TOKEN_LEN} (e.g. \
+             `openssl rand -hex 24`)",
+            token.chars().count()
+        ));
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("the bearer token contains whitespace or control characters, which an                     Authorization header cannot carry: use letters, digits and punctuation"
+            .into());
+    }
+    Ok(())
+}
+
+/// Whether the router may listen on `addr`: a token, when set, passes [`check_token`];
+/// without one only a loopback address (anyone who reaches the port could drive every
+/// session).
 pub fn check_bind(addr: std::net::SocketAddr, options: &HttpOptions) -> Result<(), String> {
+    if let Some(t) = &options.token {
+        check_token(t)?;
+    }
     if options.token.is_none() && !addr.ip().is_loopback() {
         return Err(format!(
             "refusing to listen on {addr} without a token: set a bearer token (config or \
