@@ -45,6 +45,7 @@ mod events;
 mod idempotency;
 mod limits;
 mod metrics;
+pub mod same_machine;
 mod sessions;
 mod wire;
 
@@ -215,11 +216,15 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         .with_state(state);
     // Without a token there is nothing to check: no layer at all (a push's latency is
     // a figure, B8).
-    if let Some(token) = options.token {
-        app = app.layer(axum::middleware::from_fn_with_state(
-            Some(Arc::<str>::from(token)),
-            auth::authenticate,
-        ));
+    match options.token {
+        Some(token) => {
+            app = app.layer(axum::middleware::from_fn_with_state(
+                Some(Arc::<str>::from(token)),
+                auth::authenticate,
+            ))
+        }
+        // Without a token: loopback Host names and JSON mutations only (S34a).
+        None => app = app.layer(axum::middleware::from_fn(same_machine::guard)),
     }
     app = app.layer(axum::middleware::from_fn_with_state(
         requests,

@@ -85,12 +85,17 @@ pub(crate) fn too_many(what: &str, max: usize) -> ApiError {
 }
 
 /// The middleware: one slot per request in flight (event streams are bounded by their
-/// own gauge when they open, so a long stream does not hold a request slot).
+/// own gauge when they open, so a long stream does not hold a request slot). The health
+/// probes take no slot (S34a): a server whose slots are all held by slow clients still
+/// answers its liveness and readiness probes, so nothing restarts it for that.
 pub(crate) async fn bound_requests(
     State(gauge): State<Arc<Gauge>>,
     req: Request,
     next: Next,
 ) -> Response {
+    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+        return next.run(req).await;
+    }
     match gauge.try_take() {
         Some(slot) => {
             let resp = next.run(req).await;

@@ -37,13 +37,11 @@ async fn retry_after(
     uri: &str,
     body: Option<&str>,
 ) -> (StatusCode, Option<u64>, String) {
-    let mut req = Request::builder().method(method).uri(uri);
-    if body.is_some() {
-        req = req.header("content-type", "application/json");
-    }
-    let body = body
-        .map(|b| Body::from(b.to_string()))
-        .unwrap_or_else(Body::empty);
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json");
+    let body = Body::from(body.unwrap_or("{}").to_string());
     let resp = send(app, req.body(body).unwrap()).await;
     let status = resp.status();
     let after = resp

@@ -331,10 +331,165 @@ fn without_a_token_only_loopback_is_served() {
         "{err}"
     );
     let guarded = HttpOptions {
-        token: Some("t".into()),
+        token: Some("a-token-of-sixteen+".into()),
         ..HttpOptions::default()
     };
     assert!(check_bind("0.0.0.0:8080".parse().unwrap(), &guarded).is_ok());
+    // A short token guards nothing (S34a).
+    let weak = HttpOptions {
+        token: Some("t".into()),
+        ..HttpOptions::default()
+    };
+    let err = check_bind("0.0.0.0:8080".parse().unwrap(), &weak).unwrap_err();
+    assert!(err.contains("at least 16"), "{err}");
+}
+
+/// S34a: without a token a web page cannot drive the server. A plain form post (no
+/// JSON) is refused with 415 and changes nothing; a request naming a foreign `Host`
+/// (DNS rebinding) is refused with 403, reads included; loopback names and JSON work,
+/// and so does the client header. The probes answer whatever the request bound says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_a_web_page_cannot_drive_the_server() {
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    let rt = runtime().await;
+    let app = router(&rt, HttpOptions::default());
+    assert_eq!(
+        call(
+            &app,
+            "POST",
+            "/sessions",
+            Some(json!({"id": "v", "kind": "sim"}))
+        )
+        .await
+        .0,
+        StatusCode::CREATED
+    );
+    async fn raw(app: &axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
+        let resp = send(app, req).await;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+    // What a <form method=post> sends: form-encoded or text/plain, no preflight.
+    for ct in [
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "multipart/form-data; boundary=x",
+    ] {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/sessions/v/cancel")
+            .header("content-type", ct)
+            .body(Body::from("a=b"))
+            .unwrap();
+        let (s, v) = raw(&app, req).await;
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{ct}: {v}");
+        assert_eq!(v["code"], "json_required", "{v}");
+    }
+    let req = Request::builder()
+        .method("POST")
+        .uri("/sessions/v/stop")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(raw(&app, req).await.0, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let (s, v) = call(&app, "GET", "/sessions/v", None).await;
+    assert_eq!(
+        (s, v["live"].clone()),
+        (StatusCode::OK, json!(true)),
+        "nothing was stopped"
+    );
+    // A rebound name: refused, reads too.
+    for host in [
+        "evil.example",
+        "evil.example:7420",
+        "localhost.evil.example",
+    ] {
+        let req = Request::builder()
+            .uri("/sessions")
+            .header("host", host)
+            .body(Body::empty())
+            .unwrap();
+        let (s, v) = raw(&app, req).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{host}: {v}");
+        assert_eq!(v["code"], "forbidden_host", "{v}");
+    }
+    // Loopback names and the client header work.
+    for host in ["localhost:7420", "127.0.0.1", "[::1]:80"] {
+        let req = Request::builder()
+            .uri("/sessions")
+            .header("host", host)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(raw(&app, req).await.0, StatusCode::OK, "{host}");
+    }
+    let req = Request::builder()
+        .method("POST")
+        .uri("/sessions/v/stop")
+        .header("x-agentloop-client", "1")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(raw(&app, req).await.0, StatusCode::ACCEPTED);
+}
+
+/// S34a: the health probes never count against the request bound: with every request
+/// slot held by a slow body, `/healthz` and `/readyz` still answer 200 while other
+/// routes answer 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_while_every_request_slot_is_held() {
+    use tokio::io::AsyncWriteExt;
+    let rt = runtime().await;
+    let app = router(
+        &rt,
+        HttpOptions {
+            max_requests: Some(2),
+            ..HttpOptions::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    // Two slow pushes: headers sent, the body never finished.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            b"POST /sessions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"id\"",
+        )
+        .await
+        .unwrap();
+        held.push(c);
+    }
+    let get = |path: &'static str| async move {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut c, &mut out)
+            .await
+            .unwrap();
+        out
+    };
+    // Wait until both slots are taken (the bound answers 429 for other routes).
+    let mut full = false;
+    for _ in 0..200 {
+        if get("/sessions").await.starts_with("HTTP/1.1 429") {
+            full = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(full, "the slow bodies hold every slot");
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+    drop(held);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,12 +62,18 @@ pub async fn call(
     body: Option<Value>,
 ) -> (StatusCode, Value) {
     let mut req = Request::builder().method(method).uri(uri);
-    let body = match body {
-        Some(v) => {
+    // A well-behaved client sends every POST as JSON (`{}` when there is nothing to
+    // send): a server without a token takes nothing else (S34a).
+    let body = match (body, method) {
+        (Some(v), _) => {
             req = req.header("content-type", "application/json");
             Body::from(v.to_string())
         }
-        None => Body::empty(),
+        (None, "POST") => {
+            req = req.header("content-type", "application/json");
+            Body::from("{}")
+        }
+        (None, _) => Body::empty(),
     };
     let resp = send(app, req.body(body).unwrap()).await;
     let status = resp.status();
