@@ -146,6 +146,10 @@ fn block_on(job: impl std::future::Future<Output = Result<bool, String>>) -> Exi
         .with_writer(std::io::stderr)
         // Colours only on a terminal: a log redirected to a file stays plain text.
         .with_ansi(std::io::stderr().is_terminal())
+        // A log line that cannot be written (stderr a closed pipe: `serve 2>&1 | head`)
+        // is dropped: reporting it with eprintln! would panic the task that logged,
+        // such as the one that starts the shutdown (S34a).
+        .log_internal_errors(false)
         .try_init();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -156,7 +160,8 @@ fn block_on(job: impl std::future::Future<Output = Result<bool, String>>) -> Exi
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("agentloop: {e}");
+            // Not eprintln!: a closed stderr must not turn an exit into a panic.
+            let _ = writeln!(std::io::stderr(), "agentloop: {e}");
             ExitCode::from(1)
         }
     }

@@ -385,3 +385,44 @@ fn a_token_is_never_empty_or_short_from_any_source() {
         "{err}"
     );
 }
+
+/// S34a (issue 29): with stdout and stderr a closed pipe (`agentloop serve 2>&1 | head`
+/// after `head` exited), SIGTERM still shuts the server down: the shutdown starts before
+/// anything is logged, and a log line that cannot be written is dropped, not a panic.
+#[test]
+fn sigterm_shuts_down_when_stderr_is_a_closed_pipe() {
+    use std::io::BufRead as _;
+    let dir = TempDir::new("serve-epipe");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.0.join("data"))
+        .env_remove("AGENTLOOP_TOKEN")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("serving on") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "it started");
+    }
+    // The reader goes away, as `head` does.
+    drop(stdout);
+    drop(child.stderr.take());
+    // SAFETY: kill(2) with our own child's pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("SIGTERM was ignored with a closed stderr");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+}

@@ -51,15 +51,20 @@ pub fn listen(
                 Err(_) => return,
             };
             count += 1;
+            // The shutdown starts before anything is said about it: a callback or a
+            // logger that fails (a closed stderr) must not keep it from starting (S34a).
+            match count {
+                1 => shutdown.begin(),
+                2 => shutdown.force(),
+                _ => {}
+            }
             on_signal(sig, count);
             match count {
                 1 => {
                     tracing::warn!(signal = %sig, "signal received: shutting down (send it again to force)");
-                    shutdown.begin();
                 }
                 2 => {
                     tracing::warn!(signal = %sig, "second signal: skipping to force");
-                    shutdown.force();
                 }
                 _ => {
                     tracing::warn!(signal = %sig, "shutdown already forced; waiting for it to finish")
