@@ -186,20 +186,27 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     .map_err(|e| format!("cannot install the signal handlers: {e}"))?;
 
     let app = agentloop_http::router(&rt, options.clone());
-    // Requests and answers are small: send them without Nagle's delay.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
-        }
-    });
+    // A bounded number of connections, and a header read timeout (S34a).
+    let defaults = agentloop_http::server::ServeOptions::default();
+    let serve_options = agentloop_http::server::ServeOptions {
+        max_connections: config
+            .http
+            .max_connections
+            .unwrap_or(defaults.max_connections),
+        header_read_timeout: config
+            .http
+            .header_read_timeout
+            .unwrap_or(defaults.header_read_timeout),
+    };
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = close_rx.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(agentloop_http::server::serve(
+        listener,
+        app,
+        serve_options,
+        async move {
+            let _ = close_rx.await;
+        },
+    ));
     say!(
         "agentloop: resumed {} session{} carrying {} item{} ({} recovered after their process died)",
         start.resumed.len(),
@@ -230,8 +237,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     // release the store.
     let _ = close_tx.send(());
     match tokio::time::timeout(HTTP_CLOSE, server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the HTTP server ended with an error"),
+        Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, "the HTTP server task failed"),
         Err(_) => tracing::warn!(
             after = ?HTTP_CLOSE,

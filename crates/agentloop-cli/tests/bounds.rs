@@ -128,3 +128,84 @@ fn the_default_limits_refuse_a_billion_rounds() {
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");
 }
+
+/// S34a (issue 29): slowloris. Requests whose headers never finish are closed after
+/// `[http] header_read_timeout`, and at most `[http] max_connections` connections are
+/// served at once: one more is closed at once instead of taking a descriptor and a task.
+/// Once the half-sent requests are gone, the server answers again.
+#[test]
+fn half_sent_requests_time_out_and_connections_are_bounded() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new("slowloris");
+    std::fs::write(
+        dir.0.join("agentloop.toml"),
+        "[http]\nmax_connections = 8\nheader_read_timeout = \"1s\"\n",
+    )
+    .unwrap();
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = base(&mut job);
+    let addr = url.trim_start_matches("http://").to_string();
+    let started = Instant::now();
+    let mut held: Vec<TcpStream> = (0..8)
+        .map(|_| {
+            let mut c = TcpStream::connect(&addr).expect("connect");
+            c.write_all(b"GET /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                .expect("half a request");
+            c
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // A ninth connection is closed at once, unanswered.
+    let mut extra = TcpStream::connect(&addr).expect("connect");
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = extra.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut buf = [0u8; 256];
+    match extra.read(&mut buf) {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!(
+            "a connection over the bound was served: {}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "checked while the slow ones still held their connections"
+    );
+    // The half-sent requests are closed by the header timeout (hyper may answer 408
+    // first): each reaches its end, none waits forever.
+    for c in &mut held {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        match c.read_to_end(&mut rest) {
+            Ok(_) => {}
+            Err(e) => assert!(
+                !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+                "a half-sent request was kept open: {e}"
+            ),
+        }
+        let text = String::from_utf8_lossy(&rest);
+        assert!(!text.contains("200 OK"), "{text}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "closed after about the 1 s header timeout: {:?}",
+        started.elapsed()
+    );
+    // Then the server answers again.
+    let mut r = agent()
+        .get(&format!("{url}/healthz"))
+        .call()
+        .expect("healthz");
+    assert_eq!(r.status().as_u16(), 200);
+    let _ = r.body_mut().read_to_string();
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

@@ -46,6 +46,7 @@ mod idempotency;
 mod limits;
 mod metrics;
 pub mod same_machine;
+pub mod server;
 mod sessions;
 mod wire;
 

@@ -263,6 +263,10 @@ pub struct HttpConfig {
     /// Origins allowed to call from browser pages served elsewhere (CORS); none by
     /// default.
     pub cors_origins: Vec<String>,
+    /// Connections served at once (S34a).
+    pub max_connections: Option<usize>,
+    /// How long a request's headers may take to arrive (S34a).
+    pub header_read_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -274,6 +278,8 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_requests", &self.max_requests)
             .field("max_event_streams", &self.max_event_streams)
             .field("cors_origins", &self.cors_origins)
+            .field("max_connections", &self.max_connections)
+            .field("header_read_timeout", &self.header_read_timeout)
             .finish()
     }
 }
@@ -329,6 +335,8 @@ struct RawHttp {
     max_requests: Option<i64>,
     max_event_streams: Option<i64>,
     cors_origins: Option<Vec<String>>,
+    max_connections: Option<i64>,
+    header_read_timeout: Option<String>,
 }
 
 /// A positive whole number of the `[http]` table.
@@ -437,6 +445,21 @@ impl RuntimeConfig {
             max_requests: positive("http.max_requests", h.max_requests)?,
             max_event_streams: positive("http.max_event_streams", h.max_event_streams)?,
             cors_origins: h.cors_origins.unwrap_or_default(),
+            max_connections: positive("http.max_connections", h.max_connections)?,
+            header_read_timeout: match h.header_read_timeout {
+                Some(v) => {
+                    let allowed = "a duration above 0 and at most 300s";
+                    let d = duration("http.header_read_timeout", &v, allowed)?;
+                    check_range(
+                        "http.header_read_timeout",
+                        d,
+                        Duration::from_secs(300),
+                        allowed,
+                    )?;
+                    Some(d)
+                }
+                None => None,
+            },
         };
         let l = raw.limits;
         if let Some(n) = positive("limits.sim_rounds", l.sim_rounds)? {
