@@ -211,6 +211,10 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
             get(sessions::checkpoint::<I, E>),
         )
         .route("/sessions/{id}/events", get(sessions::events::<I, E>))
+        // Errors are JSON with a stable code on every route, 404 and 405 included
+        // (S34a).
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(
             options.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
         ))
@@ -262,6 +266,26 @@ fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {
             header::HeaderName::from_static("idempotency-key"),
             header::HeaderName::from_static("last-event-id"),
         ])
+}
+
+/// 404 `not_found` as JSON, for a path no route serves.
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    let path: String = uri.path().chars().take(200).collect();
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route serves `{path}`; the routes are listed in docs/http.md"),
+    )
+}
+
+/// 405 `method_not_allowed` as JSON, for a route asked with a method it does not take.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    let path: String = uri.path().chars().take(200).collect();
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("`{path}` does not take {method}; the routes and their methods are listed in docs/http.md"),
+    )
 }
 
 async fn page() -> impl IntoResponse {

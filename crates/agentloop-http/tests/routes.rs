@@ -642,3 +642,22 @@ async fn last_event_id_replays_exactly_the_missed_events() {
     );
     rt.stop(StopOptions::immediate()).await.unwrap();
 }
+
+/// S34a: errors are JSON with a stable code on every route, 404 and 405 included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_paths_and_methods_answer_json_errors() {
+    let rt = runtime().await;
+    let app = router(&rt, HttpOptions::default());
+    let (s, v) = call(&app, "GET", "/nowhere", None).await;
+    assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"), "{v}");
+    assert!(v["message"].as_str().unwrap().contains("/nowhere"), "{v}");
+    let (s, v) = call(&app, "DELETE", "/sessions", None).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+        "{v}"
+    );
+    let (s, v) = call(&app, "GET", "/sessions/x/items", None).await;
+    assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("GET"), "{v}");
+}
