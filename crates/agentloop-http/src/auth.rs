@@ -19,9 +19,17 @@ pub(crate) fn token_matches(presented: &[u8], expected: &[u8]) -> bool {
     presented.len() == expected.len() && bool::from(presented.ct_eq(expected))
 }
 
-/// The token of `?access_token=`, for the event stream only.
+/// The token of `?access_token=`, for the event stream only: a `GET` of
+/// `/sessions/{id}/events`, nothing else.
 fn query_token(req: &Request) -> Option<String> {
-    if !req.uri().path().ends_with("/events") {
+    let mut parts = req.uri().path().split('/');
+    let events = req.method() == axum::http::Method::GET
+        && parts.next() == Some("")
+        && parts.next() == Some("sessions")
+        && parts.next().is_some_and(|id| !id.is_empty())
+        && parts.next() == Some("events")
+        && parts.next().is_none();
+    if !events {
         return None;
     }
     let query = req.uri().query()?;
@@ -64,6 +72,37 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// The credentials of an `Authorization` value whose scheme is `Bearer` (the scheme is
+/// case-insensitive, RFC 9110).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, credentials) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| credentials.trim())
+}
+
+/// Counts a request refused for its token and says so at WARN, at most once every ten
+/// seconds with the count since (a storm of guesses must be visible, not a log flood).
+fn refused_for_token() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static REFUSED: AtomicU64 = AtomicU64::new(0);
+    static LAST_LOG_MS: AtomicU64 = AtomicU64::new(0);
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    let now = agentloop::store::now_ms();
+    let last = LAST_LOG_MS.load(Ordering::Relaxed);
+    if now.saturating_sub(last) >= 10_000
+        && LAST_LOG_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        let count = REFUSED.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            refused = count,
+            "requests refused for a missing or wrong bearer token (since the last such line)"
+        );
+    }
+}
+
 /// The middleware: passes the probes and the live page, and every request that shows
 /// the token; answers 401 `unauthorized` otherwise.
 pub(crate) async fn authenticate(
@@ -84,12 +123,13 @@ pub(crate) async fn authenticate(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .map(str::to_string)
         .or_else(|| query_token(&req));
     match presented {
         Some(p) if token_matches(p.as_bytes(), expected.as_bytes()) => next.run(req).await,
         _ => {
+            refused_for_token();
             let mut resp = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -112,6 +152,39 @@ mod tests {
         assert!(token_matches(b"s3cret", b"s3cret"));
         assert!(!token_matches(b"s3cre", b"s3cret"));
         assert!(!token_matches(b"s3creT", b"s3cret"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer abc"), Some("abc"));
+        assert_eq!(bearer("BEARER  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer"), None);
+    }
+
+    #[test]
+    fn the_query_token_is_read_on_the_event_stream_only() {
+        let req = |method: &str, uri: &str| {
+            Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        assert_eq!(
+            query_token(&req("GET", "/sessions/s1/events?access_token=t")),
+            Some("t".into())
+        );
+        for (m, u) in [
+            ("GET", "/sessions?access_token=t"),
+            ("POST", "/sessions/s1/events?access_token=t"),
+            ("GET", "/x/y/events?access_token=t"),
+            ("GET", "/sessions/s1/history/events?access_token=t"),
+            ("GET", "/sessions//events?access_token=t"),
+        ] {
+            assert_eq!(query_token(&req(m, u)), None, "{m} {u}");
+        }
     }
 
     #[test]

@@ -131,8 +131,11 @@ pub const MIN_TOKEN_LEN: usize = 16;
 /// carry them).
 pub fn check_token(token: &str) -> Result<(), String> {
     if token.trim().is_empty() {
-        return Err("the bearer token is empty: set a secret of at least 16 characters (e.g.                     `openssl rand -hex 24`), or leave it unset to serve on loopback only"
-            .into());
+        return Err(
+            "the bearer token is empty: set a secret of at least 16 characters (e.g. \
+                    `openssl rand -hex 24`), or leave it unset to serve on loopback only"
+                .into(),
+        );
     }
     if token.chars().count() < MIN_TOKEN_LEN {
         return Err(format!(
@@ -142,8 +145,11 @@ pub fn check_token(token: &str) -> Result<(), String> {
         ));
     }
     if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err("the bearer token contains whitespace or control characters, which an                     Authorization header cannot carry: use letters, digits and punctuation"
-            .into());
+        return Err(
+            "the bearer token contains whitespace or control characters, which an \
+                    Authorization header cannot carry: use letters, digits and punctuation"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -218,6 +224,10 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         .layer(DefaultBodyLimit::max(
             options.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
         ))
+        .layer(axum::middleware::from_fn_with_state(
+            options.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
+            limits::refuse_oversize,
+        ))
         .with_state(state);
     // Without a token there is nothing to check: no layer at all (a push's latency is
     // a figure, B8).
@@ -288,8 +298,23 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     )
 }
 
+/// The live page, with headers that keep it from being framed, sniffed or leaking its
+/// URL (which may carry the token) to other sites (S34a).
 async fn page() -> impl IntoResponse {
-    Html(PAGE)
+    (
+        [
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' \
+                 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors \
+                 'none'; base-uri 'none'; form-action 'none'",
+            ),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::X_FRAME_OPTIONS, "DENY"),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        Html(PAGE),
+    )
 }
 
 async fn healthz() -> impl IntoResponse {

@@ -121,3 +121,29 @@ mod tests {
         assert!(g.try_take().is_some());
     }
 }
+
+/// Refuses at once, with 413 `too_large`, a request whose `Content-Length` says its body
+/// is over `limit` (S34a): before the body is read, and also on routes that read none.
+pub(crate) async fn refuse_oversize(
+    State(limit): State<usize>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "the request body would be {n} bytes, over this server's limit of {limit} \
+                 ([http] body_limit); send less"
+            ),
+        )
+        .into_response(),
+        _ => next.run(req).await,
+    }
+}

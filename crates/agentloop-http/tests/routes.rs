@@ -274,6 +274,9 @@ async fn a_token_guards_every_route_but_the_probes() {
         assert_eq!(www.unwrap(), "Bearer");
     }
     assert_eq!(send(Some("Bearer s3cret")).await.0, StatusCode::OK);
+    // The scheme is case-insensitive (RFC 9110).
+    assert_eq!(send(Some("bearer s3cret")).await.0, StatusCode::OK);
+    assert_eq!(send(Some("BEARER s3cret")).await.0, StatusCode::OK);
     // The probes answer without a token (load balancers do not carry one).
     assert_eq!(call(&app, "GET", "/healthz", None).await.0, StatusCode::OK);
     assert_eq!(call(&app, "GET", "/readyz", None).await.0, StatusCode::OK);
@@ -660,4 +663,72 @@ async fn unknown_paths_and_methods_answer_json_errors() {
     let (s, v) = call(&app, "GET", "/sessions/x/items", None).await;
     assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{v}");
     assert!(v["message"].as_str().unwrap().contains("GET"), "{v}");
+}
+
+/// S34a: a body declared over the limit is refused at once (before it is sent, and on a
+/// route that reads no body), and the live page is served with headers that keep it from
+/// being framed or sniffed and its URL (which may carry the token) from leaking.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_bodies_are_refused_up_front_and_the_page_has_security_headers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rt = runtime().await;
+    let app = router(
+        &rt,
+        HttpOptions {
+            body_limit: Some(1024),
+            ..HttpOptions::default()
+        },
+    );
+    assert_eq!(
+        call(
+            &app,
+            "POST",
+            "/sessions",
+            Some(json!({"id": "b", "kind": "sim"}))
+        )
+        .await
+        .0,
+        StatusCode::CREATED
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = app.clone();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, served).await;
+    });
+    let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // Headers only: the 10 MB body is never sent.
+    c.write_all(
+        b"POST /sessions/b/cancel HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 10000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 256];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), c.read(&mut head))
+        .await
+        .expect("answered before the body")
+        .unwrap();
+    let text = String::from_utf8_lossy(&head[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    let (s, v) = call(&app, "GET", "/sessions/b", None).await;
+    assert_eq!(
+        (s, v["live"].clone()),
+        (StatusCode::OK, json!(true)),
+        "not canceled: {v}"
+    );
+
+    let resp = send(
+        &app,
+        Request::builder().uri("/").body(Body::empty()).unwrap(),
+    )
+    .await;
+    let h = resp.headers();
+    let csp = h["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("frame-ancestors 'none'") && csp.contains("default-src 'self'"),
+        "{csp}"
+    );
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    assert_eq!(h["x-frame-options"], "DENY");
+    assert_eq!(h["referrer-policy"], "no-referrer");
 }

@@ -185,7 +185,8 @@ async fn claim<I: 'static>(
         Err(StoreError::Changed { session, .. }) => Err(StoreError::Refused {
             session,
             status: header.status.to_string(),
-            why: "another instance claimed it first (its record changed since it was read);                   that instance runs it now"
+            why: "another instance claimed it first (its record changed since it was read); \
+                    that instance runs it now"
                 .into(),
         }),
         Err(e) => Err(e),
