@@ -106,22 +106,6 @@ pub(crate) async fn bound_requests(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_gauge_refuses_at_its_ceiling_and_frees_on_drop() {
-        let g = Gauge::new(2);
-        let a = g.try_take().expect("first");
-        let _b = g.try_take().expect("second");
-        assert!(g.try_take().is_none());
-        drop(a);
-        assert_eq!(g.held(), 1);
-        assert!(g.try_take().is_some());
-    }
-}
-
 /// Refuses at once, with 413 `too_large`, a request whose `Content-Length` says its body
 /// is over `limit` (S34a): before the body is read, and also on routes that read none.
 pub(crate) async fn refuse_oversize(
@@ -145,5 +129,21 @@ pub(crate) async fn refuse_oversize(
         )
         .into_response(),
         _ => next.run(req).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_refuses_at_its_ceiling_and_frees_on_drop() {
+        let g = Gauge::new(2);
+        let a = g.try_take().expect("first");
+        let _b = g.try_take().expect("second");
+        assert!(g.try_take().is_none());
+        drop(a);
+        assert_eq!(g.held(), 1);
+        assert!(g.try_take().is_some());
     }
 }
