@@ -8,9 +8,10 @@
 //! bounded window: at most [`DEFAULT_IDEMPOTENCY_KEYS`] keys (the oldest are forgotten
 //! first) for at most [`DEFAULT_IDEMPOTENCY_TTL`], in memory: a retry after a restart of
 //! the server is a new push. A retry whose item differs from the first is refused (409
-//! `idempotency_mismatch`). A first outcome of `503` (`not_live`, `draining`: nothing was
-//! accepted, retry) is not kept, so the retry runs again (issue 28). This module
-//! remembers outcomes; pushing is the caller's.
+//! `idempotency_mismatch`). A first outcome that accepted nothing (a 4xx, or `503`
+//! `not_live` / `draining`) is not kept, so the retry runs again (issues 28, 29). The
+//! fingerprint covers the item and its preempt options. This module remembers outcomes;
+//! pushing is the caller's.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -115,13 +116,15 @@ impl Idempotency {
             }
         }
         let k = (session.to_string(), key.to_string());
-        // A first outcome that accepted nothing and asks for a retry (503: the session
-        // is not live yet, or the server is draining) is not kept: the retry runs again.
+        // A first outcome that accepted nothing is not kept: a retry runs again. That
+        // is every 4xx (the item was refused and handed back: unknown session, wrong
+        // state, bad request...) and 503 (not live yet, draining). A 2xx, and any other
+        // 5xx (an owner that may have taken it before it timed out), are kept.
         let retry = |e: &Entry| {
             e.outcome
                 .borrow()
                 .as_ref()
-                .is_some_and(|(s, _)| *s == StatusCode::SERVICE_UNAVAILABLE)
+                .is_some_and(|(s, _)| s.is_client_error() || *s == StatusCode::SERVICE_UNAVAILABLE)
         };
         if let Some(e) = inner.entries.get(&k).filter(|e| !retry(e)) {
             if e.fingerprint != fp {
@@ -204,6 +207,27 @@ mod tests {
 
     fn ok() -> Outcome {
         (StatusCode::OK, serde_json::json!({"ok": true}))
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_not_kept_so_the_retry_runs_again() {
+        let idem = Idempotency::new(10, Duration::from_secs(60));
+        let first = idem
+            .run("s", "k", "{}", async {
+                (
+                    StatusCode::NOT_FOUND,
+                    serde_json::json!({"code": "unknown_session"}),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.0, StatusCode::NOT_FOUND);
+        let second = idem.run("s", "k", "{}", async { ok() }).await.unwrap();
+        assert_eq!(
+            second.0,
+            StatusCode::OK,
+            "the session exists now: the retry ran"
+        );
     }
 
     #[tokio::test]

@@ -319,7 +319,7 @@ struct Pushed {
 }
 
 /// A push's preempt: `{"at": "any", "timeout"?: "5s", "delay"?: "1s"}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PreemptBody {
     at: String,
@@ -351,6 +351,12 @@ pub(crate) async fn push<I: Item, E: Ev>(
     raw: Result<Json<PushBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = body(raw)?;
+    // What a retry with the same key must repeat: the item's text and its preempt
+    // options (S34a: a retry that changes the preempt is another request).
+    let fingerprint = match &b.preempt {
+        None => b.item.get().to_string(),
+        Some(p) => format!("{}\u{0}{p:?}", b.item.get()),
+    };
     // The whole request is checked before anything is delivered: never half-accepted.
     let item: I = serde_json::from_str(b.item.get())
         .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
@@ -375,7 +381,7 @@ pub(crate) async fn push<I: Item, E: Ev>(
         Some(key) => {
             let (status, out) = st
                 .idempotency
-                .run(&id, key, b.item.get(), async move {
+                .run(&id, key, &fingerprint, async move {
                     crate::idempotency::outcome(deliver.await).await
                 })
                 .await?;

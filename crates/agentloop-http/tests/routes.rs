@@ -732,3 +732,67 @@ async fn oversize_bodies_are_refused_up_front_and_the_page_has_security_headers(
     assert_eq!(h["x-frame-options"], "DENY");
     assert_eq!(h["referrer-policy"], "no-referrer");
 }
+
+/// S34a: an idempotency key names one request: a retry that changes the preempt options
+/// is refused (409 `idempotency_mismatch`); a first push refused with a 4xx (the session
+/// did not exist yet) is not replayed: the retry after the spawn is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_covers_the_preempt_and_does_not_keep_a_refusal() {
+    let rt = runtime().await;
+    let app = router(&rt, HttpOptions::default());
+    let keyed = |key: &'static str, body: serde_json::Value| {
+        let app = app.clone();
+        async move {
+            let req = Request::builder()
+                .method("POST")
+                .uri("/sessions/late/items")
+                .header("content-type", "application/json")
+                .header("idempotency-key", key)
+                .body(Body::from(body.to_string()))
+                .unwrap();
+            let resp = send(&app, req).await;
+            let status = resp.status();
+            let bytes = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default(),
+            )
+        }
+    };
+    let item = json!({"item": {"id": 1, "text": "x"}});
+    let (s, v) = keyed("k1", item.clone()).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::NOT_FOUND, "unknown_session"),
+        "{v}"
+    );
+    assert_eq!(
+        call(
+            &app,
+            "POST",
+            "/sessions",
+            Some(json!({"id": "late", "kind": "sim"}))
+        )
+        .await
+        .0,
+        StatusCode::CREATED
+    );
+    let (s, v) = keyed("k1", item.clone()).await;
+    assert_eq!(
+        s,
+        StatusCode::OK,
+        "the retry ran against the new session: {v}"
+    );
+    let (s, v) = keyed("k1", item.clone()).await;
+    assert_eq!(s, StatusCode::OK, "an accepted outcome is replayed: {v}");
+    let with_preempt = json!({"item": {"id": 1, "text": "x"}, "preempt": {"at": "any"}});
+    let (s, v) = keyed("k1", with_preempt).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::CONFLICT, "idempotency_mismatch"),
+        "{v}"
+    );
+}
