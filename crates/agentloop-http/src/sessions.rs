@@ -238,7 +238,7 @@ fn kind_of(stored: &agentloop::store::Stored) -> &str {
 /// `live` and, while the session runs here, what it is doing.
 pub(crate) async fn get_one<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     let view = st.runtime.view(&id).await?;
     let live = st.runtime.supervisor().inspect(&id).await.ok();
@@ -312,6 +312,37 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for IdempotencyKey {
     }
 }
 
+/// A session id taken from the path, checked before a handler runs (S32, S34a): one
+/// extractor for every `/sessions/{id}/…` route, so an invalid id is a 400 on each of
+/// them (never a 500 from the store) and the answer does not echo it back.
+pub(crate) struct SessionId(pub(crate) String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SessionId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "the session id in the path cannot be read: {}",
+                    e.body_text()
+                ))
+            })?;
+        checked_id(&id)?;
+        Ok(SessionId(id))
+    }
+}
+
+/// `id` as a session id, or a 400 that says what is wrong without repeating it.
+fn checked_id(id: &str) -> Result<(), ApiError> {
+    agentloop::session::validate_session_id(id)
+        .map_err(|e| ApiError::bad_request(format!("invalid session id in the path: {e}")))
+}
+
 /// A push's answer.
 #[derive(serde::Serialize)]
 struct Pushed {
@@ -346,7 +377,7 @@ fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError> {
 
 pub(crate) async fn push<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     key: IdempotencyKey,
     raw: Result<Json<PushBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -494,7 +525,7 @@ fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, ApiError> {
 
 pub(crate) async fn stop<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     raw: Result<Json<StopBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let b = optional_body(raw)?;
@@ -513,7 +544,7 @@ pub(crate) async fn stop<I: Item, E: Ev>(
 /// record is finalized when it drains. Refused (409) for a session without a store.
 pub(crate) async fn detach<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     st.runtime.detach_anywhere(&id).await?;
     Ok(Json(json!({ "id": id, "detached": true })))
@@ -535,7 +566,7 @@ pub(crate) struct MoveBody {
 /// delivered there in order.
 pub(crate) async fn move_to<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     raw: Result<Json<MoveBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     use agentloop::cluster::migrate::MigrateError;
@@ -567,7 +598,7 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
 /// `POST /sessions/{id}/cancel` (S24).
 pub(crate) async fn cancel<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     let status: SessionStatus = st.runtime.supervisor().cancel(&id).await?;
     Ok(Json(json!({ "id": id, "status": wire::status(&status) })))
@@ -583,7 +614,7 @@ pub(crate) struct ResumeBody {
 
 pub(crate) async fn resume<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     raw: Result<Json<ResumeBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let b = body(raw)?;
@@ -598,7 +629,7 @@ pub(crate) async fn resume<I: Item, E: Ev>(
 /// `GET /sessions/{id}/history`: the kept turn-end checkpoints, oldest first.
 pub(crate) async fn history<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     agentloop::ids::validate_session_id(&id).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let list = st.runtime.history(&id).await?;
@@ -615,8 +646,15 @@ pub(crate) async fn history<I: Item, E: Ev>(
 /// `GET /sessions/{id}/history/{turn}`: that checkpoint's view (redacted).
 pub(crate) async fn checkpoint<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path((id, turn)): Path<(String, u64)>,
+    path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let Path((id, turn)) = path.map_err(|e| {
+        ApiError::bad_request(format!(
+            "the path must be /sessions/<id>/history/<turn number>: {}",
+            e.body_text()
+        ))
+    })?;
+    checked_id(&id)?;
     match st.runtime.checkpoint(&id, turn).await? {
         Some(v) => Ok(Json(view_json(&v))),
         None => Err(ApiError::new(
@@ -630,7 +668,7 @@ pub(crate) async fn checkpoint<I: Item, E: Ev>(
 /// `DELETE /sessions/{id}`: the record and its history. 409 while the session runs.
 pub(crate) async fn delete<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     if st.runtime.delete(&id).await? {
         Ok(Json(json!({ "id": id, "deleted": true })))
@@ -646,7 +684,7 @@ pub(crate) async fn delete<I: Item, E: Ev>(
 /// `GET /sessions/{id}/events`.
 pub(crate) async fn events<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path(id): Path<String>,
+    SessionId(id): SessionId,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let after = match headers.get("last-event-id") {

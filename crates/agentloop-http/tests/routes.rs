@@ -796,3 +796,44 @@ async fn an_idempotency_key_covers_the_preempt_and_does_not_keep_a_refusal() {
         "{v}"
     );
 }
+
+/// S34a: one id extractor: an invalid session id in the path is a 400 on every route
+/// (never a 500 from the store), and the answer does not echo a 10 KB id back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_id_is_a_400_on_every_route_without_an_echo() {
+    let rt = runtime().await;
+    let app = router(&rt, HttpOptions::default());
+    let long = "x".repeat(10_000);
+    for id in [long.as_str(), "a%01b"] {
+        for (method, suffix) in [
+            ("GET", ""),
+            ("DELETE", ""),
+            ("POST", "/items"),
+            ("POST", "/stop"),
+            ("POST", "/detach"),
+            ("POST", "/cancel"),
+            ("POST", "/resume"),
+            ("GET", "/history"),
+            ("GET", "/history/1"),
+            ("GET", "/events"),
+        ] {
+            let uri = format!("/sessions/{id}{suffix}");
+            let body = match suffix {
+                "/items" => Some(json!({"item": {"id": 1, "text": "x"}})),
+                "/resume" => Some(json!({"answer": {"id": 1, "text": "x"}})),
+                _ => None,
+            };
+            let (s, v) = call(&app, method, &uri, body).await;
+            assert_eq!(
+                (s, code(&v)),
+                (StatusCode::BAD_REQUEST, "bad_request"),
+                "{method} {suffix}: {v}"
+            );
+            let message = v["message"].as_str().unwrap_or("");
+            assert!(
+                message.contains("invalid session id") && message.len() < 400,
+                "{method} {suffix}: {message}"
+            );
+        }
+    }
+}
