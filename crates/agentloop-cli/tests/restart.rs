@@ -155,38 +155,49 @@ fn check_deliveries(killed: &Path, restarted: &Path, acked: &[u64]) {
     }
 }
 
+/// `agentloop serve` at `addr` on the store `store` names (engine flags, or
+/// `--postgres URL`), logging delivered items to `log`.
+fn serve(dir: &Path, addr: &str, store: &[String], log: &Path) -> Job {
+    let mut args: Vec<&str> = store.iter().map(String::as_str).collect();
+    let log = log.display().to_string();
+    args.extend(["--item-log", &log]);
+    Job::serve_at(dir, addr, &args)
+}
+
+/// The run that will be killed: a server on `store`, session `session` spawned over HTTP
+/// and items `1..=n` pushed, each acknowledged; then SIGKILL. Returns the acknowledged
+/// ids.
+fn run_then_sigkill(
+    dir: &Path,
+    addr: &str,
+    store: &[String],
+    log: &Path,
+    session: &str,
+    n: u64,
+) -> Vec<u64> {
+    let url = format!("http://{addr}");
+    let mut job = serve(dir, addr, store, log);
+    job.wait_for("serving on http://");
+    spawn_session(&url, session);
+    let mut acked = Vec::new();
+    for id in 1..=n {
+        push_until_accepted(&url, session, id);
+        acked.push(id);
+    }
+    // Slow turns: some items still wait in the session when it dies.
+    job.kill();
+    acked
+}
+
 fn sigkill_and_restart_at_once(tag: &str, engine: &[&str]) {
     let dir = TempDir::new(tag);
     let addr = free_addr();
     let url = format!("http://{addr}");
     let (log1, log2) = (dir.0.join("turns-1.log"), dir.0.join("turns-2.log"));
-    let args = |log: &Path| -> Vec<String> {
-        let mut a: Vec<String> = engine.iter().map(|s| s.to_string()).collect();
-        a.extend(["--item-log".to_string(), log.display().to_string()]);
-        a
-    };
-    let a1 = args(&log1);
-    let mut job = Job::serve_at(
-        &dir.0,
-        &addr,
-        &a1.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    job.wait_for("serving on http://");
-    spawn_session(&url, "s1");
-    let mut acked = Vec::new();
-    for id in 1..=40 {
-        push_until_accepted(&url, "s1", id);
-        acked.push(id);
-    }
-    // Slow turns: some items still wait in the session when it dies.
-    job.kill();
+    let store: Vec<String> = engine.iter().map(|s| s.to_string()).collect();
+    let mut acked = run_then_sigkill(&dir.0, &addr, &store, &log1, "s1", 40);
     let restarted = Instant::now();
-    let a2 = args(&log2);
-    let mut job = Job::serve_at(
-        &dir.0,
-        &addr,
-        &a2.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let mut job = serve(&dir.0, &addr, &store, &log2);
     // Pushes go on at once: refused connections are retried until the new process
     // listens, and by then it runs the session again.
     let first = push_until_accepted(&url, "s1", 41);
@@ -242,35 +253,10 @@ fn postgres_one_runtime_recovers_after_the_lease_and_answers_not_live_meanwhile(
     let addr = free_addr();
     let url = format!("http://{addr}");
     let (log1, log2) = (dir.0.join("turns-1.log"), dir.0.join("turns-2.log"));
-    let args = |log: &Path| {
-        vec![
-            "--postgres".to_string(),
-            db.clone(),
-            "--item-log".to_string(),
-            log.display().to_string(),
-        ]
-    };
-    let a1 = args(&log1);
-    let mut job = Job::serve_at(
-        &dir.0,
-        &addr,
-        &a1.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    job.wait_for("serving on http://");
-    spawn_session(&url, "s3");
-    let mut acked = Vec::new();
-    for id in 1..=20 {
-        push_until_accepted(&url, "s3", id);
-        acked.push(id);
-    }
-    job.kill();
+    let store = vec!["--postgres".to_string(), db.clone()];
+    let mut acked = run_then_sigkill(&dir.0, &addr, &store, &log1, "s3", 20);
     let killed = Instant::now();
-    let a2 = args(&log2);
-    let mut job = Job::serve_at(
-        &dir.0,
-        &addr,
-        &a2.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let mut job = serve(&dir.0, &addr, &store, &log2);
     let line = job.wait_for("agentloop: not resumed");
     assert!(
         line.contains("s3") && line.contains("lease expires in"),

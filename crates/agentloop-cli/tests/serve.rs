@@ -357,24 +357,7 @@ fn a_token_is_never_empty_or_short_from_any_source() {
     assert!(status.success(), "{out}");
 
     // On the command line it works, with a warning on stderr.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(&data)
-        .args(["--token", secret])
-        .env_remove("AGENTLOOP_TOKEN")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("serving on") {
-        line.clear();
-        assert!(
-            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0,
-            "it started"
-        );
-    }
+    let (child, _stdout) = serve_piped(&data, &["--token", secret], &[]);
     // SAFETY: kill(2) with our own child's pid.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let out = child.wait_with_output().expect("exit");
@@ -391,23 +374,8 @@ fn a_token_is_never_empty_or_short_from_any_source() {
 /// anything is logged, and a log line that cannot be written is dropped, not a panic.
 #[test]
 fn sigterm_shuts_down_when_stderr_is_a_closed_pipe() {
-    use std::io::BufRead as _;
     let dir = TempDir::new("serve-epipe");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.0.join("data"))
-        .env_remove("AGENTLOOP_TOKEN")
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    while !line.contains("serving on") {
-        line.clear();
-        assert!(stdout.read_line(&mut line).unwrap() > 0, "it started");
-    }
+    let (mut child, stdout) = serve_piped(&dir.0.join("data"), &[], &[("RUST_LOG", "info")]);
     // The reader goes away, as `head` does.
     drop(stdout);
     drop(child.stderr.take());
@@ -425,4 +393,34 @@ fn sigterm_shuts_down_when_stderr_is_a_closed_pipe() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status:?}");
+}
+
+/// `agentloop serve` on loopback with `args` and `env` (no AGENTLOOP_TOKEN otherwise),
+/// stdout and stderr piped; returns once it printed `serving on`, with its stdout.
+fn serve_piped(
+    data: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data)
+        .args(args)
+        .env_remove("AGENTLOOP_TOKEN")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("serving on") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "it started");
+    }
+    (child, stdout)
 }

@@ -935,8 +935,11 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
     }
 
     fn beat(&self, instance: &str, now_ms: u64) -> BoxFuture<'static, Result<(), StoreError>> {
-        if !self.opened.beaten.lock().contains(instance) {
-            self.opened.beaten.lock().insert(instance.to_string());
+        {
+            let mut beaten = self.opened.beaten.lock();
+            if !beaten.contains(instance) {
+                beaten.insert(instance.to_string());
+            }
         }
         let instance = instance.to_string();
         self.ask(|reply| CheckpointMsg::Beat {
