@@ -72,8 +72,9 @@ async fn s20_events_arrive_in_order_and_end_with_ended() {
 async fn s21_stuck_subscriber_does_not_delay_exit() {
     let (tx, mut probe) = probe();
     let h = spawn("stuck", SimAgent::new(steps(1)).with_probe(tx)).await;
-    // Capacity 2: TurnStarted and the step event fill it; TurnEnded stays in flight.
-    let mut stuck = h.subscribe_with_capacity(2);
+    // Capacity 2: TurnStarted and the step event fill it; TurnEnded stays in flight
+    // (backpressure: a lagging subscriber has nothing in flight).
+    let mut stuck = h.subscribe_with_backpressure(2);
     h.push(item(1)).await.unwrap();
     probe
         .until("turn 0 done", |n| matches!(n, Notice::TurnDone { turn: 0 }))
@@ -95,12 +96,12 @@ async fn s21_stuck_subscriber_does_not_delay_exit() {
     assert!(stuck.next().await.is_none());
 }
 
-/// S20/S21: a slow but live subscriber applies backpressure (the agent waits for it),
-/// receives every event in order, and Ended last.
+/// S20/S21: a slow but live subscriber that asked for backpressure slows the agent
+/// down (the agent waits for it), receives every event in order, and Ended last.
 #[tokio::test(start_paused = true)]
 async fn s21_slow_subscriber_gets_everything_and_ended_last() {
     let h = spawn("slow", SimAgent::new(steps(3))).await;
-    let mut slow = h.subscribe_with_capacity(1);
+    let mut slow = h.subscribe_with_backpressure(1);
     let reader = tokio::spawn(async move {
         let mut evs = Vec::new();
         while let Some(e) = slow.next().await {
@@ -448,4 +449,114 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
     delivered.sort_unstable();
     assert_eq!(delivered, vec![1, 2]);
     sup.stop_all(StopOptions::bare()).await;
+}
+
+/// S20 (changed): a subscriber that stops reading never slows the session. Zero-latency
+/// steps on a paused clock: a session that waited for the stuck reader would hang.
+/// When the reader comes back it gets what its buffer held, `Lagged` with the count of
+/// what no buffer holds any more (no replay buffer here), and `Ended` last, with
+/// numbers that only go up.
+#[tokio::test(start_paused = true)]
+async fn s20_stuck_subscriber_lags_and_never_slows_the_session() {
+    let h = spawn("lagging", SimAgent::new(steps(4))).await;
+    let mut stuck = h.subscribe_with_capacity(3);
+    let start = tokio::time::Instant::now();
+    for id in 0..50 {
+        h.push(item(id)).await.unwrap();
+    }
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit with a stuck subscriber", h.wait()).await;
+    assert_eq!(exit.counters.items_delivered, 50);
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the session waited on nobody"
+    );
+    let mut evs = Vec::new();
+    while let Some(e) = within("stuck stream", stuck.next_sequenced()).await {
+        evs.push(e);
+    }
+    let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let plain: Vec<_> = evs.iter().map(|e| e.event.clone()).collect();
+    let k = kinds(&plain);
+    assert_eq!(&k[..3], &["start0", "step0.0", "step0.1"], "{k:?}");
+    let missed = match &plain[3] {
+        SessionEvent::Lagged { missed } => *missed,
+        e => panic!("expected Lagged after the buffer, got {e:?}"),
+    };
+    // Everything between the buffered events and `Ended` was missed and counted.
+    let ended = evs.last().unwrap();
+    assert!(matches!(ended.event, SessionEvent::Ended(_)), "{k:?}");
+    assert_eq!(evs.len(), 5, "{k:?}");
+    assert_eq!(evs[2].seq + missed, ended.seq - 1, "{k:?}");
+    assert_eq!(evs[3].seq, ended.seq - 1);
+}
+
+/// S20 (changed): a subscriber that falls behind catches up from the replay buffer:
+/// every event once, in order, no `Lagged` while the buffer still holds what it missed;
+/// and it catches up live, not only at the end.
+#[tokio::test(start_paused = true)]
+async fn s20_lagging_subscriber_catches_up_from_the_replay_buffer() {
+    let (tx, mut probe) = probe();
+    let h = SessionHandle::spawn(
+        SessionConfig::new("catch-up").replay(1000),
+        Arc::new(SimAgent::new(steps(2)).with_probe(tx)),
+        None,
+    )
+    .await
+    .expect("spawn");
+    let mut slow = h.subscribe_with_capacity(2);
+    for id in 0..10 {
+        h.push(item(id)).await.unwrap();
+    }
+    probe
+        .until("items taken", |n| matches!(n, Notice::TurnDone { .. }))
+        .await;
+    // Read while the session still runs: the catch-up happens now.
+    let first = within("first", slow.next_sequenced()).await.unwrap();
+    let mut evs = vec![first];
+    h.stop(StopOptions::drain()).await.unwrap();
+    within("exit", h.wait()).await;
+    while let Some(e) = within("slow stream", slow.next_sequenced()).await {
+        evs.push(e);
+    }
+    let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (seqs[0]..seqs[0] + seqs.len() as u64).collect::<Vec<_>>(),
+        "every number once, in order"
+    );
+    let plain: Vec<_> = evs.iter().map(|e| e.event.clone()).collect();
+    let k = kinds(&plain);
+    assert!(!k.iter().any(|k| k.starts_with("lagged")), "{k:?}");
+    let turns = k.iter().filter(|k| k.starts_with("start")).count();
+    assert!(turns >= 2, "{k:?}");
+    assert_eq!(k.last().map(String::as_str), Some("Ended"));
+}
+
+/// S20: an in-process reader can still ask for backpressure: with no replay buffer it
+/// sees every event, because the session waits for it.
+#[tokio::test(start_paused = true)]
+async fn s20_backpressure_is_explicit() {
+    let h = spawn("explicit", SimAgent::new(steps(2))).await;
+    let mut reader = h.subscribe_with_backpressure(1);
+    for id in 0..20 {
+        h.push(item(id)).await.unwrap();
+    }
+    h.stop(StopOptions::drain()).await.unwrap();
+    let mut evs = Vec::new();
+    while let Some(e) = within("reader", reader.next()).await {
+        evs.push(e);
+    }
+    let k = kinds(&evs);
+    assert!(!k.iter().any(|k| k.starts_with("lagged")), "{k:?}");
+    let ends = k.iter().filter(|k| k.starts_with("end")).count();
+    assert!(ends >= 1);
+    assert_eq!(
+        k.iter().filter(|k| k.starts_with("step")).count(),
+        ends * 2,
+        "{k:?}"
+    );
+    within("exit", h.wait()).await;
 }

@@ -3,11 +3,17 @@
 //! This module owns the event vocabulary, the subscriber registry and the stream a
 //! subscriber reads. Delivery rules:
 //!
-//! * Each subscriber has its own bounded channel. Turn events (turn started, agent
-//!   events, preempted, turn ended) are sent from the turn task and wait for capacity,
-//!   so a slow but live subscriber slows the agent down (backpressure) without ever
-//!   blocking the TurnLoop actor. A dropped subscriber's sends fail at once: it costs
-//!   nothing and is pruned.
+//! * Each subscriber has its own bounded channel, and a subscriber never slows the
+//!   session by default (S20): when its channel is full it *lags*: nothing more is
+//!   queued to it, and when it has read what its channel holds it catches up from the
+//!   replay buffer (the events since the first it missed, under the same lock that
+//!   numbers events, so nothing is repeated or reordered), preceded by
+//!   [`SessionEvent::Lagged`] for what the buffer no longer holds. A subscriber that
+//!   asked for backpressure ([`EventFilter::with_backpressure`], in-process only) is
+//!   different: turn events (turn started, agent events, preempted, turn ended) are
+//!   sent from the turn task and wait for its capacity, so it slows the agent down,
+//!   without ever blocking the TurnLoop actor. A dropped subscriber's sends fail at
+//!   once: it costs nothing and is pruned.
 //! * `StopRequested` is sent by the actor, which never waits: when a subscriber's buffer
 //!   is full it is skipped for that subscriber (the cause is repeated in `Ended`).
 //! * `Ended` never needs buffer capacity: teardown writes it into each subscriber's
@@ -197,10 +203,19 @@ impl EventSeq {
     }
 }
 
-/// Which events a subscriber receives. `Ended` is always delivered. A subscriber is
-/// neither woken nor slowed by events it filters out.
+/// Which events a subscriber receives, and whether it may slow the session. `Ended`
+/// is always delivered. A subscriber is neither woken nor slowed by events it filters
+/// out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EventFilter {
+    /// Backpressure instead of lag (S20): when this subscriber's buffer is full, the
+    /// session's turn waits for it to read. Off by default: a subscriber that falls
+    /// behind gets [`SessionEvent::Lagged`] and catches up from the replay buffer, and
+    /// the session never waits for it. Only for in-process readers that must see every
+    /// event of a session without a replay buffer; a stream relayed to another node
+    /// never applies backpressure.
+    #[serde(default)]
+    pub backpressure: bool,
     /// `TurnStarted`.
     pub turn_started: bool,
     /// `Agent` events.
@@ -223,6 +238,7 @@ impl EventFilter {
     /// Every event.
     pub const fn all() -> Self {
         EventFilter {
+            backpressure: false,
             turn_started: true,
             agent: true,
             preempted: true,
@@ -234,12 +250,20 @@ impl EventFilter {
     /// Only turn ends (and `Ended`): for clients that wait for results.
     pub const fn turn_ends() -> Self {
         EventFilter {
+            backpressure: false,
             turn_started: false,
             agent: false,
             preempted: false,
             turn_ended: true,
             stop_requested: false,
         }
+    }
+
+    /// The same filter, with backpressure: the session waits for this subscriber when
+    /// its buffer is full instead of letting it lag (see [`EventFilter::backpressure`]).
+    pub const fn with_backpressure(mut self) -> Self {
+        self.backpressure = true;
+        self
     }
 
     /// Whether `event` passes.
@@ -263,8 +287,11 @@ pub(crate) struct TerminalSlot {
     summary: Mutex<Option<(u64, ExitSummary)>>,
     waker: AtomicWaker,
     /// Final turn events sent after the turn reported its end and not delivered yet.
-    /// `Ended` waits for them, so it is always last.
+    /// `Ended` waits for them, so it is always last (backpressure subscribers only).
     inflight: AtomicUsize,
+    /// The number of the first event a lagging subscriber missed (0: not lagging).
+    /// Set and cleared under the publish lock; while set, nothing is queued to it.
+    lag_from: AtomicU64,
 }
 
 impl TerminalSlot {
@@ -303,6 +330,13 @@ struct SubscriberTx<E> {
     filter: EventFilter,
 }
 
+impl<E> SubscriberTx<E> {
+    /// Whether this subscriber lags instead of slowing the session.
+    fn lags(&self) -> bool {
+        !self.filter.backpressure
+    }
+}
+
 impl<E> Clone for SubscriberTx<E> {
     fn clone(&self) -> Self {
         SubscriberTx {
@@ -330,7 +364,8 @@ pub(crate) struct Subscribers<E> {
     ended: Mutex<EndState>,
     seq: Arc<EventSeq>,
     /// Held while a number is given and its event queued; guards the replay buffer.
-    publish: Mutex<Replay<E>>,
+    /// Shared with the lagging streams, which catch up from it.
+    publish: Arc<Mutex<Replay<E>>>,
     order: Arc<tokio::sync::Mutex<()>>,
     /// The stream registered before the actor started (subscribe at spawn), until the
     /// spawner takes it. Invariant: the spawner takes it right after the spawn returns
@@ -366,8 +401,8 @@ impl<E: Clone + Send + 'static> Drop for EndHold<E> {
         if self.owed > 0 {
             subs.seq.forgive(self.owed);
         }
+        let _publish = subs.publish.lock();
         let ended = {
-            let _publish = subs.publish.lock();
             let mut st = subs.ended.lock();
             st.holds -= 1;
             match (st.holds, st.pending.take()) {
@@ -396,6 +431,28 @@ struct Replay<E> {
 }
 
 impl<E: Clone> Replay<E> {
+    /// The events after number `after` up to `last` (the last number given) that the
+    /// buffer holds and `filter` accepts, oldest first, preceded by
+    /// [`SessionEvent::Lagged`] when some of them are no longer held.
+    fn since(&self, after: u64, last: u64, filter: &EventFilter) -> Vec<Sequenced<E>> {
+        let mut out = Vec::new();
+        let first_held = self.events.front().map_or(last + 1, |e| e.seq);
+        if after + 1 < first_held && after < last {
+            let missed = first_held.min(last + 1) - 1 - after;
+            out.push(Sequenced {
+                seq: first_held.min(last + 1) - 1,
+                event: SessionEvent::Lagged { missed },
+            });
+        }
+        out.extend(
+            self.events
+                .iter()
+                .filter(|e| e.seq > after && e.seq <= last && filter.accepts(&e.event))
+                .cloned(),
+        );
+        out
+    }
+
     fn keep(&mut self, seq: u64, event: &SessionEvent<E>) {
         if self.capacity == 0 {
             return;
@@ -418,10 +475,10 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             list: RwLock::new(Arc::new(Vec::new())),
             ended: Mutex::new(EndState::default()),
             seq,
-            publish: Mutex::new(Replay {
+            publish: Arc::new(Mutex::new(Replay {
                 capacity: replay_capacity,
                 events: VecDeque::new(),
-            }),
+            })),
             order: Arc::new(tokio::sync::Mutex::new(())),
             at_spawn: Mutex::new(None),
         }
@@ -467,27 +524,8 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         let replay = self.publish.lock();
         let backlog: Vec<Sequenced<E>> = match after {
             None => Vec::new(),
-            Some(after) => {
-                let mut backlog = Vec::new();
-                // Numbers up to `last` were given; `Ended`'s is given by `end`.
-                let last = self.seq.last();
-                let first_held = replay.events.front().map_or(last + 1, |e| e.seq);
-                if after + 1 < first_held && after < last {
-                    let missed = first_held - 1 - after;
-                    backlog.push(Sequenced {
-                        seq: first_held - 1,
-                        event: SessionEvent::Lagged { missed },
-                    });
-                }
-                backlog.extend(
-                    replay
-                        .events
-                        .iter()
-                        .filter(|e| e.seq > after && filter.accepts(&e.event))
-                        .cloned(),
-                );
-                backlog
-            }
+            // Numbers up to `last` were given; `Ended`'s is given by `end`.
+            Some(after) => replay.since(after, self.seq.last(), &filter),
         };
         let (tx, rx) = mpsc::channel(capacity.max(1) + backlog.len());
         for ev in backlog {
@@ -514,11 +552,39 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         }
         drop(list);
         drop(replay);
+        let catch_up = match filter.backpressure {
+            true => None,
+            false => Some(self.catch_up(filter)),
+        };
         EventStream {
             rx,
             slot: Some(slot),
             finished: false,
+            catch_up,
+            pending: VecDeque::new(),
         }
+    }
+
+    /// How a lagging stream with `filter` catches up: under the publish lock, it takes
+    /// what it missed from the replay buffer (with `Lagged` for what is gone) and stops
+    /// lagging, so the next event is queued to it again, after these.
+    fn catch_up(&self, filter: EventFilter) -> CatchUp<E> {
+        let replay = self.publish.clone();
+        let seq = self.seq.clone();
+        Box::new(move |slot: &TerminalSlot| {
+            let replay = replay.lock();
+            let from = slot.lag_from.swap(0, Ordering::AcqRel);
+            if from == 0 {
+                return Vec::new();
+            }
+            // `Ended` reaches the slots under this lock, with its number: what was
+            // missed ends before it.
+            let last = match slot.get() {
+                Some((ended, _)) => ended - 1,
+                None => seq.last(),
+            };
+            replay.since(from - 1, last, &filter)
+        })
     }
 
     /// Whether late subscribers can replay events (every event is then built, even
@@ -562,6 +628,21 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         replay.keep(seq, event);
         let mut full = Vec::new();
         for s in subs.iter().filter(|s| s.filter.accepts(event)) {
+            if s.lags() {
+                // A lagging subscriber gets this event when it catches up (the replay
+                // buffer holds it, or its `Lagged` counts it).
+                if s.slot.lag_from.load(Ordering::Acquire) != 0 {
+                    continue;
+                }
+                let item = Sequenced {
+                    seq,
+                    event: event.clone(),
+                };
+                if let Err(mpsc::error::TrySendError::Full(_)) = s.tx.try_send(item) {
+                    s.slot.lag_from.store(seq, Ordering::Release);
+                }
+                continue;
+            }
             if s.slot.inflight.load(Ordering::Acquire) > 0 {
                 full.push((s.clone(), InflightGuard::new(&s.slot)));
                 continue;
@@ -666,8 +747,8 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// and reaches the streams when the last hold is dropped: it is the last event and
     /// has the highest number.
     pub(crate) fn end(&self, summary: ExitSummary) {
+        let _publish = self.publish.lock();
         let ended = {
-            let _publish = self.publish.lock();
             let mut st = self.ended.lock();
             if st.ended.is_some() || st.pending.is_some() {
                 return;
@@ -680,6 +761,8 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             st.ended = Some(e.clone());
             e
         };
+        // Under the publish lock: a lagging stream catching up sees `Ended`'s number
+        // in its slot whenever the number was given.
         self.close_streams(ended);
     }
 
@@ -725,7 +808,15 @@ pub struct EventStream<E> {
     /// another node, whose `Ended` arrives in `rx` like any event.
     slot: Option<Arc<TerminalSlot>>,
     finished: bool,
+    /// How this stream catches up after it lagged (`None`: a backpressure or relayed
+    /// stream, which never lags here).
+    catch_up: Option<CatchUp<E>>,
+    /// Events taken by the last catch-up, read before the channel.
+    pending: VecDeque<Sequenced<E>>,
 }
+
+/// Takes what a lagging stream missed from the replay buffer and stops its lag.
+type CatchUp<E> = Box<dyn Fn(&TerminalSlot) -> Vec<Sequenced<E>> + Send + Sync>;
 
 impl<E> EventStream<E> {
     /// A stream fed by a relay of another node's stream (issue 18): its events in
@@ -737,6 +828,8 @@ impl<E> EventStream<E> {
             rx,
             slot: None,
             finished: false,
+            catch_up: None,
+            pending: VecDeque::new(),
         }
     }
 
@@ -768,10 +861,23 @@ impl<E> EventStream<E> {
                 Poll::Pending => Poll::Pending,
             };
         };
+        if let Some(ev) = self.pending.pop_front() {
+            return Poll::Ready(Some(ev));
+        }
         // Buffered events always come before `Ended`.
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(ev)) => return Poll::Ready(Some(ev)),
             Poll::Ready(None) | Poll::Pending => {}
+        }
+        // The channel is empty: a stream that lagged catches up now (nothing was
+        // queued to it since it lagged, so these come next).
+        if slot.lag_from.load(Ordering::Acquire) != 0 {
+            if let Some(catch_up) = self.catch_up.as_ref() {
+                self.pending.extend(catch_up(slot));
+                if let Some(ev) = self.pending.pop_front() {
+                    return Poll::Ready(Some(ev));
+                }
+            }
         }
         // Register the waker before checking the slot so a concurrent `set` (or the last
         // in-flight final event) is not missed.
@@ -797,6 +903,10 @@ impl<E> EventStream<E> {
         Poll::Pending
     }
 }
+
+// No field is ever pinned (the stream is polled through `&mut`), so moving it is fine
+// whatever `E` is.
+impl<E> Unpin for EventStream<E> {}
 
 impl<E> futures::Stream for EventStream<E> {
     type Item = SessionEvent<E>;

@@ -399,13 +399,27 @@ where
     }
 
     /// Subscribes to the session's events with the session's default capacity (S20).
-    /// After the exit the stream yields `Ended` at once.
+    /// After the exit the stream yields `Ended` at once. The stream never slows the
+    /// session: when it falls behind by more than its capacity it gets
+    /// [`SessionEvent::Lagged`](crate::SessionEvent::Lagged) and catches up from the
+    /// replay buffer ([`SessionConfig::replay`]); use
+    /// [`SessionHandle::subscribe_with_backpressure`] to see every event without one.
     pub fn subscribe(&self) -> EventStream<E> {
         self.subscribers
             .subscribe(self.event_capacity, EventFilter::all())
     }
 
-    /// Subscribes with an explicit buffer capacity.
+    /// Subscribes with backpressure (S20): when the stream's buffer of `capacity`
+    /// events is full, the session's turns wait for this reader, so it sees every event
+    /// even without a replay buffer. For in-process readers that keep reading; a
+    /// reader that stops holds the session's turns still (never its actor, its stops
+    /// or its teardown).
+    pub fn subscribe_with_backpressure(&self, capacity: usize) -> EventStream<E> {
+        self.subscribers
+            .subscribe(capacity, EventFilter::all().with_backpressure())
+    }
+
+    /// Subscribes with an explicit buffer capacity (lags when it falls behind).
     pub fn subscribe_with_capacity(&self, capacity: usize) -> EventStream<E> {
         self.subscribers.subscribe(capacity, EventFilter::all())
     }
