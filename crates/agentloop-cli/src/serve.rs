@@ -84,6 +84,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     })?;
     let options = HttpOptions {
         body_limit: config.http.body_limit,
+        body_read_timeout: config.http.body_read_timeout,
         // The flag (or AGENTLOOP_TOKEN, read by clap) or the token file over the file.
         token: token(&flags)?.or_else(|| config.http.token.clone()),
         max_requests: config.http.max_requests,
@@ -197,6 +198,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
             .http
             .header_read_timeout
             .unwrap_or(defaults.header_read_timeout),
+        write_timeout: config.http.write_timeout.unwrap_or(defaults.write_timeout),
     };
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(agentloop_http::server::serve(

@@ -209,3 +209,195 @@ fn half_sent_requests_time_out_and_connections_are_bounded() {
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");
 }
+
+fn get_json(url: &str) -> Value {
+    let mut r = agent().get(url).call().expect("GET");
+    r.body_mut().read_json().unwrap_or(Value::Null)
+}
+
+/// Opens `GET path` on a raw socket and never reads it (a client that stopped reading,
+/// `agentloop watch` under Ctrl+Z).
+fn stalled_reader(addr: &str, path: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    write!(c, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
+    c
+}
+
+/// S20 (changed) and S34a (issue 29): an event stream whose client stops reading does
+/// not hold the session back: its turns go on at full speed while the reader's socket
+/// is full, the server closes that connection after `[http] write_timeout`, and a
+/// SIGTERM with a stalled reader attached still shuts down at once (on main: the turn
+/// index stood still for 38 s, the SIGTERM took 20.7 s).
+#[test]
+fn a_client_that_stops_reading_events_never_slows_the_session() {
+    use std::io::Read;
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new("stalled-reader");
+    std::fs::write(
+        dir.0.join("agentloop.toml"),
+        "[http]\nwrite_timeout = \"1s\"\n",
+    )
+    .unwrap();
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = base(&mut job);
+    let addr = url.trim_start_matches("http://").to_string();
+    // 2 001 events a turn, no store, no latency: a stream fills any socket buffer.
+    let (s, v) = post(
+        &format!("{url}/sessions"),
+        json!({"id": "chatty", "kind": "sim",
+               "config": {"rounds": 1000, "model_ms": 0, "tool_ms": 0}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let mut stalled = stalled_reader(&addr, "/sessions/chatty/events");
+    let items = format!("{url}/sessions/chatty/items");
+    let view = format!("{url}/sessions/chatty");
+    let started = Instant::now();
+    let mut pushed = 0u64;
+    // Keep it busy for a while, well past the point where the reader's socket is full.
+    while started.elapsed() < Duration::from_secs(4) {
+        let (s, v) = post(&items, json!({"item": {"id": pushed, "text": "x"}}));
+        assert_eq!(s, 200, "{v}");
+        pushed += 1;
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The turns kept up with the pushes: nothing piled up behind a stalled turn.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = get_json(&view);
+        let idle = v["run"]["phase"] == "idle" && v["run"]["buffered"] == 0;
+        if idle {
+            let turns = v["run"]["turn_index"].as_u64().unwrap_or(0);
+            assert!(
+                turns >= 20,
+                "only {turns} turns ran for {pushed} pushes: {v}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the session stalled: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The stalled connection was closed by the server: reading it now reaches its end
+    // (what the buffers held, then EOF or a reset) instead of a live stream.
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let closed = loop {
+        match stalled.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                break false
+            }
+            Err(_) => break true,
+        }
+    };
+    assert!(
+        closed,
+        "the stalled stream was kept open after the write timeout"
+    );
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.1 200"),
+        "{}",
+        &text[..text.len().min(200)]
+    );
+    assert!(!text.contains("event: ended"), "the session did not end");
+    assert!(
+        got.len() > 100_000,
+        "the stream had filled the socket before it was closed ({} bytes)",
+        got.len()
+    );
+    // A SIGTERM with a stalled reader attached (and a busy session) is not held up.
+    let _stalled_again = stalled_reader(&addr, "/sessions/chatty/events");
+    for id in 0..20u64 {
+        let (s, _) = post(&items, json!({"item": {"id": 10_000 + id, "text": "y"}}));
+        assert_eq!(s, 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "the shutdown waited on a stalled reader: {:?}",
+        t.elapsed()
+    );
+}
+
+/// S34a (issue 29): a request body sent a byte at a time is refused with 408
+/// `body_timeout` after `[http] body_read_timeout`, so slow bodies cannot hold the
+/// request slots; the health probes answer meanwhile.
+#[test]
+fn a_slow_body_times_out() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let dir = TempDir::new("slow-body");
+    std::fs::write(
+        dir.0.join("agentloop.toml"),
+        "[http]\nbody_read_timeout = \"1s\"\nmax_requests = 4\n",
+    )
+    .unwrap();
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = base(&mut job);
+    let addr = url.trim_start_matches("http://").to_string();
+    let body = br#"{"id": "slow", "kind": "sim"}"#;
+    let mut slow: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| {
+            let mut c = std::net::TcpStream::connect(&addr).expect("connect");
+            write!(
+                c,
+                "POST /sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )
+            .unwrap();
+            c.write_all(&body[..3]).unwrap();
+            c
+        })
+        .collect();
+    let started = Instant::now();
+    // Every request slot is held by a slow body, the probes still answer.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut r = agent()
+        .get(&format!("{url}/healthz"))
+        .call()
+        .expect("healthz");
+    assert_eq!(r.status().as_u16(), 200);
+    let _ = r.body_mut().read_to_string();
+    for c in &mut slow {
+        // A byte now and then: still slower than the timeout allows in all.
+        let _ = c.write_all(&body[3..4]);
+    }
+    for c in &mut slow {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = c.read(&mut buf).expect("an answer");
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("body_timeout"), "{text}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    // The slots are free again; nothing was spawned from a half body.
+    let (s, v) = post(
+        &format!("{url}/sessions"),
+        json!({"id": "fast", "kind": "sim"}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let listed = get_json(&format!("{url}/sessions"));
+    assert!(!listed.to_string().contains("\"slow\""), "{listed}");
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

@@ -72,6 +72,10 @@ use sessions::{AppState, Ev, Item};
 /// The largest request body accepted unless [`HttpOptions::body_limit`] says otherwise.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
+/// How long a request body may take to arrive unless [`HttpOptions::body_read_timeout`]
+/// says otherwise.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The live page (static HTML and JavaScript, no build step).
 const PAGE: &str = include_str!("../assets/index.html");
 
@@ -82,6 +86,9 @@ pub struct HttpOptions {
     /// The largest request body accepted, in bytes (413 above it). `None`:
     /// [`DEFAULT_BODY_LIMIT`].
     pub body_limit: Option<usize>,
+    /// How long a whole request body may take to arrive (408 `body_timeout` after it;
+    /// S34a). `None`: [`DEFAULT_BODY_READ_TIMEOUT`].
+    pub body_read_timeout: Option<Duration>,
     /// The bearer token every route but `/healthz`, `/readyz` and the page requires
     /// (`Authorization: Bearer <token>`, compared in constant time; 401 without it or
     /// with another). `None`: no authentication, so serve on loopback only
@@ -111,6 +118,7 @@ impl std::fmt::Debug for HttpOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpOptions")
             .field("body_limit", &self.body_limit)
+            .field("body_read_timeout", &self.body_read_timeout)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("max_requests", &self.max_requests)
             .field("max_event_streams", &self.max_event_streams)
@@ -225,8 +233,13 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
             options.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
         ))
         .layer(axum::middleware::from_fn_with_state(
-            options.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
-            limits::refuse_oversize,
+            limits::BodyBounds {
+                limit: options.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
+                read_timeout: options
+                    .body_read_timeout
+                    .unwrap_or(DEFAULT_BODY_READ_TIMEOUT),
+            },
+            limits::read_body,
         ))
         .with_state(state);
     // Without a token there is nothing to check: no layer at all (a push's latency is

@@ -106,30 +106,74 @@ pub(crate) async fn bound_requests(
     }
 }
 
-/// Refuses at once, with 413 `too_large`, a request whose `Content-Length` says its body
-/// is over `limit` (S34a): before the body is read, and also on routes that read none.
-pub(crate) async fn refuse_oversize(
-    State(limit): State<usize>,
+/// How a request body is bounded: its size and the time it may take to arrive.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BodyBounds {
+    /// The largest body, in bytes.
+    pub(crate) limit: usize,
+    /// How long the whole body may take to arrive.
+    pub(crate) read_timeout: std::time::Duration,
+}
+
+fn too_large(n: u64, limit: usize) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!(
+            "the request body would be {n} bytes, over this server's limit of {limit} \
+             ([http] body_limit); send less"
+        ),
+    )
+}
+
+/// Bounds a request's body before a handler sees it (S34a): a `Content-Length` over the
+/// limit is refused at once with 413 `too_large` (also on routes that read no body), and
+/// a body is read whole within `read_timeout` or refused with 408 `body_timeout`, so a
+/// client that sends its body a byte at a time holds its request slot (and a task) for
+/// that long at most. The handler gets the body already read.
+pub(crate) async fn read_body(
+    State(bounds): State<BodyBounds>,
     req: Request,
     next: Next,
 ) -> Response {
+    use axum::http::header;
     let declared = req
         .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
+        .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    match declared {
-        Some(n) if n > limit as u64 => ApiError::new(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
-            format!(
-                "the request body would be {n} bytes, over this server's limit of {limit} \
-                 ([http] body_limit); send less"
-            ),
-        )
-        .into_response(),
-        _ => next.run(req).await,
+    if let Some(n) = declared.filter(|n| *n > bounds.limit as u64) {
+        return too_large(n, bounds.limit).into_response();
     }
+    let has_body =
+        declared.is_some_and(|n| n > 0) || req.headers().contains_key(header::TRANSFER_ENCODING);
+    if !has_body {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let read = axum::body::to_bytes(body, bounds.limit);
+    let bytes = match tokio::time::timeout(bounds.read_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
+            // Over the limit while streaming (no or a false Content-Length), or the
+            // client went away mid-body.
+            return too_large(bounds.limit as u64 + 1, bounds.limit).into_response();
+        }
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body did not arrive within {} ([http] body_read_timeout); \
+                     send it at once",
+                    humantime::format_duration(bounds.read_timeout)
+                ),
+            )
+            .into_response()
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 #[cfg(test)]

@@ -3,7 +3,10 @@
 //! is closed at once and logged), and a request whose headers have not arrived within
 //! `header_read_timeout` is answered by closing its connection (hyper's HTTP/1 header
 //! timer). Without them, 20 000 half-sent requests took every descriptor and the server
-//! stopped answering.
+//! stopped answering. A connection whose writes make no progress for `write_timeout`
+//! (a client that stopped reading an event stream, Ctrl+Z on `agentloop watch`) is
+//! closed (`tokio-io-timeout` around the socket), so it holds no stream slot, no
+//! subscription and no shutdown.
 //!
 //! This file only accepts connections and hands them to hyper (hyper-util's tower
 //! adapter, its graceful-shutdown watcher); routing and everything else is the router's.
@@ -23,6 +26,8 @@ use tokio::sync::Semaphore;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 /// How long a request's headers may take to arrive by default.
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a write to a client may make no progress by default.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The connection-level bounds of [`serve`].
 #[derive(Clone, Copy, Debug)]
@@ -32,6 +37,9 @@ pub struct ServeOptions {
     /// How long a request's headers may take to arrive (also between keep-alive
     /// requests); the connection is closed after it.
     pub header_read_timeout: Duration,
+    /// How long a write to the client may make no progress (its socket buffer stays
+    /// full); the connection is closed after it.
+    pub write_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -39,6 +47,7 @@ impl Default for ServeOptions {
         ServeOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
         }
     }
 }
@@ -84,15 +93,25 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
+        stream.set_write_timeout(Some(options.write_timeout));
         let service = TowerToHyperService::new(app.clone());
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(options.header_read_timeout)
-            .serve_connection(TokioIo::new(stream), service);
+            .serve_connection(TokioIo::new(Box::pin(stream)), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                let timed_out = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<std::io::Error>())
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+                match timed_out {
+                    true => {
+                        tracing::info!(%peer, "closed a connection that stopped reading ([http] write_timeout)")
+                    }
+                    false => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+                }
             }
             drop(permit);
         });

@@ -267,6 +267,11 @@ pub struct HttpConfig {
     pub max_connections: Option<usize>,
     /// How long a request's headers may take to arrive (S34a).
     pub header_read_timeout: Option<Duration>,
+    /// How long a whole request body may take to arrive (S34a).
+    pub body_read_timeout: Option<Duration>,
+    /// How long a write to a client may make no progress before its connection is
+    /// closed (S20, S34a: an event stream nobody reads).
+    pub write_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -280,6 +285,8 @@ impl std::fmt::Debug for HttpConfig {
             .field("cors_origins", &self.cors_origins)
             .field("max_connections", &self.max_connections)
             .field("header_read_timeout", &self.header_read_timeout)
+            .field("body_read_timeout", &self.body_read_timeout)
+            .field("write_timeout", &self.write_timeout)
             .finish()
     }
 }
@@ -337,6 +344,17 @@ struct RawHttp {
     cors_origins: Option<Vec<String>>,
     max_connections: Option<i64>,
     header_read_timeout: Option<String>,
+    body_read_timeout: Option<String>,
+    write_timeout: Option<String>,
+}
+
+/// A timeout of the `[http]` table: above 0, at most 300 s.
+fn io_timeout(key: &'static str, v: Option<String>) -> Result<Option<Duration>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    let allowed = "a duration above 0 and at most 300s";
+    let d = duration(key, &v, allowed)?;
+    check_range(key, d, Duration::from_secs(300), allowed)?;
+    Ok(Some(d))
 }
 
 /// A positive whole number of the `[http]` table.
@@ -446,20 +464,9 @@ impl RuntimeConfig {
             max_event_streams: positive("http.max_event_streams", h.max_event_streams)?,
             cors_origins: h.cors_origins.unwrap_or_default(),
             max_connections: positive("http.max_connections", h.max_connections)?,
-            header_read_timeout: match h.header_read_timeout {
-                Some(v) => {
-                    let allowed = "a duration above 0 and at most 300s";
-                    let d = duration("http.header_read_timeout", &v, allowed)?;
-                    check_range(
-                        "http.header_read_timeout",
-                        d,
-                        Duration::from_secs(300),
-                        allowed,
-                    )?;
-                    Some(d)
-                }
-                None => None,
-            },
+            header_read_timeout: io_timeout("http.header_read_timeout", h.header_read_timeout)?,
+            body_read_timeout: io_timeout("http.body_read_timeout", h.body_read_timeout)?,
+            write_timeout: io_timeout("http.write_timeout", h.write_timeout)?,
         };
         let l = raw.limits;
         if let Some(n) = positive("limits.sim_rounds", l.sim_rounds)? {
