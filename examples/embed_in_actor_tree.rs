@@ -65,6 +65,9 @@ impl Actor for App {
                 budget: RestartBudget::default(),
                 heartbeat: agentloop::DEFAULT_HEARTBEAT,
                 metrics: None,
+                // What a session holds and how many run: bound them when callers
+                // are not trusted (S34a).
+                limits: agentloop::SessionLimits::UNBOUNDED,
             },
             myself.get_cell(),
         )

@@ -24,6 +24,7 @@ async fn session_and_supervisor_messages_work_with_cast_and_call() {
         budget: RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
         metrics: None,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -274,6 +274,7 @@ async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
         budget: agentloop::RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
         metrics: None,
+        limits: Default::default(),
     })
     .await
     .unwrap();
@@ -414,6 +415,7 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
         budget: agentloop::RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
         metrics: None,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -152,6 +152,7 @@ fn supervisor_args(
         budget: RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
         metrics: None,
+        limits: Default::default(),
     }
 }
 

@@ -49,6 +49,7 @@ fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem
         },
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
         metrics: None,
+        limits: Default::default(),
     }
 }
 

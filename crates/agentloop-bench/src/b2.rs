@@ -220,6 +220,7 @@ async fn supervisor_side(n: usize, round: &str, batched: bool) -> SideRound {
         budget: RestartBudget::default(),
         heartbeat: agentloop::DEFAULT_HEARTBEAT,
         metrics: None,
+        limits: Default::default(),
     })
     .await
     .expect("starting the B2 supervisor");

@@ -374,7 +374,15 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
                 if let Some(log) = &log {
                     log.pushing(&id, item_id);
                 }
-                match sup.push(&id, item).await {
+                // A session that holds all its bound allows ([limits] session_items)
+                // refuses the push and hands the item back: wait for its turns to take
+                // some, then push it again (nothing is lost or skipped).
+                let mut pushed = sup.push(&id, item).await;
+                while let Err(RoutedPushError::Push(PushError::Full { item, .. })) = pushed {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    pushed = sup.push(&id, item).await;
+                }
+                match pushed {
                     Ok(_) => {
                         if let Some(log) = &log {
                             log.acked(&id, item_id);

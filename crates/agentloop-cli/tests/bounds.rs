@@ -401,3 +401,110 @@ fn a_slow_body_times_out() {
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");
 }
+
+/// S34a (issue 29): the sessions a server runs and what each holds are bounded by
+/// `[limits] sessions`, `session_items` (429 with `Retry-After`, nothing accepted);
+/// `GET /sessions` answers a page at a time with a `Link` to the next; a body that does
+/// not fit names the field and no Rust type.
+#[test]
+fn sessions_and_what_each_holds_are_bounded_and_listed_by_page() {
+    let dir = TempDir::new("session-bounds");
+    std::fs::write(
+        dir.0.join("agentloop.toml"),
+        // A short grace: the minute-long turn is cut at the SIGTERM.
+        "[limits]\nsessions = 3\nsession_items = 2\n[shutdown]\ngrace = \"1s\"\n",
+    )
+    .unwrap();
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = base(&mut job);
+    let sessions = format!("{url}/sessions");
+    for id in ["a", "b"] {
+        let (s, v) = post(&sessions, json!({"id": id, "kind": "sim"}));
+        assert_eq!(s, 201, "{v}");
+    }
+    let (s, v) = post(
+        &sessions,
+        json!({"id": "slow", "kind": "sim", "config": {"rounds": 1, "model_ms": 60_000}}),
+    );
+    assert_eq!(s, 201, "{v}");
+    // A fourth session: 429, Retry-After, nothing spawned.
+    let mut r = agent()
+        .post(&sessions)
+        .send_json(json!({"id": "d", "kind": "sim"}))
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some(), "Retry-After");
+    let v: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(v["code"], "too_many_sessions", "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("[limits] sessions"),
+        "{v}"
+    );
+    // The slow session holds two items (one in its minute-long turn): a third is 429.
+    let items = format!("{url}/sessions/slow/items");
+    for id in 1..=2 {
+        let (s, v) = post(&items, json!({"item": {"id": id, "text": "x"}}));
+        assert_eq!(s, 200, "{v}");
+    }
+    let mut r = agent()
+        .post(&items)
+        .send_json(json!({"item": {"id": 3, "text": "x"}}))
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 429);
+    assert!(r.headers().get("retry-after").is_some(), "Retry-After");
+    let v: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(v["code"], "session_full", "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("session_items"),
+        "{v}"
+    );
+    // Field-level messages, no Rust type names.
+    let (s, v) = post(&items, json!({"item": "not an item"}));
+    assert_eq!(s, 400, "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(message.contains("expected an object"), "{message}");
+    assert!(
+        !message.contains("SimItem") && !message.contains("struct"),
+        "{message}"
+    );
+    let (s, v) = post(&items, json!({"item": {"id": -1, "text": "x"}}));
+    assert_eq!(s, 400, "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(message.contains("id: "), "{message}");
+    assert!(!message.contains("u64"), "{message}");
+    // A page at a time.
+    let mut r = agent()
+        .get(&format!("{sessions}?limit=2"))
+        .call()
+        .expect("list");
+    let link = r
+        .headers()
+        .get("link")
+        .map(|v| v.to_str().unwrap().to_string())
+        .expect("a Link to the next page");
+    let page: Value = r.body_mut().read_json().unwrap();
+    let ids: Vec<&str> = page
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(link, "</sessions?limit=2&after=b>; rel=\"next\"");
+    let mut r = agent()
+        .get(&format!("{sessions}?limit=2&after=b"))
+        .call()
+        .expect("list");
+    assert!(r.headers().get("link").is_none(), "the last page");
+    let page: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(page.as_array().unwrap().len(), 1, "{page}");
+    let mut r = agent()
+        .get(&format!("{sessions}?limit=0"))
+        .call()
+        .expect("list");
+    assert_eq!(r.status().as_u16(), 400);
+    let _ = r.body_mut().read_to_string();
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

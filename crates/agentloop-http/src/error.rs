@@ -99,6 +99,9 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// When to retry a push or a spawn refused for a bound on what is held (S34a).
+const FULL_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl From<SupervisorError> for ApiError {
     fn from(e: SupervisorError) -> Self {
         let (status, code) = match &e {
@@ -112,6 +115,15 @@ impl From<SupervisorError> for ApiError {
             }
             SupervisorError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
             SupervisorError::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+            // S34a: load, so 429 with when to retry.
+            SupervisorError::TooManySessions { .. } => {
+                return ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    code: "too_many_sessions",
+                    message: e.to_string(),
+                    retry_after: Some(FULL_RETRY),
+                }
+            }
             SupervisorError::Session(SessionError::InvalidOptions(_)) => {
                 (StatusCode::BAD_REQUEST, "bad_request")
             }
@@ -167,6 +179,15 @@ impl<I> From<RoutedPushError<I>> for ApiError {
             RoutedPushError::Push(
                 PushError::NotStorable { .. } | PushError::InvalidOptions { .. },
             ) => (StatusCode::BAD_REQUEST, "bad_request"),
+            // S34a: the session holds all it may; nothing was accepted.
+            RoutedPushError::Push(PushError::Full { .. }) => {
+                return ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    code: "session_full",
+                    message: e.to_string(),
+                    retry_after: Some(FULL_RETRY),
+                }
+            }
             RoutedPushError::Push(_) => (StatusCode::CONFLICT, "wrong_state"),
             // Issue 18: the session runs on another node.
             RoutedPushError::NotForwardable { .. } => (StatusCode::CONFLICT, "not_forwardable"),

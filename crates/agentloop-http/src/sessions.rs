@@ -87,9 +87,75 @@ pub(crate) fn body<T: DeserializeOwned>(
             ))
         }
         Err(e) => Err(ApiError::bad_request(format!(
-            "the request body is not what this route takes: {e}"
+            "the request body is not what this route takes: {}",
+            clean_serde_message(&e.body_text())
         ))),
     }
+}
+
+/// A JSON value read into `T`, with the field path and a message a client can act on
+/// when it does not fit (S34a: no Rust type names).
+pub(crate) fn from_json_text<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = clean_serde_message(&e.into_inner().to_string());
+        match path.as_str() {
+            "." | "" => inner,
+            p => format!("{p}: {inner}"),
+        }
+    })
+}
+
+/// serde's message without the Rust types it names (S34a): `expected struct SimItem`
+/// becomes `expected an object`, `expected u64` a whole number, and axum's prefix goes.
+pub(crate) fn clean_serde_message(message: &str) -> String {
+    let mut m = message
+        .replace(
+            "Failed to deserialize the JSON body into the target type: ",
+            "",
+        )
+        .replace("Failed to parse the request body as JSON: ", "not JSON: ")
+        .replace("Failed to deserialize query string: ", "");
+    for (named, plain) in [
+        ("expected tuple struct ", "expected an array"),
+        ("expected unit struct ", "expected null"),
+        ("expected newtype struct ", "expected a value"),
+        ("expected struct ", "expected an object"),
+        ("expected enum ", "expected one of its named values"),
+    ] {
+        while let Some(at) = m.find(named) {
+            let rest = &m[at + named.len()..];
+            let name_len = rest
+                .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | ':' | '<' | '>')))
+                .unwrap_or(rest.len());
+            m = format!("{}{plain}{}", &m[..at], &rest[name_len..]);
+        }
+    }
+    for (ty, plain) in [
+        ("usize", "a whole number (0 or more)"),
+        ("u64", "a whole number (0 or more)"),
+        ("u32", "a whole number (0 or more)"),
+        ("u16", "a whole number (0 or more)"),
+        ("u8", "a whole number (0 or more)"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ] {
+        for end in [" ", ",", ")", ""] {
+            let from = format!("expected {ty}{end}");
+            if end.is_empty() {
+                if m.ends_with(&from) {
+                    let cut = m.len() - from.len();
+                    m = format!("{}expected {plain}", &m[..cut]);
+                }
+            } else {
+                m = m.replace(&from, &format!("expected {plain}{end}"));
+            }
+        }
+    }
+    m
 }
 
 /// A body that may be empty (no content type): its default then.
@@ -192,7 +258,23 @@ pub(crate) async fn spawn<I: Item, E: Ev>(
 /// marked `live` and with its stored `status` (`null` when nothing is stored).
 pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-) -> Result<Json<Vec<Value>>, ApiError> {
+    page: Result<axum::extract::Query<ListPage>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let page = match page {
+        Ok(axum::extract::Query(p)) => p,
+        Err(e) => {
+            return Err(ApiError::bad_request(format!(
+                "the query is not what GET /sessions takes ({}): use ?limit=N (1 to {MAX_PAGE}) and ?after=ID",
+                clean_serde_message(&e.body_text())
+            )))
+        }
+    };
+    let limit = page.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is out of range: 1 to {MAX_PAGE}"
+        )));
+    }
     let mut rows: BTreeMap<String, Value> = BTreeMap::new();
     if let Some(store) = st.runtime.store() {
         for entry in store.list_stored(None).await? {
@@ -224,7 +306,51 @@ pub(crate) async fn list<I: Item, E: Ev>(
         row["kind"] = json!(s.kind);
         row["restarts"] = json!(s.restarts);
     }
-    Ok(Json(rows.into_values().collect()))
+    // One page, in id order, after `after` (S34a: an answer is bounded).
+    let mut rest = rows.into_iter().filter(|(id, _)| match &page.after {
+        Some(after) => id > after,
+        None => true,
+    });
+    let out: Vec<(String, Value)> = rest.by_ref().take(limit).collect();
+    let more = rest.next().is_some();
+    let mut response = Json(out.iter().map(|(_, v)| v).collect::<Vec<_>>()).into_response();
+    if let (true, Some((last, _))) = (more, out.last()) {
+        let next = format!(
+            "</sessions?limit={limit}&after={}>; rel=\"next\"",
+            url_escape(last)
+        );
+        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
+            response.headers_mut().insert(axum::http::header::LINK, v);
+        }
+    }
+    Ok(response)
+}
+
+/// Sessions on one page of `GET /sessions` unless `?limit=` says otherwise.
+pub const DEFAULT_PAGE: usize = 1_000;
+/// The most `?limit=` may ask for.
+pub const MAX_PAGE: usize = 10_000;
+
+/// `GET /sessions?limit=N&after=ID`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListPage {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// `s` with every byte but unreserved URL characters percent-encoded.
+fn url_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 fn kind_of(stored: &agentloop::store::Stored) -> &str {
@@ -389,7 +515,7 @@ pub(crate) async fn push<I: Item, E: Ev>(
         Some(p) => format!("{}\u{0}{p:?}", b.item.get()),
     };
     // The whole request is checked before anything is delivered: never half-accepted.
-    let item: I = serde_json::from_str(b.item.get())
+    let item: I = from_json_text(b.item.get())
         .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
     let options = match b.preempt {
         Some(p) => PushOptions::preempt(preempt(p, st.max_duration)?),
@@ -618,7 +744,7 @@ pub(crate) async fn resume<I: Item, E: Ev>(
     raw: Result<Json<ResumeBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let b = body(raw)?;
-    let answer: I = serde_json::from_value(b.answer).map_err(|e| {
+    let answer: I = from_json_text(&b.answer.to_string()).map_err(|e| {
         ApiError::bad_request(format!("answer: not an item this server takes: {e}"))
     })?;
     // The stream attached before the start is not needed: clients subscribe by id.
@@ -719,4 +845,58 @@ pub(crate) async fn events<I: Item, E: Ev>(
         Err(e) => return Err(e.into()),
     };
     Ok(crate::events::sse(stream, st.runtime.redaction().clone(), slot).into_response())
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u64,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        inner: Inner,
+        mode: Mode,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Mode {
+        Fast,
+    }
+
+    #[test]
+    fn messages_name_the_field_and_no_rust_type() {
+        let cases = [
+            (
+                r#"{"inner": "x", "mode": "fast"}"#,
+                "inner: invalid type: string \"x\", expected an object",
+            ),
+            (
+                r#"{"inner": {"count": -1}, "mode": "fast"}"#,
+                "inner.count: invalid value: integer `-1`, expected a whole number (0 or more)",
+            ),
+            (
+                r#"{"inner": {"count": 1}, "mode": "slow"}"#,
+                "mode: unknown variant `slow`, expected `fast`",
+            ),
+        ];
+        assert_eq!(
+            clean_serde_message("invalid type: string \"x\", expected enum Mode"),
+            "invalid type: string \"x\", expected one of its named values"
+        );
+        for (text, want) in cases {
+            let e = from_json_text::<Outer>(text).unwrap_err();
+            assert!(e.starts_with(want), "{text}: {e}");
+            for rust in ["Inner", "Outer", "Mode", "u64", "struct", "enum"] {
+                assert!(!e.contains(rust), "{text}: {e} names {rust}");
+            }
+        }
+    }
 }

@@ -223,7 +223,36 @@ pub struct LimitsConfig {
     /// The longest duration a request may carry: a stop's or a preempt's timeout, a
     /// preempt's delay, an idle stop (`duration`, default 24 h).
     pub duration: Duration,
+    /// Live sessions a runtime runs at once (`sessions`, default 100 000): a spawn
+    /// over it is refused (HTTP 429 `too_many_sessions`).
+    pub sessions: usize,
+    /// Items a session holds, waiting or in a turn (`session_items`, default 10 000):
+    /// a push over it is refused (HTTP 429 `session_full`).
+    pub session_items: usize,
+    /// Stored bytes of the items a persistent session holds (`session_bytes`, default
+    /// 64 MiB): a push that would pass it is refused (HTTP 429 `session_full`).
+    pub session_bytes: usize,
 }
+
+impl LimitsConfig {
+    /// The supervisor's bounds these limits set.
+    pub fn session_limits(&self) -> crate::supervisor::SessionLimits {
+        crate::supervisor::SessionLimits {
+            max_sessions: self.sessions,
+            buffer: crate::session::BufferBound {
+                items: self.session_items,
+                bytes: self.session_bytes,
+            },
+        }
+    }
+}
+
+/// `[limits] sessions` by default.
+pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// `[limits] session_items` by default.
+pub const DEFAULT_SESSION_ITEMS: usize = 10_000;
+/// `[limits] session_bytes` by default.
+pub const DEFAULT_SESSION_BYTES: usize = 64 << 20;
 
 /// `[limits] sim_rounds` by default.
 pub const DEFAULT_SIM_ROUNDS: usize = 1_000;
@@ -241,6 +270,9 @@ impl Default for LimitsConfig {
             sim_step: DEFAULT_SIM_STEP,
             replay: DEFAULT_MAX_REPLAY,
             duration: DEFAULT_MAX_DURATION,
+            sessions: DEFAULT_MAX_SESSIONS,
+            session_items: DEFAULT_SESSION_ITEMS,
+            session_bytes: DEFAULT_SESSION_BYTES,
         }
     }
 }
@@ -331,6 +363,9 @@ struct RawLimits {
     sim_step: Option<String>,
     replay: Option<i64>,
     duration: Option<String>,
+    sessions: Option<i64>,
+    session_items: Option<i64>,
+    session_bytes: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -474,6 +509,15 @@ impl RuntimeConfig {
         }
         if let Some(n) = positive("limits.replay", l.replay)? {
             c.limits.replay = n;
+        }
+        if let Some(n) = positive("limits.sessions", l.sessions)? {
+            c.limits.sessions = n;
+        }
+        if let Some(n) = positive("limits.session_items", l.session_items)? {
+            c.limits.session_items = n;
+        }
+        if let Some(n) = positive("limits.session_bytes", l.session_bytes)? {
+            c.limits.session_bytes = n;
         }
         if let Some(v) = l.sim_step {
             let allowed = "a duration above 0 and at most 24h";
@@ -706,7 +750,8 @@ mod tests {
         let c = RuntimeConfig::from_toml_str("").unwrap();
         assert_eq!(c.limits, LimitsConfig::default());
         let c = RuntimeConfig::from_toml_str(
-            "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n",
+            "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n\
+             sessions = 7\nsession_items = 8\nsession_bytes = 9\n",
         )
         .unwrap();
         assert_eq!(
@@ -716,11 +761,16 @@ mod tests {
                 sim_step: Duration::from_secs(2),
                 replay: 64,
                 duration: Duration::from_secs(3600),
+                sessions: 7,
+                session_items: 8,
+                session_bytes: 9,
             }
         );
         for bad in [
             "[limits]\nsim_rounds = 0",
             "[limits]\nreplay = -1",
+            "[limits]\nsessions = 0",
+            "[limits]\nsession_items = -3",
             "[limits]\nsim_step = \"25h\"",
             "[limits]\nduration = \"0s\"",
             "[limits]\nunknown = 1",

@@ -188,10 +188,11 @@ pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, S
 pub use error::{SessionError, SpawnError};
 pub use events::{EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
+pub use push::BufferFull;
 pub use session::{
-    AnswerError, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState, ExitSummary,
-    FailureKind, ForkError, PreemptAck, PushError, SessionConfig, SessionHandle, SessionInfo, Step,
-    TurnCx, TurnLoopMsg,
+    AnswerError, BufferBound, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState,
+    ExitSummary, FailureKind, ForkError, PreemptAck, PushError, SessionConfig, SessionHandle,
+    SessionInfo, Step, TurnCx, TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]
@@ -207,7 +208,7 @@ pub use store::{
 };
 pub use supervisor::{
     agent_kind, AgentKind, AttachMode, Attachment, BatchSpawn, RestartBudget, RestartPolicy,
-    RoutedPushError, SessionEnd, SessionSpec, SubscribedSpawn, SupervisorArgs, SupervisorError,
-    SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
+    RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn, SupervisorArgs,
+    SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
 pub use view::{Part, Redaction, SessionView};

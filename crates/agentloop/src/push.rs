@@ -53,6 +53,15 @@ pub enum PushError<I> {
         /// What was wrong.
         error: OptionsError,
     },
+    /// The session holds as many items or bytes as its bound allows (S34a,
+    /// [`crate::BufferBound`]): nothing was accepted, the item is handed back; retry
+    /// once its turns have taken some.
+    Full {
+        /// The item, handed back.
+        item: I,
+        /// What the session holds and its bound.
+        full: BufferFull,
+    },
     /// The session persists and the item cannot be stored: it does not encode, or it
     /// does not read back as it was written (S15a). Nothing was acknowledged; the item
     /// is handed back.
@@ -70,6 +79,7 @@ impl<I> PushError<I> {
         match self {
             PushError::Late { item }
             | PushError::InvalidOptions { item, .. }
+            | PushError::Full { item, .. }
             | PushError::NotStorable { item, .. } => Some(item),
             PushError::NotDurable { .. } => None,
         }
@@ -97,6 +107,11 @@ impl<I> fmt::Display for PushError<I> {
                 "push refused: the session persists and {error}; the item was not accepted and \
                  is handed back"
             ),
+            PushError::Full { full, .. } => write!(
+                f,
+                "push refused: {full}; the item was not accepted and is handed back: retry \
+                 once its turns have taken some"
+            ),
             PushError::NotDurable { error } => write!(
                 f,
                 "push accepted but not durable: the checkpoint write failed ({error}); the item \
@@ -107,6 +122,39 @@ impl<I> fmt::Display for PushError<I> {
 }
 
 impl<I> std::error::Error for PushError<I> {}
+
+/// What a session held when it refused a push for its buffer bound (S34a), and the
+/// bound. It crosses nodes as JSON.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BufferFull {
+    /// Items held (waiting or in a turn).
+    pub items: usize,
+    /// Their stored bytes.
+    pub bytes: usize,
+    /// The bound on items.
+    pub max_items: usize,
+    /// The bound on bytes.
+    pub max_bytes: usize,
+}
+
+impl fmt::Display for BufferFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.items >= self.max_items {
+            write!(
+                f,
+                "the session holds {} items, its bound ([limits] session_items)",
+                self.items
+            )
+        } else {
+            write!(
+                f,
+                "the session holds {} bytes of items and this one would take it over its \
+                 bound of {} ([limits] session_bytes)",
+                self.bytes, self.max_bytes
+            )
+        }
+    }
+}
 
 /// The reply port of a push: resolves with the preempt acknowledgement (S7) or the
 /// rejection (S14).

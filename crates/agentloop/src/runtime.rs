@@ -96,6 +96,7 @@ pub struct RuntimeBuilder<I, E> {
     redaction: crate::view::Redaction,
     node: Option<String>,
     rebalance: Option<Rebalance>,
+    limits: crate::supervisor::SessionLimits,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -124,6 +125,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             redaction: crate::view::Redaction::none(),
             node: None,
             rebalance: None,
+            limits: crate::supervisor::SessionLimits::UNBOUNDED,
         }
     }
 }
@@ -210,7 +212,8 @@ where
     }
 
     /// Applies a configuration file's values: the data directory and engine, the flush policy of
-    /// resumed sessions, the restart budget, the heartbeat and lease, the shutdown.
+    /// resumed sessions, the restart budget, the heartbeat and lease, the shutdown, the
+    /// session bounds of `[limits]`.
     pub fn config(mut self, config: &RuntimeConfig) -> Self {
         self.data_dir = Some(config.store.data_dir.clone());
         self.engine = config.store.engine;
@@ -219,9 +222,17 @@ where
         self.heartbeat = config.supervisor.heartbeat;
         self.lease_timeout = config.supervisor.lease_timeout;
         self.shutdown = config.shutdown.clone();
+        self.limits = config.limits.session_limits();
         if !config.redact.fields.is_empty() {
             self.redaction = config.redact.redaction();
         }
+        self
+    }
+
+    /// Bounds the sessions this runtime runs and what each holds (S34a); unbounded
+    /// unless set here or by [`RuntimeBuilder::config`] (`[limits]`).
+    pub fn session_limits(mut self, limits: crate::supervisor::SessionLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -332,6 +343,7 @@ where
             budget: self.budget,
             heartbeat: self.heartbeat,
             metrics: Some(metrics.clone()),
+            limits: self.limits,
         })
         .await?;
         // Before the resume below: a resumed session's end must reach the feeds too.

@@ -251,6 +251,15 @@ pub enum SupervisorError {
         /// The most one batch may carry.
         max: usize,
     },
+    /// The runtime runs as many sessions as its bound allows (S34a, `[limits]
+    /// sessions`): nothing was spawned.
+    #[error("`{id}` was not spawned: this runtime already runs {max} sessions, its bound ([limits] sessions); retry once some have ended, or raise the bound")]
+    TooManySessions {
+        /// The id asked for.
+        id: String,
+        /// The bound.
+        max: usize,
+    },
     /// The runtime is shutting down: the drain gate refuses new sessions (S27).
     #[error("the runtime is shutting down and accepts no new sessions (`{0}` was not spawned); spawn it on the next start")]
     ShuttingDown(String),
@@ -785,6 +794,34 @@ pub struct SupervisorArgs<I, E> {
     /// Where the supervisor and its sessions count turns, routed pushes and restarts
     /// (S35); `None` counts nothing.
     pub metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
+    /// How many sessions it runs and how much each holds (S34a); unbounded by default.
+    pub limits: SessionLimits,
+}
+
+/// The bounds a supervisor applies to its sessions (S34a, `[limits]` in
+/// agentloop.toml): how many run at once, and what each holds before it refuses a push.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Live sessions at most: a spawn over it is refused with
+    /// [`SupervisorError::TooManySessions`]. Sessions the runtime resumes or adopts
+    /// from their records are never refused for it (they are the runtime's own).
+    pub max_sessions: usize,
+    /// What each session holds before it refuses a push ([`PushError::Full`]).
+    pub buffer: crate::session::BufferBound,
+}
+
+impl SessionLimits {
+    /// No bounds (an embedded runtime whose callers are trusted).
+    pub const UNBOUNDED: SessionLimits = SessionLimits {
+        max_sessions: usize::MAX,
+        buffer: crate::session::BufferBound::UNBOUNDED,
+    };
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self::UNBOUNDED
+    }
 }
 
 struct Entry<I, E> {
@@ -812,6 +849,7 @@ pub(crate) struct SupervisorState<I, E> {
     budget: RestartBudget,
     heartbeat: Duration,
     metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
+    limits: SessionLimits,
     sessions: HashMap<String, Entry<I, E>>,
     by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
@@ -851,19 +889,31 @@ where
         config.restart = spec.restart;
         config.subscribe_at_spawn = spec.subscribe;
         config.metrics = self.metrics.clone();
+        config.buffer_bound = self.limits.buffer;
         config
     }
 
     /// Checks a spawn request against the registry: a valid id, the gate open, the
-    /// supervisor not stopping, no live session with this id.
+    /// supervisor not stopping, no live session with this id, and room for a new one
+    /// (`starting` more are being admitted with it) unless the spec resumes a record.
     async fn admit(
         &mut self,
         myself: &ActorRef<SupervisorMsg<I, E>>,
-        id: &str,
+        spec: &SessionSpec<I>,
+        starting: usize,
     ) -> Result<(), SupervisorError> {
+        let id = spec.id.as_str();
+        let resumes = spec.preloaded.is_some() || spec.claim;
+        let live = self.sessions.len() + starting;
         match validate_session_id(id) {
             Err(e) => Err(SupervisorError::InvalidId(e)),
             Ok(()) if self.gate_closed => Err(SupervisorError::ShuttingDown(id.to_string())),
+            Ok(()) if !resumes && live >= self.limits.max_sessions => {
+                Err(SupervisorError::TooManySessions {
+                    id: id.to_string(),
+                    max: self.limits.max_sessions,
+                })
+            }
             Ok(()) if self.stopping => Err(SupervisorError::Session(SessionError::Exited(
                 "the session supervisor is stopping".into(),
             ))),
@@ -881,7 +931,7 @@ where
         myself: &ActorRef<SupervisorMsg<I, E>>,
         spec: SessionSpec<I>,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
-        self.admit(myself, &spec.id).await?;
+        self.admit(myself, &spec, 0).await?;
         let seed = spec.initial_items.clone();
         self.start(myself, spec, seed, true, VecDeque::new(), 0)
             .await
@@ -903,7 +953,7 @@ where
         let mut starts = Vec::new();
         let mut ids = HashSet::with_capacity(specs.len());
         for spec in specs {
-            let admission = match self.admit(myself, &spec.id).await {
+            let admission = match self.admit(myself, &spec, admitted.len()).await {
                 Ok(()) if !ids.insert(spec.id.clone()) => {
                     Err(SupervisorError::Duplicate(spec.id.clone()))
                 }
@@ -1207,6 +1257,7 @@ where
             budget: args.budget,
             heartbeat: args.heartbeat,
             metrics: args.metrics,
+            limits: args.limits,
             sessions: HashMap::new(),
             by_actor: HashMap::new(),
             stopping: false,

@@ -246,6 +246,9 @@ pub enum PushAnswer {
     Late,
     /// Accepted but not durable: the owner's store failed.
     NotDurable(String),
+    /// Refused: the session holds all its bound allows (S34a); the caller still holds
+    /// the item.
+    Full(crate::push::BufferFull),
     /// Refused for another reason (invalid options, not storable), said in words.
     Refused(String),
     /// A control request was done.

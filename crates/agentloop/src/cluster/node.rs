@@ -191,6 +191,7 @@ where
                 Ok(ack) => PushAnswer::Accepted(ack.into()),
                 Err(RoutedPushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
                 Err(RoutedPushError::Push(PushError::Late { .. })) => PushAnswer::Late,
+                Err(RoutedPushError::Push(PushError::Full { full, .. })) => PushAnswer::Full(full),
                 Err(RoutedPushError::Push(PushError::NotDurable { error })) => {
                     PushAnswer::NotDurable(error)
                 }
@@ -285,6 +286,9 @@ where
                     // Not there: ask the next node (only when the record named none).
                     Ok(PushAnswer::UnknownSession) => continue,
                     Ok(PushAnswer::Late) => Err(RoutedPushError::Push(PushError::Late { item })),
+                    Ok(PushAnswer::Full(full)) => {
+                        Err(RoutedPushError::Push(PushError::Full { item, full }))
+                    }
                     Ok(PushAnswer::NotDurable(error)) => {
                         Err(RoutedPushError::Push(PushError::NotDurable { error }))
                     }

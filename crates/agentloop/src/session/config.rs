@@ -101,6 +101,35 @@ pub struct SessionConfig {
     /// `poll_interval`, when it was set for this session rather than taken from the
     /// runtime's heartbeat: kept in the record so a resume restores it (issue 28).
     pub(crate) own_poll_interval: Option<Duration>,
+    /// How much the session holds before it refuses pushes (S34a); unbounded unless
+    /// set (a supervisor sets its runtime's `[limits]`).
+    pub buffer_bound: BufferBound,
+}
+
+/// How many items, and how many bytes of them, a session holds (waiting for a turn or
+/// in one) before it refuses a push with [`crate::PushError::Full`] (S34a). Bytes are
+/// the items' stored encoding, so the byte bound applies to persistent sessions; a
+/// session without a store is bounded by its item count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferBound {
+    /// Items held at most.
+    pub items: usize,
+    /// Stored bytes of the held items at most.
+    pub bytes: usize,
+}
+
+impl BufferBound {
+    /// No bound (a session embedded in-process, where the caller is trusted).
+    pub const UNBOUNDED: BufferBound = BufferBound {
+        items: usize::MAX,
+        bytes: usize::MAX,
+    };
+}
+
+impl Default for BufferBound {
+    fn default() -> Self {
+        Self::UNBOUNDED
+    }
 }
 
 impl fmt::Debug for SessionConfig {
@@ -143,7 +172,15 @@ impl SessionConfig {
             metrics: None,
             restart: crate::session::RestartPolicy::Permanent,
             own_poll_interval: None,
+            buffer_bound: BufferBound::UNBOUNDED,
         }
+    }
+
+    /// Refuses pushes while the session holds `bound.items` items or its items'
+    /// stored bytes would pass `bound.bytes` (S34a).
+    pub fn buffer_bound(mut self, bound: BufferBound) -> Self {
+        self.buffer_bound = bound;
+        self
     }
 
     /// The settings this session's record keeps (issue 28), restored when it is

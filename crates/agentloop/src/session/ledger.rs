@@ -200,6 +200,9 @@ pub(crate) struct Ledger<I> {
     /// Entries are stored: moves report entry changes, items keep their bytes.
     persist: bool,
     held: Held_<I>,
+    /// The stored bytes of the held items (0 for items without bytes): what a push's
+    /// buffer bound counts (S34a).
+    held_bytes: usize,
     next_seq: Seq,
     preempted: Vec<Seq>,
     front: VecDeque<Seq>,
@@ -218,6 +221,7 @@ impl<I: Clone> Ledger<I> {
         Ledger {
             persist,
             held: Held_::default(),
+            held_bytes: 0,
             next_seq: 0,
             preempted: Vec::new(),
             front: VecDeque::new(),
@@ -235,9 +239,11 @@ impl<I: Clone> Ledger<I> {
     /// one.
     pub(crate) fn seed(&mut self, record: &mut LoadedRecord<I>) -> Option<u64> {
         let mut top = record.header.next_seq;
+        let held_bytes = &mut self.held_bytes;
         let mut take = |it: crate::store::LoadedItem<I>, held: &mut Held_<I>| {
             top = top.max(it.seq + 1);
             let seq = it.seq;
+            *held_bytes += it.bytes.len();
             held.insert(
                 seq,
                 Held {
@@ -276,6 +282,7 @@ impl<I: Clone> Ledger<I> {
             (Some(b), true) => vec![ItemChange::Put(seq, b.clone())],
             _ => Vec::new(),
         };
+        self.held_bytes += bytes.as_ref().map_or(0, |b| b.len());
         self.held.insert(seq, Held { item, bytes });
         self.tail.push_back(seq);
         (seq, change)
@@ -297,6 +304,11 @@ impl<I: Clone> Ledger<I> {
     /// Whether nothing is held at all.
     pub(crate) fn is_empty(&self) -> bool {
         self.held.is_empty() && self.cut.is_none() && self.turn.is_none()
+    }
+
+    /// What the session holds, in a turn or waiting for one: (items, stored bytes).
+    pub(crate) fn held(&self) -> (usize, usize) {
+        (self.held.len(), self.held_bytes)
     }
 
     /// How many items wait outside a turn: (buffered, preempted).
@@ -388,6 +400,7 @@ impl<I: Clone> Ledger<I> {
                 .all(|(i, p)| p.pos == split.consumed.len() + i);
         let (n_consumed, n_remaining) = (split.consumed.len(), split.remaining.len());
         let offered = &turn.offered;
+        let held_bytes = &mut self.held_bytes;
         let mut place = |p: Planned<I>, held: &mut Held_<I>| {
             let seq = offered[p.pos];
             let entry = held.entry(seq).or_insert(Held {
@@ -399,6 +412,8 @@ impl<I: Clone> Ledger<I> {
                 if self.persist {
                     changes.push(ItemChange::Put(seq, b.clone()));
                 }
+                *held_bytes += b.len();
+                *held_bytes -= entry.bytes.as_ref().map_or(0, |old| old.len());
                 entry.bytes = Some(b);
             }
             seq
@@ -423,7 +438,9 @@ impl<I: Clone> Ledger<I> {
         };
         let dropped = split.dropped.len() as u64;
         for seq in split.dropped.into_iter().map(|pos| offered[pos]) {
-            self.held.remove(&seq);
+            if let Some(h) = self.held.remove(&seq) {
+                self.held_bytes -= h.bytes.map_or(0, |b| b.len());
+            }
             if self.persist {
                 changes.push(ItemChange::Delete(seq));
             }
@@ -457,7 +474,9 @@ impl<I: Clone> Ledger<I> {
             TurnFate::Completed => {
                 let mut changes = Vec::new();
                 for seq in consumed {
-                    self.held.remove(seq);
+                    if let Some(h) = self.held.remove(seq) {
+                        self.held_bytes -= h.bytes.map_or(0, |b| b.len());
+                    }
                     if self.persist {
                         changes.push(ItemChange::Delete(*seq));
                     }
@@ -655,6 +674,17 @@ impl<I: Clone> Ledger<I> {
                     "a placed item is newer than the tail's first ({first})"
                 ));
             }
+        }
+        let bytes: usize = self
+            .held
+            .values()
+            .map(|h| h.bytes.as_ref().map_or(0, |b| b.len()))
+            .sum();
+        if bytes != self.held_bytes {
+            return Err(format!(
+                "held bytes counted {} but the held items have {bytes}",
+                self.held_bytes
+            ));
         }
         if self.persist && self.held.values().any(|h| h.bytes.is_none()) {
             return Err("a persistent session holds an item without bytes".into());

@@ -29,7 +29,8 @@ pub use crate::exit::{
 pub use crate::turn::{Step, TurnCx};
 pub use answer::AnswerError;
 pub use config::{
-    validate_session_id, Durability, EndHook, SessionConfig, SessionIdError, MAX_SESSION_ID_LEN,
+    validate_session_id, BufferBound, Durability, EndHook, SessionConfig, SessionIdError,
+    MAX_SESSION_ID_LEN,
 };
 pub use fork::ForkError;
 pub use handle::{BoundClient, SessionHandle};

@@ -75,6 +75,30 @@ impl<A: Agent> Core<A> {
         } else {
             None
         };
+        // S34a: what the session holds is bounded; over it nothing is accepted.
+        let bound = self.config.buffer_bound;
+        let (items, held_bytes) = self.ledger.held();
+        let size = bytes
+            .as_ref()
+            .map_or(0, |b: &crate::store::Payload| b.len());
+        if items >= bound.items || held_bytes.saturating_add(size) > bound.bytes {
+            let full = crate::push::BufferFull {
+                items,
+                bytes: held_bytes,
+                max_items: bound.items,
+                max_bytes: bound.bytes,
+            };
+            tracing::debug!(session = %self.config.id, %full, "push refused: the session is full");
+            match reply {
+                Some(reply) => fx.push(Effect::AnswerPush {
+                    reply,
+                    result: Err(PushError::Full { item, full }),
+                }),
+                // Nobody to hand it to: kept in the late list, never dropped.
+                None => self.shared.push_late(item),
+            }
+            return;
+        }
         self.await_input = false;
         self.counters.items_accepted += 1;
         self.idle_epoch += 1;

@@ -248,6 +248,8 @@ pub(crate) struct CoreConfig {
     pub(crate) history: usize,
     /// What every record header keeps of the session's settings (issue 28).
     pub(crate) settings: crate::session::SessionSettings,
+    /// What the session holds before it refuses pushes (S34a).
+    pub(crate) buffer_bound: crate::session::BufferBound,
 }
 
 impl CoreConfig {
@@ -264,6 +266,7 @@ impl CoreConfig {
             supervised: config.supervised,
             history: config.history,
             settings: config.settings(),
+            buffer_bound: config.buffer_bound,
         }
     }
 }

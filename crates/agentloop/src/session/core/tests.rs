@@ -164,6 +164,7 @@ impl Harness {
                 durability,
                 ..Default::default()
             },
+            buffer_bound: Default::default(),
         };
         let mut core = Core::new(config, shared);
         let progress = Arc::new(Mutex::new(Vec::new()));
@@ -712,6 +713,7 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
             supervised: false,
             history: 0,
             settings: Default::default(),
+            buffer_bound: Default::default(),
         },
         shared,
     );

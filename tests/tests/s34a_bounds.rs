@@ -1,0 +1,182 @@
+//! S34a (issue 29): what a caller may make a runtime hold is bounded. A session refuses
+//! a push once it holds its bound of items or bytes (waiting or in a turn), hands the
+//! item back and accepts again when its turns have taken some; a supervisor refuses a
+//! spawn over its bound of live sessions, but never a record it resumes. Paused clock.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use agentloop::{
+    agent_kind, BufferBound, CheckpointStore, MemoryStore, PushError, RestartBudget,
+    RoutedPushError, SessionConfig, SessionHandle, SessionLimits, SessionSpec, StopOptions,
+    SupervisorArgs, SupervisorError, SupervisorHandle,
+};
+use agentloop_sim::{Gate, Notice, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+
+/// A session holds at most `items` items: the turn's and the waiting ones together. The
+/// refused item comes back in the error, and nothing of it was accepted.
+#[tokio::test(start_paused = true)]
+async fn a_full_session_refuses_a_push_and_hands_the_item_back() {
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let h: Handle = SessionHandle::spawn(
+        SessionConfig::new("full").buffer_bound(BufferBound {
+            items: 3,
+            bytes: usize::MAX,
+        }),
+        Arc::new(
+            SimAgent::new(steps(1))
+                .with_step_gate(gate.clone())
+                .with_probe(tx),
+        ),
+        None,
+    )
+    .await
+    .unwrap();
+    h.push(item(1)).await.unwrap();
+    probe.at_step(0, 0).await;
+    // The turn holds item 1; two more wait.
+    h.push(item(2)).await.unwrap();
+    h.push(item(3)).await.unwrap();
+    match h.push(item(4)).await {
+        Err(PushError::Full { item, full }) => {
+            assert_eq!(item.id, 4, "the refused item is handed back");
+            assert_eq!((full.items, full.max_items), (3, 3));
+            let text = PushError::Full { item, full }.to_string();
+            assert!(text.contains("[limits] session_items"), "{text}");
+        }
+        other => panic!("expected Full, got {other:?}"),
+    }
+    // Its turns take them: there is room again.
+    gate.open_all();
+    probe
+        .until("the turns took the waiting items", |n| {
+            matches!(n, Notice::TurnDone { turn: 1 })
+        })
+        .await;
+    h.push(item(5)).await.unwrap();
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.counters.items_accepted, 4);
+    assert_eq!(exit.counters.items_delivered, 4);
+}
+
+/// A persistent session counts the stored bytes of what it holds: a push whose item
+/// would take it over its byte bound is refused, a small one still fits.
+#[tokio::test(start_paused = true)]
+async fn a_persistent_session_bounds_the_bytes_it_holds() {
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(MemoryStore::new());
+    let h: Handle = SessionHandle::spawn(
+        SessionConfig::new("bytes")
+            .persistent(true)
+            .agent_kind("sim")
+            .buffer_bound(BufferBound {
+                items: usize::MAX,
+                bytes: 2_000,
+            }),
+        Arc::new(
+            SimAgent::new(steps(1))
+                .with_step_gate(gate.clone())
+                .with_probe(tx),
+        ),
+        Some(store),
+    )
+    .await
+    .unwrap();
+    h.push(SimItem::new(1, "a".repeat(900))).await.unwrap();
+    probe.at_step(0, 0).await;
+    h.push(SimItem::new(2, "b".repeat(900))).await.unwrap();
+    match h.push(SimItem::new(3, "c".repeat(900))).await {
+        Err(PushError::Full { item, full }) => {
+            assert_eq!(item.id, 3);
+            assert!(full.bytes > 1_800 && full.bytes < 2_000, "{full:?}");
+            assert!(
+                full.to_string().contains("[limits] session_bytes"),
+                "{full}"
+            );
+        }
+        other => panic!("expected Full, got {other:?}"),
+    }
+    h.push(SimItem::new(4, "d")).await.unwrap();
+    gate.open_all();
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.counters.items_delivered, 3);
+}
+
+fn sim_args(limits: SessionLimits) -> SupervisorArgs<SimItem, SimEvent> {
+    let gate = Gate::new();
+    let mut kinds = HashMap::new();
+    kinds.insert(
+        "sim".to_string(),
+        agent_kind("sim", move |_: &[u8]| {
+            Ok(SimAgent::new(steps(1)).with_step_gate(gate.clone()))
+        }),
+    );
+    SupervisorArgs {
+        kinds,
+        store: None,
+        owner: None,
+        budget: RestartBudget::default(),
+        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        metrics: None,
+        limits,
+    }
+}
+
+/// A supervisor runs at most `max_sessions`: one more is refused (also inside a batch)
+/// with what to do; once one ends there is room again. Its sessions get its buffer
+/// bound, and a routed push over it comes back as `Full`.
+#[tokio::test(start_paused = true)]
+async fn a_supervisor_bounds_its_sessions_and_their_buffers() {
+    let sup = SupervisorHandle::<SimItem, SimEvent>::start(sim_args(SessionLimits {
+        max_sessions: 2,
+        buffer: BufferBound {
+            items: 2,
+            bytes: usize::MAX,
+        },
+    }))
+    .await
+    .unwrap();
+    sup.spawn(SessionSpec::new("a", "sim")).await.unwrap();
+    let answers = sup
+        .spawn_batch(vec![
+            SessionSpec::new("b", "sim"),
+            SessionSpec::new("c", "sim"),
+        ])
+        .await;
+    assert!(answers[0].is_ok());
+    match &answers[1] {
+        Err(e @ SupervisorError::TooManySessions { id, max }) => {
+            assert_eq!((id.as_str(), max), ("c", &2));
+            assert!(e.to_string().contains("[limits] sessions"), "{e}");
+        }
+        other => panic!("expected TooManySessions, got {other:?}"),
+    }
+    // The buffer bound reaches the sessions (the gated step holds the first item).
+    sup.push("a", item(1)).await.unwrap();
+    sup.push("a", item(2)).await.unwrap();
+    match sup.push("a", item(3)).await {
+        Err(RoutedPushError::Push(PushError::Full { item, .. })) => assert_eq!(item.id, 3),
+        other => panic!("expected Full, got {other:?}"),
+    }
+    // One ends: there is room for another.
+    sup.stop("b", StopOptions::immediate()).await.unwrap();
+    let mut room = false;
+    for _ in 0..100 {
+        match sup.spawn(SessionSpec::new("c", "sim")).await {
+            Ok(_) => {
+                room = true;
+                break;
+            }
+            Err(SupervisorError::TooManySessions { .. }) => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(room, "the ended session's place was given back");
+}
