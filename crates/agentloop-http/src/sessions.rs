@@ -517,10 +517,12 @@ pub(crate) async fn push<I: Item, E: Ev>(
     // The whole request is checked before anything is delivered: never half-accepted.
     let item: I = from_json_text(b.item.get())
         .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
+    // Answered once accepted (S34a): a delayed preempt never holds the client.
     let options = match b.preempt {
         Some(p) => PushOptions::preempt(preempt(p, st.max_duration)?),
         None => PushOptions::new(),
-    };
+    }
+    .answer_at_acceptance();
     // Wherever the session runs: here, or (a cluster node) at its owner (issue 18).
     let runtime = st.runtime.clone();
     let session = id.clone();

@@ -71,6 +71,7 @@ pub(crate) fn preempt_ack(ack: PreemptAck) -> Value {
         PreemptAck::NoTarget => json!({ "kind": "no_target" }),
         PreemptAck::Submitted { turn } => json!({ "kind": "submitted", "turn": turn }),
         PreemptAck::TargetEnded { turn } => json!({ "kind": "target_ended", "turn": turn }),
+        PreemptAck::Scheduled { turn } => json!({ "kind": "scheduled", "turn": turn }),
     }
 }
 

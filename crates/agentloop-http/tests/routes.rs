@@ -837,3 +837,74 @@ async fn an_invalid_id_is_a_400_on_every_route_without_an_echo() {
         }
     }
 }
+
+/// S34a: a push is answered once its item is accepted. A preempt that waits (an hour's
+/// delay here) answers `scheduled` at once instead of holding the client and its
+/// request slot for the delay; what it does shows in the events (`preempted` when a
+/// short delay lands).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_preempt_is_answered_at_acceptance_and_reported_in_events() {
+    let (rt, _) = common::Rt::builder()
+        .register_agent("slow", |_cfg: &[u8]| {
+            Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
+                50,
+                std::time::Duration::from_millis(100),
+                std::time::Duration::ZERO,
+            )))
+        })
+        .flush_logs(None)
+        .start()
+        .await
+        .unwrap();
+    let app = router(&rt, HttpOptions::default());
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "slow", "kind": "slow"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let mut events = open_events(&app, "slow", None).await.into_body();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/slow/items",
+        Some(json!({"item": {"id": 1, "text": "first"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    read_until(&mut events, "turn_started").await;
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        call(
+            &app,
+            "POST",
+            "/sessions/slow/items",
+            Some(json!({"item": {"id": 2, "text": "later"},
+                        "preempt": {"at": "any", "delay": "1h"}})),
+        ),
+    )
+    .await
+    .expect("answered at acceptance, not after the delay");
+    assert_eq!(answered.0, StatusCode::OK, "{}", answered.1);
+    assert_eq!(answered.1["preempt"]["kind"], "scheduled", "{}", answered.1);
+    assert_eq!(answered.1["preempt"]["turn"], 0, "{}", answered.1);
+    // A short delay: answered `scheduled` too, and its preempt lands in the events.
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/slow/items",
+        Some(json!({"item": {"id": 3, "text": "soon"},
+                    "preempt": {"at": "any", "delay": "200ms"}})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["preempt"]["kind"], "scheduled", "{v}");
+    let text = read_until(&mut events, "preempted").await;
+    let preempted = sse_events(&text)
+        .into_iter()
+        .find(|(_, n, _)| n == "preempted")
+        .unwrap();
+    assert_eq!(preempted.2["turn"], 0, "{text}");
+}

@@ -167,6 +167,10 @@ pub struct PushOptions<I> {
     /// Set by `SessionHandle::push_nowait`: accounts for the item if the message is
     /// dropped unprocessed.
     pub(crate) unprocessed: Option<crate::push::UnprocessedPush<I>>,
+    /// Answer the push once its item is accepted (durable under `sync`), with
+    /// [`crate::PreemptAck::Scheduled`] when its preempt still waits, instead of when
+    /// the cancel is submitted (S7). See [`PushOptions::answer_at_acceptance`].
+    pub answer_at_acceptance: bool,
 }
 
 impl<I> Default for PushOptions<I> {
@@ -175,6 +179,7 @@ impl<I> Default for PushOptions<I> {
             preempt: None,
             strategy: None,
             unprocessed: None,
+            answer_at_acceptance: false,
         }
     }
 }
@@ -185,6 +190,7 @@ impl<I> Clone for PushOptions<I> {
             preempt: self.preempt,
             strategy: self.strategy.clone(),
             unprocessed: None,
+            answer_at_acceptance: self.answer_at_acceptance,
         }
     }
 }
@@ -194,6 +200,7 @@ impl<I> fmt::Debug for PushOptions<I> {
         f.debug_struct("PushOptions")
             .field("preempt", &self.preempt)
             .field("strategy", &self.strategy.as_ref().map(|_| "<fn>"))
+            .field("answer_at_acceptance", &self.answer_at_acceptance)
             .finish()
     }
 }
@@ -221,6 +228,15 @@ impl<I> PushOptions<I> {
             strategy: Some(Arc::new(f)),
             ..Self::default()
         }
+    }
+
+    /// Answers the push once its item is accepted (durable under `sync`), also when its
+    /// preempt still waits for a delay or a planning target: the answer is then
+    /// [`crate::PreemptAck::Scheduled`], and the preempt's effect shows in the events
+    /// (S34a; the HTTP front asks for this, so no client waits out a delay).
+    pub fn answer_at_acceptance(mut self) -> Self {
+        self.answer_at_acceptance = true;
+        self
     }
 
     /// Checks the static preempt (a strategy's result is checked when it is evaluated).

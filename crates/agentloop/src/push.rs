@@ -29,6 +29,14 @@ pub enum PreemptAck {
         /// The target turn.
         turn: u64,
     },
+    /// The item was accepted and the preempt waits (its delay, or its planning target
+    /// to start running): asked for with [`crate::PushOptions::answer_at_acceptance`]
+    /// (the HTTP front, S34a). What it does shows in the session's events: `Preempted`
+    /// when the cancel lands, nothing when the target ends first.
+    Scheduled {
+        /// The target turn.
+        turn: u64,
+    },
 }
 
 /// A push that was not accepted. The item always comes back (S14).

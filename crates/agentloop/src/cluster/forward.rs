@@ -29,6 +29,9 @@ pub enum Request {
         item: serde_json::Value,
         /// The preempt, as data.
         preempt: Option<WirePreempt>,
+        /// Answer once the item is accepted ([`crate::PushOptions::answer_at_acceptance`]).
+        #[serde(default)]
+        early: bool,
     },
     /// Resume a stored session whose lease was handed to the receiving node (a planned
     /// move, S38).
@@ -278,6 +281,8 @@ pub enum WireAck {
     Submitted(u64),
     /// The target ended first.
     TargetEnded(u64),
+    /// Accepted; the preempt of this turn waits.
+    Scheduled(u64),
 }
 
 impl From<PreemptAck> for WireAck {
@@ -287,6 +292,7 @@ impl From<PreemptAck> for WireAck {
             PreemptAck::NoTarget => WireAck::NoTarget,
             PreemptAck::Submitted { turn } => WireAck::Submitted(turn),
             PreemptAck::TargetEnded { turn } => WireAck::TargetEnded(turn),
+            PreemptAck::Scheduled { turn } => WireAck::Scheduled(turn),
         }
     }
 }
@@ -298,6 +304,7 @@ impl From<WireAck> for PreemptAck {
             WireAck::NoTarget => PreemptAck::NoTarget,
             WireAck::Submitted(turn) => PreemptAck::Submitted { turn },
             WireAck::TargetEnded(turn) => PreemptAck::TargetEnded { turn },
+            WireAck::Scheduled(turn) => PreemptAck::Scheduled { turn },
         }
     }
 }
@@ -307,12 +314,14 @@ impl From<WireAck> for PreemptAck {
 pub trait Forward<I, E>: Send + Sync + 'static {
     /// Pushes `item` to the owner of `session`, if another node owns it:
     /// `UnknownSession` when none does; `NotForwardable` when one does and the push is
-    /// not `forwardable` (it carries an S9 strategy).
+    /// not `forwardable` (it carries an S9 strategy). `early`: answer at acceptance
+    /// ([`crate::PushOptions::answer_at_acceptance`]).
     fn push(
         &self,
         session: String,
         item: I,
         preempt: Option<Preempt>,
+        early: bool,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>>;
 

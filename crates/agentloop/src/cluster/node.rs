@@ -178,15 +178,17 @@ where
             session,
             item,
             preempt,
+            early,
         } => {
             let item: I = match serde_json::from_value(item) {
                 Ok(i) => i,
                 Err(e) => return PushAnswer::Refused(format!("not an item this node takes: {e}")),
             };
-            let options = match preempt {
+            let mut options = match preempt {
                 Some(p) => PushOptions::preempt(p.to_preempt()),
                 None => PushOptions::new(),
             };
+            options.answer_at_acceptance = early;
             match handle.supervisor().push_with(&session, item, options).await {
                 Ok(ack) => PushAnswer::Accepted(ack.into()),
                 Err(RoutedPushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
@@ -238,6 +240,7 @@ where
         session: String,
         item: I,
         preempt: Option<Preempt>,
+        early: bool,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
         let store = self.store.clone();
@@ -270,6 +273,7 @@ where
                     session: session.clone(),
                     item: json,
                     preempt: preempt.as_ref().and_then(WirePreempt::from_preempt),
+                    early,
                 },
                 Err(e) => {
                     return Err(RoutedPushError::RefusedByOwner {

@@ -76,6 +76,7 @@ where
         session: String,
         item: I,
         preempt: Option<Preempt>,
+        early: bool,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
         let me = self.me.clone();
@@ -109,10 +110,11 @@ where
                 .collect();
             let mut item = item;
             for (_, h) in targets {
-                let options = match preempt {
+                let mut options = match preempt {
                     Some(p) => PushOptions::preempt(p),
                     None => PushOptions::new(),
                 };
+                options.answer_at_acceptance = early;
                 match h.supervisor.push_with(&session, item, options).await {
                     Err(RoutedPushError::UnknownSession { item: back, .. }) => item = back,
                     other => return other,

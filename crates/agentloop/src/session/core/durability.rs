@@ -53,6 +53,8 @@ pub(crate) struct UnsyncedPush<I> {
     reply: Option<PushReply<I>>,
     preempt: Option<Preempt>,
     target: Option<u64>,
+    /// Answer at acceptance ([`crate::PushOptions::answer_at_acceptance`]).
+    early: bool,
 }
 
 /// The session's writes in flight and what they owe.
@@ -143,12 +145,14 @@ impl<A: Agent> Durable<A> {
         reply: Option<PushReply<A::Item>>,
         preempt: Option<Preempt>,
         target: Option<u64>,
+        early: bool,
     ) {
         self.unsynced.push_back(UnsyncedPush {
             seq,
             reply,
             preempt,
             target,
+            early,
         });
     }
 
@@ -426,7 +430,7 @@ impl<A: Agent> Core<A> {
                 break;
             };
             match &result {
-                Ok(_) => self.apply_preempt(u.preempt, u.target, u.reply, now, fx),
+                Ok(_) => self.apply_preempt(u.preempt, u.target, u.reply, u.early, now, fx),
                 Err(e) => {
                     if let Some(reply) = u.reply {
                         fx.push(Effect::AnswerPush {

@@ -113,9 +113,10 @@ impl<A: Agent> Core<A> {
             // S16a: answered (and its preempt applied) once the write holding it is
             // flushed.
             let seq = self.write_live(fx);
-            self.durable.answer_push_after(seq, reply, preempt, target);
+            self.durable
+                .answer_push_after(seq, reply, preempt, target, options.answer_at_acceptance);
         } else {
-            self.apply_preempt(preempt, target, reply, now, fx);
+            self.apply_preempt(preempt, target, reply, options.answer_at_acceptance, now, fx);
         }
     }
 
@@ -182,12 +183,14 @@ impl<A: Agent> Core<A> {
     }
 
     /// Applies a push's preempt to the turn it targeted when the push was accepted, and
-    /// answers the push (S7).
+    /// answers the push (S7): when the cancel is submitted, or, `early`, at once
+    /// (S34a: `Scheduled` while the preempt waits).
     pub(super) fn apply_preempt(
         &mut self,
         preempt: Option<Preempt>,
         target: Option<u64>,
         reply: Option<PushReply<A::Item>>,
+        early: bool,
         now: Instant,
         fx: &mut Effects<A>,
     ) {
@@ -207,18 +210,25 @@ impl<A: Agent> Core<A> {
             answer(fx, reply, PreemptAck::NoTarget);
             return;
         };
-        let reply = reply.map(|r| PendingAck::new(r, turn));
+        let mut reply = reply.map(|r| PendingAck::new(r, turn));
         let current = self.turn.as_ref().filter(|t| t.index == turn);
         match (current, p.delay) {
-            (Some(_), Some(delay)) => fx.push(Effect::Timer {
-                after: delay,
-                event: Timed::PreemptDue {
-                    turn,
-                    preempt: Preempt { delay: None, ..p },
-                    reply,
-                },
-            }),
-            (Some(_), None) => self.submit_preempt(turn, p, reply, now),
+            (Some(_), Some(delay)) => {
+                if early {
+                    if let Some(r) = reply.take() {
+                        r.answer(PreemptAck::Scheduled { turn });
+                    }
+                }
+                fx.push(Effect::Timer {
+                    after: delay,
+                    event: Timed::PreemptDue {
+                        turn,
+                        preempt: Preempt { delay: None, ..p },
+                        reply,
+                    },
+                })
+            }
+            (Some(_), None) => self.submit_preempt(turn, p, reply, early, now),
             // The target ended while the push waited for its write.
             (None, _) => {
                 if let Some(r) = reply {
@@ -228,12 +238,14 @@ impl<A: Agent> Core<A> {
         }
     }
 
-    /// Submits a preempt to its target turn and answers the push (S7).
+    /// Submits a preempt to its target turn and answers the push (S7); `early`, a
+    /// preempt held for a planning target is answered `Scheduled` at once.
     pub(super) fn submit_preempt(
         &mut self,
         turn: u64,
         p: Preempt,
         reply: Option<PendingAck<A::Item>>,
+        early: bool,
         now: Instant,
     ) {
         let Some(t) = self.turn.as_ref().filter(|t| t.index == turn) else {
@@ -242,14 +254,24 @@ impl<A: Agent> Core<A> {
             }
             return;
         };
-        let (submitted, reply) = t
+        let (held, reply) = match early {
+            true => (None, reply),
+            false => (reply, None),
+        };
+        let (submitted, reply) = match t
             .control
-            .submit(p.cancel_request(), Origin::Preempt, now, reply);
+            .submit(p.cancel_request(), Origin::Preempt, now, held)
+        {
+            (s, None) => (s, reply),
+            (s, back) => (s, back),
+        };
         let ack = match submitted {
             Submitted::Active => {
                 tracing::debug!(turn, at = %p.at, "preempt submitted");
                 PreemptAck::Submitted { turn }
             }
+            // Answered now; the preempt lands when the turn starts running.
+            Submitted::Pending if early => PreemptAck::Scheduled { turn },
             // Held by the control block; answered when the turn starts or ends planning.
             Submitted::Pending => return,
             Submitted::TurnEnded => PreemptAck::TargetEnded { turn },
@@ -274,6 +296,6 @@ impl<A: Agent> Core<A> {
             }
             return;
         }
-        self.submit_preempt(turn, preempt, reply, now);
+        self.submit_preempt(turn, preempt, reply, false, now);
     }
 }
