@@ -180,3 +180,59 @@ async fn a_supervisor_bounds_its_sessions_and_their_buffers() {
     }
     assert!(room, "the ended session's place was given back");
 }
+
+/// S34a: a session keeps the idempotency keys of its pushes with its record: after the
+/// session is rebuilt from the record (a restart), a retry with a kept key is a
+/// `Duplicate` that delivers nothing, and the key with another fingerprint is refused.
+#[tokio::test(start_paused = true)]
+async fn idempotency_keys_live_with_the_record() {
+    use agentloop::{Durability, PreemptAck, PushOptions};
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    // A turn that never ends by itself: an immediate stop cuts it, and the record keeps
+    // the session (Interrupted) for the next incarnation, as a restart would.
+    let spawn_on_store = |store: Arc<MemoryStore<SimItem>>| async move {
+        let dyn_store: Arc<dyn CheckpointStore<SimItem>> = store;
+        let h: Handle = SessionHandle::spawn(
+            SessionConfig::new("keyed")
+                .persistent(true)
+                .agent_kind("sim")
+                .durability(Durability::Sync),
+            Arc::new(SimAgent::new(steps(1)).with_step_gate(Gate::new())),
+            Some(dyn_store),
+        )
+        .await
+        .unwrap();
+        h
+    };
+    let keyed = |k: &str, fp: u64| PushOptions::new().idempotency_key(k, fp);
+    let h = spawn_on_store(store.clone()).await;
+    assert_eq!(
+        h.push_with(item(1), keyed("k1", 11)).await.unwrap(),
+        PreemptAck::NotRequested
+    );
+    assert_eq!(
+        h.push_with(item(1), keyed("k1", 11)).await.unwrap(),
+        PreemptAck::Duplicate
+    );
+    h.stop(StopOptions::immediate()).await.unwrap();
+    let first = within("exit", h.wait()).await;
+    assert_eq!(first.counters.items_accepted, 1);
+    // Rebuilt from its record: the key is still known.
+    let h = spawn_on_store(store.clone()).await;
+    assert_eq!(
+        h.push_with(item(1), keyed("k1", 11)).await.unwrap(),
+        PreemptAck::Duplicate,
+        "the record kept the key"
+    );
+    match h.push_with(item(2), keyed("k1", 12)).await {
+        Err(PushError::KeyReused { item }) => assert_eq!(item.id, 2),
+        other => panic!("expected KeyReused, got {other:?}"),
+    }
+    assert_eq!(
+        h.push_with(item(3), keyed("k2", 13)).await.unwrap(),
+        PreemptAck::NotRequested
+    );
+    h.stop(StopOptions::immediate()).await.unwrap();
+    let second = within("exit", h.wait()).await;
+    assert_eq!(second.counters.items_accepted, 1, "only the new key's item");
+}

@@ -216,6 +216,37 @@ fn sigkill_and_restart_at_once(tag: &str, engine: &[&str]) {
         push_until_accepted(&url, "s1", id);
         acked.push(id);
     }
+    // Retries, with their keys, of pushes the killed process acknowledged (its
+    // in-memory idempotency cache died with it): the session's record kept the keys
+    // with the items, so each is answered `duplicate` and delivers nothing (S34a; on
+    // main the retry delivered the item a second time).
+    for id in 36..=40 {
+        let mut r = agent()
+            .post(&format!("{url}/sessions/s1/items"))
+            .header("Idempotency-Key", &format!("k{id}"))
+            .send_json(json!({"item": {"id": id, "text": format!("m{id}")}}))
+            .expect("a retry");
+        let status = r.status().as_u16();
+        let v: Value = r.body_mut().read_json().unwrap_or(Value::Null);
+        assert_eq!(
+            (status, v["preempt"]["kind"].as_str()),
+            (200, Some("duplicate")),
+            "retry of k{id}: {v}"
+        );
+        // The same key with another item is refused.
+        let mut r = agent()
+            .post(&format!("{url}/sessions/s1/items"))
+            .header("Idempotency-Key", &format!("k{id}"))
+            .send_json(json!({"item": {"id": 1000 + id, "text": "other"}}))
+            .expect("a reuse");
+        let status = r.status().as_u16();
+        let v: Value = r.body_mut().read_json().unwrap_or(Value::Null);
+        assert_eq!(
+            (status, v["code"].as_str()),
+            (409, Some("idempotency_mismatch")),
+            "{v}"
+        );
+    }
     wait_delivered(&[&log1, &log2], &acked);
     job.signal(libc::SIGTERM);
     let (status, out) = job.finish();

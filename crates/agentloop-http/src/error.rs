@@ -179,6 +179,10 @@ impl<I> From<RoutedPushError<I>> for ApiError {
             RoutedPushError::Push(
                 PushError::NotStorable { .. } | PushError::InvalidOptions { .. },
             ) => (StatusCode::BAD_REQUEST, "bad_request"),
+            // S34a: the record knows this key with another push.
+            RoutedPushError::Push(PushError::KeyReused { .. }) => {
+                (StatusCode::CONFLICT, "idempotency_mismatch")
+            }
             // S34a: the session holds all it may; nothing was accepted.
             RoutedPushError::Push(PushError::Full { .. }) => {
                 return ApiError {

@@ -42,6 +42,38 @@ pub(crate) struct Shared<I, E> {
     pub(crate) max_replay: usize,
     /// The longest duration a request may carry (S34a).
     pub(crate) max_duration: Duration,
+    /// Set once the runtime's shutdown has its report (every session down): a keyed
+    /// push still waiting then is answered 503 before the server closes (S34a).
+    /// Watched from the first keyed push on.
+    pub(crate) closing: tokio::sync::OnceCell<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl<I: Item, E: Ev> Shared<I, E> {
+    /// Resolves once the runtime's shutdown finished its sessions.
+    async fn closed(&self) {
+        let rx = self
+            .closing
+            .get_or_init(|| async {
+                let (tx, rx) = tokio::sync::watch::channel(false);
+                let shutdown = self.runtime.shutdown_handle();
+                tokio::spawn(async move {
+                    let _ = shutdown.wait_report().await;
+                    let _ = tx.send(true);
+                });
+                rx
+            })
+            .await;
+        let mut rx = rx.clone();
+        let _ = rx.wait_for(|closed| *closed).await;
+    }
+}
+
+/// A fingerprint of a keyed push that is the same in every process (FNV-1a): the
+/// record keeps it with the key (S34a).
+fn fingerprint_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 impl<I, E> Clone for AppState<I, E> {
@@ -518,11 +550,16 @@ pub(crate) async fn push<I: Item, E: Ev>(
     let item: I = from_json_text(b.item.get())
         .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
     // Answered once accepted (S34a): a delayed preempt never holds the client.
-    let options = match b.preempt {
+    let mut options = match b.preempt {
         Some(p) => PushOptions::preempt(preempt(p, st.max_duration)?),
         None => PushOptions::new(),
     }
     .answer_at_acceptance();
+    // The session keeps the key with the item (S34a): a retry after a restart is
+    // recognised by the record, not only by this process's memory.
+    if let Some(k) = key.0.as_deref() {
+        options = options.idempotency_key(k, fingerprint_hash(&fingerprint));
+    }
     // Wherever the session runs: here, or (a cluster node) at its owner (issue 18).
     let runtime = st.runtime.clone();
     let session = id.clone();
@@ -538,12 +575,24 @@ pub(crate) async fn push<I: Item, E: Ev>(
     match key.0.as_deref() {
         None => Ok(deliver.await),
         Some(key) => {
-            let (status, out) = st
-                .idempotency
-                .run(&id, key, &fingerprint, async move {
-                    crate::idempotency::outcome(deliver.await).await
-                })
-                .await?;
+            let run = st.idempotency.run(&id, key, &fingerprint, async move {
+                crate::idempotency::outcome(deliver.await).await
+            });
+            // A push still waiting when the shutdown has finished every session gets
+            // 503 before the server closes, never an empty reply; the record decides
+            // whether its item was accepted, and a retry with the same key after the
+            // restart delivers it at most once.
+            let (status, out) = tokio::select! {
+                outcome = run => outcome?,
+                () = st.closed() => {
+                    tracing::warn!(session = %id, key, "a keyed push was still waiting when the server shut down; answered 503 (a retry with the same key after the restart delivers it at most once)");
+                    return Err(ApiError::draining(
+                        "the server shut down while this push waited; retry with the same \
+                         Idempotency-Key once it is back: the session's record keeps the key, \
+                         so the item is delivered at most once",
+                    ));
+                }
+            };
             // A remembered outcome is status and body: `Retry-After` comes back from
             // the body's `retry_after_ms` (a `not_live` answer).
             let retry = out["retry_after_ms"].as_u64().map(Duration::from_millis);

@@ -72,6 +72,7 @@ pub(crate) fn preempt_ack(ack: PreemptAck) -> Value {
         PreemptAck::Submitted { turn } => json!({ "kind": "submitted", "turn": turn }),
         PreemptAck::TargetEnded { turn } => json!({ "kind": "target_ended", "turn": turn }),
         PreemptAck::Scheduled { turn } => json!({ "kind": "scheduled", "turn": turn }),
+        PreemptAck::Duplicate => json!({ "kind": "duplicate" }),
     }
 }
 

@@ -171,6 +171,12 @@ pub struct PushOptions<I> {
     /// [`crate::PreemptAck::Scheduled`] when its preempt still waits, instead of when
     /// the cancel is submitted (S7). See [`PushOptions::answer_at_acceptance`].
     pub answer_at_acceptance: bool,
+    /// An idempotency key and a fingerprint of what the push carries (S34a): a
+    /// session that accepted a push with this key answers a retry
+    /// [`crate::PreemptAck::Duplicate`] and delivers nothing, also after a restart
+    /// (the record keeps its last keys); the same key with another fingerprint is
+    /// refused ([`crate::PushError::KeyReused`]).
+    pub idempotency: Option<(String, u64)>,
 }
 
 impl<I> Default for PushOptions<I> {
@@ -180,6 +186,7 @@ impl<I> Default for PushOptions<I> {
             strategy: None,
             unprocessed: None,
             answer_at_acceptance: false,
+            idempotency: None,
         }
     }
 }
@@ -191,6 +198,7 @@ impl<I> Clone for PushOptions<I> {
             strategy: self.strategy.clone(),
             unprocessed: None,
             answer_at_acceptance: self.answer_at_acceptance,
+            idempotency: self.idempotency.clone(),
         }
     }
 }
@@ -236,6 +244,13 @@ impl<I> PushOptions<I> {
     /// (S34a; the HTTP front asks for this, so no client waits out a delay).
     pub fn answer_at_acceptance(mut self) -> Self {
         self.answer_at_acceptance = true;
+        self
+    }
+
+    /// Carries an idempotency key and a fingerprint of the push (see
+    /// [`PushOptions::idempotency`]).
+    pub fn idempotency_key(mut self, key: impl Into<String>, fingerprint: u64) -> Self {
+        self.idempotency = Some((key.into(), fingerprint));
         self
     }
 

@@ -37,6 +37,9 @@ pub enum PreemptAck {
         /// The target turn.
         turn: u64,
     },
+    /// The push carried an idempotency key the session already accepted a push with
+    /// (the same fingerprint): a retry; nothing was delivered again (S34a).
+    Duplicate,
 }
 
 /// A push that was not accepted. The item always comes back (S14).
@@ -70,6 +73,12 @@ pub enum PushError<I> {
         /// What the session holds and its bound.
         full: BufferFull,
     },
+    /// The push's idempotency key was used before for a push that carried something
+    /// else (S34a): nothing was accepted, the item is handed back.
+    KeyReused {
+        /// The item, handed back.
+        item: I,
+    },
     /// The session persists and the item cannot be stored: it does not encode, or it
     /// does not read back as it was written (S15a). Nothing was acknowledged; the item
     /// is handed back.
@@ -88,6 +97,7 @@ impl<I> PushError<I> {
             PushError::Late { item }
             | PushError::InvalidOptions { item, .. }
             | PushError::Full { item, .. }
+            | PushError::KeyReused { item }
             | PushError::NotStorable { item, .. } => Some(item),
             PushError::NotDurable { .. } => None,
         }
@@ -114,6 +124,10 @@ impl<I> fmt::Display for PushError<I> {
                 f,
                 "push refused: the session persists and {error}; the item was not accepted and \
                  is handed back"
+            ),
+            PushError::KeyReused { .. } => f.write_str(
+                "push refused: its idempotency key was used before for a push that carried \
+                 something else; use a new key for a new push (the item is handed back)",
             ),
             PushError::Full { full, .. } => write!(
                 f,

@@ -118,8 +118,7 @@ where
             return self.supervisor.push_with(id, item, options).await;
         };
         let strategy = options.strategy.is_some();
-        let preempt = options.preempt;
-        let early = options.answer_at_acceptance;
+        let forwarded = crate::cluster::forward::Forwarded::of(&options);
         // A session this node moved (or is moving): in line behind the move, then
         // wherever it runs now (here again, or its new owner).
         let gate = self.moving.gate(id);
@@ -131,7 +130,7 @@ where
         let late = |item| Err(RoutedPushError::Push(PushError::Late { item }));
         match self.supervisor.push_with(id, item, options).await {
             Err(RoutedPushError::UnknownSession { id, item }) => {
-                match forwarder.push(id, item, preempt, early, !strategy).await {
+                match forwarder.push(id, item, forwarded, !strategy).await {
                     // Held by a `migrate` shutdown for a session that stayed here:
                     // late (send it elsewhere), not unknown.
                     Err(RoutedPushError::UnknownSession { item, .. })
@@ -154,7 +153,7 @@ where
                     },
                 };
                 let forwarded = forwarder
-                    .push(id.to_string(), item, preempt, early, !strategy)
+                    .push(id.to_string(), item, forwarded, !strategy)
                     .await;
                 drop(behind);
                 match forwarded {

@@ -32,6 +32,9 @@ pub enum Request {
         /// Answer once the item is accepted ([`crate::PushOptions::answer_at_acceptance`]).
         #[serde(default)]
         early: bool,
+        /// The idempotency key and fingerprint ([`crate::PushOptions::idempotency`]).
+        #[serde(default)]
+        idempotency: Option<(String, u64)>,
     },
     /// Resume a stored session whose lease was handed to the receiving node (a planned
     /// move, S38).
@@ -283,6 +286,8 @@ pub enum WireAck {
     TargetEnded(u64),
     /// Accepted; the preempt of this turn waits.
     Scheduled(u64),
+    /// A retry of a push with the same idempotency key: nothing delivered again.
+    Duplicate,
 }
 
 impl From<PreemptAck> for WireAck {
@@ -293,6 +298,7 @@ impl From<PreemptAck> for WireAck {
             PreemptAck::Submitted { turn } => WireAck::Submitted(turn),
             PreemptAck::TargetEnded { turn } => WireAck::TargetEnded(turn),
             PreemptAck::Scheduled { turn } => WireAck::Scheduled(turn),
+            PreemptAck::Duplicate => WireAck::Duplicate,
         }
     }
 }
@@ -305,7 +311,42 @@ impl From<WireAck> for PreemptAck {
             WireAck::Submitted(turn) => PreemptAck::Submitted { turn },
             WireAck::TargetEnded(turn) => PreemptAck::TargetEnded { turn },
             WireAck::Scheduled(turn) => PreemptAck::Scheduled { turn },
+            WireAck::Duplicate => PreemptAck::Duplicate,
         }
+    }
+}
+
+/// The options of a push that cross nodes: everything of [`crate::PushOptions`] but a
+/// strategy (S9 strategies are closures and stay on their node).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    /// The static preempt.
+    pub preempt: Option<Preempt>,
+    /// [`crate::PushOptions::answer_at_acceptance`].
+    pub answer_at_acceptance: bool,
+    /// [`crate::PushOptions::idempotency`].
+    pub idempotency: Option<(String, u64)>,
+}
+
+impl Forwarded {
+    /// The options of `options` that cross nodes.
+    pub fn of<I>(options: &crate::PushOptions<I>) -> Self {
+        Forwarded {
+            preempt: options.preempt,
+            answer_at_acceptance: options.answer_at_acceptance,
+            idempotency: options.idempotency.clone(),
+        }
+    }
+
+    /// The push options they stand for on the owner.
+    pub fn to_options<I>(&self) -> crate::PushOptions<I> {
+        let mut o = match self.preempt {
+            Some(p) => crate::PushOptions::preempt(p),
+            None => crate::PushOptions::new(),
+        };
+        o.answer_at_acceptance = self.answer_at_acceptance;
+        o.idempotency = self.idempotency.clone();
+        o
     }
 }
 
@@ -314,14 +355,12 @@ impl From<WireAck> for PreemptAck {
 pub trait Forward<I, E>: Send + Sync + 'static {
     /// Pushes `item` to the owner of `session`, if another node owns it:
     /// `UnknownSession` when none does; `NotForwardable` when one does and the push is
-    /// not `forwardable` (it carries an S9 strategy). `early`: answer at acceptance
-    /// ([`crate::PushOptions::answer_at_acceptance`]).
+    /// not `forwardable` (it carries an S9 strategy).
     fn push(
         &self,
         session: String,
         item: I,
-        preempt: Option<Preempt>,
-        early: bool,
+        options: Forwarded,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>>;
 

@@ -21,10 +21,11 @@ use ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::cluster::forward::Forwarded;
 use crate::cluster::forward::{Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt};
 use crate::cluster::relay::{pump, Ask, Relays};
 use crate::events::{EventFilter, EventStream};
-use crate::options::{Preempt, PushOptions};
+use crate::options::PushOptions;
 use crate::push::{PreemptAck, PushError};
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::{CheckpointStore, Stored};
@@ -179,6 +180,7 @@ where
             item,
             preempt,
             early,
+            idempotency,
         } => {
             let item: I = match serde_json::from_value(item) {
                 Ok(i) => i,
@@ -189,6 +191,7 @@ where
                 None => PushOptions::new(),
             };
             options.answer_at_acceptance = early;
+            options.idempotency = idempotency;
             match handle.supervisor().push_with(&session, item, options).await {
                 Ok(ack) => PushAnswer::Accepted(ack.into()),
                 Err(RoutedPushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
@@ -239,8 +242,7 @@ where
         &self,
         session: String,
         item: I,
-        preempt: Option<Preempt>,
-        early: bool,
+        options: Forwarded,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
         let store = self.store.clone();
@@ -272,8 +274,9 @@ where
                 Ok(json) => Request::Push {
                     session: session.clone(),
                     item: json,
-                    preempt: preempt.as_ref().and_then(WirePreempt::from_preempt),
-                    early,
+                    preempt: options.preempt.as_ref().and_then(WirePreempt::from_preempt),
+                    early: options.answer_at_acceptance,
+                    idempotency: options.idempotency.clone(),
                 },
                 Err(e) => {
                     return Err(RoutedPushError::RefusedByOwner {

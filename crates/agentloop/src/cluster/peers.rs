@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::cluster::forward::Forward;
+use crate::cluster::forward::Forwarded;
 use crate::cluster::relay::Relays;
-use crate::options::{Preempt, PushOptions};
 use crate::push::PreemptAck;
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::Stored;
@@ -75,8 +75,7 @@ where
         &self,
         session: String,
         item: I,
-        preempt: Option<Preempt>,
-        early: bool,
+        options: Forwarded,
         forwardable: bool,
     ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
         let me = self.me.clone();
@@ -110,11 +109,7 @@ where
                 .collect();
             let mut item = item;
             for (_, h) in targets {
-                let mut options = match preempt {
-                    Some(p) => PushOptions::preempt(p),
-                    None => PushOptions::new(),
-                };
-                options.answer_at_acceptance = early;
+                let options = options.to_options();
                 match h.supervisor.push_with(&session, item, options).await {
                     Err(RoutedPushError::UnknownSession { item: back, .. }) => item = back,
                     other => return other,

@@ -15,6 +15,7 @@ pub(crate) mod core;
 mod effects;
 pub(crate) mod fork;
 mod handle;
+pub(crate) mod keys;
 pub(crate) mod ledger;
 mod load;
 pub(crate) mod messages;
@@ -34,6 +35,7 @@ pub use config::{
 };
 pub use fork::ForkError;
 pub use handle::{BoundClient, SessionHandle};
+pub use keys::{KeptKey, KEPT_KEYS};
 pub use messages::{
     Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,
 };

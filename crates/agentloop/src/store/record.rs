@@ -89,6 +89,11 @@ pub struct RecordHeader {
     /// record; `None` in records written before they were kept (the runtime's
     /// defaults apply).
     pub settings: Option<crate::session::SessionSettings>,
+    /// The idempotency keys of the last pushes accepted with one (S34a, at most
+    /// [`crate::session::KEPT_KEYS`]), written with their items: a retry after a
+    /// restart is recognised and delivers nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idempotency_keys: Vec<crate::session::KeptKey>,
 }
 
 impl Default for RecordHeader {
@@ -115,6 +120,7 @@ impl Default for RecordHeader {
             awaiting_answer: false,
             answer: None,
             settings: None,
+            idempotency_keys: Vec::new(),
         }
     }
 }
@@ -346,6 +352,7 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             awaiting_answer: rec.awaiting_answer,
             answer: rec.answer.map(serde_bytes::ByteBuf::from),
             settings: rec.settings,
+            idempotency_keys: Vec::new(),
         };
         Ok(LoadedRecord {
             header,

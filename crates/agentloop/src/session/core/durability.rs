@@ -218,6 +218,11 @@ impl<A: Agent> Core<A> {
             awaiting_answer: false,
             answer: self.answer.as_ref().map(|a| a.bytes.to_vec().into()),
             settings: Some(self.config.settings),
+            idempotency_keys: self
+                .keys
+                .as_ref()
+                .map(|k| k.to_record())
+                .unwrap_or_default(),
         }
     }
 

@@ -75,6 +75,25 @@ impl<A: Agent> Core<A> {
         } else {
             None
         };
+        // S34a: a key the session accepted a push with is a retry (nothing delivered
+        // again) or a reuse (refused); a new one is kept with the item.
+        if let Some((key, fingerprint)) = &options.idempotency {
+            use crate::session::keys::Seen;
+            let seen = self
+                .keys
+                .as_ref()
+                .map_or(Seen::New, |k| k.judge(key, *fingerprint));
+            if seen != Seen::New {
+                let result = match seen {
+                    Seen::Again => Ok(PreemptAck::Duplicate),
+                    _ => Err(PushError::KeyReused { item }),
+                };
+                if let Some(reply) = reply {
+                    fx.push(Effect::AnswerPush { reply, result });
+                }
+                return;
+            }
+        }
         // S34a: what the session holds is bounded; over it nothing is accepted.
         let bound = self.config.buffer_bound;
         let (items, held_bytes) = self.ledger.held();
@@ -99,6 +118,9 @@ impl<A: Agent> Core<A> {
             }
             return;
         }
+        if let Some((key, fingerprint)) = options.idempotency.take() {
+            self.keys.get_or_insert_default().keep(key, fingerprint);
+        }
         self.await_input = false;
         self.counters.items_accepted += 1;
         self.idle_epoch += 1;
@@ -113,10 +135,22 @@ impl<A: Agent> Core<A> {
             // S16a: answered (and its preempt applied) once the write holding it is
             // flushed.
             let seq = self.write_live(fx);
-            self.durable
-                .answer_push_after(seq, reply, preempt, target, options.answer_at_acceptance);
+            self.durable.answer_push_after(
+                seq,
+                reply,
+                preempt,
+                target,
+                options.answer_at_acceptance,
+            );
         } else {
-            self.apply_preempt(preempt, target, reply, options.answer_at_acceptance, now, fx);
+            self.apply_preempt(
+                preempt,
+                target,
+                reply,
+                options.answer_at_acceptance,
+                now,
+                fx,
+            );
         }
     }
 
@@ -258,13 +292,14 @@ impl<A: Agent> Core<A> {
             true => (None, reply),
             false => (reply, None),
         };
-        let (submitted, reply) = match t
-            .control
-            .submit(p.cancel_request(), Origin::Preempt, now, held)
-        {
-            (s, None) => (s, reply),
-            (s, back) => (s, back),
-        };
+        let (submitted, reply) =
+            match t
+                .control
+                .submit(p.cancel_request(), Origin::Preempt, now, held)
+            {
+                (s, None) => (s, reply),
+                (s, back) => (s, back),
+            };
         let ack = match submitted {
             Submitted::Active => {
                 tracing::debug!(turn, at = %p.at, "preempt submitted");

@@ -121,6 +121,11 @@ impl<A: Agent> Core<A> {
         if header.last_event_seq > 0 {
             self.shared.event_seq.continue_after(header.last_event_seq);
         }
+        if !header.idempotency_keys.is_empty() {
+            self.keys = Some(Box::new(crate::session::keys::Keys::from_record(
+                &header.idempotency_keys,
+            )));
+        }
         self.durable.record_stale = true;
         self.durable.rewrite = record.format1;
         if let Some(index) = self.ledger.seed(&mut record) {

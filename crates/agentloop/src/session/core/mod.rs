@@ -305,6 +305,8 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) answer: Option<Box<Answer<A::Item>>>,
     /// Tells the shell a turn progressed (installed in `sync` turns' control blocks).
     pub(crate) progress_hook: Option<ProgressHook>,
+    /// The idempotency keys of accepted pushes (S34a); allocated at the first.
+    pub(crate) keys: Option<Box<crate::session::keys::Keys>>,
 }
 
 /// Called with a turn's index when it progressed (see [`TurnHooks`]).
@@ -341,6 +343,7 @@ impl<A: Agent> Core<A> {
             answer: None,
             history_at_exit: None,
             progress_hook: None,
+            keys: None,
         }
     }
 

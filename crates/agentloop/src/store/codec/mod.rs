@@ -249,6 +249,12 @@ mod tests {
                             restart: crate::session::RestartPolicy::Transient,
                             poll_interval_ms: (hb % 2 == 0).then_some(hb % 10_000),
                         }),
+                        idempotency_keys: (0..(v % 4))
+                            .map(|i| crate::session::KeptKey {
+                                key: format!("key-{i}-{hb}"),
+                                fingerprint: hb.wrapping_mul(i + 1),
+                            })
+                            .collect(),
                     }
                 },
             )
