@@ -135,12 +135,16 @@ fn serve_command(flags: cli::ServeFlags) -> ExitCode {
     block_on(serve::serve(flags))
 }
 
-/// Logs to stderr (`RUST_LOG`, default `warn`), runs `job` on a multi-threaded tokio
+/// Logs to stderr (`RUST_LOG`, default `warn`, and the access log at INFO when `[http]
+/// access_log` installs it), runs `job` on a multi-threaded tokio
 /// runtime: 0 after a clean shutdown, 1 if it could not start or a record could not be
 /// written.
 fn block_on(job: impl std::future::Future<Output = Result<bool, String>>) -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,agentloop_http::access=info,tower_http::trace::on_response=info",
+        )
+    });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

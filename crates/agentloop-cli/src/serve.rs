@@ -92,6 +92,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         cors_origins: config.http.cors_origins.clone(),
         max_replay: Some(config.limits.replay),
         max_duration: Some(config.limits.duration),
+        access_log: config.http.access_log,
         ..HttpOptions::default()
     };
     agentloop_http::check_bind(addr, &options)?;

@@ -508,3 +508,51 @@ fn sessions_and_what_each_holds_are_bounded_and_listed_by_page() {
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");
 }
+
+/// S34a (issue 29): `[http] access_log = true` logs every answered request at INFO on
+/// stderr through `tower_http::trace`: its method, path, status and latency, never its
+/// query (which may carry `?access_token=`).
+#[test]
+fn the_access_log_names_each_request_and_never_its_query() {
+    let dir = TempDir::new("access-log");
+    std::fs::write(dir.0.join("agentloop.toml"), "[http]\naccess_log = true\n").unwrap();
+    let log = dir.0.join("stderr.log");
+    let mut job = Job::command(
+        &dir.0,
+        "serve",
+        &["--listen", "127.0.0.1:0"],
+        std::fs::File::create(&log).unwrap().into(),
+    );
+    let url = base(&mut job);
+    let mut r = agent()
+        .get(&format!(
+            "{url}/no-such-route?access_token=sekrit-query-value"
+        ))
+        .call()
+        .expect("GET");
+    assert_eq!(r.status().as_u16(), 404);
+    let _ = r.body_mut().read_to_string();
+    let (s, _) = post(
+        &format!("{url}/sessions"),
+        json!({"id": "logged", "kind": "sim"}),
+    );
+    assert_eq!(s, 201);
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let line = |path: &str, status: &str| {
+        text.lines().any(|l| {
+            l.contains(&format!("path={path}"))
+                && l.contains(&format!("status={status}"))
+                && l.contains("latency=")
+        })
+    };
+    assert!(line("/no-such-route", "404"), "{text}");
+    assert!(line("/sessions", "201"), "{text}");
+    assert!(text.contains("method=POST"), "{text}");
+    assert!(
+        !text.contains("sekrit-query-value"),
+        "the query reached the log: {text}"
+    );
+}

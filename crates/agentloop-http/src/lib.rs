@@ -112,6 +112,10 @@ pub struct HttpOptions {
     /// The longest duration a request may carry (timeouts, delays, idle; 400 above it;
     /// S34a). `None`: [`agentloop::config::DEFAULT_MAX_DURATION`].
     pub max_duration: Option<Duration>,
+    /// Log every request at INFO (target `agentloop_http::access`: method, path,
+    /// status, latency; never the query, which may carry a token) through
+    /// `tower_http::trace`. Off by default.
+    pub access_log: bool,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -127,6 +131,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("idempotency_ttl", &self.idempotency_ttl)
             .field("max_replay", &self.max_replay)
             .field("max_duration", &self.max_duration)
+            .field("access_log", &self.access_log)
             .finish()
     }
 }
@@ -262,7 +267,35 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
     if !options.cors_origins.is_empty() {
         app = app.layer(cors(&options.cors_origins));
     }
+    if options.access_log {
+        app = app.layer(access_log());
+    }
     app
+}
+
+/// The access log (S34a): one INFO line per answered request, with its method, path
+/// (never the query: `?access_token=` must not reach a log), status and latency.
+fn access_log() -> tower_http::trace::TraceLayer<
+    tower_http::classify::SharedClassifier<tower_http::classify::ServerErrorsAsFailures>,
+    impl Fn(&axum::http::Request<axum::body::Body>) -> tracing::Span + Clone,
+    tower_http::trace::DefaultOnRequest,
+    tower_http::trace::DefaultOnResponse,
+> {
+    use tower_http::trace::{DefaultOnResponse, TraceLayer};
+    TraceLayer::new_for_http()
+        .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
+            tracing::info_span!(
+                target: "agentloop_http::access",
+                "request",
+                method = %req.method(),
+                path = %req.uri().path(),
+            )
+        })
+        .on_response(
+            DefaultOnResponse::new()
+                .level(tracing::Level::INFO)
+                .latency_unit(tower_http::LatencyUnit::Micros),
+        )
 }
 
 fn cors(origins: &[String]) -> tower_http::cors::CorsLayer {

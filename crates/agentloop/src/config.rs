@@ -304,6 +304,9 @@ pub struct HttpConfig {
     /// How long a write to a client may make no progress before its connection is
     /// closed (S20, S34a: an event stream nobody reads).
     pub write_timeout: Option<Duration>,
+    /// Log every request at INFO (method, path, status, latency; S34a). Off by
+    /// default.
+    pub access_log: bool,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -319,6 +322,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("header_read_timeout", &self.header_read_timeout)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("write_timeout", &self.write_timeout)
+            .field("access_log", &self.access_log)
             .finish()
     }
 }
@@ -381,6 +385,7 @@ struct RawHttp {
     header_read_timeout: Option<String>,
     body_read_timeout: Option<String>,
     write_timeout: Option<String>,
+    access_log: Option<bool>,
 }
 
 /// A timeout of the `[http]` table: above 0, at most 300 s.
@@ -502,6 +507,7 @@ impl RuntimeConfig {
             header_read_timeout: io_timeout("http.header_read_timeout", h.header_read_timeout)?,
             body_read_timeout: io_timeout("http.body_read_timeout", h.body_read_timeout)?,
             write_timeout: io_timeout("http.write_timeout", h.write_timeout)?,
+            access_log: h.access_log.unwrap_or(false),
         };
         let l = raw.limits;
         if let Some(n) = positive("limits.sim_rounds", l.sim_rounds)? {
