@@ -128,6 +128,10 @@ pub(crate) fn body<T: DeserializeOwned>(
 /// A JSON value read into `T`, with the field path and a message a client can act on
 /// when it does not fit (S34a: no Rust type names).
 pub(crate) fn from_json_text<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    // The fast path; the path is only tracked to explain a failure.
+    if let Ok(v) = serde_json::from_str(text) {
+        return Ok(v);
+    }
     let mut de = serde_json::Deserializer::from_str(text);
     serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -542,9 +546,11 @@ pub(crate) async fn push<I: Item, E: Ev>(
     let b = body(raw)?;
     // What a retry with the same key must repeat: the item's text and its preempt
     // options (S34a: a retry that changes the preempt is another request).
-    let fingerprint = match &b.preempt {
-        None => b.item.get().to_string(),
-        Some(p) => format!("{}\u{0}{p:?}", b.item.get()),
+    // Built only for a keyed push (a 64 KiB item is not copied for nothing).
+    let fingerprint = match (&key.0, &b.preempt) {
+        (None, _) => String::new(),
+        (Some(_), None) => b.item.get().to_string(),
+        (Some(_), Some(p)) => format!("{}\u{0}{p:?}", b.item.get()),
     };
     // The whole request is checked before anything is delivered: never half-accepted.
     let item: I = from_json_text(b.item.get())
