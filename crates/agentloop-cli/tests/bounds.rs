@@ -57,6 +57,12 @@ fn what_a_client_asks_for_is_bounded_by_the_servers_limits() {
         json!({"id": "r", "kind": "sim", "replay": u64::MAX}),
         "[limits] replay",
     );
+    // History: at most what a session may keep.
+    refused(
+        &sessions,
+        json!({"id": "h", "kind": "sim", "persistent": true, "history": 1_001}),
+        "at most 1000",
+    );
     // At the bounds: accepted.
     let (s, v) = post(
         &sessions,

@@ -65,14 +65,22 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut last_refusal_logged: Option<Instant> = None;
+    let mut last_accept_logged: Option<Instant> = None;
+    let mut accept_failures = 0u64;
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
                     // Out of descriptors (EMFILE) or a connection reset before it was
-                    // taken: say so, give the process a moment, go on.
-                    tracing::warn!(error = %e, "cannot accept a connection; retrying");
+                    // taken: say so (at most one line a second, with how many failed
+                    // since), give the process a moment, go on.
+                    accept_failures += 1;
+                    if last_accept_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                        last_accept_logged = Some(Instant::now());
+                        tracing::warn!(error = %e, failures = accept_failures, "cannot accept a connection (out of file descriptors? raise `ulimit -n` or lower [http] max_connections); retrying");
+                        accept_failures = 0;
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

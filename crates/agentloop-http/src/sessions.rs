@@ -267,6 +267,12 @@ pub(crate) async fn spawn<I: Item, E: Ev>(
                 "history keeps checkpoints in the store: set \"persistent\": true too",
             ));
         }
+        let max = agentloop::store::history::MAX_HISTORY;
+        if n > max {
+            return Err(ApiError::bad_request(format!(
+                "history {n} is more than a session may keep: at most {max} checkpoints"
+            )));
+        }
         spec = spec.history(n);
     }
     if let Some(config) = b.config {
