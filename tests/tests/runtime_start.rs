@@ -249,3 +249,51 @@ async fn a_live_owner_is_named_with_its_lease_and_a_dead_ones_sessions_are_recov
     assert_eq!(report.recovered, 1, "{report:?}");
     rt.stop(StopOptions::immediate().shutdown()).await.unwrap();
 }
+
+/// Issue 30 (the shutdown's last mile): a shutdown handle learns that the shutdown
+/// started and reads its report from what the coordinator publishes, without a message
+/// through the coordinator's mailbox: every waiter, however many and whenever they
+/// start waiting (before, during, after), gets the same report, and one that asks after
+/// the end gets it at once.
+#[tokio::test]
+async fn shutdown_waiters_read_the_published_report() {
+    let dir = TempDir::new("runtime-report");
+    let (rt, _) = Rt::builder()
+        .data_dir(dir.path())
+        .register_agent("sim", |_cfg: &[u8]| Ok(SimAgent::new(steps(2))))
+        .start()
+        .await
+        .unwrap();
+    for i in 0..20 {
+        let h = rt
+            .supervisor()
+            .spawn(SessionSpec::new(format!("s{i}"), "sim"))
+            .await
+            .unwrap();
+        h.push(item(i)).await.unwrap();
+    }
+    let handle = rt.shutdown_handle();
+    assert!(!handle.is_started().await);
+    let early: Vec<_> = (0..50)
+        .map(|_| {
+            let h = handle.clone();
+            tokio::spawn(async move { h.wait_report().await })
+        })
+        .collect();
+    let started = {
+        let h = handle.clone();
+        tokio::spawn(async move { h.started().await })
+    };
+    let report = within("the shutdown", handle.shutdown()).await.unwrap();
+    within("started", started).await.unwrap();
+    assert!(handle.is_started().await);
+    assert_eq!(report.sessions.total, 20, "{report:?}");
+    for w in early {
+        let got = within("a waiter", w).await.unwrap().unwrap();
+        assert_eq!(got.sessions.total, report.sessions.total);
+        assert_eq!(got.phases.total, report.phases.total);
+    }
+    // After the end: at once, the same report.
+    let late = within("a late waiter", handle.wait_report()).await.unwrap();
+    assert_eq!(late.phases.total, report.phases.total);
+}

@@ -89,6 +89,26 @@ pub struct CoordinatorState<I, E> {
     stage: Stage<I, E>,
     /// Waiters that do not start the shutdown.
     watchers: Vec<RpcReplyPort<ShutdownReport>>,
+    /// Where the shutdown task publishes its report for [`ShutdownHandle`]s, which wait
+    /// on it without a message through this actor's mailbox (issue 30: behind a
+    /// mailbox of 10 000 session ends, a report waited).
+    published: Published,
+}
+
+/// What the coordinator publishes to its handles: whether the shutdown started, and its
+/// report once done.
+#[derive(Clone)]
+pub struct Published {
+    started: watch::Sender<bool>,
+    report: watch::Sender<Option<Arc<ShutdownReport>>>,
+}
+
+/// A coordinator's arguments and where it publishes.
+pub struct CoordinatorStart<I, E> {
+    /// What it is built with.
+    pub args: CoordinatorArgs<I, E>,
+    /// Where it publishes (the handle keeps the receivers).
+    pub published: Published,
 }
 
 /// The ShutdownCoordinator actor.
@@ -122,11 +142,18 @@ where
             waiters: Vec::new(),
             force: tx,
         };
+        self.published.started.send_replace(true);
         let myself = myself.clone();
+        let published = self.published.clone();
         let span = tracing::info_span!("shutdown", strategy = %args.strategy.0);
         tokio::spawn(
             async move {
                 let report = run_shutdown(*args, rx).await;
+                // The handles' waiters hear it from here, at once; the actor answers
+                // the messages that asked it.
+                published
+                    .report
+                    .send_replace(Some(Arc::new(report.clone())));
                 let _ = myself.send_message(ShutdownMsg::Finished(Box::new(report)));
             }
             .instrument(span),
@@ -141,16 +168,17 @@ where
 {
     type Msg = ShutdownMsg;
     type State = CoordinatorState<I, E>;
-    type Arguments = CoordinatorArgs<I, E>;
+    type Arguments = CoordinatorStart<I, E>;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        args: CoordinatorArgs<I, E>,
+        start: CoordinatorStart<I, E>,
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(CoordinatorState {
-            stage: Stage::NotStarted(Box::new(args)),
+            stage: Stage::NotStarted(Box::new(start.args)),
             watchers: Vec::new(),
+            published: start.published,
         })
     }
 
@@ -305,10 +333,13 @@ where
 #[error("the shutdown coordinator is gone; the runtime was already stopped")]
 pub struct CoordinatorGone;
 
-/// A cloneable handle on a ShutdownCoordinator.
+/// A cloneable handle on a ShutdownCoordinator. It learns that the shutdown started
+/// and reads its report from what the coordinator publishes, without a message.
 #[derive(Clone)]
 pub struct ShutdownHandle {
     actor: ActorRef<ShutdownMsg>,
+    started: watch::Receiver<bool>,
+    report: watch::Receiver<Option<Arc<ShutdownReport>>>,
 }
 
 impl ShutdownHandle {
@@ -318,13 +349,26 @@ impl ShutdownHandle {
         I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
         E: Clone + Send + Sync + 'static,
     {
-        let (actor, _) = Actor::spawn(None, ShutdownCoordinator::<I, E>::default(), args)
+        let (started_tx, started) = watch::channel(false);
+        let (report_tx, report) = watch::channel(None);
+        let start = CoordinatorStart {
+            args,
+            published: Published {
+                started: started_tx,
+                report: report_tx,
+            },
+        };
+        let (actor, _) = Actor::spawn(None, ShutdownCoordinator::<I, E>::default(), start)
             .await
             .map_err(|e| crate::SpawnError::Actor {
                 id: "shutdown-coordinator".into(),
                 reason: e.to_string(),
             })?;
-        Ok(ShutdownHandle { actor })
+        Ok(ShutdownHandle {
+            actor,
+            started,
+            report,
+        })
     }
 
     /// The actor, for `cast!` / `call!`.
@@ -334,13 +378,10 @@ impl ShutdownHandle {
 
     /// Runs the shutdown (or joins the one running) and returns its report.
     pub async fn shutdown(&self) -> Result<ShutdownReport, CoordinatorGone> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
         self.actor
-            .send_message(ShutdownMsg::Request {
-                reply: RpcReplyPort::from(tx),
-            })
+            .send_message(ShutdownMsg::Begin)
             .map_err(|_| CoordinatorGone)?;
-        rx.await.map_err(|_| CoordinatorGone)
+        self.wait_report().await
     }
 
     /// Starts the shutdown without waiting (a first signal).
@@ -353,29 +394,29 @@ impl ShutdownHandle {
         let _ = self.actor.send_message(ShutdownMsg::Force);
     }
 
-    /// Waits for the report of a shutdown started by anyone (a signal, another caller).
+    /// Waits for the report of a shutdown started by anyone (a signal, another caller):
+    /// published by the shutdown task itself, so no mailbox stands between them.
     pub async fn wait_report(&self) -> Result<ShutdownReport, CoordinatorGone> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.actor
-            .send_message(ShutdownMsg::WaitReport {
-                reply: RpcReplyPort::from(tx),
-            })
+        let mut report = self.report.clone();
+        let done = report
+            .wait_for(Option::is_some)
+            .await
             .map_err(|_| CoordinatorGone)?;
-        rx.await.map_err(|_| CoordinatorGone)
+        match done.as_ref() {
+            Some(r) => Ok((**r).clone()),
+            None => Err(CoordinatorGone),
+        }
     }
 
-    /// Whether a shutdown has started.
+    /// Whether a shutdown has started (or the coordinator is gone).
     pub async fn is_started(&self) -> bool {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if self
-            .actor
-            .send_message(ShutdownMsg::Started {
-                reply: RpcReplyPort::from(tx),
-            })
-            .is_err()
-        {
-            return true;
-        }
-        rx.await.unwrap_or(true)
+        *self.started.borrow() || self.started.has_changed().is_err()
+    }
+
+    /// Resolves once a shutdown has started (at once when one has, or when the
+    /// coordinator is gone).
+    pub async fn started(&self) {
+        let mut started = self.started.clone();
+        let _ = started.wait_for(|s| *s).await;
     }
 }

@@ -16,7 +16,8 @@ pub mod strategy;
 
 pub use cleanup::CleanupHook;
 pub use coordinator::{
-    CoordinatorArgs, CoordinatorGone, LogFlush, ShutdownCoordinator, ShutdownHandle, ShutdownMsg,
+    CoordinatorArgs, CoordinatorGone, CoordinatorStart, LogFlush, Published, ShutdownCoordinator,
+    ShutdownHandle, ShutdownMsg,
 };
 pub use report::{
     CheckpointCounts, HookOutcome, HookReport, PhaseDurations, SessionCounts, ShutdownReport,
