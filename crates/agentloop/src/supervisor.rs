@@ -1914,7 +1914,9 @@ where
     /// anything was stored.
     pub async fn delete(&self, id: &str) -> Result<bool, SupervisorError> {
         validate_session_id(id)?;
-        if self.list().await.iter().any(|s| s.id == id) {
+        // Asked of the live entry (as every by-id request is): a session that has just
+        // exited, whose end the supervisor has not taken yet, does not count as running.
+        if self.inspect(id).await.is_ok() {
             return Err(SupervisorError::Running(id.to_string()));
         }
         let ctx = self
