@@ -203,7 +203,6 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         max_duration: options
             .max_duration
             .unwrap_or(agentloop::config::DEFAULT_MAX_DURATION),
-        closing: tokio::sync::OnceCell::new(),
     }));
     let requests = limits::Gauge::new(options.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS));
     let mut app = Router::new()

@@ -42,29 +42,13 @@ pub(crate) struct Shared<I, E> {
     pub(crate) max_replay: usize,
     /// The longest duration a request may carry (S34a).
     pub(crate) max_duration: Duration,
-    /// Set once the runtime's shutdown has its report (every session down): a keyed
-    /// push still waiting then is answered 503 before the server closes (S34a).
-    /// Watched from the first keyed push on.
-    pub(crate) closing: tokio::sync::OnceCell<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl<I: Item, E: Ev> Shared<I, E> {
-    /// Resolves once the runtime's shutdown finished its sessions.
+    /// Resolves once the runtime's shutdown finished its sessions (its report is
+    /// published on a watch channel: no message, no task).
     async fn closed(&self) {
-        let rx = self
-            .closing
-            .get_or_init(|| async {
-                let (tx, rx) = tokio::sync::watch::channel(false);
-                let shutdown = self.runtime.shutdown_handle();
-                tokio::spawn(async move {
-                    let _ = shutdown.wait_report().await;
-                    let _ = tx.send(true);
-                });
-                rx
-            })
-            .await;
-        let mut rx = rx.clone();
-        let _ = rx.wait_for(|closed| *closed).await;
+        let _ = self.runtime.shutdown_handle().wait_report().await;
     }
 }
 
