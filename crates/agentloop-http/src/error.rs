@@ -22,6 +22,11 @@ pub struct ApiError {
     pub retry_after: Option<std::time::Duration>,
 }
 
+/// The `code` of an error answer, kept in the response's extensions so that layers
+/// (the full-session gate) can read what happened without parsing the body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ErrorCode(pub(crate) &'static str);
+
 #[derive(Serialize)]
 struct Body<'a> {
     code: &'a str,
@@ -49,6 +54,17 @@ impl ApiError {
             code: "bad_request",
             message: message.into(),
             retry_after: None,
+        }
+    }
+
+    /// 429 `session_full`: the session holds all it may (S34a); retry after
+    /// `Retry-After`.
+    pub fn session_full(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            code: "session_full",
+            message: message.into(),
+            retry_after: Some(FULL_RETRY),
         }
     }
 
@@ -89,6 +105,7 @@ impl IntoResponse for ApiError {
             retry_after_ms: self.retry_after.map(|d| d.as_millis() as u64),
         });
         let mut response = (self.status, body).into_response();
+        response.extensions_mut().insert(ErrorCode(self.code));
         if let Some(d) = self.retry_after {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
@@ -185,12 +202,7 @@ impl<I> From<RoutedPushError<I>> for ApiError {
             }
             // S34a: the session holds all it may; nothing was accepted.
             RoutedPushError::Push(PushError::Full { .. }) => {
-                return ApiError {
-                    status: StatusCode::TOO_MANY_REQUESTS,
-                    code: "session_full",
-                    message: e.to_string(),
-                    retry_after: Some(FULL_RETRY),
-                }
+                return ApiError::session_full(e.to_string())
             }
             RoutedPushError::Push(_) => (StatusCode::CONFLICT, "wrong_state"),
             // Issue 18: the session runs on another node.

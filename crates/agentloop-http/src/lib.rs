@@ -42,6 +42,7 @@
 mod auth;
 mod error;
 mod events;
+mod full;
 mod idempotency;
 mod limits;
 mod metrics;
@@ -245,6 +246,12 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
                     .unwrap_or(DEFAULT_BODY_READ_TIMEOUT),
             },
             limits::read_body,
+        ))
+        // Outside the body's read: a push to a full session waits its turn before its
+        // body is read (S34a).
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(full::FullSessions::default()),
+            full::order_pushes,
         ))
         .with_state(state);
     // Without a token there is nothing to check: no layer at all (a push's latency is

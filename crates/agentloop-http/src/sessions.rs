@@ -592,7 +592,13 @@ pub(crate) async fn push<I: Item, E: Ev>(
             // A remembered outcome is status and body: `Retry-After` comes back from
             // the body's `retry_after_ms` (a `not_live` answer).
             let retry = out["retry_after_ms"].as_u64().map(Duration::from_millis);
+            let full = out["code"] == "session_full";
             let mut response = (status, Json(out)).into_response();
+            if full {
+                response
+                    .extensions_mut()
+                    .insert(crate::error::ErrorCode("session_full"));
+            }
             if let Some(d) = retry {
                 response.headers_mut().insert(
                     axum::http::header::RETRY_AFTER,
