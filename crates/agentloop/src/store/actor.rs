@@ -1,34 +1,20 @@
-//! The CheckpointActor: owns the embedded store (sled by default, or fjall:
-//! `backend.rs`) and runs its writes as group commits (DESIGN §1, S15–S19).
+//! The CheckpointActor: owns an embedded store's lifecycle (sled by default, or fjall:
+//! `backend.rs`) and its committer (`committer.rs`, S15c), and answers the messages of
+//! actors that `call!` it (DESIGN §1, S15–S19).
 //!
-//! Every write (save, delete, status compare-and-swap, heartbeat) joins the *pending
-//! wave*. The commit is pipelined in two stages, each on a blocking thread:
-//!
-//! 1. **apply**: when no wave is being applied, the pending wave is applied to sled in
-//!    arrival order (visible to readers, not yet durable); writes that arrive meanwhile
-//!    form the next wave;
-//! 2. **flush**: when no flush is running, one starts and covers every write applied
-//!    before it started; writes applied meanwhile wait for the next flush.
-//!
-//! So one flush covers everything that arrived together, applying the next wave
-//! overlaps the current flush, and each waiter is answered only after a flush that
-//! started after its write was applied. When nothing else waits for a flush (the
-//! common case for a lone session), one blocking job applies the wave, reports it
-//! applied, flushes, and answers the wave's waiters itself: the same order, two thread
-//! hops fewer (B7, docs/benchmarks.md). A wave is one sled batch (or one plain insert
-//! when it changes one key): every write in it, whatever the session, is applied
-//! atomically (`sled.rs`). Reads of a session with
-//! writes pending or being applied are ordered into the wave, so a read never sees an
-//! older value than a write issued before it. Payloads are encoded by the caller (the
-//! session, or [`CheckpointClient`]'s typed methods), not in this actor's loop.
-//!
-//! The actor never blocks: sled runs on blocking threads. It owns the backend; nothing
-//! else writes it while the actor lives. [`CheckpointClient`] is its typed face and
-//! implements [`CheckpointStore`].
+//! It is not on the path of an ordinary write: [`CheckpointClient`], the typed face
+//! sessions and callers use, queues writes on the committer's thread and is answered by
+//! it directly, and reads the engine without passing through here. The actor keeps
+//! what needs one owner: opening the engine and starting the committer, closing (the
+//! committer finishes what was queued, refuses the rest, releases the engine and its
+//! directory lock, then the actor stops), and the same operations as messages for
+//! whoever holds only its [`ActorRef`]. It never blocks: engine work runs on the
+//! committer's thread or the blocking pool.
 
 use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -38,30 +24,28 @@ use tokio::sync::oneshot;
 use crate::ids::validate_session_id;
 use crate::metrics::RuntimeMetrics;
 use crate::store::backend::{Backend, Engine};
-use crate::store::wave::{OpResult, WriteOp};
+use crate::store::committer::{Answer, Committer, Waiter};
+use crate::store::wave::WriteOp;
 use crate::store::{
     CasOutcome, CheckpointStore, RecordWrite, SessionStatus, StatusKind, StoreError, Stored,
     StoredEntry,
 };
 
 type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
-/// An applied operation waiting for a flush: who to answer, and what it did.
-type AppliedOp = (Waiter, Result<OpResult, StoreError>);
-/// A list request waiting for the wave it must see (by wave number).
-type WaitingList = (u64, Option<Vec<StatusKind>>, Reply<Vec<StoredEntry>>);
 
-/// Counters of the checkpoint actor (answer to [`CheckpointMsg::Stats`]).
+/// Counters of a store's committer (answer to [`CheckpointMsg::Stats`] and
+/// [`CheckpointClient::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointStats {
     /// Record writes received.
     pub saves: u64,
-    /// Waves written (each with one flush).
+    /// Waves applied (a batch the committer took at once; a listing splits one).
     pub waves: u64,
-    /// Operations written, over all waves.
+    /// Operations applied, over all waves.
     pub ops: u64,
     /// The largest wave, in operations.
     pub max_wave: u64,
-    /// Flushes run (each covers every write applied before it started).
+    /// Flushes run (each covers every write of its batch).
     pub flushes: u64,
     /// Bytes of payload (items and states) written.
     pub bytes: u64,
@@ -159,75 +143,17 @@ pub enum CheckpointMsg {
         /// Where to answer.
         reply: RpcReplyPort<CheckpointStats>,
     },
-    /// Internal: a wave was applied (cannot be built outside the crate).
-    Applied(Applied),
-    /// Internal: a flush finished (cannot be built outside the crate).
-    Flushed(Flushed),
 }
 
 crate::local_message!(CheckpointMsg);
-
-/// Internal: the results of an applied wave (opaque).
-pub struct Applied(Vec<Result<OpResult, StoreError>>);
-
-/// Internal: the result of a flush (opaque).
-pub struct Flushed(Result<(), StoreError>);
-
-/// How one operation of a wave is answered.
-enum Waiter {
-    Unit(Reply<()>),
-    Deleted(Reply<bool>),
-    Cas(Reply<CasOutcome>),
-    Load(Reply<Option<Stored>>),
-}
 
 /// The checkpoint actor. `I` is the item type of the clients it hands out; the actor
 /// itself moves encoded records only.
 pub struct CheckpointActor<I>(PhantomData<fn() -> I>);
 
-/// The actor's state.
+/// The actor's state: the committer it owns.
 pub struct CheckpointState {
-    /// `None` once the actor stopped (post_stop releases sled's lock).
-    backend: Option<Arc<Backend>>,
-    pending: Vec<(WriteOp, Waiter)>,
-    /// Sessions with an operation pending or in flight (reads of them join the wave).
-    busy: HashSet<String>,
-    /// The wave being applied.
-    applying: Option<Vec<Waiter>>,
-    /// Applied writes waiting for a flush that starts after them.
-    unflushed: Vec<AppliedOp>,
-    /// Writes covered by the flush in flight.
-    flushing: Option<Vec<AppliedOp>>,
-    /// Lists wait for the waves that held writes issued before them (by wave number),
-    /// so they see every earlier write without waiting for later ones.
-    lists: Vec<WaitingList>,
-    completed_waves: u64,
-    /// Set by `Close`: new writes are refused; answered once the pipeline is empty.
-    closing: Option<Reply<()>>,
-    /// Set once `Close` was answered: the actor drains its mailbox, refusing each
-    /// message, and stops.
-    closed: bool,
-    stats: CheckpointStats,
-    /// Where apply and flush times are observed (S35).
-    metrics: Option<Arc<RuntimeMetrics>>,
-}
-
-/// Runs `f` (a blocking store job), observing its duration with `observe` when there
-/// are metrics.
-fn timed<T>(
-    metrics: &Option<Arc<RuntimeMetrics>>,
-    observe: fn(&RuntimeMetrics, std::time::Duration),
-    f: impl FnOnce() -> T,
-) -> T {
-    match metrics {
-        None => f(),
-        Some(m) => {
-            let began = std::time::Instant::now();
-            let out = f();
-            observe(m, began.elapsed());
-            out
-        }
-    }
+    committer: Arc<Committer>,
 }
 
 fn check_id(id: &str) -> Result<(), StoreError> {
@@ -235,6 +161,169 @@ fn check_id(id: &str) -> Result<(), StoreError> {
         id: id.to_string(),
         reason,
     })
+}
+
+/// An answer that goes to an actor's reply port.
+fn to_port<T: Send + 'static>(reply: Reply<T>) -> Answer<T> {
+    Answer::new(move |r| {
+        let _ = reply.send(r);
+    })
+}
+
+/// Reads the counters.
+fn stats(committer: &Committer) -> CheckpointStats {
+    let c = &committer.counters;
+    CheckpointStats {
+        saves: c.saves.load(Ordering::Relaxed),
+        waves: c.waves.load(Ordering::Relaxed),
+        ops: c.ops.load(Ordering::Relaxed),
+        max_wave: c.max_wave.load(Ordering::Relaxed),
+        flushes: c.flushes.load(Ordering::Relaxed),
+        bytes: c.bytes.load(Ordering::Relaxed),
+    }
+}
+
+/// Queues `op` on `key`'s session after checking the id; a bad id is answered at once.
+fn submit_checked(committer: &Arc<Committer>, key: &str, op: WriteOp, waiter: Waiter) {
+    match check_id(key) {
+        Ok(()) => committer.submit(op, waiter),
+        Err(e) => match waiter {
+            Waiter::Unit(a) => a.send(Err(e)),
+            Waiter::Deleted(a) => a.send(Err(e)),
+            Waiter::Cas(a) => a.send(Err(e)),
+            Waiter::Load(a) => a.send(Err(e)),
+        },
+    }
+}
+
+/// Performs one operation message on `committer` (shared by the actor and, through
+/// the same function, nothing else: the client calls the committer directly).
+fn perform(committer: &Arc<Committer>, msg: CheckpointMsg) {
+    match msg {
+        CheckpointMsg::Write { write, reply } => {
+            let key = write.session_id().to_string();
+            submit_checked(
+                committer,
+                &key,
+                WriteOp::Write(write),
+                Waiter::Unit(to_port(reply)),
+            )
+        }
+        CheckpointMsg::Delete { session_id, reply } => submit_checked(
+            committer,
+            &session_id.clone(),
+            WriteOp::Delete { key: session_id },
+            Waiter::Deleted(to_port(reply)),
+        ),
+        CheckpointMsg::Purge { session_id, reply } => submit_checked(
+            committer,
+            &session_id.clone(),
+            WriteOp::Purge { key: session_id },
+            Waiter::Deleted(to_port(reply)),
+        ),
+        CheckpointMsg::Cas {
+            session_id,
+            from,
+            to,
+            reply,
+        } => submit_checked(
+            committer,
+            &session_id.clone(),
+            WriteOp::Cas {
+                key: session_id,
+                from,
+                to,
+            },
+            Waiter::Cas(to_port(reply)),
+        ),
+        CheckpointMsg::Load { session_id, reply } => match check_id(&session_id) {
+            Ok(()) => committer.load(session_id, to_port(reply)),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        },
+        CheckpointMsg::History {
+            session_id,
+            query,
+            reply,
+        } => committer.read(
+            move |engine| engine.history(&session_id, query),
+            to_port(reply),
+        ),
+        CheckpointMsg::List { statuses, reply } => committer.list(statuses, to_port(reply)),
+        CheckpointMsg::Flush { reply } => {
+            committer.submit(WriteOp::Flush, Waiter::Unit(to_port(reply)))
+        }
+        CheckpointMsg::Beat {
+            instance,
+            now_ms,
+            reply,
+        } => committer.submit(
+            WriteOp::Beat { instance, now_ms },
+            Waiter::Unit(to_port(reply)),
+        ),
+        CheckpointMsg::Heartbeat { instance, reply } => {
+            committer.read(move |engine| engine.heartbeat(&instance), to_port(reply))
+        }
+        CheckpointMsg::Stats { reply } => {
+            let _ = reply.send(stats(committer));
+        }
+        CheckpointMsg::Close { reply } => committer.close(to_port(reply)),
+    }
+}
+
+impl<I: 'static> Actor for CheckpointActor<I> {
+    type Msg = CheckpointMsg;
+    type State = CheckpointState;
+    type Arguments = Arc<Committer>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        committer: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(CheckpointState { committer })
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Stopped without a close (its supervisor stopped it): close the committer and
+        // wait until the engine and its directory lock are released, so whoever saw
+        // the actor stop may open the directory again.
+        if !st.committer.is_closed() {
+            let (tx, rx) = oneshot::channel();
+            st.committer.close(Answer::oneshot(tx));
+            let _ = rx.await;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: Self::Msg,
+        st: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            CheckpointMsg::Close { reply } => {
+                // Answered once the committer has released the engine; then the actor
+                // stops after the messages already admitted (each refused `Closed` by
+                // the closed committer). Drain, not stop: a stop would drop them
+                // unanswered.
+                st.committer.close(Answer::new(move |r| {
+                    let _ = reply.send(r);
+                    if myself.drain().is_err() {
+                        myself.stop(None);
+                    }
+                }));
+            }
+            other => perform(&st.committer, other),
+        }
+        Ok(())
+    }
 }
 
 impl<I: 'static> CheckpointActor<I> {
@@ -303,19 +392,33 @@ impl<I: 'static> CheckpointActor<I> {
                 session: String::new(),
                 message: e.to_string(),
             })??;
-        let backend = Arc::new(backend);
+        let committer = Committer::start(
+            Arc::new(backend),
+            metrics,
+            tokio::runtime::Handle::current(),
+        )?;
         let actor = CheckpointActor::<I>(PhantomData);
+        let args = committer.clone();
         let spawned = match supervisor {
-            None => Actor::spawn(None, actor, (backend, metrics)).await,
-            Some(s) => Actor::spawn_linked(None, actor, (backend, metrics), s).await,
+            None => Actor::spawn(None, actor, args).await,
+            Some(s) => Actor::spawn_linked(None, actor, args, s).await,
         };
-        let (actor, _join) = spawned.map_err(|e| StoreError::Backend {
-            operation: "open",
-            session: String::new(),
-            message: format!("the checkpoint actor did not start: {e}"),
-        })?;
+        let (actor, _join) = match spawned {
+            Ok(a) => a,
+            Err(e) => {
+                let (tx, rx) = oneshot::channel();
+                committer.close(Answer::oneshot(tx));
+                let _ = rx.await;
+                return Err(StoreError::Backend {
+                    operation: "open",
+                    session: String::new(),
+                    message: format!("the checkpoint actor did not start: {e}"),
+                });
+            }
+        };
         Ok(CheckpointClient {
             actor,
+            committer,
             opened: Arc::new(Opened {
                 at_ms: opened_at_ms,
                 beaten: Default::default(),
@@ -325,502 +428,13 @@ impl<I: 'static> CheckpointActor<I> {
     }
 }
 
-impl CheckpointState {
-    fn push(&mut self, key: Option<&str>, op: WriteOp, waiter: Waiter) {
-        if let Some(k) = key {
-            self.busy.insert(k.to_string());
-        }
-        self.pending.push((op, waiter));
-    }
-
-    /// Moves the pipeline along: applies the pending wave if none is being applied,
-    /// starts a flush if none is running and writes wait for one.
-    fn dispatch(&mut self, myself: &ActorRef<CheckpointMsg>) {
-        self.serve_lists();
-        if self.applying.is_none() && !self.pending.is_empty() {
-            let wave = std::mem::take(&mut self.pending);
-            let (ops, waiters): (Vec<WriteOp>, Vec<Waiter>) = wave.into_iter().unzip();
-            self.stats.waves += 1;
-            self.stats.ops += ops.len() as u64;
-            self.stats.max_wave = self.stats.max_wave.max(ops.len() as u64);
-            self.stats.bytes += ops
-                .iter()
-                .map(|o| match o {
-                    WriteOp::Write(w) => w.payload_bytes() as u64,
-                    _ => 0,
-                })
-                .sum::<u64>();
-            let Some(backend) = self.backend.clone() else {
-                return;
-            };
-            let myself = myself.clone();
-            if self.flushing.is_none() && self.unflushed.is_empty() {
-                // Nothing to flush but this wave: one blocking job applies it, reports
-                // it applied (so the next wave may be applied meanwhile), flushes, and
-                // answers the wave's waiters itself, two hops fewer than a flush of its
-                // own. Invariants: the flush starts after the whole wave is applied, so
-                // every write it answers is durable; `applying` and `flushing` hold
-                // empty markers, cleared by the job's `Applied` and `Flushed`, so no
-                // other wave is applied before this one and no other flush starts
-                // before this one ends.
-                self.applying = Some(Vec::new());
-                self.flushing = Some(Vec::new());
-                self.stats.flushes += 1;
-                let metrics = self.metrics.clone();
-                tokio::task::spawn_blocking(move || {
-                    let results = timed(&metrics, RuntimeMetrics::checkpoint_applied, || {
-                        backend.apply_unflushed(ops)
-                    });
-                    let mut writes = Vec::with_capacity(waiters.len());
-                    for (waiter, result) in waiters.into_iter().zip(results) {
-                        match waiter {
-                            Waiter::Load(reply) => answer_read(reply, result),
-                            w => writes.push((w, result)),
-                        }
-                    }
-                    let _ = myself.send_message(CheckpointMsg::Applied(Applied(Vec::new())));
-                    let flush = timed(&metrics, RuntimeMetrics::checkpoint_flushed, || {
-                        backend.flush()
-                    });
-                    // Invariant: released before the report (see below).
-                    drop(backend);
-                    for (waiter, result) in writes {
-                        answer_flushed(waiter, result, &flush);
-                    }
-                    // The waiters have their answers; the report carries the flush's
-                    // own result so the actor sees what happened to it.
-                    let _ = myself.send_message(CheckpointMsg::Flushed(Flushed(flush)));
-                });
-                return;
-            }
-            self.applying = Some(waiters);
-            let metrics = self.metrics.clone();
-            tokio::task::spawn_blocking(move || {
-                let results = timed(&metrics, RuntimeMetrics::checkpoint_applied, || {
-                    backend.apply_unflushed(ops)
-                });
-                // Invariant: blocking jobs release the backend before they report, so
-                // once the actor has stopped nothing holds sled's lock.
-                drop(backend);
-                // The actor may be gone (shut down); then nobody waits for the answers.
-                let _ = myself.send_message(CheckpointMsg::Applied(Applied(results)));
-            });
-        }
-        if self.flushing.is_none() && !self.unflushed.is_empty() {
-            let Some(backend) = self.backend.clone() else {
-                return;
-            };
-            // Invariant: everything in `unflushed` was applied before this flush starts.
-            self.flushing = Some(std::mem::take(&mut self.unflushed));
-            self.stats.flushes += 1;
-            let myself = myself.clone();
-            let metrics = self.metrics.clone();
-            tokio::task::spawn_blocking(move || {
-                let r = timed(&metrics, RuntimeMetrics::checkpoint_flushed, || {
-                    backend.flush()
-                });
-                drop(backend);
-                let _ = myself.send_message(CheckpointMsg::Flushed(Flushed(r)));
-            });
-        }
-    }
-
-    fn applied(&mut self, results: Vec<Result<OpResult, StoreError>>) {
-        self.completed_waves += 1;
-        let waiters = self.applying.take().unwrap_or_default();
-        for (waiter, result) in waiters.into_iter().zip(results) {
-            match waiter {
-                // Reads need no flush: answer them now, in order with the writes.
-                Waiter::Load(reply) => answer_read(reply, result),
-                w => self.unflushed.push((w, result)),
-            }
-        }
-        // Sessions stay busy while the next wave holds them.
-        self.busy = self
-            .pending
-            .iter()
-            .filter_map(|(op, _)| op_key(op).map(str::to_string))
-            .collect();
-    }
-
-    fn flushed(&mut self, flush: Result<(), StoreError>) {
-        for (waiter, result) in self.flushing.take().unwrap_or_default() {
-            answer_flushed(waiter, result, &flush);
-        }
-    }
-
-    /// Closing: once every write taken is applied and flushed, release sled off the
-    /// workers, answer the closer and stop.
-    async fn finish_close(
-        &mut self,
-        myself: &ActorRef<CheckpointMsg>,
-    ) -> Result<(), ActorProcessingErr> {
-        let idle = self.pending.is_empty()
-            && self.applying.is_none()
-            && self.unflushed.is_empty()
-            && self.flushing.is_none();
-        if !idle || self.closing.is_none() {
-            return Ok(());
-        }
-        for (_, _, reply) in std::mem::take(&mut self.lists) {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        if let Some(backend) = self.backend.take() {
-            let _ = tokio::task::spawn_blocking(move || release(backend)).await;
-        }
-        if let Some(reply) = self.closing.take() {
-            let _ = reply.send(Ok(()));
-        }
-        self.closed = true;
-        // Everything taken was answered. Drain, not stop: ractor closes the mailbox to
-        // new messages at once and stops after the ones already admitted, each refused
-        // with `Closed` here. (A stop drops the mailbox instead, and a message whose
-        // send raced that drop stays in the channel unanswered for as long as a client
-        // holds the actor's reference: a caller waited forever.)
-        if myself.drain().is_err() {
-            myself.stop(None);
-        }
-        Ok(())
-    }
-
-    /// A list sees the writes of every wave up to the one that held writes issued
-    /// before it.
-    fn list_target(&self) -> u64 {
-        let in_flight = u64::from(self.applying.is_some());
-        let pending = u64::from(!self.pending.is_empty());
-        self.completed_waves + in_flight + pending
-    }
-
-    fn serve_lists(&mut self) {
-        let done = self.completed_waves;
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.lists)
-            .into_iter()
-            .partition(|(target, _, _)| *target <= done);
-        self.lists = waiting;
-        for (_, statuses, reply) in ready {
-            let Some(backend) = self.backend.clone() else {
-                let _ = reply.send(Err(StoreError::Closed));
-                continue;
-            };
-            tokio::task::spawn_blocking(move || {
-                let r = backend.list(statuses.as_deref());
-                drop(backend);
-                let _ = reply.send(r);
-            });
-        }
-    }
-}
-
-/// Answers a read of a wave (reads need no flush).
-fn answer_read(reply: Reply<Option<Stored>>, result: Result<OpResult, StoreError>) {
-    let _ = reply.send(result.and_then(|r| match r {
-        OpResult::Read(stored) => Ok(stored.map(|b| *b)),
-        other => Err(unexpected(other)),
-    }));
-}
-
-/// Answers an applied operation once `flush`, which started after it was applied, is
-/// done: a failed flush fails every write it covered; a write its condition refused
-/// changed nothing, so its own answer stands.
-fn answer_flushed(
-    waiter: Waiter,
-    result: Result<OpResult, StoreError>,
-    flush: &Result<(), StoreError>,
-) {
-    let result = match (flush, result) {
-        (Err(e), Ok(_)) => Err(e.clone()),
-        (_, r) => r,
-    };
-    match waiter {
-        Waiter::Unit(reply) => {
-            let _ = reply.send(result.map(|_| ()));
-        }
-        Waiter::Deleted(reply) => {
-            let _ = reply.send(result.and_then(|r| match r {
-                OpResult::Deleted(d) => Ok(d),
-                other => Err(unexpected(other)),
-            }));
-        }
-        Waiter::Cas(reply) => {
-            let _ = reply.send(result.and_then(|r| match r {
-                OpResult::Cas(c) => Ok(c),
-                other => Err(unexpected(other)),
-            }));
-        }
-        Waiter::Load(reply) => {
-            let _ = reply.send(Err(unexpected(OpResult::Done)));
-        }
-    }
-}
-
-/// Drops the engine and waits (bounded) until its directory lock is really free:
-/// sled's background IO threads can hold the file a moment after the database is
-/// dropped (fjall joins its threads in its drop). Blocks: call on a blocking thread.
-fn release(backend: Arc<Backend>) {
-    let lock_file = match &*backend {
-        Backend::Sled(b) => b.path().join("db"),
-        Backend::Fjall(b) => b.path().join("lock"),
-    };
-    drop(backend);
-    let Ok(file) = std::fs::File::open(&lock_file) else {
-        return;
-    };
-    for _ in 0..200 {
-        if file.try_lock().is_ok() {
-            let _ = file.unlock();
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    tracing::warn!(path = %lock_file.display(), "the store still holds its lock 1 s after close");
-}
-
-/// Answers a message that arrived while closing.
-fn refuse_closed(msg: CheckpointMsg) {
-    match msg {
-        CheckpointMsg::Write { reply, .. }
-        | CheckpointMsg::Flush { reply }
-        | CheckpointMsg::Beat { reply, .. }
-        | CheckpointMsg::Close { reply } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::Load { reply, .. } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::Delete { reply, .. } | CheckpointMsg::Purge { reply, .. } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::History { reply, .. } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::Cas { reply, .. } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::List { reply, .. } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::Heartbeat { reply, .. } => {
-            let _ = reply.send(Err(StoreError::Closed));
-        }
-        CheckpointMsg::Stats { .. } | CheckpointMsg::Applied(_) | CheckpointMsg::Flushed(_) => {}
-    }
-}
-
-fn op_key(op: &WriteOp) -> Option<&str> {
-    match op {
-        WriteOp::Write(w) => Some(w.session_id()),
-        WriteOp::Delete { key }
-        | WriteOp::Purge { key }
-        | WriteOp::Cas { key, .. }
-        | WriteOp::Read { key }
-        | WriteOp::Restore { key, .. } => Some(key),
-        WriteOp::Beat { .. } | WriteOp::Flush => None,
-    }
-}
-
-fn unexpected(r: OpResult) -> StoreError {
-    StoreError::Backend {
-        operation: "apply",
-        session: String::new(),
-        message: format!("internal: unexpected result {r:?}"),
-    }
-}
-
-impl<I: 'static> Actor for CheckpointActor<I> {
-    type Msg = CheckpointMsg;
-    type State = CheckpointState;
-    type Arguments = (Arc<Backend>, Option<Arc<RuntimeMetrics>>);
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        (backend, metrics): Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(CheckpointState {
-            metrics,
-            backend: Some(backend),
-            pending: Vec::new(),
-            busy: HashSet::new(),
-            applying: None,
-            unflushed: Vec::new(),
-            flushing: None,
-            lists: Vec::new(),
-            completed_waves: 0,
-            closing: None,
-            closed: false,
-            stats: CheckpointStats::default(),
-        })
-    }
-
-    async fn post_stop(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        // Release sled (and its directory lock) before the actor reports stopped; the
-        // blocking jobs hold no clone by then (they release it before reporting).
-        // Dropping sled flushes and joins its threads: do it on a blocking thread.
-        if let Some(backend) = st.backend.take() {
-            let _ = tokio::task::spawn_blocking(move || drop(backend)).await;
-        }
-        Ok(())
-    }
-
-    async fn handle(
-        &self,
-        myself: ActorRef<Self::Msg>,
-        msg: Self::Msg,
-        st: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        if st.closed {
-            // Closed and draining: every message still in the mailbox is refused.
-            refuse_closed(msg);
-            return Ok(());
-        }
-        if st.closing.is_some() {
-            // Closing: refuse new work; the pipeline's own messages still flow.
-            match msg {
-                CheckpointMsg::Applied(Applied(results)) => st.applied(results),
-                CheckpointMsg::Flushed(Flushed(r)) => st.flushed(r),
-                CheckpointMsg::Stats { reply } => {
-                    let _ = reply.send(st.stats);
-                }
-                other => refuse_closed(other),
-            }
-            st.dispatch(&myself);
-            return st.finish_close(&myself).await;
-        }
-        match msg {
-            CheckpointMsg::Close { reply } => {
-                st.closing = Some(reply);
-                st.dispatch(&myself);
-                return st.finish_close(&myself).await;
-            }
-            CheckpointMsg::Write { write, reply } => match check_id(write.session_id()) {
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                Ok(()) => {
-                    st.stats.saves += 1;
-                    let key = write.session_id().to_string();
-                    st.push(Some(&key), WriteOp::Write(write), Waiter::Unit(reply));
-                }
-            },
-            CheckpointMsg::Delete { session_id, reply } => match check_id(&session_id) {
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                Ok(()) => st.push(
-                    Some(&session_id.clone()),
-                    WriteOp::Delete { key: session_id },
-                    Waiter::Deleted(reply),
-                ),
-            },
-            CheckpointMsg::Purge { session_id, reply } => match check_id(&session_id) {
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                Ok(()) => st.push(
-                    Some(&session_id.clone()),
-                    WriteOp::Purge { key: session_id },
-                    Waiter::Deleted(reply),
-                ),
-            },
-            CheckpointMsg::History {
-                session_id,
-                query,
-                reply,
-            } => {
-                let Some(backend) = st.backend.clone() else {
-                    let _ = reply.send(Err(StoreError::Closed));
-                    return Ok(());
-                };
-                tokio::task::spawn_blocking(move || {
-                    let r = backend.history(&session_id, query);
-                    drop(backend);
-                    let _ = reply.send(r);
-                });
-            }
-            CheckpointMsg::Cas {
-                session_id,
-                from,
-                to,
-                reply,
-            } => match check_id(&session_id) {
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                Ok(()) => st.push(
-                    Some(&session_id.clone()),
-                    WriteOp::Cas {
-                        key: session_id,
-                        from,
-                        to,
-                    },
-                    Waiter::Cas(reply),
-                ),
-            },
-            CheckpointMsg::Load { session_id, reply } => {
-                if let Err(e) = check_id(&session_id) {
-                    let _ = reply.send(Err(e));
-                } else if st.busy.contains(&session_id) {
-                    // Ordered after the writes issued before it.
-                    st.push(
-                        Some(&session_id.clone()),
-                        WriteOp::Read { key: session_id },
-                        Waiter::Load(reply),
-                    );
-                } else if let Some(backend) = st.backend.clone() {
-                    tokio::task::spawn_blocking(move || {
-                        let r = backend.load(&session_id);
-                        drop(backend);
-                        let _ = reply.send(r);
-                    });
-                } else {
-                    let _ = reply.send(Err(StoreError::Closed));
-                }
-            }
-            CheckpointMsg::List { statuses, reply } => {
-                let target = st.list_target();
-                st.lists.push((target, statuses, reply));
-            }
-            CheckpointMsg::Flush { reply } => st.push(None, WriteOp::Flush, Waiter::Unit(reply)),
-            CheckpointMsg::Beat {
-                instance,
-                now_ms,
-                reply,
-            } => st.push(
-                None,
-                WriteOp::Beat { instance, now_ms },
-                Waiter::Unit(reply),
-            ),
-            CheckpointMsg::Heartbeat { instance, reply } => {
-                let Some(backend) = st.backend.clone() else {
-                    let _ = reply.send(Err(StoreError::Closed));
-                    return Ok(());
-                };
-                tokio::task::spawn_blocking(move || {
-                    let r = backend.heartbeat(&instance);
-                    drop(backend);
-                    let _ = reply.send(r);
-                });
-            }
-            CheckpointMsg::Stats { reply } => {
-                let _ = reply.send(st.stats);
-            }
-            CheckpointMsg::Applied(Applied(results)) => st.applied(results),
-            CheckpointMsg::Flushed(Flushed(r)) => st.flushed(r),
-        }
-        st.dispatch(&myself);
-        Ok(())
-    }
-}
-
-/// The typed, cloneable face of the checkpoint actor. Implements [`CheckpointStore`]
-/// for item type `I`; every write is sent to the actor when the method is called (the
-/// trait's ordering contract).
+/// The typed, cloneable face of a store. Implements [`CheckpointStore`] for item type
+/// `I`; every write is queued on the store's committer when the method is called (the
+/// trait's ordering contract) and answered by it, without passing the actor (S15c).
 pub struct CheckpointClient<I> {
     actor: ActorRef<CheckpointMsg>,
+    /// The store's committer: writes are queued on it and answered by it (S15c).
+    committer: Arc<Committer>,
     /// Who beat through this store since it was opened, and when it was opened: the
     /// proof [`CheckpointStore::orphaned`] gives (issue 28).
     opened: Arc<Opened>,
@@ -840,6 +454,7 @@ impl<I> Clone for CheckpointClient<I> {
     fn clone(&self) -> Self {
         CheckpointClient {
             actor: self.actor.clone(),
+            committer: self.committer.clone(),
             opened: self.opened.clone(),
             _items: PhantomData,
         }
@@ -852,32 +467,24 @@ impl<I> CheckpointClient<I> {
         &self.actor
     }
 
+    /// Performs `build`'s operation on the committer, answered through a oneshot.
     fn ask<T: Send + 'static>(
         &self,
         build: impl FnOnce(Reply<T>) -> CheckpointMsg,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.actor.send_message(build(RpcReplyPort::from(tx)));
-        Box::pin(async move {
-            sent.map_err(|_| StoreError::Closed)?;
-            rx.await.map_err(|_| StoreError::Closed)?
-        })
+        perform(&self.committer, build(RpcReplyPort::from(tx)));
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
     }
 
-    /// The actor's counters.
+    /// The committer's counters.
     pub async fn stats(&self) -> Result<CheckpointStats, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.actor
-            .send_message(CheckpointMsg::Stats {
-                reply: RpcReplyPort::from(tx),
-            })
-            .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)
+        Ok(stats(&self.committer))
     }
 
     /// Closes the store: writes sent before this call are finished and answered, later
-    /// ones are refused with `Closed`, sled is released (its directory can be opened
-    /// again once this returns), and the actor stops.
+    /// ones are refused with `Closed`, the engine is released (its directory can be
+    /// opened again once this returns), and the actor stops.
     pub async fn close(&self) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
         self.actor

@@ -16,6 +16,7 @@
 pub mod actor;
 pub mod backend;
 pub mod codec;
+pub mod committer;
 pub mod fjall;
 pub mod history;
 pub mod lease;

@@ -1,0 +1,483 @@
+//! The committer (S15c): one thread per store commits its writes. Writers (a session, a
+//! [`CheckpointClient`](crate::CheckpointClient)) queue their operations here and are
+//! answered by the committer directly: when it wakes it takes everything queued (no
+//! timer, as Restate's log writer does), applies it as one engine batch in arrival
+//! order, makes it durable once, then answers every writer of the batch: a session
+//! through the completion it handed over (a message into its own mailbox), a client
+//! through its oneshot. Reads of a session with operations queued join the queue, so
+//! they see those operations; other reads go to the engine on the blocking pool.
+//!
+//! The thread is a tokio blocking-pool thread held for as long as work is queued (one
+//! at a time per store: a queue that was empty starts it, it returns once the queue is
+//! empty): between bursts a store holds no thread, a store dropped without a close
+//! leaks none, and tokio's paused clock (the tests' accelerated time) sees the store
+//! busy while it commits, as it sees any blocking job.
+//!
+//! It owns the order of writes and their durability; it does not know item types,
+//! validate ids or decide anything about records (the engine applies a write's
+//! conditions and fencing). The engine may stall a writer under back-pressure (fjall):
+//! that is why every engine write runs on this thread, never on a tokio worker.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::metrics::RuntimeMetrics;
+use crate::store::backend::Backend;
+use crate::store::wave::{OpResult, WriteOp};
+use crate::store::{CasOutcome, StatusKind, StoreError, Stored, StoredEntry};
+
+/// A completion: called once with the operation's result, from the committer's thread
+/// (or with [`StoreError::Closed`] from wherever it is dropped unanswered).
+pub struct Answer<T>(Option<Completion<T>>);
+
+/// What an [`Answer`] calls.
+type Completion<T> = Box<dyn FnOnce(Result<T, StoreError>) + Send>;
+
+impl<T> Answer<T> {
+    /// A completion that calls `f`.
+    pub fn new(f: impl FnOnce(Result<T, StoreError>) + Send + 'static) -> Self {
+        Answer(Some(Box::new(f)))
+    }
+
+    /// A completion that sends to a oneshot (whose receiver may be gone).
+    pub fn oneshot(tx: tokio::sync::oneshot::Sender<Result<T, StoreError>>) -> Self
+    where
+        T: Send + 'static,
+    {
+        Answer::new(move |r| {
+            let _ = tx.send(r);
+        })
+    }
+
+    /// Answers.
+    pub fn send(mut self, result: Result<T, StoreError>) {
+        if let Some(f) = self.0.take() {
+            f(result);
+        }
+    }
+}
+
+impl<T> Drop for Answer<T> {
+    fn drop(&mut self) {
+        // Never left without an answer: an operation dropped unanswered (the store
+        // closed before it was taken) is answered `Closed`.
+        if let Some(f) = self.0.take() {
+            f(Err(StoreError::Closed));
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Answer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Answer")
+    }
+}
+
+/// How one operation is answered.
+#[derive(Debug)]
+pub(crate) enum Waiter {
+    Unit(Answer<()>),
+    Deleted(Answer<bool>),
+    Cas(Answer<CasOutcome>),
+    Load(Answer<Option<Stored>>),
+}
+
+/// What the committer's thread takes from its queue.
+enum Job {
+    /// An operation on the engine, applied in arrival order.
+    Op { op: WriteOp, waiter: Waiter },
+    /// A listing: runs once every operation queued before it is applied (on the
+    /// blocking pool: a scan must not hold the writes behind it).
+    List {
+        statuses: Option<Vec<StatusKind>>,
+        answer: Answer<Vec<StoredEntry>>,
+    },
+    /// Finish everything queued before it, refuse what follows, release the engine.
+    Close { answer: Answer<()> },
+}
+
+/// Counters of one store's committer.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) saves: AtomicU64,
+    pub(crate) waves: AtomicU64,
+    pub(crate) ops: AtomicU64,
+    pub(crate) max_wave: AtomicU64,
+    pub(crate) flushes: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+}
+
+/// The writers' side of a store's committer (opaque outside the crate): queue operations,
+/// read what is not queued.
+pub struct Committer {
+    /// What is queued, and whether the committer's thread is running.
+    queue: parking_lot::Mutex<Queue>,
+    /// Sessions with operations queued and not applied yet, and how many.
+    queued: parking_lot::Mutex<HashMap<String, u32>>,
+    /// The engine; taken at close.
+    engine: parking_lot::RwLock<Option<Arc<Backend>>>,
+    /// Where apply and flush times are observed (S35).
+    metrics: Option<Arc<RuntimeMetrics>>,
+    closed: AtomicBool,
+    /// Runs reads and listings on its blocking pool.
+    runtime: tokio::runtime::Handle,
+    pub(crate) counters: Counters,
+}
+
+/// The committer's queue.
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Job>,
+    /// A thread is committing (it takes `jobs` again before it returns).
+    running: bool,
+    /// A close was taken: nothing more is queued.
+    closed: bool,
+}
+
+impl std::fmt::Debug for Committer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Committer")
+            .field("closed", &self.is_closed())
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Job::Op { .. } => "Op",
+            Job::List { .. } => "List",
+            Job::Close { .. } => "Close",
+        })
+    }
+}
+
+fn key_of(op: &WriteOp) -> Option<&str> {
+    match op {
+        WriteOp::Write(w) => Some(w.session_id()),
+        WriteOp::Delete { key }
+        | WriteOp::Purge { key }
+        | WriteOp::Cas { key, .. }
+        | WriteOp::Read { key }
+        | WriteOp::Restore { key, .. } => Some(key),
+        WriteOp::Beat { .. } | WriteOp::Flush => None,
+    }
+}
+
+impl Committer {
+    /// A committer over `engine`; its thread runs on `runtime`'s blocking pool while
+    /// work is queued.
+    pub(crate) fn start(
+        engine: Arc<Backend>,
+        metrics: Option<Arc<RuntimeMetrics>>,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Arc<Self>, StoreError> {
+        Ok(Arc::new(Committer {
+            queue: parking_lot::Mutex::new(Queue::default()),
+            queued: parking_lot::Mutex::new(HashMap::new()),
+            engine: parking_lot::RwLock::new(Some(engine)),
+            metrics,
+            closed: AtomicBool::new(false),
+            runtime,
+            counters: Counters::default(),
+        }))
+    }
+
+    /// Whether the store was closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Queues `job`, starting the committer's thread if it is not running. After a
+    /// close the job is dropped, which answers it `Closed`.
+    fn send(self: &Arc<Self>, job: Job) {
+        let mut queue = self.queue.lock();
+        if queue.closed {
+            drop(queue);
+            return drop(job);
+        }
+        if matches!(job, Job::Close { .. }) {
+            queue.closed = true;
+        }
+        queue.jobs.push(job);
+        if !queue.running {
+            queue.running = true;
+            drop(queue);
+            let committer = self.clone();
+            self.runtime.spawn_blocking(move || committer.run());
+        }
+    }
+
+    /// Queues an operation; `waiter` is answered once it is applied (reads) or applied
+    /// and durable (everything else).
+    pub(crate) fn submit(self: &Arc<Self>, op: WriteOp, waiter: Waiter) {
+        if let WriteOp::Write(w) = &op {
+            self.counters.saves.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bytes
+                .fetch_add(w.payload_bytes() as u64, Ordering::Relaxed);
+        }
+        if let Some(key) = key_of(&op) {
+            *self.queued.lock().entry(key.to_string()).or_insert(0) += 1;
+        }
+        self.send(Job::Op { op, waiter });
+    }
+
+    /// Reads a session's record: from the engine on the blocking pool, or through the
+    /// queue when operations on it are queued (so it sees them).
+    pub(crate) fn load(self: &Arc<Self>, key: String, answer: Answer<Option<Stored>>) {
+        if self.queued.lock().contains_key(&key) {
+            return self.submit(WriteOp::Read { key }, Waiter::Load(answer));
+        }
+        self.read(move |engine| engine.load(&key), answer);
+    }
+
+    /// Runs a read that needs no ordering on the blocking pool.
+    pub(crate) fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Backend) -> Result<T, StoreError> + Send + 'static,
+        answer: Answer<T>,
+    ) {
+        let Some(engine) = self.engine.read().clone() else {
+            return answer.send(Err(StoreError::Closed));
+        };
+        self.runtime.spawn_blocking(move || {
+            let r = read(&engine);
+            // Released before answering: once the store's close is answered nothing
+            // holds the engine (its directory lock).
+            drop(engine);
+            answer.send(r);
+        });
+    }
+
+    /// Queues a listing (it sees every operation queued before it).
+    pub(crate) fn list(
+        self: &Arc<Self>,
+        statuses: Option<Vec<StatusKind>>,
+        answer: Answer<Vec<StoredEntry>>,
+    ) {
+        self.send(Job::List { statuses, answer });
+    }
+
+    /// Closes the store: what was queued before is finished and answered, later
+    /// operations are answered `Closed`, the engine is released (its directory can be
+    /// opened again), then `answer` is called.
+    pub(crate) fn close(self: &Arc<Self>, answer: Answer<()>) {
+        self.send(Job::Close { answer });
+    }
+
+    fn applied(&self, key: &str) {
+        let mut queued = self.queued.lock();
+        if let Some(n) = queued.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                queued.remove(key);
+            }
+        }
+    }
+}
+
+/// Runs `f`, observing its duration with `observe` when there are metrics.
+fn timed<T>(
+    metrics: &Option<Arc<RuntimeMetrics>>,
+    observe: fn(&RuntimeMetrics, std::time::Duration),
+    f: impl FnOnce() -> T,
+) -> T {
+    match metrics {
+        None => f(),
+        Some(m) => {
+            let began = std::time::Instant::now();
+            let out = f();
+            observe(m, began.elapsed());
+            out
+        }
+    }
+}
+
+impl Committer {
+    /// The committer's thread: takes everything queued, commits it, again, until the
+    /// queue is empty (then returns) or a close was committed (then releases the
+    /// engine and answers the closer).
+    fn run(&self) {
+        loop {
+            let batch = {
+                let mut queue = self.queue.lock();
+                if queue.jobs.is_empty() {
+                    queue.running = false;
+                    return;
+                }
+                std::mem::take(&mut queue.jobs)
+            };
+            if let Some(close) = self.commit(batch) {
+                self.finish_close(close);
+                return;
+            }
+        }
+    }
+
+    /// After the close was taken: refuse what is queued (dropped answers say
+    /// `Closed`), release the engine, answer the closer.
+    fn finish_close(&self, close: Answer<()>) {
+        self.closed.store(true, Ordering::Release);
+        let rest = {
+            let mut queue = self.queue.lock();
+            queue.running = false;
+            std::mem::take(&mut queue.jobs)
+        };
+        drop(rest);
+        let engine = self.engine.write().take();
+        if let Some(engine) = engine {
+            release(engine);
+        }
+        close.send(Ok(()));
+    }
+
+    /// Commits one batch in order; returns the close request it met, if any (what
+    /// followed it in the batch is answered `Closed`).
+    fn commit(&self, batch: Vec<Job>) -> Option<Answer<()>> {
+        let Some(engine) = self.engine.read().clone() else {
+            // Released already: every job is answered `Closed` as it is dropped.
+            return None;
+        };
+        let mut ops = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::with_capacity(batch.len());
+        let mut writes: Vec<(Waiter, Result<OpResult, StoreError>)> = Vec::new();
+        let mut jobs = batch.into_iter();
+        let mut close = None;
+        for job in jobs.by_ref() {
+            match job {
+                Job::Op { op, waiter } => {
+                    ops.push(op);
+                    waiters.push(waiter);
+                }
+                Job::List { statuses, answer } => {
+                    // Sees every operation before it: apply them first.
+                    self.apply(&engine, &mut ops, &mut waiters, &mut writes);
+                    let engine = engine.clone();
+                    self.runtime.spawn_blocking(move || {
+                        let r = engine.list(statuses.as_deref());
+                        drop(engine);
+                        answer.send(r);
+                    });
+                }
+                Job::Close { answer } => {
+                    close = Some(answer);
+                    break;
+                }
+            }
+        }
+        self.apply(&engine, &mut ops, &mut waiters, &mut writes);
+        if !writes.is_empty() {
+            self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+            let flush = timed(&self.metrics, RuntimeMetrics::checkpoint_flushed, || {
+                engine.flush()
+            });
+            for (waiter, result) in writes {
+                answer_flushed(waiter, result, &flush);
+            }
+        }
+        // After a close: the rest of the batch is refused (dropped answers say Closed).
+        drop(jobs);
+        close
+    }
+
+    /// Applies the operations gathered so far as one wave; answers its reads at once
+    /// and keeps its writes for the flush.
+    fn apply(
+        &self,
+        engine: &Backend,
+        ops: &mut Vec<WriteOp>,
+        waiters: &mut Vec<Waiter>,
+        writes: &mut Vec<(Waiter, Result<OpResult, StoreError>)>,
+    ) {
+        if ops.is_empty() {
+            return;
+        }
+        let ops = std::mem::take(ops);
+        let n = ops.len() as u64;
+        let c = &self.counters;
+        c.waves.fetch_add(1, Ordering::Relaxed);
+        c.ops.fetch_add(n, Ordering::Relaxed);
+        c.max_wave.fetch_max(n, Ordering::Relaxed);
+        let keys: Vec<Option<String>> = ops.iter().map(|o| key_of(o).map(str::to_owned)).collect();
+        let results = timed(&self.metrics, RuntimeMetrics::checkpoint_applied, || {
+            engine.apply_unflushed(ops)
+        });
+        // Applied: reads of these sessions may go to the engine again.
+        for key in keys.iter().flatten() {
+            self.applied(key);
+        }
+        for (waiter, result) in std::mem::take(waiters).into_iter().zip(results) {
+            match waiter {
+                Waiter::Load(answer) => answer_read(answer, result),
+                w => writes.push((w, result)),
+            }
+        }
+    }
+}
+
+/// Answers a read of a wave (reads need no flush).
+fn answer_read(answer: Answer<Option<Stored>>, result: Result<OpResult, StoreError>) {
+    answer.send(result.and_then(|r| match r {
+        OpResult::Read(stored) => Ok(stored.map(|b| *b)),
+        other => Err(unexpected(other)),
+    }));
+}
+
+/// Answers an applied operation once `flush`, which started after it was applied, is
+/// done: a failed flush fails every write it covered; a write its condition refused
+/// changed nothing, so its own answer stands.
+fn answer_flushed(
+    waiter: Waiter,
+    result: Result<OpResult, StoreError>,
+    flush: &Result<(), StoreError>,
+) {
+    let result = match (flush, result) {
+        (Err(e), Ok(_)) => Err(e.clone()),
+        (_, r) => r,
+    };
+    match waiter {
+        Waiter::Unit(answer) => answer.send(result.map(|_| ())),
+        Waiter::Deleted(answer) => answer.send(result.and_then(|r| match r {
+            OpResult::Deleted(d) => Ok(d),
+            other => Err(unexpected(other)),
+        })),
+        Waiter::Cas(answer) => answer.send(result.and_then(|r| match r {
+            OpResult::Cas(c) => Ok(c),
+            other => Err(unexpected(other)),
+        })),
+        Waiter::Load(answer) => answer.send(Err(unexpected(OpResult::Done))),
+    }
+}
+
+fn unexpected(r: OpResult) -> StoreError {
+    StoreError::Backend {
+        operation: "apply",
+        session: String::new(),
+        message: format!("internal: unexpected result {r:?}"),
+    }
+}
+
+/// Drops the engine and waits (bounded) until its directory lock is really free:
+/// sled's background IO threads can hold the file a moment after the database is
+/// dropped (fjall joins its threads in its drop). Blocks (the committer's thread).
+pub(crate) fn release(engine: Arc<Backend>) {
+    let lock_file = match &*engine {
+        Backend::Sled(b) => b.path().join("db"),
+        Backend::Fjall(b) => b.path().join("lock"),
+    };
+    drop(engine);
+    let Ok(file) = std::fs::File::open(&lock_file) else {
+        return;
+    };
+    for _ in 0..200 {
+        if file.try_lock().is_ok() {
+            let _ = file.unlock();
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    tracing::warn!(path = %lock_file.display(), "the store still holds its lock 1 s after close");
+}
