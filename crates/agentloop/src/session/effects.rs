@@ -18,6 +18,7 @@ use crate::session::messages::InternalMsg;
 use crate::session::teardown::teardown;
 use crate::session::turn_loop::{internal, LoopState, Myself};
 use crate::session::turn_task::{TurnTask, TurnWork};
+use crate::store::committer::Answer;
 use crate::store::StoreError;
 use crate::turn::control::TurnControl;
 use crate::turn::TurnCx;
@@ -33,25 +34,26 @@ pub(super) async fn perform<A: Agent>(
             let Some(store) = state.store.clone() else {
                 return;
             };
-            // Issued here, now: the store orders writes by call time.
-            let fut = match op {
-                StoreOp::Write(w) => {
-                    let f = store.write(*w);
-                    Box::pin(async move { f.await.map(|()| true) })
-                        as futures::future::BoxFuture<'static, Result<bool, StoreError>>
-                }
-                StoreOp::Delete => store.delete(&state.core.config.id),
-            };
+            // Issued here, now: the store orders writes by call time. The completion
+            // comes back from whichever thread completes the write (the store's
+            // committer, S15c) as a message in this session's mailbox, and to the
+            // teardown through a oneshot: no task waits for it.
+            let (tx, rx) = tokio::sync::oneshot::channel();
             let me = myself.clone();
-            let task = tokio::spawn(async move {
-                let result = fut.await;
+            let done = move |result: Result<bool, StoreError>| {
                 let _ = me.send_message(internal::<A>(InternalMsg::Written {
                     seq,
                     result: result.clone(),
                 }));
-                result
-            });
-            state.writes.push_back((seq, task));
+                let _ = tx.send(result);
+            };
+            match op {
+                StoreOp::Write(w) => {
+                    store.write_then(*w, Answer::new(move |r| done(r.map(|()| true))))
+                }
+                StoreOp::Delete => store.delete_then(&state.core.config.id, Answer::new(done)),
+            }
+            state.writes.push_back((seq, rx));
         }
         Effect::StartTurn {
             index,

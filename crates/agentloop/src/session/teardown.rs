@@ -36,14 +36,10 @@ pub(super) async fn teardown<A: Agent>(
     let checkpoint = last.outcome(result);
     // Each push waiting for its write is answered with that write's own result.
     let mut results = HashMap::new();
-    for (seq, task) in std::mem::take(&mut state.writes) {
-        let r = task.await.unwrap_or_else(|e| {
-            Err(StoreError::Backend {
-                operation: "save",
-                session: state.core.config.id.clone(),
-                message: format!("the write task failed: {e}"),
-            })
-        });
+    for (seq, done) in std::mem::take(&mut state.writes) {
+        // A completion is always called (a dropped one says `Closed`); a receiver
+        // without a value means its completion panicked.
+        let r = done.await.unwrap_or(Err(StoreError::Closed));
         results.insert(seq, r);
     }
     let final_durable = matches!(

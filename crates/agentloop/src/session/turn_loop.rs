@@ -56,7 +56,10 @@ pub(crate) struct LoopState<A: Agent> {
     pub(super) subscribers: Arc<Subscribers<A::Event>>,
     /// Store operations issued and not yet reported, by number; each task returns its
     /// operation's result, so the teardown can await exactly those.
-    pub(super) writes: VecDeque<(u64, tokio::task::JoinHandle<Result<bool, StoreError>>)>,
+    pub(super) writes: VecDeque<(
+        u64,
+        tokio::sync::oneshot::Receiver<Result<bool, StoreError>>,
+    )>,
     /// The running turn's task (aborted if the actor dies).
     pub(super) turn_task: Option<tokio::task::AbortHandle>,
     /// The exit state from the moment the teardown computed it until it is published,

@@ -510,6 +510,27 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         self.ask(|reply| CheckpointMsg::Write { write, reply })
     }
 
+    fn write_then(&self, write: RecordWrite, done: Answer<()>) {
+        let key = write.session_id().to_string();
+        submit_checked(
+            &self.committer,
+            &key,
+            WriteOp::Write(Box::new(write)),
+            Waiter::Unit(done),
+        );
+    }
+
+    fn delete_then(&self, session_id: &str, done: Answer<bool>) {
+        submit_checked(
+            &self.committer,
+            session_id,
+            WriteOp::Delete {
+                key: session_id.to_string(),
+            },
+            Waiter::Deleted(done),
+        );
+    }
+
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let session_id = session_id.to_string();
         self.ask(|reply| CheckpointMsg::Delete { session_id, reply })

@@ -212,6 +212,23 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         to: SessionStatus,
     ) -> BoxFuture<'static, Result<CasOutcome, StoreError>>;
 
+    /// Like [`write`](Self::write), with the result handed to `done` instead of a
+    /// future: a store with a committer (sled, fjall) calls it from the committer's
+    /// thread, so the writer needs no task waiting for the result (S15c: a session's
+    /// completion arrives as a message in its own mailbox). Issued when called, like
+    /// `write`. The default awaits `write` on a task (call it inside a tokio runtime).
+    fn write_then(&self, write: RecordWrite, done: committer::Answer<()>) {
+        let f = self.write(write);
+        tokio::spawn(async move { done.send(f.await) });
+    }
+
+    /// Like [`delete`](Self::delete), answered through `done` (see
+    /// [`write_then`](Self::write_then)).
+    fn delete_then(&self, session_id: &str, done: committer::Answer<bool>) {
+        let f = self.delete(session_id);
+        tokio::spawn(async move { done.send(f.await) });
+    }
+
     /// Resolves once every write issued before it is durable.
     fn flush(&self) -> BoxFuture<'static, Result<(), StoreError>>;
 
