@@ -156,6 +156,16 @@ pub struct CheckpointState {
     committer: Arc<Committer>,
 }
 
+impl Drop for CheckpointState {
+    /// An actor killed (ractor runs no `post_stop` then) still closes its store: the
+    /// committer finishes what was queued and releases the engine on its own thread.
+    fn drop(&mut self) {
+        if !self.committer.is_closed() {
+            self.committer.close(Answer::new(|_| {}));
+        }
+    }
+}
+
 fn check_id(id: &str) -> Result<(), StoreError> {
     validate_session_id(id).map_err(|reason| StoreError::InvalidId {
         id: id.to_string(),
@@ -479,6 +489,9 @@ impl<I> CheckpointClient<I> {
 
     /// The committer's counters.
     pub async fn stats(&self) -> Result<CheckpointStats, StoreError> {
+        if self.committer.is_closed() {
+            return Err(StoreError::Closed);
+        }
         Ok(stats(&self.committer))
     }
 
@@ -486,13 +499,17 @@ impl<I> CheckpointClient<I> {
     /// ones are refused with `Closed`, the engine is released (its directory can be
     /// opened again once this returns), and the actor stops.
     pub async fn close(&self) -> Result<(), StoreError> {
+        // Straight to the committer, like every other operation of the client: what
+        // this client or its clones sent before is finished, what follows is refused.
         let (tx, rx) = oneshot::channel();
-        self.actor
-            .send_message(CheckpointMsg::Close {
-                reply: RpcReplyPort::from(tx),
-            })
-            .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        self.committer.close(Answer::oneshot(tx));
+        let closed = rx.await.map_err(|_| StoreError::Closed)?;
+        // The actor owns nothing more: it stops after the messages it has admitted
+        // (each answered `Closed` by the closed committer).
+        if self.actor.drain().is_err() {
+            self.actor.stop(None);
+        }
+        closed
     }
 }
 

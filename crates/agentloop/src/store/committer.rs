@@ -133,6 +133,10 @@ struct Queue {
     running: bool,
     /// A close was taken: nothing more is queued.
     closed: bool,
+    /// Closes asked after the first one: answered once the engine is released.
+    closers: Vec<Answer<()>>,
+    /// The engine was released (or dropped after the thread ended abnormally).
+    released: bool,
 }
 
 impl std::fmt::Debug for Committer {
@@ -185,7 +189,7 @@ impl Committer {
         }))
     }
 
-    /// Whether the store was closed.
+    /// Whether the store was closed and its engine released.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -195,6 +199,14 @@ impl Committer {
     fn send(self: &Arc<Self>, job: Job) {
         let mut queue = self.queue.lock();
         if queue.closed {
+            // A close after the first one waits for the same release.
+            if let Job::Close { answer } = job {
+                if queue.released {
+                    drop(queue);
+                    return answer.send(Ok(()));
+                }
+                return queue.closers.push(answer);
+            }
             drop(queue);
             return drop(job);
         }
@@ -205,8 +217,16 @@ impl Committer {
         if !queue.running {
             queue.running = true;
             drop(queue);
-            let committer = self.clone();
-            self.runtime.spawn_blocking(move || committer.run());
+            // Disarmed only by a normal return: a panic on the thread (in the engine or
+            // in a completion) or a runtime that drops the job unrun closes the queue.
+            let mut guard = Running {
+                committer: self.clone(),
+                finished: false,
+            };
+            self.runtime.spawn_blocking(move || {
+                guard.committer.run();
+                guard.disarm();
+            });
         }
     }
 
@@ -279,6 +299,51 @@ impl Committer {
     }
 }
 
+/// The committer's thread, as long as it runs: if it ends other than by returning (a
+/// panic in the engine or in a completion, or a runtime that dropped it unrun), the
+/// queue is closed and everything in it answered `Closed`, so no writer waits forever.
+struct Running {
+    committer: Arc<Committer>,
+    finished: bool,
+}
+
+impl Running {
+    /// The thread returned normally.
+    fn disarm(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        tracing::error!(
+            "the store's committer thread ended abnormally: every queued and later \
+             operation is answered `Closed`; restart the runtime to write again"
+        );
+        let c = &self.committer;
+        let rest = {
+            let mut queue = c.queue.lock();
+            queue.closed = true;
+            queue.running = false;
+            std::mem::take(&mut queue.jobs)
+        };
+        drop(rest);
+        drop(c.engine.write().take());
+        let closers = {
+            let mut queue = c.queue.lock();
+            queue.released = true;
+            std::mem::take(&mut queue.closers)
+        };
+        c.closed.store(true, Ordering::Release);
+        for closer in closers {
+            closer.send(Ok(()));
+        }
+    }
+}
+
 /// Runs `f`, observing its duration with `observe` when there are metrics.
 fn timed<T>(
     metrics: &Option<Arc<RuntimeMetrics>>,
@@ -320,7 +385,6 @@ impl Committer {
     /// After the close was taken: refuse what is queued (dropped answers say
     /// `Closed`), release the engine, answer the closer.
     fn finish_close(&self, close: Answer<()>) {
-        self.closed.store(true, Ordering::Release);
         let rest = {
             let mut queue = self.queue.lock();
             queue.running = false;
@@ -331,7 +395,16 @@ impl Committer {
         if let Some(engine) = engine {
             release(engine);
         }
+        let closers = {
+            let mut queue = self.queue.lock();
+            queue.released = true;
+            std::mem::take(&mut queue.closers)
+        };
+        self.closed.store(true, Ordering::Release);
         close.send(Ok(()));
+        for closer in closers {
+            closer.send(Ok(()));
+        }
     }
 
     /// Commits one batch in order; returns the close request it met, if any (what
@@ -607,6 +680,42 @@ mod tests {
         let again = Backend::open(&dir.0, Engine::Sled).expect("reopens after close");
         assert_eq!(again.heartbeat("i1").expect("reads"), Some(1));
         assert_eq!(again.heartbeat("i2").expect("reads"), None);
+    }
+
+    /// A panic on the committer's thread (here in a completion) closes the queue: the
+    /// operations after it are answered `Closed` instead of waiting forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_on_the_committers_thread_answers_everything_after_it_closed() {
+        let dir = Dir::new("panic");
+        let c = open(&dir);
+        c.submit(
+            WriteOp::Flush,
+            Waiter::Unit(Answer::new(|_| panic!("a completion that panics"))),
+        );
+        let answer = |n| {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            c.submit(beat(n), Waiter::Unit(Answer::oneshot(tx)));
+            rx
+        };
+        let first = answer(1);
+        let r = tokio::time::timeout(std::time::Duration::from_secs(10), unit(first)).await;
+        // Queued behind the panic (or with it in one batch): never left waiting.
+        assert!(
+            r.is_ok(),
+            "an operation queued with the panic was never answered"
+        );
+        let later = tokio::time::timeout(std::time::Duration::from_secs(10), unit(answer(2)))
+            .await
+            .expect("an operation after the panic is answered");
+        assert!(matches!(later, Err(StoreError::Closed)), "{later:?}");
+        // A close still answers, once the engine is dropped.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        c.close(Answer::oneshot(tx));
+        tokio::time::timeout(std::time::Duration::from_secs(10), unit(rx))
+            .await
+            .expect("the close is answered")
+            .expect("closed");
+        assert!(c.is_closed());
     }
 
     /// An answer dropped without being called (its operation never ran) says `Closed`.
