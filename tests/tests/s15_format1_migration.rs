@@ -1,5 +1,5 @@
 //! Records of format 1 (bincode, written before issue 12) still load, and are converted
-//! to format 2 on their first write (DESIGN S15). Reads the committed fixture
+//! to the current format (3 since issue 30) on their first write (DESIGN S15). Reads the committed fixture
 //! `tests/fixtures/v1-sled` (written by the checkpoint actor of commit 3c593a9; see
 //! tests/fixtures/README.md) from a copy.
 
@@ -30,7 +30,7 @@ fn copy() -> TempDir {
 
 fn format_of(b: &SledBackend, id: &str) -> u16 {
     match b.load(id).expect("load").expect("a record") {
-        Stored::Current(_) => 2,
+        Stored::Current(_) => 3,
         Stored::Format1(_) => 1,
     }
 }
@@ -118,7 +118,7 @@ async fn s15_format1_records_load_with_everything_they_held() {
 
 /// The runtime resumes the format-1 sessions a previous version left resumable
 /// (`Interrupted`, and `Running` under a dead owner): the cut turn resumes from its
-/// state, every item is delivered once, and each converted record is format 2 from its
+/// state, every item is delivered once, and each converted record is of the current format from its
 /// first write on. Records nobody resumes stay format 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_format1_sessions_resume_and_are_converted_on_their_first_write() {
@@ -177,7 +177,7 @@ async fn s15_format1_sessions_resume_and_are_converted_on_their_first_write() {
 }
 
 /// A session spawned on a format-1 record converts it on its first write (a `sync`
-/// push), keeping every item it held, and the converted record is format 2.
+/// push), keeping every item it held, and the converted record is of the current format.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_a_sync_write_converts_a_format1_record() {
     let dir = copy();

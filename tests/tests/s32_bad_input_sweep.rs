@@ -40,23 +40,28 @@ fn record(id: &str, status: SessionStatus, items: &[u64]) -> SessionRecord<SimIt
     r
 }
 
-/// The stored entries (key, value), header first, of a whole record, as the store
-/// writes them (record format 2: header envelope, item entries, state entry).
+/// The stored entries (key, value), head first, of a whole record, laid out as the
+/// store writes a record too large to keep inline (record format 3: a head that names
+/// its loose entries, one entry per item, the state entry), so that the tests can
+/// damage the head and each entry apart.
 fn entries_of(r: &SessionRecord<SimItem>) -> Vec<(Vec<u8>, Vec<u8>)> {
     let w = r.to_write(WriteCondition::Always).expect("encode record");
     let id = w.header.session_id.clone();
-    let mut out = vec![(
-        header_key(&id),
-        codec::encode_header(&w.header).expect("encode header"),
-    )];
+    let mut layout = codec::head::Layout::default();
+    let mut loose = Vec::new();
     for change in &w.items {
         if let agentloop::store::ItemChange::Put(seq, bytes) = change {
-            out.push((table::item_key(&id, *seq), bytes.to_vec()));
+            layout.add(*seq);
+            loose.push((table::item_key(&id, *seq), bytes.to_vec()));
         }
     }
     if let agentloop::store::StateChange::Put(bytes) = &w.state {
-        out.push((table::state_key(&id), bytes.to_vec()));
+        layout.loose_state = true;
+        loose.push((table::state_key(&id), bytes.to_vec()));
     }
+    let head = codec::head::encode(&w.header, layout, &[], None).expect("encode head");
+    let mut out = vec![(header_key(&id), head)];
+    out.extend(loose);
     out
 }
 
@@ -446,8 +451,11 @@ async fn s32_truncated_records_are_corrupt_at_every_length() {
         let reason = corrupt_reason(&e, "trunc");
         assert!(reason.contains("truncated"), "cut {cut}: {reason}");
     }
-    // A prefix of the payload under a header that agrees with it: still Corrupt.
+    // A prefix of the payload under a header that agrees with it: still Corrupt. (In
+    // format 3 the envelope's length covers the header; the head's layout follows it.
+    // A cut at the header's exact end leaves a whole header and no layout: truncated.)
     let payload = &bytes[10..];
+    let header_len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
     for cut in 0..payload.len() {
         let mut framed = MAGIC.to_vec();
         framed.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -455,10 +463,12 @@ async fn s32_truncated_records_are_corrupt_at_every_length() {
         framed.extend_from_slice(&payload[..cut]);
         let e = decode_record("trunc", &framed).unwrap_err();
         let reason = corrupt_reason(&e, "trunc");
-        assert!(
-            reason.contains("does not decode"),
-            "re-framed cut {cut}: {reason}"
-        );
+        let expected = if cut == header_len {
+            "truncated"
+        } else {
+            "does not decode"
+        };
+        assert!(reason.contains(expected), "re-framed cut {cut}: {reason}");
     }
     // Padding is caught too: with the old length and with a length that covers it.
     let mut padded = bytes.clone();

@@ -4,9 +4,10 @@
 //! * Baseline (raw sled): its own sled database in a temp dir; per round, 64 records
 //!   (distinct session ids, fresh every round) inserted as one `sled::Batch` followed by
 //!   one `db.flush()`, on a blocking thread. Rate = 64 / (batch + flush time). Each
-//!   record is written in agentloop's record layout (format 2): the same keys (header,
-//!   one entry per item, the state; `store::table`) and the same bytes as a checkpoint
-//!   agentloop stored in the warm-up round, read back from its store.
+//!   record is written in agentloop's record layout (since issue 30 format 3: one head
+//!   key holding header, items and state; `store::table::entries_of`) with the same
+//!   bytes as a checkpoint agentloop stored in the warm-up round, read back from its
+//!   store.
 //! * agentloop: one `CheckpointActor` (one sled dir) for the whole run. Per round, 64
 //!   persistent sessions (fresh ids) of a simulated agent with a 4 KiB state payload;
 //!   each has a turn in flight, parked at its second step after the first safe point
@@ -67,44 +68,46 @@ use crate::tempdir::TempDir;
 // ---------------------------------------------------------------------------------
 // Baseline: raw sled.
 
-/// One stored checkpoint's entries: the header envelope, `(seq, item)` entries, the
-/// state (the bytes agentloop wrote for one session).
+/// One stored checkpoint's entries as agentloop's store lays them out (since issue 30
+/// format 3: one head holding the header, the items and the state when they fit, as
+/// here), each key without its session id: the bytes agentloop wrote for one session.
 #[derive(Clone)]
 struct Template {
-    header: Vec<u8>,
-    items: Vec<(u64, Vec<u8>)>,
-    state: Option<Vec<u8>>,
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Template {
     fn len(&self) -> usize {
-        self.header.len()
-            + self.items.iter().map(|(_, b)| b.len()).sum::<usize>()
-            + self.state.as_ref().map_or(0, Vec::len)
+        self.entries.iter().map(|(_, v)| v.len()).sum()
     }
 
     /// `(key, value)` of every entry of session `id`.
     fn entries(&self, id: &str) -> Vec<(Vec<u8>, &[u8])> {
-        let mut out = vec![(table::header_key(id), self.header.as_slice())];
-        for (seq, b) in &self.items {
-            out.push((table::item_key(id, *seq), b.as_slice()));
-        }
-        if let Some(s) = &self.state {
-            out.push((table::state_key(id), s.as_slice()));
-        }
-        out
+        self.entries
+            .iter()
+            .map(|(suffix, v)| {
+                let mut key = table::session_prefix(id);
+                key.extend_from_slice(suffix);
+                (key, v.as_slice())
+            })
+            .collect()
     }
 }
 
-/// The entries agentloop stored for `id`.
+/// The entries agentloop stored for `id` (as its whole-record write lays them out).
 async fn template(store: &Store, id: &str) -> Template {
     match store.load_stored(id).await.expect("loading a B3 record") {
-        Some(Stored::Current(r)) => Template {
-            header: agentloop::store::codec::encode_header(&r.header).expect("a header"),
-            items: r.items.iter().map(|(s, b)| (*s, b.to_vec())).collect(),
-            state: r.state.map(|s| s.to_vec()),
-        },
-        other => panic!("B3: no format-2 record stored for {id}: {other:?}"),
+        Some(Stored::Current(r)) => {
+            let prefix = table::session_prefix(id).len();
+            Template {
+                entries: table::entries_of(r)
+                    .expect("laying out a B3 record")
+                    .into_iter()
+                    .map(|(k, v)| (k[prefix..].to_vec(), v.to_vec()))
+                    .collect(),
+            }
+        }
+        other => panic!("B3: no record stored for {id}: {other:?}"),
     }
 }
 
@@ -259,6 +262,7 @@ fn stats_delta(after: CheckpointStats, before: CheckpointStats) -> CheckpointSta
         max_wave: after.max_wave,
         bytes: after.bytes - before.bytes,
         flushes: after.flushes - before.flushes,
+        wakes: after.wakes - before.wakes,
     }
 }
 

@@ -466,6 +466,7 @@ fn delta(b: &CheckpointStats, a: &CheckpointStats) -> CheckpointStats {
         max_wave: b.max_wave,
         flushes: b.flushes - a.flushes,
         bytes: b.bytes - a.bytes,
+        wakes: b.wakes - a.wakes,
     }
 }
 

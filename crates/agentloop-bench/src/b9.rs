@@ -91,6 +91,40 @@ async fn agentloop_round(client: &Client, round: u64) -> f64 {
     t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
 }
 
+/// agentloop's own work of a round without any hand-off (diagnostic): on one blocking
+/// thread, per operation the record's encoding (`to_write`), the engine's apply and
+/// flush (`Backend::apply`, what the committer runs) and the load from the head (what a
+/// caller runs). What the public API costs beyond it is the hand-offs.
+fn inline_round(engine: &agentloop::store::Backend, round: u64) -> (f64, f64, f64) {
+    use agentloop::store::wave::WriteOp;
+    let (mut enc, mut apply, mut load) = (0.0, 0.0, 0.0);
+    for i in 0..OPS as u64 {
+        let n = round * OPS as u64 + i;
+        let id = format!("b9-{:02}", n % IDS as u64);
+        let t0 = Instant::now();
+        let w = record(&id, n)
+            .to_write(agentloop::store::WriteCondition::Always)
+            .expect("encoding the B9 record");
+        let t1 = Instant::now();
+        for r in engine.apply(vec![WriteOp::Write(Box::new(w))]) {
+            r.expect("a B9 write");
+        }
+        let t2 = Instant::now();
+        let back = engine
+            .load_from_head(&id)
+            .expect("a record all in its head")
+            .expect("a B9 load")
+            .expect("the B9 record just saved");
+        let t3 = Instant::now();
+        assert!(matches!(back, agentloop::store::Stored::Current(_)));
+        enc += (t1 - t0).as_secs_f64();
+        apply += (t2 - t1).as_secs_f64();
+        load += (t3 - t2).as_secs_f64();
+    }
+    let us = |x: f64| x * 1e6 / OPS as f64;
+    (us(enc), us(apply), us(load))
+}
+
 /// A raw engine round of the same shape.
 trait Raw: Send + Sync + 'static {
     fn round(&self, len: usize, round: u64) -> f64;
@@ -228,6 +262,27 @@ pub async fn run() {
         crate::report::median(&hops)
     );
 
+    // Where a save + load's time goes without hand-offs (diagnostic).
+    let inline_dir = TempDir::new("b9", "inline");
+    let inline_path = inline_dir.path().to_path_buf();
+    let (enc, apply, load) = tokio::task::spawn_blocking(move || {
+        let engine =
+            agentloop::store::Backend::open(&inline_path, Engine::Fjall(FjallDurability::Crash))
+                .expect("the inline B9 engine");
+        inline_round(&engine, 0);
+        let mut v: Vec<(f64, f64, f64)> = (1..=5).map(|r| inline_round(&engine, r)).collect();
+        v.sort_by(|a, b| (a.0 + a.1 + a.2).total_cmp(&(b.0 + b.1 + b.2)));
+        v[2]
+    })
+    .await
+    .expect("the inline B9 round");
+    drop(inline_dir);
+    println!(
+        "diag: fjall crash without hand-offs, on one thread: encode {enc:.1} µs + apply and \
+         flush {apply:.1} µs + load from the head {load:.1} µs = {:.1} µs (median of 5 x {OPS})",
+        enc + apply + load
+    );
+
     let mut s: [Vec<f64>; 6] = Default::default();
     for round in 0..=ROUNDS as u64 {
         let mut sides: Vec<usize> = (0..6).collect();
@@ -248,6 +303,15 @@ pub async fn run() {
             }
         }
     }
+    let stats = crash
+        .stats()
+        .await
+        .expect("the fjall crash store's counters");
+    println!(
+        "diag: fjall crash store: {} saves, {} waves, {} committer thread wake-ups (the rest \
+         were taken while it lingered)",
+        stats.saves, stats.waves, stats.wakes
+    );
     for c in [crash, power, on_sled] {
         c.close().await.expect("closing a B9 store");
     }

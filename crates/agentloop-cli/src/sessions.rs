@@ -691,16 +691,28 @@ fn raw_view(
         .map(|(name, bytes)| {
             let head: String = bytes.iter().take(32).map(|b| format!("{b:02x}")).collect();
             let reading = if name == "header" {
-                match codec::decode_header(id, bytes) {
-                    Ok(h) => json!({
-                        "status": h.status.to_string(),
-                        "turn_index": h.turn_index,
-                        "cut": h.cut,
-                        "front": h.front,
-                        "next_seq": h.next_seq,
-                        "version": h.version,
-                        "lease_epoch": h.lease_epoch,
-                    }),
+                match codec::head::decode(id, bytes) {
+                    Ok(head) => {
+                        let h = &head.header;
+                        let mut v = json!({
+                            "status": h.status.to_string(),
+                            "turn_index": h.turn_index,
+                            "cut": h.cut,
+                            "front": h.front,
+                            "next_seq": h.next_seq,
+                            "version": h.version,
+                            "lease_epoch": h.lease_epoch,
+                        });
+                        // Format 3: what the head holds itself, and what it names beside it.
+                        if let Some(l) = head.layout {
+                            v["inline_items"] =
+                                json!(head.items.iter().map(|(s, _)| *s).collect::<Vec<_>>());
+                            v["inline_state"] = json!(head.state.is_some());
+                            v["loose_items"] = json!(l.loose_items);
+                            v["loose_state"] = json!(l.loose_state);
+                        }
+                        v
+                    }
                     Err(e) => json!({ "error": e.to_string() }),
                 }
             } else if name == "format-1 record" {

@@ -49,6 +49,10 @@ pub struct CheckpointStats {
     pub flushes: u64,
     /// Bytes of payload (items and states) written.
     pub bytes: u64,
+    /// Times the committer's thread was started because work arrived while it was not
+    /// running (each is a thread wake-up on the write path; fewer than `waves` when
+    /// writes came back while it lingered).
+    pub wakes: u64,
 }
 
 /// Messages of the checkpoint actor. Other actors may `call!` it directly; sessions use
@@ -190,6 +194,7 @@ fn stats(committer: &Committer) -> CheckpointStats {
         max_wave: c.max_wave.load(Ordering::Relaxed),
         flushes: c.flushes.load(Ordering::Relaxed),
         bytes: c.bytes.load(Ordering::Relaxed),
+        wakes: c.wakes.load(Ordering::Relaxed),
     }
 }
 

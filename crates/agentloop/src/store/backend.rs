@@ -109,6 +109,12 @@ impl Base for Backend {
             Backend::Fjall(b) => b.base_format1_get(id),
         }
     }
+    fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        match self {
+            Backend::Sled(b) => b.base_range(from, to),
+            Backend::Fjall(b) => b.base_range(from, to),
+        }
+    }
 }
 
 /// The file in a data directory that names the process holding it (its pid), written
@@ -262,6 +268,34 @@ impl Backend {
         match self {
             Backend::Sled(b) => b.load(id),
             Backend::Fjall(b) => b.load(id),
+        }
+    }
+
+    /// A session's record read from its head alone, when that is all it takes: a
+    /// format-3 record without loose entries, or no record (a point read of one key,
+    /// plus one of sled's format-1 tree). `None` when the record needs more (loose
+    /// entries, format 2 or 1): [`Backend::load`] it on a blocking thread. Called on
+    /// the caller's thread (docs/operations.md, "Reads"): neither engine makes a point
+    /// read wait for a writer.
+    pub fn load_from_head(&self, id: &str) -> Option<Result<Option<Stored>, StoreError>> {
+        if let Err(reason) = crate::ids::validate_session_id(id) {
+            return Some(Err(StoreError::InvalidId {
+                id: id.to_string(),
+                reason,
+            }));
+        }
+        match self.base_get(&crate::store::table::header_key(id)) {
+            Err(e) => Some(Err(e)),
+            Ok(Some(bytes)) => match crate::store::table::read_head_only(id, &bytes) {
+                Ok(crate::store::table::HeadRead::Record(r)) => Some(Ok(Some(*r))),
+                Ok(crate::store::table::HeadRead::NeedsEntries) => None,
+                Err(e) => Some(Err(e)),
+            },
+            Ok(None) => match self.base_format1_get(id) {
+                Err(e) => Some(Err(e)),
+                Ok(None) => Some(Ok(None)),
+                Ok(Some(_)) => None,
+            },
         }
     }
 

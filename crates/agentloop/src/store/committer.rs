@@ -5,13 +5,16 @@
 //! order, makes it durable once, then answers every writer of the batch: a session
 //! through the completion it handed over (a message into its own mailbox), a client
 //! through its oneshot. Reads of a session with operations queued join the queue, so
-//! they see those operations; other reads go to the engine on the blocking pool.
+//! they see those operations; a load whose record is all in its head (format 3, no
+//! loose entries) is read on the caller's thread, and other reads go to the engine on
+//! the blocking pool.
 //!
 //! The thread is a tokio blocking-pool thread held for as long as work is queued (one
-//! at a time per store: a queue that was empty starts it, it returns once the queue is
-//! empty): between bursts a store holds no thread, a store dropped without a close
-//! leaks none, and tokio's paused clock (the tests' accelerated time) sees the store
-//! busy while it commits, as it sees any blocking job.
+//! at a time per store: a queue that was empty starts it, it returns once the queue has
+//! stayed empty for [`LINGER`], 50 µs, spinning: a writer that comes back within it is
+//! taken without waking a parked thread): between bursts a store holds no thread, a
+//! store dropped without a close leaks none, and tokio's paused clock (the tests'
+//! accelerated time) sees the store busy while it commits, as it sees any blocking job.
 //!
 //! It owns the order of writes and their durability; it does not know item types,
 //! validate ids or decide anything about records (the engine applies a write's
@@ -97,6 +100,10 @@ enum Job {
     Close { answer: Answer<()> },
 }
 
+/// How long the committer's thread stays awake with nothing queued before it ends
+/// (see `Committer::linger`).
+const LINGER: std::time::Duration = std::time::Duration::from_micros(50);
+
 /// Counters of one store's committer.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -106,6 +113,7 @@ pub(crate) struct Counters {
     pub(crate) max_wave: AtomicU64,
     pub(crate) flushes: AtomicU64,
     pub(crate) bytes: AtomicU64,
+    pub(crate) wakes: AtomicU64,
 }
 
 /// The writers' side of a store's committer (opaque outside the crate): queue operations,
@@ -120,6 +128,9 @@ pub struct Committer {
     /// Where apply and flush times are observed (S35).
     metrics: Option<Arc<RuntimeMetrics>>,
     closed: AtomicBool,
+    /// Jobs were queued since the committer's thread last took them (read while it
+    /// lingers, without the queue's lock).
+    has_jobs: AtomicBool,
     /// Runs reads and listings on its blocking pool.
     runtime: tokio::runtime::Handle,
     pub(crate) counters: Counters,
@@ -184,6 +195,7 @@ impl Committer {
             engine: parking_lot::RwLock::new(Some(engine)),
             metrics,
             closed: AtomicBool::new(false),
+            has_jobs: AtomicBool::new(false),
             runtime,
             counters: Counters::default(),
         }))
@@ -214,9 +226,11 @@ impl Committer {
             queue.closed = true;
         }
         queue.jobs.push(job);
+        self.has_jobs.store(true, Ordering::Release);
         if !queue.running {
             queue.running = true;
             drop(queue);
+            self.counters.wakes.fetch_add(1, Ordering::Relaxed);
             // Disarmed only by a normal return: a panic on the thread (in the engine or
             // in a completion) or a runtime that drops the job unrun closes the queue.
             let mut guard = Running {
@@ -245,12 +259,21 @@ impl Committer {
         self.send(Job::Op { op, waiter });
     }
 
-    /// Reads a session's record: from the engine on the blocking pool, or through the
-    /// queue when operations on it are queued (so it sees them).
+    /// Reads a session's record: through the queue when operations on it are queued
+    /// (so it sees them); else from its head on the caller's thread when the head holds
+    /// the whole record (no hop: S15c), else from the engine on the blocking pool.
     pub(crate) fn load(self: &Arc<Self>, key: String, answer: Answer<Option<Stored>>) {
         if self.queued.lock().contains_key(&key) {
             return self.submit(WriteOp::Read { key }, Waiter::Load(answer));
         }
+        let Some(engine) = self.engine.read().clone() else {
+            return answer.send(Err(StoreError::Closed));
+        };
+        if let Some(r) = engine.load_from_head(&key) {
+            drop(engine);
+            return answer.send(r);
+        }
+        drop(engine);
         self.read(move |engine| engine.load(&key), answer);
     }
 
@@ -370,14 +393,38 @@ impl Committer {
             let batch = {
                 let mut queue = self.queue.lock();
                 if queue.jobs.is_empty() {
-                    queue.running = false;
-                    return;
+                    drop(queue);
+                    // Stay awake a moment for the next write (no commit waits for it).
+                    self.linger();
+                    queue = self.queue.lock();
+                    if queue.jobs.is_empty() {
+                        queue.running = false;
+                        return;
+                    }
                 }
+                self.has_jobs.store(false, Ordering::Relaxed);
                 std::mem::take(&mut queue.jobs)
             };
             if let Some(close) = self.commit(batch) {
                 self.finish_close(close);
                 return;
+            }
+        }
+    }
+
+    /// Spins for at most [`LINGER`] while nothing is queued: a writer that queues
+    /// meanwhile (a session's next push, a client's next save) is taken without waking
+    /// a parked thread, the hand-off that costs most on the durable path. It delays no
+    /// commit: a job queued during the spin is taken at once.
+    fn linger(&self) {
+        let began = std::time::Instant::now();
+        let mut spins = 0u32;
+        while !self.has_jobs.load(Ordering::Acquire) && began.elapsed() < LINGER {
+            spins += 1;
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
             }
         }
     }

@@ -115,6 +115,16 @@ impl Base for FjallBackend {
             })
             .collect()
     }
+    fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        self.sessions
+            .range(from..=to)
+            .map(|g| {
+                g.into_inner()
+                    .map(|(k, v)| (k.to_vec(), Payload::from(v.as_ref())))
+                    .map_err(|e| backend_err("load", "", e))
+            })
+            .collect()
+    }
     fn base_format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)
     }
@@ -213,11 +223,11 @@ impl FjallBackend {
     /// Every key and value stored for a session (its format-2 entries), named,
     /// undecoded: for inspecting a record that does not decode. Blocks.
     pub fn raw_entries(&self, id: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        Ok(self
+        let entries = self
             .base_entries(&table::session_prefix(id))?
             .into_iter()
-            .map(|(k, v)| (table::entry_name(&k), v.to_vec()))
-            .collect())
+            .map(|(k, v)| (k, v.to_vec()));
+        Ok(table::raw_entries(id, entries))
     }
 
     /// An instance's last heartbeat. Blocks.

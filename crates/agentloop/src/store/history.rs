@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::store::codec;
-use crate::store::record::{Payload, StoredRecord};
+use crate::store::record::{Payload, Stored, StoredRecord};
 use crate::store::table::{self, Table};
 use crate::store::StoreError;
 
@@ -111,24 +111,20 @@ pub(crate) fn record(
     mark: HistoryMark,
     at_ms: u64,
 ) -> Result<(), StoreError> {
-    let mut snap = Snapshot {
-        at_ms,
-        header: Vec::new(),
-        items: Vec::new(),
-        state: None,
+    // The record as this write leaves it, read through its head (no prefix scan).
+    let Some(Stored::Current(r)) = table::read(t, id)? else {
+        return Ok(());
     };
-    for (k, v) in t.entries_with_prefix(&table::session_prefix(id))? {
-        match table::parse_key(&k).map(|(_, kind)| kind) {
-            Some(table::KeyKind::Header) => snap.header = v.to_vec(),
-            Some(table::KeyKind::Item(seq)) => snap
-                .items
-                .push((seq, serde_bytes::ByteBuf::from(v.to_vec()))),
-            Some(table::KeyKind::State) => {
-                snap.state = Some(serde_bytes::ByteBuf::from(v.to_vec()))
-            }
-            _ => {}
-        }
-    }
+    let snap = Snapshot {
+        at_ms,
+        header: codec::encode_header(&r.header)?,
+        items: r
+            .items
+            .into_iter()
+            .map(|(seq, v)| (seq, serde_bytes::ByteBuf::from(v.to_vec())))
+            .collect(),
+        state: r.state.map(|s| serde_bytes::ByteBuf::from(s.to_vec())),
+    };
     let bytes = rmp_serde::to_vec_named(&snap).map_err(|e| StoreError::Encode {
         session: id.to_string(),
         reason: format!("checkpoint history: {e}"),

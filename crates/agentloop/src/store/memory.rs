@@ -51,6 +51,17 @@ impl Table for Entries {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
+    fn entries_in_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        Ok(self
+            .0
+            .range::<[u8], _>((Bound::Included(from), Bound::Included(to)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
 }
 
 /// An in-memory store. `I` is the item type of its typed face ([`MemoryStore::get`],

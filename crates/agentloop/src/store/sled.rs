@@ -67,6 +67,15 @@ impl Base for SledBackend {
             })
             .collect()
     }
+    fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        self.sessions
+            .range(from..=to)
+            .map(|kv| {
+                kv.map(|(k, v)| (k.to_vec(), Payload::from(v.as_ref())))
+                    .map_err(|e| backend_err("load", "", e))
+            })
+            .collect()
+    }
     fn base_format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.records
             .get(id.as_bytes())
@@ -123,11 +132,12 @@ impl SledBackend {
     /// record under the key `<id>` of the `records` tree), undecoded: for inspecting a
     /// record that does not decode. Blocks.
     pub fn raw_entries(&self, id: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let mut out = Vec::new();
+        let mut entries = Vec::new();
         for kv in self.sessions.scan_prefix(table::session_prefix(id)) {
             let (k, v) = kv.map_err(|e| backend_err("load", id, e))?;
-            out.push((table::entry_name(&k), v.to_vec()));
+            entries.push((k.to_vec(), v.to_vec()));
         }
+        let mut out = table::raw_entries(id, entries);
         if let Some(v) = self
             .records
             .get(id.as_bytes())

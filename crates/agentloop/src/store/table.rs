@@ -1,24 +1,34 @@
 //! How records are laid out in an ordered key-value table, and how writes,
-//! compare-and-swaps and deletes apply to them (DESIGN S15, S19, S24). Both backends
-//! (memory and sled) run this code over their own table, so they share one semantics;
-//! the store conformance suite pins it.
+//! compare-and-swaps and deletes apply to them (DESIGN S15, S15c, S19, S24). Every engine
+//! (memory, sled, fjall, PostgreSQL) runs this code over its own table, so they share
+//! one semantics; the store conformance suite pins it.
 //!
 //! Keys (a session id has no control character, so `0x00` ends it and one session's
 //! keys are contiguous and never a prefix of another's):
 //!
 //! ```text
-//! <id> 0x00 'h'                 the header envelope
-//! <id> 0x00 'i' <seq: u64 BE>   one item entry (big-endian: key order is push order)
-//! <id> 0x00 's'                 the cut turn's state
+//! <id> 0x00 'h'                 the head: header, layout, inline items and state
+//! <id> 0x00 'i' <seq: u64 BE>   a loose item entry (big-endian: key order is push order)
+//! <id> 0x00 's'                 a loose state
 //! ```
+//!
+//! Format 3 (issue 30, `codec::head`): a whole-record write puts everything in the head
+//! (one key); an incremental write puts a pushed item as a loose entry and the state
+//! inline while it fits; the head says how many loose items there are and between which
+//! entry numbers, so no write and no load scans the session's prefix. A format-2 record
+//! (no layout: every item and the state loose) is read by a scan and converted by its
+//! first write.
 //!
 //! Records of format 1 live elsewhere (sled's `records` tree, key = id); a table
 //! reaches them through the `format1_*` methods. When both exist for one id, format 2
 //! wins (a conversion that crashed between its two steps left the old one behind).
 
+use std::collections::BTreeMap;
+
 use crate::ids::validate_session_id;
-use crate::store::codec::{self, legacy};
-use crate::store::record::{Format1Record, Payload, RecordHeader, Stored, StoredRecord};
+use crate::store::codec::head::{self, Head, Layout, INLINE_LIMIT};
+use crate::store::codec::legacy;
+use crate::store::record::{Format1Record, Payload, Stored, StoredRecord};
 use crate::store::write::{ConditionFailed, ItemChange, RecordWrite, StateChange};
 use crate::store::{CasOutcome, SessionStatus, StatusKind, StoreError, StoredEntry};
 
@@ -102,6 +112,34 @@ pub fn entry_name(key: &[u8]) -> String {
     }
 }
 
+/// A session's stored entries named for a raw listing (`sessions show --raw`), with the
+/// items and state a format-3 head holds inline listed after it as `item N` and
+/// `state`, like loose entries (the head's reading says which are inline); a head that
+/// does not decode is listed as it is.
+pub fn raw_entries(
+    id: &str,
+    entries: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for (k, v) in entries {
+        let name = entry_name(&k);
+        let inline = match parse_key(&k) {
+            Some((_, KeyKind::Header)) => head::decode(id, &v).ok(),
+            _ => None,
+        };
+        out.push((name, v));
+        if let Some(h) = inline {
+            for (seq, b) in h.items {
+                out.push((format!("item {seq}"), b.to_vec()));
+            }
+            if let Some(s) = h.state {
+                out.push(("state".to_string(), s.to_vec()));
+            }
+        }
+    }
+    out
+}
+
 /// An ordered key-value table a backend offers (sled's tree with the writes of the
 /// wave being applied on top, or the memory store's map). Writes are buffered by the
 /// backend and made atomic by it.
@@ -116,6 +154,21 @@ pub trait Table {
     fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Every `(key, value)` that starts with `prefix`, in order.
     fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
+    /// Every `(key, value)` from `from` to `to` (both included), in order; both keys
+    /// share a session's item prefix. The default filters that prefix's entries; an
+    /// engine with ordered ranges reads only the range.
+    fn entries_in_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+        Ok(self
+            .entries_with_prefix(&from[..common])?
+            .into_iter()
+            .filter(|(k, _)| k.as_slice() >= from && k.as_slice() <= to)
+            .collect())
+    }
     /// A format-1 record's bytes.
     fn format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)
@@ -133,18 +186,20 @@ fn check_id(id: &str) -> Result<(), StoreError> {
     })
 }
 
-/// Assembles a format-2 record from its entries (all keys of one session, in order).
+/// Assembles a record from its entries (all keys of one session, in order): the head's
+/// inline items and state with the loose entries (format 3), or the entries alone
+/// (format 2).
 pub fn assemble(
     id: &str,
     entries: Vec<(Vec<u8>, Payload)>,
 ) -> Result<Option<StoredRecord>, StoreError> {
-    let mut header = None;
+    let mut head = None;
     let mut items = Vec::new();
     let mut state = None;
     for (k, v) in entries {
         match parse_key(&k) {
             Some((kid, kind)) if kid == id => match kind {
-                KeyKind::Header => header = Some(codec::decode_header(id, &v)?),
+                KeyKind::Header => head = Some(head::decode(id, &v)?),
                 KeyKind::Item(seq) => items.push((seq, v)),
                 KeyKind::State => state = Some(v),
                 KeyKind::Other => {}
@@ -152,15 +207,33 @@ pub fn assemble(
             _ => {}
         }
     }
-    match header {
-        // Entries without a header: the header is what makes a record (a write puts
-        // it last in its batch, a delete removes everything).
-        None => Ok(None),
-        Some(header) => Ok(Some(StoredRecord {
-            header,
-            items,
-            state,
-        })),
+    // Entries without a head: the head is what makes a record (a write puts it last in
+    // its batch, a delete removes everything).
+    let Some(head) = head else { return Ok(None) };
+    Ok(Some(combine(head, items, state)))
+}
+
+/// A record from its head and its loose entries.
+fn combine(head: Head, loose: Vec<(u64, Payload)>, loose_state: Option<Payload>) -> StoredRecord {
+    let Head {
+        header,
+        items: mut inline,
+        state,
+        ..
+    } = head;
+    let items = if inline.is_empty() {
+        loose
+    } else if loose.is_empty() {
+        inline
+    } else {
+        inline.extend(loose);
+        inline.sort_by_key(|(seq, _)| *seq);
+        inline
+    };
+    StoredRecord {
+        header,
+        items,
+        state: loose_state.or(state),
     }
 }
 
@@ -175,45 +248,150 @@ fn format1(id: &str, bytes: Vec<u8>) -> Result<Stored, StoreError> {
     }))
 }
 
-/// Reads one session's record.
+/// Reads one session's record: its head, then only the loose entries the head names
+/// (format 3), or every entry under its prefix (format 2).
 pub fn read(t: &impl Table, id: &str) -> Result<Option<Stored>, StoreError> {
     check_id(id)?;
-    if let Some(r) = assemble(id, t.entries_with_prefix(&session_prefix(id))?)? {
-        return Ok(Some(Stored::Current(r)));
-    }
-    match t.format1_get(id)? {
-        Some(bytes) => format1(id, bytes).map(Some),
-        None => Ok(None),
-    }
+    let Some(bytes) = t.get(&header_key(id))? else {
+        return match t.format1_get(id)? {
+            Some(bytes) => format1(id, bytes).map(Some),
+            None => Ok(None),
+        };
+    };
+    let head = head::decode(id, &bytes)?;
+    let Some(layout) = head.layout else {
+        return Ok(assemble(id, t.entries_with_prefix(&session_prefix(id))?)?.map(Stored::Current));
+    };
+    let (loose, state) = read_loose(t, id, &layout)?;
+    Ok(Some(Stored::Current(combine(head, loose, state))))
 }
 
-/// The status of the stored record, if any (format 2 or 1), and its header (format 2).
-fn current(
-    t: &impl Table,
-    id: &str,
-) -> Result<(Option<RecordHeader>, Option<Vec<u8>>), StoreError> {
+/// A record's loose items (ascending) and loose state.
+type Loose = (Vec<(u64, Payload)>, Option<Payload>);
+
+/// A format-3 record's loose entries: its items (in the head's bounds) and its state.
+fn read_loose(t: &impl Table, id: &str, layout: &Layout) -> Result<Loose, StoreError> {
+    let mut items = Vec::new();
+    if layout.loose_items > 0 {
+        for (k, v) in t.entries_in_range(&item_key(id, layout.lo), &item_key(id, layout.hi))? {
+            if let Some((_, KeyKind::Item(seq))) = parse_key(&k) {
+                items.push((seq, v));
+            }
+        }
+    }
+    let state = match layout.loose_state {
+        true => t.get(&state_key(id))?,
+        false => None,
+    };
+    Ok((items, state))
+}
+
+/// What a record's head alone answers of a read.
+#[derive(Debug)]
+pub enum HeadRead {
+    /// The whole record: a format-3 head without loose entries.
+    Record(Box<Stored>),
+    /// The record has loose entries (or is of format 2): [`read`] it.
+    NeedsEntries,
+}
+
+/// Reads a record from its head's bytes alone when it can (what [`read`] would answer).
+pub fn read_head_only(id: &str, bytes: &[u8]) -> Result<HeadRead, StoreError> {
+    let head = head::decode(id, bytes)?;
+    Ok(match head.layout {
+        Some(l) if l.loose_items == 0 && !l.loose_state => {
+            HeadRead::Record(Box::new(Stored::Current(combine(head, Vec::new(), None))))
+        }
+        _ => HeadRead::NeedsEntries,
+    })
+}
+
+/// The entries that store `record` as a write would leave it on an empty table: one
+/// head holding everything when it fits in [`INLINE_LIMIT`], else a head and loose
+/// entries (an import, a fixture).
+pub fn entries_of(record: StoredRecord) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+    let id = record.header.session_id.clone();
+    let size: usize = record.items.iter().map(|(_, b)| b.len()).sum::<usize>()
+        + record.state.as_ref().map_or(0, |s| s.len());
+    if size <= INLINE_LIMIT {
+        let head = head::encode(
+            &record.header,
+            Layout::default(),
+            &record.items,
+            record.state.as_ref(),
+        )?;
+        return Ok(vec![(header_key(&id), head.into())]);
+    }
+    let mut layout = Layout::default();
+    let mut out = Vec::with_capacity(record.items.len() + 2);
+    for (seq, bytes) in record.items {
+        layout.add(seq);
+        out.push((item_key(&id, seq), bytes));
+    }
+    if let Some(s) = record.state {
+        layout.loose_state = true;
+        out.push((state_key(&id), s));
+    }
+    let head = head::encode(&record.header, layout, &[], None)?;
+    out.insert(0, (header_key(&id), head.into()));
+    Ok(out)
+}
+
+/// The stored head of `id` (format 3 or 2), or the bytes of its format-1 record.
+fn current(t: &impl Table, id: &str) -> Result<(Option<Head>, Option<Vec<u8>>), StoreError> {
     match t.get(&header_key(id))? {
-        Some(bytes) => Ok((Some(codec::decode_header(id, &bytes)?), None)),
+        Some(bytes) => Ok((Some(head::decode(id, &bytes)?), None)),
         None => Ok((None, t.format1_get(id)?)),
     }
 }
 
-/// Applies one write (see [`RecordWrite`]).
+/// The layout of a stored head; a format-2 head's is found by scanning its entries
+/// (once: the write converts it).
+fn layout_of(t: &impl Table, id: &str, layout: Option<Layout>) -> Result<Layout, StoreError> {
+    if let Some(l) = layout {
+        return Ok(l);
+    }
+    let mut l = Layout::default();
+    for k in t.keys_with_prefix(&session_prefix(id))? {
+        match parse_key(&k).map(|(_, kind)| kind) {
+            Some(KeyKind::Item(seq)) => l.add(seq),
+            Some(KeyKind::State) => l.loose_state = true,
+            _ => {}
+        }
+    }
+    Ok(l)
+}
+
+/// Applies one write (see [`RecordWrite`]): reads the stored head (one key), checks the
+/// condition and the fencing token, then writes the head and the changed loose entries
+/// only. A replacing write removes the loose entries the stored head names and keeps
+/// the record inline when it fits in [`INLINE_LIMIT`].
 pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     let id = w.header.session_id.clone();
     check_id(&id)?;
-    let (stored, old) = match current(t, &id) {
-        Ok(c) => c,
+    let head_bytes = t.get(&header_key(&id))?;
+    let peeked = match &head_bytes {
+        Some(bytes) => head::peek(&id, bytes).map(|p| (Some(p), None)),
+        None => t.format1_get(&id).map(|old| (None, old)),
+    };
+    let (stored, old, damaged) = match peeked {
+        Ok((h, old)) => (h, old, false),
         // A damaged record is left alone (S18), except by an unconditional write.
         Err(e) if w.condition != crate::store::WriteCondition::Always => return Err(e),
-        Err(_) => (None, None),
+        Err(_) => (None, None, true),
     };
-    let status = match (&stored, &old) {
-        (Some(h), _) => Some(h.status.clone()),
-        (None, Some(bytes)) => Some(legacy::prefix(&id, bytes)?.0.status),
+    let kind = match (&stored, &old) {
+        (Some(h), _) => Some(h.summary.kind),
+        (None, Some(bytes)) => Some(legacy::prefix(&id, bytes)?.0.status.kind()),
         (None, None) => None,
     };
-    if let Err(why) = w.condition.allows(status.as_ref().map(SessionStatus::kind)) {
+    if let Err(why) = w.condition.allows(kind) {
+        // The refusal names the stored status in full: only now is the header decoded.
+        let status = match (&head_bytes, &old) {
+            (Some(bytes), _) => Some(head::decode(&id, bytes)?.header.status),
+            (None, Some(bytes)) => Some(legacy::prefix(&id, bytes)?.0.status),
+            (None, None) => None,
+        };
         return Err(match (why, status) {
             (ConditionFailed::Final, Some(status)) => StoreError::Final {
                 session: id,
@@ -227,19 +405,19 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
         });
     }
     if let (crate::store::WriteCondition::AtVersion(expected), Some(h)) = (&w.condition, &stored) {
-        if h.version != *expected {
+        if h.summary.version != *expected {
             return Err(StoreError::Changed {
                 session: id,
                 expected: *expected,
-                found: h.version,
+                found: h.summary.version,
             });
         }
     }
-    let stored_epoch = stored.as_ref().map_or(0, |h| h.lease_epoch);
+    let stored_epoch = stored.as_ref().map_or(0, |h| h.summary.lease_epoch);
     // S37: a cancel by id moved the epoch one past its owner's; that owner may still
     // write what it holds over the `Canceled` record (S24), and no one else below it.
     let canceled_owner = w.condition == crate::store::WriteCondition::CanceledOrLive
-        && status.as_ref().map(SessionStatus::kind) == Some(StatusKind::Canceled)
+        && kind == Some(StatusKind::Canceled)
         && w.header.lease_epoch + 1 == stored_epoch;
     if w.header.lease_epoch < stored_epoch && !canceled_owner {
         return Err(StoreError::Fenced {
@@ -258,32 +436,109 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
         });
     }
     let mut header = w.header;
-    header.version = stored.as_ref().map_or(0, |h| h.version) + 1;
+    header.version = stored.as_ref().map_or(0, |h| h.summary.version) + 1;
     // The stored epoch never goes down (the canceled owner's write above keeps it).
     header.lease_epoch = header.lease_epoch.max(stored_epoch);
-    let encoded = codec::encode_header(&header)?;
+    let (mut layout, mut inline, mut state) = match stored {
+        Some(h) => (
+            layout_of(t, &id, h.layout)?,
+            h.items.into_iter().collect::<BTreeMap<_, _>>(),
+            h.state,
+        ),
+        None => (Layout::default(), BTreeMap::new(), None),
+    };
     if w.replace {
-        for k in t.keys_with_prefix(&session_prefix(&id))? {
-            t.remove(k);
+        if damaged {
+            // The head cannot say where the entries are: remove all of them.
+            for k in t.keys_with_prefix(&session_prefix(&id))? {
+                t.remove(k);
+            }
+        } else {
+            remove_loose(t, &id, &layout)?;
         }
         if old.is_some() {
             t.format1_remove(&id);
         }
+        (layout, inline, state) = (Layout::default(), BTreeMap::new(), None);
     }
     for change in w.items {
         match change {
-            ItemChange::Put(seq, bytes) => t.put(item_key(&id, seq), bytes),
-            ItemChange::Delete(seq) => t.remove(item_key(&id, seq)),
+            // A whole record goes inline; an item already inline stays there.
+            ItemChange::Put(seq, bytes) if w.replace || inline.contains_key(&seq) => {
+                inline.insert(seq, bytes);
+            }
+            ItemChange::Put(seq, bytes) => {
+                let key = item_key(&id, seq);
+                let existed = layout.may_hold(seq) && t.get(&key)?.is_some();
+                t.put(key, bytes);
+                if !existed {
+                    layout.add(seq);
+                }
+            }
+            ItemChange::Delete(seq) => {
+                if inline.remove(&seq).is_none() && layout.may_hold(seq) {
+                    let key = item_key(&id, seq);
+                    if t.get(&key)?.is_some() {
+                        t.remove(key);
+                        layout.remove(seq);
+                    }
+                }
+            }
         }
     }
+    let inline_items: usize = inline.values().map(|b| b.len()).sum();
     match w.state {
         StateChange::Keep => {}
-        StateChange::Put(bytes) => t.put(state_key(&id), bytes),
-        StateChange::Delete => t.remove(state_key(&id)),
+        StateChange::Put(bytes) if inline_items + bytes.len() <= INLINE_LIMIT => {
+            if layout.loose_state {
+                t.remove(state_key(&id));
+                layout.loose_state = false;
+            }
+            state = Some(bytes);
+        }
+        StateChange::Put(bytes) => {
+            t.put(state_key(&id), bytes);
+            layout.loose_state = true;
+            state = None;
+        }
+        StateChange::Delete => {
+            if layout.loose_state {
+                t.remove(state_key(&id));
+                layout.loose_state = false;
+            }
+            state = None;
+        }
     }
+    // Beyond the limit the inline items become loose entries (once), so that the head
+    // a push rewrites stays small whatever the backlog.
+    if inline_items + state.as_ref().map_or(0, |s| s.len()) > INLINE_LIMIT {
+        for (seq, bytes) in std::mem::take(&mut inline) {
+            t.put(item_key(&id, seq), bytes);
+            layout.add(seq);
+        }
+        if let Some(s) = state.take_if(|s| s.len() > INLINE_LIMIT) {
+            t.put(state_key(&id), s);
+            layout.loose_state = true;
+        }
+    }
+    let items: Vec<(u64, Payload)> = inline.into_iter().collect();
+    let encoded = head::encode(&header, layout, &items, state.as_ref())?;
     t.put(header_key(&id), encoded.into());
     if let Some(mark) = w.history {
         crate::store::history::record(t, &id, mark, header.updated_at_ms)?;
+    }
+    Ok(())
+}
+
+/// Removes the loose entries `layout` names.
+fn remove_loose(t: &mut impl Table, id: &str, layout: &Layout) -> Result<(), StoreError> {
+    if layout.loose_items > 0 {
+        for (k, _) in t.entries_in_range(&item_key(id, layout.lo), &item_key(id, layout.hi))? {
+            t.remove(k);
+        }
+    }
+    if layout.loose_state {
+        t.remove(state_key(id));
     }
     Ok(())
 }
@@ -299,7 +554,9 @@ pub fn cas(
 ) -> Result<CasOutcome, StoreError> {
     check_id(id)?;
     match current(t, id)? {
-        (Some(mut h), _) => {
+        (Some(head), _) => {
+            let layout = layout_of(t, id, head.layout)?;
+            let mut h = head.header;
             if !from.contains(&h.status.kind()) {
                 return Ok(CasOutcome::Mismatch(h.status));
             }
@@ -313,7 +570,8 @@ pub fn cas(
             }
             h.updated_at_ms = now_ms;
             h.version += 1;
-            t.put(header_key(id), codec::encode_header(&h)?.into());
+            let encoded = head::encode(&h, layout, &head.items, head.state.as_ref())?;
+            t.put(header_key(id), encoded.into());
             Ok(CasOutcome::Swapped(prev))
         }
         (None, Some(bytes)) => {
@@ -340,17 +598,28 @@ pub fn purge(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
 /// The checkpoint history stays (S16's delete at a clean exit keeps it).
 pub fn delete(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     check_id(id)?;
-    let keys = t.keys_with_prefix(&session_prefix(id))?;
     let old = t.format1_get(id)?.is_some();
+    if old {
+        t.format1_remove(id);
+    }
+    // A format-3 head names its loose entries; anything else (format 2, a damaged
+    // head, entries without one) is removed by a scan of the session's prefix.
+    let layout = match t.get(&header_key(id))? {
+        Some(bytes) => head::decode(id, &bytes).ok().and_then(|h| h.layout),
+        None => None,
+    };
+    if let Some(layout) = layout {
+        remove_loose(t, id, &layout)?;
+        t.remove(header_key(id));
+        return Ok(true);
+    }
+    let keys = t.keys_with_prefix(&session_prefix(id))?;
     let existed = keys
         .iter()
         .any(|k| parse_key(k).map(|(_, kind)| kind) == Some(KeyKind::Header))
         || old;
     for k in keys {
         t.remove(k);
-    }
-    if old {
-        t.format1_remove(id);
     }
     Ok(existed)
 }
@@ -384,7 +653,7 @@ pub fn restore(
             )));
         }
         if parse_key(k).map(|(_, kind)| kind) == Some(KeyKind::Header) {
-            header = Some(codec::decode_header(id, v)?);
+            header = Some(head::decode(id, v)?.header);
         }
     }
     if entries.is_empty() {
@@ -397,7 +666,7 @@ pub fn restore(
     if let (Some(h), _) = current(t, id)? {
         return Err(StoreError::Exists {
             session: id.to_string(),
-            status: h.status,
+            status: h.header.status,
         });
     }
     if let Some(bytes) = t.format1_get(id)? {
@@ -485,4 +754,312 @@ pub fn list(
     }
     out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::codec;
+    use crate::store::record::RecordHeader;
+    use crate::store::{RecordWrite, WriteCondition};
+    use std::ops::Bound;
+
+    /// A plain ordered map as the table, counting the reads that scan.
+    #[derive(Default)]
+    struct Map {
+        rows: BTreeMap<Vec<u8>, Payload>,
+        scans: std::cell::Cell<usize>,
+    }
+
+    impl Table for Map {
+        fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+            Ok(self.rows.get(key).cloned())
+        }
+        fn put(&mut self, key: Vec<u8>, value: Payload) {
+            self.rows.insert(key, value);
+        }
+        fn remove(&mut self, key: Vec<u8>) {
+            self.rows.remove(&key);
+        }
+        fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+            Ok(self
+                .entries_with_prefix(prefix)?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect())
+        }
+        fn entries_with_prefix(
+            &self,
+            prefix: &[u8],
+        ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+            self.scans.set(self.scans.get() + 1);
+            Ok(self
+                .rows
+                .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        }
+        fn entries_in_range(
+            &self,
+            from: &[u8],
+            to: &[u8],
+        ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+            Ok(self
+                .rows
+                .range::<[u8], _>((Bound::Included(from), Bound::Included(to)))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        }
+    }
+
+    fn p(b: &[u8]) -> Payload {
+        Payload::from(b.to_vec())
+    }
+
+    fn header(id: &str) -> RecordHeader {
+        RecordHeader {
+            session_id: id.into(),
+            agent_kind: "sim".into(),
+            ..RecordHeader::default()
+        }
+    }
+
+    fn write(items: Vec<ItemChange>, state: StateChange, replace: bool) -> RecordWrite {
+        RecordWrite {
+            header: header("s"),
+            items,
+            state,
+            replace,
+            condition: WriteCondition::Always,
+            history: None,
+        }
+    }
+
+    fn load(t: &Map) -> StoredRecord {
+        match read(t, "s").unwrap() {
+            Some(Stored::Current(r)) => r,
+            other => panic!("expected a record, got {other:?}"),
+        }
+    }
+
+    fn seqs(r: &StoredRecord) -> Vec<u64> {
+        r.items.iter().map(|(s, _)| *s).collect()
+    }
+
+    /// S15c: a whole-record write is one key, rewritten in place; neither it nor the load
+    /// scans the session's prefix (the scans are what piled up under fjall's rewritten
+    /// keys).
+    #[test]
+    fn s15c_a_whole_record_is_one_key_and_nothing_scans() {
+        let mut t = Map::default();
+        for n in 0..50u64 {
+            let w = write(
+                vec![ItemChange::Put(n, p(b"a")), ItemChange::Put(n + 1, p(b"b"))],
+                StateChange::Put(p(&n.to_le_bytes())),
+                true,
+            );
+            super::write(&mut t, w).unwrap();
+            assert_eq!(t.rows.len(), 1, "one key after write {n}");
+            let r = load(&t);
+            assert_eq!(seqs(&r), vec![n, n + 1]);
+            assert_eq!(r.state.as_deref(), Some(&n.to_le_bytes()[..]));
+            assert_eq!(r.header.version, n + 1);
+        }
+        assert_eq!(t.scans.get(), 0, "no write and no load scanned");
+    }
+
+    /// S15c: pushes add loose entries and rewrite the head; delivering removes them;
+    /// the head's bounds follow, so reads touch only the live range; a replacing write
+    /// removes every loose entry.
+    #[test]
+    fn s15c_loose_entries_follow_pushes_and_deliveries() {
+        let mut t = Map::default();
+        super::write(&mut t, write(vec![], StateChange::Delete, true)).unwrap();
+        for n in 0..10u64 {
+            super::write(
+                &mut t,
+                write(vec![ItemChange::Put(n, p(b"x"))], StateChange::Keep, false),
+            )
+            .unwrap();
+        }
+        assert_eq!(t.rows.len(), 11, "the head and ten loose items");
+        assert_eq!(seqs(&load(&t)), (0..10).collect::<Vec<_>>());
+        // A turn delivers the first three and stores its state (inline).
+        super::write(
+            &mut t,
+            write(
+                (0..3).map(ItemChange::Delete).collect(),
+                StateChange::Put(p(b"state")),
+                false,
+            ),
+        )
+        .unwrap();
+        assert_eq!(t.rows.len(), 8);
+        let head = head::decode("s", &t.rows[&header_key("s")]).unwrap();
+        let l = head.layout.unwrap();
+        assert_eq!((l.loose_items, l.lo, l.hi, l.loose_state), (7, 3, 9, false));
+        let r = load(&t);
+        assert_eq!(seqs(&r), (3..10).collect::<Vec<_>>());
+        assert_eq!(r.state.as_deref(), Some(&b"state"[..]));
+        // A plan rewrites an item in place: counted once.
+        super::write(
+            &mut t,
+            write(vec![ItemChange::Put(5, p(b"y"))], StateChange::Keep, false),
+        )
+        .unwrap();
+        let l = head::decode("s", &t.rows[&header_key("s")])
+            .unwrap()
+            .layout
+            .unwrap();
+        assert_eq!(l.loose_items, 7);
+        // A whole write leaves one key again.
+        super::write(
+            &mut t,
+            write(
+                vec![ItemChange::Put(20, p(b"z"))],
+                StateChange::Delete,
+                true,
+            ),
+        )
+        .unwrap();
+        assert_eq!(t.rows.len(), 1);
+        assert_eq!(seqs(&load(&t)), vec![20]);
+        assert_eq!(t.scans.get(), 0);
+        assert!(super::delete(&mut t, "s").unwrap());
+        assert!(t.rows.is_empty());
+    }
+
+    /// A record beyond the inline limit keeps its items and state loose, so a push's
+    /// head stays small whatever the backlog.
+    #[test]
+    fn a_large_record_is_kept_loose() {
+        let mut t = Map::default();
+        let big = vec![7u8; INLINE_LIMIT / 4];
+        let items = (0..6).map(|n| ItemChange::Put(n, p(&big))).collect();
+        super::write(&mut t, write(items, StateChange::Put(p(&big)), true)).unwrap();
+        let head_len = t.rows[&header_key("s")].len();
+        assert!(head_len < 1024, "the head is {head_len} bytes");
+        let r = load(&t);
+        assert_eq!(seqs(&r), (0..6).collect::<Vec<_>>());
+        assert_eq!(r.state.as_deref().map(<[u8]>::len), Some(big.len()));
+        // A state beyond the limit on its own is loose too.
+        let huge = vec![1u8; INLINE_LIMIT + 1];
+        super::write(&mut t, write(vec![], StateChange::Put(p(&huge)), true)).unwrap();
+        assert_eq!(t.rows.len(), 2);
+        assert_eq!(load(&t).state.as_deref().map(<[u8]>::len), Some(huge.len()));
+    }
+
+    /// Format 2 still loads (by a scan of its entries), and its first write converts it:
+    /// an incremental write keeps its entries loose under a format-3 head that names
+    /// them, a compare-and-swap too.
+    #[test]
+    fn s15_a_format2_record_loads_and_its_first_write_converts_it() {
+        let mut t = Map::default();
+        let mut h = header("s");
+        h.next_seq = 3;
+        h.version = 4;
+        t.put(
+            header_key("s"),
+            codec::encode_format2_header(&h).unwrap().into(),
+        );
+        for n in 0..3 {
+            t.put(item_key("s", n), p(&[n as u8]));
+        }
+        t.put(state_key("s"), p(b"old state"));
+        let r = load(&t);
+        assert_eq!(seqs(&r), vec![0, 1, 2]);
+        assert_eq!(r.state.as_deref(), Some(&b"old state"[..]));
+        assert_eq!(r.header.version, 4);
+        // Its first write: one item delivered, one pushed.
+        super::write(
+            &mut t,
+            write(
+                vec![ItemChange::Delete(0), ItemChange::Put(3, p(b"new"))],
+                StateChange::Keep,
+                false,
+            ),
+        )
+        .unwrap();
+        let head = head::decode("s", &t.rows[&header_key("s")]).unwrap();
+        assert_eq!(
+            t.rows[&header_key("s")][4..6],
+            codec::FORMAT_VERSION.to_le_bytes()
+        );
+        let l = head.layout.expect("converted to format 3");
+        assert_eq!((l.loose_items, l.lo, l.hi, l.loose_state), (3, 1, 3, true));
+        let scans = t.scans.get();
+        let r = load(&t);
+        assert_eq!(seqs(&r), vec![1, 2, 3]);
+        assert_eq!(r.state.as_deref(), Some(&b"old state"[..]));
+        assert_eq!(r.header.version, 5);
+        assert_eq!(t.scans.get(), scans, "a format-3 load does not scan");
+        // A compare-and-swap of another format-2 record converts it as well.
+        t.put(
+            header_key("t"),
+            codec::encode_format2_header(&header("t")).unwrap().into(),
+        );
+        t.put(item_key("t", 9), p(b"i"));
+        let outcome = cas(
+            &mut t,
+            "t",
+            &[StatusKind::Stopped],
+            SessionStatus::Canceled,
+            1,
+        )
+        .unwrap();
+        assert!(matches!(outcome, CasOutcome::Swapped(_)));
+        match read(&t, "t").unwrap() {
+            Some(Stored::Current(r)) => {
+                assert_eq!(seqs(&r), vec![9]);
+                assert_eq!(r.header.status, SessionStatus::Canceled);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// S15: a build that reads format 2 only refuses a format-3 head rather than
+    /// misreading it: the magic and the version field sit where format 2 has them, and
+    /// the version says 3 (format-2 builds accept 1 and 2 and call any other
+    /// "unknown format version … a newer agentloop wrote it").
+    #[test]
+    fn s15_a_format3_head_announces_its_version_where_format2_readers_look() {
+        let bytes = head::encode(&header("s"), Layout::default(), &[(1, p(b"i"))], None).unwrap();
+        assert_eq!(bytes[..4], codec::MAGIC);
+        assert_eq!(u16::from_le_bytes([bytes[4], bytes[5]]), 3);
+        // And its payload length covers the header only: the layout follows it.
+        let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
+        assert!(codec::ENVELOPE + len < bytes.len());
+    }
+
+    /// The fast read from the head alone answers exactly what `read` does, and says
+    /// when it cannot.
+    #[test]
+    fn reading_from_the_head_alone_matches_read() {
+        let mut t = Map::default();
+        super::write(
+            &mut t,
+            write(
+                vec![ItemChange::Put(1, p(b"a"))],
+                StateChange::Put(p(b"s")),
+                true,
+            ),
+        )
+        .unwrap();
+        let bytes = t.rows[&header_key("s")].clone();
+        match read_head_only("s", &bytes).unwrap() {
+            HeadRead::Record(r) => assert_eq!(Some(*r), read(&t, "s").unwrap()),
+            HeadRead::NeedsEntries => panic!("an inline record needs nothing else"),
+        }
+        super::write(
+            &mut t,
+            write(vec![ItemChange::Put(2, p(b"b"))], StateChange::Keep, false),
+        )
+        .unwrap();
+        let bytes = t.rows[&header_key("s")].clone();
+        assert!(matches!(
+            read_head_only("s", &bytes).unwrap(),
+            HeadRead::NeedsEntries
+        ));
+    }
 }

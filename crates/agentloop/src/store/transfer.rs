@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::backend::Backend;
 use crate::store::history::{self, HISTORY_MARK};
-use crate::store::record::{Payload, RecordHeader, Stored};
+use crate::store::record::{Payload, RecordHeader, Stored, StoredRecord};
 use crate::store::table::{self, KeyKind};
 use crate::store::wave::{Base, OpResult, WriteOp};
 use crate::store::{codec, StoreError};
@@ -161,7 +161,20 @@ fn line(backend: &Backend, id: &str) -> Result<ExportLine, StoreError> {
     };
     for (k, v) in backend.base_entries(&table::session_prefix(id))? {
         match table::parse_key(&k).map(|(_, kind)| kind) {
-            Some(KeyKind::Header) => l.header = Some(codec::decode_header(id, &v)?),
+            Some(KeyKind::Header) => {
+                // Format 3 keeps small records inline in the head: exported as entries.
+                let head = codec::head::decode(id, &v)?;
+                l.header = Some(head.header);
+                for (seq, bytes) in head.items {
+                    l.items.push(ExportItem {
+                        seq,
+                        msgpack: b64(&bytes),
+                    });
+                }
+                if let Some(state) = head.state {
+                    l.state = Some(b64(&state));
+                }
+            }
             Some(KeyKind::Item(seq)) => l.items.push(ExportItem {
                 seq,
                 msgpack: b64(&v),
@@ -205,6 +218,15 @@ fn entries(line: ExportLine) -> Result<(String, Entries), StoreError> {
             ),
         });
     }
+    let mut items = Vec::with_capacity(line.items.len());
+    for item in line.items {
+        items.push((item.seq, unb64(&id, "an item", &item.msgpack)?.into()));
+    }
+    items.sort_by_key(|(seq, _)| *seq);
+    let state = match line.state {
+        Some(state) => Some(unb64(&id, "the state", &state)?.into()),
+        None => None,
+    };
     let mut out: Entries = Vec::new();
     if let Some(mut header) = line.header {
         if header.session_id != id {
@@ -216,20 +238,21 @@ fn entries(line: ExportLine) -> Result<(String, Entries), StoreError> {
         }
         // Kept as exported (the version included): the record reads back the same.
         header.session_id = id.clone();
-        out.push((
-            table::header_key(&id),
-            codec::encode_header(&header)?.into(),
-        ));
-    }
-    for item in line.items {
-        let bytes = unb64(&id, "an item", &item.msgpack)?;
-        out.push((table::item_key(&id, item.seq), bytes.into()));
-    }
-    if let Some(state) = line.state {
-        out.push((
-            table::state_key(&id),
-            unb64(&id, "the state", &state)?.into(),
-        ));
+        out.extend(table::entries_of(StoredRecord {
+            header,
+            items,
+            state,
+        })?);
+    } else {
+        // Entries without a header (a leftover): kept as they were, loose.
+        out.extend(
+            items
+                .into_iter()
+                .map(|(seq, b)| (table::item_key(&id, seq), b)),
+        );
+        if let Some(s) = state {
+            out.push((table::state_key(&id), s));
+        }
     }
     for snap in line.history {
         let bytes = unb64(&id, "a checkpoint", &snap.snapshot)?;

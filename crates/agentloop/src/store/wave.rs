@@ -96,6 +96,9 @@ pub trait Base {
     fn base_entries(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
     /// A format-1 record's bytes.
     fn base_format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Every `(key, value)` of the sessions table from `from` to `to`, both included, in
+    /// order.
+    fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
 }
 
 /// What a wave leaves for its backend to commit atomically.
@@ -164,6 +167,25 @@ impl<B: Base> Table for Wave<'_, B> {
         let mut out: BTreeMap<Vec<u8>, Payload> =
             self.base.base_entries(prefix)?.into_iter().collect();
         for (k, v) in self.staged_prefix(prefix) {
+            match v {
+                Some(v) => out.insert(k.clone(), v.clone()),
+                None => out.remove(k),
+            };
+        }
+        Ok(out.into_iter().collect())
+    }
+    fn entries_in_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        let mut out: BTreeMap<Vec<u8>, Payload> =
+            self.base.base_range(from, to)?.into_iter().collect();
+        let staged = self
+            .staged
+            .sessions
+            .range::<[u8], _>((Bound::Included(from), Bound::Included(to)));
+        for (k, v) in staged {
             match v {
                 Some(v) => out.insert(k.clone(), v.clone()),
                 None => out.remove(k),

@@ -2,20 +2,23 @@
 //! agent-state payloads, and the reading of format-1 records. The only place that
 //! knows byte layouts; the only user of bincode (in `legacy.rs`, to read format 1).
 //!
-//! A format-2 header is stored in an envelope:
+//! A header is stored in an envelope:
 //!
 //! ```text
-//! magic "ALCK" (4 bytes) | format version (u16 LE) = 2 | payload length (u32 LE) | payload
+//! magic "ALCK" (4 bytes) | format version (u16 LE) | payload length (u32 LE) | payload
 //! ```
 //!
-//! whose payload is the header as MessagePack with fields by name. Items and the agent
-//! state are bare MessagePack payloads ([`payload`]), one entry each; the header's
-//! format version covers them. Decoding checks the magic, the version and the length
+//! whose payload is the header as MessagePack with fields by name. In format 3 (this
+//! build's, [`head`]) the envelope is followed by the record's layout and its inline
+//! items and state, so a record is usually one key; format 2 has nothing after it, and
+//! every item and the state are entries of their own. Items and the agent state are
+//! bare MessagePack payloads ([`payload`]); the header's format version covers them. Decoding checks the magic, the version and the length
 //! before touching the payload, runs every payload through the structural check of
 //! [`check`] (bounded allocation, see there), and never panics: bad bytes become
 //! `StoreError::Corrupt` naming the session and what is wrong.
 
 pub mod check;
+pub mod head;
 pub mod legacy;
 pub mod payload;
 
@@ -29,8 +32,10 @@ pub use payload::{PayloadError, PayloadStage, PAYLOAD_LIMIT};
 
 /// The first bytes of every stored header (and of every format-1 record).
 pub const MAGIC: [u8; 4] = *b"ALCK";
-/// The record format this build writes.
-pub const FORMAT_VERSION: u16 = 2;
+/// The record format this build writes (format 3: a head with its layout, [`head`]).
+pub const FORMAT_VERSION: u16 = head::FORMAT3;
+/// The format before it (a header and one entry per item): read, converted on write.
+pub const FORMAT2: u16 = 2;
 /// The previous format (one bincode envelope per record): read, converted on write.
 pub const FORMAT1: u16 = 1;
 /// The largest header payload, in bytes (16 MiB).
@@ -48,12 +53,13 @@ fn envelope(version: u16, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Checks an envelope and returns its version and payload. `limit` bounds the payload.
-pub fn open_envelope<'b>(
+/// Checks an envelope and returns its version, its payload and what follows it (only
+/// a format-3 head has anything after its payload). `limit` bounds the payload.
+pub fn split_envelope<'b>(
     session: &str,
     bytes: &'b [u8],
     limit: usize,
-) -> Result<(u16, &'b [u8]), StoreError> {
+) -> Result<(u16, &'b [u8], &'b [u8]), StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         session: session.to_string(),
         reason,
@@ -72,7 +78,7 @@ pub fn open_envelope<'b>(
         )));
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != FORMAT_VERSION && version != FORMAT1 {
+    if version != FORMAT_VERSION && version != FORMAT2 && version != FORMAT1 {
         // A newer build's record is not garbage: say so before the advice to delete.
         let newer = if version > FORMAT_VERSION {
             " (a newer agentloop wrote it: read it with that version rather than deleting it)"
@@ -81,7 +87,7 @@ pub fn open_envelope<'b>(
         };
         return Err(corrupt(format!(
             "unknown format version {version}; this build reads version {FORMAT_VERSION} \
-             (and converts version {FORMAT1}){newer}"
+             (and converts versions {FORMAT2} and {FORMAT1}){newer}"
         )));
     }
     let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
@@ -90,57 +96,59 @@ pub fn open_envelope<'b>(
             "payload length {len} exceeds the {limit}-byte limit"
         )));
     }
-    let payload = &bytes[ENVELOPE..];
-    if payload.len() != len {
+    let rest = &bytes[ENVELOPE..];
+    if rest.len() < len {
         return Err(corrupt(format!(
             "payload is {} bytes but the envelope says {len} (truncated or padded)",
-            payload.len()
+            rest.len()
         )));
     }
-    Ok((version, payload))
+    let (payload, tail) = rest.split_at(len);
+    Ok((version, payload, tail))
 }
 
-/// Encodes a header into its envelope.
-pub fn encode_header(header: &RecordHeader) -> Result<Vec<u8>, StoreError> {
-    let payload = payload::encode(header).map_err(|e| StoreError::Encode {
-        session: header.session_id.clone(),
-        reason: e.to_string(),
-    })?;
-    if payload.len() > HEADER_LIMIT {
-        return Err(StoreError::Encode {
-            session: header.session_id.clone(),
+/// Checks an envelope that holds nothing after its payload (format 1 and 2) and returns
+/// its version and payload. `limit` bounds the payload.
+pub fn open_envelope<'b>(
+    session: &str,
+    bytes: &'b [u8],
+    limit: usize,
+) -> Result<(u16, &'b [u8]), StoreError> {
+    let (version, payload, tail) = split_envelope(session, bytes, limit)?;
+    if !tail.is_empty() && version != FORMAT_VERSION {
+        return Err(StoreError::Corrupt {
+            session: session.to_string(),
             reason: format!(
-                "the record header is {} bytes; the limit is {HEADER_LIMIT}: a turn consumes \
-                 too many items",
+                "payload is {} bytes but the envelope says {} (truncated or padded)",
+                payload.len() + tail.len(),
                 payload.len()
             ),
         });
     }
-    Ok(envelope(FORMAT_VERSION, &payload))
+    Ok((version, payload))
 }
 
-/// Decodes a format-2 header stored under `session` (the header's own id must match).
+/// Encodes a header into a format-3 head that holds nothing else (no inline payload,
+/// no loose entries): a checkpoint snapshot's header, a record's size.
+pub fn encode_header(header: &RecordHeader) -> Result<Vec<u8>, StoreError> {
+    head::encode(header, head::Layout::default(), &[], None)
+}
+
+/// Encodes a header as format 2 wrote it (for tests and fixtures of records written by
+/// earlier builds; this build never stores one).
+#[doc(hidden)]
+pub fn encode_format2_header(header: &RecordHeader) -> Result<Vec<u8>, StoreError> {
+    let payload = payload::encode(header).map_err(|e| StoreError::Encode {
+        session: header.session_id.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(envelope(FORMAT2, &payload))
+}
+
+/// Decodes the header of a head (format 3 or 2) stored under `session` (the header's
+/// own id must match).
 pub fn decode_header(session: &str, bytes: &[u8]) -> Result<RecordHeader, StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        session: session.to_string(),
-        reason,
-    };
-    let (version, body) = open_envelope(session, bytes, HEADER_LIMIT)?;
-    if version != FORMAT_VERSION {
-        return Err(corrupt(format!(
-            "a format-{version} envelope is stored where a format-{FORMAT_VERSION} header \
-             belongs"
-        )));
-    }
-    let header: RecordHeader = payload::decode(body)
-        .map_err(|e| corrupt(format!("the record header does not decode: {e}")))?;
-    if header.session_id != session {
-        return Err(corrupt(format!(
-            "record names session `{}` but is stored under `{session}`",
-            header.session_id
-        )));
-    }
-    Ok(header)
+    head::decode(session, bytes).map(|h| h.header)
 }
 
 /// The first bytes of an agent state read from a format-1 record: what follows is
@@ -302,7 +310,7 @@ mod tests {
             "a_field_from_the_future": [1, 2, 3],
         }))
         .unwrap();
-        let h = decode_header("old", &envelope(FORMAT_VERSION, &partial)).unwrap();
+        let h = decode_header("old", &envelope(FORMAT2, &partial)).unwrap();
         assert_eq!(h.status, SessionStatus::Interrupted);
         assert_eq!(h.turn_index, 4);
         assert_eq!((h.lease_epoch, h.version, h.next_seq), (0, 0, 0));
