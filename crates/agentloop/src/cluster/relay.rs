@@ -183,7 +183,8 @@ where
     }
 
     /// Closes idle relays every half [`RELAY_IDLE`] until `self` is dropped (the node
-    /// actor owns the only other reference).
+    /// actor owns the only other reference). Only a cluster node sweeps.
+    #[cfg(any(feature = "cluster", test))]
     pub(crate) fn sweep_idle(self: &Arc<Self>) -> tokio::task::JoinHandle<()>
     where
         E: Send + 'static,

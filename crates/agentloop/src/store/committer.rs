@@ -11,7 +11,7 @@
 //!
 //! The thread is a tokio blocking-pool thread held for as long as work is queued (one
 //! at a time per store: a queue that was empty starts it, it returns once the queue has
-//! stayed empty for [`LINGER`], 50 µs, spinning: a writer that comes back within it is
+//! stayed empty for [`LINGER`], 50 µs, yielding: a writer that comes back within it is
 //! taken without waking a parked thread): between bursts a store holds no thread, a
 //! store dropped without a close leaks none, and tokio's paused clock (the tests'
 //! accelerated time) sees the store busy while it commits, as it sees any blocking job.
@@ -418,14 +418,10 @@ impl Committer {
     /// commit: a job queued during the spin is taken at once.
     fn linger(&self) {
         let began = std::time::Instant::now();
-        let mut spins = 0u32;
         while !self.has_jobs.load(Ordering::Acquire) && began.elapsed() < LINGER {
-            spins += 1;
-            if spins.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            // Yields at every turn: a thread that shares this CPU (the writer's own,
+            // on a small machine) runs first.
+            std::thread::yield_now();
         }
     }
 
