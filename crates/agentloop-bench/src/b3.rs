@@ -612,7 +612,7 @@ async fn run_on(engine: Engine) {
     direct_saves_round(&store, u64::MAX).await;
     no_store_round(u64::MAX).await;
     println!(
-        "record size: {record_len} B in {entries} entries (agentloop's stored checkpoint, format 2; the baseline writes the same keys and bytes)"
+        "record size: {record_len} B in {entries} entries (agentloop's stored checkpoint, format 3; the baseline writes the same keys and bytes)"
     );
 
     let mut s = Samples::default();

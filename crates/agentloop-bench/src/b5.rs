@@ -3,15 +3,15 @@
 //! baseline.
 //!
 //! Setup (untimed, per side per round): a fresh sled directory holding 10 000 records
-//! written through `SledBackend::apply` the way the store writes them (record format 2:
-//! a header, one entry per item, the state; `store::table`): status
+//! written through `SledBackend::apply` the way the store writes them (record format 3
+//! since issue 30: one head holding the header, the items and the state; `store::table`): status
 //! `Interrupted`, cut mid-turn (one interrupted item and ~1 KiB of encoded `SimState`)
 //! with two unhandled items queued behind it. Every side gets its own copy of the same
 //! records, so each starts from a closed directory (the setup waits until sled has
 //! released its lock).
 //!
 //! * Baseline (raw): open the sled database, iterate the `sessions` tree, decode each
-//!   record's header (`codec::decode_header`), its items (`codec::payload::decode`) and
+//!   record's head (`codec::head::decode`), its items (`codec::payload::decode`) and
 //!   its agent state (`codec::decode_state`) on a blocking thread (the keys and bytes the
 //!   store uses, read with the store's codec), then spawn one ractor actor per record
 //!   that holds the decoded record and state and does nothing else. Timed from the open
@@ -173,7 +173,8 @@ impl Actor for Holder {
 }
 
 /// Opens sled, scans and decodes every `Interrupted` record with its items and state
-/// (one session's keys are contiguous: header, items, state). Blocks.
+/// (one session's keys are contiguous: the head, then any loose items and state).
+/// Blocks.
 fn scan(path: &Path) -> (sled::Db, Vec<Recovered>) {
     let db = sled::Config::new()
         .path(path)
@@ -187,8 +188,25 @@ fn scan(path: &Path) -> (sled::Db, Vec<Recovered>) {
         let (id, kind) = table::parse_key(&k).expect("a key of the record layout");
         match kind {
             KeyKind::Header => {
-                let h = codec::decode_header(id, &v).expect("decoding a header");
-                current = (h.status == SessionStatus::Interrupted).then(|| (h, Vec::new()));
+                // Format 3: the head holds the items and the state when they fit (here
+                // they do); a loose item or state entry follows it otherwise.
+                let head = codec::head::decode(id, &v).expect("decoding a head");
+                current = None;
+                if head.header.status == SessionStatus::Interrupted {
+                    let items = head
+                        .items
+                        .iter()
+                        .map(|(_, b)| codec::payload::decode(b).expect("decoding an item"))
+                        .collect();
+                    match &head.state {
+                        Some(s) => {
+                            let state: SimState =
+                                codec::decode_state(id, s).expect("decoding a state");
+                            out.push((head.header, items, state));
+                        }
+                        None => current = Some((head.header, items)),
+                    }
+                }
             }
             KeyKind::Item(_) => {
                 if let Some((_, items)) = current.as_mut() {
