@@ -29,7 +29,7 @@
 //!   the record keeps the last number written (S26).
 //! * A session with a replay buffer (`SessionConfig::replay_capacity`) keeps its last
 //!   events, so a subscriber can start after a number it saw
-//!   ([`Subscribers::subscribe_after`]) and get exactly what it missed, or a
+//!   (`Subscribers::subscribe_after`) and get exactly what it missed, or a
 //!   [`SessionEvent::Lagged`] marker when the buffer no longer holds it. The buffer
 //!   allocates at its first event: an idle session pays nothing for it (B2).
 //!

@@ -236,7 +236,7 @@ where
         self
     }
 
-    /// Sets the redaction every client-facing read goes through ([`Runtime::view`],
+    /// Sets the redaction every client-facing read goes through ([`RuntimeHandle::view`](crate::RuntimeHandle::view),
     /// and later the HTTP front): it sees items, states, questions and agent events as
     /// JSON and returns what clients may see. The stored records are never altered.
     pub fn redact(mut self, redaction: crate::view::Redaction) -> Self {

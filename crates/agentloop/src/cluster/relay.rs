@@ -1,8 +1,8 @@
 //! Event streams across nodes (issue 18, S36): a subscriber on one node reads the
 //! events of a session another node runs. The owner keeps a local subscription per
-//! relay ([`Relays`]); the subscriber's node long-polls it ([`Request::NextEvents`],
+//! relay (`Relays`); the subscriber's node long-polls it ([`Request::NextEvents`],
 //! at most [`RELAY_POLL`] per poll) and feeds what arrives into an ordinary
-//! [`EventStream`] ([`pump`]). Polling, not pushing, keeps backpressure where it is
+//! [`EventStream`] (`pump`). Polling, not pushing, keeps backpressure where it is
 //! on one node: a subscriber that reads slowly stops the polls, and the owner's
 //! subscription buffer (and its `Lagged` accounting) decides the rest.
 //!

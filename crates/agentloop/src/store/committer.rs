@@ -11,7 +11,7 @@
 //!
 //! The thread is a tokio blocking-pool thread held for as long as work is queued (one
 //! at a time per store: a queue that was empty starts it, it returns once the queue has
-//! stayed empty for [`LINGER`], 50 µs, yielding: a writer that comes back within it is
+//! stayed empty for `LINGER`, 50 µs, yielding: a writer that comes back within it is
 //! taken without waking a parked thread): between bursts a store holds no thread, a
 //! store dropped without a close leaks none, and tokio's paused clock (the tests'
 //! accelerated time) sees the store busy while it commits, as it sees any blocking job.
@@ -412,7 +412,7 @@ impl Committer {
         }
     }
 
-    /// Spins for at most [`LINGER`] while nothing is queued: a writer that queues
+    /// Spins for at most `LINGER` while nothing is queued: a writer that queues
     /// meanwhile (a session's next push, a client's next save) is taken without waking
     /// a parked thread, the hand-off that costs most on the durable path. It delays no
     /// commit: a job queued during the spin is taken at once.

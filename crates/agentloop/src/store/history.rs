@@ -12,7 +12,7 @@
 //! ```
 //!
 //! History outlives S16's delete of the live record at a clean exit; only
-//! [`purge`] (an explicit delete) removes it. This module only lays out and reads
+//! `purge` (an explicit delete) removes it. This module only lays out and reads
 //! snapshots; what a session keeps is its configuration's business.
 
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //! backend implements, and the backends.
 //!
 //! This module owns the record's shape ([`record`]), its encoding ([`codec`]), the
-//! writes a session makes to it ([`write`]) and how they apply to a key-value table
+//! writes a session makes to it ([`mod@write`]) and how they apply to a key-value table
 //! ([`table`]), the [`CheckpointStore`] trait, the memory and sled backends and the
 //! [`CheckpointActor`] that group-commits writes to sled. It knows nothing of sessions:
 //! items and agent states are encoded payloads here, numbered by the writer.
