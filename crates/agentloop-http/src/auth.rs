@@ -36,40 +36,12 @@ fn query_token(req: &Request) -> Option<String> {
     form_urlencoded_token(query)
 }
 
+/// The `access_token` of a query string, decoded (`%XX` and `+`, as browsers encode an
+/// `EventSource` URL; a malformed escape stays as it is, as the URL standard says).
 fn form_urlencoded_token(query: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        if k == "access_token" {
-            percent_decode(v)
-        } else {
-            None
-        }
-    })
-}
-
-/// Decodes `%XX` escapes and `+`; `None` for a malformed escape.
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "access_token")
+        .map(|(_, v)| v.into_owned())
 }
 
 /// The credentials of an `Authorization` value whose scheme is `Bearer` (the scheme is
@@ -193,7 +165,10 @@ mod tests {
             form_urlencoded_token("a=1&access_token=x%2By+z"),
             Some("x+y z".into())
         );
-        assert_eq!(form_urlencoded_token("access_token=%zz"), None);
+        assert_eq!(
+            form_urlencoded_token("access_token=%zz"),
+            Some("%zz".into())
+        );
         assert_eq!(form_urlencoded_token("other=1"), None);
     }
 }

@@ -718,6 +718,16 @@ impl<I> RoutedPushError<I> {
     }
 }
 
+/// The session's own refusal is the source of [`RoutedPushError::Push`].
+impl<I: fmt::Debug + 'static> std::error::Error for RoutedPushError<I> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RoutedPushError::Push(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl<I> fmt::Display for RoutedPushError<I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -2082,5 +2092,25 @@ where
         self.ask(|reply| SupervisorMsg::List { reply })
             .await
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod routed_push_error_tests {
+    use super::*;
+
+    /// A routed push's error is a `std::error::Error` (it goes into `anyhow` and `?`),
+    /// and a session's own refusal is its source.
+    #[test]
+    fn a_routed_push_error_is_an_error_with_the_sessions_refusal_as_source() {
+        let e: Box<dyn std::error::Error> = Box::new(RoutedPushError::UnknownSession {
+            id: "s".to_string(),
+            item: 1u32,
+        });
+        assert!(e.to_string().contains("no live session has id `s`"));
+        assert!(e.source().is_none());
+        let e: Box<dyn std::error::Error> =
+            Box::new(RoutedPushError::Push(PushError::Late { item: 2u32 }));
+        assert!(e.source().is_some(), "the session's refusal is the source");
     }
 }
