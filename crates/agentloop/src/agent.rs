@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::future::Future;
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::cancel::Canceled;
 use crate::turn::TurnCx;
@@ -126,36 +126,7 @@ impl<A: Agent> Debug for Turn<A> {
     }
 }
 
-/// Why an agent ended a turn with a business interrupt (S4), e.g. waiting for a human,
-/// and what it asks. A persistent session's record keeps it, marked as awaiting an
-/// answer; the resumed turn gets the answer in [`Turn::answer`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InterruptInfo {
-    /// A short reason, e.g. `"approval required"`.
-    pub reason: String,
-    /// The question for whoever answers (the tool call to approve, a form): any JSON
-    /// value; `null` when the interrupt asks nothing.
-    #[serde(default)]
-    pub question: serde_json::Value,
-}
-
-impl InterruptInfo {
-    /// An interrupt with this reason and no question.
-    pub fn new(reason: impl Into<String>) -> Self {
-        InterruptInfo {
-            reason: reason.into(),
-            question: serde_json::Value::Null,
-        }
-    }
-
-    /// An interrupt with this reason that asks `question`.
-    pub fn asking(reason: impl Into<String>, question: serde_json::Value) -> Self {
-        InterruptInfo {
-            reason: reason.into(),
-            question,
-        }
-    }
-}
+pub use crate::interrupt::InterruptInfo;
 
 /// How a turn ended from the agent's point of view.
 #[derive(Clone, Debug)]

@@ -46,9 +46,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::agent::InterruptInfo;
 use crate::cancel::{CancelInfo, CancelMode};
 use crate::exit::ExitSummary;
+use crate::interrupt::InterruptInfo;
 
 /// The default capacity of a subscriber's event buffer.
 pub const DEFAULT_EVENT_CAPACITY: usize = 256;

@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::InterruptInfo;
 use crate::cancel::CancelInfo;
+use crate::interrupt::InterruptInfo;
 
 /// The mechanism by which a session ended (S13). The business reason is kept apart in
 /// [`ExitState::stop_cause`]; the checkpoint result in [`ExitState::checkpoint`].

@@ -107,6 +107,7 @@ pub mod error;
 pub mod events;
 pub mod exit;
 pub mod ids;
+pub mod interrupt;
 pub mod liveness;
 pub mod metrics;
 pub mod options;

@@ -172,15 +172,10 @@ impl RuntimeMetrics {
         self.checkpoint_flush.observe(took.as_secs_f64());
     }
 
-    /// The shutdown finished with these phase durations.
-    pub fn shutdown_phases(&self, phases: &crate::shutdown::report::PhaseDurations) {
-        for (name, d) in [
-            ("gate", phases.gate),
-            ("grace", phases.grace),
-            ("force", phases.force),
-            ("cleanup", phases.cleanup),
-            ("total", phases.total),
-        ] {
+    /// The shutdown finished with these phase durations, by phase name
+    /// (`ShutdownReport::phases`, [`crate::shutdown::report::PhaseDurations::named`]).
+    pub fn shutdown_phases(&self, phases: impl IntoIterator<Item = (&'static str, Duration)>) {
+        for (name, d) in phases {
             self.shutdown_phase
                 .get_or_create(&vec![("phase", name)])
                 .set(d.as_secs_f64());

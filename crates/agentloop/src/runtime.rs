@@ -395,7 +395,7 @@ where
         let phases = runtime.handle.shutdown.clone();
         tokio::spawn(async move {
             if let Ok(report) = phases.wait_report().await {
-                metrics.shutdown_phases(&report.phases);
+                metrics.shutdown_phases(report.phases.named());
             }
         });
         let report = runtime.resume().await?;

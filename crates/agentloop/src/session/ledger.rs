@@ -38,6 +38,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::agent::{Plan, PlanInput};
 use crate::store::codec::PayloadError;
 use crate::store::{ItemChange, LoadedRecord, Payload};
+pub(crate) use crate::turn::split::{PlanSplit, Planned};
 
 /// An accepted item's entry number.
 pub(crate) type Seq = u64;
@@ -71,40 +72,6 @@ type Held_<I> = HashMap<Seq, Held<I>, BuildHasherDefault<SeqHasher>>;
 pub(crate) struct Held<I> {
     pub(crate) item: I,
     pub(crate) bytes: Option<Payload>,
-}
-
-/// One item of a plan's answer: the offered item it is (its position in the offer), its
-/// value as the plan returned it, and new bytes when the plan changed it (a persistent
-/// session's entry is rewritten).
-#[derive(Clone, Debug)]
-pub(crate) struct Planned<I> {
-    pub(crate) pos: usize,
-    pub(crate) item: I,
-    pub(crate) rewritten: Option<Payload>,
-}
-
-/// What a plan did with its offer, by position in the offer (S5); the ledger knows
-/// which entry each position is.
-#[derive(Clone, Debug)]
-pub(crate) struct PlanSplit<I> {
-    /// What the turn consumes, in the plan's order.
-    pub(crate) consumed: Vec<Planned<I>>,
-    /// What goes back to the front, in the plan's order.
-    pub(crate) remaining: Vec<Planned<I>>,
-    /// Dropped by the plan's decision.
-    pub(crate) dropped: Vec<usize>,
-}
-
-impl<I> PlanSplit<I> {
-    /// Whether the split changes stored entries (drops or rewrites).
-    pub(crate) fn changes_entries(&self) -> bool {
-        !self.dropped.is_empty()
-            || self
-                .consumed
-                .iter()
-                .chain(&self.remaining)
-                .any(|p| p.rewritten.is_some())
-    }
 }
 
 /// What a turn is offered.

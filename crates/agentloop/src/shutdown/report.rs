@@ -24,6 +24,20 @@ pub struct PhaseDurations {
     pub total: Duration,
 }
 
+impl PhaseDurations {
+    /// Each phase by its name (`gate`, `grace`, `force`, `cleanup`, `total`), as
+    /// `/metrics` labels them.
+    pub fn named(&self) -> [(&'static str, Duration); 5] {
+        [
+            ("gate", self.gate),
+            ("grace", self.grace),
+            ("force", self.force),
+            ("cleanup", self.cleanup),
+            ("total", self.total),
+        ]
+    }
+}
+
 /// What happened to the sessions that were live when the gate closed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SessionCounts {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::InterruptInfo;
+use crate::interrupt::InterruptInfo;
 use crate::store::codec::{self, payload};
 use crate::store::{SessionStatus, StoreError};
 

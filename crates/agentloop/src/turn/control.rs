@@ -23,9 +23,9 @@ use crate::cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled
 use crate::events::TurnEnd;
 use crate::exit::FailureKind;
 use crate::push::{PendingAck, PreemptAck};
-use crate::session::ledger::PlanSplit;
 use crate::store::codec::PayloadError;
 use crate::store::Payload;
+use crate::turn::split::PlanSplit;
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

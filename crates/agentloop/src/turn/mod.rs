@@ -7,5 +7,6 @@
 
 pub mod context;
 pub(crate) mod control;
+pub(crate) mod split;
 
 pub use context::{Step, TurnCx};

@@ -243,7 +243,7 @@ mod tests {
                         lease_epoch: epoch,
                         last_event_seq: v / 3,
                         interrupt: (v % 2 == 1).then(|| {
-                            crate::agent::InterruptInfo::asking(
+                            crate::interrupt::InterruptInfo::asking(
                                 "approve?",
                                 serde_json::json!({ "tool": "rm", "args": [v, -1, 2.5, null] }),
                             )
