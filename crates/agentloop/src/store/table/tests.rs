@@ -1,0 +1,304 @@
+//! The layout's own tests (format 3: one head, loose entries, format-2 conversion),
+//! over a plain ordered map that counts the reads that scan.
+
+use super::*;
+use crate::store::codec;
+use crate::store::record::RecordHeader;
+use crate::store::{RecordWrite, WriteCondition};
+use std::ops::Bound;
+
+/// A plain ordered map as the table, counting the reads that scan.
+#[derive(Default)]
+struct Map {
+    rows: BTreeMap<Vec<u8>, Payload>,
+    scans: std::cell::Cell<usize>,
+}
+
+impl Table for Map {
+    fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+        Ok(self.rows.get(key).cloned())
+    }
+    fn put(&mut self, key: Vec<u8>, value: Payload) {
+        self.rows.insert(key, value);
+    }
+    fn remove(&mut self, key: Vec<u8>) {
+        self.rows.remove(&key);
+    }
+    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .entries_with_prefix(prefix)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
+    fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        self.scans.set(self.scans.get() + 1);
+        Ok(self
+            .rows
+            .range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+    fn entries_in_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        Ok(self
+            .rows
+            .range::<[u8], _>((Bound::Included(from), Bound::Included(to)))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+}
+
+fn p(b: &[u8]) -> Payload {
+    Payload::from(b.to_vec())
+}
+
+fn header(id: &str) -> RecordHeader {
+    RecordHeader {
+        session_id: id.into(),
+        agent_kind: "sim".into(),
+        ..RecordHeader::default()
+    }
+}
+
+fn write(items: Vec<ItemChange>, state: StateChange, replace: bool) -> RecordWrite {
+    RecordWrite {
+        header: header("s"),
+        items,
+        state,
+        replace,
+        condition: WriteCondition::Always,
+        history: None,
+    }
+}
+
+fn load(t: &Map) -> StoredRecord {
+    match read(t, "s").unwrap() {
+        Some(Stored::Current(r)) => r,
+        other => panic!("expected a record, got {other:?}"),
+    }
+}
+
+fn seqs(r: &StoredRecord) -> Vec<u64> {
+    r.items.iter().map(|(s, _)| *s).collect()
+}
+
+/// S15c: a whole-record write is one key, rewritten in place; neither it nor the load
+/// scans the session's prefix (the scans are what piled up under fjall's rewritten
+/// keys).
+#[test]
+fn s15c_a_whole_record_is_one_key_and_nothing_scans() {
+    let mut t = Map::default();
+    for n in 0..50u64 {
+        let w = write(
+            vec![ItemChange::Put(n, p(b"a")), ItemChange::Put(n + 1, p(b"b"))],
+            StateChange::Put(p(&n.to_le_bytes())),
+            true,
+        );
+        super::write(&mut t, w).unwrap();
+        assert_eq!(t.rows.len(), 1, "one key after write {n}");
+        let r = load(&t);
+        assert_eq!(seqs(&r), vec![n, n + 1]);
+        assert_eq!(r.state.as_deref(), Some(&n.to_le_bytes()[..]));
+        assert_eq!(r.header.version, n + 1);
+    }
+    assert_eq!(t.scans.get(), 0, "no write and no load scanned");
+}
+
+/// S15c: pushes add loose entries and rewrite the head; delivering removes them;
+/// the head's bounds follow, so reads touch only the live range; a replacing write
+/// removes every loose entry.
+#[test]
+fn s15c_loose_entries_follow_pushes_and_deliveries() {
+    let mut t = Map::default();
+    super::write(&mut t, write(vec![], StateChange::Delete, true)).unwrap();
+    for n in 0..10u64 {
+        super::write(
+            &mut t,
+            write(vec![ItemChange::Put(n, p(b"x"))], StateChange::Keep, false),
+        )
+        .unwrap();
+    }
+    assert_eq!(t.rows.len(), 11, "the head and ten loose items");
+    assert_eq!(seqs(&load(&t)), (0..10).collect::<Vec<_>>());
+    // A turn delivers the first three and stores its state (inline).
+    super::write(
+        &mut t,
+        write(
+            (0..3).map(ItemChange::Delete).collect(),
+            StateChange::Put(p(b"state")),
+            false,
+        ),
+    )
+    .unwrap();
+    assert_eq!(t.rows.len(), 8);
+    let head = head::decode("s", &t.rows[&header_key("s")]).unwrap();
+    let l = head.layout.unwrap();
+    assert_eq!((l.loose_items, l.lo, l.hi, l.loose_state), (7, 3, 9, false));
+    let r = load(&t);
+    assert_eq!(seqs(&r), (3..10).collect::<Vec<_>>());
+    assert_eq!(r.state.as_deref(), Some(&b"state"[..]));
+    // A plan rewrites an item in place: counted once.
+    super::write(
+        &mut t,
+        write(vec![ItemChange::Put(5, p(b"y"))], StateChange::Keep, false),
+    )
+    .unwrap();
+    let l = head::decode("s", &t.rows[&header_key("s")])
+        .unwrap()
+        .layout
+        .unwrap();
+    assert_eq!(l.loose_items, 7);
+    // A whole write leaves one key again.
+    super::write(
+        &mut t,
+        write(
+            vec![ItemChange::Put(20, p(b"z"))],
+            StateChange::Delete,
+            true,
+        ),
+    )
+    .unwrap();
+    assert_eq!(t.rows.len(), 1);
+    assert_eq!(seqs(&load(&t)), vec![20]);
+    assert_eq!(t.scans.get(), 0);
+    assert!(super::delete(&mut t, "s").unwrap());
+    assert!(t.rows.is_empty());
+}
+
+/// A record beyond the inline limit keeps its items and state loose, so a push's
+/// head stays small whatever the backlog.
+#[test]
+fn a_large_record_is_kept_loose() {
+    let mut t = Map::default();
+    let big = vec![7u8; INLINE_LIMIT / 4];
+    let items = (0..6).map(|n| ItemChange::Put(n, p(&big))).collect();
+    super::write(&mut t, write(items, StateChange::Put(p(&big)), true)).unwrap();
+    let head_len = t.rows[&header_key("s")].len();
+    assert!(head_len < 1024, "the head is {head_len} bytes");
+    let r = load(&t);
+    assert_eq!(seqs(&r), (0..6).collect::<Vec<_>>());
+    assert_eq!(r.state.as_deref().map(<[u8]>::len), Some(big.len()));
+    // A state beyond the limit on its own is loose too.
+    let huge = vec![1u8; INLINE_LIMIT + 1];
+    super::write(&mut t, write(vec![], StateChange::Put(p(&huge)), true)).unwrap();
+    assert_eq!(t.rows.len(), 2);
+    assert_eq!(load(&t).state.as_deref().map(<[u8]>::len), Some(huge.len()));
+}
+
+/// Format 2 still loads (by a scan of its entries), and its first write converts it:
+/// an incremental write keeps its entries loose under a format-3 head that names
+/// them, a compare-and-swap too.
+#[test]
+fn s15_a_format2_record_loads_and_its_first_write_converts_it() {
+    let mut t = Map::default();
+    let mut h = header("s");
+    h.next_seq = 3;
+    h.version = 4;
+    t.put(
+        header_key("s"),
+        codec::encode_format2_header(&h).unwrap().into(),
+    );
+    for n in 0..3 {
+        t.put(item_key("s", n), p(&[n as u8]));
+    }
+    t.put(state_key("s"), p(b"old state"));
+    let r = load(&t);
+    assert_eq!(seqs(&r), vec![0, 1, 2]);
+    assert_eq!(r.state.as_deref(), Some(&b"old state"[..]));
+    assert_eq!(r.header.version, 4);
+    // Its first write: one item delivered, one pushed.
+    super::write(
+        &mut t,
+        write(
+            vec![ItemChange::Delete(0), ItemChange::Put(3, p(b"new"))],
+            StateChange::Keep,
+            false,
+        ),
+    )
+    .unwrap();
+    let head = head::decode("s", &t.rows[&header_key("s")]).unwrap();
+    assert_eq!(
+        t.rows[&header_key("s")][4..6],
+        codec::FORMAT_VERSION.to_le_bytes()
+    );
+    let l = head.layout.expect("converted to format 3");
+    assert_eq!((l.loose_items, l.lo, l.hi, l.loose_state), (3, 1, 3, true));
+    let scans = t.scans.get();
+    let r = load(&t);
+    assert_eq!(seqs(&r), vec![1, 2, 3]);
+    assert_eq!(r.state.as_deref(), Some(&b"old state"[..]));
+    assert_eq!(r.header.version, 5);
+    assert_eq!(t.scans.get(), scans, "a format-3 load does not scan");
+    // A compare-and-swap of another format-2 record converts it as well.
+    t.put(
+        header_key("t"),
+        codec::encode_format2_header(&header("t")).unwrap().into(),
+    );
+    t.put(item_key("t", 9), p(b"i"));
+    let outcome = cas(
+        &mut t,
+        "t",
+        &[StatusKind::Stopped],
+        SessionStatus::Canceled,
+        1,
+    )
+    .unwrap();
+    assert!(matches!(outcome, CasOutcome::Swapped(_)));
+    match read(&t, "t").unwrap() {
+        Some(Stored::Current(r)) => {
+            assert_eq!(seqs(&r), vec![9]);
+            assert_eq!(r.header.status, SessionStatus::Canceled);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// S15: a build that reads format 2 only refuses a format-3 head rather than
+/// misreading it: the magic and the version field sit where format 2 has them, and
+/// the version says 3 (format-2 builds accept 1 and 2 and call any other
+/// "unknown format version … a newer agentloop wrote it").
+#[test]
+fn s15_a_format3_head_announces_its_version_where_format2_readers_look() {
+    let bytes = head::encode(&header("s"), Layout::default(), &[(1, p(b"i"))], None).unwrap();
+    assert_eq!(bytes[..4], codec::MAGIC);
+    assert_eq!(u16::from_le_bytes([bytes[4], bytes[5]]), 3);
+    // And its payload length covers the header only: the layout follows it.
+    let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
+    assert!(codec::ENVELOPE + len < bytes.len());
+}
+
+/// The fast read from the head alone answers exactly what `read` does, and says
+/// when it cannot.
+#[test]
+fn reading_from_the_head_alone_matches_read() {
+    let mut t = Map::default();
+    super::write(
+        &mut t,
+        write(
+            vec![ItemChange::Put(1, p(b"a"))],
+            StateChange::Put(p(b"s")),
+            true,
+        ),
+    )
+    .unwrap();
+    let bytes = t.rows[&header_key("s")].clone();
+    match read_head_only("s", &bytes).unwrap() {
+        HeadRead::Record(r) => assert_eq!(Some(*r), read(&t, "s").unwrap()),
+        HeadRead::NeedsEntries => panic!("an inline record needs nothing else"),
+    }
+    super::write(
+        &mut t,
+        write(vec![ItemChange::Put(2, p(b"b"))], StateChange::Keep, false),
+    )
+    .unwrap();
+    let bytes = t.rows[&header_key("s")].clone();
+    assert!(matches!(
+        read_head_only("s", &bytes).unwrap(),
+        HeadRead::NeedsEntries
+    ));
+}
