@@ -70,13 +70,10 @@ pub(super) async fn perform<A: Agent>(
             let _ = reply.send(result);
         }
         Effect::Timer { after, event } => {
+            // ractor's timer: a task that sends after `after`; the session may have
+            // exited meanwhile, and then the send fails and the timer has nothing to do.
             let msg = InternalMsg::Due(event);
-            let me = myself.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(after).await;
-                // The session may have exited meanwhile; then the timer has nothing to do.
-                let _ = me.send_message(internal::<A>(msg));
-            });
+            drop(myself.send_after(after, move || internal::<A>(msg)));
         }
         Effect::Poll => {
             let Some(store) = state.store.clone() else {
