@@ -661,6 +661,62 @@ mod tests {
         rx.await.unwrap_or(Err(StoreError::Closed))
     }
 
+    /// S15c: a load of a record held in its head (and of no record) is answered on the
+    /// caller's thread, before `load` returns (no hop); a load of a session with writes
+    /// queued waits for them; a record with loose entries goes to the blocking pool.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_from_the_head_needs_no_hop() {
+        use crate::store::{ItemChange, RecordHeader, RecordWrite, StateChange, WriteCondition};
+        let dir = Dir::new("head-load");
+        let c = open(&dir);
+        let write = |items: Vec<ItemChange>, replace: bool| {
+            WriteOp::Write(Box::new(RecordWrite {
+                header: RecordHeader {
+                    session_id: "s".into(),
+                    ..RecordHeader::default()
+                },
+                items,
+                state: StateChange::Keep,
+                replace,
+                condition: WriteCondition::Always,
+                history: None,
+            }))
+        };
+        let loaded = |c: &Arc<Committer>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            c.load("s".into(), Answer::new(move |r| drop(tx.send(r))));
+            rx
+        };
+        // No record: answered at once.
+        let rx = loaded(&c);
+        assert!(
+            matches!(rx.try_recv(), Ok(Ok(None))),
+            "answered before load returned"
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let item = ItemChange::Put(1, crate::store::Payload::from(&b"\x01"[..]));
+        c.submit(write(vec![item], true), Waiter::Unit(Answer::oneshot(tx)));
+        unit(rx).await.expect("written");
+        let rx = loaded(&c);
+        match rx.try_recv() {
+            Ok(Ok(Some(Stored::Current(r)))) => assert_eq!(r.items.len(), 1),
+            other => panic!("an inline record is answered before load returns: {other:?}"),
+        }
+        // A pushed item is a loose entry: the load needs the range, off the caller.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let item = ItemChange::Put(2, crate::store::Payload::from(&b"\x02"[..]));
+        c.submit(write(vec![item], false), Waiter::Unit(Answer::oneshot(tx)));
+        unit(rx).await.expect("written");
+        let rx = loaded(&c);
+        let r = tokio::task::spawn_blocking(move || rx.recv().expect("answered"))
+            .await
+            .expect("the wait");
+        match r {
+            Ok(Some(Stored::Current(r))) => assert_eq!(r.items.len(), 2),
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// S15c: what is queued while the committer works is taken at once, applied as one
     /// wave and made durable by one flush, and every writer is answered.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
