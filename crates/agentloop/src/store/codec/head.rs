@@ -269,6 +269,13 @@ pub struct Peek {
 /// bytes are `Corrupt`, never a panic. The header's MessagePack is checked
 /// structurally, not decoded (format 3).
 pub fn peek(session: &str, bytes: &[u8]) -> Result<Peek, StoreError> {
+    peek_with(session, bytes, true)
+}
+
+/// [`peek`], leaving out the inline items and state when `payload` is false (a write
+/// that replaces the whole record does not need them): they are still checked, not
+/// copied.
+pub fn peek_with(session: &str, bytes: &[u8], payload: bool) -> Result<Peek, StoreError> {
     let (version, body, tail) = codec::split_envelope(session, bytes, HEADER_LIMIT)?;
     if version != FORMAT3 {
         let head = decode(session, bytes)?;
@@ -283,7 +290,7 @@ pub fn peek(session: &str, bytes: &[u8]) -> Result<Peek, StoreError> {
         session: session.to_string(),
         reason: format!("the record header does not decode: {e}"),
     })?;
-    let (summary, layout, items, state) = parse_tail(session, tail)?;
+    let (summary, layout, items, state) = parse_tail(session, tail, payload)?;
     Ok(Peek {
         summary,
         layout: Some(layout),
@@ -295,7 +302,7 @@ pub fn peek(session: &str, bytes: &[u8]) -> Result<Peek, StoreError> {
 /// The binary part of a format-3 head after its header.
 type Tail = (Summary, Layout, Vec<(u64, Payload)>, Option<Payload>);
 
-fn parse_tail(session: &str, tail: &[u8]) -> Result<Tail, StoreError> {
+fn parse_tail(session: &str, tail: &[u8], payload: bool) -> Result<Tail, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         session: session.to_string(),
         reason,
@@ -332,21 +339,26 @@ fn parse_tail(session: &str, tail: &[u8]) -> Result<Tail, StoreError> {
             c.bytes.len()
         )));
     }
-    let mut items: Vec<(u64, Payload)> = Vec::with_capacity(count);
+    let mut items: Vec<(u64, Payload)> = Vec::with_capacity(if payload { count } else { 0 });
+    let mut last: Option<u64> = None;
     for _ in 0..count {
         let seq = c.u64("an inline item's entry number")?;
         let len = c.u32("an inline item's length")? as usize;
         let bytes = c.take(len, "an inline item")?;
-        if items.last().is_some_and(|(last, _)| *last >= seq) {
+        if last.is_some_and(|last| last >= seq) {
             return Err(corrupt(format!(
                 "inline items out of entry order at entry {seq}"
             )));
         }
-        items.push((seq, Payload::from(bytes)));
+        last = Some(seq);
+        if payload {
+            items.push((seq, Payload::from(bytes)));
+        }
     }
     let state = if flags & 0b10 != 0 {
         let len = c.u32("the inline state's length")? as usize;
-        Some(Payload::from(c.take(len, "the inline state")?))
+        let bytes = c.take(len, "the inline state")?;
+        payload.then(|| Payload::from(bytes))
     } else {
         None
     };
@@ -357,7 +369,7 @@ fn parse_tail(session: &str, tail: &[u8]) -> Result<Tail, StoreError> {
         )));
     }
     let loose_state = flags & 0b01 != 0;
-    if loose_state && state.is_some() {
+    if loose_state && flags & 0b10 != 0 {
         return Err(corrupt(
             "the head holds a state and says the state is a loose entry".into(),
         ));
@@ -400,7 +412,7 @@ pub fn decode(session: &str, bytes: &[u8]) -> Result<Head, StoreError> {
         )));
     }
     let tail = match version {
-        FORMAT3 => Some(parse_tail(session, tail)?),
+        FORMAT3 => Some(parse_tail(session, tail, true)?),
         _ => None,
     };
     Ok(match tail {
@@ -459,9 +471,14 @@ mod tests {
             prop_assert_eq!(peeked.summary, Summary { kind: StatusKind::Stopped, version: 0, lease_epoch: 0 });
             prop_assert_eq!(peeked.layout, Some(layout));
             prop_assert_eq!(&peeked.items, &items);
+            let bare = peek_with("s-1", &bytes, false).unwrap();
+            prop_assert_eq!((bare.summary, bare.layout), (peeked.summary, peeked.layout));
+            prop_assert!(bare.items.is_empty() && bare.state.is_none());
             for cut in 0..bytes.len() {
                 let peek_corrupt = matches!(peek("s-1", &bytes[..cut]), Err(StoreError::Corrupt { .. }));
                 prop_assert!(peek_corrupt, "peek cut {}", cut);
+                let bare_corrupt = matches!(peek_with("s-1", &bytes[..cut], false), Err(StoreError::Corrupt { .. }));
+                prop_assert!(bare_corrupt, "bare peek cut {}", cut);
                 let corrupt = matches!(decode("s-1", &bytes[..cut]), Err(StoreError::Corrupt { .. }));
                 prop_assert!(corrupt, "cut {}", cut);
             }

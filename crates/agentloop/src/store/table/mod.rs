@@ -371,7 +371,8 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     check_id(&id)?;
     let head_bytes = t.get(&header_key(&id))?;
     let peeked = match &head_bytes {
-        Some(bytes) => head::peek(&id, bytes).map(|p| (Some(p), None)),
+        // A replacing write discards the stored inline payload: it is checked, not copied.
+        Some(bytes) => head::peek_with(&id, bytes, !w.replace).map(|p| (Some(p), None)),
         None => t.format1_get(&id).map(|old| (None, old)),
     };
     let (stored, old, damaged) = match peeked {
