@@ -365,3 +365,125 @@ async fn s26_transient_restarts_only_after_a_panic() {
         "an agent error is not restarted under Transient"
     );
 }
+
+/// A store whose loads of sessions named `slow…` wait for a gate; everything else goes
+/// straight to memory.
+struct SlowLoads {
+    inner: MemoryStore<SimItem>,
+    release: tokio::sync::watch::Sender<bool>,
+}
+
+impl CheckpointStore<SimItem> for SlowLoads {
+    fn load_stored<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<agentloop::store::Stored>, agentloop::StoreError>,
+    > {
+        let mut rx = self.release.subscribe();
+        Box::pin(async move {
+            if id.starts_with("slow") {
+                let _ = rx.wait_for(|open| *open).await;
+            }
+            self.inner.load_stored(id).await
+        })
+    }
+    fn write(
+        &self,
+        w: agentloop::store::RecordWrite,
+    ) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {
+        self.inner.write(w)
+    }
+    fn delete(
+        &self,
+        id: &str,
+    ) -> futures::future::BoxFuture<'static, Result<bool, agentloop::StoreError>> {
+        self.inner.delete(id)
+    }
+    fn list_stored(
+        &self,
+        s: Option<Vec<agentloop::StatusKind>>,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<Vec<agentloop::store::StoredEntry>, agentloop::StoreError>,
+    > {
+        self.inner.list_stored(s)
+    }
+    fn cas_status(
+        &self,
+        id: &str,
+        from: Vec<agentloop::StatusKind>,
+        to: SessionStatus,
+    ) -> futures::future::BoxFuture<'static, Result<agentloop::CasOutcome, agentloop::StoreError>>
+    {
+        self.inner.cas_status(id, from, to)
+    }
+    fn flush(&self) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {
+        self.inner.flush()
+    }
+    fn beat(
+        &self,
+        i: &str,
+        t: u64,
+    ) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {
+        self.inner.beat(i, t)
+    }
+    fn heartbeat(
+        &self,
+        i: &str,
+    ) -> futures::future::BoxFuture<'static, Result<Option<u64>, agentloop::StoreError>> {
+        self.inner.heartbeat(i)
+    }
+}
+
+/// Issue 31 (by-id work without detours): a push to a live session goes straight to
+/// it, so a supervisor busy elsewhere (here: starting a session whose record load
+/// hangs) holds neither the push nor its answer. Through the supervisor's mailbox the
+/// push would wait behind the start.
+#[tokio::test(start_paused = true)]
+async fn s25_a_push_to_a_live_session_does_not_wait_for_the_supervisor() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let slow = Arc::new(SlowLoads {
+        inner: MemoryStore::new(),
+        release: tokio::sync::watch::Sender::new(false),
+    });
+    let mut args = kinds(ledgers.clone());
+    args.store = Some(slow.clone());
+    let sup = Sup::start(args).await.unwrap();
+    sup.spawn(SessionSpec::new("fast", "sim")).await.unwrap();
+    // The supervisor starts "slow-1" and waits for its record.
+    let starting = {
+        let sup = sup.clone();
+        tokio::spawn(async move {
+            sup.spawn(SessionSpec::new("slow-1", "sim").persistent(true))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!starting.is_finished(), "the slow start is still waiting");
+    // Pushes to the live session are answered meanwhile, and delivered.
+    for id in 1..=3 {
+        within(
+            "a push while the supervisor is busy",
+            sup.push("fast", item(id)),
+        )
+        .await
+        .unwrap();
+    }
+    assert!(
+        !starting.is_finished(),
+        "still waiting: the pushes went around it"
+    );
+    slow.release.send_replace(true);
+    within("the slow start", starting).await.unwrap().unwrap();
+    sup.stop("fast", StopOptions::drain()).await.unwrap();
+    sup.stop("slow-1", StopOptions::drain()).await.unwrap();
+    within("sessions leave the registry", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(delivered(&ledgers), vec![1, 2, 3]);
+}

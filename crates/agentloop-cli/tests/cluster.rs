@@ -734,9 +734,22 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
         .cloned()
         .collect();
     assert_eq!(via_n1, owner_since, "relayed as sent");
+    // Items 2..=20 were pushed after the streams opened: the turns that took them
+    // (several may share a turn, as items that wait together do) are all in the
+    // relayed stream, each with its end.
+    let taken: u64 = via_n1
+        .iter()
+        .filter(|e| e.name == "turn_started")
+        .filter_map(|e| e.data["items"].as_u64())
+        .sum();
     assert!(
-        via_n1.iter().filter(|e| e.name == "turn_ended").count() >= 19,
-        "every turn after the streams opened: {via_n1:?}"
+        taken >= 19,
+        "every item pushed after the streams opened was taken in a turn seen through n1: {via_n1:?}"
+    );
+    assert!(
+        via_n1.iter().filter(|e| e.name == "turn_ended").count()
+            >= via_n1.iter().filter(|e| e.name == "turn_started").count(),
+        "every turn seen starting is seen ending: {via_n1:?}"
     );
     // The reconnect starts right after 3, gap-free, and from where n0's own stream
     // began (it may have opened after event 4) it is the same as that stream.

@@ -484,6 +484,12 @@ where
         }
     }
 
+    /// Whether this incarnation has ended (its exit state is published); cheaper than
+    /// [`exit_state`](SessionHandle::exit_state), which copies the state.
+    pub(crate) fn has_ended(&self) -> bool {
+        self.shared.exited().is_some()
+    }
+
     /// The exit state if the session has ended.
     pub fn exit_state(&self) -> Option<ExitState<I>> {
         self.shared.exited().map(|e| (*e).clone())

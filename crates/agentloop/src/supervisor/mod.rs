@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,6 +43,10 @@ use crate::session::{
 use crate::store::{CheckpointStore, SessionStatus, StatusKind};
 
 pub use crate::session::RestartPolicy;
+
+mod directory;
+
+use directory::Directory;
 
 /// At most `max_restarts` restarts within `window` (OTP's intensity and period).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -778,13 +782,9 @@ impl<I> fmt::Display for RoutedPushError<I> {
     }
 }
 
-/// The supervisor actor.
-pub(crate) struct SessionSupervisor<I, E>(std::marker::PhantomData<fn() -> (I, E)>);
-
-impl<I, E> Default for SessionSupervisor<I, E> {
-    fn default() -> Self {
-        SessionSupervisor(std::marker::PhantomData)
-    }
+/// The supervisor actor, with the directory it shares with its handles.
+pub(crate) struct SessionSupervisor<I, E> {
+    directory: Arc<Directory<I, E>>,
 }
 
 /// What the supervisor is built with.
@@ -844,6 +844,17 @@ struct Entry<I, E> {
     detached: bool,
 }
 
+/// What an incarnation inherits from the ones before it: a new session has none.
+#[derive(Default)]
+struct Lineage {
+    /// When its predecessors were restarted (within the budget's window).
+    restarts: VecDeque<Instant>,
+    /// How many restarts led to it.
+    restarted: u32,
+    /// Whether the session was detached (S23): the new incarnation is detached again.
+    detached: bool,
+}
+
 /// The supervisor's store, owner and registered kinds (for an answer's claim).
 pub(crate) struct RecordContext<I> {
     store: Option<Arc<dyn CheckpointStore<I>>>,
@@ -866,8 +877,9 @@ pub(crate) struct SupervisorState<I, E> {
     stopping: bool,
     /// Set by `CloseGate`: spawns are refused as `ShuttingDown`, routed pushes late.
     gate_closed: bool,
-    /// Pushes rejected by the closed gate.
-    gate_late: Arc<AtomicU64>,
+    /// The live incarnations by id, the gate and the push counters, shared with every
+    /// handle (by-id pushes read it without a message to this actor).
+    directory: Arc<Directory<I, E>>,
     /// Feeds of session ends ([`SupervisorMsg::WatchEnds`]).
     watchers: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
 }
@@ -943,7 +955,7 @@ where
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
         self.admit(myself, &spec, 0).await?;
         let seed = spec.initial_items.clone();
-        self.start(myself, spec, seed, true, VecDeque::new(), 0)
+        self.start(myself, spec, seed, true, Lineage::default())
             .await
     }
 
@@ -988,7 +1000,7 @@ where
             .await;
         for ((at, spec, seed), started) in admitted.into_iter().zip(started) {
             answers[at] =
-                Some(started.map(|handle| self.register(spec, handle, seed, VecDeque::new(), 0)));
+                Some(started.map(|handle| self.register(spec, handle, seed, Lineage::default())));
         }
         answers
             .into_iter()
@@ -1002,12 +1014,11 @@ where
         spec: SessionSpec<I>,
         seed: Vec<I>,
         load_record: bool,
-        restarts: VecDeque<Instant>,
-        restarted: u32,
+        lineage: Lineage,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
         let (start, spec) = self.prepare(myself, spec, load_record)?;
         let handle = start.start().await?;
-        Ok(self.register(spec, handle, seed, restarts, restarted))
+        Ok(self.register(spec, handle, seed, lineage))
     }
 
     /// The part of a start that needs no waiting: resolves the kind and the store and
@@ -1050,30 +1061,50 @@ where
         Ok((start, spec))
     }
 
-    /// Enters a started session in the registry and pushes its seed items.
+    /// Enters a started session in the registry and the directory, after its seed items
+    /// and (a restarted detached session, S23) its detach were sent: pushes that find
+    /// it in the directory go straight to its mailbox and must not overtake them.
     fn register(
         &mut self,
         spec: SessionSpec<I>,
         handle: SessionHandle<I, E>,
         seed: Vec<I>,
-        restarts: VecDeque<Instant>,
-        restarted: u32,
+        lineage: Lineage,
     ) -> SessionHandle<I, E> {
         // Ordered before anything routed later: casts from this actor arrive in order.
         for item in seed {
             handle.push_nowait(item);
         }
+        if lineage.detached {
+            // S23 across a restart: the new incarnation goes on in the background. Only
+            // the answer is awaited off the actor.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let sent = handle
+                .actor()
+                .send_message(crate::session::TurnLoopMsg::Detach {
+                    reply: RpcReplyPort::from(tx),
+                })
+                .is_ok();
+            if sent {
+                tokio::spawn(async move {
+                    if let Ok(Err(e)) = rx.await {
+                        tracing::warn!(error = %e, "could not detach the restarted session");
+                    }
+                });
+            }
+        }
         let actor = handle.actor().get_id();
         self.by_actor.insert(actor, spec.id.clone());
+        self.directory.enter(&spec.id, handle.clone());
         self.sessions.insert(
             spec.id.clone(),
             Entry {
                 spec,
                 handle: handle.clone(),
                 actor,
-                restarts,
-                restarted,
-                detached: false,
+                restarts: lineage.restarts,
+                restarted: lineage.restarted,
+                detached: lineage.detached,
             },
         );
         handle
@@ -1085,6 +1116,7 @@ where
         let Some(entry) = self.sessions.remove(id) else {
             return false;
         };
+        self.directory.remove(id);
         self.by_actor.remove(&entry.actor);
         let exit = match entry.handle.exit_state() {
             Some(e) => e,
@@ -1158,37 +1190,15 @@ where
                 spec,
                 seed,
                 from_record,
-                restarts,
-                entry.restarted + 1,
+                Lineage {
+                    restarts,
+                    restarted: entry.restarted + 1,
+                    detached: entry.detached,
+                },
             )
             .await
         {
-            Ok(handle) => {
-                if entry.detached {
-                    // S23 across a restart: the new incarnation goes on in the background.
-                    // Sent from here, before anything routed later (this actor's sends are
-                    // ordered), so no push slips in ahead of the detach; only the answer
-                    // is awaited off the actor.
-                    if let Some(e) = self.sessions.get_mut(id) {
-                        e.detached = true;
-                    }
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let sent = handle
-                        .actor()
-                        .send_message(crate::session::TurnLoopMsg::Detach {
-                            reply: RpcReplyPort::from(tx),
-                        })
-                        .is_ok();
-                    if sent {
-                        tokio::spawn(async move {
-                            if let Ok(Err(e)) = rx.await {
-                                tracing::warn!(error = %e, "could not detach the restarted session");
-                            }
-                        });
-                    }
-                }
-                true
-            }
+            Ok(_) => true,
             Err(e) => {
                 tracing::error!(session = id, error = %e, "restart failed; the session stays failed");
                 if entry.spec.persist {
@@ -1272,7 +1282,7 @@ where
             by_actor: HashMap::new(),
             stopping: false,
             gate_closed: false,
-            gate_late: Arc::new(AtomicU64::new(0)),
+            directory: self.directory.clone(),
             watchers: Vec::new(),
         })
     }
@@ -1417,6 +1427,7 @@ where
             }
             SupervisorMsg::Internal(SupervisorInternal(InternalMsg::CloseGate { reply })) => {
                 st.gate_closed = true;
+                st.directory.close_gate();
                 st.stopping = true;
                 let mut sessions: Vec<GateMember<I, E>> = st
                     .sessions
@@ -1430,7 +1441,7 @@ where
                 tracing::info!(sessions = sessions.len(), "drain gate closed");
                 let _ = reply.send(ClosedGate {
                     sessions,
-                    late: st.gate_late.clone(),
+                    late: st.directory.gate_late(),
                     owner: st.owner.clone(),
                 });
             }
@@ -1492,6 +1503,7 @@ where
             let Some(entry) = st.sessions.remove(&id) else {
                 continue;
             };
+            st.directory.remove(&id);
             match entry.handle.exit_state() {
                 Some(exit) => st.publish_end(&entry.spec, entry.restarted, exit),
                 None if st.watchers.is_empty() => {}
@@ -1619,16 +1631,11 @@ async fn route_push<I, E>(
     E: Clone + Send + Sync + 'static,
 {
     use crate::metrics::PushResult;
-    let metrics = st.metrics.clone();
-    let count = move |r: PushResult| {
-        if let Some(m) = &metrics {
-            m.push(r);
-        }
-    };
+    let directory = st.directory.clone();
+    let count = move |r: PushResult| directory.count(r);
     if st.gate_closed {
         // S27 drain gate: the item goes back to the caller as a late item.
-        st.gate_late.fetch_add(1, Ordering::Relaxed);
-        count(PushResult::Late);
+        st.directory.count_gate_late();
         let _ = reply.send(Err(RoutedPushError::Push(PushError::Late { item })));
         return;
     }
@@ -1684,12 +1691,15 @@ async fn route_push<I, E>(
 /// A typed handle on a SessionSupervisor.
 pub struct SupervisorHandle<I, E> {
     actor: ActorRef<SupervisorMsg<I, E>>,
+    /// The supervisor's directory: a push to a live session goes straight to it.
+    directory: Arc<Directory<I, E>>,
 }
 
 impl<I, E> Clone for SupervisorHandle<I, E> {
     fn clone(&self) -> Self {
         SupervisorHandle {
             actor: self.actor.clone(),
+            directory: self.directory.clone(),
         }
     }
 }
@@ -1706,13 +1716,18 @@ where
 {
     /// Starts a supervisor (unlinked).
     pub async fn start(args: SupervisorArgs<I, E>) -> Result<Self, SpawnError> {
-        let (actor, _) = Actor::spawn(None, SessionSupervisor::<I, E>::default(), args)
-            .await
-            .map_err(|e| SpawnError::Actor {
-                id: "session-supervisor".into(),
-                reason: e.to_string(),
-            })?;
-        Ok(SupervisorHandle { actor })
+        let directory = Arc::new(Directory::new(args.metrics.clone()));
+        let supervisor = SessionSupervisor {
+            directory: directory.clone(),
+        };
+        let (actor, _) =
+            Actor::spawn(None, supervisor, args)
+                .await
+                .map_err(|e| SpawnError::Actor {
+                    id: "session-supervisor".into(),
+                    reason: e.to_string(),
+                })?;
+        Ok(SupervisorHandle { actor, directory })
     }
 
     /// Starts a supervisor linked under `parent` (embedding in your actor tree, S25).
@@ -1720,14 +1735,17 @@ where
         args: SupervisorArgs<I, E>,
         parent: ActorCell,
     ) -> Result<Self, SpawnError> {
-        let (actor, _) =
-            Actor::spawn_linked(None, SessionSupervisor::<I, E>::default(), args, parent)
-                .await
-                .map_err(|e| SpawnError::Actor {
-                    id: "session-supervisor".into(),
-                    reason: e.to_string(),
-                })?;
-        Ok(SupervisorHandle { actor })
+        let directory = Arc::new(Directory::new(args.metrics.clone()));
+        let supervisor = SessionSupervisor {
+            directory: directory.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, supervisor, args, parent)
+            .await
+            .map_err(|e| SpawnError::Actor {
+                id: "session-supervisor".into(),
+                reason: e.to_string(),
+            })?;
+        Ok(SupervisorHandle { actor, directory })
     }
 
     /// The actor, for `cast!` / `call!` and supervision.
@@ -1954,6 +1972,38 @@ where
         item: I,
         options: PushOptions<I>,
     ) -> Result<PreemptAck, RoutedPushError<I>> {
+        use crate::metrics::PushResult;
+        // The direct way (issue 31): a live incarnation takes the push on this task,
+        // without the supervisor's mailbox or a routing task. An incarnation that ended
+        // meanwhile, a closed gate and an unknown id go the supervisor's way below.
+        let (item, options) = match self.directory.live(id) {
+            Some(h) if !self.directory.gate_closed() => {
+                let retry_options = options.clone();
+                match h.push_with(item, options).await {
+                    Ok(ack) => {
+                        self.directory.count(PushResult::Accepted);
+                        return Ok(ack);
+                    }
+                    // Ended between lookup and delivery: a failed incarnation may be
+                    // restarting, which the supervisor decides (as for a routed push).
+                    Err(PushError::Late { item })
+                        if h.exit_state()
+                            .is_some_and(|e| matches!(e.reason, ExitReason::Failed(_))) =>
+                    {
+                        let _ = h.take_late_items();
+                        (item, retry_options)
+                    }
+                    Err(e) => {
+                        self.directory.count(match e {
+                            PushError::Late { .. } => PushResult::Late,
+                            _ => PushResult::Refused,
+                        });
+                        return Err(RoutedPushError::Push(e));
+                    }
+                }
+            }
+            _ => (item, options),
+        };
         let copy = item.clone();
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::Push {

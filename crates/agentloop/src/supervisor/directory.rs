@@ -1,0 +1,109 @@
+//! The supervisor's directory: which incarnation answers for each session id, readable
+//! by every [`SupervisorHandle`](super::SupervisorHandle) without a message to the
+//! supervisor (issue 31: by-id work without detours).
+//!
+//! The supervisor is the only writer: it enters an incarnation once it is started
+//! (after its seed items and, for a detached session, its detach were sent, so nothing
+//! routed here overtakes them) and takes it out when the incarnation ends. Readers only
+//! look up: a push to a live incarnation goes straight to the session's mailbox on the
+//! caller's task, which saves the supervisor's mailbox and a spawned routing task (two
+//! hand-offs) on every push. Everything that needs a decision (a session that has just
+//! ended and may be restarted, an unknown id that may be stored, a closed drain gate)
+//! still goes through the supervisor: this module decides nothing about lifecycles.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+
+use crate::metrics::{PushResult, RuntimeMetrics};
+use crate::session::SessionHandle;
+
+/// Live incarnations by session id, the drain gate, and the routed-push counters.
+pub(crate) struct Directory<I, E> {
+    sessions: DashMap<String, SessionHandle<I, E>>,
+    /// Set by the supervisor's `CloseGate` (S27): routed pushes are answered late.
+    gate_closed: AtomicBool,
+    /// Pushes the closed gate answered late.
+    gate_late: Arc<AtomicU64>,
+    metrics: Option<Arc<RuntimeMetrics>>,
+}
+
+impl<I, E> Directory<I, E> {
+    /// An empty directory counting routed pushes in `metrics`.
+    pub(crate) fn new(metrics: Option<Arc<RuntimeMetrics>>) -> Self {
+        Directory {
+            sessions: DashMap::new(),
+            gate_closed: AtomicBool::new(false),
+            gate_late: Arc::new(AtomicU64::new(0)),
+            metrics,
+        }
+    }
+
+    /// Enters (or replaces) the incarnation answering for `id`.
+    pub(crate) fn enter(&self, id: &str, handle: SessionHandle<I, E>) {
+        self.sessions.insert(id.to_string(), handle);
+    }
+
+    /// Takes `id` out (its incarnation ended, or the supervisor stops).
+    pub(crate) fn remove(&self, id: &str) {
+        self.sessions.remove(id);
+    }
+
+    /// The incarnation answering for `id` while it has not ended; `None` when the
+    /// supervisor must decide (unknown, or ended and maybe restarting).
+    pub(crate) fn live(&self, id: &str) -> Option<SessionHandle<I, E>>
+    where
+        I: Clone + Send + Sync + 'static,
+        E: Clone + Send + Sync + 'static,
+    {
+        let handle = self.sessions.get(id)?.value().clone();
+        (!handle.has_ended()).then_some(handle)
+    }
+
+    /// Closes the drain gate (S27): from now on routed pushes are answered late.
+    pub(crate) fn close_gate(&self) {
+        self.gate_closed.store(true, Ordering::Release);
+    }
+
+    /// Whether the drain gate is closed; a caller that sees it closed counts the late
+    /// push with [`Directory::count_gate_late`].
+    pub(crate) fn gate_closed(&self) -> bool {
+        self.gate_closed.load(Ordering::Acquire)
+    }
+
+    /// One push refused by the closed gate.
+    pub(crate) fn count_gate_late(&self) {
+        self.gate_late.fetch_add(1, Ordering::Relaxed);
+        self.count(PushResult::Late);
+    }
+
+    /// The counter of pushes refused by the closed gate (the shutdown reports it).
+    pub(crate) fn gate_late(&self) -> Arc<AtomicU64> {
+        self.gate_late.clone()
+    }
+
+    /// A routed push was answered.
+    pub(crate) fn count(&self, result: PushResult) {
+        if let Some(m) = &self.metrics {
+            m.push(result);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_starts_open_and_counts_what_it_refuses() {
+        let d: Directory<u32, u32> = Directory::new(None);
+        assert!(!d.gate_closed());
+        d.close_gate();
+        assert!(d.gate_closed());
+        d.count_gate_late();
+        d.count_gate_late();
+        assert_eq!(d.gate_late().load(Ordering::Relaxed), 2);
+        assert!(d.live("nobody").is_none());
+    }
+}
