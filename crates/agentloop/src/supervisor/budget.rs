@@ -1,0 +1,151 @@
+//! The restart budget and the restart decision (S26) as plain data and a plain
+//! function: at most `max_restarts` restarts within `window` (OTP's intensity and
+//! period), and, for an incarnation that failed, whether its policy, the kind of its
+//! failure and its budget let it restart. No I/O and no clock of its own (the caller
+//! passes `now`); the registry acts on the answer.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::session::{FailureKind, RestartPolicy};
+
+/// At most `max_restarts` restarts within `window` (OTP's intensity and period).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RestartBudget {
+    /// Restarts allowed within the window.
+    pub max_restarts: u32,
+    /// The window.
+    pub window: Duration,
+}
+
+impl Default for RestartBudget {
+    /// 3 restarts per 60 s.
+    fn default() -> Self {
+        RestartBudget {
+            max_restarts: 3,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What becomes of an incarnation that ended `Failed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RestartDecision {
+    /// Start a new incarnation (its restart is counted in the budget).
+    Restart,
+    /// The policy does not restart this failure: the session stays failed.
+    NotWanted,
+    /// A failure of the session's own record (refused or unreadable): a restart would
+    /// not fix it, and the record stays as it was (S18).
+    Unrecoverable,
+    /// The policy would restart it, but the budget is spent: the session stays failed.
+    BudgetSpent,
+}
+
+/// Decides whether an incarnation that failed with `kind` restarts under `policy` and
+/// `budget`, given the times of its earlier restarts. Forgets restarts older than the
+/// window and, on [`RestartDecision::Restart`], counts this one at `now`.
+pub(crate) fn decide(
+    policy: RestartPolicy,
+    kind: FailureKind,
+    budget: &RestartBudget,
+    restarts: &mut VecDeque<Instant>,
+    now: Instant,
+) -> RestartDecision {
+    let wants = match policy {
+        RestartPolicy::Permanent => true,
+        RestartPolicy::Transient => matches!(kind, FailureKind::Panic | FailureKind::Internal),
+        RestartPolicy::Never => false,
+    };
+    if !wants {
+        return RestartDecision::NotWanted;
+    }
+    if kind == FailureKind::Record {
+        return RestartDecision::Unrecoverable;
+    }
+    while restarts
+        .front()
+        .is_some_and(|t| now.duration_since(*t) > budget.window)
+    {
+        restarts.pop_front();
+    }
+    if restarts.len() as u32 >= budget.max_restarts {
+        return RestartDecision::BudgetSpent;
+    }
+    restarts.push_back(now);
+    RestartDecision::Restart
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(max_restarts: u32, secs: u64) -> RestartBudget {
+        RestartBudget {
+            max_restarts,
+            window: Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn each_policy_restarts_what_it_says() {
+        use FailureKind::*;
+        use RestartPolicy::*;
+        let now = Instant::now();
+        let table = [
+            (Permanent, Panic, RestartDecision::Restart),
+            (Permanent, Internal, RestartDecision::Restart),
+            (Permanent, Agent, RestartDecision::Restart),
+            (Transient, Panic, RestartDecision::Restart),
+            (Transient, Internal, RestartDecision::Restart),
+            (Transient, Agent, RestartDecision::NotWanted),
+            (Never, Panic, RestartDecision::NotWanted),
+            (Permanent, Record, RestartDecision::Unrecoverable),
+            (Transient, Record, RestartDecision::NotWanted),
+        ];
+        for (policy, kind, expected) in table {
+            let mut restarts = VecDeque::new();
+            let got = decide(policy, kind, &budget(3, 60), &mut restarts, now);
+            assert_eq!(got, expected, "{policy:?} after {kind:?}");
+            let counted = usize::from(expected == RestartDecision::Restart);
+            assert_eq!(restarts.len(), counted, "only a restart is counted");
+        }
+    }
+
+    #[test]
+    fn the_budget_counts_restarts_within_its_window_only() {
+        let b = budget(2, 60);
+        let start = Instant::now();
+        let mut restarts = VecDeque::new();
+        let at = |s: u64| start + Duration::from_secs(s);
+        let decide_at = |r: &mut VecDeque<Instant>, s| {
+            decide(RestartPolicy::Permanent, FailureKind::Panic, &b, r, at(s))
+        };
+        assert_eq!(decide_at(&mut restarts, 0), RestartDecision::Restart);
+        assert_eq!(decide_at(&mut restarts, 10), RestartDecision::Restart);
+        // Two within 60 s: the third is refused, and not counted.
+        assert_eq!(decide_at(&mut restarts, 20), RestartDecision::BudgetSpent);
+        assert_eq!(restarts.len(), 2);
+        // At 61 s the first has left the window (more than 60 s ago): room for one.
+        assert_eq!(decide_at(&mut restarts, 61), RestartDecision::Restart);
+        assert_eq!(decide_at(&mut restarts, 62), RestartDecision::BudgetSpent);
+        // Exactly at the window's edge a restart still counts.
+        assert_eq!(decide_at(&mut restarts, 70), RestartDecision::BudgetSpent);
+        assert_eq!(decide_at(&mut restarts, 71), RestartDecision::Restart);
+    }
+
+    #[test]
+    fn a_zero_budget_never_restarts() {
+        let mut restarts = VecDeque::new();
+        let got = decide(
+            RestartPolicy::Permanent,
+            FailureKind::Panic,
+            &budget(0, 60),
+            &mut restarts,
+            Instant::now(),
+        );
+        assert_eq!(got, RestartDecision::BudgetSpent);
+    }
+}

@@ -1,0 +1,482 @@
+//! The typed handle on a supervisor, what embedders and the runtime call. A push to a
+//! live session goes through the [`super::directory`] straight to the session; every
+//! other request is a message to the supervisor actor. The handle keeps no state of its
+//! own beyond the actor's reference and the directory.
+
+use super::actor::SessionSupervisor;
+use super::args::SupervisorArgs;
+use super::directory::Directory;
+use super::error::{RoutedPushError, SupervisorError};
+use super::messages::{
+    AttachMode, Attachment, BatchSpawn, ClosedGate, InternalMsg, SessionEnd, SessionSummary,
+    SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
+};
+use super::spec::SessionSpec;
+use crate::error::{SessionError, SpawnError};
+use crate::events::{EventFilter, EventStream};
+use crate::options::{PushOptions, StopOptions};
+use crate::session::{
+    validate_session_id, Durability, ExitReason, ExitState, PreemptAck, PushError, SessionHandle,
+    SessionInfo,
+};
+use crate::store::SessionStatus;
+use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// A typed handle on a SessionSupervisor.
+pub struct SupervisorHandle<I, E> {
+    pub(super) actor: ActorRef<SupervisorMsg<I, E>>,
+    /// The supervisor's directory: a push to a live session goes straight to it.
+    pub(super) directory: Arc<Directory<I, E>>,
+}
+
+impl<I, E> Clone for SupervisorHandle<I, E> {
+    fn clone(&self) -> Self {
+        SupervisorHandle {
+            actor: self.actor.clone(),
+            directory: self.directory.clone(),
+        }
+    }
+}
+
+/// The supervisor is gone.
+pub(super) fn gone() -> SupervisorError {
+    SupervisorError::Session(SessionError::Exited("the session supervisor".into()))
+}
+
+impl<I, E> SupervisorHandle<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    /// Starts a supervisor (unlinked).
+    pub async fn start(args: SupervisorArgs<I, E>) -> Result<Self, SpawnError> {
+        let directory = Arc::new(Directory::new(args.metrics.clone()));
+        let supervisor = SessionSupervisor {
+            directory: directory.clone(),
+        };
+        let (actor, _) =
+            Actor::spawn(None, supervisor, args)
+                .await
+                .map_err(|e| SpawnError::Actor {
+                    id: "session-supervisor".into(),
+                    reason: e.to_string(),
+                })?;
+        Ok(SupervisorHandle { actor, directory })
+    }
+
+    /// Starts a supervisor linked under `parent` (embedding in your actor tree, S25).
+    pub async fn start_linked(
+        args: SupervisorArgs<I, E>,
+        parent: ActorCell,
+    ) -> Result<Self, SpawnError> {
+        let directory = Arc::new(Directory::new(args.metrics.clone()));
+        let supervisor = SessionSupervisor {
+            directory: directory.clone(),
+        };
+        let (actor, _) = Actor::spawn_linked(None, supervisor, args, parent)
+            .await
+            .map_err(|e| SpawnError::Actor {
+                id: "session-supervisor".into(),
+                reason: e.to_string(),
+            })?;
+        Ok(SupervisorHandle { actor, directory })
+    }
+
+    /// The actor, for `cast!` / `call!` and supervision.
+    pub fn actor(&self) -> &ActorRef<SupervisorMsg<I, E>> {
+        &self.actor
+    }
+
+    async fn ask<T>(
+        &self,
+        build: impl FnOnce(RpcReplyPort<T>) -> SupervisorMsg<I, E>,
+    ) -> Option<T> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.actor
+            .send_message(build(RpcReplyPort::from(tx)))
+            .ok()?;
+        rx.await.ok()
+    }
+
+    /// Spawns a session.
+    pub async fn spawn(
+        &self,
+        spec: SessionSpec<I>,
+    ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        let spec = Box::new(spec);
+        self.ask(|reply| SupervisorMsg::Spawn { spec, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Spawns many sessions with few requests: `specs` go to the supervisor in batches
+    /// of at most [`MAX_SPAWN_BATCH`](super::MAX_SPAWN_BATCH), each one request and one reply, and the sessions
+    /// of a batch start concurrently. Answers one result per spec, in order; a spec that
+    /// fails (a bad or duplicate id, an unknown kind, the drain gate) fails alone. The
+    /// fast way to start thousands of sessions (B2).
+    pub async fn spawn_batch(&self, specs: Vec<SessionSpec<I>>) -> BatchSpawn<I, E> {
+        let mut answers = Vec::with_capacity(specs.len());
+        let mut specs = specs.into_iter().peekable();
+        while specs.peek().is_some() {
+            let batch: Vec<SessionSpec<I>> = specs.by_ref().take(MAX_SPAWN_BATCH).collect();
+            let len = batch.len();
+            match self
+                .ask(|reply| SupervisorMsg::SpawnBatch {
+                    specs: batch,
+                    reply,
+                })
+                .await
+            {
+                Some(Ok(batch)) => answers.extend(batch),
+                Some(Err(e)) => {
+                    // Not reached: batches are cut to the bound above.
+                    tracing::warn!(error = %e, "a spawn batch was refused");
+                    answers.extend((0..len).map(|_| Err(gone())));
+                }
+                None => answers.extend((0..len).map(|_| Err(gone()))),
+            }
+        }
+        answers
+    }
+
+    /// Spawns a session with a subscriber attached before its actor starts: the
+    /// stream sees every event of this incarnation from the first, also when the first
+    /// turn (a resume, S17) starts before this call returns. A restarted incarnation
+    /// is a new session to subscribe to; this stream ends with the first one's `Ended`.
+    pub async fn spawn_subscribed(
+        &self,
+        spec: SessionSpec<I>,
+        capacity: usize,
+        filter: EventFilter,
+    ) -> SubscribedSpawn<I, E> {
+        let spec = Box::new(spec);
+        self.ask(|reply| SupervisorMsg::SpawnSubscribed {
+            spec,
+            capacity,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Answers the business interrupt of stored session `id` and resumes it under
+    /// this supervisor (S4, S25), also after a process restart: the answer and this
+    /// supervisor's claim are one durable write before the session starts (see
+    /// [`SessionHandle::resume_with_answer`]); the agent is rebuilt from the record's
+    /// kind and configuration. Returns the handle and a stream attached before the
+    /// session started (it sees the resumed turn's `TurnStarted`). The session is
+    /// persistent with the settings its record kept (issue 28: durability, history,
+    /// replay, restart policy, poll interval), or, for a record written before
+    /// settings were kept, with `durability` and the defaults.
+    pub async fn resume_with_answer(
+        &self,
+        id: &str,
+        answer: I,
+        durability: Durability,
+        capacity: usize,
+    ) -> Result<(SessionHandle<I, E>, EventStream<E>), crate::AnswerError<I>>
+    where
+        I: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let Some(ctx) = self
+            .ask(|reply| InternalMsg::RecordContext { reply }.into())
+            .await
+        else {
+            return Err(crate::AnswerError::Unavailable {
+                id: id.to_string(),
+                reason: "the session supervisor is gone; start the runtime again".into(),
+                answer,
+            });
+        };
+        let Some(store) = ctx.store else {
+            return Err(crate::AnswerError::NotPersistent {
+                id: id.to_string(),
+                answer,
+            });
+        };
+        let record = crate::session::answer::claim_with_answer(
+            &*store,
+            id,
+            ctx.owner.as_deref(),
+            answer,
+            Some(&ctx.kinds),
+        )
+        .await?;
+        // The session's own settings (issue 28); `durability` for an older record.
+        let mut spec = SessionSpec::new(id, record.header.agent_kind.clone())
+            .config(record.header.agent_config.clone())
+            .persistent(true);
+        spec = match record.header.settings {
+            Some(s) => spec.settings(s),
+            None => spec.durability(durability),
+        };
+        spec.preloaded = Some(Box::new(record));
+        self.spawn_subscribed(spec, capacity, EventFilter::all())
+            .await
+            .map_err(|e| crate::AnswerError::Spawn {
+                id: id.to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Starts new session `to` under this supervisor from turn `turn`'s kept checkpoint
+    /// of session `from` (issue 13, 4), with the source's agent kind, configuration and
+    /// settings as that checkpoint kept them (issue 28: durability, replay, restart
+    /// policy, poll interval), or `durability` and the defaults for a checkpoint written
+    /// before settings were kept; persistent, keeping `history` checkpoints of its own.
+    pub async fn fork(
+        &self,
+        from: &str,
+        turn: u64,
+        to: &str,
+        durability: Durability,
+        history: usize,
+    ) -> Result<SessionHandle<I, E>, crate::ForkError>
+    where
+        I: serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let gone = || crate::ForkError::Spawn {
+            id: to.to_string(),
+            reason: "the session supervisor is gone".into(),
+        };
+        let ctx = self
+            .ask(|reply| InternalMsg::RecordContext { reply }.into())
+            .await
+            .ok_or_else(gone)?;
+        let Some(store) = ctx.store else {
+            return Err(crate::ForkError::NotPersistent(to.to_string()));
+        };
+        // The checkpoint's own settings (issue 28), or `durability` with the defaults
+        // for a checkpoint written before settings were kept; the fork's history is its
+        // own.
+        let overrides = |kept: Option<crate::session::SessionSettings>| {
+            let mut s = kept.unwrap_or(crate::session::SessionSettings {
+                durability,
+                ..Default::default()
+            });
+            s.history = history;
+            s
+        };
+        let record = crate::session::fork::write_fork(&*store, from, turn, to, overrides).await?;
+        let settings = record.header.settings.unwrap_or_default();
+        let mut spec = SessionSpec::new(to, record.header.agent_kind.clone())
+            .config(record.header.agent_config.clone())
+            .persistent(true)
+            .settings(settings);
+        spec.preloaded = Some(Box::new(record));
+        self.spawn(spec).await.map_err(|e| crate::ForkError::Spawn {
+            id: to.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Deletes stored session `id`: its record and its checkpoint history (issue 13,
+    /// 4). Refused while the session runs here (stop it first); resolves to whether
+    /// anything was stored.
+    pub async fn delete(&self, id: &str) -> Result<bool, SupervisorError> {
+        validate_session_id(id)?;
+        // Asked of the live entry (as every by-id request is): a session that has just
+        // exited, whose end the supervisor has not taken yet, does not count as running.
+        if self.inspect(id).await.is_ok() {
+            return Err(SupervisorError::Running(id.to_string()));
+        }
+        let ctx = self
+            .ask(|reply| InternalMsg::RecordContext { reply }.into())
+            .await
+            .ok_or_else(gone)?;
+        let Some(store) = ctx.store else {
+            return Ok(false);
+        };
+        store
+            .purge(id)
+            .await
+            .map_err(|e| SupervisorError::Session(SessionError::Store(e)))
+    }
+
+    /// Pushes to a session by id.
+    pub async fn push(&self, id: &str, item: I) -> Result<PreemptAck, RoutedPushError<I>> {
+        self.push_with(id, item, PushOptions::new()).await
+    }
+
+    /// Pushes with options to a session by id.
+    pub async fn push_with(
+        &self,
+        id: &str,
+        item: I,
+        options: PushOptions<I>,
+    ) -> Result<PreemptAck, RoutedPushError<I>> {
+        use crate::metrics::PushResult;
+        // The direct way (issue 31): a live incarnation takes the push on this task,
+        // without the supervisor's mailbox or a routing task. An incarnation that ended
+        // meanwhile, a closed gate and an unknown id go the supervisor's way below.
+        let (item, options) = match self.directory.live(id) {
+            Some(h) if !self.directory.gate_closed() => {
+                let retry_options = options.clone();
+                match h.push_with(item, options).await {
+                    Ok(ack) => {
+                        self.directory.count(PushResult::Accepted);
+                        return Ok(ack);
+                    }
+                    // Ended between lookup and delivery: a failed incarnation may be
+                    // restarting, which the supervisor decides (as for a routed push).
+                    Err(PushError::Late { item })
+                        if h.exit_state()
+                            .is_some_and(|e| matches!(e.reason, ExitReason::Failed(_))) =>
+                    {
+                        let _ = h.take_late_items();
+                        (item, retry_options)
+                    }
+                    Err(e) => {
+                        self.directory.count(match e {
+                            PushError::Late { .. } => PushResult::Late,
+                            _ => PushResult::Refused,
+                        });
+                        return Err(RoutedPushError::Push(e));
+                    }
+                }
+            }
+            _ => (item, options),
+        };
+        let copy = item.clone();
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Push {
+            id,
+            item,
+            options,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(RoutedPushError::Push(PushError::Late { item: copy })))
+    }
+
+    /// Stops a session by id.
+    pub async fn stop(&self, id: &str, options: StopOptions) -> Result<(), SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Stop { id, options, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Subscribes to a session's current incarnation.
+    pub async fn subscribe(
+        &self,
+        id: &str,
+        filter: EventFilter,
+    ) -> Result<EventStream<E>, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Subscribe {
+            id,
+            capacity: crate::events::DEFAULT_EVENT_CAPACITY,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Subscribes to a session's current incarnation after event `after` (a number a
+    /// previous stream gave, e.g. an SSE client's `Last-Event-ID`): the events the
+    /// replay buffer still holds come first, preceded by `Lagged` when some are gone.
+    pub async fn subscribe_after(
+        &self,
+        id: &str,
+        after: u64,
+        filter: EventFilter,
+    ) -> Result<EventStream<E>, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::SubscribeAfter {
+            id,
+            after,
+            capacity: crate::events::DEFAULT_EVENT_CAPACITY,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Inspects a session by id.
+    pub async fn inspect(&self, id: &str) -> Result<SessionInfo, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Inspect { id, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Attaches a client (S22).
+    pub async fn attach(
+        &self,
+        id: &str,
+        mode: AttachMode,
+        filter: EventFilter,
+    ) -> Result<Attachment<E>, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Attach {
+            id,
+            mode,
+            filter,
+            reply,
+        })
+        .await
+        .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Detaches a session (S23).
+    pub async fn detach(&self, id: &str) -> Result<(), SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Detach { id, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Cancels a session by id (S24); answers the record's status afterwards.
+    pub async fn cancel(&self, id: &str) -> Result<SessionStatus, SupervisorError> {
+        let id = id.to_string();
+        self.ask(|reply| SupervisorMsg::Cancel { id, reply })
+            .await
+            .unwrap_or_else(|| Err(gone()))
+    }
+
+    /// Stops every session in-band and returns their exit states (see
+    /// [`SupervisorMsg::StopAll`](super::SupervisorMsg::StopAll)).
+    pub async fn stop_all(&self, options: StopOptions) -> Vec<ExitState<I>> {
+        self.ask(|reply| SupervisorMsg::StopAll { options, reply })
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Closes the drain gate (S27; the shutdown coordinator's first step). `None` if
+    /// the supervisor is gone.
+    pub(crate) async fn close_gate(&self) -> Option<ClosedGate<I, E>> {
+        self.ask(|reply| InternalMsg::CloseGate { reply }.into())
+            .await
+    }
+
+    /// A feed of session ends ([`SessionEnd`]): every session that leaves the registry
+    /// for good from now on, with its final exit state and so every item it still held.
+    /// Ends before this call are not replayed. The feed ends (`None`) after the
+    /// supervisor stopped and every session it held has been reported. `None` if the
+    /// supervisor is gone.
+    pub fn session_ends(&self) -> Option<mpsc::UnboundedReceiver<SessionEnd<I>>> {
+        let (feed, rx) = mpsc::unbounded_channel();
+        self.watch_ends(feed).then_some(rx)
+    }
+
+    /// Reports session ends on `feed` (see [`SupervisorHandle::session_ends`]); false if
+    /// the supervisor is gone.
+    pub fn watch_ends(&self, feed: mpsc::UnboundedSender<SessionEnd<I>>) -> bool {
+        self.actor
+            .send_message(SupervisorMsg::WatchEnds { feed })
+            .is_ok()
+    }
+
+    /// Lists the live sessions.
+    pub async fn list(&self) -> Vec<SessionSummary> {
+        self.ask(|reply| SupervisorMsg::List { reply })
+            .await
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,476 @@
+//! The supervisor's registry: its sessions by id and by actor, the admission of spawns
+//! (a valid id, the gate open, room under the bounds), the start of an incarnation and
+//! its entry in the [`super::directory`], and what happens when an incarnation ends: a
+//! restart within its policy and budget, or its final end published to every feed.
+//! Owned by the actor; nothing else changes it.
+
+use super::args::SessionLimits;
+use super::budget::{decide, RestartBudget, RestartDecision};
+use super::directory::Directory;
+use super::error::SupervisorError;
+use super::handle::gone;
+use super::kind::AgentKind;
+use super::messages::{SessionEnd, SupervisorMsg};
+use super::spec::SessionSpec;
+use crate::error::SessionError;
+use crate::session::{
+    validate_session_id, Durability, ExitReason, ExitState, FailureKind, SessionConfig,
+    SessionHandle,
+};
+use crate::store::{CheckpointStore, SessionStatus, StatusKind};
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use ractor::{ActorCell, ActorId, ActorRef, RpcReplyPort};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How many sessions of one batch start at once (see `spawn_batch`).
+pub(super) const SPAWN_OVERLAP: usize = 32;
+
+/// A session's start, resolved but not begun: everything its agent kind needs.
+pub(super) struct Prepared<I, E> {
+    pub(super) kind: Arc<dyn AgentKind<I, E>>,
+    pub(super) config: SessionConfig,
+    pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
+    pub(super) supervisor: ActorCell,
+    pub(super) record: Option<crate::store::LoadedRecord<I>>,
+}
+
+impl<I: 'static, E: 'static> Prepared<I, E> {
+    /// Begins the start: the kind builds the agent and spawns the session's actor.
+    pub(super) fn start(self) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>> {
+        let agent_config = self.config.agent_config.clone();
+        self.kind.spawn(
+            self.config,
+            &agent_config,
+            self.store,
+            self.supervisor,
+            self.record,
+        )
+    }
+}
+
+pub(super) struct Entry<I, E> {
+    pub(super) spec: SessionSpec<I>,
+    pub(super) handle: SessionHandle<I, E>,
+    pub(super) actor: ActorId,
+    pub(super) restarts: VecDeque<Instant>,
+    pub(super) restarted: u32,
+    /// Detached (S23): a restarted incarnation is detached again.
+    pub(super) detached: bool,
+}
+
+/// What an incarnation inherits from the ones before it: a new session has none.
+#[derive(Default)]
+pub(super) struct Lineage {
+    /// When its predecessors were restarted (within the budget's window).
+    pub(super) restarts: VecDeque<Instant>,
+    /// How many restarts led to it.
+    pub(super) restarted: u32,
+    /// Whether the session was detached (S23): the new incarnation is detached again.
+    pub(super) detached: bool,
+}
+
+/// The supervisor's store, owner and registered kinds (for an answer's claim).
+pub(crate) struct RecordContext<I> {
+    pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
+    pub(super) owner: Option<String>,
+    pub(super) kinds: Vec<String>,
+}
+
+/// The supervisor's state.
+pub(crate) struct SupervisorState<I, E> {
+    pub(super) kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
+    pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
+    pub(super) owner: Option<String>,
+    pub(super) budget: RestartBudget,
+    pub(super) heartbeat: Duration,
+    pub(super) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
+    pub(super) limits: SessionLimits,
+    pub(super) sessions: HashMap<String, Entry<I, E>>,
+    pub(super) by_actor: HashMap<ActorId, String>,
+    /// Set by `StopAll`: no restarts, no new sessions.
+    pub(super) stopping: bool,
+    /// Set by `CloseGate`: spawns are refused as `ShuttingDown`, routed pushes late.
+    pub(super) gate_closed: bool,
+    /// The live incarnations by id, the gate and the push counters, shared with every
+    /// handle (by-id pushes read it without a message to this actor).
+    pub(super) directory: Arc<Directory<I, E>>,
+    /// Feeds of session ends ([`SupervisorMsg::WatchEnds`]).
+    pub(super) watchers: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
+}
+
+impl<I, E> SupervisorState<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    pub(super) fn session_config(&self, spec: &SessionSpec<I>, load_record: bool) -> SessionConfig {
+        let mut config = SessionConfig::new(spec.id.clone())
+            .agent_kind(spec.kind.clone())
+            .persistent(spec.persist)
+            .durability(spec.durability)
+            .history(spec.history)
+            .replay(spec.replay);
+        config.load_record = load_record;
+        config.claim = spec.claim;
+        config.supervised = true;
+        config.agent_config = spec.agent_config.clone();
+        if let Some(owner) = &self.owner {
+            config = config.owner(owner.clone());
+        }
+        if let Some(lease) = spec.lease_timeout {
+            config = config.lease_timeout(lease);
+        }
+        config.poll_interval = spec.poll_interval.unwrap_or(self.heartbeat);
+        config.own_poll_interval = spec.poll_interval;
+        config.restart = spec.restart;
+        config.subscribe_at_spawn = spec.subscribe;
+        config.metrics = self.metrics.clone();
+        config.buffer_bound = self.limits.buffer;
+        config
+    }
+
+    /// Checks a spawn request against the registry: a valid id, the gate open, the
+    /// supervisor not stopping, no live session with this id, and room for a new one
+    /// (`starting` more are being admitted with it) unless the spec resumes a record.
+    pub(super) async fn admit(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        spec: &SessionSpec<I>,
+        starting: usize,
+    ) -> Result<(), SupervisorError> {
+        let id = spec.id.as_str();
+        let resumes = spec.preloaded.is_some() || spec.claim;
+        let live = self.sessions.len() + starting;
+        match validate_session_id(id) {
+            Err(e) => Err(SupervisorError::InvalidId(e)),
+            Ok(()) if self.gate_closed => Err(SupervisorError::ShuttingDown(id.to_string())),
+            Ok(()) if !resumes && live >= self.limits.max_sessions => {
+                Err(SupervisorError::TooManySessions {
+                    id: id.to_string(),
+                    max: self.limits.max_sessions,
+                })
+            }
+            Ok(()) if self.stopping => Err(SupervisorError::Session(SessionError::Exited(
+                "the session supervisor is stopping".into(),
+            ))),
+            Ok(()) if self.live(myself, id).await.is_some() => {
+                Err(SupervisorError::Duplicate(id.to_string()))
+            }
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// A spawn request: checks the id, the gate and duplicates, then starts the first
+    /// incarnation.
+    pub(super) async fn spawn_new(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        spec: SessionSpec<I>,
+    ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        self.admit(myself, &spec, 0).await?;
+        let seed = spec.initial_items.clone();
+        self.start(myself, spec, seed, true, Lineage::default())
+            .await
+    }
+
+    /// A batch of spawn requests (at most [`MAX_SPAWN_BATCH`](super::MAX_SPAWN_BATCH)), answered in order:
+    /// each spec is admitted like a single spawn (an id twice in the batch is a
+    /// duplicate of the first), then the admitted sessions' actors start, up to
+    /// `SPAWN_OVERLAP` at a time, so their starts overlap instead of queueing one
+    /// after the other (B2).
+    pub(super) async fn spawn_batch(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        specs: Vec<SessionSpec<I>>,
+    ) -> Vec<Result<SessionHandle<I, E>, SupervisorError>> {
+        let mut answers: Vec<Option<Result<SessionHandle<I, E>, SupervisorError>>> =
+            Vec::with_capacity(specs.len());
+        let mut admitted = Vec::new();
+        let mut starts = Vec::new();
+        let mut ids = HashSet::with_capacity(specs.len());
+        for spec in specs {
+            let admission = match self.admit(myself, &spec, admitted.len()).await {
+                Ok(()) if !ids.insert(spec.id.clone()) => {
+                    Err(SupervisorError::Duplicate(spec.id.clone()))
+                }
+                other => other,
+            };
+            let seed = spec.initial_items.clone();
+            match admission.and_then(|()| self.prepare(myself, spec, true)) {
+                Ok((start, spec)) => {
+                    admitted.push((answers.len(), spec, seed));
+                    starts.push(start);
+                    answers.push(None);
+                }
+                Err(e) => answers.push(Some(Err(e))),
+            }
+        }
+        // Started lazily, at most SPAWN_OVERLAP at a time: each start's future is large
+        // (≈ 5 KiB), and a bounded window reuses the same memory instead of faulting
+        // in fresh pages for a thousand of them.
+        let started: Vec<_> = futures::stream::iter(starts.into_iter().map(Prepared::start))
+            .buffered(SPAWN_OVERLAP)
+            .collect()
+            .await;
+        for ((at, spec, seed), started) in admitted.into_iter().zip(started) {
+            answers[at] =
+                Some(started.map(|handle| self.register(spec, handle, seed, Lineage::default())));
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(gone())))
+            .collect()
+    }
+
+    pub(super) async fn start(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        spec: SessionSpec<I>,
+        seed: Vec<I>,
+        load_record: bool,
+        lineage: Lineage,
+    ) -> Result<SessionHandle<I, E>, SupervisorError> {
+        let (start, spec) = self.prepare(myself, spec, load_record)?;
+        let handle = start.start().await?;
+        Ok(self.register(spec, handle, seed, lineage))
+    }
+
+    /// The part of a start that needs no waiting: resolves the kind and the store and
+    /// builds the session's configuration. Returns the start (it borrows nothing of the
+    /// supervisor, so several may run at once) and the spec to register.
+    pub(super) fn prepare(
+        &self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        mut spec: SessionSpec<I>,
+        load_record: bool,
+    ) -> Result<(Prepared<I, E>, SessionSpec<I>), SupervisorError> {
+        let kind = self.kinds.get(&spec.kind).cloned().ok_or_else(|| {
+            let mut known: Vec<&str> = self.kinds.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            SupervisorError::UnknownKind {
+                kind: spec.kind.clone(),
+                known: known.join(", "),
+            }
+        })?;
+        if spec.persist && self.store.is_none() {
+            return Err(SupervisorError::NoStore(spec.id.clone()));
+        }
+        let store = if spec.persist {
+            self.store.clone()
+        } else {
+            None
+        };
+        let config = self.session_config(&spec, load_record);
+        // Used once: a restart loads the record afresh, and its events go to those who
+        // subscribe to the new incarnation.
+        let record = spec.preloaded.take().map(|r| *r);
+        spec.subscribe = None;
+        let start = Prepared {
+            kind,
+            config,
+            store,
+            supervisor: myself.get_cell(),
+            record,
+        };
+        Ok((start, spec))
+    }
+
+    /// Enters a started session in the registry and the directory, after its seed items
+    /// and (a restarted detached session, S23) its detach were sent: pushes that find
+    /// it in the directory go straight to its mailbox and must not overtake them.
+    pub(super) fn register(
+        &mut self,
+        spec: SessionSpec<I>,
+        handle: SessionHandle<I, E>,
+        seed: Vec<I>,
+        lineage: Lineage,
+    ) -> SessionHandle<I, E> {
+        // Ordered before anything routed later: casts from this actor arrive in order.
+        for item in seed {
+            handle.push_nowait(item);
+        }
+        if lineage.detached {
+            // S23 across a restart: the new incarnation goes on in the background. Only
+            // the answer is awaited off the actor.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let sent = handle
+                .actor()
+                .send_message(crate::session::TurnLoopMsg::Detach {
+                    reply: RpcReplyPort::from(tx),
+                })
+                .is_ok();
+            if sent {
+                tokio::spawn(async move {
+                    if let Ok(Err(e)) = rx.await {
+                        tracing::warn!(error = %e, "could not detach the restarted session");
+                    }
+                });
+            }
+        }
+        let actor = handle.actor().get_id();
+        self.by_actor.insert(actor, spec.id.clone());
+        self.directory.enter(&spec.id, handle.clone());
+        self.sessions.insert(
+            spec.id.clone(),
+            Entry {
+                spec,
+                handle: handle.clone(),
+                actor,
+                restarts: lineage.restarts,
+                restarted: lineage.restarted,
+                detached: lineage.detached,
+            },
+        );
+        handle
+    }
+
+    /// The session's incarnation ended: restart it if its policy and budget allow,
+    /// else forget it. Returns whether a new incarnation runs.
+    pub(super) async fn on_end(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        id: &str,
+    ) -> bool {
+        let Some(entry) = self.sessions.remove(id) else {
+            return false;
+        };
+        self.directory.remove(id);
+        self.by_actor.remove(&entry.actor);
+        let exit = match entry.handle.exit_state() {
+            Some(e) => e,
+            // Published by the actor's teardown or its destructor; wait for it.
+            None => entry.handle.wait().await,
+        };
+        let failed = match &exit.reason {
+            ExitReason::Failed(e) => Some(e.clone()),
+            _ => None,
+        };
+        let Some(error) = failed else {
+            tracing::info!(session = id, reason = ?exit.reason, "session ended");
+            self.publish_end(&entry.spec, entry.restarted, exit);
+            return false;
+        };
+        if self.stopping {
+            self.publish_end(&entry.spec, entry.restarted, exit);
+            return false;
+        }
+        // The kind was decided where the failure happened (never parsed from text).
+        let kind = exit.failure.unwrap_or(FailureKind::Internal);
+        let mut restarts = entry.restarts;
+        let decision = decide(
+            entry.spec.restart,
+            kind,
+            &self.budget,
+            &mut restarts,
+            Instant::now(),
+        );
+        if decision != RestartDecision::Restart {
+            if decision == RestartDecision::BudgetSpent {
+                tracing::error!(
+                    session = id,
+                    restarts = restarts.len(),
+                    "restart budget spent; the session stays failed"
+                );
+            }
+            // A record failure leaves the record as it was (S18); any other failure
+            // that is not restarted is final, and the record says so (S26).
+            if kind != FailureKind::Record && entry.spec.persist {
+                self.mark_failed(id, &error).await;
+            }
+            self.publish_end(&entry.spec, entry.restarted, exit);
+            return false;
+        }
+        let from_record = entry.spec.persist && entry.spec.durability == Durability::Sync;
+        let seed = if from_record {
+            Vec::new()
+        } else {
+            let mut items = exit.interrupted_items.clone();
+            items.extend(exit.unhandled_items.iter().cloned());
+            items
+        };
+        tracing::warn!(session = id, %error, attempt = restarts.len(), from_record, "restarting a failed session");
+        if let Some(m) = &self.metrics {
+            m.restart();
+        }
+        let spec = entry.spec.clone();
+        match self
+            .start(
+                myself,
+                spec,
+                seed,
+                from_record,
+                Lineage {
+                    restarts,
+                    restarted: entry.restarted + 1,
+                    detached: entry.detached,
+                },
+            )
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::error!(session = id, error = %e, "restart failed; the session stays failed");
+                if entry.spec.persist {
+                    self.mark_failed(id, &error).await;
+                }
+                self.publish_end(&entry.spec, entry.restarted, exit);
+                false
+            }
+        }
+    }
+
+    /// Reports a session's final end to every feed (dropping closed feeds).
+    pub(super) fn publish_end(
+        &mut self,
+        spec: &SessionSpec<I>,
+        restarted: u32,
+        exit: ExitState<I>,
+    ) {
+        let end = SessionEnd {
+            id: spec.id.clone(),
+            kind: spec.kind.clone(),
+            persistent: spec.persist,
+            restarts: restarted,
+            exit,
+        };
+        self.watchers.retain(|w| w.send(end.clone()).is_ok());
+    }
+
+    /// Past the budget: the record says `Failed` with the error (S26).
+    pub(super) async fn mark_failed(&self, id: &str, error: &str) {
+        if let Some(store) = &self.store {
+            let r = store
+                .cas_status(
+                    id,
+                    vec![
+                        StatusKind::Running,
+                        StatusKind::Stopped,
+                        StatusKind::Interrupted,
+                    ],
+                    SessionStatus::Failed(error.to_string()),
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::error!(session = id, error = %e, "could not mark the record Failed");
+            }
+        }
+    }
+
+    /// The live incarnation for `id`, restarting it first if it has just ended.
+    pub(super) async fn live(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        id: &str,
+    ) -> Option<SessionHandle<I, E>> {
+        let ended = self.sessions.get(id)?.handle.exit_state().is_some();
+        if ended && !self.on_end(myself, id).await {
+            return None;
+        }
+        self.sessions.get(id).map(|e| e.handle.clone())
+    }
+}
