@@ -437,10 +437,10 @@ impl CheckpointStore<SimItem> for SlowLoads {
     }
 }
 
-/// Issue 31 (by-id work without detours): a push to a live session goes straight to
-/// it, so a supervisor busy elsewhere (here: starting a session whose record load
-/// hangs) holds neither the push nor its answer. Through the supervisor's mailbox the
-/// push would wait behind the start.
+/// Issue 31 (by-id work without detours): a push, an inspection, a subscription and a
+/// stop of a live session go straight to it, so a supervisor busy elsewhere (here:
+/// starting a session whose record load hangs) holds none of them. Through the
+/// supervisor's mailbox each would wait behind the start.
 #[tokio::test(start_paused = true)]
 async fn s25_a_push_to_a_live_session_does_not_wait_for_the_supervisor() {
     let ledgers = Arc::new(Mutex::new(Vec::new()));
@@ -471,13 +471,35 @@ async fn s25_a_push_to_a_live_session_does_not_wait_for_the_supervisor() {
         .await
         .unwrap();
     }
+    // So are an inspection, a subscription, and a stop, each by id.
+    let info = within("an inspection while busy", sup.inspect("fast"))
+        .await
+        .unwrap();
+    assert_eq!(info.session_id, "fast");
+    let mut events = within(
+        "a subscription while busy",
+        sup.subscribe("fast", EventFilter::all()),
+    )
+    .await
+    .unwrap();
+    within("a stop while busy", sup.stop("fast", StopOptions::drain()))
+        .await
+        .unwrap();
+    within("the stream ends with the session", async {
+        while let Some(e) = events.next().await {
+            if matches!(e, SessionEvent::Ended(_)) {
+                return;
+            }
+        }
+        panic!("the stream closed without Ended");
+    })
+    .await;
     assert!(
         !starting.is_finished(),
-        "still waiting: the pushes went around it"
+        "still waiting: the requests went around it"
     );
     slow.release.send_replace(true);
     within("the slow start", starting).await.unwrap().unwrap();
-    sup.stop("fast", StopOptions::drain()).await.unwrap();
     sup.stop("slow-1", StopOptions::drain()).await.unwrap();
     within("sessions leave the registry", async {
         while !sup.list().await.is_empty() {

@@ -7,7 +7,8 @@
 //! routed here overtakes them) and takes it out when the incarnation ends. Readers only
 //! look up: a push to a live incarnation goes straight to the session's mailbox on the
 //! caller's task, which saves the supervisor's mailbox and a spawned routing task (two
-//! hand-offs) on every push. Everything that needs a decision (a session that has just
+//! hand-offs) on every push; stops, subscriptions and inspections by id go the same
+//! way. Everything that needs a decision (a session that has just
 //! ended and may be restarted, an unknown id that may be stored, a closed drain gate)
 //! still goes through the supervisor: this module decides nothing about lifecycles.
 
@@ -48,6 +49,11 @@ impl<I, E> Directory<I, E> {
     /// Takes `id` out (its incarnation ended, or the supervisor stops).
     pub(crate) fn remove(&self, id: &str) {
         self.sessions.remove(id);
+    }
+
+    /// The incarnation the registry holds for `id`, ended or not.
+    pub(crate) fn get(&self, id: &str) -> Option<SessionHandle<I, E>> {
+        Some(self.sessions.get(id)?.value().clone())
     }
 
     /// The incarnation answering for `id` while it has not ended; `None` when the

@@ -354,6 +354,11 @@ where
 
     /// Stops a session by id.
     pub async fn stop(&self, id: &str, options: StopOptions) -> Result<(), SupervisorError> {
+        // Straight to the incarnation the registry holds (ended or not, as the actor
+        // would); an id it does not hold is answered by the actor.
+        if let Some(h) = self.directory.get(id) {
+            return h.stop(options).await.map_err(Into::into);
+        }
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::Stop { id, options, reply })
             .await
@@ -366,10 +371,15 @@ where
         id: &str,
         filter: EventFilter,
     ) -> Result<EventStream<E>, SupervisorError> {
+        let capacity = crate::events::DEFAULT_EVENT_CAPACITY;
+        // A live incarnation directly; one that ended (maybe restarting) via the actor.
+        if let Some(h) = self.directory.live(id) {
+            return Ok(h.subscribe_filtered(capacity, filter));
+        }
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::Subscribe {
             id,
-            capacity: crate::events::DEFAULT_EVENT_CAPACITY,
+            capacity,
             filter,
             reply,
         })
@@ -386,6 +396,10 @@ where
         after: u64,
         filter: EventFilter,
     ) -> Result<EventStream<E>, SupervisorError> {
+        if let Some(h) = self.directory.live(id) {
+            let capacity = crate::events::DEFAULT_EVENT_CAPACITY;
+            return Ok(h.subscribe_after(after, capacity, filter));
+        }
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::SubscribeAfter {
             id,
@@ -400,6 +414,9 @@ where
 
     /// Inspects a session by id.
     pub async fn inspect(&self, id: &str) -> Result<SessionInfo, SupervisorError> {
+        if let Some(h) = self.directory.live(id) {
+            return h.inspect().await.map_err(Into::into);
+        }
         let id = id.to_string();
         self.ask(|reply| SupervisorMsg::Inspect { id, reply })
             .await
