@@ -1,316 +1,52 @@
-//! Session events and their delivery to subscribers (DESIGN S20, S21).
-//!
-//! This module owns the event vocabulary, the subscriber registry and the stream a
-//! subscriber reads. Delivery rules:
-//!
-//! * Each subscriber has its own bounded channel, and a subscriber never slows the
-//!   session by default (S20): when its channel is full it *lags*: nothing more is
-//!   queued to it, and when it has read what its channel holds it catches up from the
-//!   replay buffer (the events since the first it missed, under the same lock that
-//!   numbers events, so nothing is repeated or reordered), preceded by
-//!   [`SessionEvent::Lagged`] for what the buffer no longer holds. A subscriber that
-//!   asked for backpressure ([`EventFilter::with_backpressure`], in-process only) is
-//!   different: turn events (turn started, agent events, preempted, turn ended) are
-//!   sent from the turn task and wait for its capacity, so it slows the agent down,
-//!   without ever blocking the TurnLoop actor. A dropped subscriber's sends fail at
-//!   once: it costs nothing and is pruned.
-//! * `StopRequested` is sent by the actor, which never waits: when a subscriber's buffer
-//!   is full it is skipped for that subscriber (the cause is repeated in `Ended`).
-//! * `Ended` never needs buffer capacity: teardown writes it into each subscriber's
-//!   terminal slot, which the stream reads after its buffer drains. Teardown never
-//!   waits on a subscriber, and `Ended` is always the last event; `None` after it is the
-//!   authoritative end of the stream.
-//! * Every event the session emits gets the next number of the session's sequence
-//!   ([`Sequenced::seq`]), whether or not anybody listens, so the numbers are a
-//!   property of the session's history, not of its audience. Numbers are given and
-//!   events queued under one lock, so each stream sees them strictly increasing; a
-//!   stream skips the numbers of events its filter drops (and of a `StopRequested`
-//!   skipped for a full buffer). The sequence continues across restarts and resumes:
-//!   the record keeps the last number written (S26).
-//! * A session with a replay buffer (`SessionConfig::replay_capacity`) keeps its last
-//!   events, so a subscriber can start after a number it saw
-//!   (`Subscribers::subscribe_after`) and get exactly what it missed, or a
-//!   [`SessionEvent::Lagged`] marker when the buffer no longer holds it. The buffer
-//!   allocates at its first event: an idle session pays nothing for it (B2).
-//!
-//! It must not decide anything about turns or stops.
+//! The subscriber registry of one session (S20, S21): each subscriber's bounded channel,
+//! the replay buffer, lagging and catching up, `StopRequested` sent without waiting, and
+//! `Ended` written into every terminal slot at teardown. It numbers and queues events;
+//! it must not decide anything about turns or stops.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
+use super::filter::EventFilter;
+use super::seq::EventSeq;
+use super::stream::{CatchUp, EventStream};
+use super::{Sequenced, SessionEvent};
+use crate::exit::ExitSummary;
 use futures::task::AtomicWaker;
 use parking_lot::{Mutex, RwLock};
-use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio::sync::mpsc;
-
-use crate::cancel::{CancelInfo, CancelMode};
-use crate::exit::ExitSummary;
-use crate::interrupt::InterruptInfo;
-
-/// The default capacity of a subscriber's event buffer.
-pub const DEFAULT_EVENT_CAPACITY: usize = 256;
-
-/// How a turn ended, as reported by [`SessionEvent::TurnEnded`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TurnEnd {
-    /// The turn completed its work.
-    Completed,
-    /// A preemption ended the turn (S8); its items are offered to the next plan.
-    Preempted(CancelInfo),
-    /// A stop's cancel ended the turn.
-    Canceled(CancelInfo),
-    /// The agent ended the turn with a business interrupt (S4).
-    Interrupted(InterruptInfo),
-    /// The agent returned an error or panicked.
-    Failed(String),
-    /// The plan failed or a stop arrived while planning; the offered items went back to
-    /// the buffer in their original order (S6). No `TurnStarted` preceded this.
-    PlanAborted(String),
-}
-
-/// An event of a session's stream (S20). It crosses nodes as JSON when a node relays
-/// another node's stream (issue 18).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum SessionEvent<E> {
-    /// A turn's plan is done and the turn runs.
-    TurnStarted {
-        /// The turn's index.
-        turn: u64,
-        /// How many items it consumes.
-        items: usize,
-        /// Whether it resumes a cut turn (S17).
-        resumed: bool,
-    },
-    /// An event emitted by the agent.
-    Agent {
-        /// The turn that emitted it.
-        turn: u64,
-        /// The event.
-        event: E,
-    },
-    /// The turn was preempted and ends at a safe point (S8).
-    Preempted {
-        /// The turn's index.
-        turn: u64,
-    },
-    /// A turn ended.
-    TurnEnded {
-        /// The turn's index.
-        turn: u64,
-        /// How it ended.
-        outcome: TurnEnd,
-        /// Whether the record holds this turn's end: under `Durability::Turn` and
-        /// `Sync` the event is sent only after the write holding it is flushed, and
-        /// says whether it succeeded; without a store and under `Exit` it is false.
-        durable: bool,
-    },
-    /// A stop request was accepted (best effort when the buffer is full).
-    StopRequested {
-        /// The cancel mode the stop carried, if any.
-        cancel: Option<CancelMode>,
-        /// The cause it carried, if any.
-        cause: Option<String>,
-    },
-    /// The session ended. Always the last event.
-    Ended(ExitSummary),
-    /// A stream that asked to start after a sequence number the replay buffer no longer
-    /// holds: `missed` events are gone. Only ever the first event of such a stream; its
-    /// number is the last one missed, so a client that records numbers resumes after
-    /// it.
-    Lagged {
-        /// How many events the stream cannot replay.
-        missed: u64,
-    },
-}
-
-/// An event with its place in the session's sequence.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Sequenced<E> {
-    /// The event's number: strictly increasing in every stream, and across the
-    /// session's restarts and resumes (S20, S26).
-    pub seq: u64,
-    /// The event.
-    pub event: SessionEvent<E>,
-}
-
-/// The numbers a session gave and still owes, shared by its subscriber registry and the
-/// session core (which records [`EventSeq::mark`] in every write).
-///
-/// A turn whose `TurnEnded` waits for its write has already reported its end, so the
-/// session may exit (and write its final record) before that event is numbered; the
-/// turn *owes* those numbers meanwhile ([`EventSeq::owe`]). The record keeps the last
-/// number given plus the owed ones, so the next incarnation never reuses a number the
-/// owed events take, and `Ended` is numbered after them (issue 28).
-///
-/// Packed in one atomic (the last number given in the high 48 bits, the numbers owed in
-/// the low 16) so that giving an owed number and settling its debt is one step: a
-/// writer never reads the mark between the two.
-#[derive(Debug, Default)]
-pub(crate) struct EventSeq {
-    state: AtomicU64,
-}
-
-/// Bits of [`EventSeq`]'s state that count owed numbers.
-const OWED_BITS: u32 = 16;
-/// The owed count's mask.
-const OWED_MASK: u64 = (1 << OWED_BITS) - 1;
-/// One given number in [`EventSeq`]'s state.
-const GIVEN: u64 = 1 << OWED_BITS;
-
-impl EventSeq {
-    /// The last number given (0 before the first event).
-    pub(crate) fn last(&self) -> u64 {
-        self.state.load(Ordering::Acquire) >> OWED_BITS
-    }
-
-    /// The last number given or owed: what a record keeps, so a later incarnation
-    /// starts after every number this one gives before its `Ended`.
-    pub(crate) fn mark(&self) -> u64 {
-        let s = self.state.load(Ordering::Acquire);
-        (s >> OWED_BITS) + (s & OWED_MASK)
-    }
-
-    /// Continues a sequence a record left off: the next event gets `last + 2` (one
-    /// number is left for the previous incarnation's `Ended`, which followed its last
-    /// write). Called before the session emits anything; never moves backwards.
-    pub(crate) fn continue_after(&self, last: u64) {
-        self.state
-            .fetch_max(last.saturating_add(1) << OWED_BITS, Ordering::AcqRel);
-    }
-
-    fn next(&self) -> u64 {
-        (self.state.fetch_add(GIVEN, Ordering::AcqRel) >> OWED_BITS) + 1
-    }
-
-    /// Promises `n` numbers to events not numbered yet (a turn's final events).
-    fn owe(&self, n: u64) {
-        self.state.fetch_add(n.min(OWED_MASK), Ordering::AcqRel);
-    }
-
-    /// Gives the next number to an owed event, settling one owed number.
-    fn pay(&self) -> u64 {
-        (self.state.fetch_add(GIVEN - 1, Ordering::AcqRel) >> OWED_BITS) + 1
-    }
-
-    /// Gives up `n` owed numbers whose events were never sent (the turn task was
-    /// dropped): they are skipped, as for events nobody receives, so `Ended` still
-    /// follows the mark a record kept.
-    fn forgive(&self, n: u64) {
-        self.state.fetch_add(n * (GIVEN - 1), Ordering::AcqRel);
-    }
-}
-
-/// Which events a subscriber receives, and whether it may slow the session. `Ended`
-/// is always delivered. A subscriber is neither woken nor slowed by events it filters
-/// out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventFilter {
-    /// Backpressure instead of lag (S20): when this subscriber's buffer is full, the
-    /// session's turn waits for it to read. Off by default: a subscriber that falls
-    /// behind gets [`SessionEvent::Lagged`] and catches up from the replay buffer, and
-    /// the session never waits for it. Only for in-process readers that must see every
-    /// event of a session without a replay buffer; a stream relayed to another node
-    /// never applies backpressure.
-    #[serde(default)]
-    pub backpressure: bool,
-    /// `TurnStarted`.
-    pub turn_started: bool,
-    /// `Agent` events.
-    pub agent: bool,
-    /// `Preempted`.
-    pub preempted: bool,
-    /// `TurnEnded`.
-    pub turn_ended: bool,
-    /// `StopRequested`.
-    pub stop_requested: bool,
-}
-
-impl Default for EventFilter {
-    fn default() -> Self {
-        Self::all()
-    }
-}
-
-impl EventFilter {
-    /// Every event.
-    pub const fn all() -> Self {
-        EventFilter {
-            backpressure: false,
-            turn_started: true,
-            agent: true,
-            preempted: true,
-            turn_ended: true,
-            stop_requested: true,
-        }
-    }
-
-    /// Only turn ends (and `Ended`): for clients that wait for results.
-    pub const fn turn_ends() -> Self {
-        EventFilter {
-            backpressure: false,
-            turn_started: false,
-            agent: false,
-            preempted: false,
-            turn_ended: true,
-            stop_requested: false,
-        }
-    }
-
-    /// The same filter, with backpressure: the session waits for this subscriber when
-    /// its buffer is full instead of letting it lag (see [`EventFilter::backpressure`]).
-    pub const fn with_backpressure(mut self) -> Self {
-        self.backpressure = true;
-        self
-    }
-
-    /// Whether `event` passes.
-    pub fn accepts<E>(&self, event: &SessionEvent<E>) -> bool {
-        match event {
-            SessionEvent::TurnStarted { .. } => self.turn_started,
-            SessionEvent::Agent { .. } => self.agent,
-            SessionEvent::Preempted { .. } => self.preempted,
-            SessionEvent::TurnEnded { .. } => self.turn_ended,
-            SessionEvent::StopRequested { .. } => self.stop_requested,
-            SessionEvent::Ended(_) | SessionEvent::Lagged { .. } => true,
-        }
-    }
-}
 
 /// The per-subscriber slot that carries `Ended` without using buffer capacity, and the
 /// count of final turn events still being delivered to that subscriber.
 #[derive(Default)]
 pub(crate) struct TerminalSlot {
     /// `Ended`'s number and summary.
-    summary: Mutex<Option<(u64, ExitSummary)>>,
-    waker: AtomicWaker,
+    pub(super) summary: Mutex<Option<(u64, ExitSummary)>>,
+    pub(super) waker: AtomicWaker,
     /// Final turn events sent after the turn reported its end and not delivered yet.
     /// `Ended` waits for them, so it is always last (backpressure subscribers only).
-    inflight: AtomicUsize,
+    pub(super) inflight: AtomicUsize,
     /// The number of the first event a lagging subscriber missed (0: not lagging).
     /// Set and cleared under the publish lock; while set, nothing is queued to it.
-    lag_from: AtomicU64,
+    pub(super) lag_from: AtomicU64,
 }
 
 impl TerminalSlot {
-    fn set(&self, ended: (u64, ExitSummary)) {
+    pub(super) fn set(&self, ended: (u64, ExitSummary)) {
         *self.summary.lock() = Some(ended);
         self.waker.wake();
     }
 
-    fn get(&self) -> Option<(u64, ExitSummary)> {
+    pub(super) fn get(&self) -> Option<(u64, ExitSummary)> {
         self.summary.lock().clone()
     }
 }
 
 /// Decrements a subscriber's in-flight count when a final send finishes or is dropped.
-struct InflightGuard(Arc<TerminalSlot>);
+pub(super) struct InflightGuard(Arc<TerminalSlot>);
 
 impl InflightGuard {
     /// Counts one more event in flight to the subscriber of `slot`.
-    fn new(slot: &Arc<TerminalSlot>) -> Self {
+    pub(super) fn new(slot: &Arc<TerminalSlot>) -> Self {
         slot.inflight.fetch_add(1, Ordering::AcqRel);
         InflightGuard(slot.clone())
     }
@@ -324,15 +60,15 @@ impl Drop for InflightGuard {
     }
 }
 
-struct SubscriberTx<E> {
-    tx: mpsc::Sender<Sequenced<E>>,
-    slot: Arc<TerminalSlot>,
-    filter: EventFilter,
+pub(super) struct SubscriberTx<E> {
+    pub(super) tx: mpsc::Sender<Sequenced<E>>,
+    pub(super) slot: Arc<TerminalSlot>,
+    pub(super) filter: EventFilter,
 }
 
 impl<E> SubscriberTx<E> {
     /// Whether this subscriber lags instead of slowing the session.
-    fn lags(&self) -> bool {
+    pub(super) fn lags(&self) -> bool {
         !self.filter.backpressure
     }
 }
@@ -360,39 +96,39 @@ impl<E> Clone for SubscriberTx<E> {
 pub(crate) struct Subscribers<E> {
     // Copy-on-write: senders take a cheap snapshot and never hold the lock across an
     // await.
-    list: RwLock<Arc<Vec<SubscriberTx<E>>>>,
-    ended: Mutex<EndState>,
-    seq: Arc<EventSeq>,
+    pub(super) list: RwLock<Arc<Vec<SubscriberTx<E>>>>,
+    pub(super) ended: Mutex<EndState>,
+    pub(super) seq: Arc<EventSeq>,
     /// Held while a number is given and its event queued; guards the replay buffer.
     /// Shared with the lagging streams, which catch up from it.
-    publish: Arc<Mutex<Replay<E>>>,
-    order: Arc<tokio::sync::Mutex<()>>,
+    pub(super) publish: Arc<Mutex<Replay<E>>>,
+    pub(super) order: Arc<tokio::sync::Mutex<()>>,
     /// The stream registered before the actor started (subscribe at spawn), until the
     /// spawner takes it. Invariant: the spawner takes it right after the spawn returns
     /// (or drops it, which unsubscribes), so an unread stream never holds turn events
     /// back by backpressure.
-    at_spawn: Mutex<Option<EventStream<E>>>,
+    pub(super) at_spawn: Mutex<Option<EventStream<E>>>,
 }
 
 /// `Ended` once given, and the turn tasks that hold it back.
 #[derive(Default)]
-struct EndState {
+pub(super) struct EndState {
     /// `Ended`, numbered: the streams have it (or get it when they subscribe).
-    ended: Option<(u64, ExitSummary)>,
+    pub(super) ended: Option<(u64, ExitSummary)>,
     /// `Ended` asked for while turn tasks hold it back: numbered and sent when the
     /// last hold goes, so it is numbered after their events (issue 28).
-    pending: Option<ExitSummary>,
+    pub(super) pending: Option<ExitSummary>,
     /// Turn tasks between reporting their end and queuing `TurnEnded` (which waits
     /// for its write): `Ended` reaches the streams only when none is left.
-    holds: usize,
+    pub(super) holds: usize,
 }
 
 /// Holds `Ended` back until dropped (see [`Subscribers::hold_end`]), and owes the
 /// numbers of the final events its turn task will send.
 pub(crate) struct EndHold<E: Clone + Send + 'static> {
-    subscribers: Arc<Subscribers<E>>,
+    pub(super) subscribers: Arc<Subscribers<E>>,
     /// Final events promised and not numbered yet.
-    owed: u64,
+    pub(super) owed: u64,
 }
 
 impl<E: Clone + Send + 'static> Drop for EndHold<E> {
@@ -424,17 +160,17 @@ impl<E: Clone + Send + 'static> Drop for EndHold<E> {
 }
 
 /// The last events of a session, for subscribers that start after a number.
-struct Replay<E> {
-    capacity: usize,
+pub(super) struct Replay<E> {
+    pub(super) capacity: usize,
     /// Oldest first; allocated by the first event kept.
-    events: VecDeque<Sequenced<E>>,
+    pub(super) events: VecDeque<Sequenced<E>>,
 }
 
 impl<E: Clone> Replay<E> {
     /// The events after number `after` up to `last` (the last number given) that the
     /// buffer holds and `filter` accepts, oldest first, preceded by
     /// [`SessionEvent::Lagged`] when some of them are no longer held.
-    fn since(&self, after: u64, last: u64, filter: &EventFilter) -> Vec<Sequenced<E>> {
+    pub(super) fn since(&self, after: u64, last: u64, filter: &EventFilter) -> Vec<Sequenced<E>> {
         let mut out = Vec::new();
         let first_held = self.events.front().map_or(last + 1, |e| e.seq);
         if after + 1 < first_held && after < last {
@@ -453,7 +189,7 @@ impl<E: Clone> Replay<E> {
         out
     }
 
-    fn keep(&mut self, seq: u64, event: &SessionEvent<E>) {
+    pub(super) fn keep(&mut self, seq: u64, event: &SessionEvent<E>) {
         if self.capacity == 0 {
             return;
         }
@@ -513,7 +249,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         self.subscribe_inner(capacity, filter, Some(after))
     }
 
-    fn subscribe_inner(
+    pub(super) fn subscribe_inner(
         &self,
         capacity: usize,
         filter: EventFilter,
@@ -568,7 +304,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// How a lagging stream with `filter` catches up: under the publish lock, it takes
     /// what it missed from the replay buffer (with `Lagged` for what is gone) and stops
     /// lagging, so the next event is queued to it again, after these.
-    fn catch_up(&self, filter: EventFilter) -> CatchUp<E> {
+    pub(super) fn catch_up(&self, filter: EventFilter) -> CatchUp<E> {
         let replay = self.publish.clone();
         let seq = self.seq.clone();
         Box::new(move |slot: &TerminalSlot| {
@@ -599,7 +335,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         self.seq.next();
     }
 
-    fn snapshot(&self) -> Arc<Vec<SubscriberTx<E>>> {
+    pub(super) fn snapshot(&self) -> Arc<Vec<SubscriberTx<E>>> {
         self.list.read().clone()
     }
 
@@ -612,7 +348,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// subscriber with room; returns the subscribers that were full (their copy is
     /// registered in flight, so `Ended` and later events wait for it).
     /// `owed`: the event's number was promised by an [`EndHold`], which it settles.
-    fn publish(
+    pub(super) fn publish(
         &self,
         event: &SessionEvent<E>,
         owed: bool,
@@ -781,7 +517,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     }
 
     /// Writes `Ended` into every stream's terminal slot and empties the registry.
-    fn close_streams(&self, ended: (u64, ExitSummary)) {
+    pub(super) fn close_streams(&self, ended: (u64, ExitSummary)) {
         let list = std::mem::take(&mut *self.list.write());
         for s in list.iter() {
             s.slot.set(ended.clone());
@@ -795,131 +531,5 @@ async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<Sequenced<E>>) {
         if s.tx.send(ev).await.is_err() {
             break;
         }
-    }
-}
-
-/// A subscriber's view of a session: its events in order, `Ended` last, then `None`.
-///
-/// Read it with [`EventStream::next`] or as a `futures::Stream`. Dropping it
-/// unsubscribes; the session never waits on a dropped stream.
-pub struct EventStream<E> {
-    rx: mpsc::Receiver<Sequenced<E>>,
-    /// Where `Ended` waits for a local subscriber; `None` for a stream relayed from
-    /// another node, whose `Ended` arrives in `rx` like any event.
-    slot: Option<Arc<TerminalSlot>>,
-    finished: bool,
-    /// How this stream catches up after it lagged (`None`: a backpressure or relayed
-    /// stream, which never lags here).
-    catch_up: Option<CatchUp<E>>,
-    /// Events taken by the last catch-up, read before the channel.
-    pending: VecDeque<Sequenced<E>>,
-}
-
-/// Takes what a lagging stream missed from the replay buffer and stops its lag.
-type CatchUp<E> = Box<dyn Fn(&TerminalSlot) -> Vec<Sequenced<E>> + Send + Sync>;
-
-impl<E> EventStream<E> {
-    /// A stream fed by a relay of another node's stream (issue 18): its events in
-    /// order, `Ended` last, then `None`. When the relay closes the channel without
-    /// `Ended` (the owner was lost), the stream ends there: resubscribe after the last
-    /// number seen.
-    pub(crate) fn relayed(rx: mpsc::Receiver<Sequenced<E>>) -> Self {
-        EventStream {
-            rx,
-            slot: None,
-            finished: false,
-            catch_up: None,
-            pending: VecDeque::new(),
-        }
-    }
-
-    /// The next event, or `None` once `Ended` was returned.
-    pub async fn next(&mut self) -> Option<SessionEvent<E>> {
-        self.next_sequenced().await.map(|s| s.event)
-    }
-
-    /// The next event with its sequence number, or `None` once `Ended` was returned.
-    pub async fn next_sequenced(&mut self) -> Option<Sequenced<E>> {
-        std::future::poll_fn(|cx| self.poll_event(cx)).await
-    }
-
-    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sequenced<E>>> {
-        if self.finished {
-            return Poll::Ready(None);
-        }
-        // Fields borrowed apart: no Arc clone on this path (every event polls it).
-        let Some(slot) = self.slot.as_ref() else {
-            return match self.rx.poll_recv(cx) {
-                Poll::Ready(Some(ev)) => {
-                    self.finished = matches!(ev.event, SessionEvent::Ended(_));
-                    Poll::Ready(Some(ev))
-                }
-                Poll::Ready(None) => {
-                    self.finished = true;
-                    Poll::Ready(None)
-                }
-                Poll::Pending => Poll::Pending,
-            };
-        };
-        if let Some(ev) = self.pending.pop_front() {
-            return Poll::Ready(Some(ev));
-        }
-        // Buffered events always come before `Ended`.
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(ev)) => return Poll::Ready(Some(ev)),
-            Poll::Ready(None) | Poll::Pending => {}
-        }
-        // The channel is empty: a stream that lagged catches up now (nothing was
-        // queued to it since it lagged, so these come next).
-        if slot.lag_from.load(Ordering::Acquire) != 0 {
-            if let Some(catch_up) = self.catch_up.as_ref() {
-                self.pending.extend(catch_up(slot));
-                if let Some(ev) = self.pending.pop_front() {
-                    return Poll::Ready(Some(ev));
-                }
-            }
-        }
-        // Register the waker before checking the slot so a concurrent `set` (or the last
-        // in-flight final event) is not missed.
-        slot.waker.register(cx.waker());
-        if let Some((seq, summary)) = slot.get() {
-            if slot.inflight.load(Ordering::Acquire) > 0 {
-                // A turn's final events are still on their way (the subscriber freed
-                // capacity; the sender will queue them): `Ended` waits behind them.
-                return match self.rx.poll_recv(cx) {
-                    Poll::Ready(Some(ev)) => Poll::Ready(Some(ev)),
-                    _ => Poll::Pending,
-                };
-            }
-            if let Ok(ev) = self.rx.try_recv() {
-                return Poll::Ready(Some(ev));
-            }
-            self.finished = true;
-            return Poll::Ready(Some(Sequenced {
-                seq,
-                event: SessionEvent::Ended(summary),
-            }));
-        }
-        Poll::Pending
-    }
-}
-
-// No field is ever pinned (the stream is polled through `&mut`), so moving it is fine
-// whatever `E` is.
-impl<E> Unpin for EventStream<E> {}
-
-impl<E> futures::Stream for EventStream<E> {
-    type Item = SessionEvent<E>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().poll_event(cx).map(|o| o.map(|s| s.event))
-    }
-}
-
-impl<E> std::fmt::Debug for EventStream<E> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventStream")
-            .field("finished", &self.finished)
-            .finish()
     }
 }

@@ -1,0 +1,211 @@
+//! The routes that change a running session's course: stop (every stop option), detach,
+//! move, cancel and resume with an answer. Each is one runtime call.
+
+use super::id::SessionId;
+use super::{body, duration, from_json_text, optional_body, AppState, Ev, Item};
+use crate::{wire, ApiError};
+use agentloop::{SessionStatus, StopOptions};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// `POST /sessions/{id}/stop`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StopBody {
+    /// `graceful` (default), `at`, `immediate`, `drain`, `bare` or `idle`.
+    #[serde(default)]
+    mode: Option<String>,
+    /// For `graceful` and `at`: the cancel's timeout, e.g. `"5s"`; for `idle`: how long
+    /// idle.
+    #[serde(default)]
+    timeout: Option<String>,
+    /// For `at`: the safe points (`after_model_call`, `after_tool_calls`, `any`).
+    #[serde(default)]
+    at: Option<String>,
+    /// For `idle`: how long the session must be idle before it exits.
+    #[serde(default)]
+    idle_for: Option<String>,
+    #[serde(default)]
+    cause: Option<String>,
+    #[serde(default)]
+    skip_checkpoint: bool,
+}
+
+pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, ApiError> {
+    let timeout = b
+        .timeout
+        .as_deref()
+        .map(|t| duration("timeout", t, max))
+        .transpose()?;
+    let mode = b.mode.as_deref().unwrap_or("graceful");
+    let misplaced = |field: &str| {
+        ApiError::bad_request(format!(
+            "`{field}` does not apply to the `{mode}` stop mode"
+        ))
+    };
+    if b.at.is_some() && mode != "at" {
+        return Err(misplaced("at"));
+    }
+    if b.idle_for.is_some() && mode != "idle" {
+        return Err(misplaced("idle_for"));
+    }
+    let mut o = match mode {
+        "graceful" => match timeout {
+            None => StopOptions::graceful(),
+            Some(t) => StopOptions::graceful_timeout(t),
+        },
+        "at" => {
+            let at = b.at.as_deref().ok_or_else(|| {
+                ApiError::bad_request(
+                    "the `at` stop mode needs `at`: after_model_call, after_tool_calls or any",
+                )
+            })?;
+            let p = wire::parse_safe_point(at).map_err(ApiError::bad_request)?;
+            let mut o = StopOptions::at(p);
+            if let (Some(t), Some(c)) = (timeout, o.cancel.as_mut()) {
+                c.timeout = Some(t);
+            }
+            o
+        }
+        "idle" => {
+            let d = b.idle_for.as_deref().ok_or_else(|| {
+                ApiError::bad_request("the `idle` stop mode needs `idle_for`, e.g. \"30s\"")
+            })?;
+            StopOptions::until_idle_for(duration("idle_for", d, max)?)
+        }
+        m @ ("immediate" | "drain" | "bare") => {
+            if timeout.is_some() {
+                return Err(misplaced("timeout"));
+            }
+            match m {
+                "immediate" => StopOptions::immediate(),
+                "drain" => StopOptions::drain(),
+                _ => StopOptions::bare(),
+            }
+        }
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "mode `{other}`: use graceful, at, immediate, drain, bare or idle"
+            )))
+        }
+    };
+    if let Some(c) = b.cause {
+        o = o.cause(c);
+    }
+    if b.skip_checkpoint {
+        o = o.skip_checkpoint();
+    }
+    o.validate()
+        .map_err(|e| ApiError::bad_request(format!("stop options: {e}")))?;
+    Ok(o)
+}
+
+pub(crate) async fn stop<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+    raw: Result<Json<StopBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = optional_body(raw)?;
+    // Wherever it runs: here, or (a cluster node) at its owner (issue 18).
+    st.runtime
+        .stop_anywhere(&id, stop_options(b, st.max_duration)?)
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "id": id, "stopping": true })),
+    )
+        .into_response())
+}
+
+/// `POST /sessions/{id}/detach` (S23): the session goes on in the background and its
+/// record is finalized when it drains. Refused (409) for a session without a store.
+pub(crate) async fn detach<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+) -> Result<Json<Value>, ApiError> {
+    st.runtime.detach_anywhere(&id).await?;
+    Ok(Json(json!({ "id": id, "detached": true })))
+}
+
+/// `POST /sessions/{id}/move` body.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MoveBody {
+    /// The node to move the session to.
+    to: String,
+    /// How long to wait for the next safe point before the stop escalates (default 5s).
+    #[serde(default)]
+    timeout: Option<String>,
+}
+
+/// `POST /sessions/{id}/move` (issue 18, S38): a planned move of a session this node
+/// runs to node `to` (a cluster node only). Pushes sent here meanwhile are queued and
+/// delivered there in order.
+pub(crate) async fn move_to<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+    raw: Result<Json<MoveBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    use agentloop::cluster::migrate::MigrateError;
+    let b = body(raw)?;
+    let timeout = match &b.timeout {
+        Some(t) => duration("timeout", t, st.max_duration)?,
+        None => Duration::from_secs(5),
+    };
+    match st.runtime.migrate(&id, &b.to, timeout).await {
+        Ok(moved) => Ok(Json(json!({
+            "id": id,
+            "to": b.to,
+            "stopped_ms": moved.stopped.as_millis() as u64,
+            "total_ms": moved.total.as_millis() as u64,
+        }))),
+        Err(e) => {
+            let (status, code) = match &e {
+                MigrateError::NotANode(_) => (StatusCode::CONFLICT, "not_a_node"),
+                MigrateError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "owner_unreachable"),
+                MigrateError::NotHere(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+                MigrateError::Store { .. } => (StatusCode::CONFLICT, "wrong_state"),
+                MigrateError::NotResumed { .. } => (StatusCode::BAD_GATEWAY, "owner_unreachable"),
+            };
+            Err(ApiError::new(status, code, e.to_string()))
+        }
+    }
+}
+
+/// `POST /sessions/{id}/cancel` (S24).
+pub(crate) async fn cancel<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+) -> Result<Json<Value>, ApiError> {
+    let status: SessionStatus = st.runtime.supervisor().cancel(&id).await?;
+    Ok(Json(json!({ "id": id, "status": wire::status(&status) })))
+}
+
+/// `POST /sessions/{id}/resume`: `{"answer": <item>}` answers the session's business
+/// interrupt and resumes it (S4).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ResumeBody {
+    answer: Value,
+}
+
+pub(crate) async fn resume<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+    raw: Result<Json<ResumeBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let b = body(raw)?;
+    let answer: I = from_json_text(&b.answer.to_string()).map_err(|e| {
+        ApiError::bad_request(format!("answer: not an item this server takes: {e}"))
+    })?;
+    // The stream attached before the start is not needed: clients subscribe by id.
+    let (_handle, _events) = st.runtime.resume_with_answer(&id, answer).await?;
+    Ok(Json(json!({ "id": id, "resumed": true })))
+}

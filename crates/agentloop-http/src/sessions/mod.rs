@@ -1,0 +1,277 @@
+//! The session routes (issue 17, S33): spawn, list, read (the S24 redacted view), push
+//! (preempt options, idempotency key), stop (every stop option), detach, cancel, resume
+//! with an answer, history and delete. Each handler turns JSON into one runtime call
+//! and its answer back into JSON; the runtime decides everything. One room a concern:
+//! `spawn`, `read`, `push`, `control` (stop, detach, move, cancel, resume), `stored`
+//! (history, checkpoint, delete), `stream` (events) and `id` (the path's session id).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use agentloop::RuntimeHandle;
+
+use crate::idempotency::Idempotency;
+use crate::limits::Gauge;
+use crate::ApiError;
+
+mod control;
+mod id;
+mod push;
+mod read;
+mod spawn;
+mod stored;
+mod stream;
+
+pub(crate) use control::{cancel, detach, move_to, resume, stop};
+pub(crate) use push::push;
+pub(crate) use read::{get_one, list};
+pub(crate) use spawn::spawn;
+pub(crate) use stored::{checkpoint, delete, history};
+pub(crate) use stream::events;
+
+/// Events a session spawned over HTTP keeps for reconnecting SSE clients, unless the
+/// spawn says otherwise (`"replay": n`).
+pub const DEFAULT_REPLAY: usize = 256;
+
+/// What the handlers share. axum clones the state for every request: it is one `Arc`,
+/// so that clone is one reference count, not a copy of the runtime handle.
+pub(crate) struct AppState<I, E>(pub(crate) Arc<Shared<I, E>>);
+
+/// The shared part of [`AppState`].
+pub(crate) struct Shared<I, E> {
+    pub(crate) runtime: RuntimeHandle<I, E>,
+    /// Open event streams, and their bound.
+    pub(crate) streams: Arc<Gauge>,
+    pub(crate) idempotency: Idempotency,
+    /// The largest replay buffer a spawn may ask for (S34a).
+    pub(crate) max_replay: usize,
+    /// The longest duration a request may carry (S34a).
+    pub(crate) max_duration: Duration,
+}
+
+impl<I: Item, E: Ev> Shared<I, E> {
+    /// Resolves once the runtime's shutdown finished its sessions (its report is
+    /// published on a watch channel: no message, no task).
+    async fn closed(&self) {
+        let _ = self.runtime.shutdown_handle().wait_report().await;
+    }
+}
+
+/// A fingerprint of a keyed push that is the same in every process (FNV-1a): the
+/// record keeps it with the key (S34a).
+fn fingerprint_hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl<I, E> Clone for AppState<I, E> {
+    fn clone(&self) -> Self {
+        AppState(self.0.clone())
+    }
+}
+
+impl<I, E> std::ops::Deref for AppState<I, E> {
+    type Target = Shared<I, E>;
+    fn deref(&self) -> &Shared<I, E> {
+        &self.0
+    }
+}
+
+/// What the router needs of the runtime's item type: read from JSON (pushes,
+/// answers), written to JSON. Implemented for every such type.
+pub trait Item:
+    Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static
+{
+}
+impl<T> Item for T where
+    T: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static
+{
+}
+
+/// What the router needs of the runtime's event type: written to JSON for the event
+/// stream. Implemented for every such type.
+pub trait Ev: Clone + Send + Sync + Serialize + 'static {}
+impl<T> Ev for T where T: Clone + Send + Sync + Serialize + 'static {}
+
+/// A JSON body, or the error that says what is wrong with it (413 when too large).
+pub(crate) fn body<T: DeserializeOwned>(
+    raw: Result<Json<T>, JsonRejection>,
+) -> Result<T, ApiError> {
+    match raw {
+        Ok(Json(v)) => Ok(v),
+        Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the request body is too large: {e}; send less"),
+            ))
+        }
+        Err(e) => Err(ApiError::bad_request(format!(
+            "the request body is not what this route takes: {}",
+            clean_serde_message(&e.body_text())
+        ))),
+    }
+}
+
+/// A JSON value read into `T`, with the field path and a message a client can act on
+/// when it does not fit (S34a: no Rust type names).
+pub(crate) fn from_json_text<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    // The fast path; the path is only tracked to explain a failure.
+    if let Ok(v) = serde_json::from_str(text) {
+        return Ok(v);
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = clean_serde_message(&e.into_inner().to_string());
+        match path.as_str() {
+            "." | "" => inner,
+            p => format!("{p}: {inner}"),
+        }
+    })
+}
+
+/// serde's message without the Rust types it names (S34a): `expected struct SimItem`
+/// becomes `expected an object`, `expected u64` a whole number, and axum's prefix goes.
+pub(crate) fn clean_serde_message(message: &str) -> String {
+    let mut m = message
+        .replace(
+            "Failed to deserialize the JSON body into the target type: ",
+            "",
+        )
+        .replace("Failed to parse the request body as JSON: ", "not JSON: ")
+        .replace("Failed to deserialize query string: ", "");
+    for (named, plain) in [
+        ("expected tuple struct ", "expected an array"),
+        ("expected unit struct ", "expected null"),
+        ("expected newtype struct ", "expected a value"),
+        ("expected struct ", "expected an object"),
+        ("expected enum ", "expected one of its named values"),
+    ] {
+        while let Some(at) = m.find(named) {
+            let rest = &m[at + named.len()..];
+            let name_len = rest
+                .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | ':' | '<' | '>')))
+                .unwrap_or(rest.len());
+            m = format!("{}{plain}{}", &m[..at], &rest[name_len..]);
+        }
+    }
+    for (ty, plain) in [
+        ("usize", "a whole number (0 or more)"),
+        ("u64", "a whole number (0 or more)"),
+        ("u32", "a whole number (0 or more)"),
+        ("u16", "a whole number (0 or more)"),
+        ("u8", "a whole number (0 or more)"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ] {
+        for end in [" ", ",", ")", ""] {
+            let from = format!("expected {ty}{end}");
+            if end.is_empty() {
+                if m.ends_with(&from) {
+                    let cut = m.len() - from.len();
+                    m = format!("{}expected {plain}", &m[..cut]);
+                }
+            } else {
+                m = m.replace(&from, &format!("expected {plain}{end}"));
+            }
+        }
+    }
+    m
+}
+
+/// A body that may be empty (no content type): its default then.
+fn optional_body<T: DeserializeOwned + Default>(
+    raw: Result<Json<T>, JsonRejection>,
+) -> Result<T, ApiError> {
+    match raw {
+        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
+        other => body(other),
+    }
+}
+
+/// A request's duration `text` for `option`: positive and at most `max` (the server's
+/// `[limits] duration`, S34a).
+fn duration(option: &str, text: &str, max: Duration) -> Result<Duration, ApiError> {
+    let d = humantime::parse_duration(text).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{option} `{text}` is not a duration ({e}); write e.g. \"5s\""
+        ))
+    })?;
+    if d.is_zero() {
+        return Err(ApiError::bad_request(format!(
+            "{option} must be positive, not `{text}`"
+        )));
+    }
+    if d > max {
+        return Err(ApiError::bad_request(format!(
+            "{option} `{text}` is longer than this server allows: at most {} (its [limits] duration)",
+            humantime::format_duration(max)
+        )));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Inner {
+        count: u64,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        inner: Inner,
+        mode: Mode,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Mode {
+        Fast,
+    }
+
+    #[test]
+    fn messages_name_the_field_and_no_rust_type() {
+        let cases = [
+            (
+                r#"{"inner": "x", "mode": "fast"}"#,
+                "inner: invalid type: string \"x\", expected an object",
+            ),
+            (
+                r#"{"inner": {"count": -1}, "mode": "fast"}"#,
+                "inner.count: invalid value: integer `-1`, expected a whole number (0 or more)",
+            ),
+            (
+                r#"{"inner": {"count": 1}, "mode": "slow"}"#,
+                "mode: unknown variant `slow`, expected `fast`",
+            ),
+        ];
+        assert_eq!(
+            clean_serde_message("invalid type: string \"x\", expected enum Mode"),
+            "invalid type: string \"x\", expected one of its named values"
+        );
+        for (text, want) in cases {
+            let e = from_json_text::<Outer>(text).unwrap_err();
+            assert!(e.starts_with(want), "{text}: {e}");
+            for rust in ["Inner", "Outer", "Mode", "u64", "struct", "enum"] {
+                assert!(!e.contains(rust), "{text}: {e} names {rust}");
+            }
+        }
+    }
+}

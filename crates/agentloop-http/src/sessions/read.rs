@@ -1,0 +1,167 @@
+//! `GET /sessions` (live and stored, paged) and `GET /sessions/{id}` (the S24 redacted
+//! view): reads only; nothing here changes a session.
+
+use super::id::SessionId;
+use super::{clean_serde_message, AppState, Ev, Item};
+use crate::{wire, ApiError};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// `GET /sessions`: the live sessions and the stored records, merged by id, each
+/// marked `live` and with its stored `status` (`null` when nothing is stored).
+pub(crate) async fn list<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    page: Result<axum::extract::Query<ListPage>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let page = match page {
+        Ok(axum::extract::Query(p)) => p,
+        Err(e) => {
+            return Err(ApiError::bad_request(format!(
+                "the query is not what GET /sessions takes ({}): use ?limit=N (1 to {MAX_PAGE}) and ?after=ID",
+                clean_serde_message(&e.body_text())
+            )))
+        }
+    };
+    let limit = page.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit {limit} is out of range: 1 to {MAX_PAGE}"
+        )));
+    }
+    let mut rows: BTreeMap<String, Value> = BTreeMap::new();
+    if let Some(store) = st.runtime.store() {
+        for entry in store.list_stored(None).await? {
+            let row = match &entry.record {
+                Ok(stored) => json!({
+                    "id": entry.session_id,
+                    "kind": kind_of(stored),
+                    "live": false,
+                    "status": wire::status(stored.status()),
+                    "restarts": null,
+                }),
+                Err(e) => json!({
+                    "id": entry.session_id,
+                    "kind": null,
+                    "live": false,
+                    "status": "unreadable",
+                    "error": e.to_string(),
+                    "restarts": null,
+                }),
+            };
+            rows.insert(entry.session_id.clone(), row);
+        }
+    }
+    for s in st.runtime.supervisor().list().await {
+        let row = rows.entry(s.id.clone()).or_insert_with(
+            || json!({"id": s.id, "kind": s.kind, "live": true, "status": null, "restarts": 0}),
+        );
+        row["live"] = json!(true);
+        row["kind"] = json!(s.kind);
+        row["restarts"] = json!(s.restarts);
+    }
+    // One page, in id order, after `after` (S34a: an answer is bounded).
+    let mut rest = rows.into_iter().filter(|(id, _)| match &page.after {
+        Some(after) => id > after,
+        None => true,
+    });
+    let out: Vec<(String, Value)> = rest.by_ref().take(limit).collect();
+    let more = rest.next().is_some();
+    let mut response = Json(out.iter().map(|(_, v)| v).collect::<Vec<_>>()).into_response();
+    if let (true, Some((last, _))) = (more, out.last()) {
+        let next = format!(
+            "</sessions?limit={limit}&after={}>; rel=\"next\"",
+            url_escape(last)
+        );
+        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
+            response.headers_mut().insert(axum::http::header::LINK, v);
+        }
+    }
+    Ok(response)
+}
+
+/// Sessions on one page of `GET /sessions` unless `?limit=` says otherwise.
+pub const DEFAULT_PAGE: usize = 1_000;
+/// The most `?limit=` may ask for.
+pub const MAX_PAGE: usize = 10_000;
+
+/// `GET /sessions?limit=N&after=ID`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListPage {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// `s` with every byte but unreserved URL characters percent-encoded.
+pub(super) fn url_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+pub(super) fn kind_of(stored: &agentloop::store::Stored) -> &str {
+    match stored {
+        agentloop::store::Stored::Current(r) => &r.header.agent_kind,
+        agentloop::store::Stored::Format1(r) => &r.agent_kind,
+    }
+}
+
+/// `GET /sessions/{id}`: the stored record through the runtime's redaction (S24), with
+/// `live` and, while the session runs here, what it is doing.
+pub(crate) async fn get_one<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+) -> Result<Json<Value>, ApiError> {
+    let view = st.runtime.view(&id).await?;
+    let live = st.runtime.supervisor().inspect(&id).await.ok();
+    let mut out = match (&view, &live) {
+        (None, None) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_session",
+                format!(
+                    "no session `{id}` runs here and none is stored; list them with GET /sessions"
+                ),
+            ))
+        }
+        (Some(v), _) => view_json(v),
+        (None, Some(_)) => json!({"session_id": id, "status": null}),
+    };
+    out["live"] = json!(live.is_some());
+    if let Some(info) = live {
+        out["run"] = json!({
+            "phase": match info.phase {
+                agentloop::TurnPhase::Idle => "idle",
+                agentloop::TurnPhase::Planning => "planning",
+                agentloop::TurnPhase::Running => "running",
+            },
+            "turn_index": info.turn_index,
+            "buffered": info.buffered,
+            "preempted": info.preempted,
+            "stop_committed": info.stop_committed,
+        });
+    }
+    Ok(Json(out))
+}
+
+/// A view as clients get it: its status as the stable name (the view carries display
+/// text, `Failed(..)` → `failed`).
+pub(super) fn view_json(v: &agentloop::SessionView) -> Value {
+    let mut out = json!(v);
+    let name = v.status.split('(').next().unwrap_or(&v.status);
+    out["status"] = json!(name.to_ascii_lowercase());
+    out
+}

@@ -1,0 +1,84 @@
+//! `POST /sessions`: a spawn's JSON body turned into one [`agentloop::SessionSpec`] and
+//! one runtime call. It decides nothing the runtime decides.
+
+use super::{body, AppState, Ev, Item, DEFAULT_REPLAY};
+use crate::ApiError;
+use agentloop::{Durability, SessionSpec};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// `POST /sessions`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SpawnBody {
+    id: String,
+    kind: String,
+    #[serde(default)]
+    config: Option<Value>,
+    #[serde(default)]
+    persistent: bool,
+    #[serde(default)]
+    durability: Option<String>,
+    /// Recent events kept for SSE clients that reconnect with `Last-Event-ID`.
+    #[serde(default)]
+    replay: Option<usize>,
+    /// Turn-end checkpoints to keep (`GET /sessions/{id}/history`); needs `persistent`.
+    #[serde(default)]
+    history: Option<usize>,
+}
+
+pub(crate) async fn spawn<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    raw: Result<Json<SpawnBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = body(raw)?;
+    let replay = b.replay.unwrap_or(DEFAULT_REPLAY);
+    if replay > st.max_replay {
+        return Err(ApiError::bad_request(format!(
+            "replay {replay} is more than this server allows: at most {} events (its [limits] replay)",
+            st.max_replay
+        )));
+    }
+    let mut spec = SessionSpec::new(b.id.clone(), b.kind)
+        .persistent(b.persistent)
+        .replay(replay);
+    if let Some(n) = b.history {
+        if !b.persistent {
+            return Err(ApiError::bad_request(
+                "history keeps checkpoints in the store: set \"persistent\": true too",
+            ));
+        }
+        let max = agentloop::store::history::MAX_HISTORY;
+        if n > max {
+            return Err(ApiError::bad_request(format!(
+                "history {n} is more than a session may keep: at most {max} checkpoints"
+            )));
+        }
+        spec = spec.history(n);
+    }
+    if let Some(config) = b.config {
+        let bytes = serde_json::to_vec(&config)
+            .map_err(|e| ApiError::bad_request(format!("config: {e}")))?;
+        spec = spec.config(bytes);
+    }
+    if let Some(d) = b.durability {
+        spec = spec.durability(match d.as_str() {
+            "sync" => Durability::Sync,
+            "turn" => Durability::Turn,
+            "exit" => Durability::Exit,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "durability `{other}`: use sync, turn or exit"
+                )))
+            }
+        });
+    }
+    st.runtime.supervisor().spawn(spec).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "id": b.id }))).into_response())
+}

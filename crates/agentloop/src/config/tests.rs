@@ -1,0 +1,56 @@
+//! Unit tests of `config`.
+
+use super::*;
+
+#[test]
+fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
+    let c = RuntimeConfig::from_toml_str("").unwrap();
+    assert_eq!(c.limits, LimitsConfig::default());
+    let c = RuntimeConfig::from_toml_str(
+        "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n\
+         sessions = 7\nsession_items = 8\nsession_bytes = 9\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.limits,
+        LimitsConfig {
+            sim_rounds: 5,
+            sim_step: Duration::from_secs(2),
+            replay: 64,
+            duration: Duration::from_secs(3600),
+            sessions: 7,
+            session_items: 8,
+            session_bytes: 9,
+        }
+    );
+    for bad in [
+        "[limits]\nsim_rounds = 0",
+        "[limits]\nreplay = -1",
+        "[limits]\nsessions = 0",
+        "[limits]\nsession_items = -3",
+        "[limits]\nsim_step = \"25h\"",
+        "[limits]\nduration = \"0s\"",
+        "[limits]\nunknown = 1",
+    ] {
+        let e = RuntimeConfig::from_toml_str(bad).expect_err(bad);
+        assert!(
+            e.to_string().contains("limits") || e.to_string().contains("unknown"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn durations_parse() {
+    assert_eq!(parse_duration("30s"), Some(Duration::from_secs(30)));
+    assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+    assert_eq!(parse_duration("1m30s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("1m 30s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("10S"), None);
+    assert_eq!(parse_duration("-5s"), None);
+    assert_eq!(parse_duration("5"), None);
+    assert_eq!(parse_duration("s"), None);
+    assert_eq!(parse_duration("5 parsecs"), None);
+    assert_eq!(parse_duration(""), None);
+}

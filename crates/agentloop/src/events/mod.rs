@@ -1,0 +1,140 @@
+//! Session events and their delivery to subscribers (DESIGN S20, S21).
+//!
+//! This module owns the event vocabulary, the subscriber registry and the stream a
+//! subscriber reads. Delivery rules:
+//!
+//! * Each subscriber has its own bounded channel, and a subscriber never slows the
+//!   session by default (S20): when its channel is full it *lags*: nothing more is
+//!   queued to it, and when it has read what its channel holds it catches up from the
+//!   replay buffer (the events since the first it missed, under the same lock that
+//!   numbers events, so nothing is repeated or reordered), preceded by
+//!   [`SessionEvent::Lagged`] for what the buffer no longer holds. A subscriber that
+//!   asked for backpressure ([`EventFilter::with_backpressure`], in-process only) is
+//!   different: turn events (turn started, agent events, preempted, turn ended) are
+//!   sent from the turn task and wait for its capacity, so it slows the agent down,
+//!   without ever blocking the TurnLoop actor. A dropped subscriber's sends fail at
+//!   once: it costs nothing and is pruned.
+//! * `StopRequested` is sent by the actor, which never waits: when a subscriber's buffer
+//!   is full it is skipped for that subscriber (the cause is repeated in `Ended`).
+//! * `Ended` never needs buffer capacity: teardown writes it into each subscriber's
+//!   terminal slot, which the stream reads after its buffer drains. Teardown never
+//!   waits on a subscriber, and `Ended` is always the last event; `None` after it is the
+//!   authoritative end of the stream.
+//! * Every event the session emits gets the next number of the session's sequence
+//!   ([`Sequenced::seq`]), whether or not anybody listens, so the numbers are a
+//!   property of the session's history, not of its audience. Numbers are given and
+//!   events queued under one lock, so each stream sees them strictly increasing; a
+//!   stream skips the numbers of events its filter drops (and of a `StopRequested`
+//!   skipped for a full buffer). The sequence continues across restarts and resumes:
+//!   the record keeps the last number written (S26).
+//! * A session with a replay buffer (`SessionConfig::replay_capacity`) keeps its last
+//!   events, so a subscriber can start after a number it saw
+//!   (`Subscribers::subscribe_after`) and get exactly what it missed, or a
+//!   [`SessionEvent::Lagged`] marker when the buffer no longer holds it. The buffer
+//!   allocates at its first event: an idle session pays nothing for it (B2).
+//!
+//! It must not decide anything about turns or stops. Its rooms: `seq` (the numbers),
+//! `filter`, `subscribers` (the registry and replay buffer) and `stream` (what a
+//! subscriber reads).
+
+use serde::{Deserialize, Serialize};
+
+use crate::cancel::{CancelInfo, CancelMode};
+use crate::exit::ExitSummary;
+use crate::interrupt::InterruptInfo;
+
+mod filter;
+mod seq;
+mod stream;
+mod subscribers;
+
+pub use filter::EventFilter;
+pub(crate) use seq::EventSeq;
+pub use stream::EventStream;
+pub(crate) use subscribers::Subscribers;
+
+/// The default capacity of a subscriber's event buffer.
+pub const DEFAULT_EVENT_CAPACITY: usize = 256;
+
+/// How a turn ended, as reported by [`SessionEvent::TurnEnded`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TurnEnd {
+    /// The turn completed its work.
+    Completed,
+    /// A preemption ended the turn (S8); its items are offered to the next plan.
+    Preempted(CancelInfo),
+    /// A stop's cancel ended the turn.
+    Canceled(CancelInfo),
+    /// The agent ended the turn with a business interrupt (S4).
+    Interrupted(InterruptInfo),
+    /// The agent returned an error or panicked.
+    Failed(String),
+    /// The plan failed or a stop arrived while planning; the offered items went back to
+    /// the buffer in their original order (S6). No `TurnStarted` preceded this.
+    PlanAborted(String),
+}
+
+/// An event of a session's stream (S20). It crosses nodes as JSON when a node relays
+/// another node's stream (issue 18).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum SessionEvent<E> {
+    /// A turn's plan is done and the turn runs.
+    TurnStarted {
+        /// The turn's index.
+        turn: u64,
+        /// How many items it consumes.
+        items: usize,
+        /// Whether it resumes a cut turn (S17).
+        resumed: bool,
+    },
+    /// An event emitted by the agent.
+    Agent {
+        /// The turn that emitted it.
+        turn: u64,
+        /// The event.
+        event: E,
+    },
+    /// The turn was preempted and ends at a safe point (S8).
+    Preempted {
+        /// The turn's index.
+        turn: u64,
+    },
+    /// A turn ended.
+    TurnEnded {
+        /// The turn's index.
+        turn: u64,
+        /// How it ended.
+        outcome: TurnEnd,
+        /// Whether the record holds this turn's end: under `Durability::Turn` and
+        /// `Sync` the event is sent only after the write holding it is flushed, and
+        /// says whether it succeeded; without a store and under `Exit` it is false.
+        durable: bool,
+    },
+    /// A stop request was accepted (best effort when the buffer is full).
+    StopRequested {
+        /// The cancel mode the stop carried, if any.
+        cancel: Option<CancelMode>,
+        /// The cause it carried, if any.
+        cause: Option<String>,
+    },
+    /// The session ended. Always the last event.
+    Ended(ExitSummary),
+    /// A stream that asked to start after a sequence number the replay buffer no longer
+    /// holds: `missed` events are gone. Only ever the first event of such a stream; its
+    /// number is the last one missed, so a client that records numbers resumes after
+    /// it.
+    Lagged {
+        /// How many events the stream cannot replay.
+        missed: u64,
+    },
+}
+
+/// An event with its place in the session's sequence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sequenced<E> {
+    /// The event's number: strictly increasing in every stream, and across the
+    /// session's restarts and resumes (S20, S26).
+    pub seq: u64,
+    /// The event.
+    pub event: SessionEvent<E>,
+}

@@ -1,0 +1,138 @@
+//! The stream a subscriber reads ([`EventStream`]): its channel, then, when it lagged,
+//! what the replay buffer still holds (after a `Lagged` marker for what it does not),
+//! and `Ended` last from its terminal slot.
+
+use super::subscribers::TerminalSlot;
+use super::{Sequenced, SessionEvent};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::mpsc;
+
+/// A subscriber's view of a session: its events in order, `Ended` last, then `None`.
+///
+/// Read it with [`EventStream::next`] or as a `futures::Stream`. Dropping it
+/// unsubscribes; the session never waits on a dropped stream.
+pub struct EventStream<E> {
+    pub(super) rx: mpsc::Receiver<Sequenced<E>>,
+    /// Where `Ended` waits for a local subscriber; `None` for a stream relayed from
+    /// another node, whose `Ended` arrives in `rx` like any event.
+    pub(super) slot: Option<Arc<TerminalSlot>>,
+    pub(super) finished: bool,
+    /// How this stream catches up after it lagged (`None`: a backpressure or relayed
+    /// stream, which never lags here).
+    pub(super) catch_up: Option<CatchUp<E>>,
+    /// Events taken by the last catch-up, read before the channel.
+    pub(super) pending: VecDeque<Sequenced<E>>,
+}
+
+/// Takes what a lagging stream missed from the replay buffer and stops its lag.
+pub(super) type CatchUp<E> = Box<dyn Fn(&TerminalSlot) -> Vec<Sequenced<E>> + Send + Sync>;
+
+impl<E> EventStream<E> {
+    /// A stream fed by a relay of another node's stream (issue 18): its events in
+    /// order, `Ended` last, then `None`. When the relay closes the channel without
+    /// `Ended` (the owner was lost), the stream ends there: resubscribe after the last
+    /// number seen.
+    pub(crate) fn relayed(rx: mpsc::Receiver<Sequenced<E>>) -> Self {
+        EventStream {
+            rx,
+            slot: None,
+            finished: false,
+            catch_up: None,
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The next event, or `None` once `Ended` was returned.
+    pub async fn next(&mut self) -> Option<SessionEvent<E>> {
+        self.next_sequenced().await.map(|s| s.event)
+    }
+
+    /// The next event with its sequence number, or `None` once `Ended` was returned.
+    pub async fn next_sequenced(&mut self) -> Option<Sequenced<E>> {
+        std::future::poll_fn(|cx| self.poll_event(cx)).await
+    }
+
+    pub(super) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sequenced<E>>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        // Fields borrowed apart: no Arc clone on this path (every event polls it).
+        let Some(slot) = self.slot.as_ref() else {
+            return match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(ev)) => {
+                    self.finished = matches!(ev.event, SessionEvent::Ended(_));
+                    Poll::Ready(Some(ev))
+                }
+                Poll::Ready(None) => {
+                    self.finished = true;
+                    Poll::Ready(None)
+                }
+                Poll::Pending => Poll::Pending,
+            };
+        };
+        if let Some(ev) = self.pending.pop_front() {
+            return Poll::Ready(Some(ev));
+        }
+        // Buffered events always come before `Ended`.
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(ev)) => return Poll::Ready(Some(ev)),
+            Poll::Ready(None) | Poll::Pending => {}
+        }
+        // The channel is empty: a stream that lagged catches up now (nothing was
+        // queued to it since it lagged, so these come next).
+        if slot.lag_from.load(Ordering::Acquire) != 0 {
+            if let Some(catch_up) = self.catch_up.as_ref() {
+                self.pending.extend(catch_up(slot));
+                if let Some(ev) = self.pending.pop_front() {
+                    return Poll::Ready(Some(ev));
+                }
+            }
+        }
+        // Register the waker before checking the slot so a concurrent `set` (or the last
+        // in-flight final event) is not missed.
+        slot.waker.register(cx.waker());
+        if let Some((seq, summary)) = slot.get() {
+            if slot.inflight.load(Ordering::Acquire) > 0 {
+                // A turn's final events are still on their way (the subscriber freed
+                // capacity; the sender will queue them): `Ended` waits behind them.
+                return match self.rx.poll_recv(cx) {
+                    Poll::Ready(Some(ev)) => Poll::Ready(Some(ev)),
+                    _ => Poll::Pending,
+                };
+            }
+            if let Ok(ev) = self.rx.try_recv() {
+                return Poll::Ready(Some(ev));
+            }
+            self.finished = true;
+            return Poll::Ready(Some(Sequenced {
+                seq,
+                event: SessionEvent::Ended(summary),
+            }));
+        }
+        Poll::Pending
+    }
+}
+
+// No field is ever pinned (the stream is polled through `&mut`), so moving it is fine
+// whatever `E` is.
+impl<E> Unpin for EventStream<E> {}
+
+impl<E> futures::Stream for EventStream<E> {
+    type Item = SessionEvent<E>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_event(cx).map(|o| o.map(|s| s.event))
+    }
+}
+
+impl<E> std::fmt::Debug for EventStream<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStream")
+            .field("finished", &self.finished)
+            .finish()
+    }
+}
