@@ -17,6 +17,7 @@ mod report_table;
 mod run;
 mod serve;
 mod sessions;
+mod text_table;
 mod timefmt;
 
 use std::io::{IsTerminal as _, Write as _};

@@ -229,7 +229,7 @@ pub(crate) fn list(server: &Server, statuses: &[String], json: bool) -> Result<S
             ]
         })
         .collect();
-    Ok(crate::sessions::table(
+    Ok(crate::text_table::table(
         &["ID", "KIND", "STATUS", "LIVE", "RESTARTS"],
         &table,
     ))
@@ -238,8 +238,8 @@ pub(crate) fn list(server: &Server, statuses: &[String], json: bool) -> Result<S
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
-        Value::String(s) => crate::sessions::cell(s),
-        other => crate::sessions::cell(&other.to_string()),
+        Value::String(s) => crate::text_table::cell(s),
+        other => crate::text_table::cell(&other.to_string()),
     }
 }
 

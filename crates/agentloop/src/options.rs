@@ -166,7 +166,7 @@ pub struct PushOptions<I> {
     pub strategy: Option<PushStrategy<I>>,
     /// Set by `SessionHandle::push_nowait`: accounts for the item if the message is
     /// dropped unprocessed.
-    pub(crate) unprocessed: Option<crate::push::UnprocessedPush<I>>,
+    pub(crate) unprocessed: Option<crate::shared::UnprocessedPush<I>>,
     /// Answer the push once its item is accepted (durable under `sync`), with
     /// [`crate::PreemptAck::Scheduled`] when its preempt still waits, instead of when
     /// the cancel is submitted (S7). See [`PushOptions::answer_at_acceptance`].

@@ -214,33 +214,3 @@ impl<I> Drop for PendingAck<I> {
         }
     }
 }
-
-/// Carried by a push sent without a reply (`SessionHandle::push_nowait`). Invariant:
-/// if the message is dropped without being processed (the actor was killed with it
-/// queued), the item goes to the session's late list instead of vanishing (S10, S14).
-pub struct UnprocessedPush<I> {
-    item: Option<I>,
-    shared: std::sync::Arc<crate::shared::SessionShared<I>>,
-}
-
-impl<I> UnprocessedPush<I> {
-    pub(crate) fn new(item: I, shared: std::sync::Arc<crate::shared::SessionShared<I>>) -> Self {
-        UnprocessedPush {
-            item: Some(item),
-            shared,
-        }
-    }
-
-    /// The actor took the message: it accounts for the item from now on.
-    pub(crate) fn disarm(mut self) {
-        self.item = None;
-    }
-}
-
-impl<I> Drop for UnprocessedPush<I> {
-    fn drop(&mut self) {
-        if let Some(item) = self.item.take() {
-            self.shared.push_late_unchecked(item);
-        }
-    }
-}

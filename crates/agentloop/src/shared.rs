@@ -1,6 +1,7 @@
 //! State one session shares outside its actor: the stop signal and cause (S13), the
 //! late list (S14), the exit state (S13) that handles wait on, and the event numbering
-//! (S20).
+//! (S20), and the guard a push sent without a reply carries, which puts its item on
+//! the late list if the message is dropped unprocessed (S10, S14).
 //!
 //! Only the TurnLoop actor writes here (handles only append to the late list when the
 //! actor is already gone); readers are handles and turn contexts. Critical sections are
@@ -109,5 +110,35 @@ impl<I: Clone> SessionShared<I> {
 
     pub(crate) fn exited(&self) -> Option<Arc<ExitState<I>>> {
         self.exit.borrow().clone()
+    }
+}
+
+/// Carried by a push sent without a reply (`SessionHandle::push_nowait`). Invariant:
+/// if the message is dropped without being processed (the actor was killed with it
+/// queued), the item goes to the session's late list instead of vanishing (S10, S14).
+pub(crate) struct UnprocessedPush<I> {
+    item: Option<I>,
+    shared: Arc<SessionShared<I>>,
+}
+
+impl<I> UnprocessedPush<I> {
+    pub(crate) fn new(item: I, shared: Arc<SessionShared<I>>) -> Self {
+        UnprocessedPush {
+            item: Some(item),
+            shared,
+        }
+    }
+
+    /// The actor took the message: it accounts for the item from now on.
+    pub(crate) fn disarm(mut self) {
+        self.item = None;
+    }
+}
+
+impl<I> Drop for UnprocessedPush<I> {
+    fn drop(&mut self) {
+        if let Some(item) = self.item.take() {
+            self.shared.push_late_unchecked(item);
+        }
     }
 }

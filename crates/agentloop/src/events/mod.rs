@@ -45,6 +45,7 @@ use crate::interrupt::InterruptInfo;
 
 mod filter;
 mod seq;
+mod slot;
 mod stream;
 mod subscribers;
 

@@ -2,7 +2,7 @@
 //! what the replay buffer still holds (after a `Lagged` marker for what it does not),
 //! and `Ended` last from its terminal slot.
 
-use super::subscribers::TerminalSlot;
+use super::slot::TerminalSlot;
 use super::{Sequenced, SessionEvent};
 use std::collections::VecDeque;
 use std::pin::Pin;

@@ -13,11 +13,12 @@ use tracing::Instrument;
 
 use crate::agent::Agent;
 use crate::events::SessionEvent;
+use crate::session::core::TurnWork;
 use crate::session::core::{Effect, StoreOp};
+use crate::session::loop_state::{internal, LoopState, Myself};
 use crate::session::messages::InternalMsg;
 use crate::session::teardown::teardown;
-use crate::session::turn_loop::{internal, LoopState, Myself};
-use crate::session::turn_task::{TurnTask, TurnWork};
+use crate::session::turn_task::TurnTask;
 use crate::store::committer::Answer;
 use crate::store::StoreError;
 use crate::turn::control::TurnControl;

@@ -14,10 +14,11 @@ use crate::agent::Agent;
 use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream, Subscribers};
 use crate::options::{PushOptions, StopOptions};
-use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg, UnprocessedPush};
+use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg};
 use crate::session::turn_loop::{TurnLoop, TurnLoopArgs};
 use crate::session::{validate_session_id, ExitReason, ExitState, SessionConfig};
 use crate::shared::SessionShared;
+use crate::shared::UnprocessedPush;
 use crate::store::CheckpointStore;
 
 /// A handle on one session. Generic only over the item and event types, so sessions of

@@ -15,9 +15,11 @@ pub(crate) mod core;
 mod effects;
 pub(crate) mod fork;
 mod handle;
+mod info;
 pub(crate) mod keys;
 pub(crate) mod ledger;
 mod load;
+mod loop_state;
 pub(crate) mod messages;
 mod settings;
 mod teardown;
@@ -36,7 +38,5 @@ pub use config::{
 pub use fork::ForkError;
 pub use handle::{BoundClient, SessionHandle};
 pub use keys::{KeptKey, KEPT_KEYS};
-pub use messages::{
-    Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg, UnprocessedPush,
-};
+pub use messages::{Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
 pub use settings::{RestartPolicy, SessionSettings};

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::agent::Agent;
 use crate::session::core::ExitPlan;
-use crate::session::turn_loop::{LoopState, Myself};
+use crate::session::loop_state::{LoopState, Myself};
 use crate::store::StoreError;
 
 /// S21 teardown: final checkpoint → session-end hooks → `Ended` → stream close →

@@ -17,14 +17,14 @@ use tracing::Instrument;
 
 use crate::agent::Agent;
 use crate::events::Subscribers;
-use crate::exit::ExitState;
-use crate::session::core::{Core, CoreConfig, Effect, Effects, Event};
+use crate::session::core::{Core, CoreConfig, Effects, Event};
 use crate::session::effects::perform;
 use crate::session::load::load;
+use crate::session::loop_state::{internal, LoopState, Myself};
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
 use crate::session::SessionConfig;
 use crate::shared::SessionShared;
-use crate::store::{CheckpointStore, LoadedRecord, StoreError};
+use crate::store::{CheckpointStore, LoadedRecord};
 
 /// The TurnLoop actor (one per session). Spawn it through
 /// [`crate::SessionHandle::spawn`] or [`crate::SessionHandle::spawn_linked`].
@@ -46,69 +46,6 @@ pub(crate) struct TurnLoopArgs<A: Agent> {
     /// The stored record, when the spawner already read it (the runtime's resume at
     /// start): used instead of loading it again.
     pub(crate) preloaded: Option<LoadedRecord<A::Item>>,
-}
-
-/// The TurnLoop's state: the core and what performing its effects needs.
-pub(crate) struct LoopState<A: Agent> {
-    pub(super) core: Core<A>,
-    pub(super) agent: Arc<A>,
-    pub(super) store: Option<Arc<dyn CheckpointStore<A::Item>>>,
-    pub(super) subscribers: Arc<Subscribers<A::Event>>,
-    /// Store operations issued and not yet reported, by number; each task returns its
-    /// operation's result, so the teardown can await exactly those.
-    pub(super) writes: VecDeque<(
-        u64,
-        tokio::sync::oneshot::Receiver<Result<bool, StoreError>>,
-    )>,
-    /// The running turn's task (aborted if the actor dies).
-    pub(super) turn_task: Option<tokio::task::AbortHandle>,
-    /// The exit state from the moment the teardown computed it until it is published,
-    /// so an actor killed mid-teardown still hands every item back.
-    pub(super) final_exit: Option<Box<ExitState<A::Item>>>,
-    /// The exit state is published.
-    pub(super) published: bool,
-    /// The effects of the event being handled (its capacity is kept between events).
-    pub(super) effects: Vec<Effect<A>>,
-    /// Session-end hooks (S21) and the bound on each.
-    pub(super) end_hooks: Vec<crate::session::EndHook>,
-    pub(super) hook_timeout: std::time::Duration,
-    pub(super) span: tracing::Span,
-    /// Where turns are counted (S35).
-    pub(super) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
-}
-
-impl<A: Agent> Drop for LoopState<A> {
-    fn drop(&mut self) {
-        // The actor was killed or failed before its teardown finished (ractor skips
-        // post_stop then). Hand everything back through the exit state so nothing is
-        // lost and `wait` returns; stop the turn task.
-        if self.published {
-            return;
-        }
-        if let Some(t) = &self.turn_task {
-            t.abort();
-        }
-        // Pushes waiting for a write were accepted: they are in the exit state, and
-        // their callers must hear that, not a silence that looks like a lost item.
-        self.core
-            .abandon_writes("the session actor stopped before the write was confirmed");
-        let exit = match self.final_exit.take() {
-            // The teardown had computed the exit (and done the checkpoint): publish it.
-            Some(exit) => *exit,
-            None => self.core.salvage(),
-        };
-        self.subscribers.end(exit.summary());
-        self.core.shared.fire_stopped();
-        self.core.shared.publish_exit(exit);
-    }
-}
-
-/// The actor's own reference.
-pub(super) type Myself<A> = ActorRef<TurnLoopMsg<<A as Agent>::Item, <A as Agent>::Event>>;
-
-/// Wraps an internal message (a task or timer reporting back).
-pub(super) fn internal<A: Agent>(msg: InternalMsg<A::Item>) -> TurnLoopMsg<A::Item, A::Event> {
-    TurnLoopMsg::Internal(Internal(msg))
 }
 
 impl<A: Agent> Actor for TurnLoop<A> {

@@ -15,31 +15,15 @@ use futures::FutureExt;
 use ractor::ActorRef;
 use tokio::time::Instant;
 
-use crate::agent::{Agent, PlanInput, Turn};
+use crate::agent::{Agent, Turn};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::exit::FailureKind;
+use crate::session::core::TurnWork;
 use crate::session::ledger;
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
-use crate::store::{codec, Payload};
+use crate::store::codec;
 use crate::turn::control::{RunEnd, TurnControl};
 use crate::turn::TurnCx;
-
-/// What the turn works on.
-pub(crate) enum TurnWork<A: Agent> {
-    /// A normal turn: plan over these items first. `bytes` (when the session
-    /// persists) are the offered items' stored bytes, in the input's order.
-    Plan {
-        input: PlanInput<A::Item>,
-        bytes: Option<Vec<Payload>>,
-    },
-    /// A resume turn (S17): no plan; these items and this state, and the answer to
-    /// the interrupt that cut it, if one was given.
-    Resume {
-        items: Vec<A::Item>,
-        state: Option<A::State>,
-        answer: Option<A::Item>,
-    },
-}
 
 /// Everything a turn task needs.
 pub(crate) struct TurnTask<A: Agent> {

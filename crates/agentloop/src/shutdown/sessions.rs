@@ -8,7 +8,6 @@
 //! decides the order of phases (the strategy does).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
@@ -20,7 +19,7 @@ use crate::session::{CheckpointOutcome, Durability, ExitState, TurnLoopMsg};
 use crate::store::{CasOutcome, CheckpointStore, SessionRecord, SessionStatus, StatusKind};
 use crate::supervisor::GateMember;
 
-use super::strategy::{Phases, SHUTDOWN_CAUSE};
+use super::strategy::{Phases, Tally, SHUTDOWN_CAUSE};
 
 /// Where a session ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,22 +27,6 @@ enum Fate {
     Grace,
     Forced,
     Killed,
-}
-
-/// The counts the report is built from.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Tally {
-    pub(crate) total: u64,
-    pub(crate) exited_in_grace: u64,
-    pub(crate) forced: u64,
-    pub(crate) killed: u64,
-    pub(crate) saved: u64,
-    pub(crate) failed: u64,
-    pub(crate) items_saved: u64,
-    pub(crate) items_unsaved: u64,
-    pub(crate) late: u64,
-    pub(crate) grace: Duration,
-    pub(crate) force: Duration,
 }
 
 struct Member<I, E> {

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 
@@ -29,7 +30,7 @@ pub(crate) trait Phases: Send {
     fn force_requested(&self) -> bool;
     fn grace(&mut self, stop: StopOptions) -> BoxFuture<'_, ()>;
     fn force(&mut self) -> BoxFuture<'_, ()>;
-    fn tally(&self) -> super::sessions::Tally;
+    fn tally(&self) -> Tally;
 }
 
 /// The sessions being shut down, as a strategy sees them.
@@ -171,4 +172,20 @@ pub fn builtin_strategies() -> HashMap<String, Arc<dyn ShutdownStrategy>> {
     m.insert("immediate".into(), Arc::new(Immediate));
     m.insert("drain".into(), Arc::new(Drain));
     m
+}
+
+/// The counts the report is built from.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) total: u64,
+    pub(crate) exited_in_grace: u64,
+    pub(crate) forced: u64,
+    pub(crate) killed: u64,
+    pub(crate) saved: u64,
+    pub(crate) failed: u64,
+    pub(crate) items_saved: u64,
+    pub(crate) items_unsaved: u64,
+    pub(crate) late: u64,
+    pub(crate) grace: Duration,
+    pub(crate) force: Duration,
 }

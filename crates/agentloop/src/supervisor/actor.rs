@@ -8,11 +8,12 @@
 use super::args::SupervisorArgs;
 use super::directory::Directory;
 use super::error::SupervisorError;
+use super::messages::RecordContext;
 use super::messages::{
     AttachMode, Attachment, ClosedGate, GateMember, InternalMsg, Reroute, SessionEnd,
     SessionSummary, SupervisorInternal, SupervisorMsg, MAX_SPAWN_BATCH,
 };
-use super::registry::{RecordContext, SupervisorState};
+use super::registry::SupervisorState;
 use super::routing::route_push;
 use crate::error::SessionError;
 use crate::options::StopOptions;

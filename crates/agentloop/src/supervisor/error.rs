@@ -229,6 +229,11 @@ impl<I> fmt::Display for RoutedPushError<I> {
     }
 }
 
+/// The supervisor is gone.
+pub(super) fn gone() -> SupervisorError {
+    SupervisorError::Session(SessionError::Exited("the session supervisor".into()))
+}
+
 #[cfg(test)]
 mod routed_push_error_tests {
     use super::*;

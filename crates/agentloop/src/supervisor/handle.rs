@@ -6,7 +6,7 @@
 use super::actor::SessionSupervisor;
 use super::args::SupervisorArgs;
 use super::directory::Directory;
-use super::error::{RoutedPushError, SupervisorError};
+use super::error::{gone, RoutedPushError, SupervisorError};
 use super::messages::{
     AttachMode, Attachment, BatchSpawn, ClosedGate, InternalMsg, SessionEnd, SessionSummary,
     SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
@@ -38,11 +38,6 @@ impl<I, E> Clone for SupervisorHandle<I, E> {
             directory: self.directory.clone(),
         }
     }
-}
-
-/// The supervisor is gone.
-pub(super) fn gone() -> SupervisorError {
-    SupervisorError::Session(SessionError::Exited("the session supervisor".into()))
 }
 
 impl<I, E> SupervisorHandle<I, E>

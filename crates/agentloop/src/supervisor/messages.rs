@@ -4,12 +4,11 @@
 //! Plain data: the actor handles them.
 
 use super::error::{RoutedPushError, SupervisorError};
-use super::registry::RecordContext;
 use super::spec::SessionSpec;
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
 use crate::session::{BoundClient, ExitState, PreemptAck, SessionHandle, SessionInfo};
-use crate::store::SessionStatus;
+use crate::store::{CheckpointStore, SessionStatus};
 use ractor::RpcReplyPort;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -275,4 +274,11 @@ pub struct Attachment<E> {
     pub events: EventStream<E>,
     /// Present for a bound client.
     pub bound: Option<BoundClient>,
+}
+
+/// The supervisor's store, owner and registered kinds (for an answer's claim).
+pub(crate) struct RecordContext<I> {
+    pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
+    pub(super) owner: Option<String>,
+    pub(super) kinds: Vec<String>,
 }

@@ -7,8 +7,8 @@
 use super::args::SessionLimits;
 use super::budget::{decide, RestartBudget, RestartDecision};
 use super::directory::Directory;
+use super::error::gone;
 use super::error::SupervisorError;
-use super::handle::gone;
 use super::kind::AgentKind;
 use super::messages::{SessionEnd, SupervisorMsg};
 use super::spec::SessionSpec;
@@ -72,13 +72,6 @@ pub(super) struct Lineage {
     pub(super) restarted: u32,
     /// Whether the session was detached (S23): the new incarnation is detached again.
     pub(super) detached: bool,
-}
-
-/// The supervisor's store, owner and registered kinds (for an answer's claim).
-pub(crate) struct RecordContext<I> {
-    pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
-    pub(super) owner: Option<String>,
-    pub(super) kinds: Vec<String>,
 }
 
 /// The supervisor's state.

@@ -25,6 +25,8 @@ pub(crate) mod load;
 pub(crate) mod stop;
 mod turns;
 
+pub(crate) use turns::TurnWork;
+
 #[cfg(test)]
 mod tests;
 
@@ -41,9 +43,8 @@ use crate::error::SessionError;
 use crate::exit::{ExitCounters, ExitReason, ExitState, FailureKind};
 use crate::options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase};
 use crate::push::{PendingAck, PreemptAck, PushError, PushReply};
+use crate::session::info::SessionInfo;
 use crate::session::ledger::Ledger;
-use crate::session::messages::SessionInfo;
-use crate::session::turn_task::TurnWork;
 use crate::session::{Durability, SessionConfig};
 use crate::shared::SessionShared;
 use crate::store::{Payload, RecordWrite, StoreError};

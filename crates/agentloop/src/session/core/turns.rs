@@ -11,14 +11,14 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::agent::Agent;
+use crate::agent::{Agent, PlanInput};
 use crate::events::TurnEnd;
 use crate::exit::{ExitReason, FailureKind};
 use crate::session::core::exit::pending;
 use crate::session::core::{ActiveTurn, Core, Effect, Effects, StoreOp, Timed};
 use crate::session::ledger::{Offer, TurnFate};
-use crate::session::turn_task::TurnWork;
 use crate::store::codec::{payload, PayloadError};
+use crate::store::Payload;
 use crate::turn::control::{Ending, TurnControl, TurnHooks};
 
 /// Encodes an agent state, checked (the `sync` safe-point hook).
@@ -317,4 +317,21 @@ impl<A: Agent> Core<A> {
             self.exit = Some(pending(ExitReason::Completed, None, None));
         }
     }
+}
+
+/// What the turn works on.
+pub(crate) enum TurnWork<A: Agent> {
+    /// A normal turn: plan over these items first. `bytes` (when the session
+    /// persists) are the offered items' stored bytes, in the input's order.
+    Plan {
+        input: PlanInput<A::Item>,
+        bytes: Option<Vec<Payload>>,
+    },
+    /// A resume turn (S17): no plan; these items and this state, and the answer to
+    /// the interrupt that cut it, if one was given.
+    Resume {
+        items: Vec<A::Item>,
+        state: Option<A::State>,
+        answer: Option<A::Item>,
+    },
 }
