@@ -425,32 +425,6 @@ pub struct Runtime<I, E> {
     adopter: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-/// The spec that resumes a stored record: persistent, with the settings the record kept
-/// (issue 28: durability, history, replay, restart policy, poll interval), or at
-/// `durability` with the defaults for a record written before settings were kept; the
-/// session uses this record instead of loading it again, judges its owner's lease by
-/// `lease_timeout` as the runtime did (S19), and claims it first when `claim` (a
-/// cluster node).
-pub(crate) fn resume_spec<I>(
-    rec: crate::store::LoadedRecord<I>,
-    durability: Durability,
-    lease_timeout: Duration,
-    claim: bool,
-) -> SessionSpec<I> {
-    let h = &rec.header;
-    let spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
-        .config(h.agent_config.clone())
-        .persistent(true);
-    let mut spec = match h.settings {
-        Some(s) => spec.settings(s),
-        None => spec.durability(durability),
-    };
-    spec.preloaded = Some(Box::new(rec));
-    spec.lease_timeout = Some(lease_timeout);
-    spec.claim = claim;
-    spec
-}
-
 impl<I, E> Drop for Runtime<I, E> {
     fn drop(&mut self) {
         if let Some(task) = self.adopter.lock().take() {
@@ -573,7 +547,7 @@ where
             // On a shared store the resume claims the record (a new owner and lease
             // epoch), so no other runtime's recovery sweep takes it for its dead
             // former owner's (issue 28).
-            let spec = resume_spec(rec, self.durability, self.lease_timeout, self.sweeps);
+            let spec = SessionSpec::resuming(rec, self.durability, self.lease_timeout, self.sweeps);
             spawns.push((id, (items, crashed), spec));
         }
         // All spawn requests go out back to back (each future sends its request when
@@ -706,7 +680,7 @@ where
                         }
                     }
                     tracing::info!(session = %h.session_id, dead = ?h.owner, "adopting a session whose owner's lease expired");
-                    specs.push(resume_spec(rec, durability, lease_timeout, true));
+                    specs.push(SessionSpec::resuming(rec, durability, lease_timeout, true));
                 }
                 let results =
                     futures::future::join_all(specs.into_iter().map(|s| supervisor.spawn(s))).await;

@@ -31,7 +31,7 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) forwarder: Arc<std::sync::OnceLock<Arc<dyn crate::cluster::forward::Forward<I, E>>>>,
     /// Sessions this node moved or is moving to another (issue 18, S38): pushes for
     /// them queue on the session's gate, in arrival order, and go to the new owner.
-    pub(crate) moving: crate::cluster::migrate::Moving,
+    pub(crate) moving: crate::cluster::moving::Moving,
     /// The lease timeout resumed sessions judge owners by (S19).
     pub(crate) lease_timeout: std::time::Duration,
     /// The runtime's heartbeat: how often it sweeps for records to recover.

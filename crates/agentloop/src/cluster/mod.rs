@@ -7,6 +7,7 @@ pub mod adopt;
 pub mod control;
 pub mod forward;
 pub mod migrate;
+pub(crate) mod moving;
 #[cfg(feature = "cluster")]
 pub mod node;
 pub mod peers;

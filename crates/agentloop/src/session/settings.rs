@@ -5,7 +5,7 @@
 //!
 //! This file only describes the settings and their stored form; the core writes them
 //! in every record header, and the runtime reads them back when it rebuilds a session
-//! from a record (`runtime::resume_spec`). It decides nothing.
+//! from a record (`SessionSpec::resuming`). It decides nothing.
 
 use std::time::Duration;
 

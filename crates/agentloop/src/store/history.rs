@@ -18,8 +18,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::store::codec;
-use crate::store::record::{Payload, Stored, StoredRecord};
-use crate::store::table::{self, Table};
+use crate::store::record::{Payload, StoredRecord};
+use crate::store::table::kv::Table;
 use crate::store::StoreError;
 
 /// The first byte of every history key.
@@ -103,18 +103,15 @@ fn corrupt(id: &str, reason: String) -> StoreError {
     }
 }
 
-/// After a write of `id` applied to `t`: stores the record as it now stands as the
-/// snapshot of `mark.turn`, then keeps only the newest `mark.keep` snapshots.
+/// After a write of `id` applied to `t`: stores `r`, the record as it now stands, as
+/// the snapshot of `mark.turn`, then keeps only the newest `mark.keep` snapshots.
 pub(crate) fn record(
     t: &mut impl Table,
     id: &str,
     mark: HistoryMark,
     at_ms: u64,
+    r: StoredRecord,
 ) -> Result<(), StoreError> {
-    // The record as this write leaves it, read through its head (no prefix scan).
-    let Some(Stored::Current(r)) = table::read(t, id)? else {
-        return Ok(());
-    };
     let snap = Snapshot {
         at_ms,
         header: codec::encode_header(&r.header)?,

@@ -18,6 +18,7 @@ pub mod backend;
 pub mod codec;
 pub mod committer;
 pub mod fjall;
+mod header;
 pub mod history;
 pub mod lease;
 pub mod memory;

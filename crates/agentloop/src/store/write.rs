@@ -5,7 +5,7 @@
 //!
 //! This module only describes writes; `table.rs` says how they apply.
 
-use crate::store::record::{Payload, RecordHeader};
+use crate::store::header::{Payload, RecordHeader};
 use crate::store::StatusKind;
 
 /// A change to one item entry.

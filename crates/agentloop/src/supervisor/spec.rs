@@ -154,3 +154,31 @@ impl<I> fmt::Debug for SessionSpec<I> {
             .finish()
     }
 }
+
+impl<I> SessionSpec<I> {
+    /// The spec that resumes a stored record: persistent, with the settings the record kept
+    /// (issue 28: durability, history, replay, restart policy, poll interval), or at
+    /// `durability` with the defaults for a record written before settings were kept; the
+    /// session uses this record instead of loading it again, judges its owner's lease by
+    /// `lease_timeout` as the runtime did (S19), and claims it first when `claim` (a
+    /// cluster node).
+    pub(crate) fn resuming(
+        rec: crate::store::LoadedRecord<I>,
+        durability: Durability,
+        lease_timeout: Duration,
+        claim: bool,
+    ) -> Self {
+        let h = &rec.header;
+        let spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
+            .config(h.agent_config.clone())
+            .persistent(true);
+        let mut spec = match h.settings {
+            Some(s) => spec.settings(s),
+            None => spec.durability(durability),
+        };
+        spec.preloaded = Some(Box::new(rec));
+        spec.lease_timeout = Some(lease_timeout);
+        spec.claim = claim;
+        spec
+    }
+}

@@ -31,7 +31,7 @@
 //! touch a table.
 
 use crate::store::codec::{self, check, payload, HEADER_LIMIT};
-use crate::store::record::{Payload, RecordHeader};
+use crate::store::header::{Payload, RecordHeader};
 use crate::store::{StatusKind, StoreError};
 
 /// The format that has a layout: the one this build writes.

@@ -25,7 +25,7 @@ pub mod payload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::store::record::RecordHeader;
+use crate::store::header::RecordHeader;
 use crate::store::StoreError;
 
 pub use payload::{PayloadError, PayloadStage, PAYLOAD_LIMIT};

@@ -28,9 +28,12 @@ use std::collections::BTreeMap;
 use crate::ids::validate_session_id;
 use crate::store::codec::head::{self, Head, Layout, INLINE_LIMIT};
 use crate::store::codec::legacy;
+
+pub(crate) mod kv;
 use crate::store::record::{Format1Record, Payload, Stored, StoredRecord};
 use crate::store::write::{ConditionFailed, ItemChange, RecordWrite, StateChange};
 use crate::store::{CasOutcome, SessionStatus, StatusKind, StoreError, StoredEntry};
+pub use kv::Table;
 
 const HEADER: u8 = b'h';
 const ITEM: u8 = b'i';
@@ -138,45 +141,6 @@ pub fn raw_entries(
         }
     }
     out
-}
-
-/// An ordered key-value table a backend offers (sled's tree with the writes of the
-/// wave being applied on top, or the memory store's map). Writes are buffered by the
-/// backend and made atomic by it.
-pub trait Table {
-    /// A value.
-    fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError>;
-    /// Stores a value.
-    fn put(&mut self, key: Vec<u8>, value: Payload);
-    /// Removes a value.
-    fn remove(&mut self, key: Vec<u8>);
-    /// Every key that starts with `prefix`, in order.
-    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError>;
-    /// Every `(key, value)` that starts with `prefix`, in order.
-    fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
-    /// Every `(key, value)` from `from` to `to` (both included), in order; both keys
-    /// share a session's item prefix. The default filters that prefix's entries; an
-    /// engine with ordered ranges reads only the range.
-    fn entries_in_range(
-        &self,
-        from: &[u8],
-        to: &[u8],
-    ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
-        let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
-        Ok(self
-            .entries_with_prefix(&from[..common])?
-            .into_iter()
-            .filter(|(k, _)| k.as_slice() >= from && k.as_slice() <= to)
-            .collect())
-    }
-    /// A format-1 record's bytes.
-    fn format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(None)
-    }
-    /// Stores a format-1 record's bytes (a status change in place).
-    fn format1_put(&mut self, _id: &str, _bytes: Vec<u8>) {}
-    /// Removes a format-1 record.
-    fn format1_remove(&mut self, _id: &str) {}
 }
 
 fn check_id(id: &str) -> Result<(), StoreError> {
@@ -526,7 +490,10 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     let encoded = head::encode(&header, layout, &items, state.as_ref())?;
     t.put(header_key(&id), encoded.into());
     if let Some(mark) = w.history {
-        crate::store::history::record(t, &id, mark, header.updated_at_ms)?;
+        // The record as this write leaves it, read through its head (no prefix scan).
+        if let Some(Stored::Current(now)) = read(t, &id)? {
+            crate::store::history::record(t, &id, mark, header.updated_at_ms, now)?;
+        }
     }
     Ok(())
 }

@@ -1,0 +1,111 @@
+//! The vocabulary every layer of the store shares: an encoded payload ([`Payload`]) and
+//! the header of a stored record ([`RecordHeader`]). Plain data with no codec and no
+//! backend, so the codec, the key layout and the record types all build on it.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::interrupt::InterruptInfo;
+use crate::store::SessionStatus;
+
+/// An encoded payload (one item, or one agent state), shared without copying.
+pub type Payload = Arc<[u8]>;
+
+/// The header of a stored record: every S15 field that is not an item or the state.
+///
+/// Stored self-describing (MessagePack, fields by name) with `#[serde(default)]`, so a
+/// field added later reads as its default from older headers without a format bump,
+/// and fields an older build does not know are skipped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordHeader {
+    /// The session's id (checked against the key it is stored under).
+    pub session_id: String,
+    /// The agent kind that runs it.
+    pub agent_kind: String,
+    /// The agent's serialized configuration.
+    #[serde(with = "serde_bytes")]
+    pub agent_config: Vec<u8>,
+    /// The status (S19).
+    pub status: SessionStatus,
+    /// The index of the next turn to run, or of the cut turn when `cut` is not empty or
+    /// a state is stored.
+    pub turn_index: u64,
+    /// The cut turn's items (the record's `interrupted_items`), by entry number, in the
+    /// turn's order.
+    pub cut: Vec<u64>,
+    /// Unhandled items offered before all others, by entry number, in offer order
+    /// (items a plan handed back, a preempted turn's items); the remaining entries
+    /// follow in entry-number order.
+    pub front: Vec<u64>,
+    /// The entry number the next accepted item gets (above every stored one).
+    pub next_seq: u64,
+    /// The business stop cause.
+    pub stop_cause: Option<String>,
+    /// The last error, if the session failed.
+    pub last_error: Option<String>,
+    /// The runtime instance that owns a `Running` record.
+    pub owner: Option<String>,
+    /// The owner's heartbeat when the record was last written, ms since the Unix epoch.
+    pub heartbeat_ms: u64,
+    /// Creation time, ms since the Unix epoch.
+    pub created_at_ms: u64,
+    /// Last update time, ms since the Unix epoch.
+    pub updated_at_ms: u64,
+    /// Incremented by the store on every write (the writer's value is ignored).
+    pub version: u64,
+    /// The owner's fencing token: a store refuses a write whose epoch is below the
+    /// stored one (`StoreError::Fenced`). Each new owner of a session claims the stored
+    /// epoch plus one.
+    pub lease_epoch: u64,
+    /// The last event sequence number the session had given, or promised to a turn's
+    /// final events still waiting for their write, when this was written (S20): a new
+    /// incarnation numbers its events after it and the previous `Ended` (S26).
+    pub last_event_seq: u64,
+    /// The business interrupt that stopped the session (S4), with its question.
+    pub interrupt: Option<InterruptInfo>,
+    /// The session waits for an answer to `interrupt`: it resumes only through an
+    /// answer (`resume_with_answer`), never by itself.
+    pub awaiting_answer: bool,
+    /// The answer given (an encoded item), until the resumed turn has run.
+    pub answer: Option<serde_bytes::ByteBuf>,
+    /// The session's own settings (issue 28), restored when it is rebuilt from this
+    /// record; `None` in records written before they were kept (the runtime's
+    /// defaults apply).
+    pub settings: Option<crate::session::SessionSettings>,
+    /// The idempotency keys of the last pushes accepted with one (S34a, at most
+    /// [`crate::session::KEPT_KEYS`]), written with their items: a retry after a
+    /// restart is recognised and delivers nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub idempotency_keys: Vec<crate::session::KeptKey>,
+}
+
+impl Default for RecordHeader {
+    fn default() -> Self {
+        RecordHeader {
+            session_id: String::new(),
+            agent_kind: String::new(),
+            agent_config: Vec::new(),
+            status: SessionStatus::Stopped,
+            turn_index: 0,
+            cut: Vec::new(),
+            front: Vec::new(),
+            next_seq: 0,
+            stop_cause: None,
+            last_error: None,
+            owner: None,
+            heartbeat_ms: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            version: 0,
+            lease_epoch: 0,
+            last_event_seq: 0,
+            interrupt: None,
+            awaiting_answer: false,
+            answer: None,
+            settings: None,
+            idempotency_keys: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! The ordered key-value table every engine offers the record layer ([`Table`]): point
+//! reads and writes, prefix and range scans, and the format-1 side table. The key
+//! layout (`super`) and the checkpoint history build on it; it knows neither.
+
+use crate::store::header::Payload;
+use crate::store::StoreError;
+
+/// An ordered key-value table a backend offers (sled's tree with the writes of the
+/// wave being applied on top, or the memory store's map). Writes are buffered by the
+/// backend and made atomic by it.
+pub trait Table {
+    /// A value.
+    fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError>;
+    /// Stores a value.
+    fn put(&mut self, key: Vec<u8>, value: Payload);
+    /// Removes a value.
+    fn remove(&mut self, key: Vec<u8>);
+    /// Every key that starts with `prefix`, in order.
+    fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError>;
+    /// Every `(key, value)` that starts with `prefix`, in order.
+    fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
+    /// Every `(key, value)` from `from` to `to` (both included), in order; both keys
+    /// share a session's item prefix. The default filters that prefix's entries; an
+    /// engine with ordered ranges reads only the range.
+    fn entries_in_range(
+        &self,
+        from: &[u8],
+        to: &[u8],
+    ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+        let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+        Ok(self
+            .entries_with_prefix(&from[..common])?
+            .into_iter()
+            .filter(|(k, _)| k.as_slice() >= from && k.as_slice() <= to)
+            .collect())
+    }
+    /// A format-1 record's bytes.
+    fn format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    /// Stores a format-1 record's bytes (a status change in place).
+    fn format1_put(&mut self, _id: &str, _bytes: Vec<u8>) {}
+    /// Removes a format-1 record.
+    fn format1_remove(&mut self, _id: &str) {}
+}
