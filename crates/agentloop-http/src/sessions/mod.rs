@@ -22,6 +22,7 @@ use crate::ApiError;
 
 mod control;
 mod id;
+mod parse;
 mod push;
 mod read;
 mod spawn;
@@ -104,20 +105,29 @@ impl<T> Ev for T where T: Clone + Send + Sync + Serialize + 'static {}
 pub(crate) fn body<T: DeserializeOwned>(
     raw: Result<Json<T>, JsonRejection>,
 ) -> Result<T, ApiError> {
-    match raw {
-        Ok(Json(v)) => Ok(v),
-        Err(JsonRejection::BytesRejection(e)) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            Err(ApiError::new(
+    raw.map(|Json(v)| v).map_err(rejected)
+}
+
+/// What a client is told when its JSON body was refused (413 when too large).
+pub(crate) fn rejected(e: JsonRejection) -> ApiError {
+    match e {
+        JsonRejection::BytesRejection(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
                 format!("the request body is too large: {e}; send less"),
-            ))
+            )
         }
-        Err(e) => Err(ApiError::bad_request(format!(
-            "the request body is not what this route takes: {}",
-            clean_serde_message(&e.body_text())
-        ))),
+        e => not_this_body(&e.body_text()),
     }
+}
+
+/// A 400 for a body this route does not take, saying why.
+pub(crate) fn not_this_body(why: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "the request body is not what this route takes: {}",
+        clean_serde_message(why)
+    ))
 }
 
 /// A JSON value read into `T`, with the field path and a message a client can act on

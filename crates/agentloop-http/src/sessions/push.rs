@@ -3,10 +3,10 @@
 //! runs. The runtime decides acceptance; this turns its answer into JSON.
 
 use super::id::SessionId;
+use super::parse::{off_worker, JsonBytes};
 use super::{body, duration, fingerprint_hash, from_json_text, AppState, Ev, Item};
 use crate::{wire, ApiError};
 use agentloop::{Preempt, PushOptions};
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::response::Response;
@@ -82,20 +82,28 @@ pub(crate) async fn push<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
     key: IdempotencyKey,
-    raw: Result<Json<PushBody>, JsonRejection>,
+    JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
-    let b = body(raw)?;
-    // What a retry with the same key must repeat: the item's text and its preempt
-    // options (S34a: a retry that changes the preempt is another request).
-    // Built only for a keyed push (a 64 KiB item is not copied for nothing).
-    let fingerprint = match (&key.0, &b.preempt) {
-        (None, _) => String::new(),
-        (Some(_), None) => b.item.get().to_string(),
-        (Some(_), Some(p)) => format!("{}\u{0}{p:?}", b.item.get()),
-    };
-    // The whole request is checked before anything is delivered: never half-accepted.
-    let item: I = from_json_text(b.item.get())
-        .map_err(|e| ApiError::bad_request(format!("item: not an item this server takes: {e}")))?;
+    // Parsed once (a large body on the blocking pool, not a worker): the body, the
+    // fingerprint, the item. The whole request is checked before anything is
+    // delivered: never half-accepted.
+    let keyed = key.0.is_some();
+    let (b, fingerprint, item) = off_worker(bytes.len(), move || {
+        let b: PushBody = body(Json::from_bytes(&bytes))?;
+        // What a retry with the same key must repeat: the item's text and its preempt
+        // options (S34a: a retry that changes the preempt is another request). Built
+        // only for a keyed push (a 64 KiB item is not copied for nothing).
+        let fingerprint = match (keyed, &b.preempt) {
+            (false, _) => String::new(),
+            (true, None) => b.item.get().to_string(),
+            (true, Some(p)) => format!("{}\u{0}{p:?}", b.item.get()),
+        };
+        let item: I = from_json_text(b.item.get()).map_err(|e| {
+            ApiError::bad_request(format!("item: not an item this server takes: {e}"))
+        })?;
+        Ok((b, fingerprint, item))
+    })
+    .await?;
     // Answered once accepted (S34a): a delayed preempt never holds the client.
     let mut options = match b.preempt {
         Some(p) => PushOptions::preempt(preempt(p, st.max_duration)?),
