@@ -287,11 +287,12 @@ pub struct StopOptions {
     /// A business reason (first non-empty wins).
     pub cause: Option<String>,
     /// Set by the shutdown coordinator: the session ends because the process shuts
-    /// down, so its exit reason is `Shutdown`.
-    pub shutdown: bool,
+    /// down, so its exit reason is `Shutdown`. The runtime's own: not part of the
+    /// public surface (issue 31).
+    pub(crate) shutdown: bool,
     /// Set by `cancel(id)` (S24): the record was already flipped to `Canceled`, so the
-    /// exit leaves it as it is. Sticky.
-    pub canceled: bool,
+    /// exit leaves it as it is. Sticky. The runtime's own, like `shutdown`.
+    pub(crate) canceled: bool,
 }
 
 impl StopOptions {
