@@ -53,7 +53,6 @@ where
             sessions: HashMap::new(),
             by_actor: HashMap::new(),
             stopping: false,
-            gate_closed: false,
             directory: self.directory.clone(),
             watchers: Vec::new(),
         })
@@ -198,7 +197,6 @@ where
                 });
             }
             SupervisorMsg::Internal(SupervisorInternal(InternalMsg::CloseGate { reply })) => {
-                st.gate_closed = true;
                 st.directory.close_gate();
                 st.stopping = true;
                 let mut sessions: Vec<GateMember<I, E>> = st

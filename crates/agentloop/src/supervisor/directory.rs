@@ -23,7 +23,8 @@ use crate::session::SessionHandle;
 /// Live incarnations by session id, the drain gate, and the routed-push counters.
 pub(crate) struct Directory<I, E> {
     sessions: DashMap<String, SessionHandle<I, E>>,
-    /// Set by the supervisor's `CloseGate` (S27): routed pushes are answered late.
+    /// Set by the supervisor's `CloseGate` (S27): spawns are refused as shutting down,
+    /// routed pushes are answered late. The supervisor's only copy of the gate.
     gate_closed: AtomicBool,
     /// Pushes the closed gate answered late.
     gate_late: Arc<AtomicU64>,

@@ -47,18 +47,7 @@ where
 {
     /// Starts a supervisor (unlinked).
     pub async fn start(args: SupervisorArgs<I, E>) -> Result<Self, SpawnError> {
-        let directory = Arc::new(Directory::new(args.metrics.clone()));
-        let supervisor = SessionSupervisor {
-            directory: directory.clone(),
-        };
-        let (actor, _) =
-            Actor::spawn(None, supervisor, args)
-                .await
-                .map_err(|e| SpawnError::Actor {
-                    id: "session-supervisor".into(),
-                    reason: e.to_string(),
-                })?;
-        Ok(SupervisorHandle { actor, directory })
+        Self::start_under(args, None).await
     }
 
     /// Starts a supervisor linked under `parent` (embedding in your actor tree, S25).
@@ -66,16 +55,27 @@ where
         args: SupervisorArgs<I, E>,
         parent: ActorCell,
     ) -> Result<Self, SpawnError> {
+        Self::start_under(args, Some(parent)).await
+    }
+
+    /// Starts the actor, linked under `parent` when there is one, with the directory
+    /// this handle shares with it.
+    async fn start_under(
+        args: SupervisorArgs<I, E>,
+        parent: Option<ActorCell>,
+    ) -> Result<Self, SpawnError> {
         let directory = Arc::new(Directory::new(args.metrics.clone()));
         let supervisor = SessionSupervisor {
             directory: directory.clone(),
         };
-        let (actor, _) = Actor::spawn_linked(None, supervisor, args, parent)
-            .await
-            .map_err(|e| SpawnError::Actor {
-                id: "session-supervisor".into(),
-                reason: e.to_string(),
-            })?;
+        let spawned = match parent {
+            Some(parent) => Actor::spawn_linked(None, supervisor, args, parent).await,
+            None => Actor::spawn(None, supervisor, args).await,
+        };
+        let (actor, _) = spawned.map_err(|e| SpawnError::Actor {
+            id: "session-supervisor".into(),
+            reason: e.to_string(),
+        })?;
         Ok(SupervisorHandle { actor, directory })
     }
 

@@ -87,8 +87,6 @@ pub(crate) struct SupervisorState<I, E> {
     pub(super) by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
     pub(super) stopping: bool,
-    /// Set by `CloseGate`: spawns are refused as `ShuttingDown`, routed pushes late.
-    pub(super) gate_closed: bool,
     /// The live incarnations by id, the gate and the push counters, shared with every
     /// handle (by-id pushes read it without a message to this actor).
     pub(super) directory: Arc<Directory<I, E>>,
@@ -141,7 +139,9 @@ where
         let live = self.sessions.len() + starting;
         match validate_session_id(id) {
             Err(e) => Err(SupervisorError::InvalidId(e)),
-            Ok(()) if self.gate_closed => Err(SupervisorError::ShuttingDown(id.to_string())),
+            Ok(()) if self.directory.gate_closed() => {
+                Err(SupervisorError::ShuttingDown(id.to_string()))
+            }
             Ok(()) if !resumes && live >= self.limits.max_sessions => {
                 Err(SupervisorError::TooManySessions {
                     id: id.to_string(),

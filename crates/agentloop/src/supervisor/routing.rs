@@ -27,7 +27,7 @@ pub(super) async fn route_push<I, E>(
     use crate::metrics::PushResult;
     let directory = st.directory.clone();
     let count = move |r: PushResult| directory.count(r);
-    if st.gate_closed {
+    if st.directory.gate_closed() {
         // S27 drain gate: the item goes back to the caller as a late item.
         st.directory.count_gate_late();
         let _ = reply.send(Err(RoutedPushError::Push(PushError::Late { item })));
