@@ -47,8 +47,12 @@ fn ending(outcome: &TurnEnd) -> &'static str {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let session =
-        SessionHandle::spawn(SessionConfig::new("writer"), Arc::new(Writer), None).await?;
+    let session = SessionHandle::spawn(
+        SessionSpec::new("writer", "default"),
+        Arc::new(Writer),
+        None,
+    )
+    .await?;
     let mut events = session.subscribe();
 
     session

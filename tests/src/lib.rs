@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    CheckpointStore, ExitState, MemoryStore, SessionConfig, SessionEvent, SessionHandle,
+    CheckpointStore, ExitState, MemoryStore, SessionEvent, SessionHandle, SessionSpec,
 };
 use agentloop_sim::{Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
 use tokio::sync::mpsc;
@@ -124,7 +124,7 @@ impl Probe {
 
 /// Spawns a non-persistent session.
 pub async fn spawn(id: &str, agent: SimAgent) -> Handle {
-    SessionHandle::spawn(SessionConfig::new(id), Arc::new(agent), None)
+    SessionHandle::spawn(SessionSpec::new(id, "default"), Arc::new(agent), None)
         .await
         .expect("spawn")
 }
@@ -137,9 +137,9 @@ pub async fn spawn_persistent(
     store: Arc<MemoryStore<SimItem>>,
 ) -> Handle {
     spawn_on(
-        SessionConfig::new(id)
+        SessionSpec::new(id, "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(agentloop::Durability::Exit),
         agent,
         store,
@@ -149,7 +149,7 @@ pub async fn spawn_persistent(
 
 /// Spawns a session with `config` on any store.
 pub async fn spawn_on(
-    config: SessionConfig,
+    config: SessionSpec<SimItem>,
     agent: SimAgent,
     store: Arc<dyn CheckpointStore<SimItem>>,
 ) -> Handle {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    OptionsError, Preempt, PushError, PushOptions, SessionConfig, SessionError, SessionHandle,
+    OptionsError, Preempt, PushError, PushOptions, SessionError, SessionHandle, SessionSpec,
     SpawnError, StopOptions,
 };
 use agentloop_sim::{SimAgent, SimEvent, SimItem};
@@ -85,7 +85,7 @@ async fn push_to_a_stopped_session_is_late_and_stop_is_idempotent() {
 async fn invalid_session_ids_are_refused_at_spawn() {
     for id in ["".to_string(), "x".repeat(129), "a\u{7}b".to_string()] {
         let r: Result<SessionHandle<SimItem, SimEvent>, _> = SessionHandle::spawn(
-            SessionConfig::new(id.clone()),
+            SessionSpec::new(id.clone(), "default"),
             Arc::new(SimAgent::new(steps(1))),
             None,
         )
@@ -98,7 +98,7 @@ async fn invalid_session_ids_are_refused_at_spawn() {
 #[tokio::test(start_paused = true)]
 async fn a_persistent_session_without_a_store_is_refused() {
     let r: Result<SessionHandle<SimItem, SimEvent>, _> = SessionHandle::spawn(
-        SessionConfig::new("no-store").persistent(true),
+        SessionSpec::new("no-store", "default").persistent(true),
         Arc::new(SimAgent::new(steps(1))),
         None,
     )

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use agentloop::store::history::{HistoryAnswer, HistoryQuery};
 use agentloop::{
-    CheckpointStore, Durability, ForkError, MemoryStore, SessionConfig, SessionHandle, SpawnError,
+    CheckpointStore, Durability, ForkError, MemoryStore, SessionHandle, SessionSpec, SpawnError,
     StopOptions,
 };
 use agentloop_sim::{Fault, Notice, PlanPolicy, SimAgent, SimEvent, SimItem};
@@ -14,10 +14,10 @@ use agentloop_tests::*;
 
 type Handle = SessionHandle<SimItem, SimEvent>;
 
-fn config(id: &str, history: usize) -> SessionConfig {
-    SessionConfig::new(id)
+fn config(id: &str, history: usize) -> SessionSpec<SimItem> {
+    SessionSpec::new(id, "default")
         .persistent(true)
-        .agent_kind("sim")
+        .kind("sim")
         .durability(Durability::Sync)
         .history(history)
 }
@@ -216,7 +216,7 @@ async fn history_bounds_are_typed_spawn_errors() {
             config("exit", 3).durability(Durability::Exit),
             "durability Turn or Sync",
         ),
-        (SessionConfig::new("mem").history(3), "persistent"),
+        (SessionSpec::new("mem", "default").history(3), "persistent"),
     ] {
         match SessionHandle::<SimItem, SimEvent>::spawn(
             cfg,

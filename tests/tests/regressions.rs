@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    Agent, AgentError, ExitReason, Plan, PlanInput, Preempt, PushOptions, SafePoint, SessionConfig,
-    SessionEvent, SessionHandle, StopOptions, Turn, TurnCx, TurnOutcome,
+    Agent, AgentError, ExitReason, Plan, PlanInput, Preempt, PushOptions, SafePoint, SessionEvent,
+    SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_sim::{Gate, PlanPolicy, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -58,7 +58,7 @@ impl Agent for Exploding {
 }
 
 async fn spawn_agent<A: Agent<Item = SimItem, Event = SimEvent>>(id: &str, agent: A) -> Handle {
-    SessionHandle::spawn(SessionConfig::new(id), Arc::new(agent), None)
+    SessionHandle::spawn(SessionSpec::new(id, "default"), Arc::new(agent), None)
         .await
         .unwrap()
 }
@@ -201,7 +201,7 @@ async fn a_hook_panicking_synchronously_is_isolated_and_loses_nothing() {
     let flag = next_ran.clone();
     let gate = Gate::new();
     let (tx, mut probe) = probe();
-    let config = SessionConfig::new("hook-sync-panic")
+    let config = SessionSpec::new("hook-sync-panic", "default")
         .on_end(|_| -> std::future::Ready<Result<(), String>> {
             panic!("hook exploded before its future existed")
         })
@@ -241,7 +241,7 @@ async fn a_hook_panicking_synchronously_is_isolated_and_loses_nothing() {
 /// An actor killed while a hook hangs still publishes the computed exit state.
 #[tokio::test(start_paused = true)]
 async fn a_kill_during_a_hanging_hook_loses_nothing() {
-    let config = SessionConfig::new("hook-hang-kill")
+    let config = SessionSpec::new("hook-hang-kill", "default")
         .hook_timeout(Duration::from_secs(3600))
         .on_end(|_| async {
             std::future::pending::<()>().await;
@@ -419,9 +419,9 @@ async fn s24_a_cancel_wins_over_the_sessions_own_later_writes() {
         .with_step_gate(gate.clone())
         .with_probe(tx);
     let h = spawn_on(
-        SessionConfig::new("raced")
+        SessionSpec::new("raced", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(agentloop::Durability::Exit),
         agent,
         store.clone(),

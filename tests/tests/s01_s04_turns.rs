@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use agentloop::{
     CancelMode, CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt,
-    PushOptions, SafePoint, SessionConfig, SessionEvent, StopOptions, TurnEnd,
+    PushOptions, SafePoint, SessionEvent, SessionSpec, StopOptions, TurnEnd,
 };
 use agentloop_sim::{CancelHandling, Fault, Gate, SimAgent, SimItem};
 use agentloop_tests::*;
@@ -106,9 +106,9 @@ async fn s13_the_agents_error_after_a_captured_cancel_is_kept() {
     let gate = Gate::new();
     let (tx, mut probe) = probe();
     let h = spawn_on(
-        SessionConfig::new("s13-kept")
+        SessionSpec::new("s13-kept", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(Durability::Sync),
         SimAgent::new(steps(3))
             .with_step_gate(gate.clone())

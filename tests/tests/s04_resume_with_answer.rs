@@ -8,18 +8,18 @@
 use std::sync::Arc;
 
 use agentloop::{
-    AnswerError, CheckpointStore, Durability, ExitReason, MemoryStore, Runtime, SessionConfig,
-    SessionEvent, SessionHandle, SessionSpec, SessionStatus, StopOptions, TurnEnd,
+    AnswerError, CheckpointStore, Durability, ExitReason, MemoryStore, Runtime, SessionEvent,
+    SessionHandle, SessionSpec, SessionStatus, StopOptions, TurnEnd,
 };
 use agentloop_sim::{Fault, Gate, Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
 use parking_lot::Mutex;
 use serde_json::json;
 
-fn persistent(id: &str) -> SessionConfig {
-    SessionConfig::new(id)
+fn persistent(id: &str) -> SessionSpec<SimItem> {
+    SessionSpec::new(id, "default")
         .persistent(true)
-        .agent_kind("sim")
+        .kind("sim")
         .durability(Durability::Sync)
 }
 
@@ -193,7 +193,7 @@ async fn s04_a_session_handle_answer_reaches_the_resumed_turn_first() {
 async fn s04_bad_answers_are_typed_and_change_nothing() {
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let dyn_store = || Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>);
-    let answer = |cfg: SessionConfig, s| {
+    let answer = |cfg: SessionSpec<SimItem>, s| {
         SessionHandle::<SimItem, SimEvent>::resume_with_answer(
             cfg,
             Arc::new(SimAgent::new(steps(1))),
@@ -203,7 +203,7 @@ async fn s04_bad_answers_are_typed_and_change_nothing() {
         )
     };
     // Not persistent.
-    match answer(SessionConfig::new("x"), dyn_store()).await {
+    match answer(SessionSpec::new("x", "default"), dyn_store()).await {
         Err(e @ AnswerError::NotPersistent { .. }) => {
             assert!(e.to_string().contains("not persistent"), "{e}");
             assert_eq!(e.into_answer().map(|a| a.id), Some(5));

@@ -390,7 +390,7 @@ async fn s8_preempted_signal_fires() {
         }
     }
     let h: Handle = agentloop::SessionHandle::spawn(
-        agentloop::SessionConfig::new("s8-signal"),
+        agentloop::SessionSpec::new("s8-signal", "default"),
         Arc::new(WaitsForPreempt),
         None,
     )

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    Agent, AgentError, CancelMode, ExitReason, PushError, SafePoint, SessionConfig, SessionHandle,
+    Agent, AgentError, CancelMode, ExitReason, PushError, SafePoint, SessionHandle, SessionSpec,
     StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_sim::{Gate, SimAgent, SimItem};
@@ -253,7 +253,7 @@ async fn s13_stop_cause_readable_after_stopped_fires() {
     }
     let seen = Arc::new(parking_lot::Mutex::new(None));
     let h: Handle = SessionHandle::spawn(
-        SessionConfig::new("cause-cx"),
+        SessionSpec::new("cause-cx", "default"),
         Arc::new(Reader { seen: seen.clone() }),
         None,
     )

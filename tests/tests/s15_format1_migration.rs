@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use agentloop::store::{SledBackend, Stored};
 use agentloop::{
-    CasOutcome, CheckpointActor, CheckpointStore, Durability, Runtime, SessionConfig,
-    SessionHandle, SessionStatus, StatusKind, StopOptions,
+    CasOutcome, CheckpointActor, CheckpointStore, Durability, Runtime, SessionHandle, SessionSpec,
+    SessionStatus, StatusKind, StopOptions,
 };
 use agentloop_sim::{Ledger, Notice, SimAgent, SimEvent, SimItem, SimState};
 use agentloop_tests::{ids, steps, within, TempDir};
@@ -185,9 +185,9 @@ async fn s15_a_sync_write_converts_a_format1_record() {
     let store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(c.clone());
     let gate = agentloop_sim::Gate::new();
     let h: SessionHandle<SimItem, SimEvent> = SessionHandle::spawn(
-        SessionConfig::new("v1-stopped")
+        SessionSpec::new("v1-stopped", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(Durability::Sync),
         Arc::new(SimAgent::new(steps(1)).with_step_gate(gate.clone())),
         Some(store.clone()),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use agentloop::store::{codec, table, RecordHeader, SledBackend, Stored};
 use agentloop::{
-    CheckpointActor, CheckpointStore, Durability, Runtime, SessionConfig, SessionHandle,
+    CheckpointActor, CheckpointStore, Durability, Runtime, SessionHandle, SessionSpec,
     SessionStatus, StopOptions,
 };
 use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem, SimState};
@@ -135,9 +135,9 @@ async fn s15_a_sync_write_converts_a_format2_record_and_loses_nothing() {
     let agent = SimAgent::new(steps(1)).with_step_gate(gate.clone());
     let ledger = agent.ledger();
     let h: SessionHandle<SimItem, SimEvent> = SessionHandle::spawn(
-        SessionConfig::new("v2-stopped")
+        SessionSpec::new("v2-stopped", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(Durability::Sync),
         Arc::new(agent),
         Some(store.clone()),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use agentloop::store::{codec, now_ms, ListEntry, RecordWrite, Stored, StoredEntry};
 use agentloop::{
     CasOutcome, CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
-    ExitReason, MemoryStore, Plan, SessionConfig, SessionRecord, SessionStatus, StatusKind,
+    ExitReason, MemoryStore, Plan, SessionRecord, SessionSpec, SessionStatus, StatusKind,
     StopOptions, StoreError,
 };
 use agentloop_sim::{Fault, Notice, SimAgent, SimItem, SimState};
@@ -28,10 +28,10 @@ fn dyn_store(c: &Client) -> Arc<dyn CheckpointStore<SimItem>> {
     Arc::new(c.clone())
 }
 
-fn config(id: &str, durability: Durability) -> SessionConfig {
-    SessionConfig::new(id)
+fn config(id: &str, durability: Durability) -> SessionSpec<SimItem> {
+    SessionSpec::new(id, "default")
         .persistent(true)
-        .agent_kind("sim")
+        .kind("sim")
         .durability(durability)
 }
 

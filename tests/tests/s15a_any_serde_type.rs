@@ -23,8 +23,7 @@ use std::time::Duration;
 use agentloop::store::codec::{self, PayloadStage};
 use agentloop::{
     Agent, AgentError, CheckpointStore, Durability, ExitReason, FailureKind, PushError, Runtime,
-    SafePoint, SessionConfig, SessionHandle, SessionSpec, SessionStatus, StopOptions, Turn, TurnCx,
-    TurnOutcome,
+    SafePoint, SessionHandle, SessionSpec, SessionStatus, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_tests::{within, TempDir};
 use parking_lot::Mutex;
@@ -475,9 +474,9 @@ async fn s15a_an_unstorable_push_is_handed_back_and_nothing_is_written() {
     let store: Arc<dyn CheckpointStore<Item>> = Arc::new(c.clone());
     let got = Arc::new(Mutex::new(Vec::new()));
     let h: SessionHandle<Item, ()> = SessionHandle::spawn(
-        SessionConfig::new("refuse")
+        SessionSpec::new("refuse", "default")
             .persistent(true)
-            .agent_kind("rec")
+            .kind("rec")
             .durability(Durability::Sync),
         Arc::new(Recorder {
             got: got.clone(),
@@ -527,9 +526,9 @@ async fn s15a_an_unstorable_state_fails_the_turn_and_the_record_keeps_the_last_g
         .unwrap();
     let store: Arc<dyn CheckpointStore<Item>> = Arc::new(c.clone());
     let h: SessionHandle<Item, ()> = SessionHandle::spawn(
-        SessionConfig::new("poison")
+        SessionSpec::new("poison", "default")
             .persistent(true)
-            .agent_kind("rec")
+            .kind("rec")
             .durability(Durability::Sync),
         Arc::new(Recorder {
             got: Arc::new(Mutex::new(Vec::new())),
@@ -570,9 +569,9 @@ async fn s15a_an_unstorable_answer_is_handed_back() {
     let store: Arc<dyn CheckpointStore<Item>> = Arc::new(agentloop::MemoryStore::<Item>::new());
     let bad = Item::WideLoose(WideLoose::N(5));
     let r = SessionHandle::<Item, ()>::resume_with_answer(
-        SessionConfig::new("answer")
+        SessionSpec::new("answer", "default")
             .persistent(true)
-            .agent_kind("rec"),
+            .kind("rec"),
         Arc::new(Recorder {
             got: Arc::new(Mutex::new(Vec::new())),
             resumed: Arc::new(Mutex::new(Vec::new())),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agentloop::store::{RecordWrite, Stored, StoredEntry};
 use agentloop::{
-    CasOutcome, CheckpointStore, Durability, EventStream, MemoryStore, SessionConfig, SessionEvent,
+    CasOutcome, CheckpointStore, Durability, EventStream, MemoryStore, SessionEvent, SessionSpec,
     SessionStatus, StatusKind, StopOptions, StoreError, TurnEnd,
 };
 use agentloop_sim::{Fault, PlanPolicy, SimAgent, SimEvent, SimItem};
@@ -109,10 +109,10 @@ impl CheckpointStore<SimItem> for LandingGate {
     }
 }
 
-fn config(id: &str, d: Durability) -> SessionConfig {
-    SessionConfig::new(id)
+fn config(id: &str, d: Durability) -> SessionSpec<SimItem> {
+    SessionSpec::new(id, "default")
         .persistent(true)
-        .agent_kind("sim")
+        .kind("sim")
         .durability(d)
 }
 

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use agentloop::{
-    CheckpointStore, EventFilter, EventStream, MemoryStore, Sequenced, SessionConfig, SessionEvent,
-    SessionHandle, StopOptions,
+    CheckpointStore, EventFilter, EventStream, MemoryStore, Sequenced, SessionEvent, SessionHandle,
+    SessionSpec, StopOptions,
 };
 use agentloop_sim::{Notice, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -26,7 +26,10 @@ fn seqs(evs: &[Sequenced<SimEvent>]) -> Vec<u64> {
     evs.iter().map(|e| e.seq).collect()
 }
 
-async fn spawn_with(config: SessionConfig, agent: SimAgent) -> SessionHandle<SimItem, SimEvent> {
+async fn spawn_with(
+    config: SessionSpec<SimItem>,
+    agent: SimAgent,
+) -> SessionHandle<SimItem, SimEvent> {
     SessionHandle::spawn(config, Arc::new(agent), None)
         .await
         .expect("spawn")
@@ -52,7 +55,7 @@ async fn two_turns(h: &SessionHandle<SimItem, SimEvent>, probe: &mut Probe) {
 async fn s20_every_event_has_the_next_number_whoever_listens() {
     let (tx, mut probe) = probe();
     let h = spawn_with(
-        SessionConfig::new("seq"),
+        SessionSpec::new("seq", "default"),
         SimAgent::new(steps(2)).with_probe(tx),
     )
     .await;
@@ -87,7 +90,7 @@ async fn s20_every_event_has_the_next_number_whoever_listens() {
 async fn s20_a_reconnecting_subscriber_gets_exactly_what_it_missed() {
     let (tx, mut probe) = probe();
     let h = spawn_with(
-        SessionConfig::new("replay").replay(64),
+        SessionSpec::new("replay", "default").replay(64),
         SimAgent::new(steps(2)).with_probe(tx),
     )
     .await;
@@ -129,7 +132,7 @@ async fn s20_a_reconnecting_subscriber_gets_exactly_what_it_missed() {
 async fn s20_a_subscriber_behind_the_replay_buffer_gets_lagged() {
     let (tx, mut probe) = probe();
     let h = spawn_with(
-        SessionConfig::new("lagged").replay(2),
+        SessionSpec::new("lagged", "default").replay(2),
         SimAgent::new(steps(3)).with_probe(tx),
     )
     .await;
@@ -162,7 +165,7 @@ async fn s20_a_subscriber_behind_the_replay_buffer_gets_lagged() {
 async fn s20_without_a_replay_buffer_the_past_is_lagged() {
     let (tx, mut probe) = probe();
     let h = spawn_with(
-        SessionConfig::new("no-replay"),
+        SessionSpec::new("no-replay", "default"),
         SimAgent::new(steps(1)).with_probe(tx),
     )
     .await;
@@ -215,9 +218,9 @@ async fn s26_numbers_continue_across_a_restart() {
     );
 
     let (h2, mut next) = SessionHandle::spawn_subscribed(
-        SessionConfig::new("seq-restart")
+        SessionSpec::new("seq-restart", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(agentloop::Durability::Exit),
         Arc::new(SimAgent::new(steps(1))),
         Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
@@ -251,9 +254,9 @@ async fn sync_session(
         ..Default::default()
     });
     SessionHandle::spawn_subscribed(
-        SessionConfig::new(id)
+        SessionSpec::new(id, "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(agentloop::Durability::Sync),
         Arc::new(agent),
         Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),

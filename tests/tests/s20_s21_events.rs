@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    CheckpointStore, ExitReason, MemoryStore, SessionConfig, SessionEvent, SessionHandle,
+    CheckpointStore, ExitReason, MemoryStore, SessionEvent, SessionHandle, SessionSpec,
     StopOptions, TurnEnd,
 };
 use agentloop_sim::{Gate, Notice, SimAgent, SimEvent, SimItem};
@@ -166,7 +166,7 @@ async fn s21_teardown_order_and_isolated_bounded_hooks() {
         let store = store.clone();
         let last = last_hook_ran.clone();
         let saw = saw_record.clone();
-        SessionConfig::new("hooks")
+        SessionSpec::new("hooks", "default")
             .persistent(true)
             .hook_timeout(Duration::from_secs(2))
             .on_end(|_| async { Err("hook 1 fails".to_string()) })
@@ -336,9 +336,9 @@ async fn s20_spawn_subscribed_without_a_supervisor() {
     let mem = Arc::new(MemoryStore::<SimItem>::new());
     mem.insert(resumable_record("direct"));
     let (h, mut events) = SessionHandle::spawn_subscribed(
-        SessionConfig::new("direct")
+        SessionSpec::new("direct", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .owner("me"),
         Arc::new(SimAgent::new(steps(1))),
         Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
@@ -502,7 +502,7 @@ async fn s20_stuck_subscriber_lags_and_never_slows_the_session() {
 async fn s20_lagging_subscriber_catches_up_from_the_replay_buffer() {
     let (tx, mut probe) = probe();
     let h = SessionHandle::spawn(
-        SessionConfig::new("catch-up").replay(1000),
+        SessionSpec::new("catch-up", "default").replay(1000),
         Arc::new(SimAgent::new(steps(2)).with_probe(tx)),
         None,
     )

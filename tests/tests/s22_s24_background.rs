@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use agentloop::{
     agent_kind, CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore,
-    RestartBudget, RestartPolicy, SessionConfig, SessionError, SessionSpec, SessionStatus,
-    StatusKind, SupervisorArgs, SupervisorHandle,
+    RestartBudget, RestartPolicy, SessionError, SessionSpec, SessionStatus, StatusKind,
+    SupervisorArgs, SupervisorHandle,
 };
 use agentloop_sim::{Fault, Gate, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
 
-fn config(id: &str) -> SessionConfig {
-    SessionConfig::new(id)
+fn config(id: &str) -> SessionSpec<SimItem> {
+    SessionSpec::new(id, "default")
         .persistent(true)
-        .agent_kind("sim")
+        .kind("sim")
         .durability(Durability::Sync)
         .owner("me")
 }
@@ -255,9 +255,9 @@ async fn s24_cancel_written_to_the_store_is_noticed_within_one_interval() {
 trait PollForTest {
     fn poll_interval_for_test(self, d: Duration) -> Self;
 }
-impl PollForTest for SessionConfig {
+impl PollForTest for SessionSpec<SimItem> {
     fn poll_interval_for_test(mut self, d: Duration) -> Self {
-        self.poll_interval = d;
+        self.poll_interval = Some(d);
         self
     }
 }

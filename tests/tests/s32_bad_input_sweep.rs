@@ -19,8 +19,8 @@ use agentloop::store::{SledBackend, WriteCondition};
 use agentloop::{
     CheckpointActor, CheckpointOutcome, CheckpointStore, ExitReason, FailureKind, MemoryStore,
     OptionsError, Preempt, PushError, PushOptions, RoutedPushError, Runtime, RuntimeError,
-    SessionConfig, SessionError, SessionHandle, SessionRecord, SessionSpec, SessionStatus,
-    ShutdownConfig, SpawnError, StatusKind, StopOptions, StoreError, SupervisorError, TurnLoopMsg,
+    SessionError, SessionHandle, SessionRecord, SessionSpec, SessionStatus, ShutdownConfig,
+    SpawnError, StatusKind, StopOptions, StoreError, SupervisorError, TurnLoopMsg,
 };
 use agentloop_sim::{Gate, Ledger, Notice, SimAgent, SimEvent, SimItem, SimState};
 use agentloop_tests::*;
@@ -243,9 +243,9 @@ async fn a_session_refuses_the_record(
     needle: &str,
 ) {
     let h: SessionHandle<SimItem, SimEvent> = SessionHandle::spawn(
-        SessionConfig::new(id)
+        SessionSpec::new(id, "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(agentloop::Durability::Sync),
         Arc::new(SimAgent::new(steps(1))),
         Some(store),
@@ -662,7 +662,7 @@ async fn s32_invalid_session_ids_are_refused_everywhere() {
     // (1) SessionHandle::spawn, persistent on a store.
     for (id, want) in &cases {
         let e = SessionHandle::<SimItem, SimEvent>::spawn(
-            SessionConfig::new(id.clone()).persistent(true),
+            SessionSpec::new(id.clone(), "default").persistent(true),
             Arc::new(SimAgent::new(steps(1))),
             Some(dyn_store.clone()),
         )
@@ -677,9 +677,9 @@ async fn s32_invalid_session_ids_are_refused_everywhere() {
     assert_eq!(store.len(), 1, "nothing was written for a refused id");
     for id in [&max_ascii, &max_utf8] {
         let h = spawn_on(
-            SessionConfig::new(id.clone())
+            SessionSpec::new(id.clone(), "default")
                 .persistent(true)
-                .agent_kind("sim")
+                .kind("sim")
                 .durability(agentloop::Durability::Exit),
             SimAgent::new(steps(1)),
             dyn_store.clone(),

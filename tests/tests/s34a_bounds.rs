@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use agentloop::{
     agent_kind, BufferBound, CheckpointStore, MemoryStore, PushError, RestartBudget,
-    RoutedPushError, SessionConfig, SessionHandle, SessionLimits, SessionSpec, StopOptions,
-    SupervisorArgs, SupervisorError, SupervisorHandle,
+    RoutedPushError, SessionHandle, SessionLimits, SessionSpec, StopOptions, SupervisorArgs,
+    SupervisorError, SupervisorHandle,
 };
 use agentloop_sim::{Gate, Notice, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -21,7 +21,7 @@ async fn a_full_session_refuses_a_push_and_hands_the_item_back() {
     let gate = Gate::new();
     let (tx, mut probe) = probe();
     let h: Handle = SessionHandle::spawn(
-        SessionConfig::new("full").buffer_bound(BufferBound {
+        SessionSpec::new("full", "default").buffer_bound(BufferBound {
             items: 3,
             bytes: usize::MAX,
         }),
@@ -70,9 +70,9 @@ async fn a_persistent_session_bounds_the_bytes_it_holds() {
     let (tx, mut probe) = probe();
     let store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(MemoryStore::new());
     let h: Handle = SessionHandle::spawn(
-        SessionConfig::new("bytes")
+        SessionSpec::new("bytes", "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .buffer_bound(BufferBound {
                 items: usize::MAX,
                 bytes: 2_000,
@@ -181,6 +181,45 @@ async fn a_supervisor_bounds_its_sessions_and_their_buffers() {
     assert!(room, "the ended session's place was given back");
 }
 
+/// One `SessionSpec` for both starts: a supervised session's own `buffer_bound` applies
+/// under the runtime's limits (the tighter of the two, field by field), so neither can
+/// loosen the other.
+#[tokio::test(start_paused = true)]
+async fn a_spec_bound_applies_under_the_supervisors_limits() {
+    let sup = SupervisorHandle::<SimItem, SimEvent>::start(sim_args(SessionLimits {
+        max_sessions: 10,
+        buffer: BufferBound {
+            items: 3,
+            bytes: usize::MAX,
+        },
+    }))
+    .await
+    .unwrap();
+    // Tighter than the limits: the spec's bound holds.
+    sup.spawn(SessionSpec::new("tight", "sim").buffer_bound(BufferBound {
+        items: 1,
+        bytes: usize::MAX,
+    }))
+    .await
+    .unwrap();
+    sup.push("tight", item(1)).await.unwrap();
+    match sup.push("tight", item(2)).await {
+        Err(RoutedPushError::Push(PushError::Full { item, .. })) => assert_eq!(item.id, 2),
+        other => panic!("expected Full at the spec's bound of 1, got {other:?}"),
+    }
+    // Looser than the limits: the limits hold.
+    sup.spawn(SessionSpec::new("loose", "sim").buffer_bound(BufferBound::UNBOUNDED))
+        .await
+        .unwrap();
+    for id in 1..=3 {
+        sup.push("loose", item(id)).await.unwrap();
+    }
+    match sup.push("loose", item(4)).await {
+        Err(RoutedPushError::Push(PushError::Full { item, .. })) => assert_eq!(item.id, 4),
+        other => panic!("expected Full at the limits' bound of 3, got {other:?}"),
+    }
+}
+
 /// S34a: a session keeps the idempotency keys of its pushes with its record: after the
 /// session is rebuilt from the record (a restart), a retry with a kept key is a
 /// `Duplicate` that delivers nothing, and the key with another fingerprint is refused.
@@ -193,9 +232,9 @@ async fn idempotency_keys_live_with_the_record() {
     let spawn_on_store = |store: Arc<MemoryStore<SimItem>>| async move {
         let dyn_store: Arc<dyn CheckpointStore<SimItem>> = store;
         let h: Handle = SessionHandle::spawn(
-            SessionConfig::new("keyed")
+            SessionSpec::new("keyed", "default")
                 .persistent(true)
-                .agent_kind("sim")
+                .kind("sim")
                 .durability(Durability::Sync),
             Arc::new(SimAgent::new(steps(1)).with_step_gate(Gate::new())),
             Some(dyn_store),

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use agentloop::{SessionConfig, SessionHandle, StopOptions};
+use agentloop::{SessionHandle, SessionSpec, StopOptions};
 use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 
 type Handle = SessionHandle<SimItem, SimEvent>;
 
 async fn run(agent: SimAgent, id: &str, items: u64) -> agentloop::ExitState<SimItem> {
-    let h: Handle = SessionHandle::spawn(SessionConfig::new(id), Arc::new(agent), None)
+    let h: Handle = SessionHandle::spawn(SessionSpec::new(id, "default"), Arc::new(agent), None)
         .await
         .unwrap();
     for i in 0..items {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use agentloop::store::{codec, RecordWrite, Stored, StoredEntry, WriteCondition};
 use agentloop::{
     CasOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt, PushOptions,
-    SessionConfig, SessionRecord, SessionStatus, StatusKind, StopOptions, StoreError,
+    SessionRecord, SessionSpec, SessionStatus, StatusKind, StopOptions, StoreError,
 };
 use agentloop_sim::{Fault, Notice, SimAgent, SimItem, SimState};
 use agentloop_tests::*;
@@ -68,10 +68,10 @@ impl CheckpointStore<SimItem> for Rec {
     }
 }
 
-fn cfg(id: &str) -> SessionConfig {
-    SessionConfig::new(id)
+fn cfg(id: &str) -> SessionSpec<SimItem> {
+    SessionSpec::new(id, "default")
         .persistent(true)
-        .agent_kind("sim")
+        .kind("sim")
         .durability(Durability::Sync)
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    Agent, AgentError, EventFilter, SessionConfig, SessionEvent, SessionHandle, StopOptions, Turn,
+    Agent, AgentError, EventFilter, SessionEvent, SessionHandle, SessionSpec, StopOptions, Turn,
     TurnCx, TurnOutcome,
 };
 use agentloop_sim::{SimEvent, SimItem};
@@ -172,9 +172,10 @@ struct Agentloop {
 
 impl Agentloop {
     async fn start() -> Self {
-        let handle = SessionHandle::spawn(SessionConfig::new("b1"), Arc::new(NoopAgent), None)
-            .await
-            .expect("spawning the B1 session");
+        let handle =
+            SessionHandle::spawn(SessionSpec::new("b1", "default"), Arc::new(NoopAgent), None)
+                .await
+                .expect("spawning the B1 session");
         let events = handle.subscribe_filtered(EVENT_CAPACITY, EventFilter::turn_ends());
         Agentloop {
             handle,

@@ -40,8 +40,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    agent_kind, AgentKind, ExitReason, RestartBudget, SessionConfig, SessionHandle, SessionSpec,
-    StopOptions, SupervisorArgs, SupervisorHandle, MAX_SPAWN_BATCH,
+    agent_kind, AgentKind, ExitReason, RestartBudget, SessionHandle, SessionSpec, StopOptions,
+    SupervisorArgs, SupervisorHandle, MAX_SPAWN_BATCH,
 };
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
@@ -283,7 +283,7 @@ async fn direct_side(n: usize, round: &str) -> SideRound {
     for id in ids {
         let agent = Arc::new(SimAgent::new(Script::noop()));
         handles.push(
-            SessionHandle::spawn(SessionConfig::new(id), agent, None)
+            SessionHandle::spawn(SessionSpec::new(id, "default"), agent, None)
                 .await
                 .expect("spawning a B2 session directly"),
         );

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 use agentloop::store::{table, CheckpointStats, Engine, FjallDurability, Stored};
 use agentloop::{
     CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
-    SessionConfig, SessionHandle, StopOptions,
+    SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_sim::{Gate, Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
 use tokio::sync::mpsc;
@@ -292,8 +292,8 @@ impl Agentloop {
                 .with_step_gate(gate)
                 .with_probe(probe_tx.clone());
             let id = format!("b3-{}-r{round:04}-s{s:02}", mode_name(durability));
-            let config = SessionConfig::new(id)
-                .agent_kind("sim")
+            let config = SessionSpec::new(id, "default")
+                .kind("sim")
                 .persistent(true)
                 .durability(durability);
             let h = SessionHandle::spawn(config, Arc::new(agent), Some(dyn_store.clone()))
@@ -420,7 +420,7 @@ async fn no_store_round(round: u64) -> f64 {
             .with_state_payload(STATE_BYTES)
             .with_step_gate(gate)
             .with_probe(probe_tx.clone());
-        let config = SessionConfig::new(format!("b3-nostore-r{round:04}-s{s:02}"));
+        let config = SessionSpec::new(format!("b3-nostore-r{round:04}-s{s:02}"), "default");
         let h: Handle = SessionHandle::spawn(config, Arc::new(agent), None)
             .await
             .expect("spawning a B3 session");
@@ -456,8 +456,8 @@ async fn no_store_round(round: u64) -> f64 {
 
 async fn spawn_noop_sync(store: &Store, id: String) -> Handle {
     let dyn_store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(store.clone());
-    let config = SessionConfig::new(id)
-        .agent_kind("sim")
+    let config = SessionSpec::new(id, "default")
+        .kind("sim")
         .persistent(true)
         .durability(Durability::Sync);
     SessionHandle::spawn(

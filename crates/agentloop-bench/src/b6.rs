@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    CheckpointActor, CheckpointClient, CheckpointStore, Durability, SessionConfig, SessionHandle,
+    CheckpointActor, CheckpointClient, CheckpointStore, Durability, SessionHandle, SessionSpec,
     StopOptions,
 };
 use agentloop_sim::{Gate, Script, SimAgent, SimEvent, SimItem, SimStep};
@@ -55,9 +55,9 @@ async fn held_session(
 ) -> Handle {
     let gate = Gate::new();
     let h = SessionHandle::spawn(
-        SessionConfig::new(id)
+        SessionSpec::new(id, "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(Durability::Sync),
         Arc::new(SimAgent::new(held_script()).with_step_gate(gate)),
         Some(store.clone()),

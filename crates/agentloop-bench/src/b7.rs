@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use agentloop::{
     Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, Durability,
-    InterruptInfo, SessionConfig, SessionEvent, SessionHandle, SessionRecord, StopOptions, Turn,
+    InterruptInfo, SessionEvent, SessionHandle, SessionRecord, SessionSpec, StopOptions, Turn,
     TurnCx, TurnOutcome,
 };
 use agentloop_sim::SimItem;
@@ -94,9 +94,9 @@ async fn agentloop_round(store: &Arc<dyn CheckpointStore<SimItem>>, ids: &[Strin
     for id in ids {
         let t0 = Instant::now();
         let (h, mut events) = SessionHandle::<SimItem, ()>::resume_with_answer(
-            SessionConfig::new(id.clone())
+            SessionSpec::new(id.clone(), "default")
                 .persistent(true)
-                .agent_kind("approver")
+                .kind("approver")
                 .durability(Durability::Sync),
             agent.clone(),
             Some(store.clone()),

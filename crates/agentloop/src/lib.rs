@@ -82,7 +82,9 @@
 //!
 //! - [`Runtime`] / [`RuntimeBuilder`]: the store, the instance lease, the
 //!   [`SupervisorHandle`] (spawn, push, stop, detach, cancel by id) and the shutdown.
-//! - [`SessionHandle`] / [`SessionConfig`]: one session without a supervisor.
+//! - [`SessionSpec`]: what a session is (id, agent kind, options), for a session
+//!   started alone and one a supervisor starts.
+//! - [`SessionHandle`]: one session without a supervisor.
 //! - [`Agent`], [`Turn`], [`TurnCx`], [`TurnOutcome`]: what you implement and what a
 //!   turn is given.
 //! - [`StopOptions`], [`PushOptions`], [`Preempt`]: the options a stop or a push
@@ -179,9 +181,9 @@ pub mod prelude {
     pub use crate::options::{Preempt, PushOptions, StopOptions};
     pub use crate::runtime::{Runtime, RuntimeBuilder};
     pub use crate::session::{
-        Durability, ExitReason, ExitState, SessionConfig, SessionHandle, TurnCx,
+        Durability, ExitReason, ExitState, SessionHandle, SessionSpec, TurnCx,
     };
-    pub use crate::supervisor::{SessionSpec, SupervisorHandle};
+    pub use crate::supervisor::SupervisorHandle;
 }
 
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
@@ -192,8 +194,8 @@ pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, Tu
 pub use push::BufferFull;
 pub use session::{
     AnswerError, BufferBound, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState,
-    ExitSummary, FailureKind, ForkError, PreemptAck, PushError, SessionConfig, SessionHandle,
-    SessionInfo, Step, TurnCx, TurnLoopMsg,
+    ExitSummary, FailureKind, ForkError, PreemptAck, PushError, SessionHandle, SessionInfo, Step,
+    TurnCx, TurnLoopMsg,
 };
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use agentloop::store::{Engine, FjallDurability};
 use agentloop::{
-    CheckpointActor, CheckpointStore, Durability, InstanceLease, SessionConfig, SessionHandle,
+    CheckpointActor, CheckpointStore, Durability, InstanceLease, SessionHandle, SessionSpec,
     StopOptions,
 };
 use agentloop_sim::{Script, SimAgent, SimItem, SimStep};
@@ -91,9 +91,9 @@ async fn main() {
                 let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
                 say(format!("turn {reporter_name} {}", ids.join(" ")));
             }));
-        let config = SessionConfig::new(name.clone())
+        let config = SessionSpec::new(name.clone(), "default")
             .persistent(true)
-            .agent_kind("sim")
+            .kind("sim")
             .durability(Durability::Sync)
             .owner(lease.id())
             .lease_timeout(Duration::from_millis(200));

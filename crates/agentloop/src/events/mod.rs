@@ -27,7 +27,7 @@
 //!   stream skips the numbers of events its filter drops (and of a `StopRequested`
 //!   skipped for a full buffer). The sequence continues across restarts and resumes:
 //!   the record keeps the last number written (S26).
-//! * A session with a replay buffer (`SessionConfig::replay_capacity`) keeps its last
+//! * A session with a replay buffer (`SessionSpec::replay`) keeps its last
 //!   events, so a subscriber can start after a number it saw
 //!   (`Subscribers::subscribe_after`) and get exactly what it missed, or a
 //!   [`SessionEvent::Lagged`] marker when the buffer no longer holds it. The buffer

@@ -16,7 +16,7 @@ use crate::events::{EventFilter, EventStream, Subscribers};
 use crate::options::{PushOptions, StopOptions};
 use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg};
 use crate::session::turn_loop::{TurnLoop, TurnLoopArgs};
-use crate::session::{validate_session_id, ExitReason, ExitState, SessionConfig};
+use crate::session::{validate_session_id, ExitReason, ExitState, SessionSpec};
 use crate::shared::SessionShared;
 use crate::shared::UnprocessedPush;
 use crate::store::CheckpointStore;
@@ -56,7 +56,7 @@ where
 {
     /// Spawns a session of `agent` (unsupervised).
     pub async fn spawn<A>(
-        config: SessionConfig,
+        config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
     ) -> Result<Self, SpawnError>
@@ -68,7 +68,7 @@ where
 
     /// Spawns a session of `agent` linked under `supervisor` (S25).
     pub async fn spawn_linked<A>(
-        config: SessionConfig,
+        config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: ActorCell,
@@ -79,27 +79,12 @@ where
         Self::spawn_inner(config, agent, store, Some(supervisor), None).await
     }
 
-    /// Like [`SessionHandle::spawn_linked`], with the stored record already read by
-    /// the caller (used instead of loading it again).
-    pub(crate) async fn spawn_linked_with_record<A>(
-        config: SessionConfig,
-        agent: Arc<A>,
-        store: Option<Arc<dyn CheckpointStore<I>>>,
-        supervisor: ActorCell,
-        record: Option<crate::store::LoadedRecord<I>>,
-    ) -> Result<Self, SpawnError>
-    where
-        A: Agent<Item = I, Event = E>,
-    {
-        Self::spawn_inner(config, agent, store, Some(supervisor), record).await
-    }
-
     /// Spawns a session of `agent` (unsupervised) with a subscriber attached before its
     /// actor starts: the stream sees every event of the session from the first, also
     /// when the first turn (a resume, S17) starts and ends before this call returns.
     /// `capacity` bounds the stream's buffer (backpressure, S20).
     pub async fn spawn_subscribed<A>(
-        mut config: SessionConfig,
+        mut config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         capacity: usize,
@@ -108,7 +93,7 @@ where
     where
         A: Agent<Item = I, Event = E>,
     {
-        config.subscribe_at_spawn = Some((capacity, filter));
+        config.subscribe = Some((capacity, filter));
         let handle = Self::spawn_inner(config, agent, store, None, None).await?;
         let events = handle
             .take_events_at_spawn()
@@ -128,7 +113,7 @@ where
     /// [`AnswerError::Spawn`](crate::AnswerError::Spawn) (the answer is on record; spawn
     /// the session again).
     pub async fn resume_with_answer<A>(
-        config: SessionConfig,
+        config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         answer: I,
@@ -152,7 +137,7 @@ where
         )
         .await?;
         let mut config = config;
-        config.subscribe_at_spawn = Some((capacity, EventFilter::all()));
+        config.subscribe = Some((capacity, EventFilter::all()));
         let handle = Self::spawn_inner(config, agent, Some(store), None, Some(record))
             .await
             .map_err(|e| crate::AnswerError::Spawn {
@@ -174,7 +159,7 @@ where
     /// existing record), then the session starts on it, with `config`'s settings.
     /// `from` is untouched.
     pub async fn fork<A>(
-        config: SessionConfig,
+        config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         from: &str,
@@ -190,7 +175,7 @@ where
             None => return Err(crate::ForkError::NotPersistent(id)),
         };
         // The fork runs with `config`: its record says so from the first write.
-        let settings = config.settings();
+        let settings = config.recorded_settings();
         let record =
             crate::session::fork::write_fork(&*store, from, turn, &id, |_| settings).await?;
         Self::spawn_inner(config, agent, Some(store), None, Some(record))
@@ -208,7 +193,7 @@ where
     }
 
     async fn spawn_inner<A>(
-        mut config: SessionConfig,
+        mut config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: Option<ActorCell>,
@@ -218,6 +203,7 @@ where
         A: Agent<Item = I, Event = E>,
     {
         validate_session_id(&config.id)?;
+        let preloaded = preloaded.or_else(|| config.preloaded.take().map(|r| *r));
         if config.persist && store.is_none() {
             return Err(SpawnError::NoStore(config.id));
         }
@@ -242,11 +228,8 @@ where
             }
         }
         let shared = Arc::new(SessionShared::new(config.id.clone()));
-        let subscribers = Arc::new(Subscribers::new(
-            shared.event_seq.clone(),
-            config.replay_capacity,
-        ));
-        if let Some((capacity, filter)) = config.subscribe_at_spawn.take() {
+        let subscribers = Arc::new(Subscribers::new(shared.event_seq.clone(), config.replay));
+        if let Some((capacity, filter)) = config.subscribe.take() {
             subscribers.reserve_at_spawn(capacity, filter);
         }
         let id = config.id.clone();
@@ -403,7 +386,7 @@ where
     /// After the exit the stream yields `Ended` at once. The stream never slows the
     /// session: when it falls behind by more than its capacity it gets
     /// [`SessionEvent::Lagged`](crate::SessionEvent::Lagged) and catches up from the
-    /// replay buffer ([`SessionConfig::replay`]); use
+    /// replay buffer ([`SessionSpec::replay`]); use
     /// [`SessionHandle::subscribe_with_backpressure`] to see every event without one.
     pub fn subscribe(&self) -> EventStream<E> {
         self.subscribers
@@ -434,7 +417,7 @@ where
     /// Subscribes after event `seq` (a number a previous stream returned with
     /// [`EventStream::next_sequenced`]): the stream first yields, in order, the events
     /// numbered above `seq` that the session's replay buffer
-    /// ([`SessionConfig::replay`]) still holds, preceded by
+    /// ([`SessionSpec::replay`]) still holds, preceded by
     /// [`SessionEvent::Lagged`](crate::SessionEvent::Lagged) when some are gone, then
     /// continues live. `seq` 0 asks for everything still held.
     pub fn subscribe_after(

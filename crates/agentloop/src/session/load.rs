@@ -10,7 +10,7 @@
 use crate::agent::Agent;
 use crate::session::core::load::{check_resumable, finished, Finished};
 use crate::session::core::Core;
-use crate::session::SessionConfig;
+use crate::session::SessionSpec;
 use crate::store::{
     codec, now_ms, CasOutcome, CheckpointStore, LoadedRecord, Payload, SessionStatus, StatusKind,
     StoreError,
@@ -24,7 +24,7 @@ use crate::store::{
 pub(super) async fn load<A: Agent>(
     core: &mut Core<A>,
     store: &dyn CheckpointStore<A::Item>,
-    config: &SessionConfig,
+    config: &SessionSpec<A::Item>,
     preloaded: Option<LoadedRecord<A::Item>>,
 ) {
     // (The id moved into the core's configuration.)
@@ -72,7 +72,7 @@ pub(super) async fn load<A: Agent>(
         owner_beat,
         orphaned,
         now_ms(),
-        config.lease_timeout,
+        config.effective_lease_timeout(),
     ) {
         core.load_error = Some(Box::new(e));
         return;

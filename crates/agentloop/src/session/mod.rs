@@ -5,7 +5,8 @@
 //! code that moves an item), the actor shell around the core (`turn_loop`: the dispatch;
 //! `effects`: performing what the core returns; `load`: reading the record at start;
 //! `teardown`: the exit), `turn_task` (the task that runs agent code), `messages` (the
-//! public message type), `handle` (the typed async handle) and `config`. What a turn shares with its
+//! public message type), `handle` (the typed async handle), `spec` (what a session is) and `config` (the
+//! types of its options). What a turn shares with its
 //! session lives in `crate::turn`, the exit state in `crate::exit`, a push's answers in
 //! `crate::push`, the state handles read after the actor is gone in `crate::shared`.
 
@@ -22,6 +23,7 @@ mod load;
 mod loop_state;
 pub(crate) mod messages;
 mod settings;
+mod spec;
 mod teardown;
 mod turn_loop;
 mod turn_task;
@@ -32,11 +34,12 @@ pub use crate::exit::{
 pub use crate::turn::{Step, TurnCx};
 pub use answer::AnswerError;
 pub use config::{
-    validate_session_id, BufferBound, Durability, EndHook, SessionConfig, SessionIdError,
-    MAX_SESSION_ID_LEN,
+    validate_session_id, BufferBound, Durability, EndHook, SessionIdError, MAX_SESSION_ID_LEN,
 };
 pub use fork::ForkError;
 pub use handle::{BoundClient, SessionHandle};
 pub use keys::{KeptKey, KEPT_KEYS};
 pub use messages::{Internal, PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
 pub use settings::{RestartPolicy, SessionSettings};
+pub(crate) use spec::RunContext;
+pub use spec::SessionSpec;

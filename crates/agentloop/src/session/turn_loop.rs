@@ -22,7 +22,7 @@ use crate::session::effects::perform;
 use crate::session::load::load;
 use crate::session::loop_state::{internal, LoopState, Myself};
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
-use crate::session::SessionConfig;
+use crate::session::SessionSpec;
 use crate::shared::SessionShared;
 use crate::store::{CheckpointStore, LoadedRecord};
 
@@ -38,7 +38,7 @@ impl<A: Agent> Default for TurnLoop<A> {
 
 /// What a TurnLoop is started with.
 pub(crate) struct TurnLoopArgs<A: Agent> {
-    pub(crate) config: SessionConfig,
+    pub(crate) config: SessionSpec<A::Item>,
     pub(crate) agent: Arc<A>,
     pub(crate) store: Option<Arc<dyn CheckpointStore<A::Item>>>,
     pub(crate) shared: Arc<SessionShared<A::Item>>,
@@ -58,8 +58,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
         myself: ActorRef<Self::Msg>,
         args: TurnLoopArgs<A>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let span =
-            tracing::info_span!("session", id = %args.config.id, kind = %args.config.agent_kind);
+        let span = tracing::info_span!("session", id = %args.config.id, kind = %args.config.kind);
         let mut config = args.config;
         let core_config = CoreConfig::from_session(&mut config, args.store.is_some());
         let mut core = Core::new(core_config, args.shared);
@@ -70,7 +69,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
                 let _ = me.send_message(internal::<A>(InternalMsg::TurnProgress { turn }));
             }));
         }
-        if core.persists() && config.load_record {
+        if core.persists() && config.run.load_record {
             if let Some(store) = &args.store {
                 load(&mut core, &**store, &config, args.preloaded)
                     .instrument(span.clone())
@@ -90,7 +89,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             end_hooks: config.end_hooks,
             hook_timeout: config.hook_timeout,
             span,
-            metrics: config.metrics,
+            metrics: config.run.metrics,
         })
     }
 

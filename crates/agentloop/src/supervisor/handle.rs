@@ -11,10 +11,10 @@ use super::messages::{
     AttachMode, Attachment, BatchSpawn, ClosedGate, InternalMsg, SessionEnd, SessionSummary,
     SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
 };
-use super::spec::SessionSpec;
 use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
+use crate::session::SessionSpec;
 use crate::session::{
     validate_session_id, Durability, ExitReason, ExitState, PreemptAck, PushError, SessionHandle,
     SessionInfo,

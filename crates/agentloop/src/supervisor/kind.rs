@@ -4,7 +4,7 @@
 
 use super::error::SupervisorError;
 use crate::agent::Agent;
-use crate::session::{SessionConfig, SessionHandle};
+use crate::session::{SessionHandle, SessionSpec};
 use crate::store::CheckpointStore;
 use futures::future::BoxFuture;
 use ractor::ActorCell;
@@ -13,14 +13,13 @@ use std::sync::Arc;
 /// A registered agent kind: builds the agent from its serialized configuration and
 /// spawns its session. Implemented for closures by [`agent_kind`].
 pub trait AgentKind<I, E>: Send + Sync + 'static {
-    /// Builds the agent and spawns its session linked under `supervisor`.
+    /// Builds the agent from `spec.agent_config` and spawns the session `spec`
+    /// describes, linked under `supervisor`.
     fn spawn(
         &self,
-        config: SessionConfig,
-        agent_config: &[u8],
+        spec: SessionSpec<I>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         supervisor: ActorCell,
-        record: Option<crate::store::LoadedRecord<I>>,
     ) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>>;
 }
 
@@ -33,22 +32,17 @@ where
 {
     fn spawn(
         &self,
-        config: SessionConfig,
-        agent_config: &[u8],
+        spec: SessionSpec<A::Item>,
         store: Option<Arc<dyn CheckpointStore<A::Item>>>,
         supervisor: ActorCell,
-        record: Option<crate::store::LoadedRecord<A::Item>>,
     ) -> BoxFuture<'static, Result<SessionHandle<A::Item, A::Event>, SupervisorError>> {
-        let agent = (self.0)(agent_config).map_err(|reason| SupervisorError::BadConfig {
+        let agent = (self.0)(&spec.agent_config).map_err(|reason| SupervisorError::BadConfig {
             kind: self.1.clone(),
             reason,
         });
         Box::pin(async move {
             let agent = Arc::new(agent?);
-            Ok(
-                SessionHandle::spawn_linked_with_record(config, agent, store, supervisor, record)
-                    .await?,
-            )
+            Ok(SessionHandle::spawn_linked(spec, agent, store, supervisor).await?)
         })
     }
 }

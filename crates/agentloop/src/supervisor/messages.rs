@@ -4,9 +4,9 @@
 //! Plain data: the actor handles them.
 
 use super::error::{RoutedPushError, SupervisorError};
-use super::spec::SessionSpec;
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
+use crate::session::SessionSpec;
 use crate::session::{BoundClient, ExitState, PreemptAck, SessionHandle, SessionInfo};
 use crate::store::{CheckpointStore, SessionStatus};
 use ractor::RpcReplyPort;

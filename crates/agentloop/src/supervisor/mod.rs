@@ -18,7 +18,7 @@
 //! while a session restarts are delivered to it, not bounced. Past the budget the
 //! session stays ended `Failed` (its record is marked `Failed`) and leaves the registry.
 //!
-//! One concept a room: [`spec`](SessionSpec) (what to spawn), `kind` (agent kinds),
+//! One concept a room ([`SessionSpec`], what to spawn, is the session's own): `kind` (agent kinds),
 //! `args` (what a supervisor is built with and its bounds), `budget` (the restart
 //! budget and decision, pure), `messages`, `error`, `registry` (the sessions, their
 //! admission, start, end and restart), `directory` (the live incarnations its handles
@@ -35,10 +35,10 @@ mod kind;
 mod messages;
 mod registry;
 mod routing;
-mod spec;
 
 pub use crate::session::RestartPolicy;
 
+pub use crate::session::SessionSpec;
 pub use args::{SessionLimits, SupervisorArgs};
 pub use budget::RestartBudget;
 pub use error::{RoutedPushError, SupervisorError};
@@ -49,4 +49,3 @@ pub use messages::{
     AttachMode, Attachment, BatchSpawn, SessionEnd, SessionSummary, SubscribedSpawn,
     SupervisorInternal, SupervisorMsg, MAX_SPAWN_BATCH,
 };
-pub use spec::SessionSpec;

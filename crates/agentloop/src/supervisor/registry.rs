@@ -11,11 +11,10 @@ use super::error::gone;
 use super::error::SupervisorError;
 use super::kind::AgentKind;
 use super::messages::{SessionEnd, SupervisorMsg};
-use super::spec::SessionSpec;
 use crate::error::SessionError;
+use crate::session::SessionSpec;
 use crate::session::{
-    validate_session_id, Durability, ExitReason, ExitState, FailureKind, SessionConfig,
-    SessionHandle,
+    validate_session_id, Durability, ExitReason, ExitState, FailureKind, SessionHandle,
 };
 use crate::store::{CheckpointStore, SessionStatus, StatusKind};
 use futures::future::BoxFuture;
@@ -33,23 +32,15 @@ pub(super) const SPAWN_OVERLAP: usize = 32;
 /// A session's start, resolved but not begun: everything its agent kind needs.
 pub(super) struct Prepared<I, E> {
     pub(super) kind: Arc<dyn AgentKind<I, E>>,
-    pub(super) config: SessionConfig,
+    pub(super) spec: SessionSpec<I>,
     pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
     pub(super) supervisor: ActorCell,
-    pub(super) record: Option<crate::store::LoadedRecord<I>>,
 }
 
 impl<I: 'static, E: 'static> Prepared<I, E> {
     /// Begins the start: the kind builds the agent and spawns the session's actor.
     pub(super) fn start(self) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>> {
-        let agent_config = self.config.agent_config.clone();
-        self.kind.spawn(
-            self.config,
-            &agent_config,
-            self.store,
-            self.supervisor,
-            self.record,
-        )
+        self.kind.spawn(self.spec, self.store, self.supervisor)
     }
 }
 
@@ -99,30 +90,24 @@ where
     I: Clone + Send + Sync + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    pub(super) fn session_config(&self, spec: &SessionSpec<I>, load_record: bool) -> SessionConfig {
-        let mut config = SessionConfig::new(spec.id.clone())
-            .agent_kind(spec.kind.clone())
-            .persistent(spec.persist)
-            .durability(spec.durability)
-            .history(spec.history)
-            .replay(spec.replay);
-        config.load_record = load_record;
-        config.claim = spec.claim;
-        config.supervised = true;
-        config.agent_config = spec.agent_config.clone();
+    /// What one start of `spec`'s session takes: the spec's options, under this
+    /// supervisor's instance name, heartbeat, metrics and buffer limits.
+    pub(super) fn incarnation(&self, spec: &SessionSpec<I>, load_record: bool) -> SessionSpec<I> {
+        let mut run = spec.incarnation();
         if let Some(owner) = &self.owner {
-            config = config.owner(owner.clone());
+            run.owner = Some(owner.clone());
         }
-        if let Some(lease) = spec.lease_timeout {
-            config = config.lease_timeout(lease);
-        }
-        config.poll_interval = spec.poll_interval.unwrap_or(self.heartbeat);
-        config.own_poll_interval = spec.poll_interval;
-        config.restart = spec.restart;
-        config.subscribe_at_spawn = spec.subscribe;
-        config.metrics = self.metrics.clone();
-        config.buffer_bound = self.limits.buffer;
-        config
+        run.buffer_bound = Some(match run.buffer_bound {
+            Some(own) => own.min(self.limits.buffer),
+            None => self.limits.buffer,
+        });
+        run.run = crate::session::RunContext {
+            load_record,
+            supervised: true,
+            heartbeat: self.heartbeat,
+            metrics: self.metrics.clone(),
+        };
+        run
     }
 
     /// Checks a spawn request against the registry: a valid id, the gate open, the
@@ -258,17 +243,16 @@ where
         } else {
             None
         };
-        let config = self.session_config(&spec, load_record);
+        let mut run = self.incarnation(&spec, load_record);
         // Used once: a restart loads the record afresh, and its events go to those who
         // subscribe to the new incarnation.
-        let record = spec.preloaded.take().map(|r| *r);
+        run.preloaded = spec.preloaded.take();
         spec.subscribe = None;
         let start = Prepared {
             kind,
-            config,
+            spec: run,
             store,
             supervisor: myself.get_cell(),
-            record,
         };
         Ok((start, spec))
     }

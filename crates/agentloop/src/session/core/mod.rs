@@ -45,7 +45,7 @@ use crate::options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase}
 use crate::push::{PendingAck, PreemptAck, PushError, PushReply};
 use crate::session::info::SessionInfo;
 use crate::session::ledger::Ledger;
-use crate::session::{Durability, SessionConfig};
+use crate::session::{Durability, SessionSpec};
 use crate::shared::SessionShared;
 use crate::store::{Payload, RecordWrite, StoreError};
 use crate::turn::control::{Phase, StateSnap, TurnControl};
@@ -255,19 +255,19 @@ pub(crate) struct CoreConfig {
 
 impl CoreConfig {
     /// The core's part of a session's configuration (moved out of it, not copied).
-    pub(crate) fn from_session(config: &mut SessionConfig, has_store: bool) -> Self {
+    pub(crate) fn from_session<I>(config: &mut SessionSpec<I>, has_store: bool) -> Self {
         CoreConfig {
             id: std::mem::take(&mut config.id),
-            agent_kind: std::mem::take(&mut config.agent_kind),
+            agent_kind: std::mem::take(&mut config.kind),
             agent_config: std::mem::take(&mut config.agent_config),
             persist: config.persist && has_store,
             durability: config.durability,
             owner: config.owner.clone(),
-            poll_interval: config.poll_interval,
-            supervised: config.supervised,
+            poll_interval: config.effective_poll_interval(),
+            supervised: config.run.supervised,
             history: config.history,
-            settings: config.settings(),
-            buffer_bound: config.buffer_bound,
+            settings: config.recorded_settings(),
+            buffer_bound: config.buffer_bound.unwrap_or_default(),
         }
     }
 }
