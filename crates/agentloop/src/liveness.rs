@@ -1,22 +1,143 @@
-//! Why a by-id request found no live session although one is stored (issue 28): a
-//! session being recovered, resumed or waiting for its dead owner's lease is *not live
-//! yet* (retry, and when), one that stopped, ended or waits for an answer is *not
+//! Whose a stored record is, judged from its header and what the store said about its
+//! owner: whether this instance may resume it now ([`resumable`], S19: the one
+//! judgement a session's load, the runtime's start and the adoption sweep all use), and
+//! why a by-id request found no live session although one is stored ([`judge`], issue
+//! 28): a session being recovered, resumed or waiting for its dead owner's lease is *not
+//! live yet* (retry, and when), one that stopped, ended or waits for an answer is *not
 //! running* (what to do instead); only an id with nothing stored is unknown.
 //!
-//! This file is the judgement alone, a plain function of the stored header and what the
-//! store said about its owner, tested without a runtime. It reads nothing and touches
-//! nothing: the runtime handle reads the record and the owner's heartbeat when a push,
-//! stop, detach or subscription by id found no live session, and turns the answer into
-//! its error.
+//! This file is the judgements alone, plain functions tested without a runtime. It
+//! reads nothing and touches nothing: its callers read the record and the owner's
+//! heartbeat, and turn the answers into their errors, skips and retries.
 
 use std::time::Duration;
 
-use crate::store::lease::{is_fresh, last_seen};
+use crate::store::lease::is_fresh;
 use crate::store::{RecordHeader, SessionStatus};
 
 /// How soon to retry a session that is starting, ending or moving here or on a live
 /// node: a resume or a move takes well under this.
 pub const RETRY_SOON: Duration = Duration::from_secs(1);
+
+/// Whether an instance may resume a stored record now (S19).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Resumable {
+    /// Yes: nobody else holds it.
+    Now,
+    /// Yes, recovering it from `owner`, which is gone: its lease expired (`orphaned`
+    /// false), or the store proved its process gone (`orphaned`, issue 28).
+    Recover {
+        /// The former owner.
+        owner: String,
+        /// How long ago the owner was last seen.
+        age: Duration,
+        /// Whether the store proved the owner gone (no lease was waited for).
+        orphaned: bool,
+    },
+    /// Not yet: it is `Running` under `owner`, whose lease is fresh; it expires in
+    /// `left` if that process is gone.
+    Held {
+        /// The owner holding it.
+        owner: String,
+        /// How long ago the owner was last seen.
+        age: Duration,
+        /// How long until its lease expires.
+        left: Duration,
+    },
+    /// Not by itself: canceled, failed, or waiting for an answer; `why` says which and
+    /// what to do.
+    Never {
+        /// Why, and what to do.
+        why: String,
+    },
+}
+
+/// The one judgement of S19: a record may be resumed by instance `me` unless it is
+/// `Canceled`, `Failed`, `Stopped` waiting for an answer, or `Running` under another
+/// owner that holds it ([`holder`]: a fresh heartbeat); a record this instance owns,
+/// one with no owner and one whose owner the store proved gone (`orphaned`) are
+/// resumable at once.
+pub(crate) fn resumable(
+    h: &RecordHeader,
+    me: Option<&str>,
+    owner_beat: Option<u64>,
+    orphaned: bool,
+    now_ms: u64,
+    lease_timeout: Duration,
+) -> Resumable {
+    match &h.status {
+        SessionStatus::Canceled => Resumable::Never {
+            why: "it was canceled".into(),
+        },
+        SessionStatus::Failed(e) => Resumable::Never {
+            why: format!("it failed: {e}"),
+        },
+        SessionStatus::Stopped if h.awaiting_answer && h.answer.is_none() => {
+            let reason = h.interrupt.as_ref().map_or("", |i| i.reason.as_str());
+            Resumable::Never {
+                why: format!(
+                    "it waits for an answer to its interrupt ({reason:?}); answer it with \
+                     resume_with_answer (the record is kept)"
+                ),
+            }
+        }
+        SessionStatus::Running => {
+            let Some(owner) = h.owner.as_deref().filter(|o| Some(*o) != me) else {
+                return Resumable::Now;
+            };
+            match holder(h, me, owner_beat, orphaned, now_ms, lease_timeout) {
+                Some(Holder { owner, age, left }) => Resumable::Held { owner, age, left },
+                None => Resumable::Recover {
+                    owner: owner.to_string(),
+                    age: Duration::from_millis(
+                        now_ms.saturating_sub(owner_beat.unwrap_or(h.heartbeat_ms)),
+                    ),
+                    orphaned,
+                },
+            }
+        }
+        SessionStatus::Stopped | SessionStatus::Interrupted | SessionStatus::Completed => {
+            Resumable::Now
+        }
+    }
+}
+
+/// Another instance that holds a record: its lease is fresh.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    /// The owner.
+    pub(crate) owner: String,
+    /// How long ago it was last seen.
+    pub(crate) age: Duration,
+    /// How long until its lease expires.
+    pub(crate) left: Duration,
+}
+
+/// The instance other than `me` that holds record `h` (whatever its status), if any:
+/// one whose heartbeat is fresher than the lease timeout (S19: its instance heartbeat
+/// `owner_beat`, or the record's own heartbeat where the store keeps none), and that
+/// the store did not prove gone (`orphaned`). The adoption sweep leaves a record
+/// alone while it has a holder; [`resumable`] waits for a `Running` record's.
+pub(crate) fn holder(
+    h: &RecordHeader,
+    me: Option<&str>,
+    owner_beat: Option<u64>,
+    orphaned: bool,
+    now_ms: u64,
+    lease_timeout: Duration,
+) -> Option<Holder> {
+    let owner = h.owner.as_deref().filter(|o| Some(*o) != me)?;
+    let seen = owner_beat.unwrap_or(h.heartbeat_ms);
+    if orphaned || !is_fresh(seen, now_ms, lease_timeout) {
+        return None;
+    }
+    let age = Duration::from_millis(now_ms.saturating_sub(seen));
+    Some(Holder {
+        owner: owner.to_string(),
+        age,
+        left: lease_timeout.saturating_sub(age),
+    })
+}
 
 /// Why a stored session is not live where a request looked for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,13 +187,16 @@ pub struct Looker<'a> {
 /// whether the store proved the owner gone ([`crate::CheckpointStore::orphaned`]).
 pub fn judge(h: &RecordHeader, owner_beat: Option<u64>, orphaned: bool, at: Looker<'_>) -> Absence {
     let owner = h.owner.as_deref();
-    let seen = last_seen(h, owner_beat.unwrap_or(0));
-    let owner_live = owner
-        .is_some_and(|o| o == at.me || (!orphaned && is_fresh(seen, at.now_ms, at.lease_timeout)));
-    let left = || {
-        let age = Duration::from_millis(at.now_ms.saturating_sub(seen));
-        at.lease_timeout.saturating_sub(age)
-    };
+    let held = holder(
+        h,
+        Some(at.me),
+        owner_beat,
+        orphaned,
+        at.now_ms,
+        at.lease_timeout,
+    );
+    let owner_live = owner == Some(at.me) || held.is_some();
+    let left = || held.as_ref().map_or(Duration::ZERO, |x| x.left);
     match &h.status {
         SessionStatus::Running => match owner {
             Some(o) if o == at.me => Absence::NotLive {
@@ -146,6 +270,100 @@ mod tests {
     use super::*;
 
     const NOW: u64 = 1_000_000;
+    const LEASE: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn resumable_refuses_what_never_resumes_by_itself() {
+        for status in [
+            SessionStatus::Canceled,
+            SessionStatus::Failed("boom".into()),
+        ] {
+            let h = header(status, None, NOW);
+            assert!(matches!(
+                resumable(&h, Some("me"), None, false, NOW, LEASE),
+                Resumable::Never { .. }
+            ));
+        }
+        let mut h = header(SessionStatus::Stopped, None, NOW);
+        h.awaiting_answer = true;
+        let Resumable::Never { why } = resumable(&h, Some("me"), None, false, NOW, LEASE) else {
+            panic!("a record waiting for an answer is not resumed");
+        };
+        assert!(why.contains("resume_with_answer"), "{why}");
+        for status in [
+            SessionStatus::Stopped,
+            SessionStatus::Interrupted,
+            SessionStatus::Completed,
+        ] {
+            let h = header(status, Some("other"), NOW);
+            assert_eq!(
+                resumable(&h, Some("me"), None, false, NOW, LEASE),
+                Resumable::Now
+            );
+        }
+    }
+
+    #[test]
+    fn resumable_waits_for_a_fresh_owner_and_recovers_a_stale_or_orphaned_one() {
+        // Own records and ownerless ones: at once.
+        let h = header(SessionStatus::Running, Some("me"), NOW);
+        assert_eq!(
+            resumable(&h, Some("me"), None, false, NOW, LEASE),
+            Resumable::Now
+        );
+        let h = header(SessionStatus::Running, None, NOW);
+        assert_eq!(
+            resumable(&h, Some("me"), None, false, NOW, LEASE),
+            Resumable::Now
+        );
+        // Another owner seen 4 s ago under a 30 s lease: held for 26 s more.
+        let h = header(SessionStatus::Running, Some("old"), NOW - 40_000);
+        assert_eq!(
+            resumable(&h, Some("me"), Some(NOW - 4_000), false, NOW, LEASE),
+            Resumable::Held {
+                owner: "old".into(),
+                age: Duration::from_secs(4),
+                left: Duration::from_secs(26),
+            }
+        );
+        // Proved gone by the store: at once, whatever its lease says.
+        assert!(matches!(
+            resumable(&h, Some("me"), Some(NOW - 4_000), true, NOW, LEASE),
+            Resumable::Recover { orphaned: true, .. }
+        ));
+        // Stale: recovered.
+        assert!(matches!(
+            resumable(&h, Some("me"), Some(NOW - 31_000), false, NOW, LEASE),
+            Resumable::Recover {
+                orphaned: false,
+                ..
+            }
+        ));
+    }
+
+    /// S19 judges the owner by its instance heartbeat (one beat per instance, not a
+    /// write per session): a record written after a beat that went stale does not hold
+    /// it (the adoption sweep once counted from the record's write, the session's load
+    /// and the runtime's start from the beat). Where the store keeps no instance
+    /// heartbeat, the record's own heartbeat decides.
+    #[test]
+    fn resumable_judges_the_owner_by_its_heartbeat() {
+        let mut h = header(SessionStatus::Running, Some("old"), NOW - 40_000);
+        h.updated_at_ms = NOW - 5_000;
+        assert!(matches!(
+            resumable(&h, Some("me"), Some(NOW - 40_000), false, NOW, LEASE),
+            Resumable::Recover {
+                orphaned: false,
+                ..
+            }
+        ));
+        assert!(holder(&h, Some("me"), Some(NOW - 40_000), false, NOW, LEASE).is_none());
+        h.heartbeat_ms = NOW - 5_000;
+        assert!(matches!(
+            resumable(&h, Some("me"), None, false, NOW, LEASE),
+            Resumable::Held { .. }
+        ));
+    }
 
     fn header(status: SessionStatus, owner: Option<&str>, beat: u64) -> RecordHeader {
         RecordHeader {

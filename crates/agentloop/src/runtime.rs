@@ -20,13 +20,14 @@ use crate::cluster::adopt::{should_adopt, Membership, Sweeper};
 use crate::cluster::rebalance::{Rebalance, Rebalancer};
 use crate::config::{ConfigError, RuntimeConfig, ShutdownConfig};
 use crate::error::SpawnError;
+use crate::liveness::{holder, resumable, Resumable};
 use crate::options::StopOptions;
 use crate::session::{Durability, ExitState};
 use crate::shutdown::{
     builtin_strategies, CleanupHook, CoordinatorArgs, LogFlush, ShutdownHandle, ShutdownReport,
     ShutdownStrategy,
 };
-use crate::store::lease::{is_fresh, DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
+use crate::store::lease::{DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
 use crate::store::{
     now_ms, CheckpointActor, CheckpointClient, CheckpointStore, Engine, InstanceLease,
     SessionStatus, StatusKind, StoreError,
@@ -514,30 +515,40 @@ where
             }
             if h.status == SessionStatus::Running {
                 if let Some(owner) = h.owner.as_deref().filter(|o| *o != self.instance) {
-                    let beat = store.heartbeat(owner).await?.unwrap_or(h.heartbeat_ms);
-                    let now = now_ms();
+                    let beat = store.heartbeat(owner).await?;
                     // An exclusive store proves a previous process's owner gone: its
                     // sessions are recovered at once, not after its lease (issue 28).
-                    let orphaned = store.orphaned(owner, crate::store::lease::last_seen(h, beat));
-                    if orphaned {
-                        tracing::info!(session = %h.session_id, owner,
-                            "recovering a session of a process that held this data directory before");
-                    } else if is_fresh(beat, now, self.lease_timeout) {
-                        let ago = Duration::from_millis(now.saturating_sub(beat));
-                        let left = self.lease_timeout.saturating_sub(ago);
-                        report.skipped.push((
-                            h.session_id.clone(),
-                            format!(
-                                "owned by instance `{owner}`, whose last heartbeat was {} ago; \
-                                 its lease expires in {} (lease_timeout {}): if that process \
-                                 is still running, it keeps the session; if it is gone, start \
-                                 again after that and the session is recovered",
-                                crate::config::format_duration(ago),
-                                crate::config::format_duration(left),
-                                crate::config::format_duration(self.lease_timeout),
-                            ),
-                        ));
-                        continue;
+                    let seen = crate::store::lease::last_seen(h, beat.unwrap_or(0));
+                    let orphaned = store.orphaned(owner, seen);
+                    // S19, judged as the session's load judges it.
+                    match resumable(
+                        h,
+                        Some(&self.instance),
+                        beat,
+                        orphaned,
+                        now_ms(),
+                        self.lease_timeout,
+                    ) {
+                        Resumable::Recover { orphaned: true, .. } => {
+                            tracing::info!(session = %h.session_id, owner,
+                                "recovering a session of a process that held this data directory before");
+                        }
+                        Resumable::Held { age, left, .. } => {
+                            report.skipped.push((
+                                h.session_id.clone(),
+                                format!(
+                                    "owned by instance `{owner}`, last seen {} ago; its lease \
+                                     expires in {} (lease_timeout {}): if that process is \
+                                     still running, it keeps the session; if it is gone, start \
+                                     again after that and the session is recovered",
+                                    crate::config::format_duration(age),
+                                    crate::config::format_duration(left),
+                                    crate::config::format_duration(self.lease_timeout),
+                                ),
+                            ));
+                            continue;
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -662,7 +673,7 @@ where
                     if !node {
                         if let Some(owner) = h.owner.as_deref() {
                             let beat = match store.heartbeat(owner).await {
-                                Ok(b) => b.unwrap_or(0),
+                                Ok(b) => b,
                                 Err(e) => {
                                     tracing::warn!(error = %e, session = %h.session_id,
                                         "cannot read the owner's heartbeat; the next sweep retries");
@@ -670,10 +681,11 @@ where
                                     continue;
                                 }
                             };
-                            // Its record may have been written after the owner's
-                            // last beat: sweep again next beat, not in 30.
-                            let seen = crate::store::lease::last_seen(h, beat);
-                            if is_fresh(seen, now_ms(), lease_timeout) {
+                            // S19: the owner's lease, counted as the session's load
+                            // counts it. Its record may have been written after the
+                            // owner's last beat: sweep again next beat, not in 30.
+                            if holder(h, Some(&me), beat, false, now_ms(), lease_timeout).is_some()
+                            {
                                 sweeper.retry();
                                 continue;
                             }

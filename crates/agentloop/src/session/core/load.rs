@@ -6,16 +6,15 @@
 use std::time::Duration;
 
 use crate::agent::Agent;
+use crate::liveness::{resumable, Resumable};
 use crate::session::core::{Answer, Core};
-use crate::store::{lease, LoadedRecord, Payload, RecordHeader, SessionStatus, StoreError};
+use crate::store::{LoadedRecord, Payload, RecordHeader, SessionStatus, StoreError};
 use crate::turn::control::StateSnap;
 
-/// S19: a record may be resumed unless it is `Canceled`, `Failed`, or `Running` under
-/// another live owner (fresh heartbeat). A `Running` record whose owner's heartbeat is
-/// stale (the process died) is recoverable, and so is one this instance owns, and one
-/// whose owner the store proved gone (`orphaned`: an exclusive store another process
-/// held before, issue 28). `owner_beat` is the owner's instance heartbeat, if any is
-/// stored.
+/// S19 for a session starting on a record: [`crate::liveness::resumable`]'s judgement
+/// (the one the runtime's start and the adoption sweep use too), as the error a refused
+/// start keeps. `owner_beat` is the owner's instance heartbeat, if any is stored;
+/// `orphaned` whether the store proved the owner gone (issue 28).
 pub(crate) fn check_resumable(
     header: &RecordHeader,
     me: Option<&str>,
@@ -29,48 +28,35 @@ pub(crate) fn check_resumable(
         status: header.status.to_string(),
         why,
     };
-    match &header.status {
-        SessionStatus::Canceled => Err(refuse("it was canceled".into())),
-        SessionStatus::Failed(e) => Err(refuse(format!("it failed: {e}"))),
-        SessionStatus::Running => {
-            let Some(owner) = header.owner.as_deref() else {
-                return Ok(()); // no owner recorded: nothing can hold it
-            };
-            if me == Some(owner) {
-                return Ok(());
-            }
-            if orphaned {
-                // The store proved the owner gone (an exclusive store another process
-                // held before this one, issue 28): no lease to wait for.
-                tracing::info!(owner, "recovering a session whose owner's process is gone");
-                return Ok(());
-            }
-            let beat = owner_beat.unwrap_or(header.heartbeat_ms);
-            let age_ms = now_ms.saturating_sub(beat);
-            if lease::is_fresh(beat, now_ms, lease_timeout) {
-                Err(refuse(format!(
-                    "it is running on instance `{owner}`, whose heartbeat is {age_ms} ms old \
-                     (fresh under the {} ms lease); stop it there, or wait for the lease to \
-                     expire if that process is gone",
-                    lease_timeout.as_millis()
-                )))
-            } else {
-                tracing::info!(
-                    owner,
-                    age_ms,
-                    "recovering a session whose owner's heartbeat is stale"
-                );
-                Ok(())
-            }
+    match resumable(header, me, owner_beat, orphaned, now_ms, lease_timeout) {
+        Resumable::Now => Ok(()),
+        Resumable::Recover {
+            owner,
+            age,
+            orphaned: true,
+        } => {
+            tracing::info!(
+                owner,
+                age_ms = age.as_millis() as u64,
+                "recovering a session whose owner's process is gone"
+            );
+            Ok(())
         }
-        SessionStatus::Stopped if header.awaiting_answer && header.answer.is_none() => {
-            let reason = header.interrupt.as_ref().map_or("", |i| i.reason.as_str());
-            Err(refuse(format!(
-                "it waits for an answer to its interrupt ({reason:?}); answer it with \
-                 resume_with_answer (the record is kept)"
-            )))
+        Resumable::Recover { owner, age, .. } => {
+            tracing::info!(
+                owner,
+                age_ms = age.as_millis() as u64,
+                "recovering a session whose owner's heartbeat is stale"
+            );
+            Ok(())
         }
-        SessionStatus::Stopped | SessionStatus::Interrupted | SessionStatus::Completed => Ok(()),
+        Resumable::Held { owner, age, .. } => Err(refuse(format!(
+            "it is running on instance `{owner}`, last seen {} ms ago (fresh under the {} ms \
+             lease); stop it there, or wait for the lease to expire if that process is gone",
+            age.as_millis(),
+            lease_timeout.as_millis()
+        ))),
+        Resumable::Never { why } => Err(refuse(why)),
     }
 }
 
