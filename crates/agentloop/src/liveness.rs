@@ -1,5 +1,5 @@
 //! Whose a stored record is, judged from its header and what the store said about its
-//! owner: whether this instance may resume it now ([`resumable`], S19: the one
+//! owner: whether this instance may resume it now (`resumable`, S19: the one
 //! judgement a session's load, the runtime's start and the adoption sweep all use), and
 //! why a by-id request found no live session although one is stored ([`judge`], issue
 //! 28): a session being recovered, resumed or waiting for its dead owner's lease is *not
