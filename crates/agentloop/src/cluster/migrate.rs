@@ -18,9 +18,7 @@ use serde::Serialize;
 use crate::cluster::moving::Moving;
 use crate::options::StopOptions;
 use crate::runtime_handle::RuntimeHandle;
-use crate::store::{
-    now_ms, RecordWrite, SessionStatus, StateChange, StoreError, Stored, WriteCondition,
-};
+use crate::store::{now_ms, RecordWrite, SessionStatus, StoreError, Stored};
 
 /// Opens every gate a `migrate` shutdown held, whichever way its hand-over returns.
 struct ReleaseAll<'a>(&'a Moving);
@@ -106,20 +104,12 @@ pub struct Moved {
 /// The write that hands a stopped session's lease to node `to`: owner `to`, the next
 /// epoch, `Interrupted`, conditioned on the version read (a concurrent change wins).
 fn hand_over(header: &crate::store::RecordHeader, to: &str) -> RecordWrite {
-    let mut h = header.clone();
-    h.owner = Some(to.to_string());
-    h.status = SessionStatus::Interrupted;
-    h.lease_epoch += 1;
-    h.heartbeat_ms = now_ms();
-    h.updated_at_ms = h.heartbeat_ms;
-    RecordWrite {
-        header: h,
-        items: Vec::new(),
-        state: StateChange::Keep,
-        replace: false,
-        condition: WriteCondition::AtVersion(header.version),
-        history: None,
-    }
+    crate::store::transition::hand_over(
+        header,
+        Some(to.to_string()),
+        SessionStatus::Interrupted,
+        now_ms(),
+    )
 }
 
 /// Hands a stopped session's record to node `to` (one compare-and-swap write);

@@ -14,12 +14,10 @@
 //! This module owns that read-check-write and the answer's errors; it spawns nothing
 //! and decides nothing about turns (the handle, the supervisor and the runtime spawn).
 
+use crate::store::transition::hand_over;
 use std::fmt;
 
-use crate::store::{
-    codec, now_ms, CheckpointStore, LoadedRecord, RecordWrite, SessionStatus, StateChange,
-    StoreError, WriteCondition,
-};
+use crate::store::{codec, now_ms, CheckpointStore, LoadedRecord, SessionStatus, StoreError};
 
 /// An answer that was not given. The answer always comes back, and nothing in the
 /// record changed unless the variant says so.
@@ -214,23 +212,15 @@ where
         }
     }
     let read_version = h.version;
-    let mut header = h.clone();
-    let now = now_ms();
-    header.status = SessionStatus::Running;
-    header.owner = owner.map(str::to_string);
-    header.lease_epoch += 1;
-    header.heartbeat_ms = now;
-    header.updated_at_ms = now;
-    header.awaiting_answer = false;
-    header.answer = Some(serde_bytes::ByteBuf::from(bytes));
-    let write = RecordWrite {
-        header: header.clone(),
-        items: Vec::new(),
-        state: StateChange::Keep,
-        replace: false,
-        condition: WriteCondition::AtVersion(read_version),
-        history: None,
-    };
+    let mut write = hand_over(
+        h,
+        owner.map(str::to_string),
+        SessionStatus::Running,
+        now_ms(),
+    );
+    write.header.awaiting_answer = false;
+    write.header.answer = Some(serde_bytes::ByteBuf::from(bytes));
+    let mut header = write.header.clone();
     if let Err(error) = store.write(write).await {
         return Err(match error {
             StoreError::Changed { .. } => AnswerError::NotAwaiting {

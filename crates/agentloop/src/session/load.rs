@@ -11,9 +11,10 @@ use crate::agent::Agent;
 use crate::session::core::load::{check_resumable, finished, Finished};
 use crate::session::core::Core;
 use crate::session::SessionSpec;
+use crate::store::transition::hand_over;
+use crate::store::transition::StatusChange;
 use crate::store::{
-    codec, now_ms, CasOutcome, CheckpointStore, LoadedRecord, Payload, SessionStatus, StatusKind,
-    StoreError,
+    codec, now_ms, CasOutcome, CheckpointStore, LoadedRecord, Payload, SessionStatus, StoreError,
 };
 
 /// Reads the record (or takes the one the spawner read) and seeds the core (S17).
@@ -93,27 +94,21 @@ pub(super) async fn load<A: Agent>(
             }
             return;
         }
-        Some(Finished::Reopen) => {
-            match store
-                .cas_status(&id, vec![StatusKind::Completed], SessionStatus::Stopped)
-                .await
-            {
-                Ok(CasOutcome::Swapped(_)) => {}
-                Ok(other) => {
-                    core.load_error = Some(Box::new(StoreError::Refused {
-                        session: id.clone(),
-                        status: format!("{other:?}"),
-                        why: "its Completed record changed while it was loaded; spawn it again"
-                            .into(),
-                    }));
-                    return;
-                }
-                Err(e) => {
-                    core.load_error = Some(Box::new(e));
-                    return;
-                }
+        Some(Finished::Reopen) => match StatusChange::Reopened.apply(store, &id).await {
+            Ok(CasOutcome::Swapped(_)) => {}
+            Ok(other) => {
+                core.load_error = Some(Box::new(StoreError::Refused {
+                    session: id.clone(),
+                    status: format!("{other:?}"),
+                    why: "its Completed record changed while it was loaded; spawn it again".into(),
+                }));
+                return;
             }
-        }
+            Err(e) => {
+                core.load_error = Some(Box::new(e));
+                return;
+            }
+        },
         None => {}
     }
     // The cut turn's state, decoded for the resume turn; its bytes kept for writes
@@ -162,20 +157,8 @@ async fn claim<I: 'static>(
     header: &mut crate::store::RecordHeader,
     owner: Option<String>,
 ) -> Result<(), StoreError> {
-    let mut claimed = header.clone();
-    claimed.owner = owner;
-    claimed.status = SessionStatus::Running;
-    claimed.lease_epoch += 1;
-    claimed.heartbeat_ms = now_ms();
-    claimed.updated_at_ms = claimed.heartbeat_ms;
-    let write = crate::store::RecordWrite {
-        header: claimed.clone(),
-        items: Vec::new(),
-        state: crate::store::StateChange::Keep,
-        replace: false,
-        condition: crate::store::WriteCondition::AtVersion(header.version),
-        history: None,
-    };
+    let write = hand_over(header, owner, SessionStatus::Running, now_ms());
+    let mut claimed = write.header.clone();
     match store.write(write).await {
         Ok(()) => {
             claimed.version = header.version + 1;

@@ -7,6 +7,7 @@
 //! `Interrupted` from its last durable state. It never runs agent code and never
 //! decides the order of phases (the strategy does).
 
+use crate::store::transition::StatusChange;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -16,7 +17,7 @@ use tokio::time::Instant;
 use crate::config::ShutdownConfig;
 use crate::options::StopOptions;
 use crate::session::{CheckpointOutcome, Durability, ExitState, TurnLoopMsg};
-use crate::store::{CasOutcome, CheckpointStore, SessionRecord, SessionStatus, StatusKind};
+use crate::store::{CasOutcome, CheckpointStore, SessionRecord, SessionStatus};
 use crate::supervisor::GateMember;
 
 use super::strategy::{Phases, Tally, SHUTDOWN_CAUSE};
@@ -164,13 +165,7 @@ where
         };
         let id = spec.id.clone();
         if spec.durability == Durability::Sync {
-            let cas = store
-                .cas_status(
-                    &id,
-                    vec![StatusKind::Running, StatusKind::Stopped],
-                    SessionStatus::Interrupted,
-                )
-                .await;
+            let cas = StatusChange::KilledByShutdown.apply(&*store, &id).await;
             match cas {
                 Ok(CasOutcome::Swapped(_) | CasOutcome::Mismatch(SessionStatus::Interrupted)) => {
                     match store.load(&id).await {

@@ -27,6 +27,7 @@ pub mod sled;
 mod status;
 pub mod table;
 pub mod transfer;
+pub(crate) mod transition;
 pub mod wave;
 pub mod write;
 

@@ -18,7 +18,8 @@ use super::routing::route_push;
 use crate::error::SessionError;
 use crate::options::StopOptions;
 use crate::session::SessionHandle;
-use crate::store::{CheckpointStore, SessionStatus, StatusKind};
+use crate::store::transition::StatusChange;
+use crate::store::{CheckpointStore, SessionStatus};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -364,7 +365,8 @@ where
 {
     let outcome = match &store {
         Some(s) => Some(
-            s.cas_status(&id, vec![StatusKind::Running], SessionStatus::Canceled)
+            StatusChange::CanceledById
+                .apply(&**s, &id)
                 .await
                 .map_err(|e| SupervisorError::Session(SessionError::Store(e)))?,
         ),

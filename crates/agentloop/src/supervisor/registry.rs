@@ -16,7 +16,8 @@ use crate::session::SessionSpec;
 use crate::session::{
     validate_session_id, Durability, ExitReason, ExitState, FailureKind, SessionHandle,
 };
-use crate::store::{CheckpointStore, SessionStatus, StatusKind};
+use crate::store::transition::StatusChange;
+use crate::store::CheckpointStore;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use ractor::{ActorCell, ActorId, ActorRef, RpcReplyPort};
@@ -421,16 +422,8 @@ where
     /// Past the budget: the record says `Failed` with the error (S26).
     pub(super) async fn mark_failed(&self, id: &str, error: &str) {
         if let Some(store) = &self.store {
-            let r = store
-                .cas_status(
-                    id,
-                    vec![
-                        StatusKind::Running,
-                        StatusKind::Stopped,
-                        StatusKind::Interrupted,
-                    ],
-                    SessionStatus::Failed(error.to_string()),
-                )
+            let r = StatusChange::FailedPastBudget(error.to_string())
+                .apply(&**store, id)
                 .await;
             if let Err(e) = r {
                 tracing::error!(session = id, error = %e, "could not mark the record Failed");

@@ -13,6 +13,10 @@
 //! | ended by a stop, an interrupt or a shutdown with something to resume (or by a shutdown at all, S27), no skip | saved `Stopped` / `Interrupted`, never over a final record |
 //! | otherwise (clean end, idle, skip) | deleted |
 //!
+//! Every other status write (past the restart budget, a cancel by id, a session killed
+//! by a shutdown, a reopen, and the lease hand-overs of a claim, an answer and a
+//! migration) is in the one table beside it, `store/transition.rs`.
+//!
 //! This file never moves an item between places: it reads the placement.
 
 use crate::agent::Agent;
