@@ -249,9 +249,14 @@ where
     strategy.before_gate().await;
     let gate = args.supervisor.close_gate().await;
     let gate_took = started.elapsed();
-    let (members, late_at_gate, owner) = match gate {
-        Some(g) => (g.sessions, Some(g.late), g.owner),
-        None => (Vec::new(), None, None),
+    let (members, late_at_gate, owner, ends) = match gate {
+        Some(g) => (g.sessions, Some(g.late), g.owner, g.ends),
+        None => (
+            Vec::new(),
+            None,
+            None,
+            tokio::sync::mpsc::unbounded_channel().1,
+        ),
     };
 
     // 2-3. The strategy's phases; anything it leaves alive is forced.
@@ -260,6 +265,7 @@ where
         args.store.clone(),
         owner,
         members,
+        ends,
         force.clone(),
     );
     let mut cx = ShutdownCx {

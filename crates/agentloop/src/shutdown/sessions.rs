@@ -2,12 +2,14 @@
 //! and the records of the ones that had to be killed (DESIGN S27).
 //!
 //! It owns the grace and force mechanics behind [`ShutdownCx`](super::ShutdownCx):
-//! stops are sent in-band (never ractor's `stop`), each session's end is awaited by
-//! its own small task, and a kill is followed by marking the session's record
-//! `Interrupted` from its last durable state. It never runs agent code and never
+//! stops are sent in-band (never ractor's `stop`), each session's end is read from the
+//! supervisor's feed of session ends (the one feed, opened with the drain gate), and a
+//! kill is followed by marking the session's record `Interrupted` from its last
+//! durable state. It never runs agent code and never
 //! decides the order of phases (the strategy does).
 
 use crate::store::transition::StatusChange;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -18,7 +20,7 @@ use crate::config::ShutdownConfig;
 use crate::options::StopOptions;
 use crate::session::{CheckpointOutcome, Durability, ExitState, TurnLoopMsg};
 use crate::store::{CasOutcome, CheckpointStore, SessionRecord, SessionStatus};
-use crate::supervisor::GateMember;
+use crate::supervisor::{GateMember, SessionEnd};
 
 use super::strategy::{Phases, Tally, SHUTDOWN_CAUSE};
 
@@ -41,7 +43,10 @@ pub(crate) struct SessionSet<I, E> {
     store: Option<Arc<dyn CheckpointStore<I>>>,
     owner: Option<String>,
     members: Vec<Member<I, E>>,
-    exits: mpsc::UnboundedReceiver<(usize, ExitState<I>)>,
+    /// Each member's place in `members`, by id.
+    index: HashMap<String, usize>,
+    /// The supervisor's feed of session ends.
+    ends: mpsc::UnboundedReceiver<SessionEnd<I>>,
     force: watch::Receiver<bool>,
     live: usize,
     /// The phase an exit received now is counted in.
@@ -54,21 +59,21 @@ where
     I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    /// Starts watching every member's end.
+    /// The sessions `members`, whose ends arrive on `ends` (the supervisor's feed,
+    /// opened with the gate that named them).
     pub(crate) fn new(
         config: ShutdownConfig,
         store: Option<Arc<dyn CheckpointStore<I>>>,
         owner: Option<String>,
         members: Vec<GateMember<I, E>>,
+        ends: mpsc::UnboundedReceiver<SessionEnd<I>>,
         force: watch::Receiver<bool>,
     ) -> Self {
-        let (tx, exits) = mpsc::unbounded_channel();
-        for (i, m) in members.iter().enumerate() {
-            let (h, tx) = (m.handle.clone(), tx.clone());
-            tokio::spawn(async move {
-                let _ = tx.send((i, h.wait().await));
-            });
-        }
+        let index = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (m.spec.id.clone(), i))
+            .collect();
         let live = members.len();
         SessionSet {
             config,
@@ -82,7 +87,8 @@ where
                 .into_iter()
                 .map(|m| Member { m, fate: None })
                 .collect(),
-            exits,
+            index,
+            ends,
             force,
             live,
             phase: Fate::Grace,
@@ -108,8 +114,8 @@ where
                 return;
             }
             tokio::select! {
-                got = self.exits.recv() => match got {
-                    Some((i, exit)) => self.ended(i, exit).await,
+                got = self.ends.recv() => match got {
+                    Some(end) => self.ended(end).await,
                     None => return,
                 },
                 _ = tokio::time::sleep_until(deadline) => return,
@@ -120,7 +126,13 @@ where
     }
 
     /// One session ended: count it in the current phase and account for its items.
-    async fn ended(&mut self, i: usize, exit: ExitState<I>) {
+    /// (An end of a session that was not a member, e.g. one that ended as the gate
+    /// closed, is not this shutdown's.)
+    async fn ended(&mut self, end: SessionEnd<I>) {
+        let Some(&i) = self.index.get(&end.id) else {
+            return;
+        };
+        let exit = end.exit;
         if self.members[i].fate.is_some() {
             return;
         }
@@ -230,8 +242,8 @@ where
 
     async fn run_force(&mut self) {
         // Exits already waiting were reached before force: they count where they were.
-        while let Ok((i, exit)) = self.exits.try_recv() {
-            self.ended(i, exit).await;
+        while let Ok(end) = self.ends.try_recv() {
+            self.ended(end).await;
         }
         if self.live == 0 {
             return;

@@ -210,10 +210,15 @@ where
                     .collect();
                 sessions.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
                 tracing::info!(sessions = sessions.len(), "drain gate closed");
+                // Opened in the same message as the members are taken: each of them
+                // leaves the registry after this, and is reported on it then.
+                let (feed, ends) = tokio::sync::mpsc::unbounded_channel();
+                st.watchers.push(feed);
                 let _ = reply.send(ClosedGate {
                     sessions,
                     late: st.directory.gate_late(),
                     owner: st.owner.clone(),
+                    ends,
                 });
             }
             SupervisorMsg::WatchEnds { feed } => st.watchers.push(feed),

@@ -246,6 +246,11 @@ pub(crate) struct ClosedGate<I, E> {
     pub late: Arc<AtomicU64>,
     /// The runtime instance that owns the sessions.
     pub owner: Option<String>,
+    /// The supervisor's feed of session ends, opened with the gate: every one of
+    /// `sessions` is reported on it when it leaves the registry (the one feed of ends
+    /// the shutdown and [`SupervisorHandle::session_ends`](crate::SupervisorHandle::session_ends)
+    /// share).
+    pub ends: mpsc::UnboundedReceiver<SessionEnd<I>>,
 }
 
 /// Internal: a push to retry on the new incarnation.
