@@ -396,6 +396,15 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
 
 /// An agent whose turn is ten 10 ms steps: a safe point every 10 ms (C2's busy session).
 fn busy_node_agent(name: &'static str, turns: Turns) -> impl Fn(&[u8]) -> Result<SimAgent, String> {
+    gated_busy_node_agent(name, turns, None)
+}
+
+/// [`busy_node_agent`] whose steps each wait for `gate`, when given.
+fn gated_busy_node_agent(
+    name: &'static str,
+    turns: Turns,
+    gate: Option<Gate>,
+) -> impl Fn(&[u8]) -> Result<SimAgent, String> {
     move |_cfg: &[u8]| {
         let t = turns.clone();
         let steps = (0..10)
@@ -413,11 +422,13 @@ fn busy_node_agent(name: &'static str, turns: Turns) -> impl Fn(&[u8]) -> Result
                 }
             })
             .collect();
-        Ok(
-            SimAgent::new(agentloop_sim::Script { steps }).with_turn_hook(Arc::new(
-                move |_turn, ids| t.lock().push((name, ids.to_vec())),
-            )),
-        )
+        let agent = SimAgent::new(agentloop_sim::Script { steps }).with_turn_hook(Arc::new(
+            move |_turn, ids| t.lock().push((name, ids.to_vec())),
+        ));
+        Ok(match &gate {
+            Some(g) => agent.with_step_gate(g.clone()),
+            None => agent,
+        })
     }
 }
 
@@ -549,6 +560,9 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
     use agentloop::config::ShutdownConfig;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
+    // a's steps wait for this gate: its shutdown cannot hand a session over (each
+    // stops at its next safe point) until a push has been sent during it.
+    let steps_on_a = Gate::new();
     let a = Rt::builder()
         .store(store.clone())
         .heartbeat(BEAT, LEASE)
@@ -557,7 +571,10 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
             strategy: "migrate".into(),
             ..ShutdownConfig::default()
         })
-        .register_agent("sim", busy_node_agent("a", turns.clone()))
+        .register_agent(
+            "sim",
+            gated_busy_node_agent("a", turns.clone(), Some(steps_on_a.clone())),
+        )
         .start()
         .await
         .unwrap()
@@ -589,8 +606,11 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
     // the hand-over wait in line and go to b (issue 18 item 3), none is refused.
     let shutting = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicBool::new(false));
+    let sent_during = Arc::new(tokio::sync::Notify::new());
     let pusher = {
         let (ha, ids, shutting, done) = (a.handle(), ids.clone(), shutting.clone(), done.clone());
+        let sent_during = sent_during.clone();
+        let coordinator = a.handle().shutdown_handle();
         tokio::spawn(async move {
             use agentloop::options::PushOptions;
             let (mut acked, mut during) = (Vec::new(), 0);
@@ -598,7 +618,11 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
                 if done.load(Ordering::SeqCst) {
                     break;
                 }
-                let in_shutdown = shutting.load(Ordering::SeqCst);
+                // In the shutdown: it has begun (the coordinator says so).
+                let in_shutdown = shutting.load(Ordering::SeqCst) && coordinator.is_started().await;
+                if in_shutdown {
+                    sent_during.notify_one();
+                }
                 let id = &ids[(k % 4) as usize];
                 match ha
                     .push_anywhere(id, item(1000 + k), PushOptions::new())
@@ -624,7 +648,12 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     shutting.store(true, Ordering::SeqCst);
-    let report = a.shutdown().await.unwrap();
+    let shutdown = tokio::spawn(async move { a.shutdown().await });
+    // A push is on its way during the shutdown; then a's sessions may reach their
+    // safe points and be handed over.
+    sent_during.notified().await;
+    steps_on_a.open_all();
+    let report = shutdown.await.unwrap().unwrap();
     done.store(true, Ordering::SeqCst);
     let (acked, during) = pusher.await.unwrap();
     assert!(during > 0, "some pushes were sent during the shutdown");
