@@ -509,3 +509,56 @@ async fn s25_a_push_to_a_live_session_does_not_wait_for_the_supervisor() {
     .await;
     assert_eq!(delivered(&ledgers), vec![1, 2, 3]);
 }
+
+/// S23 + S26: a detached session that fails is restarted detached: the new incarnation
+/// goes on in the background, finishes what the record holds, finalizes its record
+/// `Completed` and ends (an attached incarnation would stay, idle, and keep its record
+/// `Running`).
+#[tokio::test(start_paused = true)]
+async fn s23_a_restarted_detached_session_is_detached_again() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let gate = agentloop_sim::Gate::new();
+    let mut args = kinds(ledgers.clone());
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (g, l) = (gate.clone(), ledgers.clone());
+    // The first incarnation waits at each step for the gate and panics at turn 0's
+    // step 1; later ones run freely.
+    args.kinds.insert(
+        "gated".into(),
+        agent_kind("gated", move |_: &[u8]| {
+            let agent = if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                SimAgent::new(steps(2))
+                    .with_step_gate(g.clone())
+                    .with_fault(Some(0), 1, Fault::Panic, true)
+            } else {
+                SimAgent::new(steps(2))
+            };
+            l.lock().push(agent.ledger());
+            Ok(agent)
+        }),
+    );
+    args.store = Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>);
+    let sup = Sup::start(args).await.unwrap();
+    let mut ends = sup.session_ends().expect("the supervisor is running");
+    sup.spawn(
+        SessionSpec::new("d", "gated")
+            .persistent(true)
+            .durability(Durability::Sync),
+    )
+    .await
+    .unwrap();
+    sup.push("d", item(1)).await.unwrap();
+    sup.push("d", item(2)).await.unwrap();
+    sup.detach("d").await.unwrap();
+    gate.open_all();
+    let end = within("the restarted incarnation's end", ends.recv())
+        .await
+        .expect("the feed is open");
+    assert_eq!(end.id, "d");
+    assert_eq!(end.restarts, 1, "it ended after one restart");
+    assert_eq!(end.exit.reason, ExitReason::Completed);
+    assert_eq!(delivered(&ledgers), vec![1, 2]);
+    assert_eq!(mem.get("d").unwrap().status, SessionStatus::Completed);
+    assert!(sup.list().await.is_empty());
+}
