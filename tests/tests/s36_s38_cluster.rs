@@ -310,7 +310,7 @@ async fn nodes_that_disagree_about_membership_never_both_run_a_session() {
 /// `OwnerUnreachable` naming it); a session nobody owns is unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_with_a_strategy_does_not_cross_nodes() {
-    use agentloop::cluster::node::{ClusterNode, NodeConfig};
+    use agentloop_cluster::{ClusterNode, NodeConfig};
     use agentloop::options::{PushOptions, PushStrategy};
     use agentloop::supervisor::RoutedPushError;
     let store = Arc::new(MemoryStore::<SimItem>::new());
@@ -385,7 +385,7 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
     assert!(
         matches!(
             public,
-            Err(agentloop::cluster::node::NodeError::PublicAddress(_))
+            Err(agentloop_cluster::NodeError::PublicAddress(_))
         ),
         "{public:?}"
     );

@@ -148,13 +148,13 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
                 let _ = rt.shutdown().await;
                 return Err("--cluster-listen needs --cookie (or AGENTLOOP_COOKIE): the secret every node of the cluster shares".into());
             };
-            let config = agentloop::cluster::node::NodeConfig {
+            let config = agentloop_cluster::NodeConfig {
                 name: name.clone(),
                 listen,
                 cookie,
                 join: flags.join.clone(),
             };
-            match agentloop::cluster::node::ClusterNode::start(&rt, config).await {
+            match agentloop_cluster::ClusterNode::start(&rt, config).await {
                 Ok(node) => Some(node),
                 Err(e) => {
                     let _ = rt.shutdown().await;

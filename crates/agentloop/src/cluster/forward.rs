@@ -4,8 +4,8 @@
 //! is refused with [`crate::supervisor::RoutedPushError::NotForwardable`].
 //!
 //! This file owns the wire shapes and the [`Forward`] hook a cluster node installs on
-//! the runtime's handle; the transport is `cluster/node.rs` (`ractor_cluster`, feature
-//! `cluster`), and the local handling is the supervisor's.
+//! the runtime's handle; the transport is the `agentloop-cluster` crate
+//! (`ractor_cluster`), and the local handling is the supervisor's.
 
 use std::time::Duration;
 

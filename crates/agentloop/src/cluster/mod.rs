@@ -8,8 +8,6 @@ pub mod control;
 pub mod forward;
 pub mod migrate;
 pub(crate) mod moving;
-#[cfg(feature = "cluster")]
-pub mod node;
 pub mod peers;
 pub mod placement;
 pub mod rebalance;

@@ -1,6 +1,6 @@
 //! Nodes in one process (tests, benchmarks, a service that runs several runtimes):
 //! a forwarder that reaches the other runtimes' supervisors directly instead of over
-//! `ractor_cluster`. Same semantics as the network forwarder (`node.rs`): the owner the
+//! `ractor_cluster`. Same semantics as the network forwarder (the `agentloop-cluster` crate): the owner the
 //! record names, else every peer in turn; a push with an S9 strategy does not cross.
 //! This file only routes; what a request does is the receiving runtime's.
 

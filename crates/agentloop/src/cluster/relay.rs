@@ -36,7 +36,7 @@ use crate::supervisor::SupervisorError;
 pub const RELAY_IDLE: Duration = Duration::from_secs(30);
 
 /// At most this many events per answer.
-const BATCH: usize = 256;
+pub const BATCH: usize = 256;
 
 struct Relay<E> {
     events: EventStream<E>,
@@ -44,7 +44,7 @@ struct Relay<E> {
 }
 
 /// The relays this node serves: one local subscription per remote subscriber.
-pub(crate) struct Relays<E> {
+pub struct Relays<E> {
     next: AtomicU64,
     open: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<Relay<E>>>>>,
 }
@@ -63,7 +63,7 @@ where
     E: Clone + Send + Sync + Serialize + 'static,
 {
     /// Opens a relay of `session`'s events (subscribed here, on the node that runs it).
-    pub(crate) async fn open<I>(
+    pub async fn open<I>(
         &self,
         handle: &RuntimeHandle<I, E>,
         session: &str,
@@ -102,7 +102,7 @@ where
 
     /// The next events of relay `stream`: waits up to [`RELAY_POLL`] for the first,
     /// then takes what is ready (at most [`BATCH`]). Closes the relay after `Ended`.
-    pub(crate) async fn next(&self, stream: u64) -> PushAnswer {
+    pub async fn next(&self, stream: u64) -> PushAnswer {
         let Some(relay) = self.open.lock().get(&stream).cloned() else {
             return PushAnswer::UnknownStream;
         };
@@ -148,7 +148,7 @@ where
 
     /// Answers a subscriber node's poll or close of one of these relays; any other
     /// request is not a relay's.
-    pub(crate) async fn answer(&self, request: Request) -> PushAnswer {
+    pub async fn answer(&self, request: Request) -> PushAnswer {
         match request {
             Request::NextEvents { stream } => self.next(stream).await,
             Request::CloseEvents { stream } => {
@@ -160,7 +160,7 @@ where
     }
 
     /// Closes relay `stream` (unsubscribes).
-    pub(crate) fn close(&self, stream: u64) {
+    pub fn close(&self, stream: u64) {
         self.open.lock().remove(&stream);
     }
 
@@ -168,7 +168,7 @@ where
     /// alive): their subscriber's node went away without closing them, and an
     /// unread subscription would hold the session's events back once its buffer
     /// fills.
-    pub(crate) fn close_idle(&self) {
+    pub fn close_idle(&self) {
         self.open.lock().retain(|stream, r| match r.try_lock() {
             Ok(r) if r.polled.elapsed() >= RELAY_IDLE => {
                 tracing::warn!(
@@ -184,8 +184,7 @@ where
 
     /// Closes idle relays every half [`RELAY_IDLE`] until `self` is dropped (the node
     /// actor owns the only other reference). Only a cluster node sweeps.
-    #[cfg(any(feature = "cluster", test))]
-    pub(crate) fn sweep_idle(self: &Arc<Self>) -> tokio::task::JoinHandle<()>
+    pub fn sweep_idle(self: &Arc<Self>) -> tokio::task::JoinHandle<()>
     where
         E: Send + 'static,
     {
@@ -209,13 +208,13 @@ where
 }
 
 /// Sends one request to the owner and returns its answer (or why there is none).
-pub(crate) type Ask =
+pub type Ask =
     Arc<dyn Fn(Request) -> BoxFuture<'static, Result<PushAnswer, String>> + Send + Sync>;
 
 /// The subscriber's side of relay `stream` at node `node`: a task that polls it and
 /// feeds an [`EventStream`]; it closes the relay when the stream is dropped, and ends
 /// the stream (without `Ended`) with a WARN when the owner cannot be reached.
-pub(crate) fn pump<E>(node: String, stream: u64, ask: Ask) -> EventStream<E>
+pub fn pump<E>(node: String, stream: u64, ask: Ask) -> EventStream<E>
 where
     E: DeserializeOwned + Send + 'static,
 {

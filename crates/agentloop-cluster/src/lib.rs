@@ -1,12 +1,14 @@
-//! A cluster node on `ractor_cluster` (issue 18, S36; feature `cluster`): the node
-//! server (nodes join by address and cookie), the node actor that serves requests for
-//! the sessions this node runs, and the forwarder that sends a request to the node that
-//! owns a session ([`super::forward`]). The owner is the one the session's record names
+//! A cluster node on `ractor_cluster` (issue 18, S36): the node server (nodes join by
+//! address and cookie), the node actor that serves requests for the sessions this node
+//! runs, and the forwarder that sends a request to the node that owns a session
+//! ([`agentloop::cluster::forward`]). The owner is the one the session's record names
 //! (the lease decides, not placement). Every node actor joins the process group
 //! `agentloop.node.<name>`, which ractor_cluster keeps in sync across connected nodes.
 //!
-//! This file owns the transport only: what a request does is the supervisor's, what
-//! crosses is `forward.rs`'s. The cookie authenticates and does not encrypt, so a node
+//! This crate owns the transport only: what a request does is the runtime's, what
+//! crosses is `agentloop::cluster::forward`'s. Only programs that run nodes depend on
+//! it, and only they pay for ractor's `cluster` feature (it turns on
+//! `agentloop/cluster`). The cookie authenticates and does not encrypt, so a node
 //! listens only on loopback or a private network ([`NodeError::PublicAddress`]).
 
 use std::marker::PhantomData;
@@ -21,15 +23,15 @@ use ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::forward::Forwarded;
-use crate::cluster::forward::{Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt};
-use crate::cluster::relay::{pump, Ask, Relays};
-use crate::events::{EventFilter, EventStream};
-use crate::options::PushOptions;
-use crate::push::{PreemptAck, PushError};
-use crate::runtime_handle::RuntimeHandle;
-use crate::store::{CheckpointStore, Stored};
-use crate::supervisor::RoutedPushError;
+use agentloop::cluster::forward::Forwarded;
+use agentloop::cluster::forward::{Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt};
+use agentloop::cluster::relay::{pump, Ask, Relays};
+use agentloop::events::{EventFilter, EventStream};
+use agentloop::options::PushOptions;
+use agentloop::push::{PreemptAck, PushError};
+use agentloop::runtime_handle::RuntimeHandle;
+use agentloop::store::{CheckpointStore, Stored};
+use agentloop::supervisor::RoutedPushError;
 
 /// How long a forwarded request may take before the caller hears `OwnerUnreachable`.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -501,7 +503,7 @@ impl ClusterNode {
         )
         .await
         .map_err(|e| NodeError::Start(e.to_string()))?;
-        if let Some(store) = handle.store.clone() {
+        if let Some(store) = handle.store() {
             handle.set_forwarder(Arc::new(Forwarder {
                 store,
                 me: config.name.clone(),
