@@ -310,9 +310,9 @@ async fn nodes_that_disagree_about_membership_never_both_run_a_session() {
 /// `OwnerUnreachable` naming it); a session nobody owns is unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_with_a_strategy_does_not_cross_nodes() {
-    use agentloop_cluster::{ClusterNode, NodeConfig};
     use agentloop::options::{PushOptions, PushStrategy};
     use agentloop::supervisor::RoutedPushError;
+    use agentloop_cluster::{ClusterNode, NodeConfig};
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     let gate = Gate::new();
@@ -383,10 +383,7 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
     )
     .await;
     assert!(
-        matches!(
-            public,
-            Err(agentloop_cluster::NodeError::PublicAddress(_))
-        ),
+        matches!(public, Err(agentloop_cluster::NodeError::PublicAddress(_))),
         "{public:?}"
     );
     gate.open_all();

@@ -24,7 +24,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use agentloop::cluster::forward::Forwarded;
-use agentloop::cluster::forward::{Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt};
+use agentloop::cluster::forward::{
+    Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt,
+};
 use agentloop::cluster::relay::{pump, Ask, Relays};
 use agentloop::events::{EventFilter, EventStream};
 use agentloop::options::PushOptions;

@@ -39,7 +39,7 @@ impl Moving {
     /// A new move's gate; old moves are forgotten here (moves are rare, pushes not).
     /// A gate a `migrate` shutdown holds is kept, not replaced: a move queues behind
     /// the pushes already waiting at it.
-    pub(super) fn begin(&self, id: &str) -> Gate {
+    pub(crate) fn begin(&self, id: &str) -> Gate {
         let held: std::collections::HashSet<String> = self.held.lock().keys().cloned().collect();
         let mut map = self.gates.lock();
         map.retain(|k, (_, at)| at.elapsed() < REMEMBER_MOVED || held.contains(k));
@@ -53,7 +53,7 @@ impl Moving {
         gate
     }
 
-    pub(super) fn forget(&self, id: &str) {
+    pub(crate) fn forget(&self, id: &str) {
         self.gates.lock().remove(id);
     }
 
@@ -66,7 +66,7 @@ impl Moving {
     }
 
     /// Opens `id`'s held gate: its waiting pushes go on, in order.
-    pub(super) fn release(&self, id: &str) {
+    pub(crate) fn release(&self, id: &str) {
         self.held.lock().remove(id);
     }
 

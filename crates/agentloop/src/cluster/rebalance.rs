@@ -13,14 +13,8 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
 use crate::cluster::adopt::Membership;
 use crate::cluster::placement;
-use crate::runtime_handle::RuntimeHandle;
-use crate::store::{SessionStatus, Stored};
 
 /// How a node rebalances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,69 +104,6 @@ pub fn moves(
             (to != me && reachable(to)).then(|| (s.clone(), to.to_string()))
         })
         .collect()
-}
-
-impl<I, E> RuntimeHandle<I, E>
-where
-    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
-{
-    /// One rebalance round with membership `m`: moves every persistent session this
-    /// node runs and owns whose placement names another joined node, at most
-    /// `policy.concurrent` at once. Failures are logged (WARN) and retried by a later
-    /// round; a failed move leaves the session running here.
-    pub(crate) async fn rebalance_round(&self, m: &Membership, policy: Rebalance) {
-        let (Some(store), Some(forwarder)) = (self.store.clone(), self.forwarder.get().cloned())
-        else {
-            return;
-        };
-        // Candidates from what runs here and placement alone (no I/O): after a join
-        // about one in n sessions, none in a settled cluster.
-        let running: Vec<String> = self
-            .supervisor
-            .list()
-            .await
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
-        let candidates = moves(m, &self.instance, &running, |n| forwarder.reachable(n));
-        // Only sessions with a `Running` record this node owns: one with nothing
-        // stored would end instead of moving.
-        let mut planned = Vec::with_capacity(candidates.len());
-        for (session, to) in candidates {
-            match store.load_stored(&session).await {
-                Ok(Some(Stored::Current(r)))
-                    if r.header.owner.as_deref() == Some(self.instance.as_str())
-                        && r.header.status == SessionStatus::Running =>
-                {
-                    planned.push((session, to))
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(%session, error = %e,
-                    "cannot read a record to rebalance; a later round retries"),
-            }
-        }
-        if planned.is_empty() {
-            return;
-        }
-        tracing::info!(
-            moves = planned.len(),
-            live = ?m.live,
-            "placement changed: moving sessions to the nodes it names"
-        );
-        futures::stream::iter(planned)
-            .for_each_concurrent(policy.concurrent.max(1), |(session, to)| async move {
-                // A shutdown moves what it moves itself (`migrate` strategy), or stops it.
-                if self.shutdown.is_started().await {
-                    return;
-                }
-                match self.migrate(&session, &to, policy.safe_point_timeout).await {
-                    Ok(moved) => tracing::info!(%session, %to, took = ?moved.total, "rebalanced"),
-                    Err(e) => tracing::warn!(%session, %to, error = %e, "a rebalancing move failed; a later round retries"),
-                }
-            })
-            .await;
-    }
 }
 
 #[cfg(test)]

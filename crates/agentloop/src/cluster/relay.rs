@@ -25,8 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cluster::control::ControlError;
-use crate::cluster::forward::{ControlOutcome, PushAnswer, Request, RELAY_POLL};
+use crate::cluster::forward::{PushAnswer, Request, RELAY_POLL};
 use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent, DEFAULT_EVENT_CAPACITY};
 use crate::runtime_handle::RuntimeHandle;
 use crate::supervisor::SupervisorError;
@@ -208,8 +207,7 @@ where
 }
 
 /// Sends one request to the owner and returns its answer (or why there is none).
-pub type Ask =
-    Arc<dyn Fn(Request) -> BoxFuture<'static, Result<PushAnswer, String>> + Send + Sync>;
+pub type Ask = Arc<dyn Fn(Request) -> BoxFuture<'static, Result<PushAnswer, String>> + Send + Sync>;
 
 /// The subscriber's side of relay `stream` at node `node`: a task that polls it and
 /// feeds an [`EventStream`]; it closes the relay when the stream is dropped, and ends
@@ -266,62 +264,6 @@ where
         }
     });
     EventStream::relayed(rx)
-}
-
-impl<I, E> RuntimeHandle<I, E>
-where
-    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
-{
-    /// Subscribes to session `id`'s events wherever it runs (issue 18, S36): here when
-    /// this runtime runs it, else, on a cluster node, relayed from its owner (after
-    /// event `after` when given, like [`crate::SupervisorHandle::subscribe_after`]).
-    /// A relayed stream ends without `Ended` when its owner is lost: resubscribe
-    /// after the last number seen. A session that is stored but not live yet is
-    /// [`ControlError::NotLive`] (resubscribe after its `retry_after`), one stored but
-    /// not running [`ControlError::NotRunning`].
-    pub async fn subscribe_anywhere(
-        &self,
-        id: &str,
-        after: Option<u64>,
-        filter: EventFilter,
-    ) -> Result<EventStream<E>, ControlError> {
-        let r = self.subscribe_routed(id, after, filter).await;
-        self.unknown_or_stored(r).await
-    }
-
-    async fn subscribe_routed(
-        &self,
-        id: &str,
-        after: Option<u64>,
-        filter: EventFilter,
-    ) -> Result<EventStream<E>, ControlError> {
-        let here = match after {
-            Some(after) => self.supervisor.subscribe_after(id, after, filter).await,
-            None => self.supervisor.subscribe(id, filter).await,
-        };
-        let forwarder = match (here, self.forwarder.get()) {
-            (Err(SupervisorError::UnknownSession(_)), Some(f)) => f,
-            (other, _) => return other.map_err(ControlError::from),
-        };
-        forwarder
-            .subscribe(id.to_string(), after, filter)
-            .await
-            .map_err(|outcome| match outcome {
-                ControlOutcome::Done | ControlOutcome::UnknownSession => {
-                    SupervisorError::UnknownSession(id.to_string()).into()
-                }
-                ControlOutcome::Unreachable { node, error } => ControlError::Unreachable {
-                    session: id.to_string(),
-                    node,
-                    error,
-                },
-                ControlOutcome::Refused(error) => ControlError::Refused {
-                    session: id.to_string(),
-                    error,
-                },
-            })
-    }
 }
 
 #[cfg(test)]

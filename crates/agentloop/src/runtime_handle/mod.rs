@@ -7,6 +7,9 @@
 //! It only forwards to the supervisor and reads through the store's trait; it starts
 //! and stops nothing (that is `runtime`).
 
+mod by_id;
+mod moves;
+
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -83,125 +86,6 @@ where
     /// once); `false` when one was already installed.
     pub fn set_forwarder(&self, f: Arc<dyn crate::cluster::forward::Forward<I, E>>) -> bool {
         self.forwarder.set(f).is_ok()
-    }
-
-    /// Pushes to a session wherever it runs (issue 18, S36): here when this runtime runs
-    /// it, else, on a cluster node, at its owner. A push with an S9 strategy does not
-    /// cross nodes ([`crate::supervisor::RoutedPushError::NotForwardable`]). A session
-    /// that is stored but not live yet (being recovered, resumed or moved) answers
-    /// [`crate::supervisor::RoutedPushError::NotLive`] with when to push again; one
-    /// stored but not running, `NotRunning` with what to do (issue 28).
-    pub async fn push_anywhere(
-        &self,
-        id: &str,
-        item: I,
-        options: crate::options::PushOptions<I>,
-    ) -> Result<crate::push::PreemptAck, crate::supervisor::RoutedPushError<I>> {
-        use crate::supervisor::RoutedPushError;
-        match self.push_routed(id, item, options).await {
-            Err(RoutedPushError::UnknownSession { id, item }) => match self.absence(&id).await {
-                Some(absence) => Err(RoutedPushError::stored(id, item, absence)),
-                None => Err(RoutedPushError::UnknownSession { id, item }),
-            },
-            other => other,
-        }
-    }
-
-    async fn push_routed(
-        &self,
-        id: &str,
-        item: I,
-        options: crate::options::PushOptions<I>,
-    ) -> Result<crate::push::PreemptAck, crate::supervisor::RoutedPushError<I>> {
-        use crate::supervisor::RoutedPushError;
-        let Some(forwarder) = self.forwarder.get() else {
-            return self.supervisor.push_with(id, item, options).await;
-        };
-        let strategy = options.strategy.is_some();
-        let forwarded = crate::cluster::forward::Forwarded::of(&options);
-        // A session this node moved (or is moving): in line behind the move, then
-        // wherever it runs now (here again, or its new owner).
-        let gate = self.moving.gate(id);
-        let _in_line = match &gate {
-            Some(g) => Some(g.lock().await),
-            None => None,
-        };
-        use crate::push::PushError;
-        let late = |item| Err(RoutedPushError::Push(PushError::Late { item }));
-        match self.supervisor.push_with(id, item, options).await {
-            Err(RoutedPushError::UnknownSession { id, item }) => {
-                match forwarder.push(id, item, forwarded, !strategy).await {
-                    // Held by a `migrate` shutdown for a session that stayed here:
-                    // late (send it elsewhere), not unknown.
-                    Err(RoutedPushError::UnknownSession { item, .. })
-                        if gate.is_some() && self.shutdown.is_started().await =>
-                    {
-                        late(item)
-                    }
-                    other => other,
-                }
-            }
-            // Late because the session is moving (a move, or a `migrate` shutdown whose
-            // drain gate refuses it here): in line behind the move, then to the node
-            // that runs it now; late when it still runs nowhere else.
-            Err(RoutedPushError::Push(PushError::Late { item })) => {
-                let behind = match &gate {
-                    Some(_) => None,
-                    None => match self.moving.gate(id) {
-                        Some(g) => Some(g.lock_owned().await),
-                        None => return late(item),
-                    },
-                };
-                let forwarded = forwarder
-                    .push(id.to_string(), item, forwarded, !strategy)
-                    .await;
-                drop(behind);
-                match forwarded {
-                    Err(RoutedPushError::UnknownSession { item, .. }) => late(item),
-                    other => other,
-                }
-            }
-            other => other,
-        }
-    }
-
-    /// Why session `id`, which no live session here (or on a node this one forwards
-    /// to) has, is not live, when a record is stored under it (issue 28): not live yet
-    /// (retry) or not running (what to do). `None` when nothing is stored (or the store
-    /// cannot be read: the caller's "unknown" stands).
-    pub async fn absence(&self, id: &str) -> Option<crate::liveness::Absence> {
-        let store = self.store.as_ref()?;
-        let header = match store.load_stored(id).await {
-            Ok(Some(crate::store::Stored::Current(r))) => r.header,
-            Ok(Some(other)) => other.decode::<I>().ok()?.header,
-            Ok(None) => return None,
-            Err(e) => {
-                tracing::warn!(session = id, error = %e, "cannot read a record to say why its session is not live");
-                return None;
-            }
-        };
-        let (beat, orphaned) = match header.owner.as_deref() {
-            Some(owner) if owner != self.instance => {
-                let beat = store.heartbeat(owner).await.ok().flatten();
-                let seen = crate::store::lease::last_seen(&header, beat.unwrap_or(0));
-                (beat, store.orphaned(owner, seen))
-            }
-            _ => (None, false),
-        };
-        Some(crate::liveness::judge(
-            &header,
-            beat,
-            orphaned,
-            crate::liveness::Looker {
-                me: &self.instance,
-                now_ms: crate::store::now_ms(),
-                lease_timeout: self.lease_timeout,
-                heartbeat: self.heartbeat,
-                sweeps: self.sweeps,
-                node: self.node,
-                forwards: self.forwarder.get().is_some(),
-            },
-        ))
     }
 
     /// The checkpoint store, if any.
