@@ -95,15 +95,23 @@ where
         rx.await.ok()
     }
 
+    /// A request answered with a `Result`; when the supervisor is gone (the request
+    /// cannot be sent, or its reply never comes), the answer says so.
+    async fn request<T>(
+        &self,
+        build: impl FnOnce(RpcReplyPort<Result<T, SupervisorError>>) -> SupervisorMsg<I, E>,
+    ) -> Result<T, SupervisorError> {
+        self.ask(build).await.unwrap_or_else(|| Err(gone()))
+    }
+
     /// Spawns a session.
     pub async fn spawn(
         &self,
         spec: SessionSpec<I>,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
         let spec = Box::new(spec);
-        self.ask(|reply| SupervisorMsg::Spawn { spec, reply })
+        self.request(|reply| SupervisorMsg::Spawn { spec, reply })
             .await
-            .unwrap_or_else(|| Err(gone()))
     }
 
     /// Spawns many sessions with few requests: `specs` go to the supervisor in batches
@@ -147,14 +155,13 @@ where
         filter: EventFilter,
     ) -> SubscribedSpawn<I, E> {
         let spec = Box::new(spec);
-        self.ask(|reply| SupervisorMsg::SpawnSubscribed {
+        self.request(|reply| SupervisorMsg::SpawnSubscribed {
             spec,
             capacity,
             filter,
             reply,
         })
         .await
-        .unwrap_or_else(|| Err(gone()))
     }
 
     /// Answers the business interrupt of stored session `id` and resumes it under
@@ -355,9 +362,8 @@ where
             return h.stop(options).await.map_err(Into::into);
         }
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::Stop { id, options, reply })
+        self.request(|reply| SupervisorMsg::Stop { id, options, reply })
             .await
-            .unwrap_or_else(|| Err(gone()))
     }
 
     /// Subscribes to a session's current incarnation.
@@ -372,14 +378,13 @@ where
             return Ok(h.subscribe_filtered(capacity, filter));
         }
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::Subscribe {
+        self.request(|reply| SupervisorMsg::Subscribe {
             id,
             capacity,
             filter,
             reply,
         })
         .await
-        .unwrap_or_else(|| Err(gone()))
     }
 
     /// Subscribes to a session's current incarnation after event `after` (a number a
@@ -396,7 +401,7 @@ where
             return Ok(h.subscribe_after(after, capacity, filter));
         }
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::SubscribeAfter {
+        self.request(|reply| SupervisorMsg::SubscribeAfter {
             id,
             after,
             capacity: crate::events::DEFAULT_EVENT_CAPACITY,
@@ -404,7 +409,6 @@ where
             reply,
         })
         .await
-        .unwrap_or_else(|| Err(gone()))
     }
 
     /// Inspects a session by id.
@@ -413,9 +417,8 @@ where
             return h.inspect().await.map_err(Into::into);
         }
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::Inspect { id, reply })
+        self.request(|reply| SupervisorMsg::Inspect { id, reply })
             .await
-            .unwrap_or_else(|| Err(gone()))
     }
 
     /// Attaches a client (S22).
@@ -426,30 +429,27 @@ where
         filter: EventFilter,
     ) -> Result<Attachment<E>, SupervisorError> {
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::Attach {
+        self.request(|reply| SupervisorMsg::Attach {
             id,
             mode,
             filter,
             reply,
         })
         .await
-        .unwrap_or_else(|| Err(gone()))
     }
 
     /// Detaches a session (S23).
     pub async fn detach(&self, id: &str) -> Result<(), SupervisorError> {
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::Detach { id, reply })
+        self.request(|reply| SupervisorMsg::Detach { id, reply })
             .await
-            .unwrap_or_else(|| Err(gone()))
     }
 
     /// Cancels a session by id (S24); answers the record's status afterwards.
     pub async fn cancel(&self, id: &str) -> Result<SessionStatus, SupervisorError> {
         let id = id.to_string();
-        self.ask(|reply| SupervisorMsg::Cancel { id, reply })
+        self.request(|reply| SupervisorMsg::Cancel { id, reply })
             .await
-            .unwrap_or_else(|| Err(gone()))
     }
 
     /// Stops every session in-band and returns their exit states (see
