@@ -9,6 +9,6 @@ pub mod forward;
 pub mod migrate;
 pub(crate) mod moving;
 pub mod peers;
-pub mod placement;
+pub use agentloop_core::placement;
 pub mod rebalance;
 pub mod relay;

@@ -10,19 +10,7 @@
 
 use std::collections::VecDeque;
 
-use serde::{Deserialize, Serialize};
-
-/// How many accepted keys a session keeps (oldest dropped first).
-pub const KEPT_KEYS: usize = 64;
-
-/// One accepted push's key, as a record keeps it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KeptKey {
-    /// The client's idempotency key.
-    pub key: String,
-    /// A fingerprint of what the push carried (the client's choice of hash).
-    pub fingerprint: u64,
-}
+pub use agentloop_core::keys::{KeptKey, KEPT_KEYS};
 
 /// What a key says about a push.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

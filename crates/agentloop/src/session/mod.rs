@@ -22,7 +22,7 @@ pub(crate) mod ledger;
 mod load;
 mod loop_state;
 pub(crate) mod messages;
-mod settings;
+use agentloop_core::settings;
 mod spec;
 mod teardown;
 mod turn_loop;

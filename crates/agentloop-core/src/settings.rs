@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::session::Durability;
+use crate::durability::Durability;
 
 /// When a session that ended `Failed` is restarted (S26).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 /// Why an agent ended a turn with a business interrupt (S4), e.g. waiting for a human,
 /// and what it asks. A persistent session's record keeps it, marked as awaiting an
 /// answer; the resumed turn gets the answer in
-/// [`Turn::answer`](crate::agent::Turn::answer).
+/// `Turn::answer` (the `agentloop` crate).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InterruptInfo {
     /// A short reason, e.g. `"approval required"`.

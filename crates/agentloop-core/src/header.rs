@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::interrupt::InterruptInfo;
-use crate::store::SessionStatus;
+use crate::status::SessionStatus;
 
 /// An encoded payload (one item, or one agent state), shared without copying.
 pub type Payload = Arc<[u8]>;
@@ -73,12 +73,12 @@ pub struct RecordHeader {
     /// The session's own settings (issue 28), restored when it is rebuilt from this
     /// record; `None` in records written before they were kept (the runtime's
     /// defaults apply).
-    pub settings: Option<crate::session::SessionSettings>,
+    pub settings: Option<crate::settings::SessionSettings>,
     /// The idempotency keys of the last pushes accepted with one (S34a, at most
-    /// [`crate::session::KEPT_KEYS`]), written with their items: a retry after a
+    /// [`crate::keys::KEPT_KEYS`]), written with their items: a retry after a
     /// restart is recognised and delivers nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub idempotency_keys: Vec<crate::session::KeptKey>,
+    pub idempotency_keys: Vec<crate::keys::KeptKey>,
 }
 
 impl Default for RecordHeader {
