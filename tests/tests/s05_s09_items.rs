@@ -474,3 +474,23 @@ async fn s5_a_push_during_a_plan_that_consumed_nothing_is_planned() {
     let exit = within("exit", h.wait()).await;
     assert!(exit.unhandled_items.is_empty());
 }
+
+/// One `SessionSpec` for both starts: a session started alone takes its spec's initial
+/// items first, in order, ahead of anything pushed after the spawn (they are not
+/// silently dropped because no supervisor pushes them).
+#[tokio::test(start_paused = true)]
+async fn a_session_started_alone_takes_its_initial_items_first() {
+    let agent = SimAgent::new(steps(1));
+    let ledger = agent.ledger();
+    let spec = agentloop::SessionSpec::new("alone-seeded", "sim")
+        .initial_items(vec![item(1), item(2)]);
+    let h = agentloop::SessionHandle::spawn(spec, Arc::new(agent), None)
+        .await
+        .unwrap();
+    h.push(item(3)).await.unwrap();
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.reason, ExitReason::Completed);
+    assert_eq!(exit.counters.items_delivered, 3);
+    assert_eq!(ledger.lock().delivered_ids(), vec![1, 2, 3]);
+}

@@ -234,6 +234,9 @@ where
         }
         let id = config.id.clone();
         let event_capacity = config.event_capacity;
+        // The spec's seed items go in first, before anything the caller pushes (a
+        // supervisor's incarnation carries none: the supervisor pushes them itself).
+        let seed = std::mem::take(&mut config.initial_items);
         let args = TurnLoopArgs {
             config,
             agent,
@@ -250,12 +253,16 @@ where
             id,
             reason: e.to_string(),
         })?;
-        Ok(SessionHandle {
+        let handle = SessionHandle {
             actor,
             shared,
             subscribers,
             event_capacity,
-        })
+        };
+        for item in seed {
+            handle.push_nowait(item);
+        }
+        Ok(handle)
     }
 
     /// The session's id.

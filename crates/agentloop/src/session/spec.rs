@@ -38,8 +38,9 @@ pub struct SessionSpec<I> {
     /// When its supervisor restarts it (a session started alone never restarts; the
     /// policy is still recorded, so a supervisor that resumes the record applies it).
     pub restart: RestartPolicy,
-    /// Items a supervisor pushes right after each start of the session, in order (a
-    /// session started alone takes its first items by push).
+    /// Items pushed right after the session starts, in order, before anything else:
+    /// by its supervisor at each start (a restart too), or at the spawn of a session
+    /// started alone.
     pub initial_items: Vec<I>,
     /// How many of its last turn-end checkpoints the session keeps beside its record
     /// (issue 13; default 0, at most [`crate::store::history::MAX_HISTORY`]): list
@@ -174,7 +175,7 @@ impl<I> SessionSpec<I> {
         self
     }
 
-    /// Items a supervisor pushes right after the start.
+    /// Items pushed right after the start (see [`SessionSpec::initial_items`]).
     pub fn initial_items(mut self, items: Vec<I>) -> Self {
         self.initial_items = items;
         self

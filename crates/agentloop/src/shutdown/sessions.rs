@@ -45,8 +45,11 @@ pub(crate) struct SessionSet<I, E> {
     members: Vec<Member<I, E>>,
     /// Each member's place in `members`, by id.
     index: HashMap<String, usize>,
-    /// The supervisor's feed of session ends.
+    /// The supervisor's feed of session ends (replaced by the members' own ends if the
+    /// supervisor goes away first).
     ends: mpsc::UnboundedReceiver<SessionEnd<I>>,
+    /// The feed closed early and the members still alive are watched directly.
+    watching_handles: bool,
     force: watch::Receiver<bool>,
     live: usize,
     /// The phase an exit received now is counted in.
@@ -89,6 +92,7 @@ where
                 .collect(),
             index,
             ends,
+            watching_handles: false,
             force,
             live,
             phase: Fate::Grace,
@@ -116,13 +120,41 @@ where
             tokio::select! {
                 got = self.ends.recv() => match got {
                     Some(end) => self.ended(end).await,
-                    None => return,
+                    None if self.watching_handles => return,
+                    None => self.watch_handles(),
                 },
                 _ = tokio::time::sleep_until(deadline) => return,
                 // Nobody can request force any more: stop watching.
                 changed = self.force.changed(), if watch_force => watch_force = changed.is_ok(),
             }
         }
+    }
+
+    /// The supervisor's feed closed with members still alive (the supervisor stopped or
+    /// failed during the shutdown): their ends are read from their own handles from
+    /// now on, so each is still counted and a killed one's record still marked.
+    fn watch_handles(&mut self) {
+        tracing::warn!(
+            sessions = self.live,
+            "the supervisor's feed of session ends closed during the shutdown; watching the sessions still alive directly"
+        );
+        self.watching_handles = true;
+        let (tx, rx) = mpsc::unbounded_channel();
+        for member in self.members.iter().filter(|m| m.fate.is_none()) {
+            let (spec, handle, tx) = (&member.m.spec, member.m.handle.clone(), tx.clone());
+            let (id, kind, persistent) = (spec.id.clone(), spec.kind.clone(), spec.persist);
+            tokio::spawn(async move {
+                let exit = handle.wait().await;
+                let _ = tx.send(SessionEnd {
+                    id,
+                    kind,
+                    persistent,
+                    restarts: 0,
+                    exit,
+                });
+            });
+        }
+        self.ends = rx;
     }
 
     /// One session ended: count it in the current phase and account for its items.
@@ -305,5 +337,51 @@ where
 
     fn tally(&self) -> Tally {
         self.tally
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{Agent, AgentError, Turn, TurnOutcome};
+    use crate::session::{SessionHandle, SessionSpec, TurnCx};
+
+    struct Idle;
+
+    impl Agent for Idle {
+        type Item = u32;
+        type Event = ();
+        type State = ();
+
+        async fn run_turn(
+            &self,
+            _turn: Turn<Self>,
+            _cx: TurnCx<Self>,
+        ) -> Result<TurnOutcome<()>, AgentError> {
+            Ok(TurnOutcome::Completed)
+        }
+    }
+
+    /// The supervisor's feed of ends closes while members are alive (the supervisor
+    /// stopped or failed during the shutdown): the members' ends still arrive, each is
+    /// counted where it was reached, and nothing is reported lost.
+    #[tokio::test(start_paused = true)]
+    async fn ends_are_still_read_when_the_supervisors_feed_closes() {
+        let mut members = Vec::new();
+        for id in ["a", "b"] {
+            let spec = SessionSpec::<u32>::new(id, "idle");
+            let handle = SessionHandle::<u32, ()>::spawn(spec.clone(), Arc::new(Idle), None)
+                .await
+                .expect("spawn");
+            members.push(GateMember { spec, handle });
+        }
+        // A feed whose sender is already gone.
+        let (_, ends) = mpsc::unbounded_channel::<SessionEnd<u32>>();
+        let (_force_tx, force) = watch::channel(false);
+        let mut set = SessionSet::new(ShutdownConfig::default(), None, None, members, ends, force);
+        set.run_grace(StopOptions::drain()).await;
+        assert_eq!(set.live, 0, "every member's end was read");
+        assert_eq!(set.tally.exited_in_grace, 2);
+        assert_eq!(set.tally.killed, 0);
     }
 }
