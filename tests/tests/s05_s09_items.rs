@@ -482,8 +482,8 @@ async fn s5_a_push_during_a_plan_that_consumed_nothing_is_planned() {
 async fn a_session_started_alone_takes_its_initial_items_first() {
     let agent = SimAgent::new(steps(1));
     let ledger = agent.ledger();
-    let spec = agentloop::SessionSpec::new("alone-seeded", "sim")
-        .initial_items(vec![item(1), item(2)]);
+    let spec =
+        agentloop::SessionSpec::new("alone-seeded", "sim").initial_items(vec![item(1), item(2)]);
     let h = agentloop::SessionHandle::spawn(spec, Arc::new(agent), None)
         .await
         .unwrap();
