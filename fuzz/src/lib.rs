@@ -18,9 +18,9 @@
 //! this crate replay the seeds and any saved crash input on a stable toolchain.
 
 use agentloop::store::codec::{decode_header, decode_state, encode_header, encode_state, payload};
-use agentloop::store::table::{self, header_key, item_key, state_key};
 use agentloop::store::{ItemChange, Payload, StateChange, Stored, WriteCondition};
 use agentloop::{SessionRecord, SessionStatus, StoreError};
+use agentloop_core::table::{self, header_key, item_key, state_key};
 use agentloop_sim::{SimItem, SimState};
 
 /// The key every input is decoded under. The seeds are records of this session, so the
@@ -109,7 +109,10 @@ pub fn check_record(data: &[u8]) {
         Ok(loaded) => loaded.into_record(),
         Err(e) => return assert_corrupt(&e, "decode"),
     };
-    assert_eq!(rec.session_id, SESSION, "decoded a record of another session");
+    assert_eq!(
+        rec.session_id, SESSION,
+        "decoded a record of another session"
+    );
     let again = frame(&rec);
     let back = match table::assemble(SESSION, unframe(&again)) {
         Ok(Some(r)) => Stored::Current(r)
@@ -119,7 +122,11 @@ pub fn check_record(data: &[u8]) {
         other => panic!("a re-written record does not assemble: {other:?}"),
     };
     assert_eq!(back, rec, "record round trip changed the record");
-    assert_eq!(frame(&back), again, "writing is not stable after one round trip");
+    assert_eq!(
+        frame(&back),
+        again,
+        "writing is not stable after one round trip"
+    );
     // The cut turn's state is itself an encoded value (S15): check it the same way.
     if let Some(state) = &rec.state {
         check_state(state);
@@ -135,7 +142,11 @@ pub fn check_header(data: &[u8]) {
     let again = encode_header(&h).expect("a header that decoded encodes again");
     let back = decode_header(SESSION, &again).expect("a re-encoded header decodes");
     assert_eq!(back, h, "header round trip changed the header");
-    assert_eq!(encode_header(&back).unwrap(), again, "header encoding is not stable");
+    assert_eq!(
+        encode_header(&back).unwrap(),
+        again,
+        "header encoding is not stable"
+    );
 }
 
 /// The item property: a payload decodes as a `SimItem` or fails with a
@@ -170,7 +181,11 @@ pub fn check_state(data: &[u8]) {
         Err(e) => panic!("a re-encoded state does not decode: {e}"),
     };
     assert_eq!(back, st, "state round trip changed the state");
-    assert_eq!(encode_state(SESSION, &back).unwrap(), again, "state encoding is not stable");
+    assert_eq!(
+        encode_state(SESSION, &back).unwrap(),
+        again,
+        "state encoding is not stable"
+    );
 }
 
 /// One fuzz input: checked as a framed record, a header, an item and a state.
@@ -283,7 +298,9 @@ pub fn seeds() -> Vec<(String, Vec<u8>)> {
     for (i, (name, rec)) in recs.into_iter().enumerate() {
         out.push((format!("record-{:02}-{name}", i + 1), frame(&rec)));
         if i % 3 == 0 {
-            let w = rec.to_write(WriteCondition::Always).expect("seed record encodes");
+            let w = rec
+                .to_write(WriteCondition::Always)
+                .expect("seed record encodes");
             out.push((
                 format!("header-{:02}-{name}", i + 1),
                 encode_header(&w.header).expect("seed header encodes"),

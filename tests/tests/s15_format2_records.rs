@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
-use agentloop::store::{codec, table, RecordHeader, SledBackend, Stored};
+use agentloop::store::{codec, RecordHeader, SledBackend, Stored};
 use agentloop::{
     CheckpointActor, CheckpointStore, Durability, Runtime, SessionHandle, SessionSpec,
     SessionStatus, StopOptions,
 };
+use agentloop_core::table;
 use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem, SimState};
 use agentloop_tests::{ids, steps, within, TempDir};
 use parking_lot::Mutex;

@@ -254,7 +254,7 @@ async fn s16_save_keep_delete_table() {
     {
         let b = agentloop::store::SledBackend::open(&backend_dir).unwrap();
         b.put_raw(
-            &agentloop::store::table::header_key("corrupt"),
+            &agentloop_core::table::header_key("corrupt"),
             b"ALCK\x02\x00garbage",
         )
         .unwrap();

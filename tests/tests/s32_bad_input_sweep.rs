@@ -14,7 +14,6 @@ use agentloop::config::{ConfigError, RuntimeConfig};
 use agentloop::options::positive_millis;
 use agentloop::session::{SessionIdError, MAX_SESSION_ID_LEN};
 use agentloop::store::codec::{self, FORMAT_VERSION, MAGIC};
-use agentloop::store::table::{self, header_key};
 use agentloop::store::{SledBackend, WriteCondition};
 use agentloop::{
     CheckpointActor, CheckpointOutcome, CheckpointStore, ExitReason, FailureKind, MemoryStore,
@@ -22,6 +21,7 @@ use agentloop::{
     SessionError, SessionHandle, SessionRecord, SessionSpec, SessionStatus, ShutdownConfig,
     SpawnError, StatusKind, StopOptions, StoreError, SupervisorError, TurnLoopMsg,
 };
+use agentloop_core::table::{self, header_key};
 use agentloop_sim::{Gate, Ledger, Notice, SimAgent, SimEvent, SimItem, SimState};
 use agentloop_tests::*;
 use parking_lot::Mutex;

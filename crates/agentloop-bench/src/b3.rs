@@ -5,7 +5,7 @@
 //!   (distinct session ids, fresh every round) inserted as one `sled::Batch` followed by
 //!   one `db.flush()`, on a blocking thread. Rate = 64 / (batch + flush time). Each
 //!   record is written in agentloop's record layout (since issue 30 format 3: one head
-//!   key holding header, items and state; `store::table::entries_of`) with the same
+//!   key holding header, items and state; `agentloop_core::table::entries_of`) with the same
 //!   bytes as a checkpoint agentloop stored in the warm-up round, read back from its
 //!   store.
 //! * agentloop: one `CheckpointActor` (one sled dir) for the whole run. Per round, 64
@@ -33,11 +33,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::store::{table, CheckpointStats, Engine, FjallDurability, Stored};
+use agentloop::store::{CheckpointStats, Engine, FjallDurability, Stored};
 use agentloop::{
     CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
     SessionHandle, SessionSpec, StopOptions,
 };
+use agentloop_core::table;
 use agentloop_sim::{Gate, Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;

@@ -4,7 +4,7 @@
 //!
 //! Setup (untimed, per side per round): a fresh sled directory holding 10 000 records
 //! written through `SledBackend::apply` the way the store writes them (record format 3
-//! since issue 30: one head holding the header, the items and the state; `store::table`): status
+//! since issue 30: one head holding the header, the items and the state; `agentloop_core::table`): status
 //! `Interrupted`, cut mid-turn (one interrupted item and ~1 KiB of encoded `SimState`)
 //! with two unhandled items queued behind it. Every side gets its own copy of the same
 //! records, so each starts from a closed directory (the setup waits until sled has
@@ -34,13 +34,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentloop::store::codec;
-use agentloop::store::sled::WriteOp;
-use agentloop::store::table::{self, KeyKind};
 use agentloop::store::{RecordHeader, SledBackend, WriteCondition};
 use agentloop::{
     CheckpointActor, CheckpointStore, ExitReason, Runtime, SessionRecord, SessionStatus,
     StatusKind, StopOptions,
 };
+use agentloop_core::table::{self, KeyKind};
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem, SimState, SimStep};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
@@ -101,18 +100,16 @@ async fn populated_dir(tag: &str) -> (TempDir, usize) {
     let record_len = tokio::task::spawn_blocking(move || {
         let backend = SledBackend::open(&path).expect("opening the B5 setup db");
         let mut len = 0;
-        let ops: Vec<WriteOp> = (0..SESSIONS)
+        let writes = (0..SESSIONS)
             .map(|i| {
                 let w = record(i)
                     .to_write(WriteCondition::Always)
                     .expect("encoding a B5 record");
                 len = w.payload_bytes();
-                WriteOp::Write(Box::new(w))
+                w
             })
             .collect();
-        for r in backend.apply(ops) {
-            r.expect("writing a B5 record");
-        }
+        backend.write_all(writes).expect("writing the B5 records");
         drop(backend);
         len
     })

@@ -93,10 +93,9 @@ async fn agentloop_round(client: &Client, round: u64) -> f64 {
 
 /// agentloop's own work of a round without any hand-off (diagnostic): on one blocking
 /// thread, per operation the record's encoding (`to_write`), the engine's apply and
-/// flush (`Backend::apply`, what the committer runs) and the load from the head (what a
+/// flush (`Backend::write`, what the committer runs) and the load from the head (what a
 /// caller runs). What the public API costs beyond it is the hand-offs.
 fn inline_round(engine: &agentloop::store::Backend, round: u64) -> (f64, f64, f64) {
-    use agentloop::store::wave::WriteOp;
     let (mut enc, mut apply, mut load) = (0.0, 0.0, 0.0);
     for i in 0..OPS as u64 {
         let n = round * OPS as u64 + i;
@@ -106,9 +105,7 @@ fn inline_round(engine: &agentloop::store::Backend, round: u64) -> (f64, f64, f6
             .to_write(agentloop::store::WriteCondition::Always)
             .expect("encoding the B9 record");
         let t1 = Instant::now();
-        for r in engine.apply(vec![WriteOp::Write(Box::new(w))]) {
-            r.expect("a B9 write");
-        }
+        engine.write(w).expect("a B9 write");
         let t2 = Instant::now();
         let back = engine
             .load_from_head(&id)

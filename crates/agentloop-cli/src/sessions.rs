@@ -806,27 +806,21 @@ fn history(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
 
 /// `delete <id>`: removes the record and its checkpoint history, durably.
 fn delete(dir: &Path, id: &str) -> Result<String, Failure> {
-    use agentloop::store::wave::{OpResult, WriteOp};
     let backend = open(dir)?;
-    let r = backend
-        .apply(vec![WriteOp::Purge {
-            key: id.to_string(),
-        }])
-        .pop();
+    let r = backend.purge(id);
     drop(backend);
     match r {
-        Some(Ok(OpResult::Deleted(true))) => Ok(format!(
+        Ok(true) => Ok(format!(
             "deleted session `{}`: its record and its checkpoint history\n",
             clean(id)
         )),
-        Some(Ok(_)) => Err(Failure::Error(format!(
+        Ok(false) => Err(Failure::Error(format!(
             "nothing is stored for session `{}` in {}; `agentloop sessions list --data-dir {}` shows the stored ids",
             clean(id),
             dir.display(),
             dir.display()
         ))),
-        Some(Err(e)) => Err(Failure::Error(e.to_string())),
-        None => Err(Failure::Error("the delete was not applied".into())),
+        Err(e) => Err(Failure::Error(e.to_string())),
     }
 }
 

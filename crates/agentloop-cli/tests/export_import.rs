@@ -7,9 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use agentloop::store::history::HistoryMark;
-use agentloop::store::sled::WriteOp;
-use agentloop::store::table::header_key;
 use agentloop::store::{SessionRecord, SessionStatus, SledBackend, WriteCondition};
+use agentloop_core::table::header_key;
 use agentloop_sim::SimItem;
 use serde_json::Value;
 
@@ -69,7 +68,7 @@ fn populate(dir: &Path) {
     let write = |r: &SessionRecord<SimItem>, turn: Option<u64>| {
         let mut w = r.to_write(WriteCondition::Always).unwrap();
         w.history = turn.map(|turn| HistoryMark { turn, keep: 5 });
-        WriteOp::Write(Box::new(w))
+        w
     };
     let ops = vec![
         write(&alpha, None),
@@ -79,31 +78,17 @@ fn populate(dir: &Path) {
         write(&kept, Some(1)),
         write(&kept, Some(2)),
         write(&kept, Some(3)),
-        write(&kept, Some(4)).clone_for("gone"),
-        WriteOp::Delete { key: "gone".into() },
+        {
+            // A session whose record is deleted while its checkpoint history stays.
+            let mut gone = write(&kept, Some(4));
+            gone.header.session_id = "gone".into();
+            gone
+        },
     ];
     let backend = SledBackend::open(dir).unwrap();
-    for r in backend.apply(ops) {
-        r.unwrap();
-    }
+    backend.write_all(ops).unwrap();
+    assert!(backend.delete("gone").unwrap());
     backend.flush().unwrap();
-}
-
-/// A write of the same record under another id.
-trait CloneFor {
-    fn clone_for(self, id: &str) -> WriteOp;
-}
-
-impl CloneFor for WriteOp {
-    fn clone_for(self, id: &str) -> WriteOp {
-        match self {
-            WriteOp::Write(mut w) => {
-                w.header.session_id = id.to_string();
-                WriteOp::Write(w)
-            }
-            other => other,
-        }
-    }
 }
 
 /// Opens sled again right after a close: its IO threads can hold the directory's lock

@@ -4,9 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use agentloop::store::sled::WriteOp;
-use agentloop::store::table::header_key;
 use agentloop::store::{SessionRecord, SessionStatus, SledBackend, WriteCondition};
+use agentloop_core::table::header_key;
 use agentloop_sim::SimItem;
 use serde_json::Value;
 
@@ -66,22 +65,17 @@ fn populate(dir: &Path) {
     delta.status = SessionStatus::Running;
     delta.owner = Some("instance-9".into());
 
-    let write = |r: &SessionRecord<SimItem>| {
-        WriteOp::Write(Box::new(r.to_write(WriteCondition::Always).unwrap()))
-    };
+    let write = |r: &SessionRecord<SimItem>| r.to_write(WriteCondition::Always).unwrap();
     // The store counts versions itself: alpha is written four times.
-    let mut ops: Vec<WriteOp> = [&alpha, &alpha, &alpha, &alpha, &beta, &gamma, &delta]
+    let writes = [&alpha, &alpha, &alpha, &alpha, &beta, &gamma, &delta]
         .into_iter()
         .map(write)
         .collect();
-    ops.push(WriteOp::Beat {
-        instance: "instance-9".into(),
-        now_ms: agentloop::store::now_ms(),
-    });
     let backend = SledBackend::open(dir).unwrap();
-    for r in backend.apply(ops) {
-        r.unwrap();
-    }
+    backend.write_all(writes).unwrap();
+    backend
+        .beat("instance-9", agentloop::store::now_ms())
+        .unwrap();
     // A damaged record: its header is not an envelope.
     backend
         .put_raw(&header_key("bad"), b"garbage, not a record")
@@ -403,11 +397,9 @@ fn sessions_show_renders_any_item_type_as_json() {
         agentloop::store::codec::encode_state("chat", &serde_json::json!({"step": 2})).unwrap(),
     );
     let backend = SledBackend::open(&dir).unwrap();
-    for res in backend.apply(vec![WriteOp::Write(Box::new(
-        r.to_write(WriteCondition::Always).unwrap(),
-    ))]) {
-        res.unwrap();
-    }
+    backend
+        .write(r.to_write(WriteCondition::Always).unwrap())
+        .unwrap();
     drop(backend);
     let d = dir.to_str().unwrap();
     let show = ok(&agentloop(&["sessions", "show", "chat", "--data-dir", d]));
@@ -449,11 +441,9 @@ fn sessions_show_prints_the_question_awaiting_an_answer() {
     ));
     rec.awaiting_answer = true;
     let backend = SledBackend::open(dir.0.as_path()).unwrap();
-    for r in backend.apply(vec![WriteOp::Write(Box::new(
-        rec.to_write(WriteCondition::Always).unwrap(),
-    ))]) {
-        r.unwrap();
-    }
+    backend
+        .write(rec.to_write(WriteCondition::Always).unwrap())
+        .unwrap();
     backend.flush().unwrap();
     drop(backend);
     let d = dir.0.to_str().unwrap();
@@ -512,9 +502,7 @@ fn sessions_history_and_delete() {
         rec.unhandled_items = items(&[turn + 10]);
         let mut w = rec.to_write(WriteCondition::Always).unwrap();
         w.history = Some(HistoryMark { turn, keep: 2 });
-        for r in backend.apply(vec![WriteOp::Write(Box::new(w))]) {
-            r.unwrap();
-        }
+        backend.write(w).unwrap();
     }
     drop(backend);
     let d = dir.0.to_str().unwrap();

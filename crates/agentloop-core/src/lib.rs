@@ -7,12 +7,18 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod codec;
 pub mod durability;
 pub mod header;
+pub mod history;
 pub mod ids;
 pub mod interrupt;
 pub mod keys;
 pub mod lease;
 pub mod placement;
+pub mod record;
 pub mod settings;
 pub mod status;
+pub mod store_error;
+pub mod table;
+pub mod write;

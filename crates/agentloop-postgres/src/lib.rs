@@ -3,7 +3,7 @@
 //! share. It owns its connections and its tables; it knows nothing of sessions beyond
 //! the store trait, and decides nothing about records itself: every write, status
 //! change and delete runs the same table code as the memory, sled and fjall stores
-//! (`agentloop::store::table`), over a session's rows read inside a transaction that
+//! (`agentloop_core::table`), over a session's rows read inside a transaction that
 //! holds the session's advisory lock. So fencing (S37: a write whose lease epoch is
 //! below the stored one is refused; a cancel by id moves the epoch on) holds across
 //! every node that writes through this store.
@@ -38,9 +38,12 @@ use std::marker::PhantomData;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use agentloop::store::history::{HistoryAnswer, HistoryQuery};
-use agentloop::store::{RecordWrite, Stored, StoredEntry};
-use agentloop::{CasOutcome, CheckpointStore, SessionStatus, StatusKind, StoreError};
+use agentloop::CheckpointStore;
+use agentloop_core::history::{HistoryAnswer, HistoryQuery};
+use agentloop_core::record::{Stored, StoredEntry};
+use agentloop_core::status::{CasOutcome, SessionStatus, StatusKind};
+use agentloop_core::store_error::StoreError;
+use agentloop_core::write::RecordWrite;
 use futures::future::BoxFuture;
 use tokio::sync::{mpsc, oneshot};
 
@@ -208,7 +211,7 @@ impl<I> PostgresStore<I> {
         // An id PostgreSQL cannot hold (S32: a control character, say) is refused here,
         // as the table code would refuse it, without a round trip.
         if let Some(id) = request.session() {
-            if let Err(reason) = agentloop::ids::validate_session_id(id) {
+            if let Err(reason) = agentloop_core::ids::validate_session_id(id) {
                 let id = id.to_string();
                 return Box::pin(std::future::ready(Err(StoreError::InvalidId {
                     id,
@@ -302,7 +305,7 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
             id: session_id.to_string(),
             from,
             to,
-            now_ms: agentloop::store::now_ms(),
+            now_ms: agentloop_core::store_error::now_ms(),
         };
         let f = self.call(session_id, request);
         expect!(f, Answer::Swapped(c) => c)

@@ -1,14 +1,14 @@
 //! One session's rows inside a transaction: what was read from PostgreSQL, with the
-//! changes the store's table code makes on top, so that code (`agentloop::store::table`,
+//! changes the store's table code makes on top, so that code (`agentloop_core::table`,
 //! the same that runs on memory, sled and fjall) decides every write here too. This
 //! file only keeps rows and their changes; it never talks to the database.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use agentloop::store::table::Table;
-use agentloop::store::Payload;
-use agentloop::StoreError;
+use agentloop_core::header::Payload;
+use agentloop_core::store_error::StoreError;
+use agentloop_core::table::Table;
 
 /// A session's rows as read, and what the batch changed.
 ///

@@ -6,7 +6,7 @@
 //! agentloop_instances (instance text, beat_ms bigint)          one heartbeat per instance
 //! ```
 //!
-//! An entry's `key` is exactly the key the embedded engines use (`agentloop::store::table`
+//! An entry's `key` is exactly the key the embedded engines use (`agentloop_core::table`
 //! and `history`), so export/import and the conformance suite see one layout; `session`
 //! repeats the key's id so one session's rows (record and history) are one index range.
 

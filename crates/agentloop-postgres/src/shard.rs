@@ -2,7 +2,7 @@
 //! the sessions hashed to this shard, run in the order they were made, many per
 //! transaction (group commit). This file owns the connection, its reconnection and
 //! the transaction around a batch; what a request does to a session's rows is the
-//! shared table code's (`agentloop::store::table`), run over [`SessionRows`].
+//! shared table code's (`agentloop_core::table`), run over [`SessionRows`].
 //!
 //! A batch is every session request waiting when the shard gets to it (up to
 //! [`BATCH_MAX`]): one transaction locks their sessions (advisory locks in one global
@@ -13,10 +13,13 @@
 
 use std::collections::HashMap;
 
-use agentloop::store::history::{self, HistoryAnswer, HistoryQuery};
-use agentloop::store::table;
-use agentloop::store::{Payload, RecordWrite, Stored, StoredEntry};
-use agentloop::{CasOutcome, SessionStatus, StatusKind, StoreError};
+use agentloop_core::header::Payload;
+use agentloop_core::history::{self, HistoryAnswer, HistoryQuery};
+use agentloop_core::record::{Stored, StoredEntry};
+use agentloop_core::status::{CasOutcome, SessionStatus, StatusKind};
+use agentloop_core::store_error::StoreError;
+use agentloop_core::table;
+use agentloop_core::write::RecordWrite;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{Client, Config, NoTls};
 

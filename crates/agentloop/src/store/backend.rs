@@ -15,8 +15,10 @@ use std::path::Path;
 
 use crate::store::fjall::{FjallBackend, FjallDurability};
 use crate::store::history::{HistoryAnswer, HistoryQuery};
+use crate::store::offline;
 use crate::store::record::Payload;
 use crate::store::wave::{Base, OpResult, WriteOp};
+use crate::store::write::RecordWrite;
 use crate::store::{SledBackend, StatusKind, StoreError, Stored, StoredEntry};
 
 /// Which embedded engine holds the records.
@@ -237,17 +239,55 @@ impl Backend {
     }
 
     /// See [`SledBackend::apply_unflushed`].
-    pub fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+    pub(crate) fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
         match self {
             Backend::Sled(b) => b.apply_unflushed(ops),
             Backend::Fjall(b) => b.apply_unflushed(ops),
         }
     }
 
+    /// Applies one change to a session's record (see [`RecordWrite`]) and makes it
+    /// durable before returning: what a session's committer does, for tools that write
+    /// a data directory with no runtime on it (imports, repairs, tests). Blocks.
+    pub fn write(&self, write: RecordWrite) -> Result<(), StoreError> {
+        offline::write_all(&|ops| self.apply(ops), vec![write])
+    }
+
+    /// Applies several changes in order as one batch made durable once at the end (one
+    /// flush for all); answers the first failure, if any (the writes before it are
+    /// applied). Blocks.
+    pub fn write_all(&self, writes: Vec<RecordWrite>) -> Result<(), StoreError> {
+        offline::write_all(&|ops| self.apply(ops), writes)
+    }
+
+    /// Removes a session's record (every entry but its checkpoint history, as
+    /// [`crate::CheckpointStore::delete`]), durably; answers whether one was stored.
+    /// Blocks.
+    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let op = WriteOp::Delete {
+            key: id.to_string(),
+        };
+        offline::removal(&|ops| self.apply(ops), op, "delete", id)
+    }
+
+    /// Removes a session's record and its checkpoint history, durably; answers whether
+    /// a record was stored. Blocks.
+    pub fn purge(&self, id: &str) -> Result<bool, StoreError> {
+        let op = WriteOp::Purge {
+            key: id.to_string(),
+        };
+        offline::removal(&|ops| self.apply(ops), op, "purge", id)
+    }
+
+    /// Renews instance `instance`'s heartbeat to `now_ms`, durably. Blocks.
+    pub fn beat(&self, instance: &str, now_ms: u64) -> Result<(), StoreError> {
+        offline::beat(&|ops| self.apply(ops), instance, now_ms)
+    }
+
     /// Applies one wave of operations in order and makes it durable once at the end
     /// (group commit). If that fails, every operation of the wave but reads reports it.
     /// Blocks.
-    pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+    pub(crate) fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
         let mut results = self.apply_unflushed(ops);
         if let Err(e) = self.flush() {
             crate::store::wave::fail_unflushed(&mut results, &e);

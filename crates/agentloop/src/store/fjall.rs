@@ -251,7 +251,7 @@ impl FjallBackend {
     /// before it; the wave's changes (heartbeats included) are committed as one atomic
     /// batch, visible to readers at once and durable after the next
     /// [`FjallBackend::flush`] that starts after this returns. Blocks.
-    pub fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+    pub(crate) fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
         let (mut results, staged) = wave::apply(self, ops);
         let Staged {
             sessions,

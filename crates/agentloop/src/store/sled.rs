@@ -8,7 +8,7 @@
 //! envelope each), read and converted on their first write; `instances` holds instance
 //! heartbeats (key: instance id, value: u64 LE milliseconds).
 //!
-//! A wave of operations ([`SledBackend::apply_unflushed`]) is staged over the tree in
+//! A wave of operations (`SledBackend::apply_unflushed`) is staged over the tree in
 //! memory by `wave.rs`, each operation seeing the ones before it, and committed here as
 //! one sled batch: every write of the wave, all sessions together, is applied
 //! atomically.
@@ -18,10 +18,11 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::store::offline;
 use crate::store::record::Payload;
 use crate::store::table;
-use crate::store::wave::{self, Base, Staged, Wave};
-pub use crate::store::wave::{OpResult, WriteOp};
+use crate::store::wave::{self, Base, OpResult, Staged, Wave, WriteOp};
+use crate::store::write::RecordWrite;
 use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
 
 /// A sled database holding agentloop records.
@@ -197,10 +198,44 @@ impl SledBackend {
             .map_err(|e| backend_err("flush", "", e))
     }
 
+    /// Writes one change durably; see [`Backend::write`](crate::store::Backend::write).
+    pub fn write(&self, write: RecordWrite) -> Result<(), StoreError> {
+        offline::write_all(&|ops| self.apply(ops), vec![write])
+    }
+
+    /// Writes several changes as one durable batch; see
+    /// [`Backend::write_all`](crate::store::Backend::write_all).
+    pub fn write_all(&self, writes: Vec<RecordWrite>) -> Result<(), StoreError> {
+        offline::write_all(&|ops| self.apply(ops), writes)
+    }
+
+    /// Deletes a record, keeping its history; see
+    /// [`Backend::delete`](crate::store::Backend::delete).
+    pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let op = WriteOp::Delete {
+            key: id.to_string(),
+        };
+        offline::removal(&|ops| self.apply(ops), op, "delete", id)
+    }
+
+    /// Deletes a record and its history; see
+    /// [`Backend::purge`](crate::store::Backend::purge).
+    pub fn purge(&self, id: &str) -> Result<bool, StoreError> {
+        let op = WriteOp::Purge {
+            key: id.to_string(),
+        };
+        offline::removal(&|ops| self.apply(ops), op, "purge", id)
+    }
+
+    /// Renews a heartbeat; see [`Backend::beat`](crate::store::Backend::beat).
+    pub fn beat(&self, instance: &str, now_ms: u64) -> Result<(), StoreError> {
+        offline::beat(&|ops| self.apply(ops), instance, now_ms)
+    }
+
     /// Applies one wave of operations in order and flushes once at the end (group
     /// commit). If the flush fails, every operation of the wave but reads reports the
     /// failure. Blocks.
-    pub fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+    pub(crate) fn apply(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
         let mut results = self.apply_unflushed(ops);
         if let Err(e) = self.flush() {
             wave::fail_unflushed(&mut results, &e);
@@ -212,7 +247,7 @@ impl SledBackend {
     /// before it; all the wave's record changes are committed as one atomic batch,
     /// visible to readers at once and durable after the next [`SledBackend::flush`]
     /// that starts after this returns. Blocks.
-    pub fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
+    pub(crate) fn apply_unflushed(&self, ops: Vec<WriteOp>) -> Vec<Result<OpResult, StoreError>> {
         let (mut results, staged) = wave::apply(self, ops);
         let Staged {
             sessions,

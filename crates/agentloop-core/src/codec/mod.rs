@@ -25,8 +25,8 @@ pub mod payload;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::store::header::RecordHeader;
-use crate::store::StoreError;
+use crate::header::RecordHeader;
+use crate::store_error::StoreError;
 
 pub use payload::{PayloadError, PayloadStage, PAYLOAD_LIMIT};
 
@@ -196,7 +196,7 @@ pub fn decode_item<I: DeserializeOwned>(session: &str, bytes: &[u8]) -> Result<I
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SessionStatus;
+    use crate::status::SessionStatus;
     use proptest::prelude::*;
 
     fn status() -> impl Strategy<Value = SessionStatus> {
@@ -250,15 +250,15 @@ mod tests {
                         }),
                         awaiting_answer: v % 2 == 1,
                         answer: (v % 3 == 0).then(|| serde_bytes::ByteBuf::from(vec![0x92, 1, 2])),
-                        settings: (v % 5 != 0).then(|| crate::session::SessionSettings {
-                            durability: crate::session::Durability::Turn,
+                        settings: (v % 5 != 0).then(|| crate::settings::SessionSettings {
+                            durability: crate::durability::Durability::Turn,
                             history: (turn % 7) as usize,
                             replay: (v % 300) as usize,
-                            restart: crate::session::RestartPolicy::Transient,
+                            restart: crate::settings::RestartPolicy::Transient,
                             poll_interval_ms: (hb % 2 == 0).then_some(hb % 10_000),
                         }),
                         idempotency_keys: (0..(v % 4))
-                            .map(|i| crate::session::KeptKey {
+                            .map(|i| crate::keys::KeptKey {
                                 key: format!("key-{i}-{hb}"),
                                 fingerprint: hb.wrapping_mul(i + 1),
                             })

@@ -25,14 +25,16 @@
 
 use std::collections::BTreeMap;
 
+use crate::codec::head::{self, Head, Layout, INLINE_LIMIT};
+use crate::codec::legacy;
 use crate::ids::validate_session_id;
-use crate::store::codec::head::{self, Head, Layout, INLINE_LIMIT};
-use crate::store::codec::legacy;
 
 pub(crate) mod kv;
-use crate::store::record::{Format1Record, Payload, Stored, StoredRecord};
-use crate::store::write::{ConditionFailed, ItemChange, RecordWrite, StateChange};
-use crate::store::{CasOutcome, SessionStatus, StatusKind, StoreError, StoredEntry};
+use crate::record::StoredEntry;
+use crate::record::{Format1Record, Payload, Stored, StoredRecord};
+use crate::status::{CasOutcome, SessionStatus, StatusKind};
+use crate::store_error::StoreError;
+use crate::write::{ConditionFailed, ItemChange, RecordWrite, StateChange};
 pub use kv::Table;
 
 const HEADER: u8 = b'h';
@@ -85,7 +87,7 @@ pub enum KeyKind {
 /// Splits a key into its session id and what it is; `None` for a key that is not
 /// of this layout at all.
 pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
-    if key.first() == Some(&crate::store::history::HISTORY_MARK) {
+    if key.first() == Some(&crate::history::HISTORY_MARK) {
         // A checkpoint-history key (`store::history`), not part of a live record.
         return None;
     }
@@ -342,7 +344,7 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     let (stored, old, damaged) = match peeked {
         Ok((h, old)) => (h, old, false),
         // A damaged record is left alone (S18), except by an unconditional write.
-        Err(e) if w.condition != crate::store::WriteCondition::Always => return Err(e),
+        Err(e) if w.condition != crate::write::WriteCondition::Always => return Err(e),
         Err(_) => (None, None, true),
     };
     let kind = match (&stored, &old) {
@@ -369,7 +371,7 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             _ => StoreError::NoRecord { session: id },
         });
     }
-    if let (crate::store::WriteCondition::AtVersion(expected), Some(h)) = (&w.condition, &stored) {
+    if let (crate::write::WriteCondition::AtVersion(expected), Some(h)) = (&w.condition, &stored) {
         if h.summary.version != *expected {
             return Err(StoreError::Changed {
                 session: id,
@@ -381,7 +383,7 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     let stored_epoch = stored.as_ref().map_or(0, |h| h.summary.lease_epoch);
     // S37: a cancel by id moved the epoch one past its owner's; that owner may still
     // write what it holds over the `Canceled` record (S24), and no one else below it.
-    let canceled_owner = w.condition == crate::store::WriteCondition::CanceledOrLive
+    let canceled_owner = w.condition == crate::write::WriteCondition::CanceledOrLive
         && kind == Some(StatusKind::Canceled)
         && w.header.lease_epoch + 1 == stored_epoch;
     if w.header.lease_epoch < stored_epoch && !canceled_owner {
@@ -492,7 +494,7 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     if let Some(mark) = w.history {
         // The record as this write leaves it, read through its head (no prefix scan).
         if let Some(Stored::Current(now)) = read(t, &id)? {
-            crate::store::history::record(t, &id, mark, header.updated_at_ms, now)?;
+            crate::history::record(t, &id, mark, header.updated_at_ms, now)?;
         }
     }
     Ok(())
@@ -558,7 +560,7 @@ pub fn cas(
 /// a record or any history existed.
 pub fn purge(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     let record = delete(t, id)?;
-    let history = crate::store::history::purge(t, id)?;
+    let history = crate::history::purge(t, id)?;
     Ok(record || history > 0)
 }
 
@@ -608,7 +610,7 @@ pub fn restore(
         why,
     };
     let live = session_prefix(id);
-    let history = crate::store::history::history_prefix(id);
+    let history = crate::history::history_prefix(id);
     let mut header = None;
     for (k, v) in &entries {
         if k.starts_with(&history) {

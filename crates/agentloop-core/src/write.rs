@@ -5,8 +5,8 @@
 //!
 //! This module only describes writes; `table.rs` says how they apply.
 
-use crate::store::header::{Payload, RecordHeader};
-use crate::store::StatusKind;
+use crate::header::{Payload, RecordHeader};
+use crate::status::StatusKind;
 
 /// A change to one item entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,7 +108,7 @@ pub struct RecordWrite {
     pub condition: WriteCondition,
     /// Also keep a snapshot of the record this write leaves, as a turn's end (issue 13,
     /// checkpoint history); `None` for every other write.
-    pub history: Option<crate::store::history::HistoryMark>,
+    pub history: Option<crate::history::HistoryMark>,
 }
 
 impl RecordWrite {

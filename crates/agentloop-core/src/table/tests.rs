@@ -2,9 +2,9 @@
 //! over a plain ordered map that counts the reads that scan.
 
 use super::*;
-use crate::store::codec;
-use crate::store::record::RecordHeader;
-use crate::store::{RecordWrite, WriteCondition};
+use crate::codec;
+use crate::record::RecordHeader;
+use crate::write::{RecordWrite, WriteCondition};
 use std::ops::Bound;
 
 /// A plain ordered map as the table, counting the reads that scan.

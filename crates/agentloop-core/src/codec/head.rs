@@ -30,9 +30,10 @@
 //! wrote it"): it never misreads one. This module only encodes and decodes; it must not
 //! touch a table.
 
-use crate::store::codec::{self, check, payload, HEADER_LIMIT};
-use crate::store::header::{Payload, RecordHeader};
-use crate::store::{StatusKind, StoreError};
+use crate::codec::{self, check, payload, HEADER_LIMIT};
+use crate::header::{Payload, RecordHeader};
+use crate::status::StatusKind;
+use crate::store_error::StoreError;
 
 /// The format that has a layout: the one this build writes.
 pub const FORMAT3: u16 = 3;

@@ -7,14 +7,16 @@
 //! Without it, only the fields before the first item can be read ([`prefix`]): id,
 //! agent kind, agent config, status. That is enough to list and filter such records
 //! and to change their status in place ([`with_status`], for a compare-and-swap). A
-//! session that loads one converts it ([`crate::store::Stored::decode`]) and replaces
+//! session that loads one converts it ([`crate::record::Stored::decode`]) and replaces
 //! it with format 2 on its first write.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::store::codec::{open_envelope, FORMAT1, FORMAT1_STATE_MARK, MAGIC};
-use crate::store::{SessionRecord, SessionStatus, StoreError};
+use crate::codec::{open_envelope, FORMAT1, FORMAT1_STATE_MARK, MAGIC};
+use crate::record::SessionRecord;
+use crate::status::SessionStatus;
+use crate::store_error::StoreError;
 
 /// The largest format-1 payload decoded (64 MiB), as format 1 had it.
 pub const RECORD_LIMIT: usize = 64 << 20;
@@ -113,7 +115,7 @@ pub fn with_status(
 }
 
 /// Decodes a whole format-1 record. Its state, if any, comes back marked with
-/// [`FORMAT1_STATE_MARK`] so [`crate::store::codec::decode_state`] reads it as bincode.
+/// [`FORMAT1_STATE_MARK`] so [`crate::codec::decode_state`] reads it as bincode.
 pub fn decode_record<I: DeserializeOwned>(
     session: &str,
     bytes: &[u8],

@@ -2,8 +2,8 @@
 //! reads and writes, prefix and range scans, and the format-1 side table. The key
 //! layout (`super`) and the checkpoint history build on it; it knows neither.
 
-use crate::store::header::Payload;
-use crate::store::StoreError;
+use crate::header::Payload;
+use crate::store_error::StoreError;
 
 /// An ordered key-value table a backend offers (sled's tree with the writes of the
 /// wave being applied on top, or the memory store's map). Writes are buffered by the

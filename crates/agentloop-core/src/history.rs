@@ -17,13 +17,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::codec;
-use crate::store::record::{Payload, StoredRecord};
-use crate::store::table::kv::Table;
-use crate::store::StoreError;
+use crate::codec;
+use crate::record::{Payload, StoredRecord};
+use crate::store_error::StoreError;
+use crate::table::kv::Table;
 
 /// The first byte of every history key.
-pub(crate) const HISTORY_MARK: u8 = 0x01;
+pub const HISTORY_MARK: u8 = 0x01;
 
 /// The most snapshots a session may keep.
 pub const MAX_HISTORY: usize = 1_000;
@@ -85,13 +85,17 @@ pub fn history_prefix(id: &str) -> Vec<u8> {
     k
 }
 
-pub(crate) fn history_key(id: &str, turn: u64) -> Vec<u8> {
+/// The key of session `id`'s snapshot after `turn`: the session's history prefix and
+/// the turn, big-endian, so a prefix scan reads snapshots in turn order.
+pub fn history_key(id: &str, turn: u64) -> Vec<u8> {
     let mut k = history_prefix(id);
     k.extend_from_slice(&turn.to_be_bytes());
     k
 }
 
-pub(crate) fn turn_of(key: &[u8], prefix_len: usize) -> Option<u64> {
+/// The turn a history key names, read after a prefix of `prefix_len` bytes; `None`
+/// for a key of another shape.
+pub fn turn_of(key: &[u8], prefix_len: usize) -> Option<u64> {
     let b: [u8; 8] = key.get(prefix_len..)?.try_into().ok()?;
     Some(u64::from_be_bytes(b))
 }

@@ -19,10 +19,11 @@ use std::collections::HashSet;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::codec::{self, payload};
+pub use crate::header::{Payload, RecordHeader};
 use crate::interrupt::InterruptInfo;
-use crate::store::codec::{self, payload};
-pub use crate::store::header::{Payload, RecordHeader};
-use crate::store::{SessionStatus, StoreError};
+use crate::status::SessionStatus;
+use crate::store_error::StoreError;
 
 /// A format-2 record as stored: header, item entries (in entry-number order) and the
 /// cut turn's state, payloads encoded.
@@ -299,7 +300,7 @@ impl<I> LoadedRecord<I> {
 }
 
 /// The stored record of one session as a whole (S15): what tools and tests read with
-/// [`crate::CheckpointStore::load`] and write with [`crate::CheckpointStore::save`].
+/// `agentloop::CheckpointStore::load` and write with `agentloop::CheckpointStore::save`.
 /// Sessions write it incrementally instead.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionRecord<I> {
@@ -349,7 +350,7 @@ pub struct SessionRecord<I> {
     /// The answer given, encoded, until the resumed turn has run.
     pub answer: Option<Vec<u8>>,
     /// The session's own settings (see [`RecordHeader::settings`]).
-    pub settings: Option<crate::session::SessionSettings>,
+    pub settings: Option<crate::settings::SessionSettings>,
 }
 
 impl<I> SessionRecord<I> {
@@ -359,7 +360,7 @@ impl<I> SessionRecord<I> {
         agent_kind: impl Into<String>,
         turn_index: u64,
     ) -> Self {
-        let now = crate::store::now_ms();
+        let now = crate::store_error::now_ms();
         SessionRecord {
             session_id: session_id.into(),
             agent_kind: agent_kind.into(),
@@ -397,19 +398,19 @@ impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
     /// refused with `StoreError::Encode`.
     pub fn to_write(
         &self,
-        condition: crate::store::WriteCondition,
-    ) -> Result<crate::store::RecordWrite, StoreError> {
+        condition: crate::write::WriteCondition,
+    ) -> Result<crate::write::RecordWrite, StoreError> {
         let loaded = LoadedRecord::from_record(self.clone(), false)?;
         let mut items = Vec::with_capacity(loaded.item_count());
         for it in loaded.interrupted.iter().chain(&loaded.unhandled) {
-            items.push(crate::store::ItemChange::Put(it.seq, it.bytes.clone()));
+            items.push(crate::write::ItemChange::Put(it.seq, it.bytes.clone()));
         }
-        Ok(crate::store::RecordWrite {
+        Ok(crate::write::RecordWrite {
             header: loaded.header,
             items,
             state: match &loaded.state {
-                Some(s) => crate::store::StateChange::Put(s.clone()),
-                None => crate::store::StateChange::Delete,
+                Some(s) => crate::write::StateChange::Put(s.clone()),
+                None => crate::write::StateChange::Delete,
             },
             replace: true,
             condition,
