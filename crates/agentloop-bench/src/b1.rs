@@ -257,6 +257,9 @@ async fn interleaved(base: &mut Baseline, al: &mut Agentloop, rounds: usize, ops
 /// `main` (the `#[tokio::main]` `block_on` thread, outside the worker pool), where the
 /// cross-thread wake-up of the client dominates both sides and moves with the load.
 pub async fn run() {
+    if let Ok(side) = std::env::var("B1_SIDE") {
+        return probe(&side).await;
+    }
     println!(
         "B1: turn round trip, no-op agent, 1 session; {ROUNDS} interleaved rounds of \
          {OPS_PER_ROUND} round trips per side, warm-up {WARMUP_OPS} per side; tokio workers: {}",
@@ -309,4 +312,30 @@ pub async fn run() {
         "{}",
         ratio_line_max("B1", wal_s.median / wbase_s.median, TARGET)
     );
+}
+
+/// Diagnostic (`B1_SIDE=agentloop|baseline`): 200 000 round trips of one side with the
+/// client as a task, for `perf stat` / `strace -c` of that side alone. Prints µs per
+/// round trip; not a figure.
+async fn probe(side: &str) {
+    const N: u64 = 200_000;
+    let per_op = match side {
+        "baseline" => tokio::spawn(async {
+            let mut b = Baseline::start().await;
+            let d = b.run(N).await;
+            b.stop().await;
+            micros_per_op(d, N)
+        })
+        .await
+        .expect("the probe panicked"),
+        _ => tokio::spawn(async {
+            let mut a = Agentloop::start().await;
+            let d = a.run(N).await;
+            a.stop().await;
+            micros_per_op(d, N)
+        })
+        .await
+        .expect("the probe panicked"),
+    };
+    println!("B1 probe {side}: {per_op:.3} µs per round trip ({N} round trips, client as a task)");
 }
