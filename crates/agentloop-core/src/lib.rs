@@ -1,12 +1,17 @@
-//! The vocabulary of agentloop that needs no runtime: session ids, the business
-//! interrupt, a record's status, header and settings, durability, idempotency keys,
-//! lease arithmetic and placement. Plain data and plain functions; this crate has no
-//! tokio and no ractor in its Cargo.toml, so the compiler keeps it free of I/O
-//! (DESIGN §1, issue 31). The `agentloop` crate re-exports every item at its old path.
+//! The part of agentloop that needs no runtime. The vocabulary: session ids, the
+//! business interrupt, a record's status, header and settings, durability, idempotency
+//! keys. The record layer: the record's shapes ([`record`]), the writes a session makes
+//! ([`write`]), their encoding ([`codec`]), the key-value table every store applies
+//! them to ([`table`]), the checkpoint history ([`history`]) and [`StoreError`]. The
+//! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. Plain
+//! data and plain functions; this crate has no tokio and no ractor in its Cargo.toml,
+//! so the compiler keeps it free of I/O (DESIGN §1, issue 31). The `agentloop` crate
+//! re-exports the items at their old paths.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod adopt;
 pub mod codec;
 pub mod durability;
 pub mod header;
@@ -16,9 +21,12 @@ pub mod interrupt;
 pub mod keys;
 pub mod lease;
 pub mod placement;
+pub mod rebalance;
 pub mod record;
 pub mod settings;
 pub mod status;
 pub mod store_error;
 pub mod table;
 pub mod write;
+
+pub use store_error::StoreError;

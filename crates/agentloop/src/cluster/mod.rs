@@ -1,14 +1,20 @@
-//! Several nodes sharing one store (issue 18, S36–S38): where a session should run
-//! ([`placement`]) and how a node adopts the sessions of nodes that died
-//! ([`adopt`]). This module decides placement and adoption only; sessions, their
-//! records and claims are the session's and the store's business.
+//! Several nodes sharing one store (issue 18, S36–S38), as the runtime sees them: the
+//! routing trait a node installs for by-id work on sessions that run elsewhere
+//! ([`forward`]), what a stop or a control request crossing nodes may carry
+//! ([`control`]), a session's planned move ([`migrate`]), and the judgements — where a
+//! session should run ([`placement`]), which dead node's sessions to adopt ([`adopt`]),
+//! when and what to rebalance ([`rebalance`]) — which are plain code in
+//! `agentloop-core`, re-exported here; the event relays that carry a subscription
+//! across nodes ([`relay`]) and the in-process network of runtimes ([`peers`], for
+//! tests, benchmarks and programs that run several runtimes in one process, without
+//! ractor's `cluster` feature). The network transport (nodes and forwarding over
+//! ractor_cluster) is the `agentloop-cluster` crate's. Sessions, their records and claims are the session's
+//! and the store's business.
 
-pub mod adopt;
+pub use agentloop_core::{adopt, placement, rebalance};
 pub mod control;
 pub mod forward;
 pub mod migrate;
 pub(crate) mod moving;
 pub mod peers;
-pub use agentloop_core::placement;
-pub mod rebalance;
 pub mod relay;

@@ -1,7 +1,7 @@
 //! Failover (issue 18, S38): a node adopts the sessions of nodes that died. Every node
 //! sharing a store beats in it; a node whose heartbeat is older than the lease timeout
 //! is presumed dead, and each of its `Running` or `Interrupted` records is resumed by
-//! the live node placement names for it ([`super::placement`]), which claims the record
+//! the live node placement names for it ([`crate::placement`]), which claims the record
 //! by compare-and-swap first (`session::load`), so two nodes that disagree about
 //! membership for a moment still never both run it.
 //!
@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::cluster::placement;
-use crate::store::lease::is_fresh;
+use crate::lease::is_fresh;
+use crate::placement;
 
 /// Who is live and who is presumed dead, from the store's heartbeats.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

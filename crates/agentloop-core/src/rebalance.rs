@@ -2,7 +2,7 @@
 //! sessions it now wins move to it by planned migration (`cluster/migrate.rs`): each
 //! stops at its next safe point, its lease moves by compare-and-swap, the new node
 //! resumes it, and pushes meanwhile queue and follow in order. Opt-in
-//! ([`crate::RuntimeBuilder::rebalance`], `serve --rebalance`): a move costs a safe
+//! (`agentloop::RuntimeBuilder::rebalance`, `serve --rebalance`): a move costs a safe
 //! point and a resume, which some deployments prefer to take only at deploys.
 //!
 //! Only the node that runs a session moves it, and only once the live set has been
@@ -13,8 +13,8 @@
 
 use std::time::Duration;
 
-use crate::cluster::adopt::Membership;
-use crate::cluster::placement;
+use crate::adopt::Membership;
+use crate::placement;
 
 /// How a node rebalances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
