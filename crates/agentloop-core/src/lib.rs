@@ -1,7 +1,7 @@
 //! The part of agentloop that needs no runtime. The vocabulary: session ids, the
 //! business interrupt, a record's status, header and settings, durability, idempotency
 //! keys. The record layer: the record's shapes ([`record`]), the writes a session makes
-//! ([`write`]), their encoding ([`codec`]), the key-value table every store applies
+//! ([`mod@write`]), their encoding ([`codec`]), the key-value table every store applies
 //! them to ([`table`]), the checkpoint history ([`history`]) and [`StoreError`]. The
 //! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. Plain
 //! data and plain functions; this crate has no tokio and no ractor in its Cargo.toml,
