@@ -10,6 +10,8 @@ use std::future::Future;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+pub use agentloop_core::plan::{Plan, PlanInput};
+
 use crate::cancel::Canceled;
 use crate::turn::TurnCx;
 
@@ -46,55 +48,6 @@ pub trait Agent: Send + Sync + Sized + 'static {
         turn: Turn<Self>,
         cx: TurnCx<Self>,
     ) -> impl Future<Output = Result<TurnOutcome<Self::State>, AgentError>> + Send;
-}
-
-/// What a plan is offered (S5, S8).
-#[derive(Clone, Debug)]
-pub struct PlanInput<I> {
-    /// The index of the turn being planned.
-    pub turn_index: u64,
-    /// Items of the previous turn, which was preempted before it could finish them (S8).
-    pub preempted: Vec<I>,
-    /// Buffered items in push order.
-    pub buffered: Vec<I>,
-}
-
-impl<I> PlanInput<I> {
-    /// The default plan: consume the preempted items, then the buffer.
-    pub fn consume_all(self) -> Plan<I> {
-        let mut consumed = self.preempted;
-        consumed.extend(self.buffered);
-        Plan {
-            consumed,
-            remaining: Vec::new(),
-        }
-    }
-
-    /// All offered items, preempted first (the original push order).
-    pub fn into_items(self) -> Vec<I> {
-        let mut all = self.preempted;
-        all.extend(self.buffered);
-        all
-    }
-
-    /// How many items are offered.
-    pub fn len(&self) -> usize {
-        self.preempted.len() + self.buffered.len()
-    }
-
-    /// Whether nothing is offered.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A plan's decision (S5).
-#[derive(Clone, Debug)]
-pub struct Plan<I> {
-    /// What this turn consumes.
-    pub consumed: Vec<I>,
-    /// What goes back to the front of the buffer, ahead of anything pushed later.
-    pub remaining: Vec<I>,
 }
 
 /// A turn as handed to [`Agent::run_turn`].

@@ -1,7 +1,7 @@
 //! Sessions: the TurnLoop actor and everything one session is made of (DESIGN §2–§7).
 //!
 //! One file per concern: `core/` (every decision, sans-IO: plain handlers over state
-//! and events that return effects), `ledger` (every accepted item's place; the only
+//! and events that return effects), `ledger` (`agentloop-core`'s: every accepted item's place; the only
 //! code that moves an item), the actor shell around the core (`turn_loop`: the dispatch;
 //! `effects`: performing what the core returns; `load`: reading the record at start;
 //! `teardown`: the exit), `turn_task` (the task that runs agent code), `messages` (the
@@ -18,7 +18,7 @@ pub(crate) mod fork;
 mod handle;
 mod info;
 pub(crate) mod keys;
-pub(crate) mod ledger;
+pub(crate) use agentloop_core::ledger;
 mod load;
 mod loop_state;
 pub(crate) mod messages;

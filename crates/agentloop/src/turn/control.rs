@@ -25,7 +25,7 @@ use crate::exit::FailureKind;
 use crate::push::{PendingAck, PreemptAck};
 use crate::store::codec::PayloadError;
 use crate::store::Payload;
-use crate::turn::split::PlanSplit;
+use agentloop_core::ledger::PlanSplit;
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,6 +7,5 @@
 
 pub mod context;
 pub(crate) mod control;
-pub(crate) mod split;
 
 pub use context::{Step, TurnCx};

@@ -35,18 +35,21 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::agent::{Plan, PlanInput};
-use crate::store::codec::PayloadError;
-use crate::store::{ItemChange, LoadedRecord, Payload};
-pub(crate) use crate::turn::split::{PlanSplit, Planned};
+use crate::codec::PayloadError;
+use crate::header::Payload;
+use crate::plan::{Plan, PlanInput};
+use crate::record::LoadedRecord;
+use crate::write::ItemChange;
+mod split;
+pub use split::{PlanSplit, Planned};
 
 /// An accepted item's entry number.
-pub(crate) type Seq = u64;
+pub type Seq = u64;
 
 /// Hashes an entry number as itself: numbers are dense and given by the session (no
 /// one can choose them to collide), so SipHash's protection buys nothing here.
 #[derive(Default)]
-pub(crate) struct SeqHasher(u64);
+pub struct SeqHasher(u64);
 
 impl Hasher for SeqHasher {
     fn finish(&self) -> u64 {
@@ -69,21 +72,28 @@ type Held_<I> = HashMap<Seq, Held<I>, BuildHasherDefault<SeqHasher>>;
 /// An item the session holds: its value and, when the session persists, the bytes its
 /// entry holds.
 #[derive(Clone, Debug)]
-pub(crate) struct Held<I> {
-    pub(crate) item: I,
-    pub(crate) bytes: Option<Payload>,
+pub struct Held<I> {
+    /// The item.
+    pub item: I,
+    /// Its entry's bytes (a persistent session's), `None` in memory.
+    pub bytes: Option<Payload>,
 }
 
 /// What a turn is offered.
-pub(crate) enum Offer<I> {
+pub enum Offer<I> {
     /// Plan over these items; `bytes` (when the session persists) are their stored
     /// bytes, in the input's order (preempted first, then buffered).
     Plan {
+        /// What the plan is offered.
         input: PlanInput<I>,
+        /// The offered items' stored bytes, in the input's order.
         bytes: Option<Vec<Payload>>,
     },
     /// Resume the cut turn with these items (S17); no plan.
-    Resume { items: Vec<I> },
+    Resume {
+        /// The cut turn's items.
+        items: Vec<I>,
+    },
 }
 
 /// Where the items of the turn that is planning or running are.
@@ -134,26 +144,26 @@ impl TurnItems {
 
 /// The cut turn.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Cut {
+pub struct Cut {
     /// Its index.
-    pub(crate) index: u64,
+    pub index: u64,
     /// Its items, in the turn's order.
-    pub(crate) items: Vec<Seq>,
+    pub items: Vec<Seq>,
 }
 
 /// Where every held item is, by entry number (see [`Ledger::placement`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Placement {
+pub struct Placement {
     /// The cut turn's items (a record's `interrupted_items`): the cut, or the running
     /// turn's consumed items, or a resume turn's.
-    pub(crate) interrupted: Vec<Seq>,
+    pub interrupted: Vec<Seq>,
     /// Everything else, in the order it would be offered next.
-    pub(crate) unhandled: Vec<Seq>,
+    pub unhandled: Vec<Seq>,
 }
 
 /// How a turn ended, as the ledger needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TurnFate {
+pub enum TurnFate {
     /// It completed: its consumed items are delivered.
     Completed,
     /// It was preempted (S8): its items go first to the next plan.
@@ -163,7 +173,7 @@ pub(crate) enum TurnFate {
 }
 
 /// The ledger of one session.
-pub(crate) struct Ledger<I> {
+pub struct Ledger<I> {
     /// Entries are stored: moves report entry changes, items keep their bytes.
     persist: bool,
     held: Held_<I>,
@@ -184,7 +194,7 @@ pub(crate) struct Ledger<I> {
 
 impl<I: Clone> Ledger<I> {
     /// An empty ledger.
-    pub(crate) fn new(persist: bool) -> Self {
+    pub fn new(persist: bool) -> Self {
         Ledger {
             persist,
             held: Held_::default(),
@@ -204,10 +214,10 @@ impl<I: Clone> Ledger<I> {
     /// items, in order, with their entry numbers and bytes; numbering continues above
     /// the record's. Call on an empty ledger. Returns the cut turn's index if there is
     /// one.
-    pub(crate) fn seed(&mut self, record: &mut LoadedRecord<I>) -> Option<u64> {
+    pub fn seed(&mut self, record: &mut LoadedRecord<I>) -> Option<u64> {
         let mut top = record.header.next_seq;
         let held_bytes = &mut self.held_bytes;
-        let mut take = |it: crate::store::LoadedItem<I>, held: &mut Held_<I>| {
+        let mut take = |it: crate::record::LoadedItem<I>, held: &mut Held_<I>| {
             top = top.max(it.seq + 1);
             let seq = it.seq;
             *held_bytes += it.bytes.len();
@@ -242,7 +252,7 @@ impl<I: Clone> Ledger<I> {
 
     /// Accepts a pushed item: it joins the tail. Returns its entry number and the entry
     /// to put.
-    pub(crate) fn accept(&mut self, item: I, bytes: Option<Payload>) -> (Seq, Vec<ItemChange>) {
+    pub fn accept(&mut self, item: I, bytes: Option<Payload>) -> (Seq, Vec<ItemChange>) {
         let seq = self.next_seq;
         self.next_seq += 1;
         let change = match (&bytes, self.persist) {
@@ -256,12 +266,12 @@ impl<I: Clone> Ledger<I> {
     }
 
     /// The next entry number (recorded in the header).
-    pub(crate) fn next_seq(&self) -> Seq {
+    pub fn next_seq(&self) -> Seq {
         self.next_seq
     }
 
     /// Whether an item waits for a turn (or a cut turn waits to resume).
-    pub(crate) fn has_work(&self) -> bool {
+    pub fn has_work(&self) -> bool {
         self.cut.is_some()
             || !self.preempted.is_empty()
             || !self.front.is_empty()
@@ -269,28 +279,28 @@ impl<I: Clone> Ledger<I> {
     }
 
     /// Whether nothing is held at all.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.held.is_empty() && self.cut.is_none() && self.turn.is_none()
     }
 
     /// What the session holds, in a turn or waiting for one: (items, stored bytes).
-    pub(crate) fn held(&self) -> (usize, usize) {
+    pub fn held(&self) -> (usize, usize) {
         (self.held.len(), self.held_bytes)
     }
 
     /// How many items wait outside a turn: (buffered, preempted).
-    pub(crate) fn waiting(&self) -> (usize, usize) {
+    pub fn waiting(&self) -> (usize, usize) {
         (self.front.len() + self.tail.len(), self.preempted.len())
     }
 
     /// The cut turn, if any.
-    pub(crate) fn cut(&self) -> Option<&Cut> {
+    pub fn cut(&self) -> Option<&Cut> {
         self.cut.as_ref()
     }
 
     /// Offers everything waiting to turn `index`: the cut turn (a resume, no plan), or
     /// the preempted items then the buffer (S5, S8). Moves them into the turn.
-    pub(crate) fn offer(&mut self, index: u64) -> Offer<I> {
+    pub fn offer(&mut self, index: u64) -> Offer<I> {
         self.order_cache = None;
         let mut turn = self.spare.take().unwrap_or_else(|| {
             Box::new(TurnItems {
@@ -352,7 +362,7 @@ impl<I: Clone> Ledger<I> {
     /// values the plan returned; dropped items leave (their entries are deleted);
     /// rewritten items' entries are put again. No-op when the split is already known
     /// (a resume turn, or applied before).
-    pub(crate) fn decide(&mut self, split: PlanSplit<I>) -> (u64, Vec<ItemChange>) {
+    pub fn decide(&mut self, split: PlanSplit<I>) -> (u64, Vec<ItemChange>) {
         let Some(turn) = self.turn.as_mut().filter(|t| t.split.is_none()) else {
             return (0, Vec::new());
         };
@@ -428,7 +438,7 @@ impl<I: Clone> Ledger<I> {
     /// The turn ended after its plan (S5, S8, S10): delivered, preempted, or cut; its
     /// remaining items go back to the front. Returns how many items were delivered and
     /// the entries to delete (the delivered ones). The split must be known.
-    pub(crate) fn end_turn(&mut self, fate: TurnFate) -> (u64, Vec<ItemChange>) {
+    pub fn end_turn(&mut self, fate: TurnFate) -> (u64, Vec<ItemChange>) {
         let Some(mut turn) = self.turn.take() else {
             return (0, Vec::new());
         };
@@ -472,7 +482,7 @@ impl<I: Clone> Ledger<I> {
     /// in its original order (preempted ones to `preempted`); a resume turn's items are
     /// the cut turn again. With a split (the plan consumed nothing), the remaining
     /// items go back to the front.
-    pub(crate) fn turn_not_run(&mut self) {
+    pub fn turn_not_run(&mut self) {
         let Some(turn) = self.turn.take() else {
             return;
         };
@@ -504,24 +514,24 @@ impl<I: Clone> Ledger<I> {
     }
 
     /// Whether items were pushed since the current turn was offered its items.
-    pub(crate) fn pushed_during_turn(&self) -> bool {
+    pub fn pushed_during_turn(&self) -> bool {
         !self.tail.is_empty()
     }
 
     /// Whether the turn's split is known.
-    pub(crate) fn split_known(&self) -> bool {
+    pub fn split_known(&self) -> bool {
         self.turn.as_ref().is_some_and(|t| t.split.is_some())
     }
 
     /// The running turn's consumed items (a copy, for push strategies, S9).
-    pub(crate) fn consumed_values(&self) -> Option<Vec<I>> {
+    pub fn consumed_values(&self) -> Option<Vec<I>> {
         let (consumed, _) = self.turn.as_ref()?.parts()?;
         Some(consumed.iter().map(|s| self.value(*s)).collect())
     }
 
     /// Where every held item is now (see the module docs): the cut turn's items
     /// (`interrupted`) and the rest in the order they would be offered next.
-    pub(crate) fn placement(&self) -> Placement {
+    pub fn placement(&self) -> Placement {
         let mut p = Placement::default();
         match &self.turn {
             None => {
@@ -545,7 +555,7 @@ impl<I: Clone> Ledger<I> {
 
     /// The cut turn's items as a record lists them (`interrupted`): O(turn), not
     /// O(backlog), so a push's header costs the same whatever waits.
-    pub(crate) fn interrupted(&self) -> Vec<Seq> {
+    pub fn interrupted(&self) -> Vec<Seq> {
         match &self.turn {
             None => self
                 .cut
@@ -560,7 +570,7 @@ impl<I: Clone> Ledger<I> {
     /// which the rest ascends (so "front, then the other entries in number order" is
     /// the order). Cached across pushes, which never change it (a push appends the
     /// highest number to `tail`).
-    pub(crate) fn header_front(&mut self) -> Vec<Seq> {
+    pub fn header_front(&mut self) -> Vec<Seq> {
         if let Some(c) = &self.order_cache {
             return c.clone();
         }
@@ -582,12 +592,12 @@ impl<I: Clone> Ledger<I> {
     }
 
     /// The values of `seqs`, in order.
-    pub(crate) fn values(&self, seqs: &[Seq]) -> Vec<I> {
+    pub fn values(&self, seqs: &[Seq]) -> Vec<I> {
         seqs.iter().map(|s| self.value(*s)).collect()
     }
 
     /// Every held item's entry (a write that replaces the whole record).
-    pub(crate) fn all_entries(&self) -> Vec<ItemChange> {
+    pub fn all_entries(&self) -> Vec<ItemChange> {
         let mut seqs: Vec<&Seq> = self.held.keys().collect();
         seqs.sort_unstable();
         seqs.into_iter()
@@ -600,9 +610,9 @@ impl<I: Clone> Ledger<I> {
             .collect()
     }
 
-    /// The invariants of the module docs; `Err` says which broke.
-    #[cfg(test)]
-    pub(crate) fn check(&self) -> Result<(), String> {
+    /// The invariants of the module docs; `Err` says which broke. For tests and
+    /// debugging: it walks every held item.
+    pub fn check(&self) -> Result<(), String> {
         let p = self.placement();
         if self.interrupted() != p.interrupted {
             return Err(format!(
@@ -670,7 +680,7 @@ impl<I: Clone> Ledger<I> {
 /// takes an unmatched position (in offer order), whose entry it rewrites; positions left
 /// over were dropped. Without a store, positions are only places: returned values take
 /// them in order. Fails when the plan returns more items than it was offered.
-pub(crate) fn split_plan<I>(
+pub fn split_plan<I>(
     offered: usize,
     bytes: Option<&[Payload]>,
     plan: Plan<I>,

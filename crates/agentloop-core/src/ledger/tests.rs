@@ -2,7 +2,7 @@
 use super::*;
 
 fn enc(v: &String) -> Result<Vec<u8>, PayloadError> {
-    crate::store::codec::payload::encode_checked(v)
+    crate::codec::payload::encode_checked(v)
 }
 
 fn persistent() -> Ledger<String> {
@@ -226,7 +226,7 @@ fn a_cut_turn_and_its_resume() {
 
 #[test]
 fn a_loaded_record_seeds_places_and_numbering() {
-    let header = crate::store::RecordHeader {
+    let header = crate::header::RecordHeader {
         session_id: "s".into(),
         turn_index: 7,
         next_seq: 20,
@@ -234,7 +234,7 @@ fn a_loaded_record_seeds_places_and_numbering() {
         front: vec![15, 11],
         ..Default::default()
     };
-    let item = |seq: u64| crate::store::LoadedItem {
+    let item = |seq: u64| crate::record::LoadedItem {
         seq,
         item: format!("i{seq}"),
         bytes: Payload::from(enc(&format!("i{seq}")).unwrap()),
@@ -305,7 +305,7 @@ fn a_plan_returning_too_much_or_unstorable_fails() {
             Err(PayloadError {
                 type_name: "u32",
                 path: String::new(),
-                stage: crate::store::codec::PayloadStage::Encode,
+                stage: crate::codec::PayloadStage::Encode,
                 reason: "refused".into(),
             })
         },
