@@ -3,7 +3,8 @@
 //! keys. The record layer: the record's shapes ([`record`]), the writes a session makes
 //! ([`mod@write`]), their encoding ([`codec`]), the key-value table every store applies
 //! them to ([`table`]), the checkpoint history ([`history`]) and [`StoreError`]. The
-//! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. Plain
+//! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. The
+//! journal of durable steps ([`steps`], S1b). Plain
 //! data and plain functions; this crate has no tokio and no ractor in its Cargo.toml,
 //! so the compiler keeps it free of I/O (DESIGN §1, issue 31). The `agentloop` crate
 //! re-exports the items at their old paths.
@@ -27,6 +28,7 @@ pub mod rebalance;
 pub mod record;
 pub mod settings;
 pub mod status;
+pub mod steps;
 pub mod store_error;
 pub mod table;
 pub mod write;
