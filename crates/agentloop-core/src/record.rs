@@ -12,14 +12,11 @@
 //! logical order of S15 is rebuilt from the entries without storing it per item, and a
 //! push writes one entry plus the header whatever the backlog.
 //!
-//! This module knows no session and no backend: it only describes and converts.
+//! This module knows no session, no backend and no encoding: it only describes (the
+//! conversions to and from bytes are `codec/record.rs`'s).
 
 use std::collections::HashSet;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
-use crate::codec::{self, payload};
 pub use crate::header::{Payload, RecordHeader};
 use crate::interrupt::InterruptInfo;
 use crate::status::SessionStatus;
@@ -131,7 +128,7 @@ pub struct LoadedRecord<I> {
     pub interrupted: Vec<LoadedItem<I>>,
     /// The unhandled items, in offer order.
     pub unhandled: Vec<LoadedItem<I>>,
-    /// The cut turn's encoded state (see [`codec::decode_state`]).
+    /// The cut turn's encoded state (see `codec::decode_state`).
     pub state: Option<Payload>,
     /// It was read in format 1: the first write must replace it whole.
     pub format1: bool,
@@ -152,115 +149,6 @@ impl Stored {
             Stored::Current(r) => &r.header.status,
             Stored::Format1(r) => &r.status,
         }
-    }
-
-    /// Decodes the items as `I` (keeping their bytes). A format-1 record is converted:
-    /// its items are re-encoded in format 2 and numbered interrupted first.
-    pub fn decode<I>(&self) -> Result<LoadedRecord<I>, StoreError>
-    where
-        I: Serialize + DeserializeOwned,
-    {
-        match self {
-            Stored::Current(r) => {
-                let id = &r.header.session_id;
-                let placement = r.placement()?;
-                let mut by_seq: std::collections::HashMap<u64, &Payload> =
-                    r.items.iter().map(|(s, b)| (*s, b)).collect();
-                let mut take = |seqs: &[u64]| -> Result<Vec<LoadedItem<I>>, StoreError> {
-                    seqs.iter()
-                        .map(|seq| {
-                            let bytes = by_seq.remove(seq).ok_or_else(|| StoreError::Corrupt {
-                                session: id.clone(),
-                                reason: format!("item entry {seq} is missing"),
-                            })?;
-                            let item =
-                                payload::decode::<I>(bytes).map_err(|e| StoreError::Corrupt {
-                                    session: id.clone(),
-                                    reason: format!("item entry {seq}: {e}"),
-                                })?;
-                            Ok(LoadedItem {
-                                seq: *seq,
-                                item,
-                                bytes: bytes.clone(),
-                            })
-                        })
-                        .collect()
-                };
-                let interrupted = take(&placement.interrupted)?;
-                let unhandled = take(&placement.unhandled)?;
-                Ok(LoadedRecord {
-                    header: r.header.clone(),
-                    interrupted,
-                    unhandled,
-                    state: r.state.clone(),
-                    format1: false,
-                })
-            }
-            Stored::Format1(f) => {
-                let rec = codec::legacy::decode_record::<I>(&f.session_id, &f.bytes)?;
-                LoadedRecord::from_record(rec, true)
-            }
-        }
-    }
-}
-
-impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
-    /// Numbers a whole record's items (interrupted first, then unhandled, in order) and
-    /// encodes them, checked: a value that would not read back is refused.
-    fn from_record(rec: SessionRecord<I>, format1: bool) -> Result<Self, StoreError> {
-        let id = rec.session_id.clone();
-        let mut next = 0u64;
-        let mut number = |items: Vec<I>| -> Result<Vec<LoadedItem<I>>, StoreError> {
-            items
-                .into_iter()
-                .map(|item| {
-                    let bytes = payload::encode_checked(&item).map_err(|e| StoreError::Encode {
-                        session: id.clone(),
-                        reason: e.to_string(),
-                    })?;
-                    let seq = next;
-                    next += 1;
-                    Ok(LoadedItem {
-                        seq,
-                        item,
-                        bytes: bytes.into(),
-                    })
-                })
-                .collect()
-        };
-        let interrupted = number(rec.interrupted_items)?;
-        let unhandled = number(rec.unhandled_items)?;
-        let header = RecordHeader {
-            session_id: rec.session_id,
-            agent_kind: rec.agent_kind,
-            agent_config: rec.agent_config,
-            status: rec.status,
-            turn_index: rec.turn_index,
-            cut: interrupted.iter().map(|i| i.seq).collect(),
-            front: Vec::new(),
-            next_seq: next,
-            stop_cause: rec.stop_cause,
-            last_error: rec.last_error,
-            owner: rec.owner,
-            heartbeat_ms: rec.heartbeat_ms,
-            created_at_ms: rec.created_at_ms,
-            updated_at_ms: rec.updated_at_ms,
-            version: rec.version,
-            lease_epoch: rec.lease_epoch,
-            last_event_seq: rec.last_event_seq,
-            interrupt: rec.interrupt,
-            awaiting_answer: rec.awaiting_answer,
-            answer: rec.answer.map(serde_bytes::ByteBuf::from),
-            settings: rec.settings,
-            idempotency_keys: Vec::new(),
-        };
-        Ok(LoadedRecord {
-            header,
-            interrupted,
-            unhandled,
-            state: rec.state.map(Payload::from),
-            format1,
-        })
     }
 }
 
@@ -321,7 +209,7 @@ pub struct SessionRecord<I> {
     /// The items of the cut or interrupted turn.
     pub interrupted_items: Vec<I>,
     /// The cut turn's state at its last safe point, encoded by
-    /// [`codec::encode_state`].
+    /// `codec::encode_state`.
     pub state: Option<Vec<u8>>,
     /// The business stop cause.
     pub stop_cause: Option<String>,
@@ -389,33 +277,6 @@ impl<I> SessionRecord<I> {
     /// Whether the record holds a cut turn to resume (S17).
     pub fn is_mid_turn(&self) -> bool {
         self.state.is_some() || !self.interrupted_items.is_empty()
-    }
-}
-
-impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
-    /// The write that stores this record whole (replacing whatever was stored), under
-    /// `condition`. Items are encoded and checked: one that would not read back is
-    /// refused with `StoreError::Encode`.
-    pub fn to_write(
-        &self,
-        condition: crate::write::WriteCondition,
-    ) -> Result<crate::write::RecordWrite, StoreError> {
-        let loaded = LoadedRecord::from_record(self.clone(), false)?;
-        let mut items = Vec::with_capacity(loaded.item_count());
-        for it in loaded.interrupted.iter().chain(&loaded.unhandled) {
-            items.push(crate::write::ItemChange::Put(it.seq, it.bytes.clone()));
-        }
-        Ok(crate::write::RecordWrite {
-            header: loaded.header,
-            items,
-            state: match &loaded.state {
-                Some(s) => crate::write::StateChange::Put(s.clone()),
-                None => crate::write::StateChange::Delete,
-            },
-            replace: true,
-            condition,
-            history: None,
-        })
     }
 }
 

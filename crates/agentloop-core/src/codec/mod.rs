@@ -21,6 +21,7 @@ pub mod check;
 pub mod head;
 pub mod legacy;
 pub mod payload;
+mod record;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
