@@ -4,10 +4,10 @@
 //! ([`mod@write`]), their encoding ([`codec`]), the key-value table every store applies
 //! them to ([`table`]), the checkpoint history ([`history`]) and [`StoreError`]. The
 //! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. The
-//! journal of durable steps ([`steps`], S1b). Plain
-//! data and plain functions; this crate has no tokio and no ractor in its Cargo.toml,
-//! so the compiler keeps it free of I/O (DESIGN §1, issue 31). The `agentloop` crate
-//! re-exports the items at their old paths.
+//! journal of durable steps ([`steps`], S1b). Plain data and plain functions; this
+//! crate has no tokio and no ractor in its Cargo.toml, so the compiler keeps it free of
+//! I/O (DESIGN §1, issue 31). The `agentloop` crate re-exports the items at their old
+//! paths.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

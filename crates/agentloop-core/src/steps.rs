@@ -17,7 +17,7 @@
 //! | finished, same name | | [`StepDecision::Replay`]: the journaled result, not run |
 //! | begun (not finished), same name | policy `Retry` | [`StepDecision::Run`] with `unknown: true`, same key |
 //! | begun (not finished), same name | policy `NoRetry` | [`StepDecision::Unknown`] |
-//! | any, another name | | [`StepDecision::Diverged`]: the turn fails, the record is kept |
+//! | any, another name | | [`StepDecision::Refused`] with [`StepError::Diverged`]: the turn fails, the record is kept |
 //!
 //! A step's [`StepKey`] is made of the session, the turn, the occurrence and the name:
 //! every run of the same step (after a crash, a restart, a move, a failover) gets the
@@ -136,9 +136,10 @@ pub enum StepDecision {
         /// The step's key.
         key: StepKey,
     },
-    /// The journal has another step at this position: the turn's code changed or is
-    /// not deterministic up to its steps.
-    Diverged(StepError),
+    /// The step cannot go on and the turn fails: the journal holds another step at this
+    /// position ([`StepError::Diverged`]: the turn's code changed, or chooses its steps
+    /// differently on a rerun), or its name cannot be part of a key.
+    Refused(StepError),
 }
 
 /// Why a step cannot go on.
@@ -171,8 +172,9 @@ pub enum StepError {
         /// The bound.
         limit: usize,
     },
-    /// A finish for a step that was not decided to run.
-    #[error("step {occurrence} finished without being started; this is a bug in agentloop, please report it")]
+    /// A beginning or a result for a step that was not decided to run here, or that a
+    /// safe point's state already covers.
+    #[error("step {occurrence} was journaled without being started in this run of the turn; this is a bug in agentloop, please report it")]
     NotStarted {
         /// The position.
         occurrence: u32,
@@ -257,7 +259,7 @@ impl Journal {
     /// past it (a diverged step does not move: the turn ends).
     pub fn begin(&mut self, name: &str, policy: StepPolicy) -> StepDecision {
         if name.is_empty() || name.contains('/') {
-            return StepDecision::Diverged(StepError::BadName(name.to_string()));
+            return StepDecision::Refused(StepError::BadName(name.to_string()));
         }
         let occurrence = self.next;
         let key = StepKey {
@@ -268,7 +270,7 @@ impl Journal {
         };
         let decision = match self.entries.iter().find(|e| e.occurrence == occurrence) {
             Some(e) if e.name != name => {
-                return StepDecision::Diverged(StepError::Diverged {
+                return StepDecision::Refused(StepError::Diverged {
                     turn: self.turn,
                     occurrence,
                     asked: name.to_string(),
@@ -300,15 +302,17 @@ impl Journal {
     }
 
     /// The entry that journals the beginning of the step at `occurrence` (a `NoRetry`
-    /// step, before it runs).
-    pub fn began(&mut self, occurrence: u32, name: &str) -> JournalEntry {
+    /// step, before it runs); [`StepError::NotStarted`] for a step not decided in this
+    /// run or covered by a safe point.
+    pub fn began(&mut self, occurrence: u32, name: &str) -> Result<JournalEntry, StepError> {
+        self.started(occurrence)?;
         let entry = JournalEntry {
             occurrence,
             name: name.to_string(),
             result: None,
         };
         self.put(entry.clone());
-        entry
+        Ok(entry)
     }
 
     /// Journals the result of the step at `occurrence`: the entry to write, or
@@ -320,9 +324,7 @@ impl Journal {
         name: &str,
         result: Vec<u8>,
     ) -> Result<JournalEntry, StepError> {
-        if occurrence >= self.next {
-            return Err(StepError::NotStarted { occurrence });
-        }
+        self.started(occurrence)?;
         let replaced = self
             .entries
             .iter()
@@ -376,6 +378,14 @@ impl Journal {
         }
         if bytes > self.limit {
             return Err(format!("{bytes} bytes over the limit {}", self.limit));
+        }
+        Ok(())
+    }
+
+    /// Whether `occurrence` was decided in this run and is not covered by a state.
+    fn started(&self, occurrence: u32) -> Result<(), StepError> {
+        if occurrence < self.covered || occurrence >= self.next {
+            return Err(StepError::NotStarted { occurrence });
         }
         Ok(())
     }

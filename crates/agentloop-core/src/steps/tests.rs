@@ -85,7 +85,7 @@ fn the_decision_table() {
     let d = j.begin("refund", StepPolicy::Retry);
     assert_eq!(
         d,
-        StepDecision::Diverged(StepError::Diverged {
+        StepDecision::Refused(StepError::Diverged {
             turn: 7,
             occurrence: 0,
             asked: "refund".into(),
@@ -96,7 +96,7 @@ fn the_decision_table() {
     // A name that cannot be part of a key.
     assert!(matches!(
         j.begin("a/b", StepPolicy::Retry),
-        StepDecision::Diverged(StepError::BadName(_))
+        StepDecision::Refused(StepError::BadName(_))
     ));
 }
 
@@ -123,6 +123,17 @@ fn a_result_over_the_bound_is_refused_and_nothing_is_journaled() {
         j.finish(5, "z", vec![]),
         Err(StepError::NotStarted { occurrence: 5 })
     );
+    // A step a safe point's state covers is not journaled again.
+    j.safe_point();
+    assert_eq!(
+        j.finish(0, "a", b"late".to_vec()),
+        Err(StepError::NotStarted { occurrence: 0 })
+    );
+    assert_eq!(
+        j.began(1, "b"),
+        Err(StepError::NotStarted { occurrence: 1 })
+    );
+    assert!(j.check().is_ok());
 }
 
 #[test]
@@ -221,7 +232,7 @@ proptest! {
                                 prop_assert_eq!(*policy, StepPolicy::Retry);
                             }
                             if journal_begin {
-                                let e = j.began(key.occurrence, name);
+                                let e = j.began(key.occurrence, name).unwrap();
                                 stored.entries.insert(e.occurrence, e);
                             }
                             *runs.entry(key.clone()).or_default() += 1;
@@ -251,7 +262,7 @@ proptest! {
                             stored.entries.insert(e.occurrence, e);
                             finished.insert(key);
                         }
-                        StepDecision::Diverged(e) => {
+                        StepDecision::Refused(e) => {
                             prop_assert!(false, "the same program diverged: {}", e);
                         }
                     },
