@@ -60,6 +60,7 @@ fn write(h: RecordHeader, items: Vec<ItemChange>, state: StateChange) -> RecordW
         header: h,
         items,
         state,
+        journal: Vec::new(),
         replace: false,
         condition: WriteCondition::NotFinal,
         history: None,
@@ -465,6 +466,112 @@ pub async fn delete_removes_everything(store: &Store) {
     assert_eq!(s.header.version, 1, "a new record counts from 1");
 }
 
+/// S1b (issue 32, 4): a turn's journal of durable steps is kept incrementally (one
+/// entry per write), reads back with its mark, is dropped entry by entry (a safe point)
+/// and whole (a replacing write at the turn's end), and goes with a delete.
+pub async fn the_journal_of_durable_steps_is_kept(store: &Store) {
+    use agentloop::store::codec::{decode_journal, encode_journal_entry};
+    use agentloop::store::JournalChange;
+    use agentloop_core::steps::{JournalEntry, JournalMark};
+    let entry = |occ: u32, name: &str, result: Option<&[u8]>| {
+        encode_journal_entry(
+            "steps",
+            &JournalEntry {
+                occurrence: occ,
+                name: name.into(),
+                result: result.map(<[u8]>::to_vec),
+            },
+        )
+        .expect("a journal entry encodes")
+    };
+    let journaled = |covered: u32, j: Vec<JournalChange>| {
+        let mut h = header("steps", SessionStatus::Running);
+        h.journal = Some(JournalMark { turn: 1, covered });
+        let mut w = write(h, vec![], StateChange::Keep);
+        w.journal = j;
+        w
+    };
+    store
+        .write(write(
+            header("steps", SessionStatus::Running),
+            vec![ItemChange::Put(0, payload(0))],
+            StateChange::Keep,
+        ))
+        .await
+        .expect("write");
+    for j in [
+        vec![JournalChange::Put(0, entry(0, "charge", None))],
+        vec![JournalChange::Put(0, entry(0, "charge", Some(b"ok")))],
+        vec![JournalChange::Put(1, entry(1, "mail", Some(b"sent")))],
+    ] {
+        store.write(journaled(0, j)).await.expect("a step's write");
+    }
+    let s = stored(store, "steps").await;
+    let j = decode_journal(&s.header, &s.journal)
+        .expect("the journal decodes")
+        .expect("a journal is stored");
+    assert_eq!(
+        j.mark,
+        JournalMark {
+            turn: 1,
+            covered: 0
+        }
+    );
+    assert_eq!(
+        j.entries
+            .iter()
+            .map(|e| (e.occurrence, e.name.as_str(), e.result.as_deref()))
+            .collect::<Vec<_>>(),
+        vec![
+            (0, "charge", Some(&b"ok"[..])),
+            (1, "mail", Some(&b"sent"[..]))
+        ],
+        "the journal holds each step's last entry"
+    );
+    let typed = record(store, "steps").await;
+    assert_eq!(typed.journal.map(|j| j.entries.len()), Some(2));
+    // A safe point covering step 0 drops its entry in the write of its state.
+    let mut w = journaled(1, vec![JournalChange::Delete(0)]);
+    w.state = StateChange::Put(state_payload(1));
+    store.write(w).await.expect("a safe point's write");
+    let s = stored(store, "steps").await;
+    assert_eq!(
+        s.journal.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        vec![1]
+    );
+    assert_eq!(s.header.journal.map(|m| m.covered), Some(1));
+    // The turn's end: a replacing write without the journal.
+    let mut end = write(
+        header("steps", SessionStatus::Running),
+        vec![ItemChange::Put(0, payload(0))],
+        StateChange::Delete,
+    );
+    end.replace = true;
+    store.write(end).await.expect("the turn end's write");
+    let s = stored(store, "steps").await;
+    assert!(s.journal.is_empty(), "the turn's end drops its journal");
+    store
+        .write(journaled(
+            0,
+            vec![JournalChange::Put(0, entry(0, "x", Some(b"1")))],
+        ))
+        .await
+        .expect("write");
+    assert!(store.delete("steps").await.unwrap());
+    store
+        .write(write(
+            header("steps", SessionStatus::Running),
+            vec![],
+            StateChange::Keep,
+        ))
+        .await
+        .expect("write");
+    assert!(
+        stored(store, "steps").await.journal.is_empty(),
+        "nothing of the old journal returns"
+    );
+}
+
 /// Listing filters by status and sorts by id; typed listing decodes the items.
 pub async fn list_filters_by_status(store: &Store) {
     for (id, status) in [
@@ -695,4 +802,5 @@ pub async fn run_all(store: Store) {
     invalid_ids_are_refused(&store).await;
     heartbeats(&store).await;
     checkpoint_history(&store).await;
+    the_journal_of_durable_steps_is_kept(&store).await;
 }

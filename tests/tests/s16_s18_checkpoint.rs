@@ -37,6 +37,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         awaiting_answer: false,
         answer: None,
         settings: None,
+        journal: None,
     }
 }
 

@@ -152,6 +152,7 @@ fn s15_postgres_store_conforms() {
             },
             items: vec![],
             state: StateChange::Keep,
+            journal: Vec::new(),
             replace: false,
             condition,
             history: None,

@@ -216,7 +216,7 @@ fn scan(path: &Path) -> (sled::Db, Vec<Recovered>) {
                     out.push((h, items, state));
                 }
             }
-            KeyKind::Other => {}
+            KeyKind::Journal(_) | KeyKind::Other => {}
         }
     }
     (db, out)

@@ -57,6 +57,25 @@ fn populate(dir: &Path) {
     beta.unhandled_items = items(&[20]);
     beta.interrupted_items = items(&[21, 22]);
     beta.state = Some(vec![7; 300]);
+    // Its cut turn made durable steps after its state (S1b): they move with it.
+    beta.journal = Some(agentloop_core::steps::TurnJournal {
+        mark: agentloop_core::steps::JournalMark {
+            turn: 7,
+            covered: 1,
+        },
+        entries: vec![
+            agentloop_core::steps::JournalEntry {
+                occurrence: 1,
+                name: "charge".into(),
+                result: Some(vec![1, 2, 3]),
+            },
+            agentloop_core::steps::JournalEntry {
+                occurrence: 2,
+                name: "refund".into(),
+                result: None,
+            },
+        ],
+    });
 
     let mut gamma = SessionRecord::<SimItem>::new("gamma", "sim", 1);
     gamma.status = SessionStatus::Failed("model exploded".into());
@@ -174,6 +193,12 @@ fn export_import_round_trip_between_sled_and_fjall() {
     assert_eq!(lines[3]["history"].as_array().unwrap().len(), 1);
     assert_eq!(lines[0]["header"]["version"], 2);
     assert!(lines[1]["state"].is_string());
+    assert_eq!(
+        lines[1]["journal"].as_array().map(Vec::len),
+        Some(2),
+        "the cut turn's journal is exported: {}",
+        lines[1]
+    );
 
     // Into a new fjall directory: everything reads back the same.
     let out = ok(&agentloop(

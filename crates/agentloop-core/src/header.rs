@@ -79,6 +79,11 @@ pub struct RecordHeader {
     /// restart is recognised and delivers nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub idempotency_keys: Vec<crate::keys::KeptKey>,
+    /// The running or cut turn's durable steps (S1b): which turn the journal entries
+    /// belong to and how many of its steps the stored state covers; `None` when no
+    /// step of the turn was journaled or covered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<crate::steps::JournalMark>,
 }
 
 impl Default for RecordHeader {
@@ -106,6 +111,7 @@ impl Default for RecordHeader {
             answer: None,
             settings: None,
             idempotency_keys: Vec::new(),
+            journal: None,
         }
     }
 }

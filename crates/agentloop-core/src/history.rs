@@ -182,6 +182,8 @@ pub fn read(t: &impl Table, id: &str, query: HistoryQuery) -> Result<HistoryAnsw
                     .map(|(s, b)| (s, Payload::from(b.into_vec())))
                     .collect(),
                 state: snap.state.map(|s| Payload::from(s.into_vec())),
+                // A turn's end drops its journal: a snapshot never holds one.
+                journal: Vec::new(),
             }))))
         }
     }

@@ -20,6 +20,7 @@ use std::collections::HashSet;
 pub use crate::header::{Payload, RecordHeader};
 use crate::interrupt::InterruptInfo;
 use crate::status::SessionStatus;
+use crate::steps::TurnJournal;
 use crate::store_error::StoreError;
 
 /// A format-2 record as stored: header, item entries (in entry-number order) and the
@@ -32,6 +33,9 @@ pub struct StoredRecord {
     pub items: Vec<(u64, Payload)>,
     /// The cut turn's encoded state.
     pub state: Option<Payload>,
+    /// `(occurrence, encoded journal entry)` of the running or cut turn's durable steps
+    /// (S1b), ascending; the header's `journal` mark says which turn.
+    pub journal: Vec<(u32, Payload)>,
 }
 
 /// Where a record's items are, by entry number.
@@ -130,6 +134,8 @@ pub struct LoadedRecord<I> {
     pub unhandled: Vec<LoadedItem<I>>,
     /// The cut turn's encoded state (see `codec::decode_state`).
     pub state: Option<Payload>,
+    /// The cut turn's journal of durable steps (S1b), decoded.
+    pub journal: Option<TurnJournal>,
     /// It was read in format 1: the first write must replace it whole.
     pub format1: bool,
 }
@@ -178,6 +184,7 @@ impl<I> LoadedRecord<I> {
             awaiting_answer: h.awaiting_answer,
             answer: h.answer.map(serde_bytes::ByteBuf::into_vec),
             settings: h.settings,
+            journal: self.journal,
         }
     }
 
@@ -239,6 +246,9 @@ pub struct SessionRecord<I> {
     pub answer: Option<Vec<u8>>,
     /// The session's own settings (see [`RecordHeader::settings`]).
     pub settings: Option<crate::settings::SessionSettings>,
+    /// The cut turn's journal of durable steps (S1b): replayed when the turn runs
+    /// again.
+    pub journal: Option<TurnJournal>,
 }
 
 impl<I> SessionRecord<I> {
@@ -271,6 +281,7 @@ impl<I> SessionRecord<I> {
             awaiting_answer: false,
             answer: None,
             settings: None,
+            journal: None,
         }
     }
 

@@ -110,6 +110,25 @@ pub struct JournalEntry {
     pub result: Option<Vec<u8>>,
 }
 
+/// Which turn a stored journal belongs to and how many of its steps the stored state
+/// covers: kept in the record's header beside the journal's entries (S1b).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalMark {
+    /// The turn.
+    pub turn: u64,
+    /// How many of its steps the stored state covers (see [`Journal::covered`]).
+    pub covered: u32,
+}
+
+/// A turn's journal as a record keeps it: its mark and its entries, ascending.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnJournal {
+    /// The turn and the steps its state covers.
+    pub mark: JournalMark,
+    /// The journaled steps after the covered ones, ascending by occurrence.
+    pub entries: Vec<JournalEntry>,
+}
+
 /// What the session does with a step the agent asks to run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StepDecision {
@@ -184,8 +203,9 @@ pub enum StepError {
 /// The steps of one turn: what is journaled and which step comes next.
 ///
 /// Invariants (checked by [`Journal::check`]): entries ascend by occurrence, each at
-/// or after [`Journal::covered`], and at most the last one is unfinished; the
-/// journaled bytes never exceed the limit.
+/// or after [`Journal::covered`]; the journaled bytes
+/// never exceed the limit. (Steps of one turn may run concurrently, so an unfinished
+/// step may come before a finished one.)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Journal {
     session: String,
@@ -232,6 +252,35 @@ impl Journal {
             entries,
             bytes,
             limit,
+        }
+    }
+
+    /// The journal a turn resumes with from a record's (`None`: the record has none,
+    /// or one of another turn, which is stale: nothing is replayed).
+    pub fn from_record(
+        session: &str,
+        turn: u64,
+        stored: Option<&TurnJournal>,
+        limit: usize,
+    ) -> Self {
+        match stored {
+            Some(j) if j.mark.turn == turn => {
+                Journal::resume(session, turn, j.mark.covered, j.entries.clone(), limit)
+            }
+            _ => Journal::new(session, turn, limit),
+        }
+    }
+
+    /// The turn.
+    pub fn turn(&self) -> u64 {
+        self.turn
+    }
+
+    /// The mark a record keeps beside the entries.
+    pub fn mark(&self) -> JournalMark {
+        JournalMark {
+            turn: self.turn,
+            covered: self.covered,
         }
     }
 
@@ -360,15 +409,12 @@ impl Journal {
     /// The invariants of the type's docs; `Err` says which broke.
     pub fn check(&self) -> Result<(), String> {
         let mut last = None;
-        for (i, e) in self.entries.iter().enumerate() {
+        for e in &self.entries {
             if e.occurrence < self.covered {
                 return Err(format!("entry {} is covered by the state", e.occurrence));
             }
             if last.is_some_and(|l| e.occurrence <= l) {
                 return Err(format!("entry {} is out of order", e.occurrence));
-            }
-            if e.result.is_none() && i + 1 != self.entries.len() {
-                return Err(format!("entry {} is unfinished but not last", e.occurrence));
             }
             last = Some(e.occurrence);
         }

@@ -17,6 +17,16 @@ pub enum ItemChange {
     Delete(u64),
 }
 
+/// A change to one journal entry of the running or cut turn (S1b): the entry of the
+/// step at an occurrence, encoded ([`crate::codec::encode_journal_entry`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JournalChange {
+    /// Store this step's entry (its beginning, or its result).
+    Put(u32, Payload),
+    /// Remove it (a safe point's state covers it, or the turn ended).
+    Delete(u32),
+}
+
 /// A change to the cut turn's state entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StateChange {
@@ -92,8 +102,8 @@ pub enum ConditionFailed {
 /// The store writes `header` as given except `version` (the stored version plus one),
 /// after checking `condition` and the fencing token (`header.lease_epoch` must not be
 /// below the stored one). With `replace`, every item entry the write does not put is
-/// removed, and so is the state unless it is put, and a format-1 record under the same
-/// id: the write is then the whole record.
+/// removed, and so is the state unless it is put, every journal entry it does not put,
+/// and a format-1 record under the same id: the write is then the whole record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordWrite {
     /// The header to store.
@@ -102,6 +112,9 @@ pub struct RecordWrite {
     pub items: Vec<ItemChange>,
     /// The state entry.
     pub state: StateChange,
+    /// Journal entries to put or delete (S1b), applied in order; the header's
+    /// `journal` mark says which turn they belong to.
+    pub journal: Vec<JournalChange>,
     /// The write is the whole record.
     pub replace: bool,
     /// When to apply it.
@@ -131,6 +144,14 @@ impl RecordWrite {
             StateChange::Put(b) => b.len(),
             _ => 0,
         };
-        items + state
+        let journal: usize = self
+            .journal
+            .iter()
+            .map(|c| match c {
+                JournalChange::Put(_, b) => b.len(),
+                JournalChange::Delete(_) => 0,
+            })
+            .sum();
+        items + state + journal
     }
 }

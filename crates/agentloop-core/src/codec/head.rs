@@ -7,9 +7,17 @@
 //! | status kind (u8) | version (u64 LE) | lease epoch (u64 LE)
 //! | loose items (u64 LE) | lowest loose entry number (u64 LE) | highest (u64 LE)
 //! | flags (u8: bit 0 the state is a loose entry, bit 1 an inline state follows)
+//! | format 4 only: journal entries (u32 LE) | lowest occurrence (u32 LE) | highest (u32 LE)
 //! | inline items (u32 LE) | per item: entry number (u64 LE), length (u32 LE), bytes
 //! | when bit 1: state length (u32 LE), bytes
 //! ```
+//!
+//! Format 4 (issue 32) is format 3 with a journal of durable steps (S1b): the journal's
+//! entries are loose entries `<id> 0x00 'j' <occurrence: u32 BE>` and the head says how
+//! many there are and between which occurrences. A head is written in format 4 only
+//! while its record holds journal entries, so a record without any still reads in a
+//! build that knows format 3 only; one with entries is refused there (that build would
+//! run the journaled steps again).
 //!
 //! *Inline* items and state live in the head itself; *loose* ones are entries of their
 //! own under the format-2 keys (`<id> 0x00 'i' <n>`, `<id> 0x00 's'`), all loose item
@@ -35,8 +43,12 @@ use crate::header::{Payload, RecordHeader};
 use crate::status::StatusKind;
 use crate::store_error::StoreError;
 
-/// The format that has a layout: the one this build writes.
+/// The format that has a layout: what this build writes for a record without journal
+/// entries.
 pub const FORMAT3: u16 = 3;
+/// Format 3 with a journal of durable steps: what this build writes for a record with
+/// journal entries.
+pub const FORMAT4: u16 = 4;
 
 /// Inline payload (items and state) a head carries at most, in bytes: beyond it a
 /// write keeps items and the state as loose entries, so rewriting the head stays cheap.
@@ -53,6 +65,12 @@ pub struct Layout {
     pub hi: u64,
     /// The state is a loose entry.
     pub loose_state: bool,
+    /// How many journal entries exist (format 4).
+    pub journal_entries: u32,
+    /// Every journal entry's occurrence is at least this (when there are entries).
+    pub journal_lo: u32,
+    /// Every journal entry's occurrence is at most this (when there are entries).
+    pub journal_hi: u32,
 }
 
 impl Layout {
@@ -70,6 +88,40 @@ impl Layout {
             self.hi = self.hi.max(seq);
         }
         self.loose_items += 1;
+    }
+
+    /// Whether a journal entry at `occurrence` may exist.
+    pub fn may_hold_step(&self, occurrence: u32) -> bool {
+        self.journal_entries > 0 && self.journal_lo <= occurrence && occurrence <= self.journal_hi
+    }
+
+    /// Counts a new journal entry.
+    pub fn add_step(&mut self, occurrence: u32) {
+        if self.journal_entries == 0 {
+            (self.journal_lo, self.journal_hi) = (occurrence, occurrence);
+        } else {
+            self.journal_lo = self.journal_lo.min(occurrence);
+            self.journal_hi = self.journal_hi.max(occurrence);
+        }
+        self.journal_entries += 1;
+    }
+
+    /// Uncounts a removed journal entry (the bounds stay wide until the last goes:
+    /// a read walks at most the turn's steps).
+    pub fn remove_step(&mut self) {
+        self.journal_entries = self.journal_entries.saturating_sub(1);
+        if self.journal_entries == 0 {
+            (self.journal_lo, self.journal_hi) = (0, 0);
+        }
+    }
+
+    /// The head's format: 4 while journal entries exist, else 3.
+    pub fn format(&self) -> u16 {
+        if self.journal_entries > 0 {
+            FORMAT4
+        } else {
+            FORMAT3
+        }
     }
 
     /// Uncounts a removed loose item entry. The bounds narrow when an end goes (items
@@ -164,7 +216,8 @@ pub fn encode(
         items.iter().map(|(_, b)| 12 + b.len()).sum::<usize>() + state.map_or(0, |s| 4 + s.len());
     let mut out = Vec::with_capacity(codec::ENVELOPE + 512 + 46 + inline);
     out.extend_from_slice(&codec::MAGIC);
-    out.extend_from_slice(&FORMAT3.to_le_bytes());
+    let format = layout.format();
+    out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     // The header straight into the head (no intermediate buffer); a failure is said
     // by the payload encoder, which names the field.
@@ -200,6 +253,11 @@ pub fn encode(
     out.extend_from_slice(&layout.hi.to_le_bytes());
     let flags = u8::from(layout.loose_state) | (u8::from(state.is_some()) << 1);
     out.push(flags);
+    if format == FORMAT4 {
+        out.extend_from_slice(&layout.journal_entries.to_le_bytes());
+        out.extend_from_slice(&layout.journal_lo.to_le_bytes());
+        out.extend_from_slice(&layout.journal_hi.to_le_bytes());
+    }
     out.extend_from_slice(&(items.len() as u32).to_le_bytes());
     for (seq, bytes) in items {
         out.extend_from_slice(&seq.to_le_bytes());
@@ -252,8 +310,8 @@ impl<'b> Cursor<'b> {
 }
 
 /// What a write needs of a stored head: its summary, layout and inline payload,
-/// without the MessagePack header decoded (format 3; a format-2 head's header is
-/// decoded for its summary).
+/// without the MessagePack header decoded (formats 3 and 4; a format-2 head's header
+/// is decoded for its summary).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peek {
     /// Status kind, version, lease epoch.
@@ -278,7 +336,7 @@ pub fn peek(session: &str, bytes: &[u8]) -> Result<Peek, StoreError> {
 /// copied.
 pub fn peek_with(session: &str, bytes: &[u8], payload: bool) -> Result<Peek, StoreError> {
     let (version, body, tail) = codec::split_envelope(session, bytes, HEADER_LIMIT)?;
-    if version != FORMAT3 {
+    if version != FORMAT3 && version != FORMAT4 {
         let head = decode(session, bytes)?;
         return Ok(Peek {
             summary: Summary::of(&head.header),
@@ -291,7 +349,7 @@ pub fn peek_with(session: &str, bytes: &[u8], payload: bool) -> Result<Peek, Sto
         session: session.to_string(),
         reason: format!("the record header does not decode: {e}"),
     })?;
-    let (summary, layout, items, state) = parse_tail(session, tail, payload)?;
+    let (summary, layout, items, state) = parse_tail(session, version, tail, payload)?;
     Ok(Peek {
         summary,
         layout: Some(layout),
@@ -300,10 +358,10 @@ pub fn peek_with(session: &str, bytes: &[u8], payload: bool) -> Result<Peek, Sto
     })
 }
 
-/// The binary part of a format-3 head after its header.
+/// The binary part of a format-3 or format-4 head after its header.
 type Tail = (Summary, Layout, Vec<(u64, Payload)>, Option<Payload>);
 
-fn parse_tail(session: &str, tail: &[u8], payload: bool) -> Result<Tail, StoreError> {
+fn parse_tail(session: &str, version: u16, tail: &[u8], payload: bool) -> Result<Tail, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         session: session.to_string(),
         reason,
@@ -331,6 +389,19 @@ fn parse_tail(session: &str, tail: &[u8], payload: bool) -> Result<Tail, StoreEr
             "the loose entries' bounds are reversed ({lo} > {hi})"
         )));
     }
+    let (journal_entries, journal_lo, journal_hi) = if version == FORMAT4 {
+        let n = c.u32("the journal entry count")?;
+        let jlo = c.u32("the lowest journal entry")?;
+        let jhi = c.u32("the highest journal entry")?;
+        if n == 0 || jlo > jhi {
+            return Err(corrupt(format!(
+                "a format-4 head announces {n} journal entries between {jlo} and {jhi}"
+            )));
+        }
+        (n, jlo, jhi)
+    } else {
+        (0, 0, 0)
+    };
     let count = c.u32("the inline item count")? as usize;
     // Each inline item takes at least 12 bytes: a count beyond what follows is damage,
     // refused before anything is allocated for it.
@@ -380,19 +451,22 @@ fn parse_tail(session: &str, tail: &[u8], payload: bool) -> Result<Tail, StoreEr
         lo,
         hi,
         loose_state,
+        journal_entries,
+        journal_lo,
+        journal_hi,
     };
     Ok((summary, layout, items, state))
 }
 
-/// Decodes a head of format 3 or 2 stored under `session`; bad bytes are `Corrupt`,
-/// never a panic.
+/// Decodes a head of format 4, 3 or 2 stored under `session`; bad bytes are
+/// `Corrupt`, never a panic.
 pub fn decode(session: &str, bytes: &[u8]) -> Result<Head, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
         session: session.to_string(),
         reason,
     };
     let (version, body, tail) = codec::split_envelope(session, bytes, HEADER_LIMIT)?;
-    if version != FORMAT3 && version != codec::FORMAT2 {
+    if version != FORMAT4 && version != FORMAT3 && version != codec::FORMAT2 {
         return Err(corrupt(format!(
             "a format-{version} envelope is stored where a record header belongs"
         )));
@@ -413,7 +487,7 @@ pub fn decode(session: &str, bytes: &[u8]) -> Result<Head, StoreError> {
         )));
     }
     let tail = match version {
-        FORMAT3 => Some(parse_tail(session, tail, true)?),
+        FORMAT3 | FORMAT4 => Some(parse_tail(session, version, tail, true)?),
         _ => None,
     };
     Ok(match tail {
@@ -459,7 +533,7 @@ mod tests {
         ) {
             let h = header("s-1");
             let loose_state = loose_state && state.is_none();
-            let layout = Layout { loose_items, lo: a.min(b), hi: a.max(b), loose_state };
+            let layout = Layout { loose_items, lo: a.min(b), hi: a.max(b), loose_state, ..Layout::default() };
             let items: Vec<(u64, Payload)> = items.into_iter().map(|(k, v)| (k, Payload::from(v))).collect();
             let state = state.map(Payload::from);
             let bytes = encode(&h, layout, &items, state.as_ref()).unwrap();
@@ -501,6 +575,44 @@ mod tests {
         assert_eq!(head.layout, None);
         assert!(head.items.is_empty() && head.state.is_none());
         assert_eq!(codec::decode_header("old", &bytes).unwrap(), h);
+    }
+
+    /// Issue 32 (4): a head with journal entries is format 4 and round-trips its
+    /// journal layout; every truncation is Corrupt; a format-4 head that announces no
+    /// entries is damage; a build that reads format 3 only (simulated by the version
+    /// check of `split_envelope` one format back) refuses it as newer.
+    #[test]
+    fn s1b_a_head_with_journal_entries_is_format4() {
+        let layout = Layout {
+            journal_entries: 2,
+            journal_lo: 3,
+            journal_hi: 9,
+            ..Layout::default()
+        };
+        let bytes = encode(&header("j"), layout, &[(1, Payload::from(&b"x"[..]))], None).unwrap();
+        assert_eq!(bytes[4..6], FORMAT4.to_le_bytes());
+        let back = decode("j", &bytes).unwrap();
+        assert_eq!(back.layout, Some(layout));
+        assert_eq!(peek("j", &bytes).unwrap().layout, Some(layout));
+        for cut in 0..bytes.len() {
+            assert!(
+                matches!(decode("j", &bytes[..cut]), Err(StoreError::Corrupt { .. })),
+                "cut {cut}"
+            );
+        }
+        let plain = encode(&header("j"), Layout::default(), &[], None).unwrap();
+        assert_eq!(plain[4..6], FORMAT3.to_le_bytes(), "no journal: format 3");
+        // A format-4 head whose journal section says zero entries.
+        let mut zero = encode(&header("j"), layout, &[], None).unwrap();
+        let at = zero.len() - 4 - 12;
+        zero[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
+        let e = decode("j", &zero).unwrap_err().to_string();
+        assert!(e.contains("announces 0 journal entries"), "{e}");
+        // The previous build's check: it read 3 and older, so 4 is newer to it.
+        let mut five = bytes.clone();
+        five[4..6].copy_from_slice(&(FORMAT4 + 1).to_le_bytes());
+        let e = decode("j", &five).unwrap_err().to_string();
+        assert!(e.contains("a newer agentloop wrote it"), "{e}");
     }
 
     /// An announced inline count beyond the bytes that follow is refused before any

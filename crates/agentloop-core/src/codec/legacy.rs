@@ -165,6 +165,7 @@ pub fn decode_record<I: DeserializeOwned>(
         awaiting_answer: false,
         answer: None,
         settings: None,
+        journal: None,
     })
 }
 

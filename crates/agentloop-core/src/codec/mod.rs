@@ -8,8 +8,8 @@
 //! magic "ALCK" (4 bytes) | format version (u16 LE) | payload length (u32 LE) | payload
 //! ```
 //!
-//! whose payload is the header as MessagePack with fields by name. In format 3 (this
-//! build's, [`head`]) the envelope is followed by the record's layout and its inline
+//! whose payload is the header as MessagePack with fields by name. In format 3 and 4
+//! (this build's, [`head`]; 4 adds the journal of durable steps) the envelope is followed by the record's layout and its inline
 //! items and state, so a record is usually one key; format 2 has nothing after it, and
 //! every item and the state are entries of their own. Items and the agent state are
 //! bare MessagePack payloads ([`payload`]); the header's format version covers them. Decoding checks the magic, the version and the length
@@ -22,6 +22,7 @@ pub mod head;
 pub mod legacy;
 pub mod payload;
 mod record;
+pub use record::{decode_journal, encode_journal_entry};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -33,8 +34,10 @@ pub use payload::{PayloadError, PayloadStage, PAYLOAD_LIMIT};
 
 /// The first bytes of every stored header (and of every format-1 record).
 pub const MAGIC: [u8; 4] = *b"ALCK";
-/// The record format this build writes (format 3: a head with its layout, [`head`]).
-pub const FORMAT_VERSION: u16 = head::FORMAT3;
+/// The newest record format this build writes and reads (format 4: a head with its
+/// layout and a journal of durable steps, [`head`]; a record without journal entries is
+/// still written in format 3, which this build also reads).
+pub const FORMAT_VERSION: u16 = head::FORMAT4;
 /// The format before it (a header and one entry per item): read, converted on write.
 pub const FORMAT2: u16 = 2;
 /// The previous format (one bincode envelope per record): read, converted on write.
@@ -79,7 +82,11 @@ pub fn split_envelope<'b>(
         )));
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != FORMAT_VERSION && version != FORMAT2 && version != FORMAT1 {
+    if version != FORMAT_VERSION
+        && version != head::FORMAT3
+        && version != FORMAT2
+        && version != FORMAT1
+    {
         // A newer build's record is not garbage: say so before the advice to delete.
         let newer = if version > FORMAT_VERSION {
             " (a newer agentloop wrote it: read it with that version rather than deleting it)"
@@ -88,7 +95,8 @@ pub fn split_envelope<'b>(
         };
         return Err(corrupt(format!(
             "unknown format version {version}; this build reads version {FORMAT_VERSION} \
-             (and converts versions {FORMAT2} and {FORMAT1}){newer}"
+             and {} (and converts versions {FORMAT2} and {FORMAT1}){newer}",
+            head::FORMAT3
         )));
     }
     let len = u32::from_le_bytes([bytes[6], bytes[7], bytes[8], bytes[9]]) as usize;
@@ -116,7 +124,7 @@ pub fn open_envelope<'b>(
     limit: usize,
 ) -> Result<(u16, &'b [u8]), StoreError> {
     let (version, payload, tail) = split_envelope(session, bytes, limit)?;
-    if !tail.is_empty() && version != FORMAT_VERSION {
+    if !tail.is_empty() && version < head::FORMAT3 {
         return Err(StoreError::Corrupt {
             session: session.to_string(),
             reason: format!(
@@ -264,6 +272,10 @@ mod tests {
                                 fingerprint: hb.wrapping_mul(i + 1),
                             })
                             .collect(),
+                        journal: (v % 3 == 1).then_some(crate::steps::JournalMark {
+                            turn,
+                            covered: (hb % 50) as u32,
+                        }),
                     }
                 },
             )

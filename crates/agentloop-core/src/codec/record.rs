@@ -9,8 +9,54 @@ use serde::Serialize;
 use super::{legacy, payload};
 use crate::header::{Payload, RecordHeader};
 use crate::record::{LoadedItem, LoadedRecord, SessionRecord, Stored};
+use crate::steps::{JournalEntry, TurnJournal};
 use crate::store_error::StoreError;
-use crate::write::{ItemChange, RecordWrite, StateChange, WriteCondition};
+use crate::write::{ItemChange, JournalChange, RecordWrite, StateChange, WriteCondition};
+
+/// Encodes a journal entry as a record keeps it (S1b).
+pub fn encode_journal_entry(session: &str, entry: &JournalEntry) -> Result<Payload, StoreError> {
+    payload::encode(entry)
+        .map(Payload::from)
+        .map_err(|e| StoreError::Encode {
+            session: session.to_string(),
+            reason: format!("journal entry of step {}: {e}", entry.occurrence),
+        })
+}
+
+/// Decodes a record's journal entries (stored under their occurrences) with the
+/// header's mark; an entry that does not decode, or names another occurrence than its
+/// key, is `Corrupt`.
+pub fn decode_journal(
+    header: &RecordHeader,
+    stored: &[(u32, Payload)],
+) -> Result<Option<TurnJournal>, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        session: header.session_id.clone(),
+        reason,
+    };
+    let Some(mark) = header.journal else {
+        if stored.is_empty() {
+            return Ok(None);
+        }
+        return Err(corrupt(format!(
+            "{} journal entries are stored but the header names no turn for them",
+            stored.len()
+        )));
+    };
+    let mut entries = Vec::with_capacity(stored.len());
+    for (occ, bytes) in stored {
+        let e: JournalEntry = payload::decode(bytes)
+            .map_err(|e| corrupt(format!("journal entry of step {occ}: {e}")))?;
+        if e.occurrence != *occ {
+            return Err(corrupt(format!(
+                "the journal entry stored for step {occ} names step {}",
+                e.occurrence
+            )));
+        }
+        entries.push(e);
+    }
+    Ok(Some(TurnJournal { mark, entries }))
+}
 
 impl Stored {
     /// Decodes the items as `I` (keeping their bytes). A format-1 record is converted:
@@ -47,11 +93,13 @@ impl Stored {
                 };
                 let interrupted = take(&placement.interrupted)?;
                 let unhandled = take(&placement.unhandled)?;
+                let journal = decode_journal(&r.header, &r.journal)?;
                 Ok(LoadedRecord {
                     header: r.header.clone(),
                     interrupted,
                     unhandled,
                     state: r.state.clone(),
+                    journal,
                     format1: false,
                 })
             }
@@ -112,12 +160,14 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             answer: rec.answer.map(serde_bytes::ByteBuf::from),
             settings: rec.settings,
             idempotency_keys: Vec::new(),
+            journal: rec.journal.as_ref().map(|j| j.mark),
         };
         Ok(LoadedRecord {
             header,
             interrupted,
             unhandled,
             state: rec.state.map(Payload::from),
+            journal: rec.journal,
             format1,
         })
     }
@@ -133,6 +183,11 @@ impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
         for it in loaded.interrupted.iter().chain(&loaded.unhandled) {
             items.push(ItemChange::Put(it.seq, it.bytes.clone()));
         }
+        let mut journal = Vec::new();
+        for e in loaded.journal.iter().flat_map(|j| &j.entries) {
+            let bytes = encode_journal_entry(&loaded.header.session_id, e)?;
+            journal.push(JournalChange::Put(e.occurrence, bytes));
+        }
         Ok(RecordWrite {
             header: loaded.header,
             items,
@@ -140,6 +195,7 @@ impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
                 Some(s) => StateChange::Put(s.clone()),
                 None => StateChange::Delete,
             },
+            journal,
             replace: true,
             condition,
             history: None,

@@ -244,6 +244,7 @@ fn a_loaded_record_seeds_places_and_numbering() {
         interrupted: vec![item(12)],
         unhandled: vec![item(15), item(11), item(13)],
         state: None,
+        journal: None,
         format1: false,
     };
     let mut l = persistent();

@@ -10,6 +10,7 @@
 //! <id> 0x00 'h'                 the head: header, layout, inline items and state
 //! <id> 0x00 'i' <seq: u64 BE>   a loose item entry (big-endian: key order is push order)
 //! <id> 0x00 's'                 a loose state
+//! <id> 0x00 'j' <occ: u32 BE>   a journal entry of the running or cut turn (format 4)
 //! ```
 //!
 //! Format 3 (issue 30, `codec::head`): a whole-record write puts everything in the head
@@ -17,7 +18,8 @@
 //! inline while it fits; the head says how many loose items there are and between which
 //! entry numbers, so no write and no load scans the session's prefix. A format-2 record
 //! (no layout: every item and the state loose) is read by a scan and converted by its
-//! first write.
+//! first write. A write's journal changes (S1b) are always loose entries; the head
+//! counts them and is written in format 4 while any exist.
 //!
 //! Records of format 1 live elsewhere (sled's `records` tree, key = id); a table
 //! reaches them through the `format1_*` methods. When both exist for one id, format 2
@@ -34,12 +36,13 @@ use crate::record::StoredEntry;
 use crate::record::{Format1Record, Payload, Stored, StoredRecord};
 use crate::status::{CasOutcome, SessionStatus, StatusKind};
 use crate::store_error::StoreError;
-use crate::write::{ConditionFailed, ItemChange, RecordWrite, StateChange};
+use crate::write::{ConditionFailed, ItemChange, JournalChange, RecordWrite, StateChange};
 pub use kv::Table;
 
 const HEADER: u8 = b'h';
 const ITEM: u8 = b'i';
 const STATE: u8 = b's';
+const JOURNAL: u8 = b'j';
 
 /// The prefix of every key of `id`.
 pub fn session_prefix(id: &str) -> Vec<u8> {
@@ -71,6 +74,14 @@ pub fn state_key(id: &str) -> Vec<u8> {
     k
 }
 
+/// A journal entry's key (S1b).
+pub fn journal_key(id: &str, occurrence: u32) -> Vec<u8> {
+    let mut k = session_prefix(id);
+    k.push(JOURNAL);
+    k.extend_from_slice(&occurrence.to_be_bytes());
+    k
+}
+
 /// What a key is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeyKind {
@@ -80,6 +91,8 @@ pub enum KeyKind {
     Item(u64),
     /// A state entry.
     State,
+    /// A journal entry, by occurrence.
+    Journal(u32),
     /// A key this build does not know (a later format's entry): skipped.
     Other,
 }
@@ -102,6 +115,11 @@ pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
             b.copy_from_slice(seq);
             KeyKind::Item(u64::from_be_bytes(b))
         }
+        [JOURNAL, occ @ ..] if occ.len() == 4 => {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(occ);
+            KeyKind::Journal(u32::from_be_bytes(b))
+        }
         _ => KeyKind::Other,
     };
     Some((id, kind))
@@ -113,6 +131,7 @@ pub fn entry_name(key: &[u8]) -> String {
         Some((_, KeyKind::Header)) => "header".to_string(),
         Some((_, KeyKind::Item(seq))) => format!("item {seq}"),
         Some((_, KeyKind::State)) => "state".to_string(),
+        Some((_, KeyKind::Journal(occ))) => format!("step {occ}"),
         _ => format!("unknown key {:02x?}", key),
     }
 }
@@ -160,14 +179,14 @@ pub fn assemble(
     entries: Vec<(Vec<u8>, Payload)>,
 ) -> Result<Option<StoredRecord>, StoreError> {
     let mut head = None;
-    let mut items = Vec::new();
-    let mut state = None;
+    let mut loose = Loose::default();
     for (k, v) in entries {
         match parse_key(&k) {
             Some((kid, kind)) if kid == id => match kind {
                 KeyKind::Header => head = Some(head::decode(id, &v)?),
-                KeyKind::Item(seq) => items.push((seq, v)),
-                KeyKind::State => state = Some(v),
+                KeyKind::Item(seq) => loose.items.push((seq, v)),
+                KeyKind::State => loose.state = Some(v),
+                KeyKind::Journal(occ) => loose.journal.push((occ, v)),
                 KeyKind::Other => {}
             },
             _ => {}
@@ -176,11 +195,16 @@ pub fn assemble(
     // Entries without a head: the head is what makes a record (a write puts it last in
     // its batch, a delete removes everything).
     let Some(head) = head else { return Ok(None) };
-    Ok(Some(combine(head, items, state)))
+    Ok(Some(combine(head, loose)))
 }
 
 /// A record from its head and its loose entries.
-fn combine(head: Head, loose: Vec<(u64, Payload)>, loose_state: Option<Payload>) -> StoredRecord {
+fn combine(head: Head, loose: Loose) -> StoredRecord {
+    let Loose {
+        items: loose,
+        state: loose_state,
+        journal,
+    } = loose;
     let Head {
         header,
         items: mut inline,
@@ -200,6 +224,7 @@ fn combine(head: Head, loose: Vec<(u64, Payload)>, loose_state: Option<Payload>)
         header,
         items,
         state: loose_state.or(state),
+        journal,
     }
 }
 
@@ -228,28 +253,45 @@ pub fn read(t: &impl Table, id: &str) -> Result<Option<Stored>, StoreError> {
     let Some(layout) = head.layout else {
         return Ok(assemble(id, t.entries_with_prefix(&session_prefix(id))?)?.map(Stored::Current));
     };
-    let (loose, state) = read_loose(t, id, &layout)?;
-    Ok(Some(Stored::Current(combine(head, loose, state))))
+    let loose = read_loose(t, id, &layout)?;
+    Ok(Some(Stored::Current(combine(head, loose))))
 }
 
-/// A record's loose items (ascending) and loose state.
-type Loose = (Vec<(u64, Payload)>, Option<Payload>);
+/// A record's loose entries: items and journal entries ascending, and the state.
+#[derive(Default)]
+struct Loose {
+    items: Vec<(u64, Payload)>,
+    state: Option<Payload>,
+    journal: Vec<(u32, Payload)>,
+}
 
-/// A format-3 record's loose entries: its items (in the head's bounds) and its state.
+/// A format-3 or format-4 record's loose entries: its items (in the head's bounds),
+/// its state and its journal entries (in the head's bounds).
 fn read_loose(t: &impl Table, id: &str, layout: &Layout) -> Result<Loose, StoreError> {
-    let mut items = Vec::new();
+    let mut loose = Loose::default();
     if layout.loose_items > 0 {
         for (k, v) in t.entries_in_range(&item_key(id, layout.lo), &item_key(id, layout.hi))? {
             if let Some((_, KeyKind::Item(seq))) = parse_key(&k) {
-                items.push((seq, v));
+                loose.items.push((seq, v));
             }
         }
     }
-    let state = match layout.loose_state {
+    if layout.journal_entries > 0 {
+        let (lo, hi) = (
+            journal_key(id, layout.journal_lo),
+            journal_key(id, layout.journal_hi),
+        );
+        for (k, v) in t.entries_in_range(&lo, &hi)? {
+            if let Some((_, KeyKind::Journal(occ))) = parse_key(&k) {
+                loose.journal.push((occ, v));
+            }
+        }
+    }
+    loose.state = match layout.loose_state {
         true => t.get(&state_key(id))?,
         false => None,
     };
-    Ok((items, state))
+    Ok(loose)
 }
 
 /// What a record's head alone answers of a read.
@@ -265,8 +307,8 @@ pub enum HeadRead {
 pub fn read_head_only(id: &str, bytes: &[u8]) -> Result<HeadRead, StoreError> {
     let head = head::decode(id, bytes)?;
     Ok(match head.layout {
-        Some(l) if l.loose_items == 0 && !l.loose_state => {
-            HeadRead::Record(Box::new(Stored::Current(combine(head, Vec::new(), None))))
+        Some(l) if l.loose_items == 0 && !l.loose_state && l.journal_entries == 0 => {
+            HeadRead::Record(Box::new(Stored::Current(combine(head, Loose::default()))))
         }
         _ => HeadRead::NeedsEntries,
     })
@@ -279,7 +321,7 @@ pub fn entries_of(record: StoredRecord) -> Result<Vec<(Vec<u8>, Payload)>, Store
     let id = record.header.session_id.clone();
     let size: usize = record.items.iter().map(|(_, b)| b.len()).sum::<usize>()
         + record.state.as_ref().map_or(0, |s| s.len());
-    if size <= INLINE_LIMIT {
+    if size <= INLINE_LIMIT && record.journal.is_empty() {
         let head = head::encode(
             &record.header,
             Layout::default(),
@@ -289,10 +331,14 @@ pub fn entries_of(record: StoredRecord) -> Result<Vec<(Vec<u8>, Payload)>, Store
         return Ok(vec![(header_key(&id), head.into())]);
     }
     let mut layout = Layout::default();
-    let mut out = Vec::with_capacity(record.items.len() + 2);
+    let mut out = Vec::with_capacity(record.items.len() + record.journal.len() + 2);
     for (seq, bytes) in record.items {
         layout.add(seq);
         out.push((item_key(&id, seq), bytes));
+    }
+    for (occ, bytes) in record.journal {
+        layout.add_step(occ);
+        out.push((journal_key(&id, occ), bytes));
     }
     if let Some(s) = record.state {
         layout.loose_state = true;
@@ -322,6 +368,7 @@ fn layout_of(t: &impl Table, id: &str, layout: Option<Layout>) -> Result<Layout,
         match parse_key(&k).map(|(_, kind)| kind) {
             Some(KeyKind::Item(seq)) => l.add(seq),
             Some(KeyKind::State) => l.loose_state = true,
+            Some(KeyKind::Journal(occ)) => l.add_step(occ),
             _ => {}
         }
     }
@@ -453,6 +500,27 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             }
         }
     }
+    for change in w.journal {
+        match change {
+            JournalChange::Put(occ, bytes) => {
+                let key = journal_key(&id, occ);
+                let existed = layout.may_hold_step(occ) && t.get(&key)?.is_some();
+                t.put(key, bytes);
+                if !existed {
+                    layout.add_step(occ);
+                }
+            }
+            JournalChange::Delete(occ) => {
+                if layout.may_hold_step(occ) {
+                    let key = journal_key(&id, occ);
+                    if t.get(&key)?.is_some() {
+                        t.remove(key);
+                        layout.remove_step();
+                    }
+                }
+            }
+        }
+    }
     let inline_items: usize = inline.values().map(|b| b.len()).sum();
     match w.state {
         StateChange::Keep => {}
@@ -509,6 +577,15 @@ fn remove_loose(t: &mut impl Table, id: &str, layout: &Layout) -> Result<(), Sto
     }
     if layout.loose_state {
         t.remove(state_key(id));
+    }
+    if layout.journal_entries > 0 {
+        let (lo, hi) = (
+            journal_key(id, layout.journal_lo),
+            journal_key(id, layout.journal_hi),
+        );
+        for (k, _) in t.entries_in_range(&lo, &hi)? {
+            t.remove(k);
+        }
     }
     Ok(())
 }

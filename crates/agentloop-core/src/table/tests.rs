@@ -70,6 +70,7 @@ fn write(items: Vec<ItemChange>, state: StateChange, replace: bool) -> RecordWri
         header: header("s"),
         items,
         state,
+        journal: Vec::new(),
         replace,
         condition: WriteCondition::Always,
         history: None,
@@ -224,7 +225,8 @@ fn s15_a_format2_record_loads_and_its_first_write_converts_it() {
     let head = head::decode("s", &t.rows[&header_key("s")]).unwrap();
     assert_eq!(
         t.rows[&header_key("s")][4..6],
-        codec::FORMAT_VERSION.to_le_bytes()
+        head::FORMAT3.to_le_bytes(),
+        "a record without journal entries is written in format 3 (an older build reads it)"
     );
     let l = head.layout.expect("converted to format 3");
     assert_eq!((l.loose_items, l.lo, l.hi, l.loose_state), (3, 1, 3, true));
@@ -301,4 +303,169 @@ fn reading_from_the_head_alone_matches_read() {
         read_head_only("s", &bytes).unwrap(),
         HeadRead::NeedsEntries
     ));
+}
+
+fn entry(occ: u32, name: &str, result: Option<&[u8]>) -> Payload {
+    codec::encode_journal_entry(
+        "s",
+        &crate::steps::JournalEntry {
+            occurrence: occ,
+            name: name.into(),
+            result: result.map(<[u8]>::to_vec),
+        },
+    )
+    .unwrap()
+}
+
+fn with_journal(mut w: RecordWrite, turn: u64, covered: u32, j: Vec<JournalChange>) -> RecordWrite {
+    w.header.journal = Some(crate::steps::JournalMark { turn, covered });
+    w.journal = j;
+    w
+}
+
+/// S1b, issue 32 (4): journal entries are loose entries the head counts; the head is
+/// format 4 while any exist and format 3 again once the last goes; a read does not
+/// scan; a safe point's deletes and a turn end's replacing write remove them.
+#[test]
+fn s1b_journal_entries_are_loose_counted_and_make_the_head_format4() {
+    let mut t = Map::default();
+    super::write(
+        &mut t,
+        write(vec![ItemChange::Put(0, p(b"a"))], StateChange::Keep, true),
+    )
+    .unwrap();
+    let version =
+        |t: &Map| u16::from_le_bytes([t.rows[&header_key("s")][4], t.rows[&header_key("s")][5]]);
+    assert_eq!(version(&t), head::FORMAT3);
+    // Step 0 began (a NoRetry step), then finished; step 1 finished.
+    for j in [
+        vec![JournalChange::Put(0, entry(0, "pay", None))],
+        vec![JournalChange::Put(0, entry(0, "pay", Some(b"ok")))],
+        vec![JournalChange::Put(1, entry(1, "mail", Some(b"sent")))],
+    ] {
+        super::write(
+            &mut t,
+            with_journal(write(vec![], StateChange::Keep, false), 4, 0, j),
+        )
+        .unwrap();
+    }
+    assert_eq!(version(&t), head::FORMAT4);
+    let scans = t.scans.get();
+    let r = load(&t);
+    assert_eq!(t.scans.get(), scans, "a format-4 read does not scan");
+    let j = codec::decode_journal(&r.header, &r.journal)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        j.mark,
+        crate::steps::JournalMark {
+            turn: 4,
+            covered: 0
+        }
+    );
+    let names: Vec<_> = j
+        .entries
+        .iter()
+        .map(|e| (e.occurrence, e.name.as_str(), e.result.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (0, "pay", Some(b"ok".to_vec())),
+            (1, "mail", Some(b"sent".to_vec()))
+        ]
+    );
+    let h = head::decode("s", &t.rows[&header_key("s")]).unwrap();
+    let l = h.layout.unwrap();
+    assert_eq!((l.journal_entries, l.journal_lo, l.journal_hi), (2, 0, 1));
+    // A safe point covers both: its write deletes them with the state it puts.
+    super::write(
+        &mut t,
+        with_journal(
+            write(vec![], StateChange::Put(p(b"st")), false),
+            4,
+            2,
+            vec![JournalChange::Delete(0), JournalChange::Delete(1)],
+        ),
+    )
+    .unwrap();
+    assert_eq!(version(&t), head::FORMAT3, "no entries: format 3 again");
+    assert!(!t
+        .rows
+        .keys()
+        .any(|k| matches!(parse_key(k), Some((_, KeyKind::Journal(_))))));
+    let r = load(&t);
+    assert!(r.journal.is_empty());
+    assert_eq!(r.header.journal.unwrap().covered, 2);
+    // Another step, then a replacing write (a turn's end) without it: gone.
+    super::write(
+        &mut t,
+        with_journal(
+            write(vec![], StateChange::Keep, false),
+            4,
+            2,
+            vec![JournalChange::Put(2, entry(2, "pay", Some(b"x")))],
+        ),
+    )
+    .unwrap();
+    assert_eq!(load(&t).journal.len(), 1);
+    super::write(
+        &mut t,
+        write(vec![ItemChange::Put(0, p(b"a"))], StateChange::Delete, true),
+    )
+    .unwrap();
+    assert!(!t
+        .rows
+        .keys()
+        .any(|k| matches!(parse_key(k), Some((_, KeyKind::Journal(_))))));
+    assert_eq!(version(&t), head::FORMAT3);
+    assert!(load(&t).journal.is_empty());
+}
+
+/// S1b: a record with a journal stored as entries (an import) reads back the same;
+/// delete removes the journal; a journal entry under the wrong occurrence, or entries
+/// without a mark, are Corrupt.
+#[test]
+fn s1b_a_journal_survives_entries_of_and_delete_removes_it() {
+    let mut h = header("s");
+    h.journal = Some(crate::steps::JournalMark {
+        turn: 1,
+        covered: 3,
+    });
+    let rec = StoredRecord {
+        header: h,
+        items: vec![(0, p(b"a"))],
+        state: Some(p(b"st")),
+        journal: vec![(3, entry(3, "a", Some(b"1"))), (5, entry(5, "b", None))],
+    };
+    let mut t = Map::default();
+    for (k, v) in entries_of(rec.clone()).unwrap() {
+        t.put(k, v);
+    }
+    let back = load(&t);
+    assert_eq!(back.journal, rec.journal);
+    assert_eq!(back.items, rec.items);
+    let named: Vec<_> = raw_entries("s", t.rows.iter().map(|(k, v)| (k.clone(), v.to_vec())))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(
+        named.contains(&"step 3".to_string()) && named.contains(&"step 5".to_string()),
+        "{named:?}"
+    );
+    assert!(super::delete(&mut t, "s").unwrap());
+    assert!(t.rows.is_empty(), "{:?}", t.rows.keys().collect::<Vec<_>>());
+    // Damage is named.
+    let mut wrong = rec.clone();
+    wrong.journal = vec![(4, entry(3, "a", Some(b"1")))];
+    let e = codec::decode_journal(&wrong.header, &wrong.journal)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("names step 3"), "{e}");
+    let mut unmarked = rec;
+    unmarked.header.journal = None;
+    let e = codec::decode_journal(&unmarked.header, &unmarked.journal)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("names no turn"), "{e}");
 }

@@ -141,6 +141,7 @@ where
                         })
                         .collect(),
                     state: None,
+                    journal: Vec::new(),
                 };
                 crate::view::session_view(&stored, &self.redaction).map(Some)
             }

@@ -106,6 +106,9 @@ where
     header.updated_at_ms = now;
     header.heartbeat_ms = now;
     header.settings = Some(settings(header.settings));
+    // A fork's steps have their own keys (the session is part of a key): it journals
+    // anew, so it runs the cut turn's steps after the checkpoint again.
+    header.journal = None;
     let write = RecordWrite {
         header: header.clone(),
         items: checkpoint
@@ -117,6 +120,7 @@ where
             .state
             .clone()
             .map_or(StateChange::Delete, StateChange::Put),
+        journal: Vec::new(),
         replace: true,
         condition: WriteCondition::Absent,
         history: None,
@@ -131,6 +135,7 @@ where
         header,
         items: checkpoint.items,
         state: checkpoint.state,
+        journal: Vec::new(),
     });
     stored.decode::<I>().map_err(store_err)
 }

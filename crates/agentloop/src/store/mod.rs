@@ -46,7 +46,7 @@ pub use record::{
     SessionRecord, Stored, StoredEntry, StoredRecord,
 };
 pub use status::{CasOutcome, SessionStatus, StatusKind};
-pub use write::{ItemChange, RecordWrite, StateChange, WriteCondition};
+pub use write::{ItemChange, JournalChange, RecordWrite, StateChange, WriteCondition};
 
 pub use agentloop_core::store_error::{now_ms, StoreError};
 

@@ -42,6 +42,11 @@ pub struct ExportLine {
     pub items: Vec<ExportItem>,
     /// The cut turn's state, MessagePack bytes (base64).
     pub state: Option<String>,
+    /// The cut turn's journal of durable steps (S1b): occurrence and entry bytes
+    /// (base64). Absent when empty, so a line without one reads in older builds; an
+    /// older build refuses a line with one (it would run the steps again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub journal: Vec<ExportStep>,
     /// Kept checkpoints: turn and snapshot bytes (base64).
     pub history: Vec<ExportSnapshot>,
     /// Entries of a later record format: key and value (base64).
@@ -55,6 +60,16 @@ pub struct ExportItem {
     /// The entry number.
     pub seq: u64,
     /// The item's MessagePack bytes, base64.
+    pub msgpack: String,
+}
+
+/// A journal entry of an [`ExportLine`] (S1b).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportStep {
+    /// The step's occurrence within its turn.
+    pub occurrence: u32,
+    /// The entry's MessagePack bytes, base64.
     pub msgpack: String,
 }
 
@@ -156,6 +171,7 @@ fn line(backend: &Backend, id: &str) -> Result<ExportLine, StoreError> {
         header: None,
         items: Vec::new(),
         state: None,
+        journal: Vec::new(),
         history: Vec::new(),
         other: Vec::new(),
     };
@@ -180,6 +196,10 @@ fn line(backend: &Backend, id: &str) -> Result<ExportLine, StoreError> {
                 msgpack: b64(&v),
             }),
             Some(KeyKind::State) => l.state = Some(b64(&v)),
+            Some(KeyKind::Journal(occurrence)) => l.journal.push(ExportStep {
+                occurrence,
+                msgpack: b64(&v),
+            }),
             _ => l.other.push(ExportEntry {
                 key: b64(&k),
                 value: b64(&v),
@@ -227,6 +247,14 @@ fn entries(line: ExportLine) -> Result<(String, Entries), StoreError> {
         Some(state) => Some(unb64(&id, "the state", &state)?.into()),
         None => None,
     };
+    let mut journal = Vec::with_capacity(line.journal.len());
+    for step in line.journal {
+        journal.push((
+            step.occurrence,
+            unb64(&id, "a journal entry", &step.msgpack)?.into(),
+        ));
+    }
+    journal.sort_by_key(|(occ, _)| *occ);
     let mut out: Entries = Vec::new();
     if let Some(mut header) = line.header {
         if header.session_id != id {
@@ -242,6 +270,7 @@ fn entries(line: ExportLine) -> Result<(String, Entries), StoreError> {
             header,
             items,
             state,
+            journal,
         })?);
     } else {
         // Entries without a header (a leftover): kept as they were, loose.
@@ -252,6 +281,9 @@ fn entries(line: ExportLine) -> Result<(String, Entries), StoreError> {
         );
         if let Some(s) = state {
             out.push((table::state_key(&id), s));
+        }
+        for (occ, b) in journal {
+            out.push((table::journal_key(&id, occ), b));
         }
     }
     for snap in line.history {

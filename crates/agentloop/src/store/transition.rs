@@ -89,6 +89,7 @@ pub(crate) fn hand_over(
         header: h,
         items: Vec::new(),
         state: StateChange::Keep,
+        journal: Vec::new(),
         replace: false,
         condition: WriteCondition::AtVersion(header.version),
         history: None,

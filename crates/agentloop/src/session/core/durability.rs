@@ -223,6 +223,7 @@ impl<A: Agent> Core<A> {
                 .as_ref()
                 .map(|k| k.to_record())
                 .unwrap_or_default(),
+            journal: None,
         }
     }
 
@@ -283,6 +284,7 @@ impl<A: Agent> Core<A> {
             header,
             items,
             state: state_change,
+            journal: Vec::new(),
             replace,
             condition,
             history: None,

@@ -77,6 +77,7 @@ async fn a_load_from_the_head_needs_no_hop() {
             },
             items,
             state: StateChange::Keep,
+            journal: Vec::new(),
             replace,
             condition: WriteCondition::Always,
             history: None,
