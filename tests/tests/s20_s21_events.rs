@@ -26,6 +26,8 @@ fn kinds(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
             SessionEvent::StopRequested { .. } => "stop".into(),
             SessionEvent::Ended(_) => "Ended".into(),
             SessionEvent::Lagged { missed } => format!("lagged{missed}"),
+            SessionEvent::StepStarted { key, .. } => format!("stepstart{}", key.occurrence),
+            SessionEvent::StepFinished { key, .. } => format!("stepend{}", key.occurrence),
         })
         .collect()
 }

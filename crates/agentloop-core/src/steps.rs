@@ -215,6 +215,8 @@ pub struct Journal {
     entries: Vec<JournalEntry>,
     bytes: usize,
     limit: usize,
+    /// Steps decided to run whose result is not journaled yet (steps may overlap).
+    running: Vec<u32>,
 }
 
 impl Journal {
@@ -228,6 +230,7 @@ impl Journal {
             entries: Vec::new(),
             bytes: 0,
             limit,
+            running: Vec::new(),
         }
     }
 
@@ -252,6 +255,7 @@ impl Journal {
             entries,
             bytes,
             limit,
+            running: Vec::new(),
         }
     }
 
@@ -346,8 +350,22 @@ impl Journal {
                 journal_begin: policy == StepPolicy::NoRetry,
             },
         };
+        if matches!(decision, StepDecision::Run { .. }) {
+            self.running.push(occurrence);
+        }
         self.next += 1;
         decision
+    }
+
+    /// A step decided to run ends without a result (its future was dropped, or its
+    /// result could not be journaled): it no longer holds back a safe point.
+    pub fn abandon(&mut self, occurrence: u32) {
+        self.running.retain(|o| *o != occurrence);
+    }
+
+    /// Whether any step decided to run has no journaled result yet.
+    pub fn is_running(&self) -> bool {
+        !self.running.is_empty()
     }
 
     /// The entry that journals the beginning of the step at `occurrence` (a `NoRetry`
@@ -381,6 +399,8 @@ impl Journal {
             .map_or(0, entry_bytes);
         let total = self.bytes - replaced + result.len();
         if total > self.limit {
+            // The step is over either way: its result is refused (the turn fails).
+            self.abandon(occurrence);
             return Err(StepError::TooLarge {
                 name: name.to_string(),
                 bytes: result.len(),
@@ -394,16 +414,41 @@ impl Journal {
             result: Some(result),
         };
         self.put(entry.clone());
+        self.abandon(occurrence);
         Ok(entry)
     }
 
-    /// A safe point: its state covers every step begun so far, so the journal drops
-    /// them; answers the new covered count, which the session stores with the state.
-    pub fn safe_point(&mut self) -> u32 {
-        self.covered = self.next;
-        self.entries.clear();
-        self.bytes = 0;
-        self.covered
+    /// A safe point: its state covers every step begun before it, except those still
+    /// running (the state cannot hold their results) and any after them; the journal
+    /// drops the covered entries. Answers the occurrences dropped, for the session to
+    /// delete with the write of the state (which stores [`Journal::mark`]).
+    pub fn safe_point(&mut self) -> Vec<u32> {
+        let upto = self.running.iter().copied().min().unwrap_or(self.next);
+        self.covered = self.covered.max(upto);
+        let mut dropped = Vec::new();
+        let covered = self.covered;
+        self.entries.retain(|e| {
+            let keep = e.occurrence >= covered;
+            if !keep {
+                dropped.push(e.occurrence);
+            }
+            keep
+        });
+        self.bytes = self.entries.iter().map(entry_bytes).sum();
+        dropped
+    }
+
+    /// The journal as a record keeps it.
+    pub fn to_record(&self) -> TurnJournal {
+        TurnJournal {
+            mark: self.mark(),
+            entries: self.entries.clone(),
+        }
+    }
+
+    /// Whether the record needs to keep anything of it (entries, or steps covered).
+    pub fn is_empty(&self) -> bool {
+        self.covered == 0 && self.entries.is_empty()
     }
 
     /// The invariants of the type's docs; `Err` says which broke.

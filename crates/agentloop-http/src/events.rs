@@ -45,6 +45,19 @@ pub(crate) fn event_json<E: Serialize>(
                 json!({"turn": turn, "event": redaction.apply(Part::Event, event)}),
             )
         }
+        SessionEvent::StepStarted { turn, key, rerun } => (
+            "step_started",
+            json!({"turn": turn, "key": key.to_string(), "name": key.name, "occurrence": key.occurrence, "rerun": rerun}),
+        ),
+        SessionEvent::StepFinished {
+            turn,
+            key,
+            replayed,
+            unknown,
+        } => (
+            "step_finished",
+            json!({"turn": turn, "key": key.to_string(), "name": key.name, "occurrence": key.occurrence, "replayed": replayed, "unknown": unknown}),
+        ),
         SessionEvent::Preempted { turn } => ("preempted", json!({"turn": turn})),
         SessionEvent::TurnEnded {
             turn,

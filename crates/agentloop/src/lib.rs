@@ -213,4 +213,5 @@ pub use supervisor::{
     RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn, SupervisorArgs,
     SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
+pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
 pub use view::{Part, Redaction, SessionView};

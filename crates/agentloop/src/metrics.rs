@@ -35,6 +35,9 @@ pub struct RuntimeMetrics {
     /// The members of `pushes`: accepted, late, refused.
     push_counters: [Counter; 3],
     restarts: Counter,
+    steps: Family<Label, Counter>,
+    /// The members of `steps`: ran, replayed, unknown, failed.
+    step_counters: [Counter; 4],
     checkpoint_apply: Histogram,
     checkpoint_flush: Histogram,
     shutdown_phase: Family<Label, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -51,12 +54,16 @@ impl Default for RuntimeMetrics {
             TURN_OUTCOMES.map(|o| turns.get_or_create(&vec![("outcome", o)]).clone());
         let push_counters =
             PUSH_RESULTS.map(|r| pushes.get_or_create(&vec![("result", r)]).clone());
+        let steps = Family::<Label, Counter>::default();
+        let step_counters = STEP_RESULTS.map(|r| steps.get_or_create(&vec![("result", r)]).clone());
         RuntimeMetrics {
             turns,
             pushes,
             turn_counters,
             push_counters,
             restarts: Counter::default(),
+            steps,
+            step_counters,
             checkpoint_apply: Histogram::new(buckets()),
             checkpoint_flush: Histogram::new(buckets()),
             shutdown_phase: Family::default(),
@@ -76,6 +83,22 @@ const TURN_OUTCOMES: [&str; 6] = [
 
 /// The `result` label values of `agentloop_pushes_total`, in `push_counters` order.
 const PUSH_RESULTS: [&str; 3] = ["accepted", "late", "refused"];
+
+/// The `result` label values of `agentloop_steps_total`, in `step_counters` order.
+const STEP_RESULTS: [&str; 4] = ["ran", "replayed", "unknown", "failed"];
+
+/// How a durable step (S1b) ended, for [`RuntimeMetrics::step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepResult {
+    /// It ran and its result is journaled.
+    Ran,
+    /// Its journaled result was replayed without running it.
+    Replayed,
+    /// A `NoRetry` step whose outcome is unknown (not run again).
+    Unknown,
+    /// Refused (divergence, the bound) or not journaled: the turn fails.
+    Failed,
+}
 
 /// How a routed push ended, for [`RuntimeMetrics::push`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +131,11 @@ impl RuntimeMetrics {
             "agentloop_pushes",
             "Pushes routed by session id, by result (accepted, late, refused)",
             self.pushes.clone(),
+        );
+        registry.register(
+            "agentloop_steps",
+            "Durable steps, by result (ran, replayed from the journal, unknown, failed)",
+            self.steps.clone(),
         );
         registry.register(
             "agentloop_restarts",
@@ -155,6 +183,17 @@ impl RuntimeMetrics {
             PushResult::Refused => 2,
         };
         self.push_counters[i].inc();
+    }
+
+    /// A durable step ended.
+    pub fn step(&self, result: StepResult) {
+        let i = match result {
+            StepResult::Ran => 0,
+            StepResult::Replayed => 1,
+            StepResult::Unknown => 2,
+            StepResult::Failed => 3,
+        };
+        self.step_counters[i].inc();
     }
 
     /// The supervisor restarted a failed session.

@@ -143,7 +143,8 @@ fn a_safe_point_covers_the_steps_before_it() {
     j.finish(0, "a", b"x".to_vec()).unwrap();
     j.begin("b", StepPolicy::Retry);
     j.finish(1, "b", b"y".to_vec()).unwrap();
-    assert_eq!(j.safe_point(), 2);
+    assert_eq!(j.safe_point(), vec![0, 1], "the entries it drops");
+    assert_eq!(j.covered(), 2);
     assert!(j.entries().is_empty());
     // Resumed from that state, numbering goes on at 2; older entries are dropped.
     let stale = vec![JournalEntry {
@@ -157,6 +158,45 @@ fn a_safe_point_covers_the_steps_before_it() {
         r.begin("c", StepPolicy::Retry),
         StepDecision::Run { key, .. } if key.occurrence == 2
     ));
+}
+
+/// Steps may overlap (parallel tool calls): a safe point covers only the steps before
+/// the first one still running, so a resumed turn meets the running one again and
+/// replays the finished ones after it.
+#[test]
+fn a_safe_point_does_not_cover_a_running_step() {
+    let mut j = Journal::new("s", 1, 100);
+    let a = j.begin("a", StepPolicy::Retry);
+    let b = j.begin("b", StepPolicy::Retry);
+    assert!(matches!(
+        (&a, &b),
+        (StepDecision::Run { .. }, StepDecision::Run { .. })
+    ));
+    j.finish(1, "b", b"y".to_vec()).unwrap();
+    assert!(j.is_running());
+    assert!(j.safe_point().is_empty());
+    assert_eq!(j.covered(), 0, "step 0 still runs");
+    assert_eq!(j.entries().len(), 1);
+    // A crash now: the rerun runs a again (same key) and replays b.
+    let mut r = Journal::resume("s", 1, j.covered(), j.entries().to_vec(), 100);
+    assert!(
+        matches!(r.begin("a", StepPolicy::Retry), StepDecision::Run { key, unknown: false, .. } if key.occurrence == 0)
+    );
+    assert!(
+        matches!(r.begin("b", StepPolicy::Retry), StepDecision::Replay { result, .. } if result == b"y")
+    );
+    // Live: a finishes; the next safe point covers both.
+    j.finish(0, "a", b"x".to_vec()).unwrap();
+    assert!(!j.is_running());
+    assert_eq!(j.safe_point(), vec![0, 1]);
+    assert_eq!(j.covered(), 2);
+    assert!(j.check().is_ok());
+    // A step abandoned (its future dropped) no longer holds safe points back.
+    let c = j.begin("c", StepPolicy::Retry);
+    assert!(matches!(c, StepDecision::Run { .. }));
+    j.abandon(2);
+    j.safe_point();
+    assert_eq!(j.covered(), 3);
 }
 
 /// One move of the simulated agent's program.
@@ -221,7 +261,8 @@ proptest! {
                 }
                 match op {
                     Op::SafePoint => {
-                        stored.covered = j.safe_point();
+                        j.safe_point();
+                        stored.covered = j.covered();
                         stored.resume_at = at + 1;
                         stored.entries.clear();
                     }

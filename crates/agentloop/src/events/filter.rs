@@ -27,6 +27,13 @@ pub struct EventFilter {
     pub turn_ended: bool,
     /// `StopRequested`.
     pub stop_requested: bool,
+    /// `StepStarted` and `StepFinished` (S1b).
+    #[serde(default = "yes")]
+    pub steps: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for EventFilter {
@@ -45,6 +52,7 @@ impl EventFilter {
             preempted: true,
             turn_ended: true,
             stop_requested: true,
+            steps: true,
         }
     }
 
@@ -57,6 +65,7 @@ impl EventFilter {
             preempted: false,
             turn_ended: true,
             stop_requested: false,
+            steps: false,
         }
     }
 
@@ -75,6 +84,7 @@ impl EventFilter {
             SessionEvent::Preempted { .. } => self.preempted,
             SessionEvent::TurnEnded { .. } => self.turn_ended,
             SessionEvent::StopRequested { .. } => self.stop_requested,
+            SessionEvent::StepStarted { .. } | SessionEvent::StepFinished { .. } => self.steps,
             SessionEvent::Ended(_) | SessionEvent::Lagged { .. } => true,
         }
     }

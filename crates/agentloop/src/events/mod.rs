@@ -42,6 +42,7 @@ use serde::{Deserialize, Serialize};
 use crate::cancel::{CancelInfo, CancelMode};
 use crate::exit::ExitSummary;
 use crate::interrupt::InterruptInfo;
+use agentloop_core::steps::StepKey;
 
 mod filter;
 mod seq;
@@ -94,6 +95,30 @@ pub enum SessionEvent<E> {
         turn: u64,
         /// The event.
         event: E,
+    },
+    /// A durable step (S1b) begins to run: on record before its effect.
+    StepStarted {
+        /// The turn.
+        turn: u64,
+        /// The step's key (the same for every run of the step).
+        key: StepKey,
+        /// It began before and left no result (its effect may have happened): it runs
+        /// again with the same key.
+        rerun: bool,
+    },
+    /// A durable step (S1b) has its result: it ran and its result is journaled (and
+    /// durable under `sync` and `turn`), or it was answered from the journal without
+    /// running (`replayed`), or its outcome is unknown (`unknown`: a `NoRetry` step
+    /// that began before and left no result; the agent reconciles).
+    StepFinished {
+        /// The turn.
+        turn: u64,
+        /// The step's key.
+        key: StepKey,
+        /// Answered from the journal, not run.
+        replayed: bool,
+        /// Not run and not answered: its outcome is unknown.
+        unknown: bool,
     },
     /// The turn was preempted and ends at a safe point (S8).
     Preempted {

@@ -123,6 +123,7 @@ fn start_turn<A: Agent>(
         control: control.clone(),
         subscribers: state.subscribers.clone(),
         stopped: state.core.shared.stopped_signal(),
+        metrics: state.metrics.clone(),
     };
     let task = TurnTask {
         agent: state.agent.clone(),

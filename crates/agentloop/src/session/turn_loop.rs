@@ -62,7 +62,9 @@ impl<A: Agent> Actor for TurnLoop<A> {
         let mut config = args.config;
         let core_config = CoreConfig::from_session(&mut config, args.store.is_some());
         let mut core = Core::new(core_config, args.shared);
-        if core.syncs() {
+        // `sync` writes every safe point; `sync` and `turn` write every durable step's
+        // journal entry (S1b).
+        if core.writes_turn_ends() {
             let me = myself.clone();
             core.progress_hook = Some(Arc::new(move |turn| {
                 // The session may be gone; then nobody needs the progress.

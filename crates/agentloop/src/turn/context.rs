@@ -1,8 +1,8 @@
 //! The turn context handed to agent code (DESIGN S1, S1a, S8, S13).
 //!
 //! [`TurnCx`] is the agent's only window on the runtime during a turn: emit events,
-//! mark safe points, log steps before they start, and watch the stopped / preempted
-//! signals. It reads and writes the turn's control block and the session's shared
+//! mark safe points, log steps before they start, run durable steps (S1b, in
+//! `turn/steps.rs`), and watch the stopped / preempted signals. It reads and writes the turn's control block and the session's shared
 //! state; it never talks to the actor directly.
 
 use std::sync::Arc;
@@ -31,6 +31,8 @@ pub struct TurnCx<A: Agent> {
     pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
     pub(crate) stopped: watch::Receiver<bool>,
+    /// The runtime's metrics (steps count into them), when the session has them.
+    pub(crate) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
 }
 
 impl<A: Agent> Clone for TurnCx<A> {
@@ -41,6 +43,7 @@ impl<A: Agent> Clone for TurnCx<A> {
             control: self.control.clone(),
             subscribers: self.subscribers.clone(),
             stopped: self.stopped.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 }

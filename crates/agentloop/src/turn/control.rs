@@ -3,8 +3,10 @@
 //! It owns the turn's phase (planning → running → ended), the merged cancel (S3) with
 //! its origins (stop or preempt), the capture of a cancel at a safe point (S1), the
 //! turn's resumable state (with its encoded bytes when the session writes each safe
-//! point, S16a), the plan's answer by entry number until the session takes it, and,
-//! once the turn is over, its classification. The session only submits cancels and
+//! point, S16a), the journal of its durable steps (S1b) under the same lock as the
+//! state (a write takes both at once, so a stored state and the steps it covers always
+//! agree), the plan's answer by entry number until the session takes it, and, once the
+//! turn is over, its classification. The session only submits cancels and
 //! reads what happened; the turn task only transitions phases and records what
 //! happened. Neither waits on the other while holding the lock, and nothing is encoded
 //! under it.
@@ -24,8 +26,15 @@ use crate::events::TurnEnd;
 use crate::exit::FailureKind;
 use crate::push::{PendingAck, PreemptAck};
 use crate::store::codec::PayloadError;
-use crate::store::Payload;
+use crate::store::{JournalChange, Payload};
 use agentloop_core::ledger::PlanSplit;
+use agentloop_core::steps::{
+    Journal, JournalMark, StepDecision, StepError, StepPolicy, TurnJournal,
+};
+
+/// Where a step learns that the write holding its entry is flushed (`true`), or
+/// failed (`false`; a dropped sender: it failed).
+pub(crate) type StepDurable = tokio::sync::oneshot::Receiver<bool>;
 
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,6 +106,9 @@ pub(crate) enum Ending<S> {
         resume_state: Option<StateSnap<S>>,
         /// For a failed turn, what kind of failure.
         failure: Option<FailureKind>,
+        /// The journal of its durable steps, as a record keeps it, when it has one
+        /// (S1b): kept with a cut turn's state.
+        journal: Option<TurnJournal>,
     },
 }
 
@@ -108,9 +120,13 @@ pub(crate) struct TurnHooks<S> {
     /// When the session writes every safe point (`sync`): encodes a state (checked, so
     /// only a state that reads back is ever written).
     pub(crate) encode_state: Option<EncodeState<S>>,
-    /// Tells the session the turn progressed: a safe point recorded a state, or the
-    /// plan's answer changes stored entries. Called outside the lock.
+    /// Tells the session the turn progressed: a safe point recorded a state (`sync`),
+    /// the plan's answer changes stored entries, or a step's journal entry waits for
+    /// its write (`sync`, `turn`). Called outside the lock.
     pub(crate) progress: Option<Box<dyn Fn() + Send + Sync>>,
+    /// Each journal entry is written before its step goes on (`sync` and `turn`, S1b);
+    /// otherwise the journal is only kept in memory until the final write.
+    pub(crate) journal_writes: bool,
 }
 
 impl<S> TurnHooks<S> {
@@ -119,8 +135,58 @@ impl<S> TurnHooks<S> {
         TurnHooks {
             encode_state: None,
             progress: None,
+            journal_writes: false,
         }
     }
+}
+
+/// The durable steps of one turn (S1b): the journal, the changes no write has taken
+/// yet, and the steps waiting for the write that holds their entry.
+struct StepBook {
+    journal: Journal,
+    changes: Vec<JournalChange>,
+    waiters: Vec<tokio::sync::oneshot::Sender<bool>>,
+    /// A step the turn cannot go on from (divergence, a result over the bound or not
+    /// journaled): the turn ends `Failed` with it, whatever the agent returns.
+    failure: Option<String>,
+}
+
+/// What a write of the live record takes of the running turn, under one lock.
+pub(crate) struct LiveTurn<S> {
+    /// The resumable state's tag and bytes (`None`: not encoded by a safe point).
+    pub(crate) state: Option<(u64, Option<Payload>)>,
+    /// The state's value when no safe point encoded it (the write encodes it): the
+    /// same state as the tag's, so it agrees with the journal's mark.
+    pub(crate) value: Option<S>,
+    /// The journal's mark, when the record must keep one.
+    pub(crate) mark: Option<JournalMark>,
+    /// The journal's changes since the last write, or every entry for a whole write.
+    pub(crate) changes: Vec<JournalChange>,
+    /// Steps whose entry this write holds.
+    pub(crate) waiters: Vec<tokio::sync::oneshot::Sender<bool>>,
+}
+
+/// Encodes a journal entry for the record.
+fn encode_entry(
+    session: &str,
+    entry: &agentloop_core::steps::JournalEntry,
+) -> Result<Payload, String> {
+    crate::store::codec::encode_journal_entry(session, entry).map_err(|e| e.to_string())
+}
+
+/// Every entry of `journal` as puts (a whole write).
+pub(crate) fn journal_puts(session: &str, journal: &TurnJournal) -> Vec<JournalChange> {
+    journal
+        .entries
+        .iter()
+        .filter_map(|e| match encode_entry(session, e) {
+            Ok(b) => Some(JournalChange::Put(e.occurrence, b)),
+            Err(why) => {
+                tracing::error!(step = e.occurrence, error = %why, "a journal entry cannot be stored");
+                None
+            }
+        })
+        .collect()
 }
 
 pub(crate) struct ControlState<I, S> {
@@ -148,6 +214,8 @@ pub(crate) struct ControlState<I, S> {
     /// The plan's answer, until the session takes it.
     split: Option<PlanSplit<I>>,
     ending: Option<Ending<S>>,
+    /// The durable steps (S1b).
+    steps: StepBook,
 }
 
 /// The shared control block of one turn.
@@ -166,7 +234,12 @@ pub(crate) struct TurnControl<I, S> {
 }
 
 impl<I: Clone, S: Clone> TurnControl<I, S> {
-    pub(crate) fn new(index: u64, input_state: Option<StateSnap<S>>, hooks: TurnHooks<S>) -> Self {
+    pub(crate) fn new(
+        index: u64,
+        input_state: Option<StateSnap<S>>,
+        journal: Journal,
+        hooks: TurnHooks<S>,
+    ) -> Self {
         TurnControl {
             index,
             state: Mutex::new(ControlState {
@@ -187,6 +260,12 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 state_failure: None,
                 split: None,
                 ending: None,
+                steps: StepBook {
+                    journal,
+                    changes: Vec::new(),
+                    waiters: Vec::new(),
+                    failure: None,
+                },
             }),
             hooks,
             wake: Notify::new(),
@@ -222,12 +301,6 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         let st = self.state.lock();
         let split = st.split.as_ref()?;
         Some(split.consumed.iter().map(|p| p.item.clone()).collect())
-    }
-
-    /// The resumable state's tag and bytes, for a write (session side).
-    pub(crate) fn state_bytes(&self) -> Option<(u64, Option<Payload>)> {
-        let st = self.state.lock();
-        st.state.as_ref().map(|s| (s.tag, s.bytes.clone()))
     }
 
     /// A copy of the resumable state (a write that must encode it itself).
@@ -347,7 +420,9 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     /// plan's answer (`None` for a resume turn, whose items the session already knows);
     /// when it changes stored entries, the session is told.
     pub(crate) fn start_running(&self, split: Option<PlanSplit<I>>, now: Instant) {
-        let notify = split.as_ref().is_some_and(PlanSplit::changes_entries);
+        // Only a session that writes every change (`sync`) writes the plan's answer now.
+        let notify = self.hooks.encode_state.is_some()
+            && split.as_ref().is_some_and(PlanSplit::changes_entries);
         let mut st = self.state.lock();
         st.phase = Phase::Running;
         st.split = split;
@@ -443,6 +518,13 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             bytes,
             tag,
         });
+        // The state covers the steps before it (S1b): their entries go with its write.
+        let dropped = st.steps.journal.safe_point();
+        if self.hooks.journal_writes {
+            st.steps
+                .changes
+                .extend(dropped.into_iter().map(JournalChange::Delete));
+        }
         let mut result = Ok(());
         if let Some(c) = st.active {
             if c.matches(kind) {
@@ -524,12 +606,14 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         };
         let mut st = self.state.lock();
         st.phase = Phase::Ended;
-        if let Some(reason) = st.state_failure.take() {
+        Self::release_waiters(&mut st);
+        if let Some(reason) = st.state_failure.take().or_else(|| st.steps.failure.take()) {
             let end = TurnEnd::Failed(reason);
             st.ending = Some(Ending::Ran {
                 end: end.clone(),
                 resume_state: st.state.clone(),
                 failure: Some(FailureKind::Record),
+                journal: Self::journal_of(&st),
             });
             return end;
         }
@@ -593,6 +677,9 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 st.state.clone()
             }
             (TurnEnd::Interrupted(_), Some(value), bytes) => {
+                // The interrupt's state is where the turn continues: it covers every
+                // step the turn began (none runs any more).
+                st.steps.journal.safe_point();
                 let tag = st.next_tag;
                 st.next_tag += 1;
                 Some(StateSnap {
@@ -604,12 +691,197 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             // The state at the last safe point, or the turn's input if none (S2).
             _ => st.state.clone(),
         };
+        let journal = Self::journal_of(&st);
         st.ending = Some(Ending::Ran {
             end: end.clone(),
             resume_state,
             failure,
+            journal,
         });
         end
+    }
+
+    /// The journal as a record keeps it, when there is anything to keep.
+    fn journal_of(st: &ControlState<I, S>) -> Option<TurnJournal> {
+        (!st.steps.journal.is_empty()).then(|| st.steps.journal.to_record())
+    }
+
+    /// The turn is over: steps still waiting for a write learn it will not come (a
+    /// dropped sender), and running ones are abandoned.
+    fn release_waiters(st: &mut ControlState<I, S>) {
+        st.steps.waiters.clear();
+    }
+
+    /// What a write of the live record takes of the turn (session side): the state and
+    /// the journal together, so a stored state and the steps it covers always agree.
+    /// `whole`: the write replaces the record, so it gets every journal entry.
+    pub(crate) fn take_for_write(&self, whole: bool, session: &str) -> LiveTurn<S> {
+        let mut st = self.state.lock();
+        let state = st.state.as_ref().map(|s| (s.tag, s.bytes.clone()));
+        let value = st
+            .state
+            .as_ref()
+            .filter(|s| s.bytes.is_none())
+            .map(|s| s.value.clone());
+        let mark = (!st.steps.journal.is_empty()).then(|| st.steps.journal.mark());
+        let changes = if whole {
+            st.steps.changes.clear();
+            journal_puts(session, &st.steps.journal.to_record())
+        } else {
+            std::mem::take(&mut st.steps.changes)
+        };
+        let waiters = std::mem::take(&mut st.steps.waiters);
+        LiveTurn {
+            state,
+            value,
+            mark,
+            changes,
+            waiters,
+        }
+    }
+
+    /// Every journal entry a write may have stored for this turn (its entries and the
+    /// changes no write took yet), for the session to delete at the turn's end.
+    pub(crate) fn journal_leftovers(&self) -> Vec<u32> {
+        let mut st = self.state.lock();
+        let mut occ: Vec<u32> = st
+            .steps
+            .journal
+            .entries()
+            .iter()
+            .map(|e| e.occurrence)
+            .collect();
+        occ.extend(st.steps.changes.drain(..).map(|c| match c {
+            JournalChange::Put(o, _) | JournalChange::Delete(o) => o,
+        }));
+        occ.sort_unstable();
+        occ.dedup();
+        occ
+    }
+
+    /// The journal's entries and mark (a turn that ended, or a resume turn that never
+    /// ran, hands them back to the session).
+    pub(crate) fn journal(&self) -> Option<TurnJournal> {
+        Self::journal_of(&self.state.lock())
+    }
+
+    /// Decides a step the agent asks to run (turn-task side): a step boundary first
+    /// honours a cancel in force like a safe point of kind `AfterToolCalls` (S1b: the
+    /// turn resumes from its last safe point and the journal), then the journal decides
+    /// (see `agentloop_core::steps`). A `NoRetry` step's beginning is journaled; the
+    /// answer says where to wait for its write, if the session writes it.
+    pub(crate) fn step_begin(
+        &self,
+        name: &str,
+        policy: StepPolicy,
+        session: &str,
+    ) -> Result<(StepDecision, Option<StepDurable>), Canceled> {
+        let mut st = self.state.lock();
+        if st.phase == Phase::Running {
+            if let Some(at) = st.captured {
+                return Err(Canceled { at });
+            }
+            if let Some(c) = st.active {
+                if c.matches(SafePoint::AfterToolCalls) {
+                    st.captured = Some(SafePoint::AfterToolCalls);
+                    return Err(Canceled {
+                        at: SafePoint::AfterToolCalls,
+                    });
+                }
+            }
+        }
+        let decision = st.steps.journal.begin(name, policy);
+        let mut wait = None;
+        match &decision {
+            StepDecision::Refused(e) => {
+                st.steps.failure.get_or_insert_with(|| e.to_string());
+            }
+            StepDecision::Run {
+                key,
+                journal_begin: true,
+                ..
+            } => match st.steps.journal.began(key.occurrence, name) {
+                Ok(entry) => {
+                    if self.hooks.journal_writes {
+                        wait = self.queue_entry(&mut st, session, &entry);
+                    }
+                }
+                Err(e) => {
+                    st.steps.failure.get_or_insert_with(|| e.to_string());
+                }
+            },
+            _ => {}
+        }
+        drop(st);
+        if wait.is_some() {
+            self.progress();
+        }
+        Ok((decision, wait))
+    }
+
+    /// Queues an entry for the next write and a waiter for it; a framing failure fails
+    /// the turn (the step cannot be made durable).
+    fn queue_entry(
+        &self,
+        st: &mut ControlState<I, S>,
+        session: &str,
+        entry: &agentloop_core::steps::JournalEntry,
+    ) -> Option<StepDurable> {
+        match encode_entry(session, entry) {
+            Ok(bytes) => {
+                st.steps
+                    .changes
+                    .push(JournalChange::Put(entry.occurrence, bytes));
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                st.steps.waiters.push(tx);
+                Some(rx)
+            }
+            Err(why) => {
+                st.steps.failure.get_or_insert(why);
+                None
+            }
+        }
+    }
+
+    /// Journals a step's result (turn-task side): the answer says where to wait for
+    /// its write, if the session writes it; a refusal (over the bound) fails the turn.
+    pub(crate) fn step_finish(
+        &self,
+        occurrence: u32,
+        name: &str,
+        result: Vec<u8>,
+        session: &str,
+    ) -> Result<Option<StepDurable>, StepError> {
+        let mut st = self.state.lock();
+        let entry = match st.steps.journal.finish(occurrence, name, result) {
+            Ok(e) => e,
+            Err(e) => {
+                st.steps.failure.get_or_insert_with(|| e.to_string());
+                return Err(e);
+            }
+        };
+        let wait = if self.hooks.journal_writes && st.phase != Phase::Ended {
+            self.queue_entry(&mut st, session, &entry)
+        } else {
+            None
+        };
+        drop(st);
+        if wait.is_some() {
+            self.progress();
+        }
+        Ok(wait)
+    }
+
+    /// A step decided to run ended without a result (its future was dropped, or its
+    /// result did not encode): it no longer holds back a safe point.
+    pub(crate) fn step_abandon(&self, occurrence: u32) {
+        self.state.lock().steps.journal.abandon(occurrence);
+    }
+
+    /// A step cannot go on: the turn ends `Failed` with `reason`, whatever the agent
+    /// returns.
+    pub(crate) fn step_failed(&self, reason: String) {
+        self.state.lock().steps.failure.get_or_insert(reason);
     }
 
     /// The turn task died without classifying the turn (a panic outside the agent's
@@ -629,6 +901,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 end: TurnEnd::Failed(reason),
                 resume_state: st.state.clone(),
                 failure: Some(FailureKind::Panic),
+                journal: Self::journal_of(&st),
             },
         };
         st.phase = Phase::Ended;

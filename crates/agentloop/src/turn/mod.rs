@@ -7,5 +7,7 @@
 
 pub mod context;
 pub(crate) mod control;
+pub mod steps;
 
 pub use context::{Step, TurnCx};
+pub use steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};

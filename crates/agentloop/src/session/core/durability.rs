@@ -8,6 +8,11 @@
 //! events keep their order); the final write holds the end of a turn that ends the
 //! session.
 //!
+//! Under `sync` and `turn` a durable step's journal entry (S1b) is written before the
+//! step goes on: the write carries the turn's state and journal mark as they are, so a
+//! stored state and the steps it covers always agree; a turn's end deletes its journal
+//! unless the turn was cut (the final write then keeps it with the state).
+//!
 //! Under `sync` every change of placement is written as it happens: a push writes its
 //! own entry, a safe point the state, a turn end deletes what the turn consumed; each
 //! write also rewrites the header (status `Running`, the turn index, the cut turn's
@@ -42,9 +47,29 @@ use crate::session::core::{
 };
 use crate::session::Durability;
 use crate::store::{
-    now_ms, ItemChange, Payload, RecordHeader, RecordWrite, SessionStatus, StateChange, StoreError,
-    WriteCondition,
+    now_ms, ItemChange, JournalChange, Payload, RecordHeader, RecordWrite, SessionStatus,
+    StateChange, StoreError, WriteCondition,
 };
+use agentloop_core::steps::JournalMark;
+
+/// The journal's part of a write (S1b): the header's mark, the entry changes, and the
+/// steps whose entry the write holds.
+pub(crate) struct JournalPart {
+    pub(crate) mark: Option<JournalMark>,
+    pub(crate) changes: Vec<JournalChange>,
+    pub(crate) waiters: Vec<DurableTx>,
+}
+
+impl JournalPart {
+    /// No journal: a whole write removes any stored entry.
+    pub(crate) fn none() -> Self {
+        JournalPart {
+            mark: None,
+            changes: Vec::new(),
+            waiters: Vec::new(),
+        }
+    }
+}
 
 /// A push accepted under `sync`, answered once the write holding its item is flushed.
 /// Its preempt is applied then, to the turn it targeted when accepted.
@@ -67,6 +92,9 @@ pub(crate) struct Durable<A: Agent> {
     detach: Option<(u64, DetachReply)>,
     /// Item entry changes not written yet (`sync`, `turn`).
     pending: Vec<ItemChange>,
+    /// Journal entries to delete with the next incremental write: an ended turn's
+    /// (`sync`, `turn`, S1b).
+    pub(crate) journal_pending: Vec<JournalChange>,
     /// Whether writes are incremental, so entry changes are kept for the next write
     /// (under `exit` every write is whole and keeping them would grow without bound).
     keeps_changes: bool,
@@ -100,6 +128,7 @@ impl<A: Agent> Durable<A> {
             unsynced: VecDeque::new(),
             detach: None,
             pending: Vec::new(),
+            journal_pending: Vec::new(),
             keeps_changes: config.persist && config.durability != Durability::Exit,
             turn_ends: Vec::new(),
             stored_state: None,
@@ -124,6 +153,20 @@ impl<A: Agent> Durable<A> {
     pub(crate) fn turn_end_after(&mut self, write: u64, tx: Option<DurableTx>) {
         if let Some(tx) = tx {
             self.turn_ends.push((write, tx));
+        }
+    }
+
+    /// Steps whose journal entry write `write` holds (S1b): they learn its result.
+    pub(crate) fn steps_after(&mut self, write: u64, waiters: Vec<DurableTx>) {
+        self.turn_ends
+            .extend(waiters.into_iter().map(|tx| (write, tx)));
+    }
+
+    /// Deletes an ended turn's journal entries with the next incremental write.
+    pub(crate) fn drop_journal(&mut self, occurrences: impl IntoIterator<Item = u32>) {
+        if self.keeps_changes {
+            self.journal_pending
+                .extend(occurrences.into_iter().map(JournalChange::Delete));
         }
     }
 
@@ -227,19 +270,74 @@ impl<A: Agent> Core<A> {
         }
     }
 
-    /// The cut turn's state as it should be stored now: (tag, bytes), or `None` when
-    /// no state belongs in the record. Bytes are `None` for a state no safe point
-    /// encoded (the caller encodes it).
-    fn live_state(&self) -> Option<(u64, Option<Payload>)> {
-        match &self.turn {
+    /// The cut turn's state as it should be stored now, with its journal (S1b): (tag,
+    /// bytes), or `None` when no state belongs in the record. Bytes are `None` for a
+    /// state no safe point encoded (the caller encodes it). `whole`: the write replaces
+    /// the record, so the journal part holds every entry.
+    #[allow(clippy::type_complexity)]
+    fn live_turn(
+        &mut self,
+        whole: bool,
+    ) -> (
+        Option<(u64, Option<Payload>)>,
+        Option<A::State>,
+        JournalPart,
+    ) {
+        let id = self.config.id.clone();
+        let mut value = None;
+        let (state, mut part) = match &self.turn {
             // A running turn (or a resume turn) is the live record's cut turn, with
-            // its last safe point's state or its input.
-            Some(t) if self.ledger.split_known() => t.control.state_bytes(),
-            Some(_) => None,
-            None => match (&self.ledger.cut(), &self.seed_state) {
-                (Some(_), Some(seed)) => Some((seed.tag, seed.bytes.clone())),
-                _ => None,
+            // its last safe point's state or its input, and its journal.
+            Some(t) if self.ledger.split_known() => {
+                let live = t.control.take_for_write(whole, &id);
+                value = live.value;
+                (
+                    live.state,
+                    JournalPart {
+                        mark: live.mark,
+                        changes: live.changes,
+                        waiters: live.waiters,
+                    },
+                )
+            }
+            Some(_) => (None, self.cut_journal_part(whole)),
+            None => {
+                let state = match (&self.ledger.cut(), &self.seed_state) {
+                    (Some(_), Some(seed)) => {
+                        if seed.bytes.is_none() {
+                            value = Some(seed.value.clone());
+                        }
+                        Some((seed.tag, seed.bytes.clone()))
+                    }
+                    _ => None,
+                };
+                (state, self.cut_journal_part(whole))
+            }
+        };
+        if whole {
+            self.durable.journal_pending.clear();
+        } else if !self.durable.journal_pending.is_empty() {
+            let mut changes = std::mem::take(&mut self.durable.journal_pending);
+            changes.append(&mut part.changes);
+            part.changes = changes;
+        }
+        (state, value, part)
+    }
+
+    /// The cut turn's journal (loaded, or kept by a cut turn), for a write while no
+    /// turn of it runs.
+    fn cut_journal_part(&self, whole: bool) -> JournalPart {
+        match self.cut_journal.as_deref() {
+            Some(j) => JournalPart {
+                mark: Some(j.mark),
+                changes: if whole {
+                    crate::turn::control::journal_puts(&self.config.id, j)
+                } else {
+                    Vec::new()
+                },
+                waiters: Vec::new(),
             },
+            None => JournalPart::none(),
         }
     }
 
@@ -249,10 +347,12 @@ impl<A: Agent> Core<A> {
         &mut self,
         status: SessionStatus,
         state: Option<(u64, Payload)>,
+        journal: JournalPart,
         condition: WriteCondition,
         whole: bool,
     ) -> RecordWrite {
-        let header = self.header(status);
+        let mut header = self.header(status);
+        header.journal = journal.mark;
         let replace = whole || self.durable.rewrite || !self.durable.keeps_changes;
         let items = if replace {
             self.durable.pending.clear();
@@ -284,7 +384,7 @@ impl<A: Agent> Core<A> {
             header,
             items,
             state: state_change,
-            journal: Vec::new(),
+            journal: journal.changes,
             replace,
             condition,
             history: None,
@@ -301,16 +401,13 @@ impl<A: Agent> Core<A> {
             return seq;
         }
         self.take_plan();
-        let state = match self.live_state() {
+        let whole = self.durable.rewrite || !self.durable.keeps_changes;
+        let (state, value, mut journal) = self.live_turn(whole);
+        let waiters = std::mem::take(&mut journal.waiters);
+        let state = match state {
             None => None,
             Some((tag, Some(bytes))) => Some((tag, bytes)),
             Some((tag, None)) => {
-                let value = self
-                    .turn
-                    .as_ref()
-                    .and_then(|t| t.control.state_snapshot())
-                    .map(|s| s.value)
-                    .or_else(|| self.seed_state.as_ref().map(|s| s.value.clone()));
                 match value.map(|v| crate::store::codec::encode_state(&self.config.id, &v)) {
                     Some(Ok(b)) => Some((tag, Payload::from(b))),
                     Some(Err(e)) => {
@@ -324,9 +421,11 @@ impl<A: Agent> Core<A> {
         let write = self.record_write(
             SessionStatus::Running,
             state,
+            journal,
             WriteCondition::NotFinal,
             false,
         );
+        self.durable.steps_after(seq, waiters);
         fx.push(Effect::Store {
             seq,
             op: StoreOp::Write(Box::new(write)),
@@ -351,6 +450,7 @@ impl<A: Agent> Core<A> {
             StoreOp::Write(Box::new(self.record_write(
                 SessionStatus::Running,
                 None,
+                JournalPart::none(),
                 WriteCondition::NotFinal,
                 false,
             )))

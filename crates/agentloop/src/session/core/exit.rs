@@ -188,7 +188,19 @@ impl<A: Agent> Core<A> {
             },
         };
         // Whole: earlier writes may still be unanswered, and one may have been refused.
-        let mut write = self.record_write(status, state, condition, true);
+        // A cut turn's journal (S1b) is kept with its state.
+        let journal = match (
+            state.is_some() || self.ledger.cut().is_some(),
+            self.cut_journal.as_deref(),
+        ) {
+            (true, Some(j)) => super::durability::JournalPart {
+                mark: Some(j.mark),
+                changes: crate::turn::control::journal_puts(&self.config.id, j),
+                waiters: Vec::new(),
+            },
+            _ => super::durability::JournalPart::none(),
+        };
+        let mut write = self.record_write(status, state, journal, condition, true);
         if let ExitReason::Interrupted(info) = reason {
             write.header.interrupt = Some(info.clone());
             write.header.awaiting_answer = true;

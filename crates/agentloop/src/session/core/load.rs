@@ -121,6 +121,29 @@ impl<A: Agent> Core<A> {
                 "resuming a cut turn"
             );
         }
+        // The cut turn's journal of durable steps (S1b) is replayed by its resume turn;
+        // one of another turn, or without a cut turn, is stale: its entries are
+        // deleted by the first write.
+        if let Some(j) = record.journal.take() {
+            let cut = self.ledger.cut().is_some() || state.is_some();
+            if cut && j.mark.turn == header.turn_index {
+                tracing::info!(
+                    turn = j.mark.turn,
+                    covered = j.mark.covered,
+                    journaled = j.entries.len(),
+                    "the cut turn's durable steps will be replayed"
+                );
+                self.cut_journal = Some(Box::new(j));
+            } else {
+                tracing::warn!(
+                    turn = j.mark.turn,
+                    cut_turn = header.turn_index,
+                    "a journal of durable steps that belongs to no cut turn is dropped"
+                );
+                self.durable
+                    .drop_journal(j.entries.iter().map(|e| e.occurrence));
+            }
+        }
         if let Some(value) = state {
             self.seed_state = Some(Box::new(StateSnap {
                 value,

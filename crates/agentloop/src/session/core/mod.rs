@@ -283,6 +283,9 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) next_index: u64,
     /// The state the cut turn resumes from (a record's, S17), until its turn starts.
     pub(crate) seed_state: Option<Box<StateSnap<A::State>>>,
+    /// The cut turn's journal of durable steps (S1b): a record's, until its turn
+    /// starts, or a cut turn's, for the final write.
+    pub(crate) cut_journal: Option<Box<agentloop_core::steps::TurnJournal>>,
     /// Bumped by every accepted push: an idle timer armed before it is void.
     pub(crate) idle_epoch: u64,
     /// The epoch an idle timer is armed for (one timer per idle period, S11).
@@ -332,6 +335,7 @@ impl<A: Agent> Core<A> {
             turn: None,
             next_index: 0,
             seed_state: None,
+            cut_journal: None,
             idle_epoch: 0,
             idle_armed: None,
             await_input: false,

@@ -88,8 +88,17 @@ impl<A: Agent> Core<A> {
     fn start_turn(&mut self, fx: &mut Effects<A>) {
         let index = self.next_index;
         self.next_index += 1;
+        let limit = agentloop_core::steps::DEFAULT_JOURNAL_LIMIT;
+        let mut journal = agentloop_core::steps::Journal::new(&self.config.id, index, limit);
         let (work, is_resume, input) = match self.ledger.offer(index) {
             Offer::Resume { items } => {
+                // The cut turn runs again: its journaled steps are replayed (S1b).
+                journal = agentloop_core::steps::Journal::from_record(
+                    &self.config.id,
+                    index,
+                    self.cut_journal.take().as_deref(),
+                    limit,
+                );
                 let seed = self.seed_state.take().map(|s| *s);
                 let state = seed.as_ref().map(|s| s.value.clone());
                 let answer = self.answer.as_ref().map(|a| a.item.clone());
@@ -105,18 +114,29 @@ impl<A: Agent> Core<A> {
             }
             Offer::Plan { input, bytes } => (TurnWork::Plan { input, bytes }, false, None),
         };
+        let progress = || {
+            self.progress_hook.as_ref().map(|h| {
+                let h = h.clone();
+                Box::new(move || h(index)) as Box<dyn Fn() + Send + Sync>
+            })
+        };
         let hooks = if self.syncs() {
             TurnHooks {
                 encode_state: Some(encode_state::<A::State>),
-                progress: self.progress_hook.as_ref().map(|h| {
-                    let h = h.clone();
-                    Box::new(move || h(index)) as Box<dyn Fn() + Send + Sync>
-                }),
+                progress: progress(),
+                journal_writes: true,
+            }
+        } else if self.writes_turn_ends() {
+            // `turn`: only a durable step's entry is written while the turn runs.
+            TurnHooks {
+                encode_state: None,
+                progress: progress(),
+                journal_writes: true,
             }
         } else {
             TurnHooks::none()
         };
-        let mut control = TurnControl::new(index, input, hooks);
+        let mut control = TurnControl::new(index, input, journal, hooks);
         let durable_tx = self.writes_turn_ends().then(|| {
             let (tx, rx) = tokio::sync::oneshot::channel();
             control.wait_for_durable_end(rx);
@@ -155,9 +175,13 @@ impl<A: Agent> Core<A> {
     }
 
     /// `sync`: the running turn reached a safe point or its plan changed entries: write
-    /// it (S16a).
+    /// it (S16a). `sync` and `turn`: a durable step's journal entry waits for its write
+    /// (S1b).
     pub(super) fn on_turn_progress(&mut self, turn: u64, fx: &mut Effects<A>) {
-        if self.exited || !self.syncs() || self.turn.as_ref().is_none_or(|t| t.index != turn) {
+        if self.exited
+            || !self.writes_turn_ends()
+            || self.turn.as_ref().is_none_or(|t| t.index != turn)
+        {
             return;
         }
         self.take_plan();
@@ -208,6 +232,7 @@ impl<A: Agent> Core<A> {
                 self.ledger.turn_not_run();
                 if active.is_resume {
                     self.seed_state = active.control.state_snapshot().map(Box::new);
+                    self.cut_journal = active.control.journal().map(Box::new);
                 }
                 if plan_failed.is_some() {
                     self.exit = Some(pending(ExitReason::Failed(reason), plan_failed, None));
@@ -217,8 +242,21 @@ impl<A: Agent> Core<A> {
                 end,
                 resume_state,
                 failure,
+                journal,
             } => {
                 tracing::debug!(turn, outcome = ?end, "turn ended");
+                // S1b: a cut turn keeps its journal with its state (the final write
+                // stores both); any other end drops it with the turn's end.
+                let cut = matches!(
+                    end,
+                    TurnEnd::Canceled(_) | TurnEnd::Interrupted(_) | TurnEnd::Failed(_)
+                );
+                if cut {
+                    self.cut_journal = journal.map(Box::new);
+                } else {
+                    self.durable
+                        .drop_journal(active.control.journal_leftovers());
+                }
                 if active.is_resume {
                     // The resumed turn ran with the answer: the record no longer
                     // keeps it (an interrupt again asks anew).
