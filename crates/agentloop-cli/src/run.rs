@@ -118,10 +118,10 @@ impl AgentConfig {
         })
     }
 
-    /// The agent as the jobs run it: no ledger (flat memory), and a `turn` line in
-    /// `log` per completed turn when there is one.
+    /// The agent as the jobs run it: no ledger (flat memory), tool calls as durable
+    /// steps (S1b), and a `turn` line in `log` per completed turn when there is one.
     pub(crate) fn logged_agent(&self, log: Option<&Arc<ItemLog>>) -> SimAgent {
-        let agent = self.agent().without_ledger();
+        let agent = self.agent().without_ledger().with_durable_tools();
         match log {
             Some(log) => {
                 let log = log.clone();
@@ -461,6 +461,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     say!(
         "agentloop: {turns} turns, {items} items delivered in {:.1?}",
         began.elapsed()
+    );
+    say!(
+        "agentloop: {} tool calls run as durable steps, {} replayed from the journal (finished before a restart, not run again)",
+        progress.counters.steps_run(),
+        progress.counters.steps_replayed()
     );
     if report.checkpoints.failed > 0 || report.store_flush_error.is_some() {
         say!(

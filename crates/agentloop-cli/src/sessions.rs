@@ -288,6 +288,8 @@ struct View {
     lease_epoch: u64,
     /// "2", or "1 (converted on the next write)".
     format: &'static str,
+    /// The cut turn's durable steps (S1b).
+    steps: Option<agentloop::StepsView>,
 }
 
 /// Builds the view of a stored record. Format 2 is read without its item type (items
@@ -336,6 +338,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 version: h.version,
                 lease_epoch: h.lease_epoch,
                 format: "2",
+                steps: agentloop::view::steps_view(r, &agentloop::Redaction::default())?,
             })
         }
         Stored::Format1(_) => {
@@ -363,6 +366,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 version: rec.version,
                 lease_epoch: rec.lease_epoch,
                 format: "1 (converted to 2 on its next write)",
+                steps: None,
             })
         }
     }
@@ -591,6 +595,31 @@ fn show(
             None => "no".to_string(),
         },
     );
+    if let Some(steps) = &rec.steps {
+        line(
+            "steps",
+            format!(
+                "turn {}: {} covered by the state, {} journaled (replayed when it runs again)",
+                steps.turn,
+                steps.covered,
+                steps.journaled.len()
+            ),
+        );
+        for s in &steps.journaled {
+            line(
+                "",
+                format!(
+                    "{} {}",
+                    clean(&s.key),
+                    if s.finished {
+                        "finished"
+                    } else {
+                        "began, no result (unknown outcome)"
+                    }
+                ),
+            );
+        }
+    }
     line("stop cause", opt(&rec.stop_cause));
     line("last error", opt(&rec.last_error));
     if let Some(i) = &rec.interrupt {
@@ -929,6 +958,9 @@ fn redact(mut v: View, redaction: &agentloop::Redaction) -> View {
     if let Some(i) = v.interrupt.as_mut() {
         i.question = redaction.apply(Part::Question, std::mem::take(&mut i.question));
     }
+    for step in v.steps.iter_mut().flat_map(|s| s.journaled.iter_mut()) {
+        step.result = step.result.take().map(|r| redaction.apply(Part::State, r));
+    }
     v
 }
 
@@ -967,6 +999,7 @@ fn view_json(rec: &View, with_items: bool) -> Value {
             Some((_, Err(why))) => json!({ "not_shown": why }),
             None => Value::Null,
         };
+        v["steps"] = serde_json::to_value(&rec.steps).unwrap_or(Value::Null);
     }
     v
 }

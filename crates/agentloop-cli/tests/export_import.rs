@@ -67,7 +67,8 @@ fn populate(dir: &Path) {
             agentloop_core::steps::JournalEntry {
                 occurrence: 1,
                 name: "charge".into(),
-                result: Some(vec![1, 2, 3]),
+                // MessagePack for "ok".
+                result: Some(vec![0xa2, b'o', b'k']),
             },
             agentloop_core::steps::JournalEntry {
                 occurrence: 2,
@@ -135,7 +136,11 @@ fn agentloop(args: &[&str], stdin: Option<&str>) -> Output {
     let mut child = cmd.spawn().expect("run the agentloop binary");
     let mut pipe = child.stdin.take().unwrap();
     if let Some(text) = stdin {
-        pipe.write_all(text.as_bytes()).unwrap();
+        // A command that refuses its input early closes its end: what it printed is
+        // what the test checks.
+        if let Err(e) = pipe.write_all(text.as_bytes()) {
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+        }
     }
     drop(pipe);
     child.wait_with_output().unwrap()
@@ -235,6 +240,33 @@ fn export_import_round_trip_between_sled_and_fjall() {
         };
         assert_eq!(on(&sled_dir), on(&fjall_dir), "{args:?}");
     }
+    // S1b: `sessions show` lists the cut turn's durable steps with their keys.
+    let beta = json(&ok(&agentloop(
+        &[
+            "sessions",
+            "show",
+            "beta",
+            "--json",
+            "--data-dir",
+            &fjall_dir,
+        ],
+        None,
+    )));
+    assert_eq!(beta["steps"]["turn"], 7, "{beta}");
+    assert_eq!(beta["steps"]["covered"], 1);
+    assert_eq!(beta["steps"]["journaled"][0]["key"], "beta/7/1/charge");
+    assert_eq!(beta["steps"]["journaled"][0]["finished"], true);
+    assert_eq!(beta["steps"]["journaled"][0]["result"], "ok");
+    assert_eq!(beta["steps"]["journaled"][1]["finished"], false);
+    let text = ok(&agentloop(
+        &["sessions", "show", "beta", "--data-dir", &fjall_dir],
+        None,
+    ));
+    assert!(
+        text.contains("turn 7: 1 covered by the state, 2 journaled")
+            && text.contains("beta/7/2/refund began, no result (unknown outcome)"),
+        "{text}"
+    );
 
     // A second import is refused session by session; the records stay as they were.
     let again = agentloop(

@@ -118,6 +118,21 @@ fn sigterm_then_resume(engine: &[&str]) {
     let (status, out) = job.finish();
     assert_eq!(status.code(), Some(0), "{out}");
     assert!(out.contains("every session delivered its items"), "{out}");
+    // S1b: the simulated agent's tool calls are durable steps; the report counts the
+    // ones the resumed turns replayed from the journal instead of running them again.
+    let steps = out
+        .lines()
+        .find(|l| l.contains(" tool calls run as durable steps, "))
+        .unwrap_or_else(|| panic!("the steps line:\n{out}"));
+    let numbers: Vec<u64> = steps
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{steps}");
+    assert!(
+        numbers[0] > 0,
+        "the resumed sessions' turns ran tool calls: {steps}"
+    );
     let done = out
         .lines()
         .find(|l| l.contains(" items delivered in "))

@@ -636,3 +636,78 @@ async fn metrics_count_restarts_and_show_the_shutdown_phases() {
     }
     rt.shutdown().await.unwrap();
 }
+
+/// S1b (issue 32, 2): a cut turn's durable steps are in the view, with their keys and
+/// their results through the redaction (as the state is), and counted in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_view_shows_a_cut_turns_durable_steps_and_metrics_count_them() {
+    struct Pays;
+    impl agentloop::Agent for Pays {
+        type Item = SimItem;
+        type Event = SimEvent;
+        type State = u32;
+        async fn run_turn(
+            &self,
+            _turn: agentloop::Turn<Self>,
+            cx: agentloop::TurnCx<Self>,
+        ) -> Result<agentloop::TurnOutcome<u32>, agentloop::AgentError> {
+            let r: Value = cx
+                .step("charge", |key| async move {
+                    json!({"receipt": key.to_string(), "items": "card 4242"})
+                })
+                .await?;
+            assert!(r["receipt"].is_string());
+            // The turn fails after its step: the record keeps the cut turn (S18).
+            Err(agentloop::AgentError::failed("the model went away"))
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .data_dir(dir.path())
+        .flush_logs(None)
+        .redact(Redaction::fields(["text", "items"]))
+        .register_agent("pays", |_cfg: &[u8]| Ok(Pays))
+        .start()
+        .await
+        .unwrap();
+    let app = router(&rt, HttpOptions::default());
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "p", "kind": "pays", "persistent": true, "durability": "sync"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        call(&app, "POST", "/sessions/p/items", push_body(1, "buy"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    eventually("the failed turn", || async {
+        call(&app, "GET", "/sessions/p", None).await.1["live"] == false
+    })
+    .await;
+    let (s, v) = call(&app, "GET", "/sessions/p", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let step = &v["steps"]["journaled"][0];
+    assert_eq!(step["key"], "p/0/0/charge", "{v}");
+    assert_eq!(step["finished"], true);
+    assert_eq!(step["result"]["receipt"], "p/0/0/charge");
+    assert_eq!(step["result"]["items"], "[redacted]", "{v}");
+    let req = Request::builder()
+        .uri("/metrics")
+        .body(Body::empty())
+        .unwrap();
+    let bytes = http_body_util::BodyExt::collect(send(&app, req).await.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    // The supervisor restarts the failed session from its record (S26) until its
+    // budget is spent: each restart replays the charge, none runs it again.
+    assert_eq!(sample(&text, "agentloop_steps_total{result=\"ran\"}"), 1.0);
+    assert!(sample(&text, "agentloop_steps_total{result=\"replayed\"}") >= 1.0);
+    assert!(sample(&text, "agentloop_restarts_total") >= 1.0);
+}

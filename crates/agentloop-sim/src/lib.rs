@@ -289,6 +289,8 @@ impl Ledger {
 pub struct SimCounters {
     turns: std::sync::atomic::AtomicU64,
     items: std::sync::atomic::AtomicU64,
+    steps_run: std::sync::atomic::AtomicU64,
+    steps_replayed: std::sync::atomic::AtomicU64,
 }
 
 impl SimCounters {
@@ -300,6 +302,27 @@ impl SimCounters {
     /// Items delivered to completed turns.
     pub fn items(&self) -> u64 {
         self.items.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tool calls run as durable steps (S1b).
+    pub fn steps_run(&self) -> u64 {
+        self.steps_run.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tool calls answered from the journal without running (a turn resumed after a
+    /// crash or a restart).
+    pub fn steps_replayed(&self) -> u64 {
+        self.steps_replayed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn step(&self, ran: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ran {
+            self.steps_run.fetch_add(1, Relaxed);
+        } else {
+            self.steps_replayed.fetch_add(1, Relaxed);
+        }
     }
 
     fn completed(&self, items: usize) {
@@ -326,6 +349,8 @@ pub struct SimAgent {
     /// agent keeps nothing per turn (a long-running job).
     keep_ledger: bool,
     counters: Option<Arc<SimCounters>>,
+    /// Each tool call of a tool round is a durable step (S1b).
+    durable_tools: bool,
 }
 
 impl SimAgent {
@@ -345,7 +370,17 @@ impl SimAgent {
             turn_hook: None,
             keep_ledger: true,
             counters: None,
+            durable_tools: false,
         }
+    }
+
+    /// Runs each tool call of a tool round as a durable step (S1b, `cx.step`) named
+    /// `tool-<step>-<call>`, taking an equal share of the round's latency: a turn run
+    /// again after a crash replays the calls that finished instead of making them
+    /// again.
+    pub fn with_durable_tools(mut self) -> Self {
+        self.durable_tools = true;
+        self
     }
 
     /// Counts completed turns and their items in `counters` (shared with other agents).
@@ -563,8 +598,29 @@ impl Agent for SimAgent {
                     cx.begin_step(Step::ToolCalls, &[("calls", i64::from(*calls))])
                 }
             }
-            if !step.latency().is_zero() {
-                tokio::time::sleep(step.latency()).await;
+            match step {
+                SimStep::ToolRound { latency, calls } if self.durable_tools && *calls > 0 => {
+                    let share = *latency / *calls;
+                    for call in 0..*calls {
+                        let ran = std::sync::atomic::AtomicBool::new(false);
+                        let _: String = cx
+                            .step(&format!("tool-{i}-{call}"), |key| {
+                                ran.store(true, std::sync::atomic::Ordering::Relaxed);
+                                async move {
+                                    if !share.is_zero() {
+                                        tokio::time::sleep(share).await;
+                                    }
+                                    format!("result of {key}")
+                                }
+                            })
+                            .await?;
+                        if let Some(c) = &self.counters {
+                            c.step(ran.load(std::sync::atomic::Ordering::Relaxed));
+                        }
+                    }
+                }
+                _ if !step.latency().is_zero() => tokio::time::sleep(step.latency()).await,
+                _ => {}
             }
             cx.emit(SimEvent::StepDone {
                 turn: turn.index,

@@ -214,4 +214,4 @@ pub use supervisor::{
     SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
 pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
-pub use view::{Part, Redaction, SessionView};
+pub use view::{Part, Redaction, SessionView, StepView, StepsView};

@@ -128,6 +128,75 @@ pub struct InterruptView {
     pub awaiting_answer: bool,
 }
 
+/// The cut turn's durable steps (S1b) as a client sees them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepsView {
+    /// The turn they belong to.
+    pub turn: u64,
+    /// How many of its steps the stored state covers (they are not listed).
+    pub covered: u32,
+    /// The journaled steps after them, in order.
+    pub journaled: Vec<StepView>,
+}
+
+/// One journaled step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepView {
+    /// Its position in the turn.
+    pub occurrence: u32,
+    /// Its name.
+    pub name: String,
+    /// Its key (the idempotency key it handed out).
+    pub key: String,
+    /// Its result is journaled (it is replayed when the turn runs again); `false`: only
+    /// its beginning is (a `NoRetry` step whose outcome is unknown).
+    pub finished: bool,
+    /// Its result as JSON, through the redaction as the state is.
+    pub result: Option<Value>,
+}
+
+/// The durable steps of a stored record's cut turn, through `redaction` (results as
+/// [`Part::State`]); `None` when it has none.
+pub fn steps_view(
+    record: &StoredRecord,
+    redaction: &Redaction,
+) -> Result<Option<StepsView>, StoreError> {
+    let h = &record.header;
+    let Some(j) = crate::store::codec::decode_journal(h, &record.journal)? else {
+        return Ok(None);
+    };
+    let journaled = j
+        .entries
+        .iter()
+        .map(|e| {
+            let key = agentloop_core::steps::StepKey {
+                session: h.session_id.clone(),
+                turn: j.mark.turn,
+                occurrence: e.occurrence,
+                name: e.name.clone(),
+            };
+            // A result that does not read as JSON is named, not fatal: the session
+            // replays its bytes as its own type.
+            let result = e.result.as_ref().map(|b| match payload::to_json(b) {
+                Ok(v) => redaction.apply(Part::State, v),
+                Err(err) => serde_json::json!({ "not_shown": err.to_string() }),
+            });
+            Ok(StepView {
+                occurrence: e.occurrence,
+                name: e.name.clone(),
+                key: key.to_string(),
+                finished: e.result.is_some(),
+                result,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Some(StepsView {
+        turn: j.mark.turn,
+        covered: j.mark.covered,
+        journaled,
+    }))
+}
+
 /// A stored session as a client sees it: every payload as JSON, through the runtime's
 /// redaction.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -159,6 +228,9 @@ pub struct SessionView {
     /// The session's own settings (issue 28), restored when it resumes; `None` for a
     /// record written before they were kept.
     pub settings: Option<crate::session::SessionSettings>,
+    /// The cut turn's durable steps (S1b), replayed when it runs again; `None` when it
+    /// journaled none.
+    pub steps: Option<StepsView>,
 }
 
 /// Builds the client view of a stored (format-2) record through `redaction`.
@@ -215,6 +287,7 @@ pub fn session_view(
         updated_at_ms: h.updated_at_ms,
         version: h.version,
         settings: h.settings,
+        steps: steps_view(record, redaction)?,
     })
 }
 
