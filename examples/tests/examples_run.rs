@@ -207,3 +207,33 @@ fn graceful_shutdown() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn payment_once() {
+    let stdout = run(
+        "payment_once",
+        &[],
+        &[
+            "[agent] new session order-42: charge the card, then ship",
+            "[agent] charge step returned: receipt r-1 for 42.00EUR under key order-42/0/0/charge (journaled)",
+            "killed mid-turn, while it waited for the warehouse",
+            "second agent process, same data directory:",
+            "[agent] charge step replayed from the journal: receipt r-1 under key order-42/0/0/charge",
+            "[agent] shipped #42: tracking t-1",
+            "[agent] order-42 ended Completed",
+            "payment service: 1 charge request(s), charges made: 1",
+            "receipt r-1 under key order-42/0/0/charge",
+        ],
+    );
+    // The resumed turn starts while the runtime starts: its lines and the start
+    // report's line race, so the report's line is only checked to be in the second run.
+    let second = stdout
+        .split("second agent process, same data directory:")
+        .nth(1)
+        .expect("checked above");
+    let line = "[agent] restarted: recovered [\"order-42\"] (1 cut by a crash), carrying 1 item(s)";
+    assert!(
+        second.contains(line),
+        "the second run did not print {line:?}:\n{stdout}"
+    );
+}

@@ -2,7 +2,7 @@
 //! store as it was at a moment (every write acknowledged by then) copied into a fresh
 //! store, where a new session on the same id resumes the cut turn: what it replays,
 //! runs again or reports unknown is what a process restarted after a SIGKILL at that
-//! moment would do (the child-process crash test is `crates/agentloop-cli/tests`).
+//! moment would do (the child-process crash test, with SIGKILLs, is `s1b_crash.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

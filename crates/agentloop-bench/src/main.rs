@@ -3,13 +3,14 @@
 //! noise; the ratios are the figures.
 //!
 //! Usage: `cargo run --release -p agentloop-bench -- <figure>`, where `<figure>` is
-//! `b1` … `b9`, `b3f` (B3 on fjall) or `all`; `soak` runs
+//! `b1` … `b10`, `b3f` (B3 on fjall) or `all`; `soak` runs
 //! the main job for five minutes (its binary built first); `codec` runs the (non-figure) measurement
 //! behind the payload encoding.
 
 use std::process::ExitCode;
 
 mod b1;
+mod b10;
 mod b2;
 mod b3;
 mod b4;
@@ -28,7 +29,7 @@ mod tempdir;
 
 /// The figures, in the order `all` runs them.
 const FIGURES: &[&str] = &[
-    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "c1", "c2", "c3",
+    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "c1", "c2", "c3",
 ];
 
 fn usage() -> String {
@@ -50,6 +51,7 @@ async fn run_figure(id: &str) {
         "b7" => b7::run().await,
         "b8" => b8::run().await,
         "b9" => b9::run().await,
+        "b10" => b10::run().await,
         "c1" => c1::run().await,
         "c2" => c2::run().await,
         "c3" => c3::run().await,

@@ -31,7 +31,7 @@ pub(super) async fn perform<A: Agent>(
     effect: Effect<A>,
 ) {
     match effect {
-        Effect::Store { seq, op } => {
+        Effect::Store { seq, op, steps } => {
             let Some(store) = state.store.clone() else {
                 return;
             };
@@ -42,6 +42,10 @@ pub(super) async fn perform<A: Agent>(
             let (tx, rx) = tokio::sync::oneshot::channel();
             let me = myself.clone();
             let done = move |result: Result<bool, StoreError>| {
+                // Durable steps first: the turn task goes on at once (S1b).
+                for tx in steps {
+                    let _ = tx.send(result.is_ok());
+                }
                 let _ = me.send_message(internal::<A>(InternalMsg::Written {
                     seq,
                     result: result.clone(),

@@ -156,12 +156,6 @@ impl<A: Agent> Durable<A> {
         }
     }
 
-    /// Steps whose journal entry write `write` holds (S1b): they learn its result.
-    pub(crate) fn steps_after(&mut self, write: u64, waiters: Vec<DurableTx>) {
-        self.turn_ends
-            .extend(waiters.into_iter().map(|tx| (write, tx)));
-    }
-
     /// Deletes an ended turn's journal entries with the next incremental write.
     pub(crate) fn drop_journal(&mut self, occurrences: impl IntoIterator<Item = u32>) {
         if self.keeps_changes {
@@ -425,10 +419,10 @@ impl<A: Agent> Core<A> {
             WriteCondition::NotFinal,
             false,
         );
-        self.durable.steps_after(seq, waiters);
         fx.push(Effect::Store {
             seq,
             op: StoreOp::Write(Box::new(write)),
+            steps: waiters,
         });
         seq
     }
@@ -456,7 +450,11 @@ impl<A: Agent> Core<A> {
             )))
         };
         self.durable.stale_write = Some((seq, delete));
-        fx.push(Effect::Store { seq, op });
+        fx.push(Effect::Store {
+            seq,
+            op,
+            steps: Vec::new(),
+        });
     }
 
     /// A store operation finished: answer what waited for it (S16a, S23), honour a

@@ -161,8 +161,14 @@ impl<A: Agent> From<Timed<A::Item>> for Event<A> {
 /// What the shell performs.
 pub(crate) enum Effect<A: Agent> {
     /// Issue this store operation now (writes are ordered when issued); report
-    /// `Written { seq }`.
-    Store { seq: u64, op: StoreOp },
+    /// `Written { seq }`. `steps` are durable steps (S1b) whose journal entry the write
+    /// holds: its completion answers them directly (whether it succeeded), without a
+    /// trip through the session's mailbox.
+    Store {
+        seq: u64,
+        op: StoreOp,
+        steps: Vec<DurableTx>,
+    },
     /// Spawn the task of turn `index`.
     StartTurn {
         index: u64,

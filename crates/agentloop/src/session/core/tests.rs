@@ -213,7 +213,7 @@ impl Harness {
 
     fn perform(&mut self, fx: Effect<Scripted>, queue: &mut VecDeque<Event<Scripted>>) {
         match fx {
-            Effect::Store { seq, op } => {
+            Effect::Store { seq, op, .. } => {
                 self.store.fail_saves(std::mem::take(&mut self.fail_next));
                 let r = match op {
                     StoreOp::Write(w) => {

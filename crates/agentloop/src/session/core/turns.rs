@@ -337,6 +337,7 @@ impl<A: Agent> Core<A> {
             if let Effect::Store {
                 seq,
                 op: StoreOp::Write(w),
+                ..
             } = effect
             {
                 if *seq == write {

@@ -1,0 +1,152 @@
+//! B10: a turn of 10 durable steps (S1b) under `sync` on sled, against raw sled doing 10
+//! sequential `insert` + `flush` in the same run (DESIGN §10; issue 32). Target: ratio
+//! ≤ 1.3.
+//!
+//! Setup: one `CheckpointActor` on sled (a temp dir) and, beside it, a raw sled
+//! database in another directory of the same file system. The agentloop side is one
+//! persistent `sync` session whose every turn runs 10 durable steps, each returning a
+//! tool result of 64 bytes; the agent times its 10 steps (from before the first `step`
+//! to after the tenth returned: each returned only once its journal entry was written
+//! and flushed). The push that starts the turn and the turn's end write are outside the
+//! timed part: a turn makes them with or without steps. The baseline writes 10 entries
+//! of the same size with `insert`, each followed by `flush`. Each round times one turn
+//! and one baseline run, alternating which goes first; a warm-up round is discarded.
+//! The figure is the ratio of the medians.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentloop::{
+    Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, Durability,
+    SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
+};
+use tokio::sync::mpsc;
+
+use crate::report::{print_table, ratio_line_max, summarize};
+use crate::tempdir::TempDir;
+
+/// Timed rounds (after one warm-up round).
+const ROUNDS: usize = 40;
+/// Durable steps per turn.
+const STEPS: usize = 10;
+/// A step's result, in bytes (a short tool result).
+const RESULT: usize = 64;
+/// The target: agentloop / baseline ≤ 1.3.
+const TARGET: f64 = 1.3;
+
+/// An agent whose every turn runs `STEPS` durable steps and reports how long they took.
+struct Stepper {
+    took: mpsc::UnboundedSender<Duration>,
+}
+
+impl Agent for Stepper {
+    type Item = u64;
+    type Event = ();
+    type State = ();
+
+    async fn run_turn(
+        &self,
+        turn: Turn<Self>,
+        cx: TurnCx<Self>,
+    ) -> Result<TurnOutcome<()>, AgentError> {
+        let t0 = Instant::now();
+        for s in 0..STEPS {
+            let _: String = cx
+                .step(&format!("tool-{s}"), |_key| async move {
+                    let mut r = format!("result of tool {s} in turn {}: ", turn.index);
+                    r.extend(std::iter::repeat_n('x', RESULT.saturating_sub(r.len())));
+                    r
+                })
+                .await?;
+        }
+        let _ = self.took.send(t0.elapsed());
+        Ok(TurnOutcome::Completed)
+    }
+}
+
+/// One baseline run: `STEPS` × (insert + flush) on raw sled.
+fn baseline(tree: &sled::Tree, round: usize) -> Duration {
+    let t0 = Instant::now();
+    for s in 0..STEPS {
+        let key = format!("b10/{round}/{s}/tool-{s}");
+        let value = vec![b'x'; RESULT];
+        tree.insert(key.as_bytes(), value)
+            .expect("a B10 baseline insert");
+        tree.flush().expect("a B10 baseline flush");
+    }
+    t0.elapsed()
+}
+
+/// Runs B10 and prints its table and verdict.
+pub async fn run() {
+    println!(
+        "B10: a turn of {STEPS} durable steps under sync (each result journaled and flushed before \
+         the step returns) vs raw sled {STEPS} x (insert + flush); {ROUNDS} interleaved rounds \
+         after a warm-up; sled"
+    );
+    let dir = TempDir::new("b10", "store");
+    let raw_dir = TempDir::new("b10", "raw");
+    let client: CheckpointClient<u64> = CheckpointActor::spawn(dir.path())
+        .await
+        .expect("starting the B10 checkpoint actor");
+    let store: Arc<dyn CheckpointStore<u64>> = Arc::new(client.clone());
+    let (tx, mut took) = mpsc::unbounded_channel();
+    let h: SessionHandle<u64, ()> = SessionHandle::spawn(
+        SessionSpec::new("b10", "default")
+            .persistent(true)
+            .kind("stepper")
+            .durability(Durability::Sync),
+        Arc::new(Stepper { took: tx }),
+        Some(store.clone()),
+    )
+    .await
+    .expect("spawning the B10 session");
+    let raw = tokio::task::spawn_blocking({
+        let path = raw_dir.path().to_path_buf();
+        move || sled::open(path).expect("opening raw sled")
+    })
+    .await
+    .expect("opening raw sled");
+    let tree = raw.open_tree("b10").expect("the raw tree");
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..=ROUNDS {
+        let raw_side = |tree: sled::Tree| async move {
+            tokio::task::spawn_blocking(move || baseline(&tree, round))
+                .await
+                .expect("the baseline run")
+        };
+        let turn = |h: &SessionHandle<u64, ()>| {
+            let h = h.clone();
+            async move {
+                h.push(round as u64).await.expect("a B10 push");
+            }
+        };
+        let (a, b) = if round % 2 == 0 {
+            let b = raw_side(tree.clone()).await;
+            turn(&h).await;
+            (took.recv().await.expect("the turn's time"), b)
+        } else {
+            turn(&h).await;
+            let a = took.recv().await.expect("the turn's time");
+            (a, raw_side(tree.clone()).await)
+        };
+        if round > 0 {
+            ours.push(a.as_secs_f64() * 1e3);
+            theirs.push(b.as_secs_f64() * 1e3);
+        }
+    }
+    h.stop(StopOptions::drain()).await.expect("stopping B10");
+    h.wait().await;
+    client.close().await.expect("closing the B10 store");
+    let (a, b) = (summarize(&ours), summarize(&theirs));
+    print_table(
+        &format!("time for {STEPS} durable writes (ms per turn)"),
+        "ms",
+        &[
+            ("baseline: raw sled insert + flush", b),
+            ("agentloop: durable steps, sync", a),
+        ],
+    );
+    println!("{}", ratio_line_max("B10", a.median / b.median, TARGET));
+}
