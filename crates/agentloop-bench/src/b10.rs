@@ -77,6 +77,85 @@ fn baseline(tree: &sled::Tree, round: usize) -> Duration {
     t0.elapsed()
 }
 
+/// Diagnostic (`B10_SIDE=store`): the store's own path for the same writes, without a
+/// session: 10 sequential journal-entry writes through the checkpoint client (each
+/// answered after its flush), against the same baseline.
+async fn store_only(store: &Arc<dyn CheckpointStore<u64>>, tree: &sled::Tree, direct: bool) {
+    use agentloop::store::{
+        JournalChange, Payload, RecordHeader, RecordWrite, StateChange, WriteCondition,
+    };
+    let backend_dir = TempDir::new("b10", "backend");
+    let backend =
+        Arc::new(agentloop::store::SledBackend::open(backend_dir.path()).expect("a backend"));
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..=ROUNDS {
+        let mut writes = Vec::new();
+        for s in 0..STEPS {
+            let entry = agentloop::store::codec::encode_journal_entry(
+                "b10-store",
+                &agentloop_core::steps::JournalEntry {
+                    occurrence: s as u32,
+                    name: format!("tool-{s}"),
+                    result: Some(vec![b'x'; RESULT]),
+                },
+            )
+            .expect("an entry");
+            let w = RecordWrite {
+                header: RecordHeader {
+                    session_id: "b10-store".into(),
+                    agent_kind: "stepper".into(),
+                    status: agentloop::SessionStatus::Running,
+                    turn_index: round as u64,
+                    journal: Some(agentloop_core::steps::JournalMark {
+                        turn: round as u64,
+                        covered: 0,
+                    }),
+                    ..RecordHeader::default()
+                },
+                items: Vec::new(),
+                state: StateChange::Keep,
+                journal: vec![JournalChange::Put(s as u32, Payload::from(entry))],
+                replace: false,
+                condition: WriteCondition::NotFinal,
+                history: None,
+            };
+            writes.push(w);
+        }
+        let t0 = Instant::now();
+        if direct {
+            let backend = backend.clone();
+            tokio::task::spawn_blocking(move || {
+                for w in writes {
+                    backend.write(w).expect("a backend write");
+                }
+            })
+            .await
+            .expect("the backend writes");
+        } else {
+            for w in writes {
+                store.write(w).await.expect("a store write");
+            }
+        }
+        let a = t0.elapsed();
+        let tree = tree.clone();
+        let b = tokio::task::spawn_blocking(move || baseline(&tree, round))
+            .await
+            .expect("baseline");
+        if round > 0 {
+            ours.push(a.as_secs_f64() * 1e3);
+            theirs.push(b.as_secs_f64() * 1e3);
+        }
+    }
+    let (a, b) = (summarize(&ours), summarize(&theirs));
+    print_table(
+        "diagnostic: the store's path alone (ms per 10 writes)",
+        "ms",
+        &[("baseline", b), ("store.write x 10", a)],
+    );
+    println!("B10 store-only ratio {:.2}", a.median / b.median);
+}
+
 /// Runs B10 and prints its table and verdict.
 pub async fn run() {
     println!(
@@ -108,6 +187,11 @@ pub async fn run() {
     .await
     .expect("opening raw sled");
     let tree = raw.open_tree("b10").expect("the raw tree");
+    match std::env::var("B10_SIDE").as_deref() {
+        Ok("store") => return store_only(&store, &tree, false).await,
+        Ok("backend") => return store_only(&store, &tree, true).await,
+        _ => {}
+    }
     let mut ours = Vec::new();
     let mut theirs = Vec::new();
     for round in 0..=ROUNDS {

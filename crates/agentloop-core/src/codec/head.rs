@@ -7,17 +7,19 @@
 //! | status kind (u8) | version (u64 LE) | lease epoch (u64 LE)
 //! | loose items (u64 LE) | lowest loose entry number (u64 LE) | highest (u64 LE)
 //! | flags (u8: bit 0 the state is a loose entry, bit 1 an inline state follows)
-//! | format 4 only: journal entries (u32 LE) | lowest occurrence (u32 LE) | highest (u32 LE)
+//! | format 4 only: loose journal entries (u32 LE) | lowest occurrence (u32 LE) | highest (u32 LE)
 //! | inline items (u32 LE) | per item: entry number (u64 LE), length (u32 LE), bytes
 //! | when bit 1: state length (u32 LE), bytes
+//! | format 4 only: inline journal entries (u32 LE) | per entry: occurrence (u32 LE), length (u32 LE), bytes
 //! ```
 //!
-//! Format 4 (issue 32) is format 3 with a journal of durable steps (S1b): the journal's
-//! entries are loose entries `<id> 0x00 'j' <occurrence: u32 BE>` and the head says how
-//! many there are and between which occurrences. A head is written in format 4 only
-//! while its record holds journal entries, so a record without any still reads in a
-//! build that knows format 3 only; one with entries is refused there (that build would
-//! run the journaled steps again).
+//! Format 4 (issue 32) is format 3 with a journal of durable steps (S1b). Journal
+//! entries live inline in the head while the inline payload fits [`INLINE_LIMIT`] (so
+//! a step's write is one key, as a push's usually is), else as loose entries `<id> 0x00
+//! 'j' <occurrence: u32 BE>`, which the head counts with their bounds. A head is
+//! written in format 4 only while its record holds journal entries, so a record without
+//! any still reads in a build that knows format 3 only; one with entries is refused
+//! there (that build would run the journaled steps again).
 //!
 //! *Inline* items and state live in the head itself; *loose* ones are entries of their
 //! own under the format-2 keys (`<id> 0x00 'i' <n>`, `<id> 0x00 's'`), all loose item
@@ -115,9 +117,10 @@ impl Layout {
         }
     }
 
-    /// The head's format: 4 while journal entries exist, else 3.
-    pub fn format(&self) -> u16 {
-        if self.journal_entries > 0 {
+    /// The head's format given its inline journal entries: 4 while journal entries
+    /// exist (loose or inline), else 3.
+    pub fn format(&self, inline_journal: usize) -> u16 {
+        if self.journal_entries > 0 || inline_journal > 0 {
             FORMAT4
         } else {
             FORMAT3
@@ -151,6 +154,8 @@ pub struct Head {
     pub items: Vec<(u64, Payload)>,
     /// The inline state.
     pub state: Option<Payload>,
+    /// Inline journal entries (format 4), ascending by occurrence.
+    pub journal: Vec<(u32, Payload)>,
 }
 
 impl Head {
@@ -158,6 +163,7 @@ impl Head {
     pub fn inline_bytes(&self) -> usize {
         self.items.iter().map(|(_, b)| b.len()).sum::<usize>()
             + self.state.as_ref().map_or(0, |s| s.len())
+            + self.journal.iter().map(|(_, b)| b.len()).sum::<usize>()
     }
 }
 
@@ -205,18 +211,31 @@ fn kind_of(b: u8) -> Option<StatusKind> {
     })
 }
 
-/// Encodes a format-3 head.
+/// Encodes a head without inline journal entries (format 3, or 4 with loose ones).
 pub fn encode(
     header: &RecordHeader,
     layout: Layout,
     items: &[(u64, Payload)],
     state: Option<&Payload>,
 ) -> Result<Vec<u8>, StoreError> {
-    let inline: usize =
-        items.iter().map(|(_, b)| 12 + b.len()).sum::<usize>() + state.map_or(0, |s| 4 + s.len());
+    encode_with(header, layout, items, state, &[])
+}
+
+/// Encodes a head with inline journal entries `journal` (ascending by occurrence):
+/// format 4 when there are journal entries, else 3.
+pub fn encode_with(
+    header: &RecordHeader,
+    layout: Layout,
+    items: &[(u64, Payload)],
+    state: Option<&Payload>,
+    journal: &[(u32, Payload)],
+) -> Result<Vec<u8>, StoreError> {
+    let inline: usize = items.iter().map(|(_, b)| 12 + b.len()).sum::<usize>()
+        + state.map_or(0, |s| 4 + s.len())
+        + journal.iter().map(|(_, b)| 8 + b.len()).sum::<usize>();
     let mut out = Vec::with_capacity(codec::ENVELOPE + 512 + 46 + inline);
     out.extend_from_slice(&codec::MAGIC);
-    let format = layout.format();
+    let format = layout.format(journal.len());
     out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
     // The header straight into the head (no intermediate buffer); a failure is said
@@ -267,6 +286,14 @@ pub fn encode(
     if let Some(s) = state {
         out.extend_from_slice(&(s.len() as u32).to_le_bytes());
         out.extend_from_slice(s);
+    }
+    if format == FORMAT4 {
+        out.extend_from_slice(&(journal.len() as u32).to_le_bytes());
+        for (occ, bytes) in journal {
+            out.extend_from_slice(&occ.to_le_bytes());
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(bytes);
+        }
     }
     Ok(out)
 }
@@ -322,6 +349,8 @@ pub struct Peek {
     pub items: Vec<(u64, Payload)>,
     /// The inline state.
     pub state: Option<Payload>,
+    /// Inline journal entries, ascending by occurrence.
+    pub journal: Vec<(u32, Payload)>,
 }
 
 /// Reads what a write needs of a head (format 3 or 2) stored under `session`; bad
@@ -343,23 +372,31 @@ pub fn peek_with(session: &str, bytes: &[u8], payload: bool) -> Result<Peek, Sto
             layout: head.layout,
             items: head.items,
             state: head.state,
+            journal: head.journal,
         });
     }
     check::check(body).map_err(|e| StoreError::Corrupt {
         session: session.to_string(),
         reason: format!("the record header does not decode: {e}"),
     })?;
-    let (summary, layout, items, state) = parse_tail(session, version, tail, payload)?;
+    let (summary, layout, items, state, journal) = parse_tail(session, version, tail, payload)?;
     Ok(Peek {
         summary,
         layout: Some(layout),
         items,
         state,
+        journal,
     })
 }
 
 /// The binary part of a format-3 or format-4 head after its header.
-type Tail = (Summary, Layout, Vec<(u64, Payload)>, Option<Payload>);
+type Tail = (
+    Summary,
+    Layout,
+    Vec<(u64, Payload)>,
+    Option<Payload>,
+    Vec<(u32, Payload)>,
+);
 
 fn parse_tail(session: &str, version: u16, tail: &[u8], payload: bool) -> Result<Tail, StoreError> {
     let corrupt = |reason: String| StoreError::Corrupt {
@@ -393,7 +430,7 @@ fn parse_tail(session: &str, version: u16, tail: &[u8], payload: bool) -> Result
         let n = c.u32("the journal entry count")?;
         let jlo = c.u32("the lowest journal entry")?;
         let jhi = c.u32("the highest journal entry")?;
-        if n == 0 || jlo > jhi {
+        if n > 0 && jlo > jhi {
             return Err(corrupt(format!(
                 "a format-4 head announces {n} journal entries between {jlo} and {jhi}"
             )));
@@ -434,6 +471,36 @@ fn parse_tail(session: &str, version: u16, tail: &[u8], payload: bool) -> Result
     } else {
         None
     };
+    let mut journal = Vec::new();
+    if version == FORMAT4 {
+        let count = c.u32("the inline journal entry count")? as usize;
+        if count > c.bytes.len() / 8 {
+            return Err(corrupt(format!(
+                "{count} inline journal entries announced in {} bytes",
+                c.bytes.len()
+            )));
+        }
+        if count == 0 && journal_entries == 0 {
+            return Err(corrupt(
+                "a format-4 head holds no journal entry, inline or loose".into(),
+            ));
+        }
+        let mut last: Option<u32> = None;
+        for _ in 0..count {
+            let occ = c.u32("an inline journal entry's occurrence")?;
+            let len = c.u32("an inline journal entry's length")? as usize;
+            let bytes = c.take(len, "an inline journal entry")?;
+            if last.is_some_and(|last| last >= occ) {
+                return Err(corrupt(format!(
+                    "inline journal entries out of order at step {occ}"
+                )));
+            }
+            last = Some(occ);
+            if payload {
+                journal.push((occ, Payload::from(bytes)));
+            }
+        }
+    }
     if !c.bytes.is_empty() {
         return Err(corrupt(format!(
             "{} bytes after the record head's end (truncated or padded)",
@@ -455,7 +522,7 @@ fn parse_tail(session: &str, version: u16, tail: &[u8], payload: bool) -> Result
         journal_lo,
         journal_hi,
     };
-    Ok((summary, layout, items, state))
+    Ok((summary, layout, items, state, journal))
 }
 
 /// Decodes a head of format 4, 3 or 2 stored under `session`; bad bytes are
@@ -496,12 +563,14 @@ pub fn decode(session: &str, bytes: &[u8]) -> Result<Head, StoreError> {
             layout: None,
             items: Vec::new(),
             state: None,
+            journal: Vec::new(),
         },
-        Some((_, layout, items, state)) => Head {
+        Some((_, layout, items, state, journal)) => Head {
             header,
             layout: Some(layout),
             items,
             state,
+            journal,
         },
     })
 }
@@ -602,12 +671,28 @@ mod tests {
         }
         let plain = encode(&header("j"), Layout::default(), &[], None).unwrap();
         assert_eq!(plain[4..6], FORMAT3.to_le_bytes(), "no journal: format 3");
-        // A format-4 head whose journal section says zero entries.
+        // A format-4 head whose journal sections hold no entry at all.
         let mut zero = encode(&header("j"), layout, &[], None).unwrap();
-        let at = zero.len() - 4 - 12;
+        let at = zero.len() - 4 - 4 - 12;
         zero[at..at + 4].copy_from_slice(&0u32.to_le_bytes());
         let e = decode("j", &zero).unwrap_err().to_string();
-        assert!(e.contains("announces 0 journal entries"), "{e}");
+        assert!(e.contains("holds no journal entry"), "{e}");
+        // Inline journal entries round-trip (a step's write is one key).
+        let inline = vec![
+            (2, Payload::from(&b"r2"[..])),
+            (5, Payload::from(&b"r5"[..])),
+        ];
+        let bytes = encode_with(&header("j"), Layout::default(), &[], None, &inline).unwrap();
+        assert_eq!(bytes[4..6], FORMAT4.to_le_bytes());
+        let back = decode("j", &bytes).unwrap();
+        assert_eq!(back.journal, inline);
+        assert_eq!(peek("j", &bytes).unwrap().journal, inline);
+        for cut in 0..bytes.len() {
+            assert!(
+                matches!(decode("j", &bytes[..cut]), Err(StoreError::Corrupt { .. })),
+                "cut {cut}"
+            );
+        }
         // The previous build's check: it read 3 and older, so 4 is newer to it.
         let mut five = bytes.clone();
         five[4..6].copy_from_slice(&(FORMAT4 + 1).to_le_bytes());

@@ -159,6 +159,9 @@ pub fn raw_entries(
             if let Some(s) = h.state {
                 out.push(("state".to_string(), s.to_vec()));
             }
+            for (occ, b) in h.journal {
+                out.push((format!("step {occ}"), b.to_vec()));
+            }
         }
     }
     out
@@ -203,14 +206,21 @@ fn combine(head: Head, loose: Loose) -> StoredRecord {
     let Loose {
         items: loose,
         state: loose_state,
-        journal,
+        journal: loose_journal,
     } = loose;
     let Head {
         header,
         items: mut inline,
         state,
+        mut journal,
         ..
     } = head;
+    if journal.is_empty() {
+        journal = loose_journal;
+    } else if !loose_journal.is_empty() {
+        journal.extend(loose_journal);
+        journal.sort_by_key(|(occ, _)| *occ);
+    }
     let items = if inline.is_empty() {
         loose
     } else if loose.is_empty() {
@@ -320,13 +330,15 @@ pub fn read_head_only(id: &str, bytes: &[u8]) -> Result<HeadRead, StoreError> {
 pub fn entries_of(record: StoredRecord) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
     let id = record.header.session_id.clone();
     let size: usize = record.items.iter().map(|(_, b)| b.len()).sum::<usize>()
-        + record.state.as_ref().map_or(0, |s| s.len());
-    if size <= INLINE_LIMIT && record.journal.is_empty() {
-        let head = head::encode(
+        + record.state.as_ref().map_or(0, |s| s.len())
+        + record.journal.iter().map(|(_, b)| b.len()).sum::<usize>();
+    if size <= INLINE_LIMIT {
+        let head = head::encode_with(
             &record.header,
             Layout::default(),
             &record.items,
             record.state.as_ref(),
+            &record.journal,
         )?;
         return Ok(vec![(header_key(&id), head.into())]);
     }
@@ -453,13 +465,14 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     header.version = stored.as_ref().map_or(0, |h| h.summary.version) + 1;
     // The stored epoch never goes down (the canceled owner's write above keeps it).
     header.lease_epoch = header.lease_epoch.max(stored_epoch);
-    let (mut layout, mut inline, mut state) = match stored {
+    let (mut layout, mut inline, mut state, mut journal) = match stored {
         Some(h) => (
             layout_of(t, &id, h.layout)?,
             h.items.into_iter().collect::<BTreeMap<_, _>>(),
             h.state,
+            h.journal.into_iter().collect::<BTreeMap<_, _>>(),
         ),
-        None => (Layout::default(), BTreeMap::new(), None),
+        None => (Layout::default(), BTreeMap::new(), None, BTreeMap::new()),
     };
     if w.replace {
         if damaged {
@@ -473,7 +486,8 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
         if old.is_some() {
             t.format1_remove(&id);
         }
-        (layout, inline, state) = (Layout::default(), BTreeMap::new(), None);
+        (layout, inline, state, journal) =
+            (Layout::default(), BTreeMap::new(), None, BTreeMap::new());
     }
     for change in w.items {
         match change {
@@ -500,18 +514,33 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             }
         }
     }
+    // Journal entries (S1b) go inline while the head's inline payload fits, so a step's
+    // write is one key; an entry already loose stays loose.
+    let inline_now = |inline: &BTreeMap<u64, Payload>,
+                      state: &Option<Payload>,
+                      journal: &BTreeMap<u32, Payload>| {
+        inline.values().map(|b| b.len()).sum::<usize>()
+            + state.as_ref().map_or(0, |s| s.len())
+            + journal.values().map(|b| b.len()).sum::<usize>()
+    };
     for change in w.journal {
         match change {
             JournalChange::Put(occ, bytes) => {
                 let key = journal_key(&id, occ);
-                let existed = layout.may_hold_step(occ) && t.get(&key)?.is_some();
-                t.put(key, bytes);
-                if !existed {
+                let loose = layout.may_hold_step(occ) && t.get(&key)?.is_some();
+                if loose {
+                    t.put(key, bytes);
+                } else if journal.contains_key(&occ)
+                    || inline_now(&inline, &state, &journal) + bytes.len() <= INLINE_LIMIT
+                {
+                    journal.insert(occ, bytes);
+                } else {
+                    t.put(key, bytes);
                     layout.add_step(occ);
                 }
             }
             JournalChange::Delete(occ) => {
-                if layout.may_hold_step(occ) {
+                if journal.remove(&occ).is_none() && layout.may_hold_step(occ) {
                     let key = journal_key(&id, occ);
                     if t.get(&key)?.is_some() {
                         t.remove(key);
@@ -521,7 +550,8 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             }
         }
     }
-    let inline_items: usize = inline.values().map(|b| b.len()).sum();
+    let inline_items: usize = inline.values().map(|b| b.len()).sum::<usize>()
+        + journal.values().map(|b| b.len()).sum::<usize>();
     match w.state {
         StateChange::Keep => {}
         StateChange::Put(bytes) if inline_items + bytes.len() <= INLINE_LIMIT => {
@@ -551,13 +581,18 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             t.put(item_key(&id, seq), bytes);
             layout.add(seq);
         }
+        for (occ, bytes) in std::mem::take(&mut journal) {
+            t.put(journal_key(&id, occ), bytes);
+            layout.add_step(occ);
+        }
         if let Some(s) = state.take_if(|s| s.len() > INLINE_LIMIT) {
             t.put(state_key(&id), s);
             layout.loose_state = true;
         }
     }
     let items: Vec<(u64, Payload)> = inline.into_iter().collect();
-    let encoded = head::encode(&header, layout, &items, state.as_ref())?;
+    let journal: Vec<(u32, Payload)> = journal.into_iter().collect();
+    let encoded = head::encode_with(&header, layout, &items, state.as_ref(), &journal)?;
     t.put(header_key(&id), encoded.into());
     if let Some(mark) = w.history {
         // The record as this write leaves it, read through its head (no prefix scan).
@@ -617,7 +652,8 @@ pub fn cas(
             }
             h.updated_at_ms = now_ms;
             h.version += 1;
-            let encoded = head::encode(&h, layout, &head.items, head.state.as_ref())?;
+            let encoded =
+                head::encode_with(&h, layout, &head.items, head.state.as_ref(), &head.journal)?;
             t.put(header_key(id), encoded.into());
             Ok(CasOutcome::Swapped(prev))
         }

@@ -323,9 +323,10 @@ fn with_journal(mut w: RecordWrite, turn: u64, covered: u32, j: Vec<JournalChang
     w
 }
 
-/// S1b, issue 32 (4): journal entries are loose entries the head counts; the head is
-/// format 4 while any exist and format 3 again once the last goes; a read does not
-/// scan; a safe point's deletes and a turn end's replacing write remove them.
+/// S1b, issue 32 (4): journal entries are inline in the head while they fit (one key
+/// per step's write); the head is format 4 while any exist and format 3 again once the
+/// last goes; a read does not scan; a safe point's deletes and a turn end's replacing
+/// write remove them.
 #[test]
 fn s1b_journal_entries_are_loose_counted_and_make_the_head_format4() {
     let mut t = Map::default();
@@ -377,7 +378,18 @@ fn s1b_journal_entries_are_loose_counted_and_make_the_head_format4() {
     );
     let h = head::decode("s", &t.rows[&header_key("s")]).unwrap();
     let l = h.layout.unwrap();
-    assert_eq!((l.journal_entries, l.journal_lo, l.journal_hi), (2, 0, 1));
+    assert_eq!(
+        l.journal_entries, 0,
+        "small entries are inline: a step's write is one key"
+    );
+    assert_eq!(
+        h.journal.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert!(!t
+        .rows
+        .keys()
+        .any(|k| matches!(parse_key(k), Some((_, KeyKind::Journal(_))))));
     // A safe point covers both: its write deletes them with the state it puts.
     super::write(
         &mut t,
@@ -424,7 +436,8 @@ fn s1b_journal_entries_are_loose_counted_and_make_the_head_format4() {
 
 /// S1b: a record with a journal stored as entries (an import) reads back the same;
 /// delete removes the journal; a journal entry under the wrong occurrence, or entries
-/// without a mark, are Corrupt.
+/// without a mark, are Corrupt. Entries beyond the inline limit are loose, counted by
+/// the head, and read back in order with the inline ones.
 #[test]
 fn s1b_a_journal_survives_entries_of_and_delete_removes_it() {
     let mut h = header("s");
@@ -452,6 +465,39 @@ fn s1b_a_journal_survives_entries_of_and_delete_removes_it() {
     assert!(
         named.contains(&"step 3".to_string()) && named.contains(&"step 5".to_string()),
         "{named:?}"
+    );
+    assert!(super::delete(&mut t, "s").unwrap());
+    assert!(t.rows.is_empty(), "{:?}", t.rows.keys().collect::<Vec<_>>());
+    // A journal beyond the inline limit: the writes put the later entries loose.
+    let mut t = Map::default();
+    super::write(
+        &mut t,
+        write(vec![ItemChange::Put(0, p(b"a"))], StateChange::Keep, true),
+    )
+    .unwrap();
+    let big = vec![7u8; INLINE_LIMIT / 3];
+    for occ in 0..5u32 {
+        super::write(
+            &mut t,
+            with_journal(
+                write(vec![], StateChange::Keep, false),
+                1,
+                0,
+                vec![JournalChange::Put(occ, entry(occ, "big", Some(&big)))],
+            ),
+        )
+        .unwrap();
+    }
+    let h = head::decode("s", &t.rows[&header_key("s")]).unwrap();
+    assert!(
+        h.layout.unwrap().journal_entries > 0,
+        "some entries are loose"
+    );
+    assert!(!h.journal.is_empty(), "some are inline");
+    let back = load(&t);
+    assert_eq!(
+        back.journal.iter().map(|(o, _)| *o).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3, 4]
     );
     assert!(super::delete(&mut t, "s").unwrap());
     assert!(t.rows.is_empty(), "{:?}", t.rows.keys().collect::<Vec<_>>());

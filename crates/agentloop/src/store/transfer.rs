@@ -190,6 +190,12 @@ fn line(backend: &Backend, id: &str) -> Result<ExportLine, StoreError> {
                 if let Some(state) = head.state {
                     l.state = Some(b64(&state));
                 }
+                for (occurrence, bytes) in head.journal {
+                    l.journal.push(ExportStep {
+                        occurrence,
+                        msgpack: b64(&bytes),
+                    });
+                }
             }
             Some(KeyKind::Item(seq)) => l.items.push(ExportItem {
                 seq,
