@@ -77,6 +77,14 @@ enum Action {
     PlanAborted,
     ResumeStarts,
     SafePoint(u64),
+    /// The running turn begins a durable step (S1b): one of three names, `NoRetry`
+    /// when asked.
+    StepBegins {
+        name: u8,
+        no_retry: bool,
+    },
+    /// The oldest running step returns its result.
+    StepReturns,
     Finish(u8),
     Written,
     FailNextWrite,
@@ -95,6 +103,8 @@ fn action() -> impl Strategy<Value = Action> {
         1 => Just(Action::PlanAborted),
         2 => Just(Action::ResumeStarts),
         2 => (0u64..1000).prop_map(Action::SafePoint),
+        3 => (0u8..3, any::<bool>()).prop_map(|(name, no_retry)| Action::StepBegins { name, no_retry }),
+        3 => Just(Action::StepReturns),
         3 => (0u8..4).prop_map(Action::Finish),
         3 => Just(Action::Written),
         1 => Just(Action::FailNextWrite),
@@ -111,6 +121,8 @@ struct SimTurn {
     consumed: Vec<u64>,
     /// The items its plan dropped: they leave the ledger when the core takes the plan.
     dropped: Vec<u64>,
+    /// Durable steps begun and not returned: occurrence and name.
+    running: Vec<(u32, String)>,
 }
 
 struct Harness {
@@ -213,7 +225,7 @@ impl Harness {
 
     fn perform(&mut self, fx: Effect<Scripted>, queue: &mut VecDeque<Event<Scripted>>) {
         match fx {
-            Effect::Store { seq, op, .. } => {
+            Effect::Store { seq, op, steps } => {
                 self.store.fail_saves(std::mem::take(&mut self.fail_next));
                 let r = match op {
                     StoreOp::Write(w) => {
@@ -236,6 +248,9 @@ impl Harness {
                 if matches!(r, Err(StoreError::Backend { .. })) {
                     self.dirty = true;
                 }
+                for tx in steps {
+                    let _ = tx.send(r.is_ok());
+                }
                 self.results.push((seq, r.clone()));
                 self.written.push_back((seq, r));
             }
@@ -246,6 +261,7 @@ impl Harness {
                     work: Some(work),
                     consumed: Vec::new(),
                     dropped: Vec::new(),
+                    running: Vec::new(),
                 });
             }
             Effect::AnswerPush { reply, result } => {
@@ -400,6 +416,46 @@ impl Harness {
                 {
                     let _ = t.control.safe_point(SafePoint::AfterModelCall, &v);
                 }
+                let progress = std::mem::take(&mut *self.progress.lock());
+                for turn in progress {
+                    self.event(Event::TurnProgress { turn });
+                }
+            }
+            Action::StepBegins { name, no_retry } => {
+                let Some(t) = self
+                    .turn
+                    .as_mut()
+                    .filter(|t| t.control.phase() == Phase::Running)
+                else {
+                    return;
+                };
+                let name = ["search", "charge", "mail"][name as usize].to_string();
+                let policy = if no_retry {
+                    agentloop_core::steps::StepPolicy::NoRetry
+                } else {
+                    agentloop_core::steps::StepPolicy::Retry
+                };
+                if let Ok((agentloop_core::steps::StepDecision::Run { key, .. }, _)) =
+                    t.control.step_begin(&name, policy, ID)
+                {
+                    t.running.push((key.occurrence, name));
+                }
+                let progress = std::mem::take(&mut *self.progress.lock());
+                for turn in progress {
+                    self.event(Event::TurnProgress { turn });
+                }
+            }
+            Action::StepReturns => {
+                let Some(t) = self
+                    .turn
+                    .as_mut()
+                    .filter(|t| t.control.phase() == Phase::Running && !t.running.is_empty())
+                else {
+                    return;
+                };
+                let (occ, name) = t.running.remove(0);
+                let result = codec::payload::encode_checked(&format!("result of {occ}")).unwrap();
+                let _ = t.control.step_finish(occ, &name, result, ID);
                 let progress = std::mem::take(&mut *self.progress.lock());
                 for turn in progress {
                     self.event(Event::TurnProgress { turn });
@@ -566,6 +622,17 @@ impl Harness {
                     self.core.ledger.values(&p.interrupted)
                 ),
                 "step {step}: the stored record is not the placement"
+            );
+            // S1b: the stored journal is the live turn's (the steps it began and
+            // finished since its state), with the mark of that state.
+            let stored = self.store.get(ID).and_then(|r| r.journal);
+            let live = match &self.turn {
+                Some(t) => t.control.journal(),
+                None => self.core.cut_journal.as_deref().cloned(),
+            };
+            assert_eq!(
+                stored, live,
+                "step {step}: the stored journal is not the live turn's"
             );
         }
     }
