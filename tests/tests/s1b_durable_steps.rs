@@ -192,7 +192,18 @@ async fn crash_and_resume(
     within("the agent to hold", held.recv()).await;
     let after_crash = crash(&store);
     let rec = after_crash.get(ID).expect("the record is stored");
-    assert!(rec.is_mid_turn(), "the cut turn is on record: {rec:?}");
+    // The turn's items are on record (as its cut turn, or still waiting: the turn that
+    // runs again has the same index either way) with its journal.
+    assert_eq!(
+        rec.unhandled_items.len() + rec.interrupted_items.len(),
+        1,
+        "{rec:?}"
+    );
+    assert_eq!(
+        rec.journal.as_ref().map(|j| j.mark.turn),
+        Some(0),
+        "{rec:?}"
+    );
     drop(h);
     let (second, _) = Stepper::new(service.clone(), program, Hold::No);
     let outcomes = second.outcomes.clone();

@@ -37,6 +37,9 @@ const TARGET: f64 = 1.3;
 /// An agent whose every turn runs `STEPS` durable steps and reports how long they took.
 struct Stepper {
     took: mpsc::UnboundedSender<Duration>,
+    /// Diagnostic (`B10_SIDE=in-turn`): the turn writes its 10 entries with
+    /// `store.write` itself instead of running durable steps.
+    raw: Option<Arc<dyn CheckpointStore<u64>>>,
 }
 
 impl Agent for Stepper {
@@ -50,6 +53,37 @@ impl Agent for Stepper {
         cx: TurnCx<Self>,
     ) -> Result<TurnOutcome<()>, AgentError> {
         let t0 = Instant::now();
+        if let Some(store) = &self.raw {
+            for _ in 0..STEPS {
+                let mut h = store
+                    .load_stored("b10-raw")
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|r| match r {
+                        agentloop::store::Stored::Current(r) => Some(r.header),
+                        _ => None,
+                    })
+                    .unwrap_or_default();
+                h.session_id = "b10-raw".into();
+                h.status = agentloop::SessionStatus::Running;
+                let w = agentloop::store::RecordWrite {
+                    header: h,
+                    items: Vec::new(),
+                    state: agentloop::store::StateChange::Keep,
+                    journal: Vec::new(),
+                    replace: false,
+                    condition: agentloop::store::WriteCondition::NotFinal,
+                    history: None,
+                };
+                store
+                    .write(w)
+                    .await
+                    .map_err(|e| AgentError::failed(e.to_string()))?;
+            }
+            let _ = self.took.send(t0.elapsed());
+            return Ok(TurnOutcome::Completed);
+        }
         for s in 0..STEPS {
             let _: String = cx
                 .step(&format!("tool-{s}"), |_key| async move {
@@ -156,6 +190,44 @@ async fn store_only(store: &Arc<dyn CheckpointStore<u64>>, tree: &sled::Tree, di
     println!("B10 store-only ratio {:.2}", a.median / b.median);
 }
 
+/// Diagnostic (`B10_SIDE=async-baseline`, not the figure): raw sled driven from async
+/// code as an application must (never blocking a tokio worker): one `spawn_blocking` per
+/// insert + flush, against the figure's baseline (all ten on one blocking thread).
+async fn async_baseline(tree: &sled::Tree) {
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for round in 0..=ROUNDS {
+        let t0 = Instant::now();
+        for s in 0..STEPS {
+            let tree = tree.clone();
+            tokio::task::spawn_blocking(move || {
+                let key = format!("b10a/{round}/{s}");
+                tree.insert(key.as_bytes(), vec![b'x'; RESULT])
+                    .expect("insert");
+                tree.flush().expect("flush");
+            })
+            .await
+            .expect("a blocking insert + flush");
+        }
+        let a = t0.elapsed();
+        let tree = tree.clone();
+        let b = tokio::task::spawn_blocking(move || baseline(&tree, round))
+            .await
+            .expect("baseline");
+        if round > 0 {
+            ours.push(a.as_secs_f64() * 1e3);
+            theirs.push(b.as_secs_f64() * 1e3);
+        }
+    }
+    let (a, b) = (summarize(&ours), summarize(&theirs));
+    print_table(
+        "diagnostic: raw sled from async code (ms per 10 insert + flush)",
+        "ms",
+        &[("baseline (one thread)", b), ("spawn_blocking each", a)],
+    );
+    println!("B10 async-baseline ratio {:.2}", a.median / b.median);
+}
+
 /// Runs B10 and prints its table and verdict.
 pub async fn run() {
     println!(
@@ -175,7 +247,10 @@ pub async fn run() {
             .persistent(true)
             .kind("stepper")
             .durability(Durability::Sync),
-        Arc::new(Stepper { took: tx }),
+        Arc::new(Stepper {
+            took: tx,
+            raw: (std::env::var("B10_SIDE").as_deref() == Ok("in-turn")).then(|| store.clone()),
+        }),
         Some(store.clone()),
     )
     .await
@@ -187,6 +262,9 @@ pub async fn run() {
     .await
     .expect("opening raw sled");
     let tree = raw.open_tree("b10").expect("the raw tree");
+    if std::env::var("B10_SIDE").as_deref() == Ok("async-baseline") {
+        return async_baseline(&tree).await;
+    }
     match std::env::var("B10_SIDE").as_deref() {
         Ok("store") => return store_only(&store, &tree, false).await,
         Ok("backend") => return store_only(&store, &tree, true).await,

@@ -603,6 +603,64 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Writes one journal change of turn `turn` straight into the stored record (S1b: a
+/// durable step's entry, without a write of the session's whole placement): the stored
+/// header is kept but for its version, the owner's fencing token `epoch` (checked as
+/// every write's, so a fenced owner is refused) and the journal's mark (set to `turn`
+/// with no step covered when the record has none: the stored state then covers none of
+/// this turn's steps). Refused with [`StoreError::NoRecord`] without a record, and with
+/// [`StoreError::Refused`] over a format-2 record or a record whose journal belongs to
+/// another turn (the session then writes the entry with its own next write).
+pub fn append_journal(
+    t: &mut impl Table,
+    id: &str,
+    epoch: u64,
+    turn: u64,
+    change: JournalChange,
+) -> Result<(), StoreError> {
+    check_id(id)?;
+    let Some(bytes) = t.get(&header_key(id))? else {
+        return Err(StoreError::NoRecord {
+            session: id.to_string(),
+        });
+    };
+    let head = head::decode(id, &bytes)?;
+    let refuse = |why: String| StoreError::Refused {
+        session: id.to_string(),
+        status: head.header.status.to_string(),
+        why,
+    };
+    if head.layout.is_none() {
+        return Err(refuse(
+            "the record is of format 2: the session's next write converts it".into(),
+        ));
+    }
+    let mut header = head.header.clone();
+    match header.journal {
+        Some(m) if m.turn != turn => {
+            return Err(refuse(format!(
+                "its journal belongs to turn {}, not {turn}",
+                m.turn
+            )))
+        }
+        Some(_) => {}
+        None => header.journal = Some(crate::steps::JournalMark { turn, covered: 0 }),
+    }
+    header.lease_epoch = epoch;
+    write(
+        t,
+        RecordWrite {
+            header,
+            items: Vec::new(),
+            state: StateChange::Keep,
+            journal: vec![change],
+            replace: false,
+            condition: crate::write::WriteCondition::NotFinal,
+            history: None,
+        },
+    )
+}
+
 /// Removes the loose entries `layout` names.
 fn remove_loose(t: &mut impl Table, id: &str, layout: &Layout) -> Result<(), StoreError> {
     if layout.loose_items > 0 {

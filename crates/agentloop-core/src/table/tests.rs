@@ -515,3 +515,112 @@ fn s1b_a_journal_survives_entries_of_and_delete_removes_it() {
         .to_string();
     assert!(e.contains("names no turn"), "{e}");
 }
+
+/// S1b: a durable step's entry written straight into the record keeps the stored
+/// header (placement, state) but for the version and the journal's mark (set with no
+/// step covered when none is stored); it is fenced like any write, refused over a final
+/// record, without a record, and for a journal of another turn.
+#[test]
+fn s1b_append_journal_keeps_the_header_and_is_fenced() {
+    let mut t = Map::default();
+    let id = "s";
+    assert!(matches!(
+        super::append_journal(
+            &mut t,
+            id,
+            1,
+            0,
+            JournalChange::Put(0, entry(0, "a", Some(b"1")))
+        ),
+        Err(StoreError::NoRecord { .. })
+    ));
+    let mut w = write(
+        vec![ItemChange::Put(4, p(b"item"))],
+        StateChange::Put(p(b"st")),
+        true,
+    );
+    w.header.lease_epoch = 3;
+    w.header.cut = vec![4];
+    w.header.turn_index = 2;
+    w.header.status = SessionStatus::Running;
+    super::write(&mut t, w).unwrap();
+    super::append_journal(
+        &mut t,
+        id,
+        3,
+        2,
+        JournalChange::Put(0, entry(0, "a", Some(b"1"))),
+    )
+    .unwrap();
+    let r = load(&t);
+    assert_eq!(r.header.cut, vec![4], "the placement is kept");
+    assert_eq!(r.state.as_deref(), Some(&b"st"[..]));
+    assert_eq!(r.header.version, 2);
+    assert_eq!(
+        r.header.journal,
+        Some(crate::steps::JournalMark {
+            turn: 2,
+            covered: 0
+        })
+    );
+    assert_eq!(r.journal.len(), 1);
+    // Fenced: an older owner's epoch.
+    assert!(matches!(
+        super::append_journal(
+            &mut t,
+            id,
+            2,
+            2,
+            JournalChange::Put(1, entry(1, "b", Some(b"2")))
+        ),
+        Err(StoreError::Fenced { .. })
+    ));
+    // Another turn's journal: refused (the session writes it itself).
+    assert!(matches!(
+        super::append_journal(
+            &mut t,
+            id,
+            3,
+            5,
+            JournalChange::Put(1, entry(1, "b", Some(b"2")))
+        ),
+        Err(StoreError::Refused { .. })
+    ));
+    // A covered count stored by a safe point's write is kept.
+    let mut w = write(vec![], StateChange::Keep, false);
+    w.header = load(&t).header;
+    w.header.journal = Some(crate::steps::JournalMark {
+        turn: 2,
+        covered: 1,
+    });
+    w.journal = vec![JournalChange::Delete(0)];
+    super::write(&mut t, w).unwrap();
+    super::append_journal(
+        &mut t,
+        id,
+        3,
+        2,
+        JournalChange::Put(1, entry(1, "b", Some(b"2"))),
+    )
+    .unwrap();
+    assert_eq!(load(&t).header.journal.map(|m| m.covered), Some(1));
+    // Final: refused.
+    super::cas(
+        &mut t,
+        id,
+        &[StatusKind::Running],
+        SessionStatus::Canceled,
+        9,
+    )
+    .unwrap();
+    assert!(matches!(
+        super::append_journal(
+            &mut t,
+            id,
+            9,
+            2,
+            JournalChange::Put(2, entry(2, "c", Some(b"3")))
+        ),
+        Err(StoreError::Final { .. })
+    ));
+}

@@ -121,6 +121,16 @@ fn start_turn<A: Agent>(
     control: Arc<TurnControl<A::Item, A::State>>,
 ) {
     let is_resume = matches!(work, TurnWork::Resume { .. });
+    // S1b: durable steps' entries straight into the record, when every step's entry is
+    // written (`sync`, `turn`) and the record is not due to be replaced whole.
+    if let Some(store) = state.store.clone() {
+        if state.core.writes_turn_ends() && !state.core.durable.rewrite {
+            let (id, epoch) = (state.core.config.id.clone(), state.core.durable.lease_epoch);
+            control.set_direct(Box::new(move |change, done| {
+                store.append_journal_then(&id, epoch, index, change, done)
+            }));
+        }
+    }
     let cx = TurnCx::<A> {
         turn: index,
         session: state.core.shared.clone(),

@@ -542,6 +542,27 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         );
     }
 
+    fn append_journal_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        turn: u64,
+        change: crate::store::JournalChange,
+        done: Answer<()>,
+    ) {
+        submit_checked(
+            &self.committer,
+            session,
+            WriteOp::Journal {
+                key: session.to_string(),
+                epoch,
+                turn,
+                change,
+            },
+            Waiter::Unit(done),
+        );
+    }
+
     fn delete_then(&self, session_id: &str, done: Answer<bool>) {
         submit_checked(
             &self.committer,

@@ -214,6 +214,29 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(r))
     }
 
+    fn append_journal_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        turn: u64,
+        change: crate::store::JournalChange,
+        done: crate::store::committer::Answer<()>,
+    ) {
+        let r = if self.fail_saves.load(Ordering::SeqCst) {
+            Err(StoreError::Backend {
+                operation: "save",
+                session: session.to_string(),
+                message: "injected save failure".into(),
+            })
+        } else {
+            table::append_journal(&mut *self.entries.lock(), session, epoch, turn, change)
+        };
+        if r.is_ok() {
+            self.saves.fetch_add(1, Ordering::SeqCst);
+        }
+        done.send(r);
+    }
+
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let r = table::delete(&mut *self.entries.lock(), session_id);
         if let Ok(true) = r {

@@ -100,6 +100,27 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         tokio::spawn(async move { done.send(f.await) });
     }
 
+    /// Writes a durable step's journal change straight into the stored record of
+    /// `session` (S1b; `table::append_journal`: the record's header kept, `epoch` checked
+    /// as a write's fencing token), answered through `done` once durable. A store that
+    /// cannot (the default) answers [`StoreError::Refused`] at once, and the session
+    /// writes the change with its own next write instead.
+    fn append_journal_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        turn: u64,
+        change: JournalChange,
+        done: committer::Answer<()>,
+    ) {
+        let _ = (epoch, turn, change);
+        done.send(Err(StoreError::Refused {
+            session: session.to_string(),
+            status: "any".into(),
+            why: "this store takes journal entries through the session's own writes".into(),
+        }));
+    }
+
     /// Like [`delete`](Self::delete), answered through `done` (see
     /// [`write_then`](Self::write_then)).
     fn delete_then(&self, session_id: &str, done: committer::Answer<bool>) {

@@ -68,6 +68,18 @@ pub enum WriteOp {
         /// Every entry, by key (keys of this session only).
         entries: Vec<(Vec<u8>, Payload)>,
     },
+    /// A durable step's journal change written straight into a record
+    /// (`table::append_journal`, S1b).
+    Journal {
+        /// The session id.
+        key: String,
+        /// The writer's fencing token.
+        epoch: u64,
+        /// The turn the change belongs to.
+        turn: u64,
+        /// The change.
+        change: crate::store::JournalChange,
+    },
     /// Nothing: its answer comes after the wave's flush.
     Flush,
 }
@@ -229,6 +241,14 @@ pub fn apply<B: Base>(base: &B, ops: Vec<WriteOp>) -> (Vec<Result<OpResult, Stor
             }
             WriteOp::Restore { key, entries } => {
                 table::restore(&mut wave, &key, entries).map(|()| OpResult::Done)
+            }
+            WriteOp::Journal {
+                key,
+                epoch,
+                turn,
+                change,
+            } => {
+                table::append_journal(&mut wave, &key, epoch, turn, change).map(|()| OpResult::Done)
             }
             WriteOp::Flush => Ok(OpResult::Done),
         };

@@ -36,6 +36,25 @@ use agentloop_core::steps::{
 /// failed (`false`; a dropped sender: it failed).
 pub(crate) type StepDurable = tokio::sync::oneshot::Receiver<bool>;
 
+/// Writes a journal change straight into the stored record (S1b,
+/// `CheckpointStore::append_journal_then`), answering when it is durable: what the
+/// session installs in a turn whose steps' entries are written (`sync`, `turn`) when
+/// its store can.
+pub(crate) type DirectJournal =
+    Box<dyn Fn(JournalChange, crate::store::committer::Answer<()>) + Send + Sync>;
+
+/// Where a step's journal entry is being written.
+pub(crate) enum StepWrite {
+    /// With the session's next write.
+    Session(StepDurable),
+    /// Straight into the record; if the store refuses that (no record yet, another
+    /// format), the entry goes with the session's next write instead.
+    Direct(
+        tokio::sync::oneshot::Receiver<Result<(), crate::store::StoreError>>,
+        agentloop_core::steps::JournalEntry,
+    ),
+}
+
 /// Where a turn is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
@@ -149,6 +168,10 @@ struct StepBook {
     /// A step the turn cannot go on from (divergence, a result over the bound or not
     /// journaled): the turn ends `Failed` with it, whatever the agent returns.
     failure: Option<String>,
+    /// A write replacing the whole record took the journal: entries are no longer
+    /// written straight into the record this turn (one could land before that write and
+    /// be removed by it).
+    direct_off: bool,
 }
 
 /// What a write of the live record takes of the running turn, under one lock.
@@ -231,6 +254,9 @@ pub(crate) struct TurnControl<I, S> {
     /// Under `sync` and `turn`: the answer to "is my end durable?", which the task
     /// awaits before sending `TurnEnded`.
     durable_end: Mutex<Option<tokio::sync::oneshot::Receiver<bool>>>,
+    /// Writes journal entries straight into the record, when the session's store can
+    /// (installed by the session's shell when the turn starts).
+    direct: std::sync::OnceLock<DirectJournal>,
 }
 
 impl<I: Clone, S: Clone> TurnControl<I, S> {
@@ -265,6 +291,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                     changes: Vec::new(),
                     waiters: Vec::new(),
                     failure: None,
+                    direct_off: false,
                 },
             }),
             hooks,
@@ -272,7 +299,13 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             preempted: AtomicBool::new(false),
             preempted_notify: Notify::new(),
             durable_end: Mutex::new(None),
+            direct: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Installs the direct journal writer (once; before the turn runs).
+    pub(crate) fn set_direct(&self, direct: DirectJournal) {
+        let _ = self.direct.set(direct);
     }
 
     /// The turn's task sends `TurnEnded` only once `rx` says whether the write holding
@@ -725,6 +758,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             .map(|s| s.value.clone());
         let mark = (!st.steps.journal.is_empty()).then(|| st.steps.journal.mark());
         let changes = if whole {
+            st.steps.direct_off = true;
             st.steps.changes.clear();
             journal_puts(session, &st.steps.journal.to_record())
         } else {
@@ -843,15 +877,18 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         }
     }
 
-    /// Journals a step's result (turn-task side): the answer says where to wait for
-    /// its write, if the session writes it; a refusal (over the bound) fails the turn.
+    /// Journals a step's result (turn-task side): the answer says where its write is,
+    /// if the session writes it; a refusal (over the bound) fails the turn. The entry
+    /// goes straight into the record when the store can (one hop to the store and back,
+    /// S1b), else with the session's next write. Handed to the store under the lock, so
+    /// a write that replaces the whole record either includes it or follows it.
     pub(crate) fn step_finish(
         &self,
         occurrence: u32,
         name: &str,
         result: Vec<u8>,
         session: &str,
-    ) -> Result<Option<StepDurable>, StepError> {
+    ) -> Result<Option<StepWrite>, StepError> {
         let mut st = self.state.lock();
         let entry = match st.steps.journal.finish(occurrence, name, result) {
             Ok(e) => e,
@@ -860,16 +897,50 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 return Err(e);
             }
         };
-        let wait = if self.hooks.journal_writes && st.phase != Phase::Ended {
-            self.queue_entry(&mut st, session, &entry)
-        } else {
-            None
-        };
+        if !self.hooks.journal_writes || st.phase == Phase::Ended {
+            return Ok(None);
+        }
+        if let (Some(direct), false) = (self.direct.get(), st.steps.direct_off) {
+            match encode_entry(session, &entry) {
+                Ok(bytes) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    direct(
+                        JournalChange::Put(occurrence, bytes),
+                        crate::store::committer::Answer::oneshot(tx),
+                    );
+                    return Ok(Some(StepWrite::Direct(rx, entry)));
+                }
+                Err(why) => {
+                    st.steps.failure.get_or_insert(why);
+                    return Ok(None);
+                }
+            }
+        }
+        let wait = self.queue_entry(&mut st, session, &entry);
         drop(st);
         if wait.is_some() {
             self.progress();
         }
-        Ok(wait)
+        Ok(wait.map(StepWrite::Session))
+    }
+
+    /// A direct write of `entry` was refused by the store (no record yet, another
+    /// format): the session writes it with its next write instead.
+    pub(crate) fn step_requeue(
+        &self,
+        entry: &agentloop_core::steps::JournalEntry,
+        session: &str,
+    ) -> Option<StepDurable> {
+        let mut st = self.state.lock();
+        if st.phase == Phase::Ended {
+            return None;
+        }
+        let wait = self.queue_entry(&mut st, session, entry);
+        drop(st);
+        if wait.is_some() {
+            self.progress();
+        }
+        wait
     }
 
     /// A step decided to run ended without a result (its future was dropped, or its

@@ -20,7 +20,7 @@ use crate::cancel::Canceled;
 use crate::events::SessionEvent;
 use crate::store::codec::payload;
 use crate::turn::context::TurnCx;
-use crate::turn::control::{StepDurable, TurnControl};
+use crate::turn::control::{StepDurable, StepWrite, TurnControl};
 pub use agentloop_core::steps::{StepDecision, StepError, StepKey, StepPolicy};
 
 /// What a step with a policy gives the agent.
@@ -266,6 +266,31 @@ impl<A: Agent> TurnCx<A> {
                         error,
                     })?;
                 running.armed = false;
+                let wait = match wait {
+                    None => None,
+                    Some(StepWrite::Session(rx)) => Some(rx),
+                    Some(StepWrite::Direct(rx, entry)) => match rx.await {
+                        Ok(Ok(())) => None,
+                        // Not straight into the record (none yet, or another format):
+                        // with the session's next write.
+                        Ok(Err(
+                            crate::store::StoreError::NoRecord { .. }
+                            | crate::store::StoreError::Refused { .. },
+                        )) => self.control.step_requeue(&entry, session),
+                        Ok(Err(e)) => {
+                            return Err(failed(StepFailed::NotDurable {
+                                name: name.to_string(),
+                                reason: e.to_string(),
+                            }))
+                        }
+                        Err(_) => {
+                            return Err(failed(StepFailed::NotDurable {
+                                name: name.to_string(),
+                                reason: "the store went away".into(),
+                            }))
+                        }
+                    },
+                };
                 if !durable(wait).await {
                     return Err(failed(StepFailed::NotDurable {
                         name: name.to_string(),

@@ -88,17 +88,28 @@ impl<A: Agent> Core<A> {
     fn start_turn(&mut self, fx: &mut Effects<A>) {
         let index = self.next_index;
         self.next_index += 1;
-        let limit = agentloop_core::steps::DEFAULT_JOURNAL_LIMIT;
-        let mut journal = agentloop_core::steps::Journal::new(&self.config.id, index, limit);
+        // A turn that runs again (the cut turn's resume, or the turn a record's journal
+        // was written in) replays its journaled steps (S1b).
+        let stored = self.cut_journal.take();
+        if let Some(j) = stored.as_deref().filter(|j| j.mark.turn != index) {
+            // Another turn's (its index passed without it running again): its entries
+            // go with the next write, so the record never keeps entries without a mark.
+            tracing::warn!(
+                turn = j.mark.turn,
+                now = index,
+                "a journal of durable steps of a turn that did not run again is dropped"
+            );
+            self.durable
+                .drop_journal(j.entries.iter().map(|e| e.occurrence));
+        }
+        let journal = agentloop_core::steps::Journal::from_record(
+            &self.config.id,
+            index,
+            stored.as_deref(),
+            agentloop_core::steps::DEFAULT_JOURNAL_LIMIT,
+        );
         let (work, is_resume, input) = match self.ledger.offer(index) {
             Offer::Resume { items } => {
-                // The cut turn runs again: its journaled steps are replayed (S1b).
-                journal = agentloop_core::steps::Journal::from_record(
-                    &self.config.id,
-                    index,
-                    self.cut_journal.take().as_deref(),
-                    limit,
-                );
                 let seed = self.seed_state.take().map(|s| *s);
                 let state = seed.as_ref().map(|s| s.value.clone());
                 let answer = self.answer.as_ref().map(|a| a.item.clone());
@@ -211,6 +222,8 @@ impl<A: Agent> Core<A> {
         let mut completed = false;
         match ending {
             Ending::Deferred => {
+                // No step ran: a journal the turn was to replay waits for the next.
+                self.cut_journal = active.control.journal().map(Box::new);
                 // The plan consumed nothing: what it handed back waits for new input.
                 // Items pushed while it planned are new input it never saw: plan again.
                 let arrived_while_planning = self.ledger.pushed_during_turn();
@@ -232,8 +245,9 @@ impl<A: Agent> Core<A> {
                 self.ledger.turn_not_run();
                 if active.is_resume {
                     self.seed_state = active.control.state_snapshot().map(Box::new);
-                    self.cut_journal = active.control.journal().map(Box::new);
                 }
+                // No step ran: the journal waits for the turn that runs again.
+                self.cut_journal = active.control.journal().map(Box::new);
                 if plan_failed.is_some() {
                     self.exit = Some(pending(ExitReason::Failed(reason), plan_failed, None));
                 }

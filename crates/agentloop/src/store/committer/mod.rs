@@ -176,6 +176,7 @@ fn key_of(op: &WriteOp) -> Option<&str> {
         | WriteOp::Purge { key }
         | WriteOp::Cas { key, .. }
         | WriteOp::Read { key }
+        | WriteOp::Journal { key, .. }
         | WriteOp::Restore { key, .. } => Some(key),
         WriteOp::Beat { .. } | WriteOp::Flush => None,
     }
