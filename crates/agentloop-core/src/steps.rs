@@ -6,7 +6,8 @@
 //!
 //! A turn's steps are numbered by their *occurrence*: the position of the step within
 //! the turn, from 0. A safe point's state covers the steps before it: the session
-//! records, with the state, how many steps the turn had finished ([`Journal::covered`]),
+//! records, with the state, how many steps the turn had begun before it, up to the
+//! first one still running ([`Journal::covered`]),
 //! and a turn resumed from that state starts numbering there. The journal holds the
 //! steps after it. So a resumed turn, running its code again from the state, meets
 //! each journaled step at the occurrence it had:

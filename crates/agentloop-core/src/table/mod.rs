@@ -18,8 +18,9 @@
 //! inline while it fits; the head says how many loose items there are and between which
 //! entry numbers, so no write and no load scans the session's prefix. A format-2 record
 //! (no layout: every item and the state loose) is read by a scan and converted by its
-//! first write. A write's journal changes (S1b) are always loose entries; the head
-//! counts them and is written in format 4 while any exist.
+//! first write. A write's journal changes (S1b) go inline in the head while its inline
+//! payload fits, else loose (counted by the head); the head is written in format 4
+//! while any exist.
 //!
 //! Records of format 1 live elsewhere (sled's `records` tree, key = id); a table
 //! reaches them through the `format1_*` methods. When both exist for one id, format 2

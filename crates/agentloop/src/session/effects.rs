@@ -41,7 +41,22 @@ pub(super) async fn perform<A: Agent>(
             // teardown through a oneshot: no task waits for it.
             let (tx, rx) = tokio::sync::oneshot::channel();
             let me = myself.clone();
+            // A write of the running turn (its plan's answer known: the record shows it
+            // as the cut turn) lets its steps' entries go straight into the record once
+            // it is durable (S1b).
+            let running = match (&op, &state.core.turn) {
+                (StoreOp::Write(_), Some(t))
+                    if state.core.ledger.split_known()
+                        && t.control.phase() == crate::turn::control::Phase::Running =>
+                {
+                    Some(t.control.clone())
+                }
+                _ => None,
+            };
             let done = move |result: Result<bool, StoreError>| {
+                if let (Some(control), true) = (&running, result.is_ok()) {
+                    control.cut_on_record();
+                }
                 // Durable steps first: the turn task goes on at once (S1b).
                 for tx in steps {
                     let _ = tx.send(result.is_ok());

@@ -172,6 +172,11 @@ struct StepBook {
     /// written straight into the record this turn (one could land before that write and
     /// be removed by it).
     direct_off: bool,
+    /// A write of the session's that shows this turn as the record's cut turn (its
+    /// items, its state) is durable: only then may entries go straight into the record,
+    /// so a record with journal entries always resumes this very turn (same index, same
+    /// items), never a turn that plans again.
+    direct_ok: bool,
 }
 
 /// What a write of the live record takes of the running turn, under one lock.
@@ -292,6 +297,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                     waiters: Vec::new(),
                     failure: None,
                     direct_off: false,
+                    direct_ok: false,
                 },
             }),
             hooks,
@@ -306,6 +312,16 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     /// Installs the direct journal writer (once; before the turn runs).
     pub(crate) fn set_direct(&self, direct: DirectJournal) {
         let _ = self.direct.set(direct);
+    }
+
+    /// A write of the session's showing this running turn as the record's cut turn
+    /// is durable (the shell says so from its completion): its steps' entries may go
+    /// straight into the record from now on.
+    pub(crate) fn cut_on_record(&self) {
+        let mut st = self.state.lock();
+        if st.phase == Phase::Running {
+            st.steps.direct_ok = true;
+        }
     }
 
     /// The turn's task sends `TurnEnded` only once `rx` says whether the write holding
@@ -756,7 +772,11 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             .as_ref()
             .filter(|s| s.bytes.is_none())
             .map(|s| s.value.clone());
-        let mark = (!st.steps.journal.is_empty()).then(|| st.steps.journal.mark());
+        // Every write of a turn whose steps are written carries its mark, so a direct
+        // append that lands before this write never leaves entries under a header
+        // without one.
+        let mark = (self.hooks.journal_writes || !st.steps.journal.is_empty())
+            .then(|| st.steps.journal.mark());
         let changes = if whole {
             st.steps.direct_off = true;
             st.steps.changes.clear();
@@ -897,10 +917,18 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 return Err(e);
             }
         };
-        if !self.hooks.journal_writes || st.phase == Phase::Ended {
+        if !self.hooks.journal_writes {
             return Ok(None);
         }
-        if let (Some(direct), false) = (self.direct.get(), st.steps.direct_off) {
+        if st.phase == Phase::Ended {
+            // The turn is over (a step finished on a task of the agent's own after the
+            // turn returned): no write will hold it; the step says so.
+            let (_, rx) = tokio::sync::oneshot::channel();
+            return Ok(Some(StepWrite::Session(rx)));
+        }
+        if let (Some(direct), false, true) =
+            (self.direct.get(), st.steps.direct_off, st.steps.direct_ok)
+        {
             match encode_entry(session, &entry) {
                 Ok(bytes) => {
                     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -933,6 +961,12 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     ) -> Option<StepDurable> {
         let mut st = self.state.lock();
         if st.phase == Phase::Ended {
+            let (_, rx) = tokio::sync::oneshot::channel();
+            return Some(rx);
+        }
+        if entry.occurrence < st.steps.journal.covered() {
+            // A safe point's state covers it meanwhile: its write drops the entry, so
+            // putting it back would outlive the turn.
             return None;
         }
         let wait = self.queue_entry(&mut st, session, entry);

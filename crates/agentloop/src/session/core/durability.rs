@@ -294,7 +294,19 @@ impl<A: Agent> Core<A> {
                     },
                 )
             }
-            Some(_) => (None, self.cut_journal_part(whole)),
+            // A turn still planning: no state of its own yet, but its control block
+            // holds the journal it will replay (taken from the record at its start).
+            Some(t) => {
+                let live = t.control.take_for_write(whole, &id);
+                (
+                    None,
+                    JournalPart {
+                        mark: live.mark,
+                        changes: live.changes,
+                        waiters: live.waiters,
+                    },
+                )
+            }
             None => {
                 let state = match (&self.ledger.cut(), &self.seed_state) {
                     (Some(_), Some(seed)) => {

@@ -121,26 +121,25 @@ impl<A: Agent> Core<A> {
                 "resuming a cut turn"
             );
         }
-        // The journal of durable steps (S1b) of the turn the record was written in is
-        // replayed by the turn that runs again under that index: the cut turn's resume
-        // turn, or (when the record did not yet show the turn's items as cut, e.g. a
-        // step's entry written straight into the record) the next turn, which has the
-        // same index. One of another turn is stale: its entries are deleted by the first
-        // write.
+        // The cut turn's journal of durable steps (S1b) is replayed by its resume turn
+        // (same index, same items). A journal is only ever written with its turn shown
+        // as the record's cut turn; one of another turn, or without a cut turn, is
+        // stale: its entries are deleted by the first write.
         if let Some(j) = record.journal.take() {
-            if j.mark.turn == header.turn_index {
+            let cut = self.ledger.cut().is_some() || state.is_some();
+            if cut && j.mark.turn == header.turn_index {
                 tracing::info!(
                     turn = j.mark.turn,
                     covered = j.mark.covered,
                     journaled = j.entries.len(),
-                    "the turn's durable steps will be replayed when it runs again"
+                    "the cut turn's durable steps will be replayed"
                 );
                 self.cut_journal = Some(Box::new(j));
-            } else {
+            } else if !j.entries.is_empty() {
                 tracing::warn!(
                     turn = j.mark.turn,
-                    record_turn = header.turn_index,
-                    "a journal of durable steps of another turn is dropped"
+                    cut_turn = header.turn_index,
+                    "a journal of durable steps that belongs to no cut turn is dropped"
                 );
                 self.durable
                     .drop_journal(j.entries.iter().map(|e| e.occurrence));

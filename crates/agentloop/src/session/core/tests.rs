@@ -625,10 +625,27 @@ impl Harness {
             );
             // S1b: the stored journal is the live turn's (the steps it began and
             // finished since its state), with the mark of that state.
-            let stored = self.store.get(ID).and_then(|r| r.journal);
+            // (A mark with nothing covered and no entry is no journal.)
+            let empty = |j: &agentloop_core::steps::TurnJournal| {
+                j.entries.is_empty() && j.mark.covered == 0
+            };
+            let stored = self
+                .store
+                .get(ID)
+                .and_then(|r| r.journal)
+                .filter(|j| !empty(j));
             let live = match &self.turn {
+                // A safe point that captured a cancel is not written on its own: its
+                // state and the steps it covers go with the turn's end (as the state
+                // does; the stored pair stays the previous, consistent one).
+                Some(t) if t.control.is_captured() => None,
                 Some(t) => t.control.journal(),
                 None => self.core.cut_journal.as_deref().cloned(),
+            }
+            .filter(|j| !empty(j));
+            let live = match (&self.turn, live) {
+                (Some(t), _) if t.control.is_captured() => stored.clone(),
+                (_, live) => live,
             };
             assert_eq!(
                 stored, live,
