@@ -4,7 +4,8 @@
 //! ([`mod@write`]), their encoding ([`codec`]), the key-value table every store applies
 //! them to ([`table`]), the checkpoint history ([`history`]) and [`StoreError`]. The
 //! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. The
-//! journal of durable steps ([`steps`], S1b). Plain data and plain functions; this
+//! journal of durable steps ([`steps`], S1b). The numbering, retention and replay of
+//! events kept in the store ([`event_log`], S20a). Plain data and plain functions; this
 //! crate has no tokio and no ractor in its Cargo.toml, so the compiler keeps it free of
 //! I/O (DESIGN §1, issue 31). The `agentloop` crate re-exports the items at their old
 //! paths.
@@ -15,6 +16,7 @@
 pub mod adopt;
 pub mod codec;
 pub mod durability;
+pub mod event_log;
 pub mod header;
 pub mod history;
 pub mod ids;
