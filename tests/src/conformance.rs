@@ -788,6 +788,98 @@ pub async fn checkpoint_history(store: &Store) {
     assert!(!store.purge(id).await.expect("purge"), "nothing left");
 }
 
+/// Kept events (S20a): appended in pages, read after a number, trimmed by count, a new
+/// reserved mark kept (never lowered), fenced by the record's owner, outliving a
+/// clean-exit delete of the record and removed by an explicit delete (purge).
+pub async fn kept_events(store: &Store) {
+    use agentloop::store::{EventAppend, KeptEvent};
+    use agentloop_core::event_log::Retention;
+    assert!(store.keeps_events(), "every engine keeps events");
+    let append = |store: &Store, epoch: u64, seqs: &[u64], reserved: u64, count: u64| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        store.append_events_then(
+            "events",
+            epoch,
+            EventAppend {
+                events: seqs
+                    .iter()
+                    .map(|s| KeptEvent {
+                        seq: *s,
+                        at_ms: 1_000 + s,
+                        body: format!("{{\"n\":{s}}}").into_bytes(),
+                    })
+                    .collect(),
+                reserved,
+                fresh: false,
+                retention: Retention {
+                    count,
+                    max_age_ms: None,
+                },
+                now_ms: 2_000,
+            },
+            true,
+            agentloop::store::committer::Answer::oneshot(tx),
+        );
+        async move { rx.await.expect("answered") }
+    };
+    let seqs =
+        |k: &agentloop::store::KeptEvents| k.events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    // Before the record is written (a new session's first events).
+    append(store, 0, &[1, 2], 64, 100)
+        .await
+        .expect("append before any record");
+    let mut h = header("events", SessionStatus::Running);
+    h.lease_epoch = 3;
+    store
+        .write(write(h, vec![], StateChange::Keep))
+        .await
+        .expect("write");
+    append(store, 3, &[3, 5], 32, 100).await.expect("append");
+    let k = store.read_events("events", 1).await.expect("read");
+    assert_eq!(seqs(&k), vec![2, 3, 5], "the events after 1, in order");
+    assert_eq!(k.events[2].body, b"{\"n\":5}".to_vec(), "the body as given");
+    assert_eq!((k.last, k.reserved), (5, 64), "the mark never goes down");
+    match append(store, 2, &[6], 0, 100).await {
+        Err(StoreError::Fenced {
+            held: 2,
+            current: 3,
+            ..
+        }) => {}
+        other => panic!("an append of an older owner is fenced, got {other:?}"),
+    }
+    append(store, 3, &[6, 7], 128, 3).await.expect("append");
+    let k = store.read_events("events", 0).await.expect("read");
+    assert_eq!(
+        seqs(&k),
+        vec![3, 5, 6, 7],
+        "trimmed by pages, from the oldest, while the newer ones hold 3"
+    );
+    assert_eq!(k.reserved, 128);
+    // A clean exit's delete keeps them; an explicit delete removes them.
+    assert!(store.delete("events").await.expect("delete"));
+    assert_eq!(
+        seqs(&store.read_events("events", 0).await.expect("read")),
+        vec![3, 5, 6, 7]
+    );
+    assert!(
+        store
+            .list_stored(None)
+            .await
+            .expect("list")
+            .iter()
+            .all(|e| e.session_id != "events"),
+        "kept events are not a record"
+    );
+    assert!(
+        store.purge("events").await.expect("purge"),
+        "the events existed"
+    );
+    assert_eq!(
+        store.read_events("events", 0).await.expect("read"),
+        agentloop::store::KeptEvents::default()
+    );
+}
+
 /// Every check above, in order, on one fresh store.
 pub async fn run_all(store: Store) {
     whole_records_round_trip(&store).await;
@@ -803,4 +895,5 @@ pub async fn run_all(store: Store) {
     heartbeats(&store).await;
     checkpoint_history(&store).await;
     the_journal_of_durable_steps_is_kept(&store).await;
+    kept_events(&store).await;
 }

@@ -357,6 +357,45 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         let f = self.call(session_id, Request::History(session_id.to_string(), query));
         expect!(f, Answer::History(h) => h)
     }
+
+    fn keeps_events(&self) -> bool {
+        true
+    }
+
+    fn append_events_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        append: agentloop::store::EventAppend,
+        _flush: bool,
+        done: agentloop::store::committer::Answer<()>,
+    ) {
+        // A transaction is durable when it commits: every append waits for its own.
+        let f = self.call(
+            session,
+            Request::AppendEvents {
+                id: session.to_string(),
+                epoch,
+                append,
+            },
+        );
+        tokio::spawn(async move {
+            done.send(match f.await {
+                Ok(Answer::Done) => Ok(()),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(e),
+            })
+        });
+    }
+
+    fn read_events(
+        &self,
+        session: &str,
+        after: u64,
+    ) -> BoxFuture<'static, Result<agentloop::store::KeptEvents, StoreError>> {
+        let f = self.call(session, Request::ReadEvents(session.to_string(), after));
+        expect!(f, Answer::Events(e) => e)
+    }
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ SELECT pg_advisory_xact_lock(k) FROM (
 /// Every row of the sessions `$1`; history values only when `$2` (a write needs only
 /// the history keys).
 pub(crate) const READ_SESSIONS: &str = "
-SELECT session, key, CASE WHEN $2 OR get_byte(key, 0) <> 1 THEN value END
+SELECT session, key, CASE WHEN $2 OR get_byte(key, 0) NOT IN (1, 2) THEN value END
 FROM agentloop_entries WHERE session = ANY($1::text[])";
 
 /// Stores rows `(session, key, value)` given as three arrays.
@@ -55,7 +55,7 @@ WHERE e.session = gone.session AND e.key = gone.key";
 
 /// Every live-record row (history excluded), in key order: what a list groups.
 pub(crate) const LIST_ROWS: &str = "
-SELECT key, value FROM agentloop_entries WHERE get_byte(key, 0) <> 1 ORDER BY key";
+SELECT key, value FROM agentloop_entries WHERE get_byte(key, 0) NOT IN (1, 2) ORDER BY key";
 
 /// Renews an instance's heartbeat.
 pub(crate) const BEAT: &str = "

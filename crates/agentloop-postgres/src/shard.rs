@@ -42,6 +42,12 @@ pub(crate) enum Request {
         now_ms: u64,
     },
     History(String, HistoryQuery),
+    AppendEvents {
+        id: String,
+        epoch: u64,
+        append: table::events::EventAppend,
+    },
+    ReadEvents(String, u64),
     List(Option<Vec<StatusKind>>),
     Beat(String, u64),
     Heartbeat(String),
@@ -57,6 +63,7 @@ pub(crate) enum Answer {
     Existed(bool),
     Swapped(CasOutcome),
     History(HistoryAnswer),
+    Events(table::events::KeptEvents),
     Listed(Vec<StoredEntry>),
     Beat(Option<u64>),
     Instances(Vec<(String, u64)>),
@@ -76,6 +83,8 @@ impl Request {
             | Request::Delete(id)
             | Request::Purge(id)
             | Request::History(id, _)
+            | Request::ReadEvents(id, _)
+            | Request::AppendEvents { id, .. }
             | Request::Cas { id, .. } => Some(id),
             Request::Write(w) => Some(w.session_id()),
             Request::List(_)
@@ -94,6 +103,8 @@ impl Request {
             Request::Purge(_) => "delete",
             Request::Cas { .. } => "change the status of",
             Request::History(..) => "read the history of",
+            Request::AppendEvents { .. } => "keep the events of",
+            Request::ReadEvents(..) => "read the events of",
             Request::List(_) => "list",
             Request::Beat(..) => "renew the heartbeat",
             Request::Heartbeat(_) => "read the heartbeat",
@@ -286,9 +297,10 @@ async fn sessions(conn: &mut Connection, batch: Vec<Op>) {
         .collect();
     ids.sort();
     ids.dedup();
+    // History and kept-event values are read only when a request needs them.
     let with_history = batch
         .iter()
-        .any(|op| matches!(op.request, Request::History(..)));
+        .any(|op| matches!(op.request, Request::History(..) | Request::ReadEvents(..)));
     let mut replies = Vec::with_capacity(batch.len());
     let result: Result<(), StoreError> = async {
         let db = |e: tokio_postgres::Error| database_error(&target, "save", "", &e);
@@ -376,6 +388,12 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
             now_ms,
         } => table::cas(rows, &id, &from, to, now_ms).map(Answer::Swapped),
         Request::History(id, query) => history::read(rows, &id, query).map(Answer::History),
+        Request::AppendEvents { id, epoch, append } => {
+            table::events::append_events(rows, &id, epoch, append).map(|()| Answer::Done)
+        }
+        Request::ReadEvents(id, after) => {
+            table::events::read_events(rows, &id, after).map(Answer::Events)
+        }
         Request::List(_)
         | Request::Beat(..)
         | Request::Heartbeat(_)

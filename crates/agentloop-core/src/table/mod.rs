@@ -32,6 +32,7 @@ use crate::codec::head::{self, Head, Layout, INLINE_LIMIT};
 use crate::codec::legacy;
 use crate::ids::validate_session_id;
 
+pub mod events;
 pub(crate) mod kv;
 use crate::record::StoredEntry;
 use crate::record::{Format1Record, Payload, Stored, StoredRecord};
@@ -101,8 +102,12 @@ pub enum KeyKind {
 /// Splits a key into its session id and what it is; `None` for a key that is not
 /// of this layout at all.
 pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
-    if key.first() == Some(&crate::history::HISTORY_MARK) {
-        // A checkpoint-history key (`store::history`), not part of a live record.
+    if matches!(
+        key.first(),
+        Some(&crate::history::HISTORY_MARK) | Some(&events::EVENTS_MARK)
+    ) {
+        // A checkpoint-history key (`store::history`) or a kept event (`events`), not
+        // part of a live record.
         return None;
     }
     let zero = key.iter().position(|b| *b == 0)?;
@@ -168,7 +173,7 @@ pub fn raw_entries(
     out
 }
 
-fn check_id(id: &str) -> Result<(), StoreError> {
+pub(crate) fn check_id(id: &str) -> Result<(), StoreError> {
     validate_session_id(id).map_err(|reason| StoreError::InvalidId {
         id: id.to_string(),
         reason,
@@ -728,12 +733,14 @@ pub fn cas(
     }
 }
 
-/// Removes a session's record and its checkpoint history (an explicit delete); whether
-/// a record or any history existed.
+/// Removes a session's record, its checkpoint history and its kept events (an explicit
+/// delete); whether any of them existed.
 pub fn purge(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     let record = delete(t, id)?;
     let history = crate::history::purge(t, id)?;
-    Ok(record || history > 0)
+    // Its kept events (S20a) go with it.
+    let events = events::remove_all(t, id)?;
+    Ok(record || history > 0 || events > 0)
 }
 
 /// Removes every entry of a session (and a format-1 record); whether anything existed.

@@ -563,6 +563,45 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         );
     }
 
+    fn keeps_events(&self) -> bool {
+        true
+    }
+
+    fn append_events_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        append: crate::store::EventAppend,
+        flush: bool,
+        done: Answer<()>,
+    ) {
+        submit_checked(
+            &self.committer,
+            session,
+            WriteOp::Events {
+                key: session.to_string(),
+                epoch,
+                append,
+                flush,
+            },
+            Waiter::Unit(done),
+        );
+    }
+
+    fn read_events(
+        &self,
+        session: &str,
+        after: u64,
+    ) -> BoxFuture<'static, Result<crate::store::KeptEvents, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let key = session.to_string();
+        self.committer.read(
+            move |engine| engine.read_events(&key, after),
+            Answer::oneshot(tx),
+        );
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
     fn delete_then(&self, session_id: &str, done: Answer<bool>) {
         submit_checked(
             &self.committer,

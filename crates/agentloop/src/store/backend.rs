@@ -19,7 +19,7 @@ use crate::store::offline;
 use crate::store::record::Payload;
 use crate::store::wave::{Base, OpResult, WriteOp};
 use crate::store::write::RecordWrite;
-use crate::store::{SledBackend, StatusKind, StoreError, Stored, StoredEntry};
+use crate::store::{KeptEvents, SledBackend, StatusKind, StoreError, Stored, StoredEntry};
 
 /// Which embedded engine holds the records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -345,6 +345,12 @@ impl Backend {
             Backend::Sled(b) => b.history(id, query),
             Backend::Fjall(b) => b.history(id, query),
         }
+    }
+
+    /// The kept events of session `id` numbered after `after` (S20a). Blocks.
+    pub fn read_events(&self, id: &str, after: u64) -> Result<KeptEvents, StoreError> {
+        let view = crate::store::wave::Wave::new(self);
+        agentloop_core::table::events::read_events(&view, id, after)
     }
 
     /// See [`SledBackend::list`].

@@ -237,6 +237,36 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         done.send(r);
     }
 
+    fn keeps_events(&self) -> bool {
+        true
+    }
+
+    fn append_events_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        append: crate::store::EventAppend,
+        _flush: bool,
+        done: crate::store::committer::Answer<()>,
+    ) {
+        let r = agentloop_core::table::events::append_events(
+            &mut *self.entries.lock(),
+            session,
+            epoch,
+            append,
+        );
+        done.send(r);
+    }
+
+    fn read_events(
+        &self,
+        session: &str,
+        after: u64,
+    ) -> BoxFuture<'static, Result<crate::store::KeptEvents, StoreError>> {
+        let r = agentloop_core::table::events::read_events(&*self.entries.lock(), session, after);
+        Box::pin(ready(r))
+    }
+
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let r = table::delete(&mut *self.entries.lock(), session_id);
         if let Ok(true) = r {

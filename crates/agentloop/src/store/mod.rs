@@ -39,6 +39,7 @@ pub use self::backend::{Backend, Engine};
 pub use self::fjall::{FjallBackend, FjallDurability};
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
+pub use agentloop_core::table::events::{EventAppend, KeptEvent, KeptEvents};
 pub use lease::{InstanceLease, DEFAULT_HEARTBEAT};
 pub use memory::MemoryStore;
 pub use record::{
@@ -119,6 +120,45 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
             status: "any".into(),
             why: "this store takes journal entries through the session's own writes".into(),
         }));
+    }
+
+    /// Whether this store keeps sessions' events (S20a): a session that asks to keep
+    /// them on a store that does not is refused at spawn.
+    fn keeps_events(&self) -> bool {
+        false
+    }
+
+    /// Appends kept events of `session` (S20a; `table::events::append_events`: fenced by
+    /// `epoch`, trimmed by the append's retention), answered through `done` once
+    /// applied, and once durable when `flush` (a new reserved mark); events alone are
+    /// made durable by the next flush of any write. The default refuses.
+    fn append_events_then(
+        &self,
+        session: &str,
+        epoch: u64,
+        append: EventAppend,
+        flush: bool,
+        done: committer::Answer<()>,
+    ) {
+        let _ = (epoch, append, flush);
+        done.send(Err(StoreError::Refused {
+            session: session.to_string(),
+            status: "any".into(),
+            why: "this store keeps no events; use sled, fjall, PostgreSQL or the memory \
+                  store"
+                .into(),
+        }));
+    }
+
+    /// The kept events of `session` numbered after `after` (S20a). The default, for a
+    /// store that keeps none, answers none.
+    fn read_events(
+        &self,
+        session: &str,
+        after: u64,
+    ) -> BoxFuture<'static, Result<KeptEvents, StoreError>> {
+        let _ = (session, after);
+        Box::pin(std::future::ready(Ok(KeptEvents::default())))
     }
 
     /// Like [`delete`](Self::delete), answered through `done` (see

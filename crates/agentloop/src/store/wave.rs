@@ -80,8 +80,31 @@ pub enum WriteOp {
         /// The change.
         change: crate::store::JournalChange,
     },
+    /// Kept events of a session appended, and trimmed (S20a;
+    /// `table::events::append_events`).
+    Events {
+        /// The session id.
+        key: String,
+        /// The writer's fencing token.
+        epoch: u64,
+        /// The events, the reserved mark and the retention.
+        append: crate::store::EventAppend,
+        /// Whether its answer waits for a flush (a new reserved mark does; events
+        /// alone are made durable by the next flush of any write).
+        flush: bool,
+    },
     /// Nothing: its answer comes after the wave's flush.
     Flush,
+}
+
+impl WriteOp {
+    /// Whether the op's answer must wait for the wave's flush.
+    pub fn needs_flush(&self) -> bool {
+        !matches!(
+            self,
+            WriteOp::Events { flush: false, .. } | WriteOp::Read { .. }
+        )
+    }
 }
 
 /// The result of one [`WriteOp`].
@@ -250,6 +273,10 @@ pub fn apply<B: Base>(base: &B, ops: Vec<WriteOp>) -> (Vec<Result<OpResult, Stor
             } => {
                 table::append_journal(&mut wave, &key, epoch, turn, change).map(|()| OpResult::Done)
             }
+            WriteOp::Events {
+                key, epoch, append, ..
+            } => table::events::append_events(&mut wave, &key, epoch, append)
+                .map(|()| OpResult::Done),
             WriteOp::Flush => Ok(OpResult::Done),
         };
         results.push(r);

@@ -134,6 +134,9 @@ pub struct Committer {
     /// Runs reads and listings on its blocking pool.
     runtime: tokio::runtime::Handle,
     pub(crate) counters: Counters,
+    /// Operations were applied whose answers did not wait for a flush (kept events):
+    /// the close flushes them.
+    unflushed: AtomicBool,
 }
 
 /// The committer's queue.
@@ -177,6 +180,7 @@ fn key_of(op: &WriteOp) -> Option<&str> {
         | WriteOp::Cas { key, .. }
         | WriteOp::Read { key }
         | WriteOp::Journal { key, .. }
+        | WriteOp::Events { key, .. }
         | WriteOp::Restore { key, .. } => Some(key),
         WriteOp::Beat { .. } | WriteOp::Flush => None,
     }
@@ -199,6 +203,7 @@ impl Committer {
             has_jobs: AtomicBool::new(false),
             runtime,
             counters: Counters::default(),
+            unflushed: AtomicBool::new(false),
         }))
     }
 
@@ -437,6 +442,13 @@ impl Committer {
         drop(rest);
         let engine = self.engine.write().take();
         if let Some(engine) = engine {
+            // Kept events applied without a flush are made durable before the engine
+            // is released.
+            if self.unflushed.swap(false, Ordering::AcqRel) {
+                if let Err(e) = engine.flush() {
+                    tracing::warn!(error = %e, "the store's last kept events could not be flushed at close: events since the last flush may be reported as missed after a restart");
+                }
+            }
             release(engine);
         }
         let closers = {
@@ -463,9 +475,11 @@ impl Committer {
         let mut writes: Vec<(Waiter, Result<OpResult, StoreError>)> = Vec::new();
         let mut jobs = batch.into_iter();
         let mut close = None;
+        let mut needs_flush = false;
         for job in jobs.by_ref() {
             match job {
                 Job::Op { op, waiter } => {
+                    needs_flush |= op.needs_flush();
                     ops.push(op);
                     waiters.push(waiter);
                 }
@@ -487,10 +501,21 @@ impl Committer {
         }
         self.apply(&engine, &mut ops, &mut waiters, &mut writes);
         if !writes.is_empty() {
-            self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-            let flush = timed(&self.metrics, RuntimeMetrics::checkpoint_flushed, || {
-                engine.flush()
-            });
+            let flush = match needs_flush {
+                true => {
+                    self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+                    self.unflushed.store(false, Ordering::Release);
+                    timed(&self.metrics, RuntimeMetrics::checkpoint_flushed, || {
+                        engine.flush()
+                    })
+                }
+                // Only kept events (S20a): applied, visible to reads, durable with the
+                // next flush; nobody waits for one.
+                false => {
+                    self.unflushed.store(true, Ordering::Release);
+                    Ok(())
+                }
+            };
             for (waiter, result) in writes {
                 answer_flushed(waiter, result, &flush);
             }
