@@ -789,7 +789,7 @@ pub async fn checkpoint_history(store: &Store) {
 }
 
 /// Kept events (S20a): appended in pages, read after a number, trimmed by count, a new
-/// reserved mark kept (never lowered), fenced by the record's owner, outliving a
+/// reserved mark set as asked, fenced by the record's owner, outliving a
 /// clean-exit delete of the record and removed by an explicit delete (purge).
 pub async fn kept_events(store: &Store) {
     use agentloop::store::{EventAppend, KeptEvent};
@@ -811,10 +811,10 @@ pub async fn kept_events(store: &Store) {
                     .collect(),
                 reserved,
                 fresh: false,
-                retention: Retention {
+                retention: Some(Retention {
                     count,
                     max_age_ms: None,
-                },
+                }),
                 now_ms: 2_000,
             },
             true,
@@ -838,7 +838,7 @@ pub async fn kept_events(store: &Store) {
     let k = store.read_events("events", 1).await.expect("read");
     assert_eq!(seqs(&k), vec![2, 3, 5], "the events after 1, in order");
     assert_eq!(k.events[2].body, b"{\"n\":5}".to_vec(), "the body as given");
-    assert_eq!((k.last, k.reserved), (5, 64), "the mark never goes down");
+    assert_eq!((k.last, k.reserved), (5, 32), "the mark is set as asked");
     match append(store, 2, &[6], 0, 100).await {
         Err(StoreError::Fenced {
             held: 2,

@@ -82,6 +82,7 @@ async fn exit_durability_and_history_three_survive_two_restarts_and_a_move() {
         replay: 64,
         restart: RestartPolicy::Never,
         poll_interval_ms: Some(700),
+        events: None,
     };
     let history = SessionSettings {
         durability: Durability::Turn,
@@ -89,6 +90,7 @@ async fn exit_durability_and_history_three_survive_two_restarts_and_a_move() {
         replay: 32,
         restart: RestartPolicy::Transient,
         poll_interval_ms: None,
+        events: None,
     };
     let expect = |store: &MemoryStore<SimItem>, when: &str| {
         assert_eq!(stored_settings(store, EXIT), Some(exit), "{EXIT} {when}");

@@ -48,6 +48,8 @@ pub struct SessionSettings {
     /// How often a detached session re-reads its record (S24), in milliseconds, when it
     /// was set for this session; `None` follows the runtime's heartbeat.
     pub poll_interval_ms: Option<u64>,
+    /// Whether and how long the session keeps its events in the store (S20a).
+    pub events: Option<crate::event_log::Retention>,
 }
 
 impl Default for SessionSettings {
@@ -58,6 +60,7 @@ impl Default for SessionSettings {
             replay: 0,
             restart: RestartPolicy::Permanent,
             poll_interval_ms: None,
+            events: None,
         }
     }
 }
@@ -81,6 +84,10 @@ mod tests {
             replay: 17,
             restart: RestartPolicy::Never,
             poll_interval_ms: Some(250),
+            events: Some(crate::event_log::Retention {
+                count: 9,
+                max_age_ms: None,
+            }),
         };
         let bytes = rmp_serde::to_vec_named(&s).unwrap();
         assert_eq!(rmp_serde::from_slice::<SessionSettings>(&bytes).unwrap(), s);

@@ -22,6 +22,14 @@ pub enum SpawnError {
         /// What is wrong and what to do.
         why: String,
     },
+    /// The session asks to keep its events (S20a) and cannot.
+    #[error("cannot spawn session `{id}`: {why}")]
+    Events {
+        /// The session.
+        id: String,
+        /// What is wrong and what to do.
+        why: String,
+    },
     /// The actor system refused the spawn.
     #[error("cannot spawn session `{id}`: the actor did not start ({reason})")]
     Actor {

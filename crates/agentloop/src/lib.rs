@@ -108,7 +108,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod exit;
-pub use agentloop_core::{ids, interrupt};
+pub use agentloop_core::{event_log, ids, interrupt};
 pub mod liveness;
 pub mod metrics;
 pub mod options;
@@ -188,7 +188,7 @@ pub mod prelude {
 pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 pub use error::{SessionError, SpawnError};
-pub use events::{EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
+pub use events::{EventCodec, EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
 pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
 pub use push::BufferFull;
 pub use session::{

@@ -98,6 +98,8 @@ pub struct RuntimeBuilder<I, E> {
     node: Option<String>,
     rebalance: Option<Rebalance>,
     limits: crate::supervisor::SessionLimits,
+    /// The codec for kept events (an `EventCodec<E>`, S20a), when set.
+    event_codec: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -127,6 +129,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             node: None,
             rebalance: None,
             limits: crate::supervisor::SessionLimits::UNBOUNDED,
+            event_codec: None,
         }
     }
 }
@@ -267,6 +270,18 @@ where
         self
     }
 
+    /// Lets sessions keep their events in the store (S20a), as JSON: a session spawned
+    /// with [`crate::SessionSpec::keep_events`] (every persistent session spawned over
+    /// HTTP, and `agentloop serve`'s) and every session resumed from a record that
+    /// kept them.
+    pub fn keep_events(mut self) -> Self
+    where
+        E: Serialize + DeserializeOwned,
+    {
+        self.event_codec = Some(Arc::new(crate::events::EventCodec::<E>::json()));
+        self
+    }
+
     /// Adds a cleanup hook; hooks run in the order they were added (S27).
     pub fn on_shutdown(mut self, hook: CleanupHook) -> Self {
         self.hooks.push(hook);
@@ -347,6 +362,10 @@ where
             limits: self.limits,
         })
         .await?;
+        // Before the resume below: resumed sessions keep their events too.
+        if let Some(codec) = self.event_codec {
+            supervisor.set_event_codec(codec);
+        }
         // Before the resume below: a resumed session's end must reach the feeds too.
         for feed in self.end_feeds {
             supervisor.watch_ends(feed);

@@ -265,6 +265,10 @@ mod tests {
                             replay: (v % 300) as usize,
                             restart: crate::settings::RestartPolicy::Transient,
                             poll_interval_ms: (hb % 2 == 0).then_some(hb % 10_000),
+                            events: (hb % 3 == 0).then(|| crate::event_log::Retention {
+                                count: hb % 500 + 1,
+                                max_age_ms: (hb % 2 == 0).then_some(hb),
+                            }),
                         }),
                         idempotency_keys: (0..(v % 4))
                             .map(|i| crate::keys::KeptKey {

@@ -46,14 +46,16 @@ pub struct KeptEvent {
 pub struct EventAppend {
     /// The events, ascending by number.
     pub events: Vec<KeptEvent>,
-    /// Numbers up to this one may be handed out before they are kept (0: unchanged);
-    /// the stored mark never goes down.
+    /// The new reserved mark: numbers up to it may be handed out before they are kept
+    /// (0: unchanged). Set as given: the session raises it ahead of its numbers and
+    /// lowers it once, to its `Ended`'s number, with its last append.
     pub reserved: u64,
     /// The session's first append of a new life (no record was loaded): what a
     /// previous session of this id kept is removed first.
     pub fresh: bool,
-    /// What to keep after this append.
-    pub retention: Retention,
+    /// What to keep after this append (`None`: no trim this time; a trim reads every
+    /// page key of the session, so a session trims every few appends).
+    pub retention: Option<Retention>,
     /// The writer's clock, ms since the Unix epoch (for the age of events).
     pub now_ms: u64,
 }
@@ -190,11 +192,12 @@ pub fn append_events(
     if append.fresh {
         remove_all(t, id)?;
     }
-    let (mut pages, reserved) = match append.fresh {
-        true => (Vec::new(), None),
-        false => pages(t, id)?,
+    let scan = !append.fresh && (append.reserved > 0 || append.retention.is_some());
+    let (mut pages, reserved) = match scan {
+        true => pages(t, id)?,
+        false => (Vec::new(), None),
     };
-    if append.reserved > reserved.as_ref().map_or(0, |r| r.1) {
+    if append.reserved > 0 && Some(append.reserved) != reserved.as_ref().map(|r| r.1) {
         if let Some((old, _)) = reserved {
             t.remove(old);
         }
@@ -215,9 +218,15 @@ pub fn append_events(
         t.put(key.clone(), Payload::from(bytes));
         pages.push((key, info));
     }
-    let infos: Vec<PageInfo> = pages.iter().map(|(_, p)| *p).collect();
-    for i in append.retention.trim_pages(&infos, append.now_ms) {
-        t.remove(pages[i].0.clone());
+    if let Some(retention) = append.retention {
+        if append.fresh {
+            // Nothing else is kept: the scan above was skipped.
+            pages = self::pages(t, id)?.0;
+        }
+        let infos: Vec<PageInfo> = pages.iter().map(|(_, p)| *p).collect();
+        for i in retention.trim_pages(&infos, append.now_ms) {
+            t.remove(pages[i].0.clone());
+        }
     }
     Ok(())
 }
@@ -303,10 +312,10 @@ mod tests {
             events,
             reserved: 0,
             fresh: false,
-            retention: Retention {
+            retention: Some(Retention {
                 count,
                 max_age_ms: Some(1_000),
-            },
+            }),
             now_ms,
         }
     }
@@ -337,7 +346,7 @@ mod tests {
     }
 
     #[test]
-    fn the_reserved_mark_never_goes_down_and_a_fresh_life_starts_empty() {
+    fn the_reserved_mark_is_set_as_asked_and_a_fresh_life_starts_empty() {
         let mut t = Map::default();
         let mut a = append(vec![ev(1, 1)], 10, 1);
         a.reserved = 100;
@@ -345,7 +354,11 @@ mod tests {
         let mut a = append(vec![], 10, 1);
         a.reserved = 50;
         append_events(&mut t, "s", 0, a).unwrap();
-        assert_eq!(read_events(&t, "s", 0).unwrap().reserved, 100);
+        assert_eq!(
+            read_events(&t, "s", 0).unwrap().reserved,
+            50,
+            "lowered at the end"
+        );
         let mut a = append(vec![ev(1, 2)], 10, 2);
         a.fresh = true;
         append_events(&mut t, "s", 0, a).unwrap();

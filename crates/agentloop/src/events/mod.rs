@@ -45,12 +45,14 @@ use crate::interrupt::InterruptInfo;
 use agentloop_core::steps::StepKey;
 
 mod filter;
+pub(crate) mod keeper;
 mod seq;
 mod slot;
 mod stream;
 mod subscribers;
 
 pub use filter::EventFilter;
+pub use keeper::EventCodec;
 pub(crate) use seq::EventSeq;
 pub use stream::EventStream;
 pub(crate) use subscribers::Subscribers;

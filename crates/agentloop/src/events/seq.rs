@@ -49,6 +49,13 @@ impl EventSeq {
             .fetch_max(last.saturating_add(1) << OWED_BITS, Ordering::AcqRel);
     }
 
+    /// Continues after number `n` exactly (a kept event's, or the kept events'
+    /// reserved mark, S20a): the next event gets `n + 1` or later. Never moves
+    /// backwards.
+    pub(crate) fn continue_from(&self, n: u64) {
+        self.state.fetch_max(n << OWED_BITS, Ordering::AcqRel);
+    }
+
     pub(super) fn next(&self) -> u64 {
         (self.state.fetch_add(GIVEN, Ordering::AcqRel) >> OWED_BITS) + 1
     }

@@ -26,6 +26,8 @@ pub struct EventStream<E> {
     pub(super) catch_up: Option<CatchUp<E>>,
     /// Events taken by the last catch-up, read before the channel.
     pub(super) pending: VecDeque<Sequenced<E>>,
+    /// What a replay reads from the store before the rest (S20a): polled first.
+    pub(super) backfill: Option<futures::future::BoxFuture<'static, Vec<Sequenced<E>>>>,
 }
 
 /// Takes what a lagging stream missed from the replay buffer and stops its lag.
@@ -43,7 +45,18 @@ impl<E> EventStream<E> {
             finished: false,
             catch_up: None,
             pending: VecDeque::new(),
+            backfill: None,
         }
+    }
+
+    /// A stream of `events` only (kept events of a session that ended), then `None`.
+    pub(crate) fn of(events: Vec<Sequenced<E>>) -> Self {
+        let (tx, rx) = mpsc::channel(events.len().max(1));
+        for e in events {
+            // Sized to hold them all.
+            let _ = tx.try_send(e);
+        }
+        EventStream::relayed(rx)
     }
 
     /// The next event, or `None` once `Ended` was returned.
@@ -59,6 +72,17 @@ impl<E> EventStream<E> {
     pub(super) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sequenced<E>>> {
         if self.finished {
             return Poll::Ready(None);
+        }
+        if let Some(backfill) = self.backfill.as_mut() {
+            match backfill.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(events) => {
+                    self.backfill = None;
+                    for e in events.into_iter().rev() {
+                        self.pending.push_front(e);
+                    }
+                }
+            }
         }
         // Fields borrowed apart: no Arc clone on this path (every event polls it).
         let Some(slot) = self.slot.as_ref() else {

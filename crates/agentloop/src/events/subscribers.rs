@@ -4,6 +4,7 @@
 //! it must not decide anything about turns or stops.
 
 use super::filter::EventFilter;
+use super::keeper::{replay_from_store, Keeper};
 use super::seq::EventSeq;
 use super::slot::{InflightGuard, TerminalSlot};
 use super::stream::{CatchUp, EventStream};
@@ -64,6 +65,8 @@ pub(crate) struct Subscribers<E> {
     /// (or drops it, which unsubscribes), so an unread stream never holds turn events
     /// back by backpressure.
     pub(super) at_spawn: Mutex<Option<EventStream<E>>>,
+    /// Keeps every event in the store (S20a), when the session keeps its events.
+    pub(super) keeper: Option<Arc<Keeper<E>>>,
 }
 
 /// `Ended` once given, and the turn tasks that hold it back.
@@ -100,6 +103,9 @@ impl<E: Clone + Send + 'static> Drop for EndHold<E> {
             match (st.holds, st.pending.take()) {
                 (0, Some(summary)) => {
                     let e = (subs.seq.next(), summary);
+                    if let Some(k) = &subs.keeper {
+                        k.keep(e.0, &SessionEvent::Ended(e.1.clone()));
+                    }
                     st.ended = Some(e.clone());
                     Some(e)
                 }
@@ -162,7 +168,11 @@ impl<E: Clone> Replay<E> {
 impl<E: Clone + Send + 'static> Subscribers<E> {
     /// A registry numbering events with `seq`, keeping the last `replay_capacity`
     /// events for late subscribers (0: none).
-    pub(crate) fn new(seq: Arc<EventSeq>, replay_capacity: usize) -> Self {
+    pub(crate) fn new(
+        seq: Arc<EventSeq>,
+        replay_capacity: usize,
+        keeper: Option<Arc<Keeper<E>>>,
+    ) -> Self {
         Subscribers {
             list: RwLock::new(Arc::new(Vec::new())),
             ended: Mutex::new(EndState::default()),
@@ -173,7 +183,13 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             })),
             order: Arc::new(tokio::sync::Mutex::new(())),
             at_spawn: Mutex::new(None),
+            keeper,
         }
+    }
+
+    /// The session's keeper of events in the store, if it keeps them (S20a).
+    pub(crate) fn keeper(&self) -> Option<&Arc<Keeper<E>>> {
+        self.keeper.as_ref()
     }
 
     /// Registers a subscriber before the session's actor starts; the spawner takes it
@@ -214,10 +230,48 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         // Under the publish lock: no event is numbered between the replay taken here
         // and the registration, so the stream misses nothing and repeats nothing.
         let replay = self.publish.lock();
+        let last = self.seq.last();
+        // S20a: what the replay buffer no longer holds comes from the store (and from
+        // the keeper, for what is not written yet), before the buffer's part.
+        let mut backfill = None;
         let backlog: Vec<Sequenced<E>> = match after {
             None => Vec::new(),
-            // Numbers up to `last` were given; `Ended`'s is given by `end`.
-            Some(after) => replay.since(after, self.seq.last(), &filter),
+            Some(after) => {
+                let first_held = replay.events.front().map_or(last + 1, |e| e.seq);
+                let upto = first_held.min(last + 1) - 1;
+                match (&self.keeper, after < upto) {
+                    (Some(keeper), true) => match keeper.reader() {
+                        Some(read) => {
+                            let unwritten = keeper.unwritten();
+                            let keeper = keeper.clone();
+                            let read = read(after);
+                            backfill = Some(Box::pin(async move {
+                                let kept = match read.await {
+                                    Ok(k) => k,
+                                    Err(e) => {
+                                        tracing::warn!(error = %e, "a subscriber's replay could not read the kept events: it is told it missed them");
+                                        Default::default()
+                                    }
+                                };
+                                replay_from_store(
+                                    keeper.codec(),
+                                    kept,
+                                    unwritten,
+                                    after,
+                                    upto,
+                                    false,
+                                    |e| filter.accepts(e),
+                                )
+                            })
+                                as futures::future::BoxFuture<'static, Vec<Sequenced<E>>>);
+                            // Numbers up to `last` were given; `Ended`'s is given by `end`.
+                            replay.since(upto, last, &filter)
+                        }
+                        None => replay.since(after, last, &filter),
+                    },
+                    _ => replay.since(after, last, &filter),
+                }
+            }
         };
         let (tx, rx) = mpsc::channel(capacity.max(1) + backlog.len());
         for ev in backlog {
@@ -254,6 +308,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             finished: false,
             catch_up,
             pending: VecDeque::new(),
+            backfill,
         }
     }
 
@@ -282,7 +337,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// Whether late subscribers can replay events (every event is then built, even
     /// when nobody listens now).
     pub(crate) fn replays(&self) -> bool {
-        self.publish.lock().capacity > 0
+        self.keeper.is_some() || self.publish.lock().capacity > 0
     }
 
     /// Gives an event nobody receives its number (the sequence does not depend on who
@@ -318,6 +373,9 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             false => self.seq.next(),
         };
         replay.keep(seq, event);
+        if let Some(k) = &self.keeper {
+            k.keep(seq, event);
+        }
         let mut full = Vec::new();
         for s in subs.iter().filter(|s| s.filter.accepts(event)) {
             if s.lags() {
@@ -353,6 +411,10 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// Sends to every live subscriber, waiting for capacity (backpressure). Called from
     /// turn tasks only (holding the order gate), never from the actor.
     pub(crate) async fn send(&self, event: SessionEvent<E>) {
+        if let Some(k) = &self.keeper {
+            // S20a: only numbers under the durable reserved mark are handed out.
+            k.gate(self.seq.last() + 1).await;
+        }
         let (seq, full) = self.publish(&event, false);
         for (s, guard) in full {
             // A closed subscriber fails at once; it is pruned on the next subscribe.
@@ -450,6 +512,9 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
                 return;
             }
             let e = (self.seq.next(), summary);
+            if let Some(k) = &self.keeper {
+                k.keep(e.0, &SessionEvent::Ended(e.1.clone()));
+            }
             st.ended = Some(e.clone());
             e
         };

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::cluster::control::ControlError;
 use crate::cluster::forward::{Control, ControlOutcome, WireStop};
-use crate::events::{EventFilter, EventStream};
+use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent};
 use crate::options::StopOptions;
 use crate::runtime_handle::RuntimeHandle;
 use crate::supervisor::SupervisorError;
@@ -227,6 +227,17 @@ where
         }
     }
 
+    /// Lets this runtime's sessions keep their events in the store as JSON (S20a; what
+    /// [`crate::RuntimeBuilder::keep_events`] does, for a runtime already built: the
+    /// HTTP front calls it). Sessions started before keep the codec they had.
+    pub fn keep_events_as_json(&self)
+    where
+        E: Serialize + DeserializeOwned,
+    {
+        self.supervisor
+            .set_event_codec(std::sync::Arc::new(crate::events::EventCodec::<E>::json()));
+    }
+
     /// Subscribes to session `id`'s events wherever it runs (issue 18, S36): here when
     /// this runtime runs it, else, on a cluster node, relayed from its owner (after
     /// event `after` when given, like [`crate::SupervisorHandle::subscribe_after`]).
@@ -241,7 +252,60 @@ where
         filter: EventFilter,
     ) -> Result<EventStream<E>, ControlError> {
         let r = self.subscribe_routed(id, after, filter).await;
-        self.unknown_or_stored(r).await
+        let r = self.unknown_or_stored(r).await;
+        match r {
+            Err(ControlError::Here(SupervisorError::UnknownSession(_)))
+            | Err(ControlError::NotRunning { .. }) => {
+                match self.kept_stream(id, after.unwrap_or(0), filter).await {
+                    Some(stream) => Ok(stream),
+                    None => r,
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// A session that ended for good, answered from its kept events (S20a): those
+    /// after `after` and its `Ended` (again, when `after` is `Ended`'s number), for as
+    /// long as they are kept. `None` when it kept none, or its last kept event is not
+    /// `Ended`.
+    async fn kept_stream(
+        &self,
+        id: &str,
+        after: u64,
+        filter: EventFilter,
+    ) -> Option<EventStream<E>> {
+        let store = self.store.as_ref()?;
+        let codec = self.supervisor.event_codec()?;
+        let kept = match store.read_events(id, 0).await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "the kept events could not be read");
+                return None;
+            }
+        };
+        let end = kept.events.last()?;
+        let ended = match codec.decode(&end.body) {
+            Ok(e @ SessionEvent::Ended(_)) => Sequenced {
+                seq: end.seq,
+                event: e,
+            },
+            _ => return None,
+        };
+        if after >= ended.seq {
+            return Some(EventStream::of(vec![ended]));
+        }
+        let upto = ended.seq;
+        let events = crate::events::keeper::replay_from_store(
+            &codec,
+            kept,
+            Vec::new(),
+            after,
+            upto,
+            true,
+            |e| filter.accepts(e),
+        );
+        Some(EventStream::of(events))
     }
 
     async fn subscribe_routed(

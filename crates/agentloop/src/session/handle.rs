@@ -227,8 +227,44 @@ where
                 return Err(SpawnError::History { id: config.id, why });
             }
         }
+        let keeper = match config.events {
+            None => None,
+            Some(retention) => {
+                let why = if !config.persist {
+                    Some("keeping events needs a persistent session".to_string())
+                } else if !store.as_ref().is_some_and(|s| s.keeps_events()) {
+                    Some("its checkpoint store keeps no events; use sled, fjall, PostgreSQL or the memory store, or spawn without keep_events".to_string())
+                } else if retention.count == 0 {
+                    Some("a retention of 0 events keeps nothing; ask for at least 1, or spawn without keep_events".to_string())
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    return Err(SpawnError::Events { id: config.id, why });
+                }
+                let codec = config
+                    .run
+                    .event_codec
+                    .as_ref()
+                    .and_then(|c| c.downcast_ref::<crate::events::EventCodec<E>>())
+                    .cloned();
+                match codec {
+                    Some(codec) => Some(crate::events::keeper::Keeper::new(codec, retention)),
+                    None => {
+                        return Err(SpawnError::Events {
+                            id: config.id,
+                            why: "keeping its events needs a codec for the event type: build the runtime with RuntimeBuilder::keep_events(), or give the spec one with SessionSpec::event_codec(EventCodec::json())".into(),
+                        })
+                    }
+                }
+            }
+        };
         let shared = Arc::new(SessionShared::new(config.id.clone()));
-        let subscribers = Arc::new(Subscribers::new(shared.event_seq.clone(), config.replay));
+        let subscribers = Arc::new(Subscribers::new(
+            shared.event_seq.clone(),
+            config.replay,
+            keeper,
+        ));
         if let Some((capacity, filter)) = config.subscribe.take() {
             subscribers.reserve_at_spawn(capacity, filter);
         }

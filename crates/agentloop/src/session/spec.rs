@@ -51,6 +51,13 @@ pub struct SessionSpec<I> {
     /// after a sequence number (S20; default 0: none, and nothing is allocated). The
     /// buffer is allocated at the first event, and holds clones of the events.
     pub replay: usize,
+    /// Whether the session keeps its events in the store, and for how long (S20a):
+    /// a subscriber that asks for the events after a number gets them from the store
+    /// when the replay buffer no longer holds them, after a restart, a crash, a move
+    /// or a failover too. Needs a persistent session, a store that keeps events and
+    /// an event codec (the runtime's, [`crate::RuntimeBuilder::keep_events`], or
+    /// [`SessionSpec::event_codec`]). `None` (the default): none kept.
+    pub events: Option<agentloop_core::event_log::Retention>,
     /// How often the session re-reads its own record while detached, so a cancel
     /// written by another process is noticed (S24); `None`: the runtime's heartbeat
     /// (a supervisor's [`SupervisorArgs::heartbeat`](crate::SupervisorArgs::heartbeat),
@@ -104,6 +111,9 @@ pub(crate) struct RunContext {
     pub(crate) heartbeat: Duration,
     /// Where the session counts its turns (S35); set by the supervisor from its own.
     pub(crate) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
+    /// How the session's events are kept (an `EventCodec<E>`, S20a); set by the
+    /// supervisor from the runtime's, or by [`SessionSpec::event_codec`].
+    pub(crate) event_codec: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Default for RunContext {
@@ -113,6 +123,7 @@ impl Default for RunContext {
             supervised: false,
             heartbeat: DEFAULT_HEARTBEAT,
             metrics: None,
+            event_codec: None,
         }
     }
 }
@@ -131,6 +142,7 @@ impl<I> SessionSpec<I> {
             initial_items: Vec::new(),
             history: 0,
             replay: 0,
+            events: None,
             poll_interval: None,
             event_capacity: DEFAULT_EVENT_CAPACITY,
             end_hooks: Vec::new(),
@@ -185,6 +197,21 @@ impl<I> SessionSpec<I> {
     /// number ([`crate::SessionHandle::subscribe_after`]).
     pub fn replay(mut self, capacity: usize) -> Self {
         self.replay = capacity;
+        self
+    }
+
+    /// Keeps the session's events in the store under `retention` (see
+    /// [`SessionSpec::events`]).
+    pub fn keep_events(mut self, retention: agentloop_core::event_log::Retention) -> Self {
+        self.events = Some(retention);
+        self
+    }
+
+    /// How this session's events (of type `E`) are written to the store when it keeps
+    /// them; a supervisor's session takes the runtime's
+    /// ([`crate::RuntimeBuilder::keep_events`]) when it has none.
+    pub fn event_codec<E: 'static>(mut self, codec: crate::events::EventCodec<E>) -> Self {
+        self.run.event_codec = Some(Arc::new(codec));
         self
     }
 
@@ -247,6 +274,7 @@ impl<I> SessionSpec<I> {
     /// Applies the settings a record kept (issue 28): durability, history, replay,
     /// restart policy and, when it was set, the poll interval.
     pub fn settings(mut self, s: crate::session::SessionSettings) -> Self {
+        self.events = s.events;
         self.durability = s.durability;
         self.history = s.history;
         self.replay = s.replay;
@@ -263,6 +291,7 @@ impl<I> SessionSpec<I> {
             replay: self.replay,
             restart: self.restart,
             poll_interval_ms: self.poll_interval.map(|d| d.as_millis() as u64),
+            events: self.events,
         }
     }
 
@@ -291,6 +320,7 @@ impl<I> SessionSpec<I> {
             initial_items: Vec::new(),
             history: self.history,
             replay: self.replay,
+            events: self.events,
             poll_interval: self.poll_interval,
             event_capacity: self.event_capacity,
             end_hooks: self.end_hooks.clone(),

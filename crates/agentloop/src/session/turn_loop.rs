@@ -78,6 +78,13 @@ impl<A: Agent> Actor for TurnLoop<A> {
                     .await;
             }
         }
+        if let (Some(keeper), Some(store)) = (args.subscribers.keeper(), &args.store) {
+            if core.load_error.is_none() {
+                start_keeper(&core, keeper, store, config.run.load_record)
+                    .instrument(span.clone())
+                    .await;
+            }
+        }
         Ok(LoopState {
             core,
             agent: args.agent,
@@ -200,4 +207,35 @@ async fn perform_all<A: Agent>(
         perform(myself, state, effect).await;
     }
     state.effects = effects;
+}
+
+/// Starts the session's keeper of events (S20a): its appends fenced by this owner's
+/// epoch; numbering after everything a previous incarnation kept or reserved, so no
+/// number is given twice; a new life (no record was found) drops what a previous
+/// session of this id kept.
+async fn start_keeper<A: Agent>(
+    core: &Core<A>,
+    keeper: &Arc<crate::events::keeper::Keeper<A::Event>>,
+    store: &Arc<dyn crate::store::CheckpointStore<A::Item>>,
+    loaded: bool,
+) {
+    let id = core.config.id.clone();
+    let fresh = loaded && !core.durable.record_stale;
+    let seq = &core.shared.event_seq;
+    if !fresh {
+        match store.read_events(&id, u64::MAX).await {
+            Ok(k) => seq.continue_from(k.last.max(k.reserved)),
+            Err(e) => {
+                tracing::warn!(error = %e, "the kept events' reserved mark could not be read: numbering continues after the record's")
+            }
+        }
+    }
+    let epoch = core.durable.lease_epoch;
+    let (s1, s2, id2) = (store.clone(), store.clone(), id.clone());
+    keeper.start(
+        Box::new(move |append, flush, done| s1.append_events_then(&id, epoch, append, flush, done)),
+        Box::new(move |after| s2.read_events(&id2, after)),
+        fresh,
+        seq.last(),
+    );
 }

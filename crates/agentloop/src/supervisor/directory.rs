@@ -29,9 +29,21 @@ pub(crate) struct Directory<I, E> {
     /// Pushes the closed gate answered late.
     gate_late: Arc<AtomicU64>,
     metrics: Option<Arc<RuntimeMetrics>>,
+    /// The runtime's codec for kept events (an `EventCodec<E>`, S20a), once set.
+    event_codec: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<I, E> Directory<I, E> {
+    /// The runtime's codec for kept events, if one was set.
+    pub(crate) fn event_codec(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.event_codec.get().cloned()
+    }
+
+    /// Sets the runtime's codec for kept events (the first one set stays).
+    pub(crate) fn set_event_codec(&self, codec: Arc<dyn std::any::Any + Send + Sync>) {
+        let _ = self.event_codec.set(codec);
+    }
+
     /// An empty directory counting routed pushes in `metrics`.
     pub(crate) fn new(metrics: Option<Arc<RuntimeMetrics>>) -> Self {
         Directory {
@@ -39,6 +51,7 @@ impl<I, E> Directory<I, E> {
             gate_closed: AtomicBool::new(false),
             gate_late: Arc::new(AtomicU64::new(0)),
             metrics,
+            event_codec: std::sync::OnceLock::new(),
         }
     }
 

@@ -366,6 +366,18 @@ where
             .await
     }
 
+    /// Sets the codec sessions keep their events with (S20a), unless one was set.
+    pub(crate) fn set_event_codec(&self, codec: Arc<dyn std::any::Any + Send + Sync>) {
+        self.directory.set_event_codec(codec);
+    }
+
+    /// The runtime's codec for kept events of type `E`, if one was set.
+    pub(crate) fn event_codec(&self) -> Option<crate::events::EventCodec<E>> {
+        self.directory
+            .event_codec()
+            .and_then(|c| c.downcast_ref::<crate::events::EventCodec<E>>().cloned())
+    }
+
     /// Subscribes to a session's current incarnation.
     pub async fn subscribe(
         &self,

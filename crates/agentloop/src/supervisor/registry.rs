@@ -102,11 +102,17 @@ where
             Some(own) => own.min(self.limits.buffer),
             None => self.limits.buffer,
         });
+        let event_codec = run
+            .run
+            .event_codec
+            .take()
+            .or_else(|| self.directory.event_codec());
         run.run = crate::session::RunContext {
             load_record,
             supervised: true,
             heartbeat: self.heartbeat,
             metrics: self.metrics.clone(),
+            event_codec,
         };
         run
     }

@@ -1,0 +1,435 @@
+//! Events kept in the store (DESIGN S20a, issue 33): the session's side. The keeper
+//! takes every event as it is numbered (under the registry's publish lock, never
+//! waiting), and writes what accumulated as one append to the store's committer, one
+//! append in flight at a time, like Restate's log writer: take everything queued,
+//! commit it as one batch, answer, again. Live delivery never waits for it; an append
+//! of events alone waits for no flush (the next flush of any write makes it durable),
+//! so a session streaming tokens keeps streaming.
+//!
+//! **Numbers.** A number may be handed to a subscriber only below a *reserved mark*
+//! made durable in the store, so that a new incarnation, which numbers after the
+//! stored mark, never gives a number some client saw before a SIGKILL. The keeper
+//! reserves ahead ([`RESERVE_BLOCK`]), early enough that turn events never wait for it
+//! in practice; a turn task whose next number is above the durable mark (less a slack
+//! for the few events the actor numbers without waiting) waits for the reservation
+//! ([`Keeper::gate`]). When the session ends, its last append lowers the mark to
+//! `Ended`'s number, so a graceful restart continues without a gap.
+//!
+//! It owns the pending events and the append in flight; it decides nothing about what
+//! is kept (the store trims by the session's retention) and never touches a record.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+
+use super::{Sequenced, SessionEvent};
+use crate::store::committer::Answer;
+use crate::store::{EventAppend, KeptEvent, KeptEvents, StoreError};
+use agentloop_core::event_log::Retention;
+
+/// How many numbers a keeper reserves ahead.
+pub const RESERVE_BLOCK: u64 = 1024;
+
+/// Numbers the actor may give without waiting (a stop's `StopRequested`, `Ended`) past
+/// the point where turn events wait for a reservation.
+const SLACK: u64 = 64;
+
+/// How often (in appends) an append also trims by the retention.
+const TRIM_EVERY: u64 = 32;
+
+/// How a session's events are written to and read from the store: JSON by default
+/// ([`EventCodec::json`]).
+pub struct EventCodec<E> {
+    encode: fn(&SessionEvent<E>) -> Result<Vec<u8>, String>,
+    decode: fn(&[u8]) -> Result<SessionEvent<E>, String>,
+}
+
+impl<E> Clone for EventCodec<E> {
+    fn clone(&self) -> Self {
+        EventCodec {
+            encode: self.encode,
+            decode: self.decode,
+        }
+    }
+}
+
+impl<E> std::fmt::Debug for EventCodec<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventCodec")
+    }
+}
+
+impl<E: serde::Serialize + serde::de::DeserializeOwned> EventCodec<E> {
+    /// Events as JSON: what the HTTP front sends, and what `agentloop sessions events`
+    /// lists without knowing the event type.
+    pub fn json() -> Self {
+        EventCodec {
+            encode: |e| serde_json::to_vec(e).map_err(|e| e.to_string()),
+            decode: |b| serde_json::from_slice(b).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+impl<E> EventCodec<E> {
+    /// Decodes a kept event's body.
+    pub fn decode(&self, body: &[u8]) -> Result<SessionEvent<E>, String> {
+        (self.decode)(body)
+    }
+}
+
+/// Writes an append of the session's events (store, id and epoch bound in).
+pub(crate) type AppendFn = Box<dyn Fn(EventAppend, bool, Answer<()>) + Send + Sync>;
+/// Reads the session's kept events after a number.
+pub(crate) type ReadFn =
+    Box<dyn Fn(u64) -> BoxFuture<'static, Result<KeptEvents, StoreError>> + Send + Sync>;
+
+/// One session's keeper (see the module doc).
+pub(crate) struct Keeper<E> {
+    codec: EventCodec<E>,
+    retention: Retention,
+    state: Mutex<State<E>>,
+    /// Numbers up to this one are reserved durably: turn events may take them.
+    durable: AtomicU64,
+    reserved: tokio::sync::Notify,
+}
+
+struct State<E> {
+    /// Where appends go, once the session started (its epoch is known).
+    append: Option<Arc<AppendFn>>,
+    read: Option<Arc<ReadFn>>,
+    /// Numbered and not yet handed to an append, ascending.
+    pending: Vec<(Sequenced<E>, u64)>,
+    /// The append in flight, as sent (for subscribers that replay meanwhile).
+    in_flight: Option<Vec<Sequenced<E>>>,
+    /// The next append is this life's first (a fresh session): the store drops what a
+    /// previous session of this id kept.
+    fresh: bool,
+    /// The highest mark asked for.
+    asked: u64,
+    /// The mark the next append sets (0: none).
+    next_mark: u64,
+    /// `Ended` was kept: the next append sets the mark to its number exactly.
+    ended: Option<u64>,
+    appends: u64,
+    /// Fenced or the store refused: nothing more is appended (logged once).
+    stopped: bool,
+}
+
+impl<E: Clone + Send + 'static> Keeper<E> {
+    /// A keeper that holds events until [`Keeper::start`].
+    pub(crate) fn new(codec: EventCodec<E>, retention: Retention) -> Arc<Self> {
+        Arc::new(Keeper {
+            codec,
+            retention,
+            state: Mutex::new(State {
+                append: None,
+                read: None,
+                pending: Vec::new(),
+                in_flight: None,
+                fresh: false,
+                asked: 0,
+                next_mark: 0,
+                ended: None,
+                appends: 0,
+                stopped: false,
+            }),
+            durable: AtomicU64::new(0),
+            reserved: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The session started: appends go through `append`, a new life when `fresh`, its
+    /// numbers after `after`; the first reservation is asked at once, so the first
+    /// event rarely waits for it.
+    pub(crate) fn start(self: &Arc<Self>, append: AppendFn, read: ReadFn, fresh: bool, after: u64) {
+        let mut st = self.state.lock();
+        st.append = Some(Arc::new(append));
+        st.read = Some(Arc::new(read));
+        st.fresh = fresh;
+        self.durable.store(after, Ordering::Release);
+        st.asked = after + RESERVE_BLOCK;
+        st.next_mark = st.asked;
+        self.pump(st);
+    }
+
+    /// Reads the session's kept events after `after` (for a subscriber's replay).
+    pub(crate) fn reader(&self) -> Option<Arc<ReadFn>> {
+        self.state.lock().read.clone()
+    }
+
+    /// The codec.
+    pub(crate) fn codec(&self) -> &EventCodec<E> {
+        &self.codec
+    }
+
+    /// Takes a numbered event (called under the publish lock; never waits).
+    pub(crate) fn keep(self: &Arc<Self>, seq: u64, event: &SessionEvent<E>) {
+        let mut st = self.state.lock();
+        if st.stopped {
+            return;
+        }
+        st.pending.push((
+            Sequenced {
+                seq,
+                event: event.clone(),
+            },
+            crate::store::now_ms(),
+        ));
+        if matches!(event, SessionEvent::Ended(_)) {
+            st.ended = Some(seq);
+        } else if seq + RESERVE_BLOCK / 2 > st.asked {
+            // Ahead of need: the reservation is durable long before it is reached.
+            st.asked = seq + RESERVE_BLOCK;
+            st.next_mark = st.asked;
+        }
+        self.pump(st);
+    }
+
+    /// Events numbered and not yet in the store (pending or in flight), for a
+    /// subscriber that replays: taken under the publish lock.
+    pub(crate) fn unwritten(&self) -> Vec<Sequenced<E>> {
+        let st = self.state.lock();
+        let mut out: Vec<Sequenced<E>> = st.in_flight.clone().unwrap_or_default();
+        out.extend(st.pending.iter().map(|(e, _)| e.clone()));
+        out
+    }
+
+    /// Waits until number `next` may be handed out (it is under the durable reserved
+    /// mark, less the slack). Turn tasks call it before numbering an event.
+    pub(crate) async fn gate(self: &Arc<Self>, next: u64) {
+        loop {
+            let notified = self.reserved.notified();
+            if next + SLACK <= self.durable.load(Ordering::Acquire) || self.state.lock().stopped {
+                return;
+            }
+            {
+                let mut st = self.state.lock();
+                if st.append.is_none() {
+                    // Not started: nothing is numbered before the start anyway.
+                    return;
+                }
+                if next + SLACK > st.asked {
+                    st.asked = next + RESERVE_BLOCK;
+                    st.next_mark = st.asked;
+                }
+                self.pump(st);
+            }
+            notified.await;
+        }
+    }
+
+    /// Starts an append of what is pending when none is in flight.
+    fn pump(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State<E>>) {
+        if st.in_flight.is_some() || st.stopped {
+            return;
+        }
+        let Some(append) = st.append.clone() else {
+            return;
+        };
+        if st.pending.is_empty() && st.next_mark == 0 && st.ended.is_none() {
+            return;
+        }
+        let batch = std::mem::take(&mut st.pending);
+        let mark = match st.ended.take() {
+            // The session's last append: the mark is exactly `Ended`'s number, so the
+            // next incarnation continues after it without a gap.
+            Some(end) => end,
+            None => std::mem::take(&mut st.next_mark),
+        };
+        let fresh = std::mem::take(&mut st.fresh);
+        st.appends += 1;
+        let trim = st.appends % TRIM_EVERY == 1;
+        st.in_flight = Some(batch.iter().map(|(e, _)| e.clone()).collect());
+        drop(st);
+        let mut events = Vec::with_capacity(batch.len());
+        for (e, at_ms) in batch {
+            match (self.codec.encode)(&e.event) {
+                Ok(body) => events.push(KeptEvent {
+                    seq: e.seq,
+                    at_ms,
+                    body,
+                }),
+                Err(why) => {
+                    tracing::warn!(seq = e.seq, error = %why, "an event could not be encoded to be kept: a subscriber that replays it from the store is told it missed it")
+                }
+            }
+        }
+        let retention = match trim || fresh {
+            true => Some(self.retention),
+            false => None,
+        };
+        let flush = mark > 0;
+        let me = self.clone();
+        let answer = Answer::new(move |r: Result<(), StoreError>| me.appended(r, mark));
+        (append)(
+            EventAppend {
+                events,
+                reserved: mark,
+                fresh,
+                retention,
+                now_ms: crate::store::now_ms(),
+            },
+            flush,
+            answer,
+        );
+    }
+
+    /// An append was answered.
+    fn appended(self: &Arc<Self>, r: Result<(), StoreError>, mark: u64) {
+        let mut st = self.state.lock();
+        st.in_flight = None;
+        match r {
+            Ok(()) => {
+                if mark > 0 {
+                    self.durable.fetch_max(mark, Ordering::AcqRel);
+                    self.reserved.notify_waiters();
+                }
+            }
+            Err(e) => {
+                let fenced = matches!(e, StoreError::Fenced { .. } | StoreError::Closed);
+                match fenced {
+                    true => {
+                        tracing::info!(error = %e, "the session's events are no longer kept here (its record has another owner, or the store closed)")
+                    }
+                    false => {
+                        tracing::warn!(error = %e, "events could not be kept in the store: subscribers that replay them from the store are told they missed them; no more are kept by this incarnation")
+                    }
+                }
+                st.stopped = true;
+                st.pending.clear();
+                drop(st);
+                // Turn tasks waiting for a reservation go on (nothing more is kept).
+                self.reserved.notify_waiters();
+                return;
+            }
+        }
+        self.pump(st);
+    }
+}
+
+/// What a replay from the store adds before the live part of a stream: the kept and
+/// unwritten events numbered in `(after, upto]` that `accepts` takes, in order, with a
+/// [`SessionEvent::Lagged`] where numbers are missing (events lost before they were
+/// written, or no longer kept). `Ended` events of earlier incarnations are history,
+/// not news: they are skipped without counting as missed, but for the last one of a
+/// session that ended for good (`final_ended`, and it is numbered `upto`).
+pub(crate) fn replay_from_store<E: Clone>(
+    codec: &EventCodec<E>,
+    kept: KeptEvents,
+    unwritten: Vec<Sequenced<E>>,
+    after: u64,
+    upto: u64,
+    final_ended: bool,
+    accepts: impl Fn(&SessionEvent<E>) -> bool,
+) -> Vec<Sequenced<E>> {
+    let mut all: BTreeMap<u64, Option<SessionEvent<E>>> = BTreeMap::new();
+    for k in kept.events {
+        if k.seq <= after || k.seq > upto {
+            continue;
+        }
+        match codec.decode(&k.body) {
+            Ok(e) => {
+                all.insert(k.seq, Some(e));
+            }
+            Err(why) => {
+                tracing::warn!(seq = k.seq, error = %why, "a kept event does not decode: the subscriber is told it missed it");
+            }
+        }
+    }
+    for e in unwritten {
+        if e.seq > after && e.seq <= upto {
+            all.insert(e.seq, Some(e.event));
+        }
+    }
+    let mut out = Vec::new();
+    let mut next = after + 1;
+    for (seq, event) in all {
+        let Some(event) = event else { continue };
+        if seq > next {
+            out.push(Sequenced {
+                seq: seq - 1,
+                event: SessionEvent::Lagged { missed: seq - next },
+            });
+        }
+        next = seq + 1;
+        if matches!(event, SessionEvent::Ended(_)) && !(final_ended && seq == upto) {
+            continue;
+        }
+        if accepts(&event) {
+            out.push(Sequenced { seq, event });
+        }
+    }
+    if upto >= next {
+        out.push(Sequenced {
+            seq: upto,
+            event: SessionEvent::Lagged {
+                missed: upto + 1 - next,
+            },
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(codec: &EventCodec<u32>, seqs: &[u64]) -> KeptEvents {
+        KeptEvents {
+            events: seqs
+                .iter()
+                .map(|s| KeptEvent {
+                    seq: *s,
+                    at_ms: 0,
+                    body: (codec.encode)(&SessionEvent::Agent {
+                        turn: 1,
+                        event: *s as u32,
+                    })
+                    .unwrap(),
+                })
+                .collect(),
+            last: seqs.last().copied().unwrap_or(0),
+            reserved: 0,
+        }
+    }
+
+    #[test]
+    fn a_replay_marks_every_gap_with_its_exact_count() {
+        let codec = EventCodec::<u32>::json();
+        let unwritten = vec![Sequenced {
+            seq: 9,
+            event: SessionEvent::Agent { turn: 1, event: 9 },
+        }];
+        let out = replay_from_store(
+            &codec,
+            kept(&codec, &[2, 3, 6]),
+            unwritten,
+            1,
+            10,
+            false,
+            |_| true,
+        );
+        let shape: Vec<(u64, Option<u64>)> = out
+            .iter()
+            .map(|e| match e.event {
+                SessionEvent::Lagged { missed } => (e.seq, Some(missed)),
+                _ => (e.seq, None),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (2, None),
+                (3, None),
+                (5, Some(2)),
+                (6, None),
+                (8, Some(2)),
+                (9, None),
+                (10, Some(1))
+            ]
+        );
+    }
+}
