@@ -792,7 +792,7 @@ pub async fn checkpoint_history(store: &Store) {
 /// reserved mark set as asked, fenced by the record's owner, outliving a
 /// clean-exit delete of the record and removed by an explicit delete (purge).
 pub async fn kept_events(store: &Store) {
-    use agentloop::store::{EventAppend, KeptEvent};
+    use agentloop::store::{EventAppend, PageBuilder};
     use agentloop_core::event_log::Retention;
     assert!(store.keeps_events(), "every engine keeps events");
     let append = |store: &Store, epoch: u64, seqs: &[u64], reserved: u64, count: u64| {
@@ -801,14 +801,17 @@ pub async fn kept_events(store: &Store) {
             "events",
             epoch,
             EventAppend {
-                events: seqs
-                    .iter()
-                    .map(|s| KeptEvent {
-                        seq: *s,
-                        at_ms: 1_000 + s,
-                        body: format!("{{\"n\":{s}}}").into_bytes(),
-                    })
-                    .collect(),
+                page: {
+                    let mut page = PageBuilder::default();
+                    for s in seqs {
+                        page.push_with(*s, 1_000 + s, |w| {
+                            w.extend_from_slice(format!("{{\"n\":{s}}}").as_bytes());
+                            Ok(())
+                        })
+                        .expect("a body");
+                    }
+                    page.seal()
+                },
                 reserved,
                 fresh: false,
                 retention: Some(Retention {

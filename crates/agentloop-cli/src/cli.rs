@@ -410,7 +410,21 @@ pub(crate) enum SessionsCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Remove the session's record and its checkpoint history.
+    /// The session's events kept in the store (S20a): number, time, kind and JSON,
+    /// oldest first (what a reconnecting client after `--after` would be sent).
+    Events {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        dir: DataDir,
+        /// Only the events numbered after this one.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        after: u64,
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the session's record, its checkpoint history and its kept events.
     Delete {
         /// The session id.
         id: String,

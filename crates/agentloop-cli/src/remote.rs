@@ -357,12 +357,17 @@ pub(crate) fn delete(server: &Server, id: &str) -> Result<String, Failure> {
 /// without an event in between). A session that is stored but not live yet (a restarted
 /// server recovering it, issue 28) answers a `not_live` event and the SSE `retry:` to
 /// wait; watch waits that long and reconnects, for up to `NOT_LIVE_FOR` in a row.
+/// An `ended` whose reason is `shutdown` is the server going away, not the session's
+/// end: watch keeps reconnecting (for up to `NOT_LIVE_FOR`) and, with the events kept in
+/// the store (S20a), misses nothing across the restart.
 pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Failure> {
     /// How long watch waits for a session that stays not live.
     const NOT_LIVE_FOR: Duration = Duration::from_secs(600);
     let mut last: Option<u64> = None;
     let mut failures = 0;
     let mut not_live_since: Option<std::time::Instant> = None;
+    // The server said it was shutting down: reconnect until it is back.
+    let mut restarting_since: Option<std::time::Instant> = None;
     let url = format!("{}{}", server.base, path(id, "/events"));
     let mut out = std::io::stdout().lock();
     loop {
@@ -373,6 +378,12 @@ pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Fa
         let resp = match req.call() {
             Ok(r) => r,
             Err(e) => {
+                if let Some(since) = restarting_since {
+                    if since.elapsed() < NOT_LIVE_FOR {
+                        std::thread::sleep(Duration::from_millis(500));
+                        continue;
+                    }
+                }
                 failures += 1;
                 if failures > reconnects {
                     return Err(server.unreachable(e));
@@ -413,6 +424,7 @@ pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Fa
                 }
                 failures = 0;
                 not_live_since = None;
+                restarting_since = None;
                 if seq.is_some() {
                     last = seq;
                 }
@@ -420,6 +432,12 @@ pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Fa
                 let _ = writeln!(out, "#{shown} {name} {}", v.trim());
                 let _ = out.flush();
                 if name == "ended" {
+                    let data: Value = serde_json::from_str(v.trim()).unwrap_or(Value::Null);
+                    if data["reason"]["kind"] == "shutdown" {
+                        eprintln!("agentloop: the server is shutting down; following {id} after it restarts (after event {last:?})");
+                        restarting_since = Some(std::time::Instant::now());
+                        break;
+                    }
                     return Ok(());
                 }
             }
@@ -438,6 +456,10 @@ pub(crate) fn watch(server: &Server, id: &str, reconnects: u32) -> Result<(), Fa
                 humantime::format_duration(wait)
             );
             std::thread::sleep(wait);
+            continue;
+        }
+        if restarting_since.is_some() {
+            std::thread::sleep(Duration::from_millis(500));
             continue;
         }
         // The stream closed before `ended`: the server went away or a proxy cut it.

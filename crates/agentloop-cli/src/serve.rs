@@ -121,6 +121,8 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let limits = config.limits;
     let mut builder = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
+        // S20a: sessions spawned over HTTP keep their events; resumed ones too.
+        .keep_events()
         .register_agent("sim", move |bytes: &[u8]| {
             Ok(AgentConfig::from_json(bytes, &limits)?.logged_agent(item_log.as_ref()))
         });

@@ -60,6 +60,13 @@ pub(crate) enum Command {
         id: String,
         json: bool,
     },
+    /// `events <id>`.
+    Events {
+        dir: PathBuf,
+        id: String,
+        after: u64,
+        json: bool,
+    },
     /// `delete <id>`.
     Delete { dir: PathBuf, id: String },
     /// `export`.
@@ -149,6 +156,17 @@ pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
             id,
             json,
         },
+        SessionsCmd::Events {
+            id,
+            dir,
+            after,
+            json,
+        } => Command::Events {
+            dir: dir.data_dir,
+            id,
+            after,
+            json,
+        },
         SessionsCmd::Delete { id, dir } => Command::Delete {
             dir: dir.data_dir,
             id,
@@ -216,6 +234,12 @@ pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
         } => crate::remote::list(&server, &statuses, json),
         Command::RemoteShow { server, id } => crate::remote::show(&server, &id),
         Command::History { dir, id, json } => history(&dir, &id, json),
+        Command::Events {
+            dir,
+            id,
+            after,
+            json,
+        } => events(&dir, &id, after, json),
         Command::Delete { dir, id } => delete(&dir, &id),
         Command::Export { dir } => export(&dir),
         Command::Import { dir, engine } => {
@@ -792,6 +816,56 @@ fn lifecycle(status: &SessionStatus) -> &'static str {
 }
 
 /// `history <id>`: the kept turn-end checkpoints, oldest first (issue 13, 4).
+/// `sessions events <id>`: the kept events (S20a), as stored (JSON whatever the event
+/// type), oldest first; a line per gap says how many numbers are missing there.
+fn events(dir: &Path, id: &str, after: u64, json: bool) -> Result<String, Failure> {
+    let backend = open(dir)?;
+    let kept = backend
+        .read_events(id, after)
+        .map_err(|e| Failure::Error(e.to_string()))?;
+    drop(backend);
+    let mut out = String::new();
+    if kept.events.is_empty() {
+        if json {
+            return Ok(String::new());
+        }
+        return Ok(format!(
+            "session `{}` keeps no events after {after} (a session keeps them when spawned with keep_events, as every persistent session spawned over HTTP does)\n",
+            clean(id)
+        ));
+    }
+    let mut next = after + 1;
+    for e in &kept.events {
+        let body: Value = serde_json::from_slice(&e.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&e.body).into_owned()));
+        let kind = body
+            .as_object()
+            .and_then(|o| o.keys().next().cloned())
+            .or_else(|| body.as_str().map(str::to_string))
+            .unwrap_or_else(|| "event".into());
+        if json {
+            let _ = writeln!(
+                out,
+                "{}",
+                json!({"seq": e.seq, "at_ms": e.at_ms, "at": utc(e.at_ms), "event": body})
+            );
+            continue;
+        }
+        if e.seq > next {
+            let _ = writeln!(
+                out,
+                "   ({} missing: {}..={})",
+                e.seq - next,
+                next,
+                e.seq - 1
+            );
+        }
+        next = e.seq + 1;
+        let _ = writeln!(out, "#{} {} {} {}", e.seq, utc(e.at_ms), kind, body);
+    }
+    Ok(out)
+}
+
 fn history(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
     use agentloop::store::history::{HistoryAnswer, HistoryQuery};
     let backend = open(dir)?;
@@ -840,7 +914,7 @@ fn delete(dir: &Path, id: &str) -> Result<String, Failure> {
     drop(backend);
     match r {
         Ok(true) => Ok(format!(
-            "deleted session `{}`: its record and its checkpoint history\n",
+            "deleted session `{}`: its record, its checkpoint history and its kept events\n",
             clean(id)
         )),
         Ok(false) => Err(Failure::Error(format!(

@@ -963,3 +963,181 @@ fn a_node_that_joins_receives_the_sessions_placement_gives_it() {
         took.as_secs_f64()
     );
 }
+
+/// Opens session `id`'s event stream at `url` after `after` once the node answers it
+/// with a live stream (a moved or adopted session may not be live anywhere for a
+/// moment): retried until a stream whose first event is not `not_live` comes.
+fn follow_events(url: &str, id: &str, after: u64) -> Vec<common::Sse> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "no live stream of {id} at {url} in 60 s"
+        );
+        if let Some(reader) =
+            common::try_open_events(&format!("{url}/sessions/{id}/events"), Some(after))
+        {
+            let seen = reader.join().expect("the reader");
+            if seen.first().is_none_or(|e| e.name != "not_live") {
+                return seen;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// S20a on the PostgreSQL cluster: a client follows a session through the *other*
+/// node (its stream relayed from the owner) across a planned move and a failover (the
+/// new owner SIGKILLed, the session adopted by the survivor after its lease), each
+/// time reconnecting with its last id to a node that does not run the session: it
+/// sees every event after its id, in order, each once, a `lagged` exactly where the
+/// killed owner's events were lost, and no id ever names two different events.
+#[test]
+fn a_stream_follows_a_session_across_a_move_and_a_failover_via_another_node() {
+    let pair = JoinedPair::start("kept-cluster");
+    let (n0, url0, n1, url1) = (pair.n0, pair.url0, pair.n1, pair.url1);
+    spawn_sim(
+        &url0,
+        "fol",
+        json!({"rounds": 2, "model_ms": 10, "tool_ms": 10}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent()
+        .post(&format!("{url1}/sessions/fol/items"))
+        .send_json(json!({"item": {"id": 1, "text": "joined?"}}))
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+        != 200
+    {
+        assert!(Instant::now() < deadline, "the nodes never joined");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let push_any = |id: u64| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut said = String::new();
+        loop {
+            if Instant::now() > deadline {
+                let view = agent()
+                    .get(&format!("{url0}/sessions/fol"))
+                    .call()
+                    .map(|mut r| r.body_mut().read_to_string().unwrap_or_default())
+                    .unwrap_or_default();
+                panic!("push {id} not accepted: {said}; n0 shows {view}");
+            }
+            for url in [&url0, &url1] {
+                // No idempotency key: this test counts events, not deliveries.
+                let r = agent()
+                    .post(&format!("{url}/sessions/fol/items"))
+                    .send_json(json!({"item": {"id": id, "text": "follow"}}));
+                match r {
+                    Ok(r) if r.status().as_u16() == 200 => return,
+                    Ok(mut r) => {
+                        said = format!(
+                            "{url}: {} {}",
+                            r.status(),
+                            r.body_mut().read_to_string().unwrap_or_default()
+                        )
+                    }
+                    Err(e) if said.is_empty() => said = format!("{url}: {e}"),
+                    Err(_) => {}
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let mut seen = std::collections::BTreeMap::new();
+    let mut ends = Vec::new();
+    // 1. Followed through n1 while n0 runs it; then moved to n1 (the relayed stream
+    //    ends with n0's `ended`).
+    let first = common::try_open_events(&format!("{url1}/sessions/fol/events"), Some(0))
+        .expect("a stream relayed by n1");
+    for id in 2..=5 {
+        push_any(id);
+    }
+    let mut r = agent()
+        .post(&format!("{url0}/sessions/fol/move"))
+        .send_json(json!({"to": "n1", "timeout": "5s"}))
+        .expect("move");
+    let moved: Value = r.body_mut().read_json().unwrap();
+    assert_eq!(moved["to"], "n1", "{moved}");
+    let before = first.join().expect("the first reader");
+    common::check_gap_free(0, &before);
+    common::record(&mut seen, &before);
+    let mut last = before.iter().filter_map(|e| e.id).max().expect("events");
+    ends.extend(
+        before
+            .iter()
+            .filter(|e| e.name == "ended")
+            .filter_map(|e| e.id),
+    );
+
+    // 2. Reconnected through n0 (relayed from n1, which resumed it): pushes, then n1
+    //    is SIGKILLed mid-turn; the relayed stream closes.
+    let second = {
+        let url0 = url0.clone();
+        std::thread::spawn(move || follow_events(&url0, "fol", last))
+    };
+    for id in 6..=12 {
+        push_any(id);
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    n1.kill();
+    let mid = second.join().expect("the second reader");
+    common::check_gap_free_but(last, &mid, &ends);
+    common::record(&mut seen, &mid);
+    last = mid.iter().filter_map(|e| e.id).max().unwrap_or(last);
+    ends.extend(
+        mid.iter()
+            .filter(|e| e.name == "ended")
+            .filter_map(|e| e.id),
+    );
+
+    // 3. n0 adopts it after n1's lease; the client reconnects to n0 and follows it to
+    //    its end.
+    let third = {
+        let url0 = url0.clone();
+        std::thread::spawn(move || follow_events(&url0, "fol", last))
+    };
+    for id in 13..=15 {
+        push_any(id);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(Instant::now() < deadline, "the stop was never accepted");
+        let code = agent()
+            .post(&format!("{url0}/sessions/fol/stop"))
+            .send_json(json!({"mode": "drain"}))
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0);
+        if code == 202 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let rest = third.join().expect("the third reader");
+    assert_eq!(
+        rest.last().map(|e| e.name.as_str()),
+        Some("ended"),
+        "{rest:?}"
+    );
+    common::check_gap_free_but(last, &rest, &ends);
+    common::record(&mut seen, &rest);
+    assert!(
+        rest.iter().any(|e| e.name == "turn_started"),
+        "the adopted session's turns: {rest:?}"
+    );
+    n0.signal(libc::SIGTERM);
+    let (status, out) = n0.finish();
+    assert!(status.success(), "{out}");
+    eprintln!(
+        "followed across a move and a failover: {} events seen, {} numbers reported missed",
+        seen.len(),
+        before
+            .iter()
+            .chain(&mid)
+            .chain(&rest)
+            .filter(|e| e.name == "lagged")
+            .map(|e| e.data["missed"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    );
+}

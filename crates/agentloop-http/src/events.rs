@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::stream::Stream;
+use futures_util::StreamExt as _;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -22,6 +23,11 @@ use crate::wire;
 
 /// How often an idle stream sends a keep-alive comment.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The reconnection delay every stream announces first (SSE `retry:`): a client whose
+/// stream closed (a restart, a deploy, a failover) reconnects after it with its
+/// `Last-Event-ID`, and gets what it missed from the store (S20a).
+pub const RETRY: Duration = Duration::from_secs(1);
 
 /// The SSE name and the JSON of one event, as a client may see it.
 pub(crate) fn event_json<E: Serialize>(
@@ -121,7 +127,8 @@ where
             Some((Ok(ev), next))
         }
     });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    let retry = futures_util::stream::once(async { Ok(Event::default().retry(RETRY)) });
+    Sse::new(retry.chain(stream)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
 
 /// The answer to a subscription for a session that is stored but not live yet (issue

@@ -186,8 +186,10 @@ pub fn check_bind(addr: std::net::SocketAddr, options: &HttpOptions) -> Result<(
 
 /// The router for `runtime`'s sessions (a `&Runtime` works too: it dereferences to its
 /// handle). Items and answers are read from JSON (`I: Deserialize`), events written as
-/// JSON (`E: Serialize`).
+/// JSON (`E: Serialize`; kept in the store as JSON too, so `E: Deserialize`).
 pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOptions) -> Router {
+    // S20a: persistent sessions spawned over HTTP keep their events, as JSON.
+    runtime.keep_events_as_json();
     let max_streams = options
         .max_event_streams
         .unwrap_or(DEFAULT_MAX_EVENT_STREAMS);

@@ -238,6 +238,30 @@ pub fn open_events(url: &str, last_event_id: Option<u64>) -> std::thread::JoinHa
         req = req.header("Last-Event-ID", n.to_string());
     }
     let resp = req.call().expect("the event stream");
+    read_events(resp)
+}
+
+/// [`open_events`], or `None` when the server answers anything but a `200` stream (a
+/// session whose owner cannot be reached yet, say).
+pub fn try_open_events(
+    url: &str,
+    last_event_id: Option<u64>,
+) -> Option<std::thread::JoinHandle<Vec<Sse>>> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into();
+    let mut req = agent.get(url);
+    if let Some(n) = last_event_id {
+        req = req.header("Last-Event-ID", n.to_string());
+    }
+    let resp = req.call().ok()?;
+    (resp.status().as_u16() == 200).then(|| read_events(resp))
+}
+
+/// Reads an event stream on a thread until `ended` or its end.
+fn read_events(resp: ureq::http::Response<ureq::Body>) -> std::thread::JoinHandle<Vec<Sse>> {
     std::thread::spawn(move || {
         let reader = BufReader::new(resp.into_body().into_reader());
         let mut out = Vec::new();
@@ -263,4 +287,55 @@ pub fn open_events(url: &str, last_event_id: Option<u64>) -> std::thread::JoinHa
         }
         out
     })
+}
+
+/// Every `(id, event)` pair seen: one id never names two different events.
+pub fn record(
+    seen: &mut std::collections::BTreeMap<u64, (String, serde_json::Value)>,
+    events: &[Sse],
+) {
+    for e in events {
+        let (Some(id), false) = (e.id, e.name == "lagged") else {
+            continue;
+        };
+        let ev = (e.name.clone(), e.data.clone());
+        if let Some(before) = seen.insert(id, ev.clone()) {
+            assert_eq!(before, ev, "id {id} was given to two different events");
+        }
+    }
+}
+
+/// A stream after `after`: ids strictly increasing from `after + 1`, each number either
+/// an event or inside a `lagged` whose id is the last number it counts. Returns how
+/// many numbers were reported missed.
+pub fn check_gap_free(after: u64, events: &[Sse]) -> u64 {
+    check_gap_free_but(after, events, &[])
+}
+
+/// [`check_gap_free`], where the numbers in `history` may be skipped silently: the
+/// `ended` of an earlier process's shutdown, which a replay leaves out (history, not
+/// news), as a filtered stream leaves out what its filter drops.
+pub fn check_gap_free_but(after: u64, events: &[Sse], history: &[u64]) -> u64 {
+    let mut next = after + 1;
+    let mut missed = 0;
+    for e in events {
+        let id = e.id.expect("every event has an id");
+        if e.name == "lagged" {
+            let n = e.data["missed"].as_u64().expect("missed");
+            assert!(n > 0, "an empty lagged: {events:?}");
+            assert_eq!(
+                id,
+                next + n - 1,
+                "lagged counts exactly the missing numbers: {events:?}"
+            );
+            missed += n;
+        } else {
+            while history.contains(&next) && id > next {
+                next += 1;
+            }
+            assert_eq!(id, next, "in order, each once, no silent gap: {events:?}");
+        }
+        next = id + 1;
+    }
+    missed
 }

@@ -18,8 +18,6 @@
 //! replay and reading the mark read keys only (PostgreSQL leaves these values unread
 //! in a write's transaction).
 
-use serde::{Deserialize, Serialize};
-
 use crate::event_log::Retention;
 use crate::header::Payload;
 use crate::store_error::StoreError;
@@ -29,23 +27,167 @@ use crate::table::kv::Table;
 pub const EVENTS_MARK: u8 = 0x02;
 
 /// One kept event: its number, when it was kept and its body.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeptEvent {
     /// The event's number in its session's sequence.
     pub seq: u64,
     /// When it was emitted, ms since the Unix epoch.
     pub at_ms: u64,
     /// The event, as the runtime encoded it (JSON).
-    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
 }
 
-/// What one append writes: a page of events (ascending, maybe empty), a new reserved
-/// mark, and the retention to trim by.
+/// A page of events as a session builds it: each event's body encoded straight into
+/// one buffer (`push_with`), so keeping an event costs no allocation of its own; sealed
+/// (compressed) when it is written.
+///
+/// Layout of the buffer, per event: the number after the page's first (LEB128), the
+/// time after the page's first event's (LEB128), the body's length (u32 LE), the body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageBuilder {
+    first: u64,
+    last: u64,
+    count: u32,
+    first_at: u64,
+    newest_at: u64,
+    buf: Vec<u8>,
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+impl PageBuilder {
+    /// Whether it holds no event.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// How many events it holds.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Adds event `seq` (numbers ascending) emitted at `at_ms`, its body written by
+    /// `encode` into the page's buffer. An event that does not encode is left out
+    /// (the error is returned; the page is as before).
+    pub fn push_with(
+        &mut self,
+        seq: u64,
+        at_ms: u64,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
+    ) -> Result<(), String> {
+        if self.count == 0 {
+            self.first = seq;
+            self.first_at = at_ms;
+        }
+        let mark = self.buf.len();
+        put_varint(&mut self.buf, seq.saturating_sub(self.first));
+        put_varint(&mut self.buf, at_ms.saturating_sub(self.first_at));
+        let len_at = self.buf.len();
+        self.buf.extend_from_slice(&[0; 4]);
+        if let Err(e) = encode(&mut self.buf) {
+            self.buf.truncate(mark);
+            return Err(e);
+        }
+        let len = (self.buf.len() - len_at - 4) as u32;
+        self.buf[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+        self.count += 1;
+        self.last = seq;
+        self.newest_at = self.newest_at.max(at_ms);
+        Ok(())
+    }
+
+    /// The events it holds.
+    pub fn events(&self) -> Vec<KeptEvent> {
+        decode_buf(self.first, self.first_at, &self.buf).unwrap_or_default()
+    }
+
+    /// The page as written: its place and its value (compressed).
+    pub fn seal(&self) -> Option<SealedPage> {
+        if self.count == 0 {
+            return None;
+        }
+        let mut value = Vec::with_capacity(self.buf.len() / 2 + 24);
+        value.push(PAGE_FORMAT);
+        value.extend_from_slice(&self.first.to_le_bytes());
+        value.extend_from_slice(&self.first_at.to_le_bytes());
+        value.extend_from_slice(&lz4_flex::block::compress_prepend_size(&self.buf));
+        Some(SealedPage {
+            info: PageInfo {
+                first: self.first,
+                last: self.last,
+                at_ms: self.newest_at,
+                count: self.count,
+            },
+            value,
+        })
+    }
+}
+
+/// The format byte of a page's value.
+const PAGE_FORMAT: u8 = 1;
+
+fn decode_buf(first: u64, first_at: u64, b: &[u8]) -> Option<Vec<KeptEvent>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        let seq = first + get_varint(b, &mut at)?;
+        let at_ms = first_at + get_varint(b, &mut at)?;
+        let len = u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?) as usize;
+        at += 4;
+        let body = b.get(at..at + len)?.to_vec();
+        at += len;
+        out.push(KeptEvent { seq, at_ms, body });
+    }
+    Some(out)
+}
+
+/// A page's events from its stored value.
+fn decode_page(id: &str, value: &[u8]) -> Result<Vec<KeptEvent>, StoreError> {
+    let bad = |why: &str| corrupt(id, format!("a page of kept events {why}"));
+    if value.first() != Some(&PAGE_FORMAT) || value.len() < 17 {
+        return Err(bad("has an unknown format (written by a later version?)"));
+    }
+    let u = |i: usize| u64::from_le_bytes(value[i..i + 8].try_into().unwrap_or([0; 8]));
+    let (first, first_at) = (u(1), u(9));
+    let buf = lz4_flex::block::decompress_size_prepended(&value[17..])
+        .map_err(|e| bad(&format!("does not decompress: {e}")))?;
+    decode_buf(first, first_at, &buf).ok_or_else(|| bad("is truncated"))
+}
+
+/// A page ready to be written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SealedPage {
+    /// Its place (its key).
+    pub info: PageInfo,
+    /// Its value.
+    pub value: Vec<u8>,
+}
+
+/// What one append writes: a page of events (maybe none), a new reserved mark, and
+/// the retention to trim by.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventAppend {
-    /// The events, ascending by number.
-    pub events: Vec<KeptEvent>,
+    /// The events, ascending by number ([`PageBuilder::seal`]).
+    pub page: Option<SealedPage>,
     /// The new reserved mark: numbers up to it may be handed out before they are kept
     /// (0: unchanged). Set as given: the session raises it ahead of its numbers and
     /// lowers it once, to its `Ended`'s number, with its last append.
@@ -166,6 +308,18 @@ fn pages(t: &impl Table, id: &str) -> Result<Pages, StoreError> {
     Ok((out, reserved))
 }
 
+/// The stored reserved mark of `id` and its key, read by the mark's own prefix (keys
+/// only: one key).
+fn stored_mark(t: &impl Table, id: &str) -> Result<Option<(Vec<u8>, u64)>, StoreError> {
+    let mut prefix = events_prefix(id);
+    let at = prefix.len() + 1;
+    prefix.push(RESERVED_TAG);
+    Ok(t.keys_with_prefix(&prefix)?.into_iter().find_map(|k| {
+        let b: [u8; 8] = k.get(at..)?.try_into().ok()?;
+        Some((k, u64::from_be_bytes(b)))
+    }))
+}
+
 /// Appends events of `id` and trims by the append's retention (S20a). `epoch` is the
 /// writer's fencing token: refused with [`StoreError::Fenced`] when the session's
 /// record names a later owner, with nothing written. Without a record (a session not
@@ -192,10 +346,12 @@ pub fn append_events(
     if append.fresh {
         remove_all(t, id)?;
     }
-    let scan = !append.fresh && (append.reserved > 0 || append.retention.is_some());
-    let (mut pages, reserved) = match scan {
-        true => pages(t, id)?,
-        false => (Vec::new(), None),
+    // Every page key is read only to trim; the mark's key sorts after every page's
+    // (its tag is 0xff), so a new mark reads that one key.
+    let (mut pages, reserved) = match (append.fresh, append.retention.is_some()) {
+        (false, true) => pages(t, id)?,
+        (false, false) if append.reserved > 0 => (Vec::new(), stored_mark(t, id)?),
+        _ => (Vec::new(), None),
     };
     if append.reserved > 0 && Some(append.reserved) != reserved.as_ref().map(|r| r.1) {
         if let Some((old, _)) = reserved {
@@ -203,20 +359,10 @@ pub fn append_events(
         }
         t.put(reserved_key(id, append.reserved), Payload::from(Vec::new()));
     }
-    if let (Some(first), Some(last)) = (append.events.first(), append.events.last()) {
-        let info = PageInfo {
-            first: first.seq,
-            last: last.seq,
-            at_ms: append.events.iter().map(|e| e.at_ms).max().unwrap_or(0),
-            count: append.events.len() as u32,
-        };
-        let bytes = rmp_serde::to_vec(&append.events).map_err(|e| StoreError::Encode {
-            session: id.to_string(),
-            reason: format!("kept events: {e}"),
-        })?;
-        let key = page_key(id, info);
-        t.put(key.clone(), Payload::from(bytes));
-        pages.push((key, info));
+    if let Some(page) = append.page {
+        let key = page_key(id, page.info);
+        t.put(key.clone(), Payload::from(page.value));
+        pages.push((key, page.info));
     }
     if let Some(retention) = append.retention {
         if append.fresh {
@@ -240,10 +386,9 @@ pub fn read_events(t: &impl Table, id: &str, after: u64) -> Result<KeptEvents, S
         last: pages.last().map_or(0, |(_, p)| p.last),
         events: Vec::new(),
     };
-    for (k, p) in pages.iter().filter(|(_, p)| p.last > after) {
+    for (k, _) in pages.iter().filter(|(_, p)| p.last > after) {
         let Some(bytes) = t.get(k)? else { continue };
-        let events: Vec<KeptEvent> = rmp_serde::from_slice(&bytes)
-            .map_err(|e| corrupt(id, format!("kept events {}..={}: {e}", p.first, p.last)))?;
+        let events = decode_page(id, &bytes)?;
         out.events
             .extend(events.into_iter().filter(|e| e.seq > after));
     }
@@ -308,8 +453,16 @@ mod tests {
     }
 
     fn append(events: Vec<KeptEvent>, count: u64, now_ms: u64) -> EventAppend {
+        let mut page = PageBuilder::default();
+        for e in events {
+            page.push_with(e.seq, e.at_ms, |w| {
+                w.extend_from_slice(&e.body);
+                Ok(())
+            })
+            .unwrap();
+        }
         EventAppend {
-            events,
+            page: page.seal(),
             reserved: 0,
             fresh: false,
             retention: Some(Retention {
@@ -366,6 +519,48 @@ mod tests {
         assert_eq!((r.reserved, r.events.len()), (0, 1));
         assert_eq!(remove_all(&mut t, "s").unwrap(), 1, "the page; no mark");
         assert_eq!(read_events(&t, "s", 0).unwrap(), KeptEvents::default());
+    }
+
+    #[test]
+    fn a_page_round_trips_and_leaves_out_what_does_not_encode() {
+        let mut p = PageBuilder::default();
+        p.push_with(7, 1_000, |w| {
+            w.extend_from_slice(b"seven");
+            Ok(())
+        })
+        .unwrap();
+        assert!(p
+            .push_with(8, 1_001, |w| {
+                w.extend_from_slice(b"partial");
+                Err("no".into())
+            })
+            .is_err());
+        p.push_with(300, 999, |w| {
+            w.extend_from_slice(&[b'x'; 200]);
+            Ok(())
+        })
+        .unwrap();
+        let events = p.events();
+        assert_eq!(
+            events
+                .iter()
+                .map(|e| (e.seq, e.at_ms, e.body.len()))
+                .collect::<Vec<_>>(),
+            vec![(7, 1_000, 5), (300, 1_000, 200)],
+            "a time before the first reads as the first's"
+        );
+        let sealed = p.seal().unwrap();
+        assert_eq!(
+            (sealed.info.first, sealed.info.last, sealed.info.count),
+            (7, 300, 2)
+        );
+        assert!(
+            sealed.value.len() < 120,
+            "compressed: {}",
+            sealed.value.len()
+        );
+        assert_eq!(decode_page("s", &sealed.value).unwrap(), events);
+        assert!(decode_page("s", &sealed.value[..20]).is_err());
     }
 
     #[test]

@@ -98,8 +98,8 @@ impl<T> Item for T where
 
 /// What the router needs of the runtime's event type: written to JSON for the event
 /// stream. Implemented for every such type.
-pub trait Ev: Clone + Send + Sync + Serialize + 'static {}
-impl<T> Ev for T where T: Clone + Send + Sync + Serialize + 'static {}
+pub trait Ev: Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
+impl<T> Ev for T where T: Clone + Send + Sync + Serialize + DeserializeOwned + 'static {}
 
 /// A JSON body, or the error that says what is wrong with it (413 when too large).
 pub(crate) fn body<T: DeserializeOwned>(

@@ -31,6 +31,26 @@ pub(crate) struct SpawnBody {
     /// Turn-end checkpoints to keep (`GET /sessions/{id}/history`); needs `persistent`.
     #[serde(default)]
     history: Option<usize>,
+    /// Events kept in the store (S20a): `false` keeps none, `{"count": n,
+    /// "max_age_s": s}` sets the retention; a persistent session keeps 10 000 events
+    /// for a day by default.
+    #[serde(default)]
+    events: Option<EventsBody>,
+}
+
+/// The `events` field of a spawn.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(crate) enum EventsBody {
+    /// `true` (the defaults) or `false` (none).
+    On(bool),
+    /// A retention.
+    Retention {
+        #[serde(default)]
+        count: Option<u64>,
+        #[serde(default)]
+        max_age_s: Option<u64>,
+    },
 }
 
 pub(crate) async fn spawn<I: Item, E: Ev>(
@@ -61,6 +81,33 @@ pub(crate) async fn spawn<I: Item, E: Ev>(
             )));
         }
         spec = spec.history(n);
+    }
+    let default = agentloop::event_log::Retention::default();
+    let keep = match b.events {
+        None | Some(EventsBody::On(true)) => b.persistent.then_some(default),
+        Some(EventsBody::On(false)) => None,
+        Some(EventsBody::Retention { count, max_age_s }) => {
+            if !b.persistent {
+                return Err(ApiError::bad_request(
+                    "events are kept in the store: set \"persistent\": true too",
+                ));
+            }
+            let count = count.unwrap_or(default.count);
+            if count == 0 {
+                return Err(ApiError::bad_request(
+                    "events.count 0 keeps nothing: ask for at least 1, or set \"events\": false",
+                ));
+            }
+            Some(agentloop::event_log::Retention {
+                count,
+                max_age_ms: max_age_s
+                    .map(|s| s.saturating_mul(1000))
+                    .or(default.max_age_ms),
+            })
+        }
+    };
+    if let Some(retention) = keep {
+        spec = spec.keep_events(retention);
     }
     if let Some(config) = b.config {
         let bytes = serde_json::to_vec(&config)

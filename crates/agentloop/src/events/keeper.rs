@@ -27,8 +27,9 @@ use parking_lot::Mutex;
 
 use super::{Sequenced, SessionEvent};
 use crate::store::committer::Answer;
-use crate::store::{EventAppend, KeptEvent, KeptEvents, StoreError};
+use crate::store::{EventAppend, EventRider, KeptEvents, StoreError};
 use agentloop_core::event_log::Retention;
+use agentloop_core::table::events::PageBuilder;
 
 /// How many numbers a keeper reserves ahead.
 pub const RESERVE_BLOCK: u64 = 1024;
@@ -37,13 +38,10 @@ pub const RESERVE_BLOCK: u64 = 1024;
 /// the point where turn events wait for a reservation.
 const SLACK: u64 = 64;
 
-/// How often (in appends) an append also trims by the retention.
-const TRIM_EVERY: u64 = 32;
-
 /// How a session's events are written to and read from the store: JSON by default
 /// ([`EventCodec::json`]).
 pub struct EventCodec<E> {
-    encode: fn(&SessionEvent<E>) -> Result<Vec<u8>, String>,
+    encode: fn(&SessionEvent<E>, &mut Vec<u8>) -> Result<(), String>,
     decode: fn(&[u8]) -> Result<SessionEvent<E>, String>,
 }
 
@@ -67,7 +65,7 @@ impl<E: serde::Serialize + serde::de::DeserializeOwned> EventCodec<E> {
     /// lists without knowing the event type.
     pub fn json() -> Self {
         EventCodec {
-            encode: |e| serde_json::to_vec(e).map_err(|e| e.to_string()),
+            encode: |e, w| serde_json::to_writer(w, e).map_err(|e| e.to_string()),
             decode: |b| serde_json::from_slice(b).map_err(|e| e.to_string()),
         }
     }
@@ -80,30 +78,40 @@ impl<E> EventCodec<E> {
     }
 }
 
-/// Writes an append of the session's events (store, id and epoch bound in).
-pub(crate) type AppendFn = Box<dyn Fn(EventAppend, bool, Answer<()>) + Send + Sync>;
+/// Hands the keeper to the store's next group commit (store, id and epoch bound in;
+/// `true`: start one now).
+pub(crate) type RideFn = Box<dyn Fn(Arc<dyn EventRider>, bool) + Send + Sync>;
 /// Reads the session's kept events after a number.
 pub(crate) type ReadFn =
     Box<dyn Fn(u64) -> BoxFuture<'static, Result<KeptEvents, StoreError>> + Send + Sync>;
+
+/// Pending events that start a group commit of their own instead of waiting for the
+/// next one (bounded memory and bounded loss in a long turn that writes nothing else).
+const WAKE_AT: usize = 256;
 
 /// One session's keeper (see the module doc).
 pub(crate) struct Keeper<E> {
     codec: EventCodec<E>,
     retention: Retention,
-    state: Mutex<State<E>>,
+    state: Mutex<State>,
     /// Numbers up to this one are reserved durably: turn events may take them.
     durable: AtomicU64,
     reserved: tokio::sync::Notify,
 }
 
-struct State<E> {
+struct State {
     /// Where appends go, once the session started (its epoch is known).
-    append: Option<Arc<AppendFn>>,
+    ride: Option<Arc<RideFn>>,
     read: Option<Arc<ReadFn>>,
-    /// Numbered and not yet handed to an append, ascending.
-    pending: Vec<(Sequenced<E>, u64)>,
+    /// Numbered and not yet handed to an append, encoded, ascending.
+    pending: PageBuilder,
     /// The append in flight, as sent (for subscribers that replay meanwhile).
-    in_flight: Option<Vec<Sequenced<E>>>,
+    in_flight: Option<PageBuilder>,
+    /// Handed to the store, waiting for its next group commit.
+    riding: bool,
+    /// An event was kept that should not wait for someone else's write (a turn's
+    /// end, the session's end, a reservation, many events).
+    wake: bool,
     /// The next append is this life's first (a fresh session): the store drops what a
     /// previous session of this id kept.
     fresh: bool,
@@ -113,9 +121,20 @@ struct State<E> {
     next_mark: u64,
     /// `Ended` was kept: the next append sets the mark to its number exactly.
     ended: Option<u64>,
-    appends: u64,
+    /// Events appended since the last trim, and when it was.
+    since_trim: u64,
+    trimmed_at_ms: u64,
     /// Fenced or the store refused: nothing more is appended (logged once).
     stopped: bool,
+}
+
+/// The keeper as the store sees it: what waits, taken when the store writes it.
+struct Ride<E>(Arc<Keeper<E>>);
+
+impl<E: Clone + Send + 'static> EventRider for Ride<E> {
+    fn take(&self) -> Option<(EventAppend, bool, Answer<()>)> {
+        self.0.take()
+    }
 }
 
 impl<E: Clone + Send + 'static> Keeper<E> {
@@ -125,15 +144,18 @@ impl<E: Clone + Send + 'static> Keeper<E> {
             codec,
             retention,
             state: Mutex::new(State {
-                append: None,
+                ride: None,
                 read: None,
-                pending: Vec::new(),
+                pending: PageBuilder::default(),
                 in_flight: None,
+                riding: false,
+                wake: false,
                 fresh: false,
                 asked: 0,
                 next_mark: 0,
                 ended: None,
-                appends: 0,
+                since_trim: 0,
+                trimmed_at_ms: 0,
                 stopped: false,
             }),
             durable: AtomicU64::new(0),
@@ -141,18 +163,19 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         })
     }
 
-    /// The session started: appends go through `append`, a new life when `fresh`, its
-    /// numbers after `after`; the first reservation is asked at once, so the first
-    /// event rarely waits for it.
-    pub(crate) fn start(self: &Arc<Self>, append: AppendFn, read: ReadFn, fresh: bool, after: u64) {
+    /// The session started: appends ride the store's group commits through `ride`, a
+    /// new life when `fresh`, its numbers after `after`; the first reservation is
+    /// asked at once, so the first event rarely waits for it.
+    pub(crate) fn start(self: &Arc<Self>, ride: RideFn, read: ReadFn, fresh: bool, after: u64) {
         let mut st = self.state.lock();
-        st.append = Some(Arc::new(append));
+        st.ride = Some(Arc::new(ride));
         st.read = Some(Arc::new(read));
         st.fresh = fresh;
         self.durable.store(after, Ordering::Release);
         st.asked = after + RESERVE_BLOCK;
         st.next_mark = st.asked;
-        self.pump(st);
+        st.wake = true;
+        self.request(st);
     }
 
     /// Reads the session's kept events after `after` (for a subscriber's replay).
@@ -171,30 +194,47 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         if st.stopped {
             return;
         }
-        st.pending.push((
-            Sequenced {
-                seq,
-                event: event.clone(),
-            },
-            crate::store::now_ms(),
-        ));
-        if matches!(event, SessionEvent::Ended(_)) {
+        let encode = self.codec.encode;
+        if let Err(why) = st
+            .pending
+            .push_with(seq, crate::store::now_ms(), |w| encode(event, w))
+        {
+            tracing::warn!(seq, error = %why, "an event could not be encoded to be kept: a subscriber that replays it from the store is told it missed it");
+        }
+        if let SessionEvent::Ended(_) = event {
+            // The session's last append: written now, and the mark lowered to it.
             st.ended = Some(seq);
-        } else if seq + RESERVE_BLOCK / 2 > st.asked {
-            // Ahead of need: the reservation is durable long before it is reached.
+            st.wake = true;
+        }
+        if st.pending.len() >= WAKE_AT {
+            st.wake = true;
+        }
+        if st.ended.is_none() && seq + RESERVE_BLOCK / 2 > st.asked {
+            // Ahead of need: durable with the next group commit, long before the
+            // numbers reach it.
             st.asked = seq + RESERVE_BLOCK;
             st.next_mark = st.asked;
         }
-        self.pump(st);
+        self.request(st);
     }
 
     /// Events numbered and not yet in the store (pending or in flight), for a
     /// subscriber that replays: taken under the publish lock.
     pub(crate) fn unwritten(&self) -> Vec<Sequenced<E>> {
         let st = self.state.lock();
-        let mut out: Vec<Sequenced<E>> = st.in_flight.clone().unwrap_or_default();
-        out.extend(st.pending.iter().map(|(e, _)| e.clone()));
-        out
+        let mut kept = st
+            .in_flight
+            .as_ref()
+            .map(PageBuilder::events)
+            .unwrap_or_default();
+        kept.extend(st.pending.events());
+        drop(st);
+        kept.into_iter()
+            .filter_map(|k| {
+                let event = self.codec.decode(&k.body).ok()?;
+                Some(Sequenced { seq: k.seq, event })
+            })
+            .collect()
     }
 
     /// Waits until number `next` may be handed out (it is under the durable reserved
@@ -202,37 +242,59 @@ impl<E: Clone + Send + 'static> Keeper<E> {
     pub(crate) async fn gate(self: &Arc<Self>, next: u64) {
         loop {
             let notified = self.reserved.notified();
-            if next + SLACK <= self.durable.load(Ordering::Acquire) || self.state.lock().stopped {
+            if next + SLACK <= self.durable.load(Ordering::Acquire) {
                 return;
             }
             {
                 let mut st = self.state.lock();
-                if st.append.is_none() {
-                    // Not started: nothing is numbered before the start anyway.
+                if st.stopped || st.ride.is_none() {
+                    // Stopped: nothing more is kept. Not started: nothing is numbered
+                    // before the start anyway.
                     return;
                 }
                 if next + SLACK > st.asked {
                     st.asked = next + RESERVE_BLOCK;
                     st.next_mark = st.asked;
                 }
-                self.pump(st);
+                st.wake = true;
+                self.request(st);
             }
             notified.await;
         }
     }
 
-    /// Starts an append of what is pending when none is in flight.
-    fn pump(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State<E>>) {
+    /// Hands the keeper to the store when something waits and no append is in flight:
+    /// riding the next group commit, or starting one when it should not wait.
+    fn request(self: &Arc<Self>, mut st: parking_lot::MutexGuard<'_, State>) {
         if st.in_flight.is_some() || st.stopped {
             return;
         }
-        let Some(append) = st.append.clone() else {
+        let Some(ride) = st.ride.clone() else {
             return;
         };
         if st.pending.is_empty() && st.next_mark == 0 && st.ended.is_none() {
             return;
         }
-        let batch = std::mem::take(&mut st.pending);
+        let wake = std::mem::take(&mut st.wake);
+        if st.riding && !wake {
+            return;
+        }
+        st.riding = true;
+        drop(st);
+        (ride)(Arc::new(Ride(self.clone())), wake);
+    }
+
+    /// The store takes what waits (at its group commit): one append, encoded here.
+    fn take(self: &Arc<Self>) -> Option<(EventAppend, bool, Answer<()>)> {
+        let mut st = self.state.lock();
+        st.riding = false;
+        if st.in_flight.is_some()
+            || st.stopped
+            || (st.pending.is_empty() && st.next_mark == 0 && st.ended.is_none())
+        {
+            return None;
+        }
+        let page = std::mem::take(&mut st.pending);
         let mark = match st.ended.take() {
             // The session's last append: the mark is exactly `Ended`'s number, so the
             // next incarnation continues after it without a gap.
@@ -240,41 +302,36 @@ impl<E: Clone + Send + 'static> Keeper<E> {
             None => std::mem::take(&mut st.next_mark),
         };
         let fresh = std::mem::take(&mut st.fresh);
-        st.appends += 1;
-        let trim = st.appends % TRIM_EVERY == 1;
-        st.in_flight = Some(batch.iter().map(|(e, _)| e.clone()).collect());
-        drop(st);
-        let mut events = Vec::with_capacity(batch.len());
-        for (e, at_ms) in batch {
-            match (self.codec.encode)(&e.event) {
-                Ok(body) => events.push(KeptEvent {
-                    seq: e.seq,
-                    at_ms,
-                    body,
-                }),
-                Err(why) => {
-                    tracing::warn!(seq = e.seq, error = %why, "an event could not be encoded to be kept: a subscriber that replays it from the store is told it missed it")
-                }
-            }
+        let now_ms = crate::store::now_ms();
+        st.since_trim += page.len() as u64;
+        // Trim by count when an eighth of the count came since, by age when an
+        // eighth of the age passed: a trim reads every page key of the session.
+        let trim = fresh
+            || st.since_trim >= (self.retention.count / 8).max(32)
+            || self
+                .retention
+                .max_age_ms
+                .is_some_and(|age| now_ms.saturating_sub(st.trimmed_at_ms) >= age / 8);
+        if trim {
+            st.since_trim = 0;
+            st.trimmed_at_ms = now_ms;
         }
-        let retention = match trim || fresh {
-            true => Some(self.retention),
-            false => None,
-        };
-        let flush = mark > 0;
+        let sealed = page.seal();
+        st.in_flight = Some(page);
+        drop(st);
         let me = self.clone();
         let answer = Answer::new(move |r: Result<(), StoreError>| me.appended(r, mark));
-        (append)(
+        Some((
             EventAppend {
-                events,
+                page: sealed,
                 reserved: mark,
                 fresh,
-                retention,
-                now_ms: crate::store::now_ms(),
+                retention: trim.then_some(self.retention),
+                now_ms,
             },
-            flush,
+            mark > 0,
             answer,
-        );
+        ))
     }
 
     /// An append was answered.
@@ -289,8 +346,8 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                 }
             }
             Err(e) => {
-                let fenced = matches!(e, StoreError::Fenced { .. } | StoreError::Closed);
-                match fenced {
+                let gone = matches!(e, StoreError::Fenced { .. } | StoreError::Closed);
+                match gone {
                     true => {
                         tracing::info!(error = %e, "the session's events are no longer kept here (its record has another owner, or the store closed)")
                     }
@@ -299,14 +356,14 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                     }
                 }
                 st.stopped = true;
-                st.pending.clear();
+                st.pending = PageBuilder::default();
                 drop(st);
                 // Turn tasks waiting for a reservation go on (nothing more is kept).
                 self.reserved.notify_waiters();
                 return;
             }
         }
-        self.pump(st);
+        self.request(st);
     }
 }
 
@@ -381,14 +438,21 @@ mod tests {
         KeptEvents {
             events: seqs
                 .iter()
-                .map(|s| KeptEvent {
-                    seq: *s,
-                    at_ms: 0,
-                    body: (codec.encode)(&SessionEvent::Agent {
-                        turn: 1,
-                        event: *s as u32,
-                    })
-                    .unwrap(),
+                .map(|s| {
+                    let mut body = Vec::new();
+                    (codec.encode)(
+                        &SessionEvent::Agent {
+                            turn: 1,
+                            event: *s as u32,
+                        },
+                        &mut body,
+                    )
+                    .unwrap();
+                    crate::store::KeptEvent {
+                        seq: *s,
+                        at_ms: 0,
+                        body,
+                    }
                 })
                 .collect(),
             last: seqs.last().copied().unwrap_or(0),

@@ -233,7 +233,7 @@ async fn start_keeper<A: Agent>(
     let epoch = core.durable.lease_epoch;
     let (s1, s2, id2) = (store.clone(), store.clone(), id.clone());
     keeper.start(
-        Box::new(move |append, flush, done| s1.append_events_then(&id, epoch, append, flush, done)),
+        Box::new(move |rider, wake| s1.ride_events(&id, epoch, rider, wake)),
         Box::new(move |after| s2.read_events(&id2, after)),
         fresh,
         seq.last(),

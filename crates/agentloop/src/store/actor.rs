@@ -588,6 +588,43 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         );
     }
 
+    fn ride_events(
+        &self,
+        session: &str,
+        epoch: u64,
+        rider: Arc<dyn crate::store::EventRider>,
+        wake: bool,
+    ) {
+        /// A session's events as the committer's rider.
+        struct Events {
+            key: String,
+            epoch: u64,
+            rider: Arc<dyn crate::store::EventRider>,
+        }
+        impl crate::store::committer::Rider for Events {
+            fn take(&self) -> Option<(WriteOp, Waiter)> {
+                let (append, flush, done) = self.rider.take()?;
+                Some((
+                    WriteOp::Events {
+                        key: self.key.clone(),
+                        epoch: self.epoch,
+                        append,
+                        flush,
+                    },
+                    Waiter::Unit(done),
+                ))
+            }
+        }
+        self.committer.ride(
+            Box::new(Events {
+                key: session.to_string(),
+                epoch,
+                rider,
+            }),
+            wake,
+        );
+    }
+
     fn read_events(
         &self,
         session: &str,

@@ -39,7 +39,7 @@ pub use self::backend::{Backend, Engine};
 pub use self::fjall::{FjallBackend, FjallDurability};
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
-pub use agentloop_core::table::events::{EventAppend, KeptEvent, KeptEvents};
+pub use agentloop_core::table::events::{EventAppend, KeptEvent, KeptEvents, PageBuilder};
 pub use lease::{InstanceLease, DEFAULT_HEARTBEAT};
 pub use memory::MemoryStore;
 pub use record::{
@@ -50,6 +50,14 @@ pub use status::{CasOutcome, SessionStatus, StatusKind};
 pub use write::{ItemChange, JournalChange, RecordWrite, StateChange, WriteCondition};
 
 pub use agentloop_core::store_error::{now_ms, StoreError};
+
+/// A session's kept events waiting to be written (S20a): taken by the store when it
+/// writes them ([`CheckpointStore::ride_events`]).
+pub trait EventRider: Send + Sync {
+    /// What waits, taken now: the append, whether its answer waits for a flush, and
+    /// where the answer goes; `None` when nothing waits any more.
+    fn take(&self) -> Option<(EventAppend, bool, committer::Answer<()>)>;
+}
 
 /// A checkpoint store (S15–S19). Implementations must not block tokio workers.
 ///
@@ -148,6 +156,24 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
                   store"
                 .into(),
         }));
+    }
+
+    /// Hands `rider`'s kept events of `session` to the next group commit (S20a: each
+    /// event is written "in the group commit that follows it"): a store with a
+    /// committer takes them at its next wave, whoever starts it, and starts one now
+    /// only when `wake`. The default takes them at once
+    /// ([`append_events_then`](Self::append_events_then)).
+    fn ride_events(
+        &self,
+        session: &str,
+        epoch: u64,
+        rider: std::sync::Arc<dyn EventRider>,
+        wake: bool,
+    ) {
+        let _ = wake;
+        if let Some((append, flush, done)) = rider.take() {
+            self.append_events_then(session, epoch, append, flush, done);
+        }
     }
 
     /// The kept events of `session` numbered after `after` (S20a). The default, for a

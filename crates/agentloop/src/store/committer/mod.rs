@@ -98,6 +98,16 @@ enum Job {
     },
     /// Finish everything queued before it, refuse what follows, release the engine.
     Close { answer: Answer<()> },
+    /// Nothing: wakes the thread so that the riders waiting are committed.
+    Wake,
+}
+
+/// Operations that wait for the next group commit instead of starting one (S20a: a
+/// session's kept events, written "in the group commit that follows them"): the
+/// committer takes them at its next wave, whoever starts it.
+pub(crate) trait Rider: Send + Sync {
+    /// What waits, taken now (`None`: nothing any more).
+    fn take(&self) -> Option<(WriteOp, Waiter)>;
 }
 
 /// How long the committer's thread stays awake with nothing queued before it ends
@@ -137,6 +147,8 @@ pub struct Committer {
     /// Operations were applied whose answers did not wait for a flush (kept events):
     /// the close flushes them.
     unflushed: AtomicBool,
+    /// Riders waiting for the next wave.
+    riders: parking_lot::Mutex<Vec<Box<dyn Rider>>>,
 }
 
 /// The committer's queue.
@@ -168,6 +180,7 @@ impl std::fmt::Debug for Job {
             Job::Op { .. } => "Op",
             Job::List { .. } => "List",
             Job::Close { .. } => "Close",
+            Job::Wake => "Wake",
         })
     }
 }
@@ -204,6 +217,7 @@ impl Committer {
             runtime,
             counters: Counters::default(),
             unflushed: AtomicBool::new(false),
+            riders: parking_lot::Mutex::new(Vec::new()),
         }))
     }
 
@@ -299,6 +313,15 @@ impl Committer {
             drop(engine);
             answer.send(r);
         });
+    }
+
+    /// Adds a rider to the next wave; `wake` starts one now when none is under way
+    /// (else the rider waits for the next write of anyone).
+    pub(crate) fn ride(self: &Arc<Self>, rider: Box<dyn Rider>, wake: bool) {
+        self.riders.lock().push(rider);
+        if wake {
+            self.send(Job::Wake);
+        }
     }
 
     /// Queues a listing (it sees every operation queued before it).
@@ -440,6 +463,8 @@ impl Committer {
             std::mem::take(&mut queue.jobs)
         };
         drop(rest);
+        // Riders that came after the close's wave are not written (the store closed).
+        self.riders.lock().clear();
         let engine = self.engine.write().take();
         if let Some(engine) = engine {
             // Kept events applied without a flush are made durable before the engine
@@ -476,6 +501,18 @@ impl Committer {
         let mut jobs = batch.into_iter();
         let mut close = None;
         let mut needs_flush = false;
+        // Riders first: what waited for this wave is committed with it.
+        let riders = std::mem::take(&mut *self.riders.lock());
+        for rider in riders {
+            if let Some((op, waiter)) = rider.take() {
+                if let Some(key) = key_of(&op) {
+                    *self.queued.lock().entry(key.to_string()).or_insert(0) += 1;
+                }
+                needs_flush |= op.needs_flush();
+                ops.push(op);
+                waiters.push(waiter);
+            }
+        }
         for job in jobs.by_ref() {
             match job {
                 Job::Op { op, waiter } => {
@@ -497,6 +534,7 @@ impl Committer {
                     close = Some(answer);
                     break;
                 }
+                Job::Wake => {}
             }
         }
         self.apply(&engine, &mut ops, &mut waiters, &mut writes);
