@@ -240,3 +240,108 @@ async fn keeping_events_without_a_codec_or_a_store_is_refused() {
     .expect_err("refused");
     assert!(e.to_string().contains("persistent"), "{e}");
 }
+
+/// S20a: a live subscriber that falls behind catches up from the store while its
+/// events are kept (the replay buffer holds only 4): every event, in order, no
+/// `Lagged`; with a retention of 5 it is told exactly what it missed.
+#[tokio::test(start_paused = true)]
+async fn a_slow_subscriber_catches_up_from_the_store_within_the_retention() {
+    for (count, lags) in [(1_000u64, false), (5, true)] {
+        let store = Arc::new(MemoryStore::<SimItem>::new());
+        let (tx, mut probe) = probe();
+        let h = SessionHandle::spawn(
+            spec(&format!("slow-{count}"), count).replay(4),
+            Arc::new(SimAgent::new(steps(3)).with_probe(tx)),
+            Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
+        )
+        .await
+        .expect("spawn");
+        let live = h.subscribe();
+        let slow = h.subscribe_with_capacity(2);
+        for turn in 0..10u64 {
+            h.push(item(turn + 1)).await.unwrap();
+            probe
+                .until(
+                    "turn done",
+                    |n| matches!(n, Notice::TurnDone { turn: t } if *t == turn),
+                )
+                .await;
+        }
+        h.stop(StopOptions::bare()).await.unwrap();
+        within("exit", h.wait()).await;
+        let all = collect(live).await;
+        let slow = collect(slow).await;
+        assert!(all.len() > 40, "{}", all.len());
+        if !lags {
+            assert_eq!(
+                slow, all,
+                "caught up from the store: every event, each once"
+            );
+            continue;
+        }
+        let missed: u64 = lagged(&slow).iter().map(|(_, m)| m).sum();
+        assert!(missed > 0, "behind the retention: {slow:?}");
+        let mut next = 1;
+        for e in &slow {
+            match e.event {
+                SessionEvent::Lagged { missed } => {
+                    assert_eq!(e.seq, next + missed - 1, "exactly the missing numbers")
+                }
+                _ => {
+                    assert_eq!(e.seq, next, "in order, no silent gap");
+                    assert_eq!(Some(e), all.iter().find(|a| a.seq == e.seq));
+                }
+            }
+            next = e.seq + 1;
+        }
+    }
+}
+
+/// S20a: retention by age, on the store's clock: what is older than the age is trimmed
+/// by a later append.
+#[tokio::test]
+async fn retention_by_age_trims_what_is_older() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let (tx, mut probe) = probe();
+    let h = SessionHandle::spawn(
+        SessionSpec::new("aged", "default")
+            .persistent(true)
+            .kind("sim")
+            .keep_events(Retention {
+                count: 1_000,
+                max_age_ms: Some(40),
+            })
+            .event_codec(EventCodec::<SimEvent>::json()),
+        Arc::new(SimAgent::new(steps(2)).with_probe(tx)),
+        Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("spawn");
+    let live = h.subscribe();
+    h.push(item(1)).await.unwrap();
+    probe
+        .until("turn 0 done", |n| matches!(n, Notice::TurnDone { turn: 0 }))
+        .await;
+    let first = store.read_events("aged", 0).await.unwrap();
+    assert!(!first.events.is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    h.push(item(2)).await.unwrap();
+    probe
+        .until("turn 1 done", |n| matches!(n, Notice::TurnDone { turn: 1 }))
+        .await;
+    h.stop(StopOptions::bare()).await.unwrap();
+    within("exit", h.wait()).await;
+    let all = collect(live).await;
+    let turn_1_started = all
+        .iter()
+        .find(|e| matches!(e.event, SessionEvent::TurnStarted { .. }) && e.seq > 1)
+        .expect("turn 1")
+        .seq;
+    let kept = store.read_events("aged", 0).await.unwrap();
+    assert!(
+        kept.events.iter().all(|e| e.seq >= turn_1_started - 1),
+        "turn 0's events are older than 40 ms and trimmed: {:?}",
+        kept.events.iter().map(|e| e.seq).collect::<Vec<_>>()
+    );
+    assert!(kept.events.iter().any(|e| e.seq > turn_1_started));
+}

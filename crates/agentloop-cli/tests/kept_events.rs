@@ -103,40 +103,52 @@ fn serve(dir: &Path, addr: &str) -> Job {
     job
 }
 
-/// SIGKILL in the middle of turns, then a restart: the client that followed the first
-/// process reconnects with its last id and gets everything after it, with `lagged` at
-/// exactly the numbers the killed process did not write; a client that starts from 0
-/// after the restart gets the first process's written events (the same event under
-/// each id the first client saw) and the new ones.
+/// SIGKILLs in the middle of turns, three in a row, each followed by a restart: the
+/// client reconnects each time with its last id and gets everything after it, with
+/// `lagged` at exactly the numbers the killed process did not write; a client that
+/// starts from 0 after the last restart gets every written event of all four processes
+/// (the same event under each id the first clients saw: no number is ever given to two
+/// events) and the new ones.
 #[test]
 fn a_stream_survives_a_sigkill_and_a_restart() {
     let dir = TempDir::new("kept-sigkill");
     let addr = free_addr();
     let url = format!("http://{addr}");
     let mut seen = BTreeMap::new();
-    let job = serve(&dir.0, &addr);
-    spawn_session(&url, "k1");
-    let first = follow(&url, "k1", None);
-    for id in 1..=12 {
-        push(&url, "k1", id);
+    let mut last = 0;
+    let mut ids = 1..;
+    let mut given = 0;
+    for round in 0..3 {
+        let job = serve(&dir.0, &addr);
+        if last == 0 {
+            spawn_session(&url, "k1");
+        }
+        let reader = follow(&url, "k1", Some(last));
+        for _ in 0..6 {
+            push(&url, "k1", ids.next().unwrap_or(0));
+        }
+        // Mid-turn: events are being given and written as the process dies.
+        std::thread::sleep(Duration::from_millis(40));
+        job.kill();
+        let before = reader.join().expect("the reader");
+        let missed = check_gap_free(last, &before);
+        // After a SIGKILL the next process numbers after the reservation: what the
+        // killed one reserved and did not write is reported, never skipped.
+        assert!(
+            round == 0 || missed > 0,
+            "a lagged after the kill: {before:?}"
+        );
+        record(&mut seen, &before);
+        given += before.len();
+        last = before.iter().filter_map(|e| e.id).max().unwrap_or(last);
     }
-    // Mid-turn: events are being given and written as the process dies.
-    std::thread::sleep(Duration::from_millis(40));
-    job.kill();
-    let before = first.join().expect("the first reader");
-    check_gap_free(0, &before);
-    record(&mut seen, &before);
-    let last = before
-        .iter()
-        .filter_map(|e| e.id)
-        .max()
-        .expect("events before the kill");
+    let before = given;
 
     let job = serve(&dir.0, &addr);
     let again = follow(&url, "k1", Some(last));
     let from_zero = follow(&url, "k1", Some(0));
-    for id in 13..=16 {
-        push(&url, "k1", id);
+    for _ in 0..4 {
+        push(&url, "k1", ids.next().unwrap_or(0));
     }
     stop(&url, "k1");
     let after = again.join().expect("the reconnected reader");
@@ -146,7 +158,10 @@ fn a_stream_survives_a_sigkill_and_a_restart() {
         Some("ended"),
         "{after:?}"
     );
-    check_gap_free(last, &after);
+    assert!(
+        check_gap_free(last, &after) > 0,
+        "a lagged after the kill: {after:?}"
+    );
     check_gap_free(0, &all);
     record(&mut seen, &after);
     record(&mut seen, &all);
@@ -162,9 +177,8 @@ fn a_stream_survives_a_sigkill_and_a_restart() {
         .filter(|e| e.name != "lagged" && e.id.is_some_and(|i| i <= last))
         .count();
     assert!(
-        kept_before * 2 >= before.len(),
-        "most of the killed process's events were kept: {kept_before} of {}",
-        before.len()
+        kept_before * 2 >= before,
+        "most of the killed processes' events were kept: {kept_before} of {before}"
     );
     let (status, out) = {
         job.signal(libc::SIGTERM);

@@ -1,10 +1,13 @@
 //! Events kept in the store (DESIGN S20a, issue 33): the session's side. The keeper
 //! takes every event as it is numbered (under the registry's publish lock, never
-//! waiting), and writes what accumulated as one append to the store's committer, one
-//! append in flight at a time, like Restate's log writer: take everything queued,
-//! commit it as one batch, answer, again. Live delivery never waits for it; an append
-//! of events alone waits for no flush (the next flush of any write makes it durable),
-//! so a session streaming tokens keeps streaming.
+//! waiting), encoding it into its current page, and hands itself to the store's
+//! committer, which takes the page at its next wave, whoever starts it (the session's
+//! own turn-end write, another session's, the instance heartbeat): "written in the
+//! group commit that follows it", one append in flight at a time. Live delivery never
+//! waits for it, and a wave of events alone is not flushed (the next flush of any write
+//! makes it durable), so a session streaming tokens keeps streaming. The keeper starts
+//! a wave of its own only for its `Ended`, for a reservation a turn waits for, and when
+//! [`WAKE_AT`] events wait.
 //!
 //! **Numbers.** A number may be handed to a subscriber only below a *reserved mark*
 //! made durable in the store, so that a new incarnation, which numbers after the

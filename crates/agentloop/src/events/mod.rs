@@ -32,10 +32,13 @@
 //!   (`Subscribers::subscribe_after`) and get exactly what it missed, or a
 //!   [`SessionEvent::Lagged`] marker when the buffer no longer holds it. The buffer
 //!   allocates at its first event: an idle session pays nothing for it (B2).
+//! * A session that keeps its events in the store (S20a, `keeper`) answers what the
+//!   replay buffer no longer holds from the store, for a new subscriber after `n` and
+//!   for a lagging one catching up, with a `Lagged` where numbers are missing.
 //!
 //! It must not decide anything about turns or stops. Its rooms: `seq` (the numbers),
-//! `filter`, `subscribers` (the registry and replay buffer) and `stream` (what a
-//! subscriber reads).
+//! `filter`, `subscribers` (the registry and replay buffer), `keeper` (events kept in
+//! the store) and `stream` (what a subscriber reads).
 
 use serde::{Deserialize, Serialize};
 

@@ -27,11 +27,16 @@ pub struct EventStream<E> {
     /// Events taken by the last catch-up, read before the channel.
     pub(super) pending: VecDeque<Sequenced<E>>,
     /// What a replay reads from the store before the rest (S20a): polled first.
-    pub(super) backfill: Option<futures::future::BoxFuture<'static, Vec<Sequenced<E>>>>,
+    pub(super) backfill: Option<Backfill<E>>,
 }
 
-/// Takes what a lagging stream missed from the replay buffer and stops its lag.
-pub(super) type CatchUp<E> = Box<dyn Fn(&TerminalSlot) -> Vec<Sequenced<E>> + Send + Sync>;
+/// Takes what a lagging stream missed from the replay buffer and stops its lag; with
+/// what to read from the store first (S20a) when the buffer no longer holds it all.
+pub(super) type CatchUp<E> =
+    Box<dyn Fn(&TerminalSlot) -> (Vec<Sequenced<E>>, Option<Backfill<E>>) + Send + Sync>;
+
+/// What a stream reads from the store before the rest (S20a).
+pub(super) type Backfill<E> = futures::future::BoxFuture<'static, Vec<Sequenced<E>>>;
 
 impl<E> EventStream<E> {
     /// A stream fed by a relay of another node's stream (issue 18): its events in
@@ -110,7 +115,13 @@ impl<E> EventStream<E> {
         // queued to it since it lagged, so these come next).
         if slot.lag_from.load(Ordering::Acquire) != 0 {
             if let Some(catch_up) = self.catch_up.as_ref() {
-                self.pending.extend(catch_up(slot));
+                let (events, backfill) = catch_up(slot);
+                self.pending.extend(events);
+                if let Some(backfill) = backfill {
+                    // What the buffer no longer holds comes from the store first.
+                    self.backfill = Some(backfill);
+                    return self.poll_event(cx);
+                }
                 if let Some(ev) = self.pending.pop_front() {
                     return Poll::Ready(Some(ev));
                 }

@@ -239,37 +239,14 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             Some(after) => {
                 let first_held = replay.events.front().map_or(last + 1, |e| e.seq);
                 let upto = first_held.min(last + 1) - 1;
-                match (&self.keeper, after < upto) {
-                    (Some(keeper), true) => match keeper.reader() {
-                        Some(read) => {
-                            let unwritten = keeper.unwritten();
-                            let keeper = keeper.clone();
-                            let read = read(after);
-                            backfill = Some(Box::pin(async move {
-                                let kept = match read.await {
-                                    Ok(k) => k,
-                                    Err(e) => {
-                                        tracing::warn!(error = %e, "a subscriber's replay could not read the kept events: it is told it missed them");
-                                        Default::default()
-                                    }
-                                };
-                                replay_from_store(
-                                    keeper.codec(),
-                                    kept,
-                                    unwritten,
-                                    after,
-                                    upto,
-                                    false,
-                                    |e| filter.accepts(e),
-                                )
-                            })
-                                as futures::future::BoxFuture<'static, Vec<Sequenced<E>>>);
-                            // Numbers up to `last` were given; `Ended`'s is given by `end`.
-                            replay.since(upto, last, &filter)
-                        }
-                        None => replay.since(after, last, &filter),
-                    },
-                    _ => replay.since(after, last, &filter),
+                backfill = match (&self.keeper, after < upto) {
+                    (Some(keeper), true) => backfill_from_store(keeper, after, upto, filter),
+                    _ => None,
+                };
+                // Numbers up to `last` were given; `Ended`'s is given by `end`.
+                match backfill {
+                    Some(_) => replay.since(upto, last, &filter),
+                    None => replay.since(after, last, &filter),
                 }
             }
         };
@@ -318,11 +295,12 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     pub(super) fn catch_up(&self, filter: EventFilter) -> CatchUp<E> {
         let replay = self.publish.clone();
         let seq = self.seq.clone();
+        let keeper = self.keeper.clone();
         Box::new(move |slot: &TerminalSlot| {
             let replay = replay.lock();
             let from = slot.lag_from.swap(0, Ordering::AcqRel);
             if from == 0 {
-                return Vec::new();
+                return (Vec::new(), None);
             }
             // `Ended` reaches the slots under this lock, with its number: what was
             // missed ends before it.
@@ -330,7 +308,15 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
                 Some((ended, _)) => ended - 1,
                 None => seq.last(),
             };
-            replay.since(from - 1, last, &filter)
+            // S20a: what the buffer no longer holds comes from the store.
+            let first_held = replay.events.front().map_or(last + 1, |e| e.seq);
+            let upto = first_held.min(last + 1) - 1;
+            if let Some(keeper) = keeper.as_ref().filter(|_| from - 1 < upto) {
+                if let Some(backfill) = backfill_from_store(keeper, from - 1, upto, filter) {
+                    return (replay.since(upto, last, &filter), Some(backfill));
+                }
+            }
+            (replay.since(from - 1, last, &filter), None)
         })
     }
 
@@ -553,4 +539,32 @@ async fn deliver<E: Clone>(s: &SubscriberTx<E>, events: Vec<Sequenced<E>>) {
             break;
         }
     }
+}
+
+/// What a stream after `after` reads from the store (and from the keeper, for what is
+/// not written yet) up to `upto`, the last number the replay buffer does not hold:
+/// the keeper's unwritten events taken now (under the publish lock), the store read
+/// when the stream is polled.
+fn backfill_from_store<E: Clone + Send + 'static>(
+    keeper: &Arc<Keeper<E>>,
+    after: u64,
+    upto: u64,
+    filter: EventFilter,
+) -> Option<super::stream::Backfill<E>> {
+    let read = keeper.reader()?;
+    let unwritten = keeper.unwritten();
+    let keeper = keeper.clone();
+    let read = read(after);
+    Some(Box::pin(async move {
+        let kept = match read.await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "a subscriber's replay could not read the kept events: it is told it missed them");
+                Default::default()
+            }
+        };
+        replay_from_store(keeper.codec(), kept, unwritten, after, upto, false, |e| {
+            filter.accepts(e)
+        })
+    }))
 }
