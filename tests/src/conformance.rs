@@ -850,7 +850,22 @@ pub async fn kept_events(store: &Store) {
         }) => {}
         other => panic!("an append of an older owner is fenced, got {other:?}"),
     }
-    append(store, 3, &[6, 7], 128, 3).await.expect("append");
+    // A cancel by id fences the owner (S37), which may still keep what it numbers
+    // while it stops; an older owner may not.
+    assert!(matches!(
+        store
+            .cas_status("events", vec![StatusKind::Running], SessionStatus::Canceled)
+            .await
+            .expect("cancel"),
+        CasOutcome::Swapped(_)
+    ));
+    append(store, 3, &[6, 7], 128, 3)
+        .await
+        .expect("the canceled owner's append");
+    match append(store, 2, &[8], 0, 100).await {
+        Err(StoreError::Fenced { .. }) => {}
+        other => panic!("an older owner stays fenced, got {other:?}"),
+    }
     let k = store.read_events("events", 0).await.expect("read");
     assert_eq!(
         seqs(&k),

@@ -815,7 +815,6 @@ fn lifecycle(status: &SessionStatus) -> &'static str {
     }
 }
 
-/// `history <id>`: the kept turn-end checkpoints, oldest first (issue 13, 4).
 /// `sessions events <id>`: the kept events (S20a), as stored (JSON whatever the event
 /// type), oldest first; a line per gap says how many numbers are missing there.
 fn events(dir: &Path, id: &str, after: u64, json: bool) -> Result<String, Failure> {
@@ -866,6 +865,7 @@ fn events(dir: &Path, id: &str, after: u64, json: bool) -> Result<String, Failur
     Ok(out)
 }
 
+/// `history <id>`: the kept turn-end checkpoints, oldest first (issue 13, 4).
 fn history(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
     use agentloop::store::history::{HistoryAnswer, HistoryQuery};
     let backend = open(dir)?;

@@ -322,8 +322,10 @@ fn stored_mark(t: &impl Table, id: &str) -> Result<Option<(Vec<u8>, u64)>, Store
 
 /// Appends events of `id` and trims by the append's retention (S20a). `epoch` is the
 /// writer's fencing token: refused with [`StoreError::Fenced`] when the session's
-/// record names a later owner, with nothing written. Without a record (a session not
-/// written yet, or whose record a clean exit removed) the append is taken.
+/// record names a later owner, with nothing written; as for a write (S37), the owner
+/// a cancel by id fenced may still append over its `Canceled` record (the events it
+/// numbered before and while it stops). Without a record (a session not written yet,
+/// or whose record a clean exit removed) the append is taken.
 pub fn append_events(
     t: &mut impl Table,
     id: &str,
@@ -332,10 +334,11 @@ pub fn append_events(
 ) -> Result<(), StoreError> {
     super::check_id(id)?;
     if let Some(bytes) = t.get(&super::header_key(id))? {
-        let stored = crate::codec::head::peek_with(id, &bytes, false)?
-            .summary
-            .lease_epoch;
-        if epoch < stored {
+        let summary = crate::codec::head::peek_with(id, &bytes, false)?.summary;
+        let stored = summary.lease_epoch;
+        let canceled_owner =
+            summary.kind == crate::status::StatusKind::Canceled && epoch + 1 == stored;
+        if epoch < stored && !canceled_owner {
             return Err(StoreError::Fenced {
                 session: id.to_string(),
                 held: epoch,

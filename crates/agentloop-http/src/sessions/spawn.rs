@@ -13,6 +13,11 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+/// The most events a session spawned over HTTP may keep.
+const MAX_KEPT_EVENTS: u64 = 1_000_000;
+/// The longest a session spawned over HTTP may keep its events, in seconds.
+const MAX_KEPT_AGE_S: u64 = 365 * 24 * 3600;
+
 /// `POST /sessions`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,10 +98,15 @@ pub(crate) async fn spawn<I: Item, E: Ev>(
                 ));
             }
             let count = count.unwrap_or(default.count);
-            if count == 0 {
-                return Err(ApiError::bad_request(
-                    "events.count 0 keeps nothing: ask for at least 1, or set \"events\": false",
-                ));
+            if count == 0 || count > MAX_KEPT_EVENTS {
+                return Err(ApiError::bad_request(format!(
+                    "events.count {count}: ask for 1 to {MAX_KEPT_EVENTS} events, or set \"events\": false"
+                )));
+            }
+            if max_age_s.is_some_and(|s| s == 0 || s > MAX_KEPT_AGE_S) {
+                return Err(ApiError::bad_request(format!(
+                    "events.max_age_s: ask for 1 to {MAX_KEPT_AGE_S} seconds (a year)"
+                )));
             }
             Some(agentloop::event_log::Retention {
                 count,

@@ -127,8 +127,13 @@ struct State {
     /// Events appended since the last trim, and when it was.
     since_trim: u64,
     trimmed_at_ms: u64,
-    /// Fenced or the store refused: nothing more is appended (logged once).
+    /// Fenced, or the store closed: nothing more is appended.
     stopped: bool,
+    /// `Ended` was taken: no reservation after it (its mark is the last).
+    finished: bool,
+    /// Appends refused in a row by a store error (a turn waiting for a reservation
+    /// backs off by them).
+    failures: u32,
 }
 
 /// The keeper as the store sees it: what waits, taken when the store writes it.
@@ -160,6 +165,8 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                 since_trim: 0,
                 trimmed_at_ms: 0,
                 stopped: false,
+                finished: false,
+                failures: 0,
             }),
             durable: AtomicU64::new(0),
             reserved: tokio::sync::Notify::new(),
@@ -212,7 +219,7 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         if st.pending.len() >= WAKE_AT {
             st.wake = true;
         }
-        if st.ended.is_none() && seq + RESERVE_BLOCK / 2 > st.asked {
+        if st.ended.is_none() && !st.finished && seq + RESERVE_BLOCK / 2 > st.asked {
             // Ahead of need: durable with the next group commit, long before the
             // numbers reach it.
             st.asked = seq + RESERVE_BLOCK;
@@ -241,16 +248,25 @@ impl<E: Clone + Send + 'static> Keeper<E> {
     }
 
     /// Waits until number `next` may be handed out (it is under the durable reserved
-    /// mark, less the slack). Turn tasks call it before numbering an event.
+    /// mark, less the slack). Turn tasks call it before numbering an event, and the
+    /// session's start waits for its first reservation with it (so the events the actor
+    /// numbers without waiting are covered too).
     pub(crate) async fn gate(self: &Arc<Self>, next: u64) {
         loop {
             let notified = self.reserved.notified();
             if next + SLACK <= self.durable.load(Ordering::Acquire) {
                 return;
             }
+            // A store that refused the last appends is asked again after a pause
+            // (10 ms, doubling, at most a second), not in a loop.
+            let failures = self.state.lock().failures;
+            if failures > 0 {
+                let pause = std::time::Duration::from_millis(10 << failures.min(7));
+                tokio::time::sleep(pause.min(std::time::Duration::from_secs(1))).await;
+            }
             {
                 let mut st = self.state.lock();
-                if st.stopped || st.ride.is_none() {
+                if st.stopped || st.finished || st.ride.is_none() {
                     // Stopped: nothing more is kept. Not started: nothing is numbered
                     // before the start anyway.
                     return;
@@ -300,8 +316,12 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         let page = std::mem::take(&mut st.pending);
         let mark = match st.ended.take() {
             // The session's last append: the mark is exactly `Ended`'s number, so the
-            // next incarnation continues after it without a gap.
-            Some(end) => end,
+            // next incarnation continues after it without a gap; no mark after it.
+            Some(end) => {
+                st.finished = true;
+                st.next_mark = 0;
+                end
+            }
             None => std::mem::take(&mut st.next_mark),
         };
         let fresh = std::mem::take(&mut st.fresh);
@@ -343,25 +363,32 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         st.in_flight = None;
         match r {
             Ok(()) => {
+                st.failures = 0;
                 if mark > 0 {
                     self.durable.fetch_max(mark, Ordering::AcqRel);
                     self.reserved.notify_waiters();
                 }
             }
-            Err(e) => {
-                let gone = matches!(e, StoreError::Fenced { .. } | StoreError::Closed);
-                match gone {
-                    true => {
-                        tracing::info!(error = %e, "the session's events are no longer kept here (its record has another owner, or the store closed)")
-                    }
-                    false => {
-                        tracing::warn!(error = %e, "events could not be kept in the store: subscribers that replay them from the store are told they missed them; no more are kept by this incarnation")
-                    }
-                }
+            Err(e @ (StoreError::Fenced { .. } | StoreError::Closed)) => {
+                tracing::info!(error = %e, "the session's events are no longer kept here (its record has another owner, or the store closed)");
                 st.stopped = true;
                 st.pending = PageBuilder::default();
                 drop(st);
-                // Turn tasks waiting for a reservation go on (nothing more is kept).
+                // Turn tasks waiting for a reservation go on: this incarnation is
+                // superseded (or its store is gone) and keeps nothing more.
+                self.reserved.notify_waiters();
+                return;
+            }
+            Err(e) => {
+                // The page is lost (a replay reports its numbers missed); the
+                // reservation it carried is asked again with the next append, and turn
+                // tasks that need it wait for it: no number is handed out unreserved.
+                tracing::warn!(error = %e, "events could not be kept in the store: subscribers that replay them are told they missed them; the next append tries again");
+                if mark > 0 && !st.finished {
+                    st.next_mark = st.next_mark.max(mark);
+                }
+                st.failures = st.failures.saturating_add(1);
+                drop(st);
                 self.reserved.notify_waiters();
                 return;
             }
@@ -461,6 +488,112 @@ mod tests {
             last: seqs.last().copied().unwrap_or(0),
             reserved: 0,
         }
+    }
+
+    /// Every append's mark and numbers.
+    type Log = Arc<parking_lot::Mutex<Vec<(u64, Vec<u64>)>>>;
+
+    /// A keeper over a store that answers at once, recording every append's mark and
+    /// events, and failing them while the flag is set.
+    fn recorded() -> (Arc<Keeper<u32>>, Log, Arc<std::sync::atomic::AtomicBool>) {
+        let keeper = Keeper::new(EventCodec::<u32>::json(), Retention::default());
+        let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (l, f) = (log.clone(), fail.clone());
+        keeper.start(
+            Box::new(move |rider: Arc<dyn EventRider>, _wake| {
+                if let Some((append, _flush, done)) = rider.take() {
+                    let seqs = append
+                        .page
+                        .as_ref()
+                        .map(|p| (p.info.first..=p.info.last).collect())
+                        .unwrap_or_default();
+                    l.lock().push((append.reserved, seqs));
+                    match f.load(Ordering::SeqCst) {
+                        true => done.send(Err(StoreError::Backend {
+                            operation: "save",
+                            session: "k".into(),
+                            message: "injected".into(),
+                        })),
+                        false => done.send(Ok(())),
+                    }
+                }
+            }),
+            Box::new(|_| Box::pin(async { Ok(KeptEvents::default()) })),
+            false,
+            0,
+        );
+        (keeper, log, fail)
+    }
+
+    #[test]
+    fn the_last_append_lowers_the_mark_to_ended_and_nothing_raises_it_after() {
+        let (keeper, log, _) = recorded();
+        assert_eq!(
+            log.lock()[0].0,
+            RESERVE_BLOCK,
+            "reserved ahead at the start"
+        );
+        keeper.keep(1, &SessionEvent::Agent { turn: 0, event: 1 });
+        keeper.keep(
+            2,
+            &SessionEvent::Ended(crate::exit::ExitSummary {
+                session_id: "k".into(),
+                reason: crate::exit::ExitReason::Completed,
+                stop_cause: None,
+                unhandled: 0,
+                interrupted: 0,
+                late: 0,
+                checkpoint: crate::exit::CheckpointOutcome::NotAttempted,
+                counters: Default::default(),
+            }),
+        );
+        // A reservation asked after the end (a late turn event) is not written.
+        keeper.keep(
+            3 + RESERVE_BLOCK,
+            &SessionEvent::Agent { turn: 0, event: 3 },
+        );
+        let log = log.lock().clone();
+        let ended = log
+            .iter()
+            .position(|(mark, _)| *mark == 2)
+            .expect("an append lowering the mark to Ended's number");
+        assert!(
+            log[ended + 1..].iter().all(|(mark, _)| *mark == 0),
+            "no mark after the end: {log:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_reservation_is_asked_again_and_turns_wait_for_it() {
+        let (keeper, log, fail) = recorded();
+        fail.store(true, Ordering::SeqCst);
+        // A turn needs numbers past the durable mark: its reservation fails once...
+        let waiting = tokio::spawn({
+            let keeper = keeper.clone();
+            async move { keeper.gate(RESERVE_BLOCK).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "no number is handed out unreserved");
+        assert!(
+            log.lock().len() < 10,
+            "asked again after pauses, not in a loop: {}",
+            log.lock().len()
+        );
+        // ...and is asked again, with the turn still waiting, until it is durable.
+        fail.store(false, Ordering::SeqCst);
+        keeper.keep(1, &SessionEvent::Agent { turn: 0, event: 1 });
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("the turn goes on once the reservation is durable")
+            .expect("the waiting task");
+        assert!(
+            log.lock()
+                .iter()
+                .filter(|(m, _)| *m > RESERVE_BLOCK)
+                .count()
+                >= 2
+        );
     }
 
     #[test]

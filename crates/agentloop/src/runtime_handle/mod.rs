@@ -203,7 +203,7 @@ where
             .await
     }
 
-    /// Deletes stored session `id`: its record and its checkpoint history. Refused
+    /// Deletes stored session `id`: its record, its checkpoint history and its kept events (S20a). Refused
     /// while it runs (stop it first); resolves to whether anything was stored.
     pub async fn delete(&self, id: &str) -> Result<bool, crate::SupervisorError> {
         self.supervisor.delete(id).await

@@ -209,6 +209,9 @@ async fn perform_all<A: Agent>(
     state.effects = effects;
 }
 
+/// How long a session's start waits for its first reservation of event numbers.
+const FIRST_RESERVATION: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Starts the session's keeper of events (S20a): its appends fenced by this owner's
 /// epoch; numbering after everything a previous incarnation kept or reserved, so no
 /// number is given twice; a new life (no record was found) drops what a previous
@@ -232,10 +235,23 @@ async fn start_keeper<A: Agent>(
     }
     let epoch = core.durable.lease_epoch;
     let (s1, s2, id2) = (store.clone(), store.clone(), id.clone());
+    let after = seq.last();
     keeper.start(
         Box::new(move |rider, wake| s1.ride_events(&id, epoch, rider, wake)),
         Box::new(move |after| s2.read_events(&id2, after)),
         fresh,
-        seq.last(),
+        after,
     );
+    // The first reservation is durable before the session numbers anything (the actor
+    // numbers some events without waiting); a store that does not answer is not
+    // waited for forever.
+    if tokio::time::timeout(FIRST_RESERVATION, keeper.gate(after + 1))
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            waited = ?FIRST_RESERVATION,
+            "the kept events' first reservation is not durable yet: the session starts anyway, and a crash before it is may give a number again"
+        );
+    }
 }

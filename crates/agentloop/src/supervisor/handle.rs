@@ -275,7 +275,7 @@ where
         })
     }
 
-    /// Deletes stored session `id`: its record and its checkpoint history (issue 13,
+    /// Deletes stored session `id`: its record, its checkpoint history and its kept events (S20a) (issue 13,
     /// 4). Refused while the session runs here (stop it first); resolves to whether
     /// anything was stored.
     pub async fn delete(&self, id: &str) -> Result<bool, SupervisorError> {

@@ -318,6 +318,11 @@ impl Committer {
     /// Adds a rider to the next wave; `wake` starts one now when none is under way
     /// (else the rider waits for the next write of anyone).
     pub(crate) fn ride(self: &Arc<Self>, rider: Box<dyn Rider>, wake: bool) {
+        if self.queue.lock().closed {
+            // Nothing will take it: what it holds is answered `Closed` as it drops.
+            drop(rider.take());
+            return;
+        }
         self.riders.lock().push(rider);
         if wake {
             self.send(Job::Wake);
@@ -463,8 +468,12 @@ impl Committer {
             std::mem::take(&mut queue.jobs)
         };
         drop(rest);
-        // Riders that came after the close's wave are not written (the store closed).
-        self.riders.lock().clear();
+        // Riders that came after the close's wave are not written (the store closed):
+        // what they hold is answered `Closed` as it drops.
+        let riders = std::mem::take(&mut *self.riders.lock());
+        for rider in riders {
+            drop(rider.take());
+        }
         let engine = self.engine.write().take();
         if let Some(engine) = engine {
             // Kept events applied without a flush are made durable before the engine
