@@ -818,6 +818,7 @@ pub async fn kept_events(store: &Store) {
                     count,
                     max_age_ms: None,
                 }),
+                trim_age: false,
                 now_ms: 2_000,
             },
             true,

@@ -116,27 +116,6 @@ impl Retention {
     }
 }
 
-impl Retention {
-    /// The pages (ascending by number) to delete at `now_ms`: from the oldest while the
-    /// newer pages still hold at least `count` events (so at least `count` are kept,
-    /// a page's worth more at most), and every page whose newest event is past the age.
-    pub fn trim_pages(&self, pages: &[crate::table::events::PageInfo], now_ms: u64) -> Vec<usize> {
-        let mut held: u64 = pages.iter().map(|p| u64::from(p.count)).sum();
-        let mut out = Vec::new();
-        for (i, p) in pages.iter().enumerate() {
-            let over = held.saturating_sub(u64::from(p.count)) >= self.count;
-            let old = self
-                .max_age_ms
-                .is_some_and(|age| now_ms.saturating_sub(p.at_ms) > age);
-            if over || old {
-                held -= u64::from(p.count);
-                out.push(i);
-            }
-        }
-        out
-    }
-}
-
 impl Default for Retention {
     /// 10 000 events, a day.
     fn default() -> Self {

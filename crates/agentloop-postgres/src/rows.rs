@@ -78,6 +78,14 @@ impl Table for SessionRows {
         Ok(self.range(prefix).map(|(k, _)| k.clone()).collect())
     }
 
+    fn keys_in_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .rows
+            .range::<[u8], _>((Bound::Included(from), Bound::Included(to)))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+
     fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
         self.range(prefix)
             .map(|(k, v)| match v {

@@ -195,9 +195,13 @@ pub struct EventAppend {
     /// The session's first append of a new life (no record was loaded): what a
     /// previous session of this id kept is removed first.
     pub fresh: bool,
-    /// What to keep after this append (`None`: no trim this time; a trim reads every
-    /// page key of the session, so a session trims every few appends).
+    /// What to keep after this append (`None`: no trim this time). By count, the
+    /// pages wholly older than the newest `count` numbers go (a read of their keys
+    /// only); by age (when `trim_age`), every page older than the age (a read of every
+    /// page key of the session, so a session asks for it rarely).
     pub retention: Option<Retention>,
+    /// Also trim by age this time.
+    pub trim_age: bool,
     /// The writer's clock, ms since the Unix epoch (for the age of events).
     pub now_ms: u64,
 }
@@ -349,12 +353,10 @@ pub fn append_events(
     if append.fresh {
         remove_all(t, id)?;
     }
-    // Every page key is read only to trim; the mark's key sorts after every page's
-    // (its tag is 0xff), so a new mark reads that one key.
-    let (mut pages, reserved) = match (append.fresh, append.retention.is_some()) {
-        (false, true) => pages(t, id)?,
-        (false, false) if append.reserved > 0 => (Vec::new(), stored_mark(t, id)?),
-        _ => (Vec::new(), None),
+    // A new mark reads its own key (it sorts after every page's: its tag is 0xff).
+    let reserved = match (append.fresh, append.reserved > 0) {
+        (false, true) => stored_mark(t, id)?,
+        _ => None,
     };
     if append.reserved > 0 && Some(append.reserved) != reserved.as_ref().map(|r| r.1) {
         if let Some((old, _)) = reserved {
@@ -362,19 +364,50 @@ pub fn append_events(
         }
         t.put(reserved_key(id, append.reserved), Payload::from(Vec::new()));
     }
+    let newest = append.page.as_ref().map(|p| p.info.last);
     if let Some(page) = append.page {
-        let key = page_key(id, page.info);
-        t.put(key.clone(), Payload::from(page.value));
-        pages.push((key, page.info));
+        t.put(page_key(id, page.info), Payload::from(page.value));
     }
-    if let Some(retention) = append.retention {
-        if append.fresh {
-            // Nothing else is kept: the scan above was skipped.
-            pages = self::pages(t, id)?.0;
+    let Some(retention) = append.retention else {
+        return Ok(());
+    };
+    let prefix_len = events_prefix(id).len();
+    // By count: the pages that start before the newest `count` numbers, read by range.
+    if let Some(newest) = newest {
+        let cutoff = newest.saturating_sub(retention.count);
+        if cutoff > 0 {
+            let from = page_key(
+                id,
+                PageInfo {
+                    first: 0,
+                    last: 0,
+                    at_ms: 0,
+                    count: 0,
+                },
+            );
+            let to = page_key(
+                id,
+                PageInfo {
+                    first: cutoff,
+                    last: 0,
+                    at_ms: 0,
+                    count: 0,
+                },
+            );
+            for k in t.keys_in_range(&from, &to)? {
+                if parse_page_key(&k, prefix_len).is_some_and(|p| p.last <= cutoff) {
+                    t.remove(k);
+                }
+            }
         }
-        let infos: Vec<PageInfo> = pages.iter().map(|(_, p)| *p).collect();
-        for i in retention.trim_pages(&infos, append.now_ms) {
-            t.remove(pages[i].0.clone());
+    }
+    // By age: every page whose newest event is older than the age.
+    if let (true, Some(age)) = (append.trim_age, retention.max_age_ms) {
+        let (pages, _) = pages(t, id)?;
+        for (k, p) in pages {
+            if append.now_ms.saturating_sub(p.at_ms) > age {
+                t.remove(k);
+            }
         }
     }
     Ok(())
@@ -472,6 +505,7 @@ mod tests {
                 count,
                 max_age_ms: Some(1_000),
             }),
+            trim_age: true,
             now_ms,
         }
     }

@@ -34,6 +34,17 @@ pub trait Table {
             .filter(|(k, _)| k.as_slice() >= from && k.as_slice() <= to)
             .collect())
     }
+    /// Every key from `from` to `to` (both included), in order; both keys share a
+    /// prefix. The default filters that prefix's keys; an engine with ordered ranges
+    /// reads only the range.
+    fn keys_in_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+        Ok(self
+            .keys_with_prefix(&from[..common])?
+            .into_iter()
+            .filter(|k| k.as_slice() >= from && k.as_slice() <= to)
+            .collect())
+    }
     /// A format-1 record's bytes.
     fn format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)

@@ -327,16 +327,16 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         let fresh = std::mem::take(&mut st.fresh);
         let now_ms = crate::store::now_ms();
         st.since_trim += page.len() as u64;
-        // Trim by count when an eighth of the count came since, by age when an
-        // eighth of the age passed: a trim reads every page key of the session.
-        let trim = fresh
-            || st.since_trim >= (self.retention.count / 8).max(32)
-            || self
-                .retention
-                .max_age_ms
-                .is_some_and(|age| now_ms.saturating_sub(st.trimmed_at_ms) >= age / 8);
+        // By count every eighth of the count (a read of the keys of the pages that go),
+        // by age every eighth of the age (a read of every page key).
+        let trim = fresh || st.since_trim >= (self.retention.count / 8).max(32);
         if trim {
             st.since_trim = 0;
+        }
+        let trim_age = self.retention.max_age_ms.is_some_and(|age| {
+            fresh || now_ms.saturating_sub(st.trimmed_at_ms) >= (age / 8).max(1)
+        });
+        if trim_age {
             st.trimmed_at_ms = now_ms;
         }
         let sealed = page.seal();
@@ -349,7 +349,8 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                 page: sealed,
                 reserved: mark,
                 fresh,
-                retention: trim.then_some(self.retention),
+                retention: (trim || trim_age).then_some(self.retention),
+                trim_age,
                 now_ms,
             },
             mark > 0,

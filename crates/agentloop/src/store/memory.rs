@@ -43,6 +43,13 @@ impl Table for Entries {
             .map(|(k, _)| k.clone())
             .collect())
     }
+    fn keys_in_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .0
+            .range::<[u8], _>((Bound::Included(from), Bound::Included(to)))
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
     fn entries_with_prefix(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
         Ok(self
             .0

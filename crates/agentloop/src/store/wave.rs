@@ -228,6 +228,13 @@ impl<B: Base> Table for Wave<'_, B> {
         }
         Ok(out.into_iter().collect())
     }
+    fn keys_in_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .entries_in_range(from, to)?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect())
+    }
     fn format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         if let Some(v) = self.staged.format1.get(id) {
             return Ok(v.clone());
