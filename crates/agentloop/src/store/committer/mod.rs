@@ -510,16 +510,28 @@ impl Committer {
         let mut jobs = batch.into_iter();
         let mut close = None;
         let mut needs_flush = false;
-        // Riders first: what waited for this wave is committed with it.
+        // Riders: what waited for this wave is committed with it. A rider that needs
+        // no flush (kept events alone) is applied right after the wave's flush, so it
+        // never delays the writes the wave answers; the next flush makes it durable.
+        // One that needs it (a reservation) goes in the wave.
+        let (mut later_ops, mut later_waiters) = (Vec::new(), Vec::new());
         let riders = std::mem::take(&mut *self.riders.lock());
         for rider in riders {
             if let Some((op, waiter)) = rider.take() {
                 if let Some(key) = key_of(&op) {
                     *self.queued.lock().entry(key.to_string()).or_insert(0) += 1;
                 }
-                needs_flush |= op.needs_flush();
-                ops.push(op);
-                waiters.push(waiter);
+                match op.needs_flush() {
+                    true => {
+                        needs_flush = true;
+                        ops.push(op);
+                        waiters.push(waiter);
+                    }
+                    false => {
+                        later_ops.push(op);
+                        later_waiters.push(waiter);
+                    }
+                }
             }
         }
         for job in jobs.by_ref() {
@@ -565,6 +577,14 @@ impl Committer {
             };
             for (waiter, result) in writes {
                 answer_flushed(waiter, result, &flush);
+            }
+        }
+        if !later_ops.is_empty() {
+            let mut later = Vec::new();
+            self.apply(&engine, &mut later_ops, &mut later_waiters, &mut later);
+            self.unflushed.store(true, Ordering::Release);
+            for (waiter, result) in later {
+                answer_flushed(waiter, result, &Ok(()));
             }
         }
         // After a close: the rest of the batch is refused (dropped answers say Closed).
