@@ -4,8 +4,8 @@
 //! ([`mod@write`]), their encoding ([`codec`]), the key-value table every store applies
 //! them to ([`table`]), the checkpoint history ([`history`]) and [`StoreError`]. The
 //! cluster's judgements: lease arithmetic, placement, adoption and rebalancing. The
-//! journal of durable steps ([`steps`], S1b). The numbering, retention and replay of
-//! events kept in the store ([`event_log`], S20a). Which durable timers are due and when
+//! journal of durable steps ([`steps`], S1b). How long events are kept in the store
+//! ([`event_log`], S20a). Which durable timers are due and when
 //! a schedule fires next ([`timers`], S39). Plain data and plain functions; this
 //! crate has no tokio and no ractor in its Cargo.toml, so the compiler keeps it free of
 //! I/O (DESIGN §1, issue 31). The `agentloop` crate re-exports the items at their old

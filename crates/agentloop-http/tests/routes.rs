@@ -127,6 +127,30 @@ async fn errors_are_json_with_a_stable_code() {
             StatusCode::BAD_REQUEST,
             "bad_request",
         ),
+        // S20a: an absurd retention of kept events, and one without persistence.
+        (
+            "POST",
+            "/sessions",
+            Some(
+                json!({"id": "z", "kind": "sim", "persistent": true, "events": {"count": u64::MAX}}),
+            ),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/sessions",
+            Some(json!({"id": "z", "kind": "sim", "persistent": true, "events": {"max_age_s": 0}})),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/sessions",
+            Some(json!({"id": "z", "kind": "sim", "events": {"count": 10}})),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
         (
             "POST",
             "/sessions/ghost/items",

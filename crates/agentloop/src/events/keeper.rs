@@ -371,7 +371,15 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                 }
             }
             Err(e @ (StoreError::Fenced { .. } | StoreError::Closed)) => {
-                tracing::info!(error = %e, "the session's events are no longer kept here (its record has another owner, or the store closed)");
+                match e {
+                    // Another owner keeps them: nothing is lost.
+                    StoreError::Fenced { .. } => {
+                        tracing::info!(error = %e, "the session's events are no longer kept here: its record has another owner")
+                    }
+                    _ => {
+                        tracing::warn!(error = %e, "the store closed before the session's last events were kept: a subscriber that replays them is told it missed them")
+                    }
+                }
                 st.stopped = true;
                 st.pending = PageBuilder::default();
                 drop(st);
