@@ -177,12 +177,20 @@ fn a_minute_under_attack_keeps_latency_memory_and_every_acknowledged_item() {
     }
     let pace = Duration::from_millis(10);
     let good = agent();
-    // The idle server first: the same client, the same pacing, enough pushes (2 000,
-    // about as many as the soak's) that the p99 is not one slow flush.
+    // The idle server first: the same client, the same pacing, for as long as the soak
+    // (about as many pushes as the soak's, so both p99s are read off samples of one
+    // size and one slow moment of the machine weighs the same in either).
     let (idle_cpu_before, idle_started) = (cpu_ticks(pid), Instant::now());
-    let (idle, mut acked) = behave(&good, &url, "good", 0..2000, pace);
+    let (mut idle, mut acked) = (Vec::new(), Vec::new());
+    let mut next_id = 0;
+    while idle_started.elapsed() < SOAK {
+        let (l, a) = behave(&good, &url, "good", next_id..next_id + 100, pace);
+        next_id += 100;
+        idle.extend(l);
+        acked.extend(a);
+    }
     let idle_cpu = (cpu_ticks(pid) - idle_cpu_before) as f64 / idle_started.elapsed().as_secs_f64();
-    let idle_p99 = p99(idle);
+    let idle_p99 = p99(idle.clone());
 
     let stop = Arc::new(AtomicBool::new(false));
     let mut attackers = Vec::new();
@@ -272,7 +280,6 @@ fn a_minute_under_attack_keeps_latency_memory_and_every_acknowledged_item() {
     let cpu_before = cpu_ticks(pid);
     let mut loaded = Vec::new();
     let mut max_rss = 0;
-    let mut next_id = 2000;
     while started.elapsed() < SOAK {
         let (l, a) = behave(&good, &url, "good", next_id..next_id + 100, pace);
         next_id += 100;
@@ -287,7 +294,8 @@ fn a_minute_under_attack_keeps_latency_memory_and_every_acknowledged_item() {
     }
     let loaded_p99 = p99(loaded.clone());
     eprintln!(
-        "soak: idle p99 {idle_p99:?}, loaded p99 {loaded_p99:?} over {} pushes; flood requests {}; max RSS {} MiB; server CPU {idle_cpu:.0}% idle, {server_cpu:.0}% loaded",
+        "soak: idle p99 {idle_p99:?} over {} pushes, loaded p99 {loaded_p99:?} over {} pushes; flood requests {}; max RSS {} MiB; server CPU {idle_cpu:.0}% idle, {server_cpu:.0}% loaded",
+        idle.len(),
         loaded.len(),
         flooded.load(Ordering::Relaxed),
         max_rss / 1024
