@@ -64,6 +64,7 @@ fn write(h: RecordHeader, items: Vec<ItemChange>, state: StateChange) -> RecordW
         replace: false,
         condition: WriteCondition::NotFinal,
         history: None,
+        timers: Vec::new(),
     }
 }
 
@@ -899,6 +900,139 @@ pub async fn kept_events(store: &Store) {
     );
 }
 
+/// Durable timers (S39): armed only for a session with a record, numbered per session,
+/// listed, found in the due-time index earliest first, canceled; a record write that
+/// accepts a timer's item removes a one-off timer and moves a recurring one in the same
+/// write, and one refused (fenced) changes neither; listings and loads never see
+/// timers; a delete removes them.
+pub async fn durable_timers(store: &Store) {
+    use agentloop::store::{Repeat, StoredTimer, TimerChange};
+    assert!(store.keeps_timers(), "every engine keeps timers");
+    let timer = |due_ms: u64, repeat: Option<Repeat>| StoredTimer {
+        due_ms,
+        item: payload(7).to_vec(),
+        repeat,
+        armed_ms: 1,
+        fired: 0,
+    };
+    match store.arm_timer("timers", timer(50, None)).await {
+        Err(StoreError::NoRecord { .. }) => {}
+        other => panic!("a timer for a session without a record: expected NoRecord, got {other:?}"),
+    }
+    for id in ["timers", "timers-b"] {
+        store
+            .write(write(
+                header(id, SessionStatus::Running),
+                vec![],
+                StateChange::Keep,
+            ))
+            .await
+            .expect("a record");
+    }
+    let once = store
+        .arm_timer("timers", timer(300, None))
+        .await
+        .expect("armed");
+    let every = store
+        .arm_timer("timers", timer(100, Some(Repeat::Every { ms: 1000 })))
+        .await
+        .expect("armed");
+    let other = store
+        .arm_timer("timers-b", timer(200, None))
+        .await
+        .expect("armed");
+    assert_eq!(
+        (once, every, other),
+        (1, 2, 1),
+        "numbered per session from 1"
+    );
+    let due: Vec<(u64, String, u64)> = store
+        .due_timers()
+        .await
+        .expect("due index")
+        .into_iter()
+        .filter(|t| t.session.starts_with("timers"))
+        .map(|t| (t.due_ms, t.session, t.id))
+        .collect();
+    assert_eq!(
+        due,
+        vec![
+            (100, "timers".into(), every),
+            (200, "timers-b".into(), other),
+            (300, "timers".into(), once)
+        ],
+        "the due-time index, earliest first"
+    );
+    let listed = store.timers("timers").await.expect("listed");
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0].1.item, payload(7).to_vec(), "the item as armed");
+    // A record load and a listing never see timers.
+    assert!(stored(store, "timers").await.items.is_empty());
+    let listing = store.list_stored(None).await.expect("list");
+    assert!(
+        listing.iter().all(|e| e.record.is_ok()),
+        "a timer key is no record"
+    );
+    // A fenced write (an older owner) changes neither the record nor the timers.
+    let mut newer = header("timers", SessionStatus::Running);
+    newer.lease_epoch = 5;
+    store
+        .write(write(newer.clone(), vec![], StateChange::Keep))
+        .await
+        .expect("a newer owner");
+    let fired = |n: u64, due_ms: u64, next: Option<u64>| TimerChange::Fired {
+        timer: n,
+        due_ms,
+        next_due_ms: next,
+    };
+    let mut stale = write(
+        header("timers", SessionStatus::Running),
+        vec![ItemChange::Put(1, payload(7))],
+        StateChange::Keep,
+    );
+    stale.timers = vec![fired(once, 300, None)];
+    assert!(matches!(
+        store.write(stale).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(store.timers("timers").await.expect("listed").len(), 2);
+    // The owner's write accepting both items: the one-off timer goes, the recurring one
+    // moves to its next slot, in the same write.
+    let mut accept = write(
+        newer,
+        vec![
+            ItemChange::Put(1, payload(7)),
+            ItemChange::Put(2, payload(7)),
+        ],
+        StateChange::Keep,
+    );
+    accept.timers = vec![fired(once, 300, None), fired(every, 100, Some(1100))];
+    store.write(accept).await.expect("accepted");
+    let left = store.timers("timers").await.expect("listed");
+    assert_eq!(left.len(), 1, "the one-off timer fired once: {left:?}");
+    assert_eq!(
+        (left[0].0, left[0].1.due_ms, left[0].1.fired),
+        (every, 1100, 1)
+    );
+    assert_eq!(stored(store, "timers").await.items.len(), 2);
+    assert!(store.cancel_timer("timers", every).await.expect("canceled"));
+    assert!(!store.cancel_timer("timers", every).await.expect("answered"));
+    store
+        .arm_timer("timers", timer(400, None))
+        .await
+        .expect("armed");
+    // A delete takes the session's timers with it.
+    assert!(store.delete("timers").await.expect("deleted"));
+    assert!(store.timers("timers").await.expect("listed").is_empty());
+    let due = store.due_timers().await.expect("due index");
+    assert!(
+        due.iter().all(|t| t.session != "timers"),
+        "a deleted session's timers leave the index: {due:?}"
+    );
+    assert!(due.iter().any(|t| t.session == "timers-b"));
+    store.delete("timers-b").await.expect("deleted");
+}
+
 /// Every check above, in order, on one fresh store.
 pub async fn run_all(store: Store) {
     whole_records_round_trip(&store).await;
@@ -915,4 +1049,5 @@ pub async fn run_all(store: Store) {
     checkpoint_history(&store).await;
     the_journal_of_durable_steps_is_kept(&store).await;
     kept_events(&store).await;
+    durable_timers(&store).await;
 }

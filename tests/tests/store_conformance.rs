@@ -156,6 +156,7 @@ fn s15_postgres_store_conforms() {
             replace: false,
             condition,
             history: None,
+            timers: Vec::new(),
         };
         CheckpointStore::<SimItem>::write(&first, at(1, WriteCondition::NotFinal))
             .await

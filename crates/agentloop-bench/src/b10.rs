@@ -75,6 +75,7 @@ impl Agent for Stepper {
                     replace: false,
                     condition: agentloop::store::WriteCondition::NotFinal,
                     history: None,
+                    timers: Vec::new(),
                 };
                 store
                     .write(w)
@@ -153,6 +154,7 @@ async fn store_only(store: &Arc<dyn CheckpointStore<u64>>, tree: &sled::Tree, di
                 replace: false,
                 condition: WriteCondition::NotFinal,
                 history: None,
+                timers: Vec::new(),
             };
             writes.push(w);
         }

@@ -78,6 +78,21 @@ impl TimerQueue {
     }
 }
 
+/// How a stored timer recurs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Repeat {
+    /// On a fixed grid: every `ms` milliseconds from its first due time.
+    Every {
+        /// The period, ms (at least 1).
+        ms: u64,
+    },
+    /// At the times a cron expression names, in UTC (parsed by the runtime).
+    Cron {
+        /// The expression, as given.
+        expr: String,
+    },
+}
+
 /// How a schedule recurs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Every {

@@ -122,6 +122,10 @@ pub struct RecordWrite {
     /// Also keep a snapshot of the record this write leaves, as a turn's end (issue 13,
     /// checkpoint history); `None` for every other write.
     pub history: Option<crate::history::HistoryMark>,
+    /// Changes to the session's timers (S39), durable with this write: a timer armed
+    /// by the turn, or one whose item this write accepts (its removal and the item's
+    /// acceptance are one write, so it fires once).
+    pub timers: Vec<crate::table::timers::TimerChange>,
 }
 
 impl RecordWrite {

@@ -396,6 +396,43 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         let f = self.call(session, Request::ReadEvents(session.to_string(), after));
         expect!(f, Answer::Events(e) => e)
     }
+
+    fn keeps_timers(&self) -> bool {
+        true
+    }
+
+    fn arm_timer(
+        &self,
+        session: &str,
+        timer: agentloop::store::StoredTimer,
+    ) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let f = self.call(session, Request::ArmTimer(session.to_string(), timer));
+        expect!(f, Answer::Armed(n) => n)
+    }
+
+    fn cancel_timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let f = self.call(session, Request::CancelTimer(session.to_string(), timer));
+        expect!(f, Answer::Existed(e) => e)
+    }
+
+    fn timers(
+        &self,
+        session: &str,
+    ) -> BoxFuture<'static, Result<Vec<(u64, agentloop::store::StoredTimer)>, StoreError>> {
+        let f = self.call(session, Request::Timers(session.to_string()));
+        expect!(f, Answer::Timers(t) => t)
+    }
+
+    fn due_timers(
+        &self,
+    ) -> BoxFuture<'static, Result<Vec<agentloop::store::TimerRef>, StoreError>> {
+        let f = self.call("", Request::DueTimers);
+        expect!(f, Answer::Due(d) => d)
+    }
 }
 
 #[cfg(test)]

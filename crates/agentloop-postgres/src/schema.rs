@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! agentloop_entries   (session text, key bytea, value bytea)   one row per table entry
+//!                     (+ a partial index on the timers' due-time keys, S39)
 //! agentloop_instances (instance text, beat_ms bigint)          one heartbeat per instance
 //! ```
 //!
@@ -19,6 +20,8 @@ CREATE TABLE IF NOT EXISTS agentloop_entries (
     value bytea NOT NULL,
     PRIMARY KEY (session, key)
 );
+CREATE INDEX IF NOT EXISTS agentloop_due_timers ON agentloop_entries (key)
+    WHERE get_byte(key, 0) = 3;
 CREATE TABLE IF NOT EXISTS agentloop_instances (
     instance text PRIMARY KEY,
     beat_ms bigint NOT NULL
@@ -53,9 +56,15 @@ DELETE FROM agentloop_entries AS e
 USING unnest($1::text[], $2::bytea[]) AS gone(session, key)
 WHERE e.session = gone.session AND e.key = gone.key";
 
-/// Every live-record row (history excluded), in key order: what a list groups.
+/// Every live-record row (history, kept events and timers excluded), in key order:
+/// what a list groups.
 pub(crate) const LIST_ROWS: &str = "
-SELECT key, value FROM agentloop_entries WHERE get_byte(key, 0) NOT IN (1, 2) ORDER BY key";
+SELECT key, value FROM agentloop_entries WHERE get_byte(key, 0) NOT IN (1, 2, 3, 4) ORDER BY key";
+
+/// The due-time index of every session's timers (S39), earliest first (keys only; the
+/// partial index [`CREATE`] makes keeps the scan to them).
+pub(crate) const DUE_ROWS: &str = "
+SELECT key FROM agentloop_entries WHERE get_byte(key, 0) = 3 ORDER BY key";
 
 /// Renews an instance's heartbeat.
 pub(crate) const BEAT: &str = "

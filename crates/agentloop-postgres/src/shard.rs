@@ -48,6 +48,10 @@ pub(crate) enum Request {
         append: table::events::EventAppend,
     },
     ReadEvents(String, u64),
+    ArmTimer(String, table::timers::StoredTimer),
+    CancelTimer(String, u64),
+    Timers(String),
+    DueTimers,
     List(Option<Vec<StatusKind>>),
     Beat(String, u64),
     Heartbeat(String),
@@ -64,6 +68,9 @@ pub(crate) enum Answer {
     Swapped(CasOutcome),
     History(HistoryAnswer),
     Events(table::events::KeptEvents),
+    Armed(u64),
+    Timers(Vec<(u64, table::timers::StoredTimer)>),
+    Due(Vec<agentloop_core::timers::TimerRef>),
     Listed(Vec<StoredEntry>),
     Beat(Option<u64>),
     Instances(Vec<(String, u64)>),
@@ -84,10 +91,14 @@ impl Request {
             | Request::Purge(id)
             | Request::History(id, _)
             | Request::ReadEvents(id, _)
+            | Request::ArmTimer(id, _)
+            | Request::CancelTimer(id, _)
+            | Request::Timers(id)
             | Request::AppendEvents { id, .. }
             | Request::Cas { id, .. } => Some(id),
             Request::Write(w) => Some(w.session_id()),
             Request::List(_)
+            | Request::DueTimers
             | Request::Beat(..)
             | Request::Heartbeat(_)
             | Request::Instances
@@ -105,6 +116,10 @@ impl Request {
             Request::History(..) => "read the history of",
             Request::AppendEvents { .. } => "keep the events of",
             Request::ReadEvents(..) => "read the events of",
+            Request::ArmTimer(..) => "arm a timer of",
+            Request::CancelTimer(..) => "cancel a timer of",
+            Request::Timers(_) => "read the timers of",
+            Request::DueTimers => "read the due timers",
             Request::List(_) => "list",
             Request::Beat(..) => "renew the heartbeat",
             Request::Heartbeat(_) => "read the heartbeat",
@@ -272,6 +287,14 @@ async fn alone(conn: &mut Connection, op: Op) {
                         .collect(),
                 ))
             }
+            Request::DueTimers => {
+                let rows = client.query(schema::DUE_ROWS, &[]).await.map_err(db)?;
+                Ok(Answer::Due(
+                    rows.into_iter()
+                        .filter_map(|r| table::timers::parse_due_key(&r.get::<_, Vec<u8>>(0)))
+                        .collect(),
+                ))
+            }
             Request::List(statuses) => {
                 let rows = client.query(schema::LIST_ROWS, &[]).await.map_err(db)?;
                 let scan = rows.into_iter().map(|r| {
@@ -394,7 +417,11 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         Request::ReadEvents(id, after) => {
             table::events::read_events(rows, &id, after).map(Answer::Events)
         }
+        Request::ArmTimer(id, timer) => table::timers::arm(rows, &id, timer).map(Answer::Armed),
+        Request::CancelTimer(id, n) => table::timers::cancel(rows, &id, n).map(Answer::Existed),
+        Request::Timers(id) => table::timers::list(rows, &id).map(Answer::Timers),
         Request::List(_)
+        | Request::DueTimers
         | Request::Beat(..)
         | Request::Heartbeat(_)
         | Request::Instances

@@ -199,6 +199,7 @@ impl<I: Serialize + DeserializeOwned + Clone> SessionRecord<I> {
             replace: true,
             condition,
             history: None,
+            timers: Vec::new(),
         })
     }
 }

@@ -444,41 +444,8 @@ pub fn remove_all(t: &mut impl Table, id: &str) -> Result<usize, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
-    #[derive(Default)]
-    struct Map(BTreeMap<Vec<u8>, Payload>);
-
-    impl Table for Map {
-        fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
-            Ok(self.0.get(key).cloned())
-        }
-        fn put(&mut self, key: Vec<u8>, value: Payload) {
-            self.0.insert(key, value);
-        }
-        fn remove(&mut self, key: Vec<u8>) {
-            self.0.remove(&key);
-        }
-        fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
-            Ok(self
-                .0
-                .keys()
-                .filter(|k| k.starts_with(prefix))
-                .cloned()
-                .collect())
-        }
-        fn entries_with_prefix(
-            &self,
-            prefix: &[u8],
-        ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
-            Ok(self
-                .0
-                .iter()
-                .filter(|(k, _)| k.starts_with(prefix))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect())
-        }
-    }
+    use crate::table::kv::tests_support::MapTable as Map;
 
     fn ev(seq: u64, at_ms: u64) -> KeptEvent {
         KeptEvent {

@@ -54,3 +54,48 @@ pub trait Table {
     /// Removes a format-1 record.
     fn format1_remove(&mut self, _id: &str) {}
 }
+
+/// A [`Table`] over a map, for the table modules' unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use std::collections::BTreeMap;
+
+    use super::Table;
+    use crate::header::Payload;
+    use crate::store_error::StoreError;
+
+    /// Every key and value in one ordered map.
+    #[derive(Default)]
+    pub(crate) struct MapTable(pub(crate) BTreeMap<Vec<u8>, Payload>);
+
+    impl Table for MapTable {
+        fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+            Ok(self.0.get(key).cloned())
+        }
+        fn put(&mut self, key: Vec<u8>, value: Payload) {
+            self.0.insert(key, value);
+        }
+        fn remove(&mut self, key: Vec<u8>) {
+            self.0.remove(&key);
+        }
+        fn keys_with_prefix(&self, prefix: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
+            Ok(self
+                .0
+                .keys()
+                .filter(|k| k.starts_with(prefix))
+                .cloned()
+                .collect())
+        }
+        fn entries_with_prefix(
+            &self,
+            prefix: &[u8],
+        ) -> Result<Vec<(Vec<u8>, Payload)>, StoreError> {
+            Ok(self
+                .0
+                .iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        }
+    }
+}

@@ -34,6 +34,7 @@ use crate::ids::validate_session_id;
 
 pub mod events;
 pub(crate) mod kv;
+pub mod timers;
 use crate::record::StoredEntry;
 use crate::record::{Format1Record, Payload, Stored, StoredRecord};
 use crate::status::{CasOutcome, SessionStatus, StatusKind};
@@ -104,10 +105,13 @@ pub enum KeyKind {
 pub fn parse_key(key: &[u8]) -> Option<(&str, KeyKind)> {
     if matches!(
         key.first(),
-        Some(&crate::history::HISTORY_MARK) | Some(&events::EVENTS_MARK)
+        Some(&crate::history::HISTORY_MARK)
+            | Some(&events::EVENTS_MARK)
+            | Some(&timers::DUE_MARK)
+            | Some(&timers::TIMERS_MARK)
     ) {
-        // A checkpoint-history key (`store::history`) or a kept event (`events`), not
-        // part of a live record.
+        // A checkpoint-history key (`store::history`), a kept event (`events`) or a
+        // timer (`timers`), not part of a live record.
         return None;
     }
     let zero = key.iter().position(|b| *b == 0)?;
@@ -606,6 +610,8 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
             crate::history::record(t, &id, mark, header.updated_at_ms, now)?;
         }
     }
+    // S39: the timers it arms or fired, in the same batch as the record.
+    timers::apply(t, &id, w.timers)?;
     Ok(())
 }
 
@@ -663,6 +669,7 @@ pub fn append_journal(
             replace: false,
             condition: crate::write::WriteCondition::NotFinal,
             history: None,
+            timers: Vec::new(),
         },
     )
 }
@@ -743,10 +750,12 @@ pub fn purge(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     Ok(record || history > 0 || events > 0)
 }
 
-/// Removes every entry of a session (and a format-1 record); whether anything existed.
-/// The checkpoint history stays (S16's delete at a clean exit keeps it).
+/// Removes every entry of a session (and a format-1 record) and its timers (S39: they
+/// push into a session that is no more); whether a record existed. The checkpoint
+/// history and the kept events stay (S16's delete at a clean exit keeps them).
 pub fn delete(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     check_id(id)?;
+    timers::remove_all(t, id)?;
     let old = t.format1_get(id)?.is_some();
     if old {
         t.format1_remove(id);

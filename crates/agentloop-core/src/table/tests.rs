@@ -74,6 +74,7 @@ fn write(items: Vec<ItemChange>, state: StateChange, replace: bool) -> RecordWri
         replace,
         condition: WriteCondition::Always,
         history: None,
+        timers: Vec::new(),
     }
 }
 

@@ -124,6 +124,7 @@ where
         replace: true,
         condition: WriteCondition::Absent,
         history: None,
+        timers: Vec::new(),
     };
     match store.write(write).await {
         Ok(()) => {}

@@ -207,6 +207,7 @@ fn submit_checked(committer: &Arc<Committer>, key: &str, op: WriteOp, waiter: Wa
             Waiter::Deleted(a) => a.send(Err(e)),
             Waiter::Cas(a) => a.send(Err(e)),
             Waiter::Load(a) => a.send(Err(e)),
+            Waiter::Armed(a) => a.send(Err(e)),
         },
     }
 }
@@ -636,6 +637,64 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
             move |engine| engine.read_events(&key, after),
             Answer::oneshot(tx),
         );
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
+    fn keeps_timers(&self) -> bool {
+        true
+    }
+
+    fn arm_timer(
+        &self,
+        session: &str,
+        timer: crate::store::StoredTimer,
+    ) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        submit_checked(
+            &self.committer,
+            session,
+            WriteOp::Timer {
+                key: session.to_string(),
+                change: crate::store::wave::TimerOp::Arm(timer),
+            },
+            Waiter::Armed(Answer::oneshot(tx)),
+        );
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
+    fn cancel_timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        submit_checked(
+            &self.committer,
+            session,
+            WriteOp::Timer {
+                key: session.to_string(),
+                change: crate::store::wave::TimerOp::Cancel(timer),
+            },
+            Waiter::Deleted(Answer::oneshot(tx)),
+        );
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
+    fn timers(
+        &self,
+        session: &str,
+    ) -> BoxFuture<'static, Result<Vec<(u64, crate::store::StoredTimer)>, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let key = session.to_string();
+        self.committer
+            .read(move |engine| engine.timers(&key), Answer::oneshot(tx));
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
+    fn due_timers(&self) -> BoxFuture<'static, Result<Vec<crate::store::TimerRef>, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        self.committer
+            .read(move |engine| engine.due_timers(), Answer::oneshot(tx));
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
     }
 

@@ -353,6 +353,18 @@ impl Backend {
         agentloop_core::table::events::read_events(&view, id, after)
     }
 
+    /// Session `id`'s timers, by number (S39). Blocks.
+    pub fn timers(&self, id: &str) -> Result<Vec<(u64, crate::store::StoredTimer)>, StoreError> {
+        let view = crate::store::wave::Wave::new(self);
+        agentloop_core::table::timers::list(&view, id)
+    }
+
+    /// Every armed timer, earliest first: the due-time index (S39). Blocks.
+    pub fn due_timers(&self) -> Result<Vec<crate::store::TimerRef>, StoreError> {
+        let view = crate::store::wave::Wave::new(self);
+        agentloop_core::table::timers::due_index(&view)
+    }
+
     /// See [`SledBackend::list`].
     pub fn list(&self, statuses: Option<&[StatusKind]>) -> Result<Vec<StoredEntry>, StoreError> {
         match self {

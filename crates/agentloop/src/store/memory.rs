@@ -274,6 +274,41 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(r))
     }
 
+    fn keeps_timers(&self) -> bool {
+        true
+    }
+
+    fn arm_timer(
+        &self,
+        session: &str,
+        timer: crate::store::StoredTimer,
+    ) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let r = table::timers::arm(&mut *self.entries.lock(), session, timer);
+        Box::pin(ready(r))
+    }
+
+    fn cancel_timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let r = table::timers::cancel(&mut *self.entries.lock(), session, timer);
+        Box::pin(ready(r))
+    }
+
+    fn timers(
+        &self,
+        session: &str,
+    ) -> BoxFuture<'static, Result<Vec<(u64, crate::store::StoredTimer)>, StoreError>> {
+        let r = table::timers::list(&*self.entries.lock(), session);
+        Box::pin(ready(r))
+    }
+
+    fn due_timers(&self) -> BoxFuture<'static, Result<Vec<crate::store::TimerRef>, StoreError>> {
+        let r = table::timers::due_index(&*self.entries.lock());
+        Box::pin(ready(r))
+    }
+
     fn delete(&self, session_id: &str) -> BoxFuture<'static, Result<bool, StoreError>> {
         let r = table::delete(&mut *self.entries.lock(), session_id);
         if let Ok(true) = r {

@@ -40,6 +40,8 @@ pub use self::fjall::{FjallBackend, FjallDurability};
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
 pub use agentloop_core::table::events::{EventAppend, KeptEvent, KeptEvents, PageBuilder};
+pub use agentloop_core::table::timers::{StoredTimer, TimerChange};
+pub use agentloop_core::timers::{Repeat, TimerRef};
 pub use lease::{InstanceLease, DEFAULT_HEARTBEAT};
 pub use memory::MemoryStore;
 pub use record::{
@@ -187,6 +189,48 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(KeptEvents::default())))
     }
 
+    /// Whether this store keeps durable timers (S39): a timer armed on a store that
+    /// does not is refused.
+    fn keeps_timers(&self) -> bool {
+        false
+    }
+
+    /// Arms a timer of `session` (S39; `table::timers::arm`), durably; its number.
+    /// Refused when the session has no record, and by a store that keeps no timers.
+    fn arm_timer(
+        &self,
+        session: &str,
+        timer: StoredTimer,
+    ) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let _ = timer;
+        Box::pin(std::future::ready(Err(no_timers(session))))
+    }
+
+    /// Cancels `session`'s timer `timer`, durably; whether it was armed.
+    fn cancel_timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<bool, StoreError>> {
+        let _ = timer;
+        Box::pin(std::future::ready(Err(no_timers(session))))
+    }
+
+    /// `session`'s timers, by number (none on a store that keeps no timers).
+    fn timers(
+        &self,
+        session: &str,
+    ) -> BoxFuture<'static, Result<Vec<(u64, StoredTimer)>, StoreError>> {
+        let _ = session;
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
+    /// Every armed timer of every session, earliest first: the due-time index, read
+    /// once when a runtime starts (none on a store that keeps no timers).
+    fn due_timers(&self) -> BoxFuture<'static, Result<Vec<TimerRef>, StoreError>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
     /// Like [`delete`](Self::delete), answered through `done` (see
     /// [`write_then`](Self::write_then)).
     fn delete_then(&self, session_id: &str, done: committer::Answer<bool>) {
@@ -316,5 +360,16 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
                 })
                 .collect())
         })
+    }
+}
+
+/// The refusal of a store that keeps no timers.
+fn no_timers(session: &str) -> StoreError {
+    StoreError::Refused {
+        session: session.to_string(),
+        status: "any".into(),
+        why: "this store keeps no durable timers (S39): use sled, fjall, PostgreSQL or the \
+              memory store"
+            .into(),
     }
 }

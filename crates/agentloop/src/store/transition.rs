@@ -93,6 +93,7 @@ pub(crate) fn hand_over(
         replace: false,
         condition: WriteCondition::AtVersion(header.version),
         history: None,
+        timers: Vec::new(),
     }
 }
 

@@ -93,8 +93,24 @@ pub enum WriteOp {
         /// alone are made durable by the next flush of any write).
         flush: bool,
     },
+    /// A session's timer armed or canceled (S39; `table::timers`).
+    Timer {
+        /// The session id.
+        key: String,
+        /// What to do.
+        change: TimerOp,
+    },
     /// Nothing: its answer comes after the wave's flush.
     Flush,
+}
+
+/// A timer operation of its own (not riding a record write).
+#[derive(Debug)]
+pub enum TimerOp {
+    /// Arm a timer: answered [`OpResult::Armed`] with its number.
+    Arm(crate::store::StoredTimer),
+    /// Cancel a timer by number: answered [`OpResult::Deleted`].
+    Cancel(u64),
 }
 
 impl WriteOp {
@@ -118,6 +134,8 @@ pub enum OpResult {
     Cas(CasOutcome),
     /// A read; the record, if any (boxed: records are large next to the other results).
     Read(Option<Box<Stored>>),
+    /// A timer armed; its number.
+    Armed(u64),
 }
 
 /// What a wave reads of an engine: its `sessions` table (format-2 entries and history)
@@ -284,6 +302,14 @@ pub fn apply<B: Base>(base: &B, ops: Vec<WriteOp>) -> (Vec<Result<OpResult, Stor
                 key, epoch, append, ..
             } => table::events::append_events(&mut wave, &key, epoch, append)
                 .map(|()| OpResult::Done),
+            WriteOp::Timer { key, change } => match change {
+                TimerOp::Arm(timer) => {
+                    table::timers::arm(&mut wave, &key, timer).map(OpResult::Armed)
+                }
+                TimerOp::Cancel(n) => {
+                    table::timers::cancel(&mut wave, &key, n).map(OpResult::Deleted)
+                }
+            },
             WriteOp::Flush => Ok(OpResult::Done),
         };
         results.push(r);

@@ -394,6 +394,7 @@ impl<A: Agent> Core<A> {
             replace,
             condition,
             history: None,
+            timers: Vec::new(),
         }
     }
 

@@ -84,6 +84,7 @@ pub(crate) enum Waiter {
     Deleted(Answer<bool>),
     Cas(Answer<CasOutcome>),
     Load(Answer<Option<Stored>>),
+    Armed(Answer<u64>),
 }
 
 /// What the committer's thread takes from its queue.
@@ -194,6 +195,7 @@ fn key_of(op: &WriteOp) -> Option<&str> {
         | WriteOp::Read { key }
         | WriteOp::Journal { key, .. }
         | WriteOp::Events { key, .. }
+        | WriteOp::Timer { key, .. }
         | WriteOp::Restore { key, .. } => Some(key),
         WriteOp::Beat { .. } | WriteOp::Flush => None,
     }
@@ -658,6 +660,10 @@ fn answer_flushed(
             other => Err(unexpected(other)),
         })),
         Waiter::Load(answer) => answer.send(Err(unexpected(OpResult::Done))),
+        Waiter::Armed(answer) => answer.send(result.and_then(|r| match r {
+            OpResult::Armed(n) => Ok(n),
+            other => Err(unexpected(other)),
+        })),
     }
 }
 

@@ -81,6 +81,7 @@ async fn a_load_from_the_head_needs_no_hop() {
             replace,
             condition: WriteCondition::Always,
             history: None,
+            timers: Vec::new(),
         }))
     };
     let loaded = |c: &Arc<Committer>| {
