@@ -419,6 +419,15 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         expect!(f, Answer::Existed(e) => e)
     }
 
+    fn change_timer(
+        &self,
+        session: &str,
+        change: agentloop::store::TimerChange,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let f = self.call(session, Request::ChangeTimer(session.to_string(), change));
+        expect!(f, Answer::Done => ())
+    }
+
     fn timers(
         &self,
         session: &str,

@@ -50,6 +50,7 @@ pub(crate) enum Request {
     ReadEvents(String, u64),
     ArmTimer(String, table::timers::StoredTimer),
     CancelTimer(String, u64),
+    ChangeTimer(String, table::timers::TimerChange),
     Timers(String),
     DueTimers,
     List(Option<Vec<StatusKind>>),
@@ -93,6 +94,7 @@ impl Request {
             | Request::ReadEvents(id, _)
             | Request::ArmTimer(id, _)
             | Request::CancelTimer(id, _)
+            | Request::ChangeTimer(id, _)
             | Request::Timers(id)
             | Request::AppendEvents { id, .. }
             | Request::Cas { id, .. } => Some(id),
@@ -118,6 +120,7 @@ impl Request {
             Request::ReadEvents(..) => "read the events of",
             Request::ArmTimer(..) => "arm a timer of",
             Request::CancelTimer(..) => "cancel a timer of",
+            Request::ChangeTimer(..) => "change a timer of",
             Request::Timers(_) => "read the timers of",
             Request::DueTimers => "read the due timers",
             Request::List(_) => "list",
@@ -419,6 +422,9 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         }
         Request::ArmTimer(id, timer) => table::timers::arm(rows, &id, timer).map(Answer::Armed),
         Request::CancelTimer(id, n) => table::timers::cancel(rows, &id, n).map(Answer::Existed),
+        Request::ChangeTimer(id, c) => {
+            table::timers::apply(rows, &id, vec![c]).map(|()| Answer::Done)
+        }
         Request::Timers(id) => table::timers::list(rows, &id).map(Answer::Timers),
         Request::List(_)
         | Request::DueTimers

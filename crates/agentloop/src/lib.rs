@@ -120,6 +120,7 @@ pub(crate) mod shared;
 pub mod shutdown;
 pub mod store;
 pub mod supervisor;
+pub mod timers;
 pub mod turn;
 pub mod view;
 
@@ -213,5 +214,6 @@ pub use supervisor::{
     RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn, SupervisorArgs,
     SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
+pub use timers::{Schedule, Timer, TimerError};
 pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
 pub use view::{Part, Redaction, SessionView, StepView, StepsView};

@@ -40,6 +40,8 @@ pub struct RuntimeMetrics {
     step_counters: [Counter; 4],
     checkpoint_apply: Histogram,
     checkpoint_flush: Histogram,
+    /// How late durable timers fired (S39), seconds after their due time.
+    timer_lateness: Histogram,
     shutdown_phase: Family<Label, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
@@ -66,6 +68,8 @@ impl Default for RuntimeMetrics {
             step_counters,
             checkpoint_apply: Histogram::new(buckets()),
             checkpoint_flush: Histogram::new(buckets()),
+            // 1 ms to ~33 s, doubling.
+            timer_lateness: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
             shutdown_phase: Family::default(),
         }
     }
@@ -155,6 +159,12 @@ impl RuntimeMetrics {
             self.checkpoint_flush.clone(),
         );
         registry.register_with_unit(
+            "agentloop_timer_lateness",
+            "How long after its due time each durable timer fired (its item accepted)",
+            Unit::Seconds,
+            self.timer_lateness.clone(),
+        );
+        registry.register_with_unit(
             "agentloop_shutdown_phase",
             "Duration of each phase of the last shutdown (gate, grace, force, cleanup, total)",
             Unit::Seconds,
@@ -204,6 +214,11 @@ impl RuntimeMetrics {
     /// A wave was applied in `took`.
     pub fn checkpoint_applied(&self, took: Duration) {
         self.checkpoint_apply.observe(took.as_secs_f64());
+    }
+
+    /// A durable timer fired `late_ms` after its due time (S39).
+    pub fn timer_fired(&self, late_ms: u64) {
+        self.timer_lateness.observe(late_ms as f64 / 1_000.0);
     }
 
     /// A flush took `took`.

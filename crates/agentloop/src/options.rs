@@ -177,6 +177,10 @@ pub struct PushOptions<I> {
     /// (the record keeps its last keys); the same key with another fingerprint is
     /// refused ([`crate::PushError::KeyReused`]).
     pub idempotency: Option<(String, u64)>,
+    /// Set by the runtime's timers (S39): the push is a durable timer's fire, so the
+    /// write that accepts its item also removes the timer (or moves a recurring one to
+    /// its next slot), and it is written at once whatever the session's durability.
+    pub(crate) timer: Option<crate::store::TimerChange>,
 }
 
 impl<I> Default for PushOptions<I> {
@@ -187,6 +191,7 @@ impl<I> Default for PushOptions<I> {
             unprocessed: None,
             answer_at_acceptance: false,
             idempotency: None,
+            timer: None,
         }
     }
 }
@@ -199,6 +204,7 @@ impl<I> Clone for PushOptions<I> {
             unprocessed: None,
             answer_at_acceptance: self.answer_at_acceptance,
             idempotency: self.idempotency.clone(),
+            timer: self.timer.clone(),
         }
     }
 }

@@ -392,6 +392,8 @@ where
                 heartbeat: self.heartbeat,
                 sweeps,
                 node: self.node.is_some(),
+                timer_service: Arc::default(),
+                timer_clock: crate::timers::service::Clock::new(),
                 metrics: metrics.clone(),
                 supervisor,
                 store,
@@ -407,6 +409,7 @@ where
             node: self.node.is_some(),
             rebalance: self.rebalance,
             adopter: parking_lot::Mutex::new(None),
+            timers: parking_lot::Mutex::new(None),
         };
         let _ = hand_over.set(Arc::new(crate::cluster::migrate::NodeHandOver(
             runtime.handle.clone(),
@@ -422,6 +425,7 @@ where
         if runtime.handle.sweeps {
             runtime.start_adopting();
         }
+        runtime.start_timers().await?;
         Ok((runtime, report))
     }
 }
@@ -443,11 +447,16 @@ pub struct Runtime<I, E> {
     rebalance: Option<Rebalance>,
     /// The adoption sweep of a cluster node, stopped at shutdown.
     adopter: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The timer service (S39), stopped at shutdown.
+    timers: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl<I, E> Drop for Runtime<I, E> {
     fn drop(&mut self) {
         if let Some(task) = self.adopter.lock().take() {
+            task.abort();
+        }
+        if let Some(task) = self.timers.lock().take() {
             task.abort();
         }
     }
@@ -618,6 +627,23 @@ where
     /// claiming its record first. A runtime that is not a node also reads the owner's
     /// own heartbeat (a store may list no instances) and takes only records whose
     /// owner's lease expired. It stops when the runtime shuts down.
+    /// Starts the timer service (S39) with the store's due-time index (one scan of the
+    /// timers, not of the records). A store that keeps no timers has none to fire.
+    async fn start_timers(&self) -> Result<(), RuntimeError> {
+        let Some(store) = self.handle.store.clone().filter(|s| s.keeps_timers()) else {
+            return Ok(());
+        };
+        let armed = store.due_timers().await.map_err(RuntimeError::Store)?;
+        if !armed.is_empty() {
+            tracing::info!(timers = armed.len(), "durable timers armed from the store");
+        }
+        let (tx, task) =
+            crate::timers::service::start(self.handle.clone(), armed, self.handle.timer_clock);
+        let _ = self.handle.timer_service.set(tx);
+        *self.timers.lock() = Some(task);
+        Ok(())
+    }
+
     fn start_adopting(&self) {
         let Some(store) = self.store.clone() else {
             return;

@@ -9,6 +9,7 @@
 
 mod by_id;
 mod moves;
+mod timers;
 
 use std::sync::Arc;
 
@@ -44,6 +45,13 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) sweeps: bool,
     /// Whether it is a cluster node.
     pub(crate) node: bool,
+    /// Where arms and cancels of durable timers are told to the timer service (set
+    /// once it started, S39).
+    pub(crate) timer_service: Arc<
+        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::timers::service::Command>>,
+    >,
+    /// The clock timers are armed and fired by.
+    pub(crate) timer_clock: crate::timers::service::Clock,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -62,6 +70,8 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             heartbeat: self.heartbeat,
             sweeps: self.sweeps,
             node: self.node,
+            timer_service: self.timer_service.clone(),
+            timer_clock: self.timer_clock,
         }
     }
 }

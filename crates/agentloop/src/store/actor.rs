@@ -680,6 +680,24 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
     }
 
+    fn change_timer(
+        &self,
+        session: &str,
+        change: crate::store::TimerChange,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        submit_checked(
+            &self.committer,
+            session,
+            WriteOp::Timer {
+                key: session.to_string(),
+                change: crate::store::wave::TimerOp::Change(change),
+            },
+            Waiter::Unit(Answer::oneshot(tx)),
+        );
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
     fn timers(
         &self,
         session: &str,

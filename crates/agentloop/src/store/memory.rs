@@ -296,6 +296,15 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(r))
     }
 
+    fn change_timer(
+        &self,
+        session: &str,
+        change: crate::store::TimerChange,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let r = table::timers::apply(&mut *self.entries.lock(), session, vec![change]);
+        Box::pin(ready(r))
+    }
+
     fn timers(
         &self,
         session: &str,

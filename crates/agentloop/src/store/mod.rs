@@ -196,7 +196,7 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
     }
 
     /// Arms a timer of `session` (S39; `table::timers::arm`), durably; its number.
-    /// Refused when the session has no record, and by a store that keeps no timers.
+    /// Refused by a store that keeps no timers.
     fn arm_timer(
         &self,
         session: &str,
@@ -213,6 +213,17 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         timer: u64,
     ) -> BoxFuture<'static, Result<bool, StoreError>> {
         let _ = timer;
+        Box::pin(std::future::ready(Err(no_timers(session))))
+    }
+
+    /// Applies one timer change of `session` alone, durably (a fire whose item the
+    /// session already held: a retried fire answered as a duplicate).
+    fn change_timer(
+        &self,
+        session: &str,
+        change: TimerChange,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let _ = change;
         Box::pin(std::future::ready(Err(no_timers(session))))
     }
 

@@ -111,6 +111,9 @@ pub enum TimerOp {
     Arm(crate::store::StoredTimer),
     /// Cancel a timer by number: answered [`OpResult::Deleted`].
     Cancel(u64),
+    /// A change a record write would carry, alone (a fire whose item the session
+    /// already held): answered [`OpResult::Done`].
+    Change(crate::store::TimerChange),
 }
 
 impl WriteOp {
@@ -308,6 +311,9 @@ pub fn apply<B: Base>(base: &B, ops: Vec<WriteOp>) -> (Vec<Result<OpResult, Stor
                 }
                 TimerOp::Cancel(n) => {
                     table::timers::cancel(&mut wave, &key, n).map(OpResult::Deleted)
+                }
+                TimerOp::Change(c) => {
+                    table::timers::apply(&mut wave, &key, vec![c]).map(|()| OpResult::Done)
                 }
             },
             WriteOp::Flush => Ok(OpResult::Done),

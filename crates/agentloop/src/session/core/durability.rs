@@ -116,6 +116,12 @@ pub(crate) struct Durable<A: Agent> {
     stale_write: Option<(u64, bool)>,
     /// A write was fenced: another owner claimed the session (S37).
     pub(crate) fenced: bool,
+    /// Changes to the session's timers (a fired timer's removal, S39) for the next
+    /// write.
+    pub(crate) timers: Vec<crate::store::TimerChange>,
+    /// Timer changes written and not yet answered, with their write's number: a
+    /// failed write hands them back to the next (applying one twice changes nothing).
+    timers_in_flight: Vec<(u64, crate::store::TimerChange)>,
     pub(crate) created_at_ms: u64,
     /// This owner's fencing token.
     pub(crate) lease_epoch: u64,
@@ -137,6 +143,8 @@ impl<A: Agent> Durable<A> {
             dropped_since_write: false,
             stale_write: None,
             fenced: false,
+            timers: Vec::new(),
+            timers_in_flight: Vec::new(),
             created_at_ms: now_ms(),
             lease_epoch: 1,
         }
@@ -386,6 +394,12 @@ impl<A: Agent> Core<A> {
             _ => StateChange::Keep,
         };
         self.durable.rewrite = false;
+        // Numbered by the write being built (its caller took the number first).
+        let timers = std::mem::take(&mut self.durable.timers);
+        let seq = self.durable.seq;
+        self.durable
+            .timers_in_flight
+            .extend(timers.iter().map(|c| (seq, c.clone())));
         RecordWrite {
             header,
             items,
@@ -394,7 +408,7 @@ impl<A: Agent> Core<A> {
             replace,
             condition,
             history: None,
-            timers: Vec::new(),
+            timers,
         }
     }
 
@@ -509,6 +523,17 @@ impl<A: Agent> Core<A> {
         if result.is_err() {
             // What the store holds is no longer known: the next write is whole.
             self.durable.rewrite = true;
+        }
+        // Timer changes this write held: done, or handed to the next write.
+        let (answered, later): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.durable.timers_in_flight)
+                .into_iter()
+                .partition(|(s, _)| *s <= seq);
+        self.durable.timers_in_flight = later;
+        if result.is_err() {
+            let mut again: Vec<_> = answered.into_iter().map(|(_, c)| c).collect();
+            again.append(&mut self.durable.timers);
+            self.durable.timers = again;
         }
         if let Some((_, delete)) = self.durable.stale_write.filter(|(s, _)| *s == seq) {
             self.durable.stale_write = None;

@@ -121,6 +121,14 @@ impl<A: Agent> Core<A> {
         if let Some((key, fingerprint)) = options.idempotency.take() {
             self.keys.get_or_insert_default().keep(key, fingerprint);
         }
+        // S39: a timer's fire is written at once, its removal (or move) with its item.
+        let fire = match options.timer.take() {
+            Some(change) if self.persists() => {
+                self.durable.timers.push(change);
+                true
+            }
+            _ => false,
+        };
         self.await_input = false;
         self.counters.items_accepted += 1;
         self.idle_epoch += 1;
@@ -131,7 +139,7 @@ impl<A: Agent> Core<A> {
             .as_ref()
             .filter(|t| t.control.phase() != Phase::Ended)
             .map(|t| t.index);
-        if self.syncs() {
+        if self.syncs() || fire {
             // S16a: answered (and its preempt applied) once the write holding it is
             // flushed.
             let seq = self.write_live(fx);

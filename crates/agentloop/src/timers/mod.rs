@@ -1,0 +1,298 @@
+//! Durable timers and schedules (DESIGN S39): what a user arms
+//! ([`RuntimeHandle::wake_at`](crate::RuntimeHandle::wake_at),
+//! [`RuntimeHandle::schedule`](crate::RuntimeHandle::schedule)), lists and cancels, and
+//! (in `service`) the task that fires them: at its time a timer's item is pushed into
+//! its session, and the write that accepts the item removes the timer (or moves a
+//! recurring one to its next slot), so it fires once, across restarts too.
+//!
+//! This module owns the user's vocabulary (a [`Schedule`], a [`Timer`], a
+//! [`TimerError`]) and when a recurring timer is due next (cron expressions are parsed
+//! by `croner`: see docs/semantics.md, S39). It never touches a store engine (the store
+//! keeps timers: `agentloop_core::table::timers`) and never decides what a session does
+//! with an item.
+
+pub(crate) mod service;
+
+use std::str::FromStr;
+use std::time::{Duration, SystemTime};
+
+use crate::store::{Repeat, StoreError, StoredTimer};
+
+/// How a schedule recurs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// Every period, from the first due time (which is one period after it is armed):
+    /// it keeps its phase across restarts.
+    Every(Duration),
+    /// At the times a cron expression names, in UTC: five fields (minute, hour, day of
+    /// month, month, day of week), six with seconds first, or an alias such as
+    /// `@hourly`. Parsed by `croner`.
+    Cron(String),
+}
+
+impl Schedule {
+    /// A cron schedule, checked now: an invalid expression is refused with why.
+    pub fn cron(expr: &str) -> Result<Self, TimerError> {
+        parse_cron(expr)?;
+        Ok(Schedule::Cron(expr.to_string()))
+    }
+
+    /// The schedule as stored, checked.
+    pub(crate) fn repeat(&self) -> Result<Repeat, TimerError> {
+        match self {
+            Schedule::Every(d) if d.as_millis() == 0 => Err(TimerError::Period),
+            Schedule::Every(d) => Ok(Repeat::Every {
+                ms: u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+            }),
+            Schedule::Cron(expr) => {
+                parse_cron(expr)?;
+                Ok(Repeat::Cron { expr: expr.clone() })
+            }
+        }
+    }
+}
+
+/// A session's timer, as listed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Timer<I> {
+    /// Its number within its session (what cancels it).
+    pub id: u64,
+    /// When it is due next.
+    pub due: SystemTime,
+    /// The item it pushes; `None` when the stored item no longer decodes as this
+    /// runtime's item type (the timer is kept: cancel it, or deploy a type that reads it).
+    pub item: Option<I>,
+    /// How it recurs (`None`: once).
+    pub schedule: Option<Schedule>,
+    /// How many times it fired.
+    pub fired: u64,
+    /// When it was armed.
+    pub armed: SystemTime,
+}
+
+impl<I: serde::de::DeserializeOwned> Timer<I> {
+    pub(crate) fn from_stored(session: &str, id: u64, t: StoredTimer) -> Self {
+        Timer {
+            id,
+            due: at(t.due_ms),
+            item: crate::store::codec::decode_item(session, &t.item).ok(),
+            schedule: t.repeat.map(|r| match r {
+                Repeat::Every { ms } => Schedule::Every(Duration::from_millis(ms)),
+                Repeat::Cron { expr } => Schedule::Cron(expr),
+            }),
+            fired: t.fired,
+            armed: at(t.armed_ms),
+        }
+    }
+}
+
+/// Why a timer could not be armed, listed or canceled.
+#[derive(Debug, thiserror::Error)]
+pub enum TimerError {
+    /// The runtime has no checkpoint store.
+    #[error("durable timers need a checkpoint store: build the runtime with a data directory or a store")]
+    NoStore,
+    /// The session is neither live here nor stored.
+    #[error("session `{session}` is neither running here nor stored: a timer pushes into a session; spawn it persistent (SessionSpec::persistent) first, then arm the timer")]
+    NoRecord {
+        /// The session.
+        session: String,
+    },
+    /// A cron expression that does not parse.
+    #[error("the cron expression `{expr}` is not valid ({reason}): give five fields (minute hour day-of-month month day-of-week, in UTC), six with seconds first, or an alias such as @hourly; for example `0 9 * * 1-5`")]
+    Cron {
+        /// The expression as given.
+        expr: String,
+        /// What `croner` found wrong.
+        reason: String,
+    },
+    /// A cron expression that never comes due.
+    #[error("the cron expression `{expr}` names no time after now: give one that recurs")]
+    CronNever {
+        /// The expression.
+        expr: String,
+    },
+    /// A zero period.
+    #[error("a schedule's period must be at least 1 ms")]
+    Period,
+    /// The item cannot be stored.
+    #[error("the timer's item cannot be stored: {0}")]
+    Item(String),
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl From<StoreError> for TimerError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NoRecord { session } => TimerError::NoRecord { session },
+            e => TimerError::Store(e),
+        }
+    }
+}
+
+fn parse_cron(expr: &str) -> Result<croner::Cron, TimerError> {
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Optional)
+        .build()
+        .parse(expr)
+        .map_err(|e| TimerError::Cron {
+            expr: expr.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// Milliseconds since the Unix epoch as a time.
+pub(crate) fn at(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// A time as milliseconds since the Unix epoch (0 before it).
+pub(crate) fn ms_of(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The first due time of a schedule armed at `now_ms`.
+pub(crate) fn first_due(repeat: &Repeat, now_ms: u64) -> Result<u64, TimerError> {
+    match repeat {
+        Repeat::Every { ms } => Ok(now_ms.saturating_add((*ms).max(1))),
+        Repeat::Cron { expr } => cron_after(expr, now_ms),
+    }
+}
+
+/// When a recurring timer whose slot was `slot_ms` is due next, fired at `now_ms`: one
+/// fire however many slots a downtime missed (S39), the next slot after `now_ms`
+/// (`Every` keeps its grid). `None` when it never comes due again.
+pub(crate) fn next_due(repeat: &Repeat, slot_ms: u64, now_ms: u64) -> Option<u64> {
+    match repeat {
+        Repeat::Every { ms } => Some(
+            agentloop_core::timers::fire(
+                agentloop_core::timers::Every::Millis(*ms),
+                slot_ms,
+                now_ms.max(slot_ms),
+            )
+            .next_ms,
+        ),
+        Repeat::Cron { expr } => cron_after(expr, now_ms.max(slot_ms)).ok(),
+    }
+}
+
+/// The first time after `after_ms` a cron expression names.
+fn cron_after(expr: &str, after_ms: u64) -> Result<u64, TimerError> {
+    let cron = parse_cron(expr)?;
+    let after = chrono::DateTime::<chrono::Utc>::from_timestamp_millis(
+        i64::try_from(after_ms).unwrap_or(i64::MAX),
+    )
+    .ok_or_else(|| TimerError::CronNever {
+        expr: expr.to_string(),
+    })?;
+    let next = cron
+        .find_next_occurrence(&after, false)
+        .map_err(|_| TimerError::CronNever {
+            expr: expr.to_string(),
+        })?;
+    u64::try_from(next.timestamp_millis()).map_err(|_| TimerError::CronNever {
+        expr: expr.to_string(),
+    })
+}
+
+impl FromStr for Schedule {
+    type Err = TimerError;
+
+    /// `every 30s` / `every 5m` / `every 2h` / `every 1d` / `every 250ms`, or a cron
+    /// expression (what the CLI and the HTTP front accept).
+    fn from_str(s: &str) -> Result<Self, TimerError> {
+        let s = s.trim();
+        if let Some(period) = s.strip_prefix("every ") {
+            let period = period.trim();
+            let split = period
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(period.len());
+            let (n, unit) = period.split_at(split);
+            let n: u64 = n.parse().map_err(|_| TimerError::Period)?;
+            let ms = match unit.trim() {
+                "ms" => n,
+                "s" => n.saturating_mul(1_000),
+                "m" => n.saturating_mul(60_000),
+                "h" => n.saturating_mul(3_600_000),
+                "d" => n.saturating_mul(86_400_000),
+                other => {
+                    return Err(TimerError::Cron {
+                        expr: s.to_string(),
+                        reason: format!("unknown unit `{other}` (ms, s, m, h or d)"),
+                    })
+                }
+            };
+            if ms == 0 {
+                return Err(TimerError::Period);
+            }
+            return Ok(Schedule::Every(Duration::from_millis(ms)));
+        }
+        Schedule::cron(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cron_errors_say_what_is_wrong_and_what_to_give() {
+        let e = Schedule::cron("61 * * * *").unwrap_err().to_string();
+        assert!(e.contains("`61 * * * *` is not valid"), "{e}");
+        assert!(e.contains("five fields"), "{e}");
+        let e = Schedule::cron("not cron").unwrap_err().to_string();
+        assert!(e.contains("not valid"), "{e}");
+        assert!(Schedule::cron("0 9 * * 1-5").is_ok());
+        assert!(
+            Schedule::cron("*/10 * * * * *").is_ok(),
+            "six fields, seconds first"
+        );
+        assert!(Schedule::cron("@hourly").is_ok());
+    }
+
+    #[test]
+    fn schedules_parse_from_text() {
+        assert_eq!(
+            "every 5m".parse::<Schedule>().unwrap(),
+            Schedule::Every(Duration::from_secs(300))
+        );
+        assert_eq!(
+            "every 250ms".parse::<Schedule>().unwrap(),
+            Schedule::Every(Duration::from_millis(250))
+        );
+        assert!(matches!(
+            "every 0s".parse::<Schedule>(),
+            Err(TimerError::Period)
+        ));
+        assert!("every 3 fortnights".parse::<Schedule>().is_err());
+        assert_eq!(
+            "0 9 * * *".parse::<Schedule>().unwrap(),
+            Schedule::Cron("0 9 * * *".into())
+        );
+    }
+
+    #[test]
+    fn a_cron_schedule_comes_due_on_its_times_and_once_after_a_downtime() {
+        let hourly = Repeat::Cron {
+            expr: "15 * * * *".into(),
+        };
+        let hour = 3_600_000;
+        // Armed at 00:00: first due at 00:15.
+        assert_eq!(first_due(&hourly, 0).unwrap(), 15 * 60_000);
+        // Fired at 05:20 for the 00:15 slot (a downtime): next at 06:15, once.
+        assert_eq!(
+            next_due(&hourly, 15 * 60_000, 5 * hour + 20 * 60_000),
+            Some(6 * hour + 15 * 60_000)
+        );
+        let every = Repeat::Every { ms: hour };
+        assert_eq!(
+            next_due(&every, 15 * 60_000, 5 * hour + 20 * 60_000),
+            Some(6 * hour + 15 * 60_000)
+        );
+        // On time: the next slot.
+        assert_eq!(next_due(&every, hour, hour), Some(2 * hour));
+    }
+}

@@ -1,0 +1,273 @@
+//! The task that fires durable timers (S39): it reads the store's due-time index once
+//! at start, keeps the armed timers in a due-time queue (`agentloop_core::timers`),
+//! sleeps until the earliest, and pushes each due timer's item into its session with
+//! the timer's removal (or move) riding the write that accepts it. A push the session
+//! answers as a duplicate (a fire retried after its item was accepted) removes the
+//! timer alone. A session that is not running here (stopped, recovering, on another
+//! node) is tried again later with a backoff; the timer stays in the store meanwhile.
+//!
+//! Time is the wall clock, read through tokio's clock once started (so a test's paused
+//! clock moves timers too); it never goes back. This file decides nothing about what a
+//! session does with the item and never touches a store engine.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::{mpsc, Semaphore};
+
+use agentloop_core::timers::{TimerQueue, TimerRef};
+
+use crate::push::{PreemptAck, PushError};
+use crate::store::TimerChange;
+use crate::supervisor::RoutedPushError;
+use crate::RuntimeHandle;
+
+/// How many timers fire at once (each is a push that waits for its write).
+const FIRING: usize = 512;
+/// The first retry of a timer whose session is not running here, then doubled.
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+/// The longest wait between retries.
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// What the service is told.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// A timer was armed (or moved): fire it at its due time.
+    Arm(TimerRef),
+    /// A timer was canceled.
+    Disarm { session: String, id: u64 },
+}
+
+/// The wall clock in ms, advanced by tokio's clock from the start (a paused clock in a
+/// test moves it), never behind the system's.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock {
+    wall_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Clock {
+            wall_ms: super::ms_of(SystemTime::now()),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.wall_ms
+            .saturating_add(elapsed)
+            .max(super::ms_of(SystemTime::now()))
+    }
+
+    /// The tokio instant at which wall time `ms` is reached.
+    fn instant_of(&self, ms: u64) -> tokio::time::Instant {
+        let now = self.now_ms();
+        tokio::time::Instant::now() + Duration::from_millis(ms.saturating_sub(now))
+    }
+}
+
+/// What a fire came to.
+enum Fired {
+    /// Done (or nothing to do: canceled, moved, the session gone).
+    Done,
+    /// Fire it again at this time (the session is not running here yet).
+    Retry(u64),
+}
+
+/// Starts the service over `handle`'s store with the timers of the due-time index;
+/// returns where to tell it of arms and cancels, and its task. It ends when the
+/// runtime's shutdown starts (the timers stay stored; the next start reads them).
+pub(crate) fn start<I, E>(
+    handle: RuntimeHandle<I, E>,
+    armed: Vec<TimerRef>,
+    clock: Clock,
+) -> (mpsc::UnboundedSender<Command>, tokio::task::JoinHandle<()>)
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
+    let again = tx.clone();
+    let task = tokio::spawn(async move {
+        let mut queue = TimerQueue::new();
+        for t in armed {
+            queue.arm(t);
+        }
+        // A retried timer is queued at its retry time; its due time (the fire's key) and
+        // its next wait are kept here.
+        let mut retries: HashMap<(String, u64), (u64, Duration)> = HashMap::new();
+        let firing = Arc::new(Semaphore::new(FIRING));
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(TimerRef, Fired)>();
+        let shutdown = handle.shutdown.clone();
+        let mut stopping = std::pin::pin!(shutdown.started());
+        loop {
+            let next = queue.next_due().map(|ms| clock.instant_of(ms));
+            tokio::select! {
+                () = &mut stopping => break,
+                command = rx.recv() => match command {
+                    Some(Command::Arm(t)) => {
+                        retries.remove(&(t.session.clone(), t.id));
+                        queue.arm(t);
+                    }
+                    Some(Command::Disarm { session, id }) => {
+                        retries.remove(&(session.clone(), id));
+                        queue.disarm(&session, id);
+                    }
+                    None => break,
+                },
+                Some((t, fired)) = done_rx.recv() => {
+                    if let Fired::Retry(at) = fired {
+                        let key = (t.session.clone(), t.id);
+                        let wait = retries.get(&key).map_or(RETRY_FIRST, |(_, w)| *w);
+                        retries.insert(key, (t.due_ms, (wait * 2).min(RETRY_MAX)));
+                        queue.arm(TimerRef { due_ms: at, ..t });
+                    }
+                }
+                () = sleep_until(next) => {
+                    let now = clock.now_ms();
+                    for mut t in queue.due(now) {
+                        let wait = match retries.remove(&(t.session.clone(), t.id)) {
+                            Some((due, wait)) => {
+                                t.due_ms = due;
+                                wait
+                            }
+                            None => RETRY_FIRST,
+                        };
+                        let Ok(permit) = firing.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let (handle, done, again) = (handle.clone(), done_tx.clone(), again.clone());
+                        tokio::spawn(async move {
+                            let fired = fire(&handle, &t, clock, wait, &again).await;
+                            drop(permit);
+                            let _ = done.send((t, fired));
+                        });
+                    }
+                }
+            }
+        }
+        tracing::debug!("timer service stopped: the runtime is shutting down");
+    });
+    (tx, task)
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Fires timer `t`: pushes its item with its removal (or move); `wait` is how long to
+/// wait before trying again when its session is not running here.
+async fn fire<I, E>(
+    handle: &RuntimeHandle<I, E>,
+    t: &TimerRef,
+    clock: Clock,
+    wait: Duration,
+    again: &mpsc::UnboundedSender<Command>,
+) -> Fired
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let Some(store) = handle.store.clone() else {
+        return Fired::Done;
+    };
+    let retry = || Fired::Retry(clock.now_ms() + u64::try_from(wait.as_millis()).unwrap_or(0));
+    let stored = match store.timers(&t.session).await {
+        Ok(timers) => timers.into_iter().find(|(n, _)| *n == t.id).map(|(_, s)| s),
+        Err(e) => {
+            tracing::warn!(session = %t.session, timer = t.id, error = %e, "cannot read a due timer; trying again");
+            return retry();
+        }
+    };
+    // Canceled, or moved since (its new time is queued): nothing to do.
+    let Some(stored) = stored.filter(|s| s.due_ms == t.due_ms) else {
+        return Fired::Done;
+    };
+    let item: I = match crate::store::codec::decode_item(&t.session, &stored.item) {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::error!(session = %t.session, timer = t.id, error = %e,
+                "a due timer's item does not decode as this runtime's item type: it is kept, not fired; cancel it, or run a build that reads it");
+            return Fired::Done;
+        }
+    };
+    let now = clock.now_ms();
+    let next = stored
+        .repeat
+        .as_ref()
+        .and_then(|r| super::next_due(r, t.due_ms, now));
+    let change = TimerChange::Fired {
+        timer: t.id,
+        due_ms: t.due_ms,
+        next_due_ms: next,
+    };
+    let mut options = crate::PushOptions::new();
+    options.answer_at_acceptance = true;
+    // The same fire always carries the same key: a retry after its item was accepted is
+    // answered as a duplicate and delivers nothing.
+    options.idempotency = Some((format!("timer/{}/{}", t.id, t.due_ms), 0));
+    options.timer = Some(change.clone());
+    let rearm = |next: Option<u64>| {
+        if let Some(due_ms) = next {
+            let _ = again.send(Command::Arm(TimerRef {
+                due_ms,
+                session: t.session.clone(),
+                id: t.id,
+            }));
+        }
+    };
+    match handle.supervisor.push_with(&t.session, item, options).await {
+        Ok(PreemptAck::Duplicate) => {
+            // Accepted before (a retried fire): the timer's change alone.
+            match store.change_timer(&t.session, change).await {
+                Ok(()) => {
+                    rearm(next);
+                    Fired::Done
+                }
+                Err(e) => {
+                    tracing::warn!(session = %t.session, timer = t.id, error = %e, "cannot remove a fired timer; trying again");
+                    retry()
+                }
+            }
+        }
+        Ok(_) => {
+            tracing::debug!(session = %t.session, timer = t.id, late_ms = now.saturating_sub(t.due_ms), "timer fired");
+            handle.metrics.timer_fired(now.saturating_sub(t.due_ms));
+            rearm(next);
+            Fired::Done
+        }
+        Err(RoutedPushError::UnknownSession { .. })
+            if matches!(store.load_stored(&t.session).await, Ok(None)) =>
+        {
+            // Neither live nor stored: the session is gone (it ended before its record
+            // was ever written); its timer goes with it.
+            tracing::warn!(session = %t.session, timer = t.id, "a due timer's session is neither running nor stored: the timer is removed, its item not delivered");
+            if let Err(e) = store.cancel_timer(&t.session, t.id).await {
+                tracing::warn!(session = %t.session, timer = t.id, error = %e, "cannot remove the timer; trying again");
+                return retry();
+            }
+            Fired::Done
+        }
+        Err(RoutedPushError::UnknownSession { .. })
+        | Err(RoutedPushError::NotLive { .. })
+        | Err(RoutedPushError::NotRunning { .. })
+        | Err(RoutedPushError::Push(PushError::Late { .. }))
+        | Err(RoutedPushError::Push(PushError::Full { .. }))
+        | Err(RoutedPushError::Push(PushError::NotDurable { .. })) => {
+            tracing::debug!(session = %t.session, timer = t.id, retry_in = ?wait, "a due timer's session takes nothing here now; trying again");
+            retry()
+        }
+        Err(e) => {
+            tracing::warn!(session = %t.session, timer = t.id, error = %e, "a due timer's push was refused; trying again");
+            retry()
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! S39 (issue 34): durable timers and schedules through a real runtime on a store, with
+//! tokio's paused clock: a timer's item is pushed into its session at its time, once;
+//! a timer armed before a restart fires once after it; a schedule missed for hours
+//! fires once, then keeps its grid; a canceled timer never fires; a fire whose item was
+//! already accepted (a retried fire) delivers nothing again and removes the timer.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use agentloop::store::{Repeat, StoredTimer};
+use agentloop::{
+    CheckpointStore, Durability, MemoryStore, PushOptions, Runtime, Schedule, SessionSpec,
+    TimerError,
+};
+use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+use parking_lot::Mutex;
+
+type Rt = Runtime<SimItem, SimEvent>;
+
+/// A runtime on `store` whose sim sessions report what they delivered to `ledger`.
+async fn runtime(
+    store: &Arc<MemoryStore<SimItem>>,
+    ledger: &Arc<Mutex<Option<Arc<Mutex<Ledger>>>>>,
+) -> Rt {
+    let l = ledger.clone();
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .flush_logs(None)
+        .register_agent("sim", move |_cfg: &[u8]| {
+            let a = SimAgent::new(steps(1));
+            *l.lock() = Some(a.ledger());
+            Ok(a)
+        })
+        .start()
+        .await
+        .expect("the runtime starts");
+    rt
+}
+
+async fn spawn(rt: &Rt, id: &str) {
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new(id, "sim")
+                .persistent(true)
+                .durability(Durability::Sync),
+        )
+        .await
+        .expect("spawn");
+}
+
+fn delivered(ledger: &Arc<Mutex<Option<Arc<Mutex<Ledger>>>>>) -> Vec<u64> {
+    ledger
+        .lock()
+        .as_ref()
+        .map(|l| l.lock().delivered_ids())
+        .unwrap_or_default()
+}
+
+fn in_(d: Duration) -> SystemTime {
+    SystemTime::now() + d
+}
+
+const MIN: Duration = Duration::from_secs(60);
+
+/// A timer pushes its item at its time, not before, and once.
+#[tokio::test(start_paused = true)]
+async fn a_timer_pushes_its_item_at_its_time_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    spawn(&rt, "t").await;
+    let n = rt
+        .wake_at("t", in_(60 * MIN), item(7))
+        .await
+        .expect("armed");
+    let listed = rt.timers("t").await.expect("listed");
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].id, listed[0].item.clone()), (n, Some(item(7))));
+    assert_eq!(listed[0].schedule, None);
+    tokio::time::sleep(59 * MIN).await;
+    assert!(delivered(&ledger).is_empty(), "not before its time");
+    tokio::time::sleep(2 * MIN).await;
+    within("the timer's turn", async {
+        while delivered(&ledger) != vec![7] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        rt.timers("t").await.expect("listed").is_empty(),
+        "gone once fired"
+    );
+    tokio::time::sleep(120 * MIN).await;
+    assert_eq!(delivered(&ledger), vec![7], "once");
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A timer armed before a shutdown fires once after the next start (the store's
+/// due-time index is read at start); one canceled never fires.
+#[tokio::test(start_paused = true)]
+async fn a_timer_armed_before_a_restart_fires_once_after_it_and_a_canceled_one_never() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    spawn(&rt, "r").await;
+    rt.wake_at("r", in_(10 * MIN), item(1))
+        .await
+        .expect("armed");
+    let canceled = rt
+        .wake_at("r", in_(10 * MIN), item(2))
+        .await
+        .expect("armed");
+    assert!(rt.cancel_timer("r", canceled).await.expect("canceled"));
+    assert!(!rt.cancel_timer("r", canceled).await.expect("answered"));
+    rt.shutdown().await.expect("shutdown");
+
+    let rt = runtime(&store, &ledger).await;
+    within("the session to be resumed", async {
+        while rt.supervisor().inspect("r").await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(11 * MIN).await;
+    within("the timer's turn", async {
+        while delivered(&ledger) != vec![1] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(60 * MIN).await;
+    assert_eq!(
+        delivered(&ledger),
+        vec![1],
+        "once, and never the canceled one"
+    );
+    assert!(rt.timers("r").await.expect("listed").is_empty());
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A schedule whose slot passed hours ago (the process was down) fires once at start,
+/// not once per missed slot, and then keeps its grid.
+#[tokio::test(start_paused = true)]
+async fn a_schedule_missed_for_hours_fires_once_then_keeps_its_grid() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    spawn(&rt, "s").await;
+    rt.shutdown().await.expect("shutdown");
+    // Stored as a node that went down five hours ago would have left it: due then,
+    // every hour.
+    let hour = 3_600_000u64;
+    let now = agentloop::store::now_ms();
+    let slot = now - 5 * hour + 60_000;
+    store
+        .arm_timer(
+            "s",
+            StoredTimer {
+                due_ms: slot,
+                item: agentloop::store::codec::encode_item(&item(5)).unwrap(),
+                repeat: Some(Repeat::Every { ms: hour }),
+                armed_ms: slot - hour,
+                fired: 0,
+            },
+        )
+        .await
+        .expect("armed");
+    let rt = runtime(&store, &ledger).await;
+    within("the missed schedule's one fire", async {
+        while delivered(&ledger).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let timers = rt.timers("s").await.expect("listed");
+    assert_eq!(timers.len(), 1, "a schedule stays");
+    assert_eq!(timers[0].fired, 1);
+    assert_eq!(
+        agentloop::store::codec::decode_item::<SimItem>(
+            "s",
+            &agentloop::store::codec::encode_item(&item(5)).unwrap()
+        )
+        .unwrap(),
+        item(5)
+    );
+    // Its grid: the slot plus whole hours, the first after now.
+    let due = timers[0]
+        .due
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert_eq!((due - slot) % hour, 0, "on the grid");
+    assert!(
+        due > now && due - now <= hour,
+        "the next slot after now: {due} vs {now}"
+    );
+    assert_eq!(
+        timers[0].schedule,
+        Some(Schedule::Every(Duration::from_millis(hour)))
+    );
+    tokio::time::sleep(Duration::from_millis(due - now) + MIN).await;
+    within("the next slot's fire", async {
+        while delivered(&ledger).len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        delivered(&ledger),
+        vec![5, 5],
+        "one fire for five missed slots, then one per slot"
+    );
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A fire whose item the session already accepted (a retried fire: same key) delivers
+/// nothing again, and the timer is removed all the same.
+#[tokio::test(start_paused = true)]
+async fn a_retried_fire_delivers_nothing_again_and_removes_the_timer() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    spawn(&rt, "d").await;
+    let when = in_(10 * MIN);
+    let n = rt.wake_at("d", when, item(3)).await.expect("armed");
+    let due = rt.timers("d").await.unwrap()[0]
+        .due
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    // The fire's item, accepted under the fire's own key before the timer comes due.
+    let mut options = PushOptions::new();
+    options.idempotency = Some((format!("timer/{n}/{due}"), 0));
+    rt.supervisor()
+        .push_with("d", item(3), options)
+        .await
+        .expect("accepted");
+    tokio::time::sleep(11 * MIN).await;
+    within("the timer's removal", async {
+        while !rt.timers("d").await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(MIN).await;
+    assert_eq!(delivered(&ledger), vec![3], "delivered once");
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A session with no record cannot have a timer: refused with what to do.
+#[tokio::test(start_paused = true)]
+async fn a_timer_for_a_session_without_a_record_is_refused_with_what_to_do() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    let e = rt
+        .wake_at("nobody", in_(MIN), item(1))
+        .await
+        .expect_err("no record");
+    assert!(matches!(e, TimerError::NoRecord { .. }), "{e:?}");
+    assert!(e.to_string().contains("spawn it persistent"), "{e}");
+    let e = rt
+        .schedule("nobody", Schedule::Every(Duration::ZERO), item(1))
+        .await
+        .expect_err("a zero period");
+    assert!(matches!(e, TimerError::Period), "{e:?}");
+    rt.shutdown().await.expect("shutdown");
+}
