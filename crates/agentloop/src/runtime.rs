@@ -425,7 +425,7 @@ where
         if runtime.handle.sweeps {
             runtime.start_adopting();
         }
-        runtime.start_timers().await?;
+        runtime.start_timers();
         Ok((runtime, report))
     }
 }
@@ -627,21 +627,17 @@ where
     /// claiming its record first. A runtime that is not a node also reads the owner's
     /// own heartbeat (a store may list no instances) and takes only records whose
     /// owner's lease expired. It stops when the runtime shuts down.
-    /// Starts the timer service (S39) with the store's due-time index (one scan of the
-    /// timers, not of the records). A store that keeps no timers has none to fire.
-    async fn start_timers(&self) -> Result<(), RuntimeError> {
-        let Some(store) = self.handle.store.clone().filter(|s| s.keeps_timers()) else {
-            return Ok(());
-        };
-        let armed = store.due_timers().await.map_err(RuntimeError::Store)?;
-        if !armed.is_empty() {
-            tracing::info!(timers = armed.len(), "durable timers armed from the store");
+    /// Starts the timer service (S39); it reads the store's due-time index first (one
+    /// scan of the timers, not of the records), without holding up the start. A store
+    /// that keeps no timers has none to fire.
+    fn start_timers(&self) {
+        if !self.handle.store.as_ref().is_some_and(|s| s.keeps_timers()) {
+            return;
         }
         let (tx, task) =
-            crate::timers::service::start(self.handle.clone(), armed, self.handle.timer_clock);
+            crate::timers::service::start(self.handle.clone(), self.handle.timer_clock);
         let _ = self.handle.timer_service.set(tx);
         *self.timers.lock() = Some(task);
-        Ok(())
     }
 
     fn start_adopting(&self) {

@@ -709,6 +709,18 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
     }
 
+    fn timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<Option<crate::store::StoredTimer>, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let key = session.to_string();
+        self.committer
+            .read(move |engine| engine.timer(&key, timer), Answer::oneshot(tx));
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
     fn due_timers(&self) -> BoxFuture<'static, Result<Vec<crate::store::TimerRef>, StoreError>> {
         let (tx, rx) = oneshot::channel();
         self.committer

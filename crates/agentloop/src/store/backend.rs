@@ -359,6 +359,16 @@ impl Backend {
         agentloop_core::table::timers::list(&view, id)
     }
 
+    /// Session `id`'s timer `timer`, if armed (S39). Blocks.
+    pub fn timer(
+        &self,
+        id: &str,
+        timer: u64,
+    ) -> Result<Option<crate::store::StoredTimer>, StoreError> {
+        let view = crate::store::wave::Wave::new(self);
+        agentloop_core::table::timers::get(&view, id, timer)
+    }
+
     /// Every armed timer, earliest first: the due-time index (S39). Blocks.
     pub fn due_timers(&self) -> Result<Vec<crate::store::TimerRef>, StoreError> {
         let view = crate::store::wave::Wave::new(self);

@@ -313,6 +313,15 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(r))
     }
 
+    fn timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<Option<crate::store::StoredTimer>, StoreError>> {
+        let r = table::timers::get(&*self.entries.lock(), session, timer);
+        Box::pin(ready(r))
+    }
+
     fn due_timers(&self) -> BoxFuture<'static, Result<Vec<crate::store::TimerRef>, StoreError>> {
         let r = table::timers::due_index(&*self.entries.lock());
         Box::pin(ready(r))

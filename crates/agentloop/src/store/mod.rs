@@ -227,6 +227,23 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         Box::pin(std::future::ready(Err(no_timers(session))))
     }
 
+    /// `session`'s timer `timer`, if armed (what a fire reads). The default lists the
+    /// session's timers.
+    fn timer(
+        &self,
+        session: &str,
+        timer: u64,
+    ) -> BoxFuture<'static, Result<Option<StoredTimer>, StoreError>> {
+        let listed = self.timers(session);
+        Box::pin(async move {
+            Ok(listed
+                .await?
+                .into_iter()
+                .find(|(n, _)| *n == timer)
+                .map(|(_, t)| t))
+        })
+    }
+
     /// `session`'s timers, by number (none on a store that keeps no timers).
     fn timers(
         &self,

@@ -79,12 +79,13 @@ enum Fired {
     Retry(u64),
 }
 
-/// Starts the service over `handle`'s store with the timers of the due-time index;
-/// returns where to tell it of arms and cancels, and its task. It ends when the
-/// runtime's shutdown starts (the timers stay stored; the next start reads them).
+/// Starts the service over `handle`'s store: it reads the due-time index, then fires;
+/// returns where to tell it of arms and cancels (told before the index is read, they
+/// wait in line: a timer both read and told is fired once, the second try finding it
+/// gone), and its task. It ends when the runtime's shutdown starts (the timers stay
+/// stored; the next start reads them).
 pub(crate) fn start<I, E>(
     handle: RuntimeHandle<I, E>,
-    armed: Vec<TimerRef>,
     clock: Clock,
 ) -> (mpsc::UnboundedSender<Command>, tokio::task::JoinHandle<()>)
 where
@@ -95,8 +96,27 @@ where
     let again = tx.clone();
     let task = tokio::spawn(async move {
         let mut queue = TimerQueue::new();
-        for t in armed {
-            queue.arm(t);
+        let Some(store) = handle.store.clone() else {
+            return;
+        };
+        let mut wait = RETRY_FIRST;
+        loop {
+            match store.due_timers().await {
+                Ok(armed) => {
+                    if !armed.is_empty() {
+                        tracing::info!(timers = armed.len(), "durable timers armed from the store");
+                    }
+                    for t in armed {
+                        queue.arm(t);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?wait, "cannot read the durable timers from the store; no timer fires until they are read");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                }
+            }
         }
         // A retried timer is queued at its retry time; its due time (the fire's key) and
         // its next wait are kept here.
@@ -180,8 +200,8 @@ where
         return Fired::Done;
     };
     let retry = || Fired::Retry(clock.now_ms() + u64::try_from(wait.as_millis()).unwrap_or(0));
-    let stored = match store.timers(&t.session).await {
-        Ok(timers) => timers.into_iter().find(|(n, _)| *n == t.id).map(|(_, s)| s),
+    let stored = match store.timer(&t.session, t.id).await {
+        Ok(timer) => timer,
         Err(e) => {
             tracing::warn!(session = %t.session, timer = t.id, error = %e, "cannot read a due timer; trying again");
             return retry();
