@@ -233,6 +233,14 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
             get(sessions::checkpoint::<I, E>),
         )
         .route("/sessions/{id}/events", get(sessions::events::<I, E>))
+        .route(
+            "/sessions/{id}/timers",
+            post(sessions::timers::arm::<I, E>).get(sessions::timers::list::<I, E>),
+        )
+        .route(
+            "/sessions/{id}/timers/{timer}",
+            axum::routing::delete(sessions::timers::cancel::<I, E>),
+        )
         // Errors are JSON with a stable code on every route, 404 and 405 included
         // (S34a).
         .fallback(not_found)

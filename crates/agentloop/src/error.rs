@@ -49,6 +49,11 @@ pub enum SessionError {
     /// Detach needs a persistent session with a store (S23).
     #[error("session `{0}` cannot be detached: it has no checkpoint store (spawn it persistent, with a store)")]
     DetachNeedsStore(String),
+    /// The session is not persistent: it has no record to write.
+    #[error(
+        "session `{0}` is not persistent: it has no record (spawn it persistent, with a store)"
+    )]
+    NotPersistent(String),
     /// A store operation failed.
     #[error("checkpoint store: {0}")]
     Store(#[from] crate::store::StoreError),

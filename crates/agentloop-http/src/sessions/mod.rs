@@ -28,6 +28,7 @@ mod read;
 mod spawn;
 mod stored;
 mod stream;
+pub(crate) mod timers;
 
 pub(crate) use control::{cancel, detach, move_to, resume, stop};
 pub(crate) use push::push;

@@ -72,11 +72,18 @@ where
         if !store.keeps_timers() {
             return Err(TimerError::NoStore);
         }
-        // A session that is live here (its record may not be written yet) or stored.
-        if self.supervisor.inspect(id).await.is_err() && store.load_stored(id).await?.is_none() {
-            return Err(TimerError::NoRecord {
-                session: id.to_string(),
-            });
+        // The session must be stored, so that its timer outlives this process: one
+        // running here that was not written yet writes its record first.
+        if store.load_stored(id).await?.is_none() {
+            match self.supervisor.checkpoint(id).await {
+                Ok(()) => {}
+                Err(crate::SupervisorError::UnknownSession(_)) => {
+                    return Err(TimerError::NoRecord {
+                        session: id.to_string(),
+                    })
+                }
+                Err(e) => return Err(TimerError::Session(e.to_string())),
+            }
         }
         let bytes =
             crate::store::codec::encode_item(&item).map_err(|e| TimerError::Item(e.to_string()))?;

@@ -398,6 +398,21 @@ where
             .map_err(|_| SessionError::Exited(self.shared.id.clone()))?
     }
 
+    /// Writes the session's record now and answers once it is durable (a persistent
+    /// session; one not persistent is refused with [`SessionError::NotPersistent`]).
+    /// What a durable timer armed for a session not written yet relies on (S39).
+    pub async fn checkpoint(&self) -> Result<(), SessionError> {
+        let (tx, rx) = oneshot::channel();
+        let msg = TurnLoopMsg::Checkpoint {
+            reply: RpcReplyPort::from(tx),
+        };
+        if self.actor.send_message(msg).is_err() {
+            return Err(SessionError::Exited(self.shared.id.clone()));
+        }
+        rx.await
+            .map_err(|_| SessionError::Exited(self.shared.id.clone()))?
+    }
+
     /// Attaches a bound client (S22): while the returned guard lives the client is
     /// connected; dropping it before [`SessionHandle::detach`] cancels the session's
     /// work (Immediate). After a detach, dropping it does nothing.

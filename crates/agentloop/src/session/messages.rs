@@ -49,6 +49,12 @@ pub enum TurnLoopMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Result<(), crate::error::SessionError>>,
     },
+    /// Write the session's record now (a persistent session), answered once it is
+    /// durable: what a durable timer armed for a session not written yet needs (S39).
+    Checkpoint {
+        /// Where to answer.
+        reply: RpcReplyPort<Result<(), crate::error::SessionError>>,
+    },
     /// Take a snapshot.
     Inspect {
         /// Where to answer.
@@ -71,6 +77,7 @@ impl<I, E> fmt::Debug for TurnLoopMsg<I, E> {
             TurnLoopMsg::Subscribe { .. } => f.write_str("Subscribe"),
             TurnLoopMsg::Inspect { .. } => f.write_str("Inspect"),
             TurnLoopMsg::Detach { .. } => f.write_str("Detach"),
+            TurnLoopMsg::Checkpoint { .. } => f.write_str("Checkpoint"),
             TurnLoopMsg::Internal(i) => write!(f, "Internal({:?})", i.0.name()),
         }
     }

@@ -156,6 +156,7 @@ async fn handle_msg<A: Agent>(
         },
         TurnLoopMsg::Stop { options, reply } => Event::Stop { options, reply },
         TurnLoopMsg::Detach { reply } => Event::Detach { reply },
+        TurnLoopMsg::Checkpoint { reply } => Event::Checkpoint { reply },
         TurnLoopMsg::Subscribe {
             capacity,
             filter,

@@ -181,6 +181,10 @@ where
                 };
                 let _ = reply.send(r);
             }
+            SupervisorMsg::Checkpoint { id, reply } => {
+                let h = st.live(&myself, &id).await;
+                answer_from_session(id, h, reply, |h| async move { h.checkpoint().await });
+            }
             SupervisorMsg::Detach { id, reply } => {
                 let h = st.live(&myself, &id).await;
                 // Only a persistent session can be detached (S23); a restart detaches

@@ -450,6 +450,14 @@ where
         .await
     }
 
+    /// Writes a live session's record now, answered once durable (see
+    /// [`SessionHandle::checkpoint`](crate::SessionHandle::checkpoint)).
+    pub async fn checkpoint(&self, id: &str) -> Result<(), SupervisorError> {
+        let id = id.to_string();
+        self.request(|reply| SupervisorMsg::Checkpoint { id, reply })
+            .await
+    }
+
     /// Detaches a session (S23).
     pub async fn detach(&self, id: &str) -> Result<(), SupervisorError> {
         let id = id.to_string();

@@ -138,6 +138,13 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Result<Attachment<E>, SupervisorError>>,
     },
+    /// Write a session's record now (see `SessionHandle::checkpoint`).
+    Checkpoint {
+        /// The session.
+        id: String,
+        /// Where to answer.
+        reply: RpcReplyPort<Result<(), SupervisorError>>,
+    },
     /// Detach a session by id (S23).
     Detach {
         /// The session.

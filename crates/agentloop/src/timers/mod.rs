@@ -112,6 +112,10 @@ pub enum TimerError {
         /// The expression.
         expr: String,
     },
+    /// The session could not be written first (not persistent, exiting, or its store
+    /// failed).
+    #[error("the session cannot keep a timer: {0}")]
+    Session(String),
     /// A zero period.
     #[error("a schedule's period must be at least 1 ms")]
     Period,

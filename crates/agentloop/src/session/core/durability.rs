@@ -90,6 +90,8 @@ pub(crate) struct Durable<A: Agent> {
     unsynced: VecDeque<UnsyncedPush<A::Item>>,
     /// A detach waiting for its record to be durable.
     detach: Option<(u64, DetachReply)>,
+    /// Checkpoints asked for, answered once their write is durable.
+    written: Vec<(u64, DetachReply)>,
     /// Item entry changes not written yet (`sync`, `turn`).
     pending: Vec<ItemChange>,
     /// Journal entries to delete with the next incremental write: an ended turn's
@@ -133,6 +135,7 @@ impl<A: Agent> Durable<A> {
             seq: 0,
             unsynced: VecDeque::new(),
             detach: None,
+            written: Vec::new(),
             pending: Vec::new(),
             journal_pending: Vec::new(),
             keeps_changes: config.persist && config.durability != Durability::Exit,
@@ -199,6 +202,11 @@ impl<A: Agent> Durable<A> {
             target,
             early,
         });
+    }
+
+    /// A checkpoint is answered once write `seq` is durable.
+    pub(crate) fn answer_written_after(&mut self, seq: u64, reply: DetachReply) {
+        self.written.push((seq, reply));
     }
 
     pub(crate) fn answer_detach_after(&mut self, seq: u64, reply: DetachReply) {
@@ -545,6 +553,13 @@ impl<A: Agent> Core<A> {
                 Err(_) => {}
             }
         }
+        while self.durable.written.first().is_some_and(|(s, _)| *s <= seq) {
+            let (_, reply) = self.durable.written.remove(0);
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: result.clone().map(|_| ()).map_err(SessionError::from),
+            });
+        }
         if self.durable.detach.as_ref().is_some_and(|(s, _)| *s <= seq) {
             if let Some((_, reply)) = self.durable.detach.take() {
                 fx.push(Effect::AnswerDetach {
@@ -607,6 +622,9 @@ impl<A: Agent> Core<A> {
         if let Some((seq, reply)) = self.durable.detach.take() {
             let _ = reply.send(result(seq).map(|_| ()).map_err(SessionError::from));
         }
+        for (seq, reply) in std::mem::take(&mut self.durable.written) {
+            let _ = reply.send(result(seq).map(|_| ()).map_err(SessionError::from));
+        }
         for u in std::mem::take(&mut self.durable.unsynced) {
             let r = result(u.seq);
             answer_late(u, r);
@@ -622,6 +640,9 @@ impl<A: Agent> Core<A> {
             message: why.to_string(),
         };
         if let Some((_, reply)) = self.durable.detach.take() {
+            let _ = reply.send(Err(SessionError::from(err())));
+        }
+        for (_, reply) in std::mem::take(&mut self.durable.written) {
             let _ = reply.send(Err(SessionError::from(err())));
         }
         for u in std::mem::take(&mut self.durable.unsynced) {

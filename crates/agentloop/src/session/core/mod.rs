@@ -87,6 +87,8 @@ pub(crate) enum Event<A: Agent> {
     },
     /// Hand the session to the background (S23).
     Detach { reply: DetachReply },
+    /// Write the record now; answered once it is durable.
+    Checkpoint { reply: DetachReply },
     /// The turn task of `turn` is done; its ending is in its control block.
     TurnFinished { turn: u64 },
     /// The running turn recorded a state at a safe point, or its plan changed stored
@@ -392,6 +394,7 @@ impl<A: Agent> Core<A> {
                 } => self.on_push(item, options, reply, now, fx),
                 Event::Stop { options, reply } => self.on_stop(options, reply, now, fx),
                 Event::Detach { reply } => self.on_detach(reply, fx),
+                Event::Checkpoint { reply } => self.on_checkpoint(reply, fx),
                 Event::TurnFinished { turn } => self.on_turn_finished(turn, fx),
                 Event::TurnProgress { turn } => self.on_turn_progress(turn, fx),
                 Event::PreemptDue {

@@ -146,6 +146,28 @@ impl<A: Agent> Core<A> {
     /// in-flight and queued items in order (answered once that write is durable), the
     /// session drains, and it polls its own record so a cancel written elsewhere is
     /// honoured (S24).
+    /// Writes the live record now and answers once it is durable (S39: a timer for a
+    /// session whose record is not written yet). Refused after the exit and without a
+    /// store.
+    pub(super) fn on_checkpoint(&mut self, reply: DetachReply, fx: &mut Effects<A>) {
+        if self.exited || self.exit.is_some() {
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: Err(SessionError::Exited(self.config.id.clone())),
+            });
+            return;
+        }
+        if !self.persists() {
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: Err(SessionError::NotPersistent(self.config.id.clone())),
+            });
+            return;
+        }
+        let seq = self.write_live(fx);
+        self.durable.answer_written_after(seq, reply);
+    }
+
     pub(super) fn on_detach(&mut self, reply: DetachReply, fx: &mut Effects<A>) {
         if self.exited || self.exit.is_some() {
             fx.push(Effect::AnswerDetach {

@@ -1,0 +1,149 @@
+//! Durable timers and schedules (S39, issue 34) through the real `agentloop serve` and a
+//! real HTTP client: a timer and a schedule armed over HTTP survive a SIGKILL of the
+//! server (the next process reads the store's due-time index), the timer's item is
+//! delivered once, the schedule keeps firing until it is canceled, and the errors say
+//! what to do.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{agent, free_addr, Job, TempDir};
+use serde_json::{json, Value};
+
+fn delivered(log: &Path, id: u64) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("turn"))
+        .flat_map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .filter(|w| w.parse::<u64>().ok() == Some(id))
+        .count()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let a = agent();
+    let r = match (method, body) {
+        ("POST", Some(b)) => a.post(url).send_json(b),
+        ("GET", _) => a.get(url).call(),
+        ("DELETE", _) => a.delete(url).call(),
+        other => panic!("{other:?}"),
+    };
+    let mut r = r.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = r.status().as_u16();
+    let v = r.body_mut().read_json().unwrap_or(Value::Null);
+    (status, v)
+}
+
+#[test]
+fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_canceled() {
+    let dir = TempDir::new("timers");
+    let log = dir.0.join("turns.log");
+    let log_arg = log.display().to_string();
+    let addr = free_addr();
+    let url = format!("http://{addr}");
+    let mut job = Job::serve_at(&dir.0, &addr, &["--item-log", &log_arg]);
+    job.wait_for("serving on http://");
+    let (s, v) = call(
+        "POST",
+        &format!("{url}/sessions"),
+        Some(json!({"id": "tm", "kind": "sim", "persistent": true,
+                    "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let timers = format!("{url}/sessions/tm/timers");
+    let (s, once) = call(
+        "POST",
+        &timers,
+        Some(json!({"item": {"id": 101, "text": "check the build"}, "in": "3s"})),
+    );
+    assert_eq!(s, 201, "{once}");
+    let (s, every) = call(
+        "POST",
+        &timers,
+        Some(json!({"item": {"id": 202, "text": "digest"}, "schedule": "every 1s"})),
+    );
+    assert_eq!(s, 201, "{every}");
+    assert_eq!(every["schedule"], "every 1000ms");
+    let (s, listed) = call("GET", &timers, None);
+    assert_eq!(s, 200);
+    assert_eq!(
+        listed["timers"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    assert_eq!(listed["timers"][0]["item"]["id"], 101);
+
+    // Killed before either is due; the next process on the same store fires them.
+    job.kill();
+    assert_eq!(delivered(&log, 101), 0);
+    let mut job = Job::serve_at(&dir.0, &addr, &["--item-log", &log_arg]);
+    job.wait_for("serving on http://");
+    wait_until("the timer's item delivered", || delivered(&log, 101) == 1);
+    wait_until("the schedule fired twice", || delivered(&log, 202) >= 2);
+
+    let cancel = format!("{timers}/{}", every["id"]);
+    let (s, v) = call("DELETE", &cancel, None);
+    assert_eq!(s, 204, "{v}");
+    let fired = delivered(&log, 202);
+    let (s, v) = call("DELETE", &cancel, None);
+    assert_eq!((s, v["code"].as_str()), (404, Some("unknown_timer")), "{v}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        delivered(&log, 202) <= fired + 1,
+        "a canceled schedule stops (one fire in flight at most): {} after {fired}",
+        delivered(&log, 202)
+    );
+    assert_eq!(
+        delivered(&log, 101),
+        1,
+        "the timer fired once, across the SIGKILL"
+    );
+    let (_, listed) = call("GET", &timers, None);
+    assert_eq!(listed["timers"], json!([]), "{listed}");
+
+    // Errors that say what to do.
+    let (s, v) = call(
+        "POST",
+        &timers,
+        Some(json!({"item": {"id": 1, "text": "x"}, "schedule": "61 * * * *"})),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or("").contains("is not valid"),
+        "{v}"
+    );
+    let (s, v) = call(
+        "POST",
+        &timers,
+        Some(json!({"item": {"id": 1, "text": "x"}, "in": "1s", "at_ms": 5})),
+    );
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = call(
+        "POST",
+        &format!("{url}/sessions/nobody/timers"),
+        Some(json!({"item": {"id": 1, "text": "x"}, "in": "1s"})),
+    );
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (404, Some("unknown_session")),
+        "{v}"
+    );
+    job.signal(libc::SIGTERM);
+    let (status, _) = job.finish();
+    assert!(status.success(), "{status:?}");
+}

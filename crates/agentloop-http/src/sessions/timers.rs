@@ -1,0 +1,139 @@
+//! `/sessions/{id}/timers`: a session's durable timers and schedules (S39): arm one
+//! (`at_ms`, `in` or a `schedule`), list them, cancel one. Each is one runtime call,
+//! durable before it is answered; the runtime fires them.
+
+use super::id::SessionId;
+use super::{body, duration, from_json_text, AppState, Ev, Item};
+use crate::ApiError;
+use agentloop::{Schedule, Timer, TimerError};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::time::{Duration, SystemTime};
+
+/// `POST /sessions/{id}/timers`: the item and exactly one of when.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TimerBody {
+    item: Box<serde_json::value::RawValue>,
+    /// When, in ms since the Unix epoch.
+    #[serde(default)]
+    at_ms: Option<u64>,
+    /// In how long, e.g. `"10m"`.
+    #[serde(default, rename = "in")]
+    in_: Option<String>,
+    /// A schedule: `"every 5m"` or a cron expression (UTC).
+    #[serde(default)]
+    schedule: Option<String>,
+}
+
+impl From<TimerError> for ApiError {
+    fn from(e: TimerError) -> Self {
+        let (status, code) = match &e {
+            TimerError::NoRecord { .. } => (StatusCode::NOT_FOUND, "unknown_session"),
+            TimerError::Cron { .. } | TimerError::CronNever { .. } | TimerError::Period => {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            }
+            TimerError::Item(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            TimerError::NoStore | TimerError::Session(_) => (StatusCode::CONFLICT, "wrong_state"),
+            TimerError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// The furthest `in` a timer takes.
+const TEN_YEARS: Duration = Duration::from_secs(3650 * 86_400);
+
+fn ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn view<I: Item>(t: Timer<I>) -> Value {
+    json!({
+        "id": t.id,
+        "due_ms": ms(t.due),
+        "item": t.item,
+        "schedule": t.schedule.map(|s| match s {
+            Schedule::Every(d) => format!("every {}ms", d.as_millis()),
+            Schedule::Cron(expr) => expr,
+        }),
+        "fired": t.fired,
+        "armed_ms": ms(t.armed),
+    })
+}
+
+pub(crate) async fn arm<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+    raw: Result<Json<TimerBody>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let b = body(raw)?;
+    let item: I =
+        from_json_text(b.item.get()).map_err(|e| ApiError::bad_request(format!("item: {e}")))?;
+    let n = match (b.at_ms, b.in_, b.schedule) {
+        (Some(at), None, None) => {
+            let when = SystemTime::UNIX_EPOCH + Duration::from_millis(at);
+            st.runtime.wake_at(&id, when, item).await?
+        }
+        (None, Some(d), None) => {
+            // A timer may be far off (not bounded by `max_duration`, which bounds waits).
+            let when = SystemTime::now() + duration("in", &d, TEN_YEARS)?;
+            st.runtime.wake_at(&id, when, item).await?
+        }
+        (None, None, Some(s)) => {
+            let schedule: Schedule = s.parse()?;
+            st.runtime.schedule(&id, schedule, item).await?
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `at_ms` (ms since the Unix epoch), `in` (e.g. \"10m\") \
+                 or `schedule` (\"every 5m\" or a cron expression)",
+            ))
+        }
+    };
+    let timer = st
+        .runtime
+        .timers(&id)
+        .await?
+        .into_iter()
+        .find(|t| t.id == n)
+        .map(view)
+        .unwrap_or_else(|| json!({ "id": n }));
+    Ok((StatusCode::CREATED, Json(timer)).into_response())
+}
+
+pub(crate) async fn list<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    SessionId(id): SessionId,
+) -> Result<Response, ApiError> {
+    let timers: Vec<Value> = st
+        .runtime
+        .timers(&id)
+        .await?
+        .into_iter()
+        .map(view)
+        .collect();
+    Ok(Json(json!({ "timers": timers })).into_response())
+}
+
+pub(crate) async fn cancel<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    Path((id, n)): Path<(String, u64)>,
+) -> Result<Response, ApiError> {
+    agentloop::ids::validate_session_id(&id)
+        .map_err(|e| ApiError::bad_request(format!("session id: {e}")))?;
+    match st.runtime.cancel_timer(&id, n).await? {
+        true => Ok(StatusCode::NO_CONTENT.into_response()),
+        false => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_timer",
+            format!("session `{id}` has no timer {n} (it fired, or was canceled): list them with GET /sessions/{id}/timers"),
+        )),
+    }
+}
