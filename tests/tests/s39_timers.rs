@@ -248,6 +248,80 @@ async fn a_retried_fire_delivers_nothing_again_and_removes_the_timer() {
     rt.shutdown().await.expect("shutdown");
 }
 
+/// An agent whose turn arms a timer for every item under 100 (its id plus 100, ten
+/// minutes later), and records every item it receives.
+struct Waker {
+    seen: Arc<Mutex<Vec<u64>>>,
+}
+
+impl agentloop::Agent for Waker {
+    type Item = SimItem;
+    type Event = SimEvent;
+    type State = ();
+
+    async fn run_turn(
+        &self,
+        turn: agentloop::Turn<Self>,
+        cx: agentloop::TurnCx<Self>,
+    ) -> Result<agentloop::TurnOutcome<()>, agentloop::AgentError> {
+        for it in &turn.items {
+            self.seen.lock().push(it.id);
+            if it.id < 100 {
+                cx.wake_at(in_(10 * MIN), SimItem::new(it.id + 100, "woken"))
+                    .await
+                    .map_err(|e| agentloop::AgentError::failed(e.to_string()))?;
+            }
+        }
+        Ok(agentloop::TurnOutcome::Completed)
+    }
+}
+
+/// A turn arms a timer (`TurnCx::wake_at`, a durable step): its item comes back into
+/// the session at its time, once; the timer is listed until then.
+#[tokio::test(start_paused = true)]
+async fn a_turn_arms_a_timer_and_its_item_comes_back_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let s = seen.clone();
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .flush_logs(None)
+        .register_agent("waker", move |_cfg: &[u8]| Ok(Waker { seen: s.clone() }))
+        .start()
+        .await
+        .expect("the runtime starts");
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new("w", "waker")
+                .persistent(true)
+                .durability(Durability::Sync),
+        )
+        .await
+        .expect("spawn");
+    rt.supervisor().push("w", item(7)).await.expect("pushed");
+    within("the turn to arm its timer", async {
+        while rt.timers("w").await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let armed = rt.timers("w").await.unwrap();
+    assert_eq!(armed[0].item, Some(SimItem::new(107, "woken")));
+    tokio::time::sleep(9 * MIN).await;
+    assert_eq!(*seen.lock(), vec![7], "not before its time");
+    tokio::time::sleep(2 * MIN).await;
+    within("the woken item", async {
+        while seen.lock().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(30 * MIN).await;
+    assert_eq!(*seen.lock(), vec![7, 107], "once");
+    assert!(rt.timers("w").await.unwrap().is_empty());
+    rt.shutdown().await.expect("shutdown");
+}
+
 /// A session with no record cannot have a timer: refused with what to do.
 #[tokio::test(start_paused = true)]
 async fn a_timer_for_a_session_without_a_record_is_refused_with_what_to_do() {
@@ -266,4 +340,93 @@ async fn a_timer_for_a_session_without_a_record_is_refused_with_what_to_do() {
         .expect_err("a zero period");
     assert!(matches!(e, TimerError::Period), "{e:?}");
     rt.shutdown().await.expect("shutdown");
+}
+
+/// Arms a timer in its turn, records the number, then holds the turn when `hold`.
+struct ArmThenHold {
+    numbers: Arc<Mutex<Vec<u64>>>,
+    hold: bool,
+    armed: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+}
+
+impl agentloop::Agent for ArmThenHold {
+    type Item = SimItem;
+    type Event = SimEvent;
+    type State = ();
+
+    async fn run_turn(
+        &self,
+        _turn: agentloop::Turn<Self>,
+        cx: agentloop::TurnCx<Self>,
+    ) -> Result<agentloop::TurnOutcome<()>, agentloop::AgentError> {
+        let n = cx
+            .wake_at(in_(10 * MIN), SimItem::new(500, "later"))
+            .await
+            .map_err(|e| agentloop::AgentError::failed(e.to_string()))?;
+        self.numbers.lock().push(n);
+        if self.hold {
+            if let Some(tx) = &self.armed {
+                let _ = tx.send(());
+            }
+            std::future::pending::<()>().await;
+        }
+        Ok(agentloop::TurnOutcome::Completed)
+    }
+}
+
+/// `TurnCx::wake_at` is a durable step: a turn cut after it armed its timer (a crash),
+/// run again from the record, is answered the same number from its journal and arms
+/// nothing more.
+#[tokio::test]
+async fn a_turn_run_again_after_a_crash_arms_its_timer_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let numbers: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (tx, mut armed) = tokio::sync::mpsc::unbounded_channel();
+    let spec = || {
+        SessionSpec::new("c", "armer")
+            .persistent(true)
+            .durability(Durability::Sync)
+    };
+    let first = agentloop::SessionHandle::spawn(
+        spec(),
+        Arc::new(ArmThenHold {
+            numbers: numbers.clone(),
+            hold: true,
+            armed: Some(tx),
+        }),
+        Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("spawn");
+    first.push(item(1)).await.expect("pushed");
+    within("the timer to be armed", armed.recv()).await;
+    assert_eq!(store.timers("c").await.unwrap().len(), 1);
+    // The crash: what the store holds now, timers left behind (a second arm would show
+    // in the fresh store).
+    let after = Arc::new(MemoryStore::<SimItem>::new());
+    after.insert(store.get("c").expect("the record"));
+    drop(first);
+    let second = agentloop::SessionHandle::spawn(
+        spec(),
+        Arc::new(ArmThenHold {
+            numbers: numbers.clone(),
+            hold: false,
+            armed: None,
+        }),
+        Some(after.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("resume");
+    second
+        .stop(agentloop::StopOptions::drain())
+        .await
+        .expect("stop");
+    within("exit", second.wait()).await;
+    let numbers = numbers.lock().clone();
+    assert_eq!(numbers.len(), 2, "the turn ran twice: {numbers:?}");
+    assert_eq!(numbers[0], numbers[1], "the same number, from the journal");
+    assert!(
+        after.timers("c").await.unwrap().is_empty(),
+        "the rerun armed nothing"
+    );
 }

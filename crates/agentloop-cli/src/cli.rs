@@ -424,6 +424,17 @@ pub(crate) enum SessionsCmd {
         #[arg(long)]
         json: bool,
     },
+    /// The session's durable timers and schedules (S39): number, next due time,
+    /// schedule, fires so far and item, by number.
+    Timers {
+        /// The session id.
+        id: String,
+        #[command(flatten)]
+        dir: DataDir,
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove the session's record, its checkpoint history and its kept events.
     Delete {
         /// The session id.

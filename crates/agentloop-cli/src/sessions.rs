@@ -67,6 +67,12 @@ pub(crate) enum Command {
         after: u64,
         json: bool,
     },
+    /// `timers <id>`.
+    Timers {
+        dir: PathBuf,
+        id: String,
+        json: bool,
+    },
     /// `delete <id>`.
     Delete { dir: PathBuf, id: String },
     /// `export`.
@@ -167,6 +173,11 @@ pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
             after,
             json,
         },
+        SessionsCmd::Timers { id, dir, json } => Command::Timers {
+            dir: dir.data_dir,
+            id,
+            json,
+        },
         SessionsCmd::Delete { id, dir } => Command::Delete {
             dir: dir.data_dir,
             id,
@@ -240,6 +251,7 @@ pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
             after,
             json,
         } => events(&dir, &id, after, json),
+        Command::Timers { dir, id, json } => timers(&dir, &id, json),
         Command::Delete { dir, id } => delete(&dir, &id),
         Command::Export { dir } => export(&dir),
         Command::Import { dir, engine } => {
@@ -861,6 +873,44 @@ fn events(dir: &Path, id: &str, after: u64, json: bool) -> Result<String, Failur
         }
         next = e.seq + 1;
         let _ = writeln!(out, "#{} {} {} {}", e.seq, utc(e.at_ms), kind, body);
+    }
+    Ok(out)
+}
+
+/// `timers <id>`: the session's durable timers and schedules (S39), by number.
+fn timers(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
+    let backend = open(dir)?;
+    let timers = backend
+        .timers(id)
+        .map_err(|e| Failure::Error(e.to_string()))?;
+    drop(backend);
+    let views = agentloop::view::timers_view(id, timers, &agentloop::Redaction::none())
+        .map_err(|e| Failure::Error(e.to_string()))?;
+    let mut out = String::new();
+    if views.is_empty() && !json {
+        return Ok(format!(
+            "session `{}` has no timers (arm them with POST /sessions/{{id}}/timers, or RuntimeHandle::wake_at / schedule)\n",
+            clean(id)
+        ));
+    }
+    for t in views {
+        if json {
+            let _ = writeln!(
+                out,
+                "{}",
+                json!({"id": t.id, "due_ms": t.due_ms, "due": utc(t.due_ms), "schedule": t.schedule, "fired": t.fired, "item": t.item})
+            );
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "#{} due {} {} fired {} item {}",
+            t.id,
+            utc(t.due_ms),
+            t.schedule.as_deref().unwrap_or("once"),
+            t.fired,
+            t.item
+        );
     }
     Ok(out)
 }

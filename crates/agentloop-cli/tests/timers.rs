@@ -143,7 +143,37 @@ fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_can
         (404, Some("unknown_session")),
         "{v}"
     );
+
+    // Shown in the session's view, and listed offline once the server is gone.
+    let (s, later) = call(
+        "POST",
+        &timers,
+        Some(json!({"item": {"id": 303, "text": "tomorrow"}, "schedule": "0 9 * * *"})),
+    );
+    assert_eq!(s, 201, "{later}");
+    let (s, view) = call("GET", &format!("{url}/sessions/tm"), None);
+    assert_eq!(s, 200, "{view}");
+    assert_eq!(view["timers"][0]["id"], later["id"], "{view}");
+    assert_eq!(view["timers"][0]["schedule"], "0 9 * * *");
+    assert_eq!(view["timers"][0]["item"]["id"], 303);
     job.signal(libc::SIGTERM);
     let (status, _) = job.finish();
     assert!(status.success(), "{status:?}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["sessions", "timers", "tm", "--data-dir"])
+        .arg(dir.0.join("data"))
+        .output()
+        .expect("agentloop sessions timers");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("#{} due ", later["id"]))
+            && text.contains("0 9 * * *")
+            && text.contains("303"),
+        "{text}"
+    );
 }

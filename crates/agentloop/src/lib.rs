@@ -216,4 +216,4 @@ pub use supervisor::{
 };
 pub use timers::{Schedule, Timer, TimerError};
 pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
-pub use view::{Part, Redaction, SessionView, StepView, StepsView};
+pub use view::{Part, Redaction, SessionView, StepView, StepsView, TimerView};

@@ -366,6 +366,12 @@ where
         if let Some(codec) = self.event_codec {
             supervisor.set_event_codec(codec);
         }
+        // Before the resume below: resumed sessions' turns tell the timer service of the
+        // timers they arm (S39).
+        let timer_channel = tokio::sync::mpsc::unbounded_channel();
+        if store.as_ref().is_some_and(|s| s.keeps_timers()) {
+            supervisor.set_timer_service(timer_channel.0.clone());
+        }
         // Before the resume below: a resumed session's end must reach the feeds too.
         for feed in self.end_feeds {
             supervisor.watch_ends(feed);
@@ -411,6 +417,7 @@ where
             adopter: parking_lot::Mutex::new(None),
             timers: parking_lot::Mutex::new(None),
         };
+        let _ = runtime.handle.timer_service.set(timer_channel.0.clone());
         let _ = hand_over.set(Arc::new(crate::cluster::migrate::NodeHandOver(
             runtime.handle.clone(),
         )));
@@ -425,7 +432,7 @@ where
         if runtime.handle.sweeps {
             runtime.start_adopting();
         }
-        runtime.start_timers();
+        runtime.start_timers(timer_channel);
         Ok((runtime, report))
     }
 }
@@ -630,13 +637,18 @@ where
     /// Starts the timer service (S39); it reads the store's due-time index first (one
     /// scan of the timers, not of the records), without holding up the start. A store
     /// that keeps no timers has none to fire.
-    fn start_timers(&self) {
+    fn start_timers(
+        &self,
+        (tx, rx): (
+            crate::timers::service::Notify,
+            tokio::sync::mpsc::UnboundedReceiver<crate::timers::service::Command>,
+        ),
+    ) {
         if !self.handle.store.as_ref().is_some_and(|s| s.keeps_timers()) {
             return;
         }
-        let (tx, task) =
-            crate::timers::service::start(self.handle.clone(), self.handle.timer_clock);
-        let _ = self.handle.timer_service.set(tx);
+        let task =
+            crate::timers::service::start(self.handle.clone(), self.handle.timer_clock, tx, rx);
         *self.timers.lock() = Some(task);
     }
 

@@ -37,6 +37,9 @@ pub(crate) struct SessionShared<I> {
     pub(crate) detached: std::sync::atomic::AtomicBool,
     /// The session's event numbering (S20), which its writes record (S26).
     pub(crate) event_seq: Arc<EventSeq>,
+    /// Where the session's turns arm durable timers (S39): its store, and the runtime's
+    /// timer service when there is one. Unset without a store.
+    pub(crate) timers: std::sync::OnceLock<crate::timers::TimerLink<I>>,
 }
 
 impl<I: Clone> SessionShared<I> {
@@ -49,6 +52,7 @@ impl<I: Clone> SessionShared<I> {
             exit: watch::Sender::new(None),
             detached: std::sync::atomic::AtomicBool::new(false),
             event_seq: Arc::new(EventSeq::default()),
+            timers: std::sync::OnceLock::new(),
         }
     }
 

@@ -231,6 +231,51 @@ pub struct SessionView {
     /// The cut turn's durable steps (S1b), replayed when it runs again; `None` when it
     /// journaled none.
     pub steps: Option<StepsView>,
+    /// The session's durable timers and schedules (S39), by number; items through the
+    /// redaction.
+    pub timers: Vec<TimerView>,
+}
+
+/// A durable timer as a client sees it (S39).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TimerView {
+    /// Its number within the session (what cancels it).
+    pub id: u64,
+    /// When it is due next, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// The item it pushes, through the redaction (`Part::Item`).
+    pub item: Value,
+    /// How it recurs: `every <n>ms` or a cron expression; `None` for a one-off timer.
+    pub schedule: Option<String>,
+    /// How many times it fired.
+    pub fired: u64,
+}
+
+/// The client view of `id`'s stored timers, through `redaction`.
+pub fn timers_view(
+    id: &str,
+    timers: Vec<(u64, crate::store::StoredTimer)>,
+    redaction: &Redaction,
+) -> Result<Vec<TimerView>, StoreError> {
+    timers
+        .into_iter()
+        .map(|(n, t)| {
+            let item = payload::to_json(&t.item).map_err(|e| StoreError::Corrupt {
+                session: id.to_string(),
+                reason: format!("timer {n}'s item: {e}"),
+            })?;
+            Ok(TimerView {
+                id: n,
+                due_ms: t.due_ms,
+                item: redaction.apply(Part::Item, item),
+                schedule: t.repeat.map(|r| match r {
+                    crate::store::Repeat::Every { ms } => format!("every {ms}ms"),
+                    crate::store::Repeat::Cron { expr } => expr,
+                }),
+                fired: t.fired,
+            })
+        })
+        .collect()
 }
 
 /// Builds the client view of a stored (format-2) record through `redaction`.
@@ -288,6 +333,7 @@ pub fn session_view(
         version: h.version,
         settings: h.settings,
         steps: steps_view(record, redaction)?,
+        timers: Vec::new(),
     })
 }
 

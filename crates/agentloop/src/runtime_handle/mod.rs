@@ -131,6 +131,19 @@ where
         let Some(store) = &self.store else {
             return Ok(None);
         };
+        let Some(mut view) = self.record_view(store.as_ref(), id).await? else {
+            return Ok(None);
+        };
+        // S39: the session's timers, with their items through the redaction.
+        view.timers = crate::view::timers_view(id, store.timers(id).await?, &self.redaction)?;
+        Ok(Some(view))
+    }
+
+    async fn record_view(
+        &self,
+        store: &dyn CheckpointStore<I>,
+        id: &str,
+    ) -> Result<Option<crate::view::SessionView>, StoreError> {
         match store.load_stored(id).await? {
             None => Ok(None),
             Some(crate::store::Stored::Current(r)) => {

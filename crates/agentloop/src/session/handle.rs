@@ -260,6 +260,15 @@ where
             }
         };
         let shared = Arc::new(SessionShared::new(config.id.clone()));
+        if let Some(store) = store
+            .as_ref()
+            .filter(|s| config.persist && s.keeps_timers())
+        {
+            let _ = shared.timers.set(crate::timers::TimerLink {
+                store: store.clone(),
+                service: config.run.timer_service.clone(),
+            });
+        }
         let subscribers = Arc::new(Subscribers::new(
             shared.event_seq.clone(),
             config.replay,

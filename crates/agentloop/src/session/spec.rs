@@ -114,6 +114,9 @@ pub(crate) struct RunContext {
     /// How the session's events are kept (an `EventCodec<E>`, S20a); set by the
     /// supervisor from the runtime's, or by [`SessionSpec::event_codec`].
     pub(crate) event_codec: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// Where the turns' durable timers are told to the runtime's timer service (S39);
+    /// set by the supervisor from the runtime's.
+    pub(crate) timer_service: Option<crate::timers::service::Notify>,
 }
 
 impl Default for RunContext {
@@ -124,6 +127,7 @@ impl Default for RunContext {
             heartbeat: DEFAULT_HEARTBEAT,
             metrics: None,
             event_codec: None,
+            timer_service: None,
         }
     }
 }

@@ -31,9 +31,21 @@ pub(crate) struct Directory<I, E> {
     metrics: Option<Arc<RuntimeMetrics>>,
     /// The runtime's codec for kept events (an `EventCodec<E>`, S20a), once set.
     event_codec: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The runtime's timer service (S39), once it has one.
+    timer_service: std::sync::OnceLock<crate::timers::service::Notify>,
 }
 
 impl<I, E> Directory<I, E> {
+    /// Where sessions tell the runtime's timer service of the timers their turns arm.
+    pub(crate) fn timer_service(&self) -> Option<crate::timers::service::Notify> {
+        self.timer_service.get().cloned()
+    }
+
+    /// Sets the runtime's timer service (the first one set stays).
+    pub(crate) fn set_timer_service(&self, notify: crate::timers::service::Notify) {
+        let _ = self.timer_service.set(notify);
+    }
+
     /// The runtime's codec for kept events, if one was set.
     pub(crate) fn event_codec(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         self.event_codec.get().cloned()
@@ -52,6 +64,7 @@ impl<I, E> Directory<I, E> {
             gate_late: Arc::new(AtomicU64::new(0)),
             metrics,
             event_codec: std::sync::OnceLock::new(),
+            timer_service: std::sync::OnceLock::new(),
         }
     }
 

@@ -367,6 +367,10 @@ where
     }
 
     /// Sets the codec sessions keep their events with (S20a), unless one was set.
+    pub(crate) fn set_timer_service(&self, notify: crate::timers::service::Notify) {
+        self.directory.set_timer_service(notify);
+    }
+
     pub(crate) fn set_event_codec(&self, codec: Arc<dyn std::any::Any + Send + Sync>) {
         self.directory.set_event_codec(codec);
     }

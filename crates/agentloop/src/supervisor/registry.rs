@@ -113,6 +113,7 @@ where
             heartbeat: self.heartbeat,
             metrics: self.metrics.clone(),
             event_codec,
+            timer_service: self.directory.timer_service(),
         };
         run
     }

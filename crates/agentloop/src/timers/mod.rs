@@ -147,6 +147,30 @@ fn parse_cron(expr: &str) -> Result<croner::Cron, TimerError> {
         })
 }
 
+/// Where a session's turns arm durable timers: its store, and the runtime's timer
+/// service when there is one (without one, a timer is stored and fired by the next
+/// runtime that starts on the store).
+pub(crate) struct TimerLink<I> {
+    pub(crate) store: std::sync::Arc<dyn crate::CheckpointStore<I>>,
+    pub(crate) service: Option<service::Notify>,
+}
+
+impl<I: 'static> TimerLink<I> {
+    /// Arms `timer` for `session`, durably, and tells the service; its number.
+    pub(crate) async fn arm(&self, session: &str, timer: StoredTimer) -> Result<u64, TimerError> {
+        let due_ms = timer.due_ms;
+        let n = self.store.arm_timer(session, timer).await?;
+        if let Some(service) = &self.service {
+            let _ = service.send(service::Command::Arm(crate::store::TimerRef {
+                due_ms,
+                session: session.to_string(),
+                id: n,
+            }));
+        }
+        Ok(n)
+    }
+}
+
 /// Milliseconds since the Unix epoch as a time.
 pub(crate) fn at(ms: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(ms)

@@ -32,6 +32,9 @@ const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between retries.
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
+/// Where the service is told of arms and cancels.
+pub(crate) type Notify = mpsc::UnboundedSender<Command>;
+
 /// What the service is told.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -80,21 +83,21 @@ enum Fired {
 }
 
 /// Starts the service over `handle`'s store: it reads the due-time index, then fires;
-/// returns where to tell it of arms and cancels (told before the index is read, they
-/// wait in line: a timer both read and told is fired once, the second try finding it
-/// gone), and its task. It ends when the runtime's shutdown starts (the timers stay
+/// it is told of arms and cancels on `rx` (`again` is its own sender: the next slot of
+/// a schedule). What it is told before the index is read waits in line: a timer both
+/// read and told is fired once, the second try finding it gone. Returns its task. It ends when the runtime's shutdown starts (the timers stay
 /// stored; the next start reads them).
 pub(crate) fn start<I, E>(
     handle: RuntimeHandle<I, E>,
     clock: Clock,
-) -> (mpsc::UnboundedSender<Command>, tokio::task::JoinHandle<()>)
+    again: Notify,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+) -> tokio::task::JoinHandle<()>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Command>();
-    let again = tx.clone();
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut queue = TimerQueue::new();
         let Some(store) = handle.store.clone() else {
             return;
@@ -172,8 +175,7 @@ where
             }
         }
         tracing::debug!("timer service stopped: the runtime is shutting down");
-    });
-    (tx, task)
+    })
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {

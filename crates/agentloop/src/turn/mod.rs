@@ -8,6 +8,7 @@
 pub mod context;
 pub(crate) mod control;
 pub mod steps;
+mod wake;
 
 pub use context::{Step, TurnCx};
 pub use steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
