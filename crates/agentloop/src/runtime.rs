@@ -596,17 +596,13 @@ where
             let spec = SessionSpec::resuming(rec, self.durability, self.lease_timeout, self.sweeps);
             spawns.push((id, (items, crashed), spec));
         }
-        // All spawn requests go out back to back (each future sends its request when
-        // first polled, in order) and the replies are collected afterwards: the
-        // supervisor still spawns them one by one, in this order, but no round trip
-        // waits for the previous one (B5).
+        // In batches (one request per thousand sessions), whose sessions start
+        // concurrently, a bounded number at a time, instead of one after the other (B5).
         let (meta, specs): (Vec<_>, Vec<_>) = spawns
             .into_iter()
             .map(|(id, items, spec)| ((id, items), spec))
             .unzip();
-        let results =
-            futures::future::join_all(specs.into_iter().map(|spec| self.supervisor.spawn(spec)))
-                .await;
+        let results = self.supervisor.spawn_batch(specs).await;
         for ((id, (items, crashed)), result) in meta.into_iter().zip(results) {
             match result {
                 Ok(_) => {
