@@ -430,3 +430,24 @@ async fn a_turn_run_again_after_a_crash_arms_its_timer_once() {
         "the rerun armed nothing"
     );
 }
+
+/// A session that is not persistent cannot keep a timer (it has no record to outlive
+/// the process): refused with what to do, nothing armed.
+#[tokio::test(start_paused = true)]
+async fn a_timer_for_a_session_that_is_not_persistent_is_refused() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    rt.supervisor()
+        .spawn(SessionSpec::new("mem", "sim"))
+        .await
+        .expect("spawn");
+    let e = rt
+        .wake_at("mem", in_(MIN), item(1))
+        .await
+        .expect_err("not persistent");
+    assert!(matches!(e, TimerError::Session(_)), "{e:?}");
+    assert!(e.to_string().contains("not persistent"), "{e}");
+    assert!(store.timers("mem").await.unwrap().is_empty());
+    rt.shutdown().await.expect("shutdown");
+}

@@ -11,6 +11,7 @@
 //! whoever holds only its [`ActorRef`]. It never blocks: engine work runs on the
 //! committer's thread or the blocking pool.
 
+use crate::store::wave::TimerOp;
 use std::collections::HashSet;
 use std::marker::PhantomData;
 use std::path::Path;
@@ -478,6 +479,15 @@ impl<I> Clone for CheckpointClient<I> {
 }
 
 impl<I> CheckpointClient<I> {
+    /// Submits a timer operation of `session` (S39) to the committer.
+    fn timer_op(&self, session: &str, change: TimerOp, waiter: Waiter) {
+        let op = WriteOp::Timer {
+            key: session.to_string(),
+            change,
+        };
+        submit_checked(&self.committer, session, op, waiter);
+    }
+
     /// The actor, for supervision or direct `call!`.
     pub fn actor(&self) -> &ActorRef<CheckpointMsg> {
         &self.actor
@@ -650,13 +660,9 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         timer: crate::store::StoredTimer,
     ) -> BoxFuture<'static, Result<u64, StoreError>> {
         let (tx, rx) = oneshot::channel();
-        submit_checked(
-            &self.committer,
+        self.timer_op(
             session,
-            WriteOp::Timer {
-                key: session.to_string(),
-                change: crate::store::wave::TimerOp::Arm(timer),
-            },
+            TimerOp::Arm(timer),
             Waiter::Armed(Answer::oneshot(tx)),
         );
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
@@ -668,13 +674,9 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         timer: u64,
     ) -> BoxFuture<'static, Result<bool, StoreError>> {
         let (tx, rx) = oneshot::channel();
-        submit_checked(
-            &self.committer,
+        self.timer_op(
             session,
-            WriteOp::Timer {
-                key: session.to_string(),
-                change: crate::store::wave::TimerOp::Cancel(timer),
-            },
+            TimerOp::Cancel(timer),
             Waiter::Deleted(Answer::oneshot(tx)),
         );
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
@@ -686,13 +688,9 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         change: crate::store::TimerChange,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
         let (tx, rx) = oneshot::channel();
-        submit_checked(
-            &self.committer,
+        self.timer_op(
             session,
-            WriteOp::Timer {
-                key: session.to_string(),
-                change: crate::store::wave::TimerOp::Change(change),
-            },
+            TimerOp::Change(change),
             Waiter::Unit(Answer::oneshot(tx)),
         );
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
