@@ -451,3 +451,46 @@ async fn a_timer_for_a_session_that_is_not_persistent_is_refused() {
     assert!(store.timers("mem").await.unwrap().is_empty());
     rt.shutdown().await.expect("shutdown");
 }
+
+/// A timer due in a hundred billion years neither fires nor holds up the service: a
+/// timer due soon after it still fires. Arming for a
+/// session that is stored already writes nothing more (no checkpoint write).
+#[tokio::test(start_paused = true)]
+async fn a_timer_absurdly_far_away_leaves_the_others_firing_and_a_stored_session_is_not_rewritten()
+{
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledger = Arc::default();
+    let rt = runtime(&store, &ledger).await;
+    spawn(&rt, "far").await;
+    rt.supervisor().push("far", item(1)).await.expect("pushed");
+    within("the first turn", async {
+        while delivered(&ledger) != vec![1] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let saves = store.save_count();
+    let far = SystemTime::UNIX_EPOCH + Duration::from_millis(u64::MAX / 2);
+    rt.wake_at("far", far, item(2)).await.expect("armed");
+    rt.wake_at("far", in_(MIN), item(3)).await.expect("armed");
+    assert_eq!(
+        store.save_count(),
+        saves,
+        "a stored session is not written again to arm"
+    );
+    tokio::time::sleep(2 * MIN).await;
+    within("the near timer", async {
+        while delivered(&ledger) != vec![1, 3] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3 * 86_400)).await;
+    assert_eq!(delivered(&ledger), vec![1, 3]);
+    assert_eq!(
+        rt.timers("far").await.unwrap().len(),
+        1,
+        "the far one waits"
+    );
+    rt.shutdown().await.expect("shutdown");
+}

@@ -144,6 +144,16 @@ fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_can
         "{v}"
     );
 
+    // Absurd times are refused, not stored.
+    for when in [json!({"at_ms": u64::MAX}), json!({"in": "20000d"})] {
+        let mut body = json!({"item": {"id": 1, "text": "x"}});
+        body.as_object_mut()
+            .unwrap()
+            .extend(when.as_object().unwrap().clone());
+        let (s, v) = call("POST", &timers, Some(body));
+        assert_eq!(s, 400, "{when}: {v}");
+    }
+
     // Shown in the session's view, and listed offline once the server is gone.
     let (s, later) = call(
         "POST",

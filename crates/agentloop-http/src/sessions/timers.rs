@@ -79,6 +79,12 @@ pub(crate) async fn arm<I: Item, E: Ev>(
     let n = match (b.at_ms, b.in_, b.schedule) {
         (Some(at), None, None) => {
             let when = SystemTime::UNIX_EPOCH + Duration::from_millis(at);
+            if when > SystemTime::now() + TEN_YEARS {
+                return Err(ApiError::bad_request(format!(
+                    "at_ms {at} is more than ten years away: give a time in ms since the Unix epoch, e.g. {}",
+                    ms(SystemTime::now() + Duration::from_secs(3600))
+                )));
+            }
             st.runtime.wake_at(&id, when, item).await?
         }
         (None, Some(d), None) => {

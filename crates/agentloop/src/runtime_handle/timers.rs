@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::runtime_handle::RuntimeHandle;
-use crate::store::{Repeat, StoredTimer, TimerRef};
+use crate::store::Repeat;
 use crate::timers::service::Command;
 use crate::timers::{Schedule, Timer, TimerError};
 
@@ -73,35 +73,24 @@ where
             return Err(TimerError::NoStore);
         }
         // The session must be stored, so that its timer outlives this process: one
-        // running here that was not written yet writes its record first.
-        if store.load_stored(id).await?.is_none() {
-            match self.supervisor.checkpoint(id).await {
-                Ok(()) => {}
-                Err(crate::SupervisorError::UnknownSession(_)) => {
+        // running here writes its record first unless it is stored already (then this
+        // is one message, no I/O); one not running here must be stored.
+        match self.supervisor.checkpoint(id).await {
+            Ok(()) => {}
+            Err(crate::SupervisorError::UnknownSession(_)) => {
+                if store.load_stored(id).await?.is_none() {
                     return Err(TimerError::NoRecord {
                         session: id.to_string(),
-                    })
+                    });
                 }
-                Err(e) => return Err(TimerError::Session(e.to_string())),
             }
+            Err(e) => return Err(TimerError::Session(e.to_string())),
         }
-        let bytes =
-            crate::store::codec::encode_item(&item).map_err(|e| TimerError::Item(e.to_string()))?;
-        let timer = StoredTimer {
-            due_ms,
-            item: bytes,
-            repeat,
-            armed_ms: self.timer_clock.now_ms(),
-            fired: 0,
+        let timer = crate::timers::stored(&item, due_ms, repeat, self.timer_clock.now_ms())?;
+        let link = crate::timers::TimerLink {
+            store: store.clone(),
+            service: self.timer_service.get().cloned(),
         };
-        let n = store.arm_timer(id, timer).await?;
-        if let Some(service) = self.timer_service.get() {
-            let _ = service.send(Command::Arm(TimerRef {
-                due_ms,
-                session: id.to_string(),
-                id: n,
-            }));
-        }
-        Ok(n)
+        link.arm(id, timer).await
     }
 }

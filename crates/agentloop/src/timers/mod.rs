@@ -147,6 +147,24 @@ fn parse_cron(expr: &str) -> Result<croner::Cron, TimerError> {
         })
 }
 
+/// A timer to store, due at `due_ms`: `item` encoded as the session's items are.
+pub(crate) fn stored<I: serde::Serialize + serde::de::DeserializeOwned>(
+    item: &I,
+    due_ms: u64,
+    repeat: Option<Repeat>,
+    now_ms: u64,
+) -> Result<StoredTimer, TimerError> {
+    let item =
+        crate::store::codec::encode_item(item).map_err(|e| TimerError::Item(e.to_string()))?;
+    Ok(StoredTimer {
+        due_ms,
+        item,
+        repeat,
+        armed_ms: now_ms,
+        fired: 0,
+    })
+}
+
 /// Where a session's turns arm durable timers: its store, and the runtime's timer
 /// service when there is one (without one, a timer is stored and fired by the next
 /// runtime that starts on the store).

@@ -7,7 +7,7 @@
 use std::time::SystemTime;
 
 use crate::agent::Agent;
-use crate::store::{Repeat, StoredTimer};
+use crate::store::Repeat;
 use crate::timers::{Schedule, TimerError};
 use crate::turn::context::TurnCx;
 
@@ -44,15 +44,7 @@ impl<A: Agent> TurnCx<A> {
         item: A::Item,
     ) -> Result<u64, TimerError> {
         let link = self.session.timers.get().ok_or(TimerError::NoStore)?;
-        let bytes =
-            crate::store::codec::encode_item(&item).map_err(|e| TimerError::Item(e.to_string()))?;
-        let timer = StoredTimer {
-            due_ms,
-            item: bytes,
-            repeat,
-            armed_ms: crate::store::now_ms(),
-            fired: 0,
-        };
+        let timer = crate::timers::stored(&item, due_ms, repeat, crate::store::now_ms())?;
         let session = self.session.id.clone();
         let armed: Result<u64, String> = self
             .step(step, |_key| async move {

@@ -92,6 +92,9 @@ pub(crate) struct Durable<A: Agent> {
     detach: Option<(u64, DetachReply)>,
     /// Checkpoints asked for, answered once their write is durable.
     written: Vec<(u64, DetachReply)>,
+    /// A record of this session is stored (it was loaded, or a write of it succeeded
+    /// and none deleted it since): a checkpoint then has nothing to add.
+    pub(crate) stored: bool,
     /// Item entry changes not written yet (`sync`, `turn`).
     pending: Vec<ItemChange>,
     /// Journal entries to delete with the next incremental write: an ended turn's
@@ -136,6 +139,7 @@ impl<A: Agent> Durable<A> {
             unsynced: VecDeque::new(),
             detach: None,
             written: Vec::new(),
+            stored: false,
             pending: Vec::new(),
             journal_pending: Vec::new(),
             keeps_changes: config.persist && config.durability != Durability::Exit,
@@ -531,6 +535,11 @@ impl<A: Agent> Core<A> {
         if result.is_err() {
             // What the store holds is no longer known: the next write is whole.
             self.durable.rewrite = true;
+        } else {
+            self.durable.stored = !self
+                .durable
+                .stale_write
+                .is_some_and(|(s, delete)| s == seq && delete);
         }
         // Timer changes this write held: done, or handed to the next write.
         let (answered, later): (Vec<_>, Vec<_>) =

@@ -113,6 +113,7 @@ impl<A: Agent> Core<A> {
             )));
         }
         self.durable.record_stale = true;
+        self.durable.stored = true;
         self.durable.rewrite = record.format1;
         if let Some(index) = self.ledger.seed(&mut record) {
             tracing::info!(

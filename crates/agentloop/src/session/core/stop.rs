@@ -164,6 +164,14 @@ impl<A: Agent> Core<A> {
             });
             return;
         }
+        // Stored already (loaded, or written since): nothing to write, no I/O.
+        if self.durable.stored {
+            fx.push(Effect::AnswerDetach {
+                reply,
+                result: Ok(()),
+            });
+            return;
+        }
         let seq = self.write_live(fx);
         self.durable.answer_written_after(seq, reply);
     }
