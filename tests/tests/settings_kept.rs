@@ -83,6 +83,7 @@ async fn exit_durability_and_history_three_survive_two_restarts_and_a_move() {
         restart: RestartPolicy::Never,
         poll_interval_ms: Some(700),
         events: None,
+        idle_after_ms: None,
     };
     let history = SessionSettings {
         durability: Durability::Turn,
@@ -91,6 +92,7 @@ async fn exit_durability_and_history_three_survive_two_restarts_and_a_move() {
         restart: RestartPolicy::Transient,
         poll_interval_ms: None,
         events: None,
+        idle_after_ms: None,
     };
     let expect = |store: &MemoryStore<SimItem>, when: &str| {
         assert_eq!(stored_settings(store, EXIT), Some(exit), "{EXIT} {when}");

@@ -84,6 +84,12 @@ pub struct RecordHeader {
     /// step of the turn was journaled or covered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal: Option<crate::steps::JournalMark>,
+    /// The session is asleep (S39): idle, its actor gone, this record all there is of
+    /// it; a push, a by-id operation, a subscription or a due timer wakes it. Its
+    /// status stays `Running` under its owner (a sleeping session is still that
+    /// owner's); the session's next write clears the flag.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub asleep: bool,
 }
 
 impl Default for RecordHeader {
@@ -112,6 +118,7 @@ impl Default for RecordHeader {
             settings: None,
             idempotency_keys: Vec::new(),
             journal: None,
+            asleep: false,
         }
     }
 }

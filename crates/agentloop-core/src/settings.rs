@@ -50,6 +50,11 @@ pub struct SessionSettings {
     pub poll_interval_ms: Option<u64>,
     /// Whether and how long the session keeps its events in the store (S20a).
     pub events: Option<crate::event_log::Retention>,
+    /// How long the session stays idle before it goes to sleep (S39), in
+    /// milliseconds, when it was set for this session; `None` follows the runtime's
+    /// default (off unless set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_after_ms: Option<u64>,
 }
 
 impl Default for SessionSettings {
@@ -61,6 +66,7 @@ impl Default for SessionSettings {
             restart: RestartPolicy::Permanent,
             poll_interval_ms: None,
             events: None,
+            idle_after_ms: None,
         }
     }
 }
@@ -69,6 +75,11 @@ impl SessionSettings {
     /// The session's own poll interval, if it was set.
     pub fn poll_interval(&self) -> Option<Duration> {
         self.poll_interval_ms.map(Duration::from_millis)
+    }
+
+    /// How long the session stays idle before it sleeps, if it was set (S39).
+    pub fn idle_after(&self) -> Option<Duration> {
+        self.idle_after_ms.map(Duration::from_millis)
     }
 }
 
@@ -88,6 +99,7 @@ mod tests {
                 count: 9,
                 max_age_ms: None,
             }),
+            idle_after_ms: None,
         };
         let bytes = rmp_serde::to_vec_named(&s).unwrap();
         assert_eq!(rmp_serde::from_slice::<SessionSettings>(&bytes).unwrap(), s);

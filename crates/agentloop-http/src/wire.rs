@@ -103,6 +103,7 @@ pub(crate) fn exit_reason(r: &ExitReason) -> Value {
         }
         ExitReason::Failed(e) => json!({ "kind": "failed", "error": e }),
         ExitReason::Shutdown => json!({ "kind": "shutdown" }),
+        ExitReason::Asleep => json!({ "kind": "asleep" }),
     }
 }
 

@@ -23,6 +23,11 @@ pub enum ExitReason {
     Failed(String),
     /// The process shut down (a stop from the shutdown coordinator).
     Shutdown,
+    /// Not an end: the incarnation went to sleep (S39), idle past its `idle_after`.
+    /// Its record holds everything; its supervisor wakes it from there at the next
+    /// push, by-id operation, subscription or due timer. A handle on this incarnation
+    /// is spent (its pushes come back late); go through the runtime or supervisor by id.
+    Asleep,
 }
 
 /// What kind of failure ended a `Failed` session: decided where the failure happened,

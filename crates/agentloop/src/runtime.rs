@@ -77,6 +77,9 @@ pub struct StartReport {
     pub recovered: usize,
     /// Records not resumed, with why (a live owner, corrupt, an unknown kind...).
     pub skipped: Vec<(String, String)>,
+    /// Sessions whose records say they sleep (S39), registered asleep without being
+    /// started: the first push, by-id operation, subscription or due timer wakes each.
+    pub asleep: usize,
 }
 
 /// Builds a [`Runtime`].
@@ -100,6 +103,9 @@ pub struct RuntimeBuilder<I, E> {
     limits: crate::supervisor::SessionLimits,
     /// The codec for kept events (an `EventCodec<E>`, S20a), when set.
     event_codec: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// How long persistent sessions idle before they sleep (S39), unless their spec
+    /// says otherwise.
+    idle_after: Option<Duration>,
 }
 
 /// Flushes the process's stdout and stderr (tracing's fmt layer writes there).
@@ -130,6 +136,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
             rebalance: None,
             limits: crate::supervisor::SessionLimits::UNBOUNDED,
             event_codec: None,
+            idle_after: None,
         }
     }
 }
@@ -237,6 +244,18 @@ where
     /// unless set here or by [`RuntimeBuilder::config`] (`[limits]`).
     pub fn session_limits(mut self, limits: crate::supervisor::SessionLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Puts persistent sessions to sleep after `idle` without a turn, a buffered item
+    /// or a subscriber (S39), unless their spec sets its own
+    /// ([`crate::SessionSpec::idle_after`]); off unless set. A sleeping session costs a
+    /// small entry in memory; its record holds the rest, and the next push, by-id
+    /// operation, subscription or due timer wakes it. At start, sessions whose records
+    /// say they sleep are registered asleep, not started (on a store this process holds
+    /// alone).
+    pub fn idle_after(mut self, idle: Duration) -> Self {
+        self.idle_after = Some(idle);
         self
     }
 
@@ -362,6 +381,10 @@ where
             limits: self.limits,
         })
         .await?;
+        // Before the resume below: resumed sessions sleep too (S39).
+        if let Some(idle) = self.idle_after {
+            supervisor.set_idle_after(idle);
+        }
         // Before the resume below: resumed sessions keep their events too.
         if let Some(codec) = self.event_codec {
             supervisor.set_event_codec(codec);
@@ -519,6 +542,7 @@ where
             false => None,
         };
         let mut spawns = Vec::new();
+        let mut sleepers = Vec::new();
         for entry in entries {
             let rec = match entry.record.and_then(|s| s.decode::<I>()) {
                 Ok(r) => r,
@@ -587,6 +611,13 @@ where
                     }
                 }
             }
+            // S39: asleep when its process ended, on a store this process holds alone:
+            // registered asleep, woken by the first request for it. (On a shared store
+            // it is resumed, claimed, and sleeps again after its idle period.)
+            if h.asleep && h.status == SessionStatus::Running && !self.sweeps && !self.node {
+                sleepers.push((h.session_id.clone(), h.agent_kind.clone()));
+                continue;
+            }
             let items = rec.item_count();
             let crashed = h.status == SessionStatus::Running;
             let id = h.session_id.clone();
@@ -613,8 +644,20 @@ where
                 Err(e) => report.skipped.push((id, e.to_string())),
             }
         }
+        let asleep = sleepers.len();
+        let refused = self.supervisor.sleepers(sleepers).await;
+        report.asleep = asleep - refused.len();
+        for id in refused {
+            report.skipped.push((
+                id,
+                "its agent kind is not registered in this runtime; register it and start again \
+                 (the record is kept as it is)"
+                    .into(),
+            ));
+        }
         tracing::info!(
             resumed = report.resumed.len(),
+            asleep = report.asleep,
             items = report.items,
             skipped = report.skipped.len(),
             "resumed stored sessions"

@@ -269,6 +269,7 @@ mod tests {
                                 count: hb % 500 + 1,
                                 max_age_ms: (hb % 2 == 0).then_some(hb),
                             }),
+                            idle_after_ms: None,
                         }),
                         idempotency_keys: (0..(v % 4))
                             .map(|i| crate::keys::KeptKey {
@@ -280,6 +281,7 @@ mod tests {
                             turn,
                             covered: (hb % 50) as u32,
                         }),
+                        asleep: false,
                     }
                 },
             )

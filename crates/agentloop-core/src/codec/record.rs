@@ -161,6 +161,7 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             settings: rec.settings,
             idempotency_keys: Vec::new(),
             journal: rec.journal.as_ref().map(|j| j.mark),
+            asleep: false,
         };
         Ok(LoadedRecord {
             header,

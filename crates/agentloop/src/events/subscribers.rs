@@ -67,6 +67,9 @@ pub(crate) struct Subscribers<E> {
     pub(super) at_spawn: Mutex<Option<EventStream<E>>>,
     /// Keeps every event in the store (S20a), when the session keeps its events.
     pub(super) keeper: Option<Arc<Keeper<E>>>,
+    /// The session went to sleep (S39): set under the registry's lock when nobody was
+    /// subscribed, so a subscription either kept it awake or finds this set.
+    pub(super) asleep: std::sync::atomic::AtomicBool,
 }
 
 /// `Ended` once given, and the turn tasks that hold it back.
@@ -184,7 +187,37 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             order: Arc::new(tokio::sync::Mutex::new(())),
             at_spawn: Mutex::new(None),
             keeper,
+            asleep: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Marks the session asleep (S39) unless somebody is subscribed: checked and set
+    /// under the registry's lock, so a concurrent subscription is either counted here
+    /// (and the session stays awake) or sees the mark. Returns whether it was set.
+    /// A stream opened on this incarnation afterwards (a spent handle) yields `Ended`
+    /// with `summary` (reason `Asleep`) at once, numbered like the last event: it
+    /// is not an event of the session.
+    pub(crate) fn sleep_if_unwatched(&self, summary: ExitSummary) -> bool {
+        let list = self.list.write();
+        let watched = list.iter().any(|s| !s.tx.is_closed()) || self.at_spawn.lock().is_some();
+        if !watched {
+            let mut st = self.ended.lock();
+            if st.ended.is_none() {
+                st.ended = Some((self.seq.last(), summary));
+            }
+            self.asleep.store(true, Ordering::Release);
+        }
+        !watched
+    }
+
+    /// Whether somebody is subscribed (a hint: see [`Subscribers::sleep_if_unwatched`]).
+    pub(crate) fn watched(&self) -> bool {
+        self.list.read().iter().any(|s| !s.tx.is_closed())
+    }
+
+    /// Whether the session went to sleep (S39).
+    pub(crate) fn is_asleep(&self) -> bool {
+        self.asleep.load(Ordering::Acquire)
     }
 
     /// The session's keeper of events in the store, if it keeps them (S20a).

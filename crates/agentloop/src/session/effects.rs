@@ -125,6 +125,17 @@ pub(super) async fn perform<A: Agent>(
             }
         }
         Effect::Exit(plan) => teardown(myself, state, *plan).await,
+        Effect::Sleep => {
+            // S39: closed atomically against subscriptions; one that slipped in keeps
+            // the session awake (the core tries again after another idle period).
+            let plan = state.core.sleep_plan();
+            if state.subscribers.sleep_if_unwatched(plan.exit.summary()) {
+                state.core.begin_sleep();
+                teardown(myself, state, plan).await;
+            } else {
+                let _ = myself.send_message(internal::<A>(InternalMsg::SleepRefused));
+            }
+        }
     }
 }
 

@@ -333,6 +333,16 @@ where
         item: I,
         options: PushOptions<I>,
     ) -> Result<PreemptAck, PushError<I>> {
+        self.push_sent(item, options).await
+    }
+
+    /// Sends a push now, so pushes sent one after the other reach the session in that
+    /// order whoever awaits their answers; the future resolves to the answer.
+    pub(crate) fn push_sent(
+        &self,
+        item: I,
+        options: PushOptions<I>,
+    ) -> impl std::future::Future<Output = Result<PreemptAck, PushError<I>>> + Send + 'static {
         // A copy for the one case where the actor drops the message unanswered (it was
         // killed with the push still queued): the caller still gets the item back.
         let copy = item.clone();
@@ -342,19 +352,25 @@ where
             options,
             reply: Some(RpcReplyPort::from(tx)),
         };
-        if let Err(e) = self.actor.send_message(msg) {
-            let item = match e {
+        let shared = self.shared.clone();
+        let refused = match self.actor.send_message(msg) {
+            Ok(()) => None,
+            Err(e) => Some(match e {
                 MessagingErr::SendErr(TurnLoopMsg::Push { item, .. }) => item,
-                _ => copy,
-            };
-            self.shared.push_late(item.clone());
-            return Err(PushError::Late { item });
-        }
-        match rx.await {
-            Ok(r) => r,
-            Err(_) => {
-                self.shared.push_late(copy.clone());
-                Err(PushError::Late { item: copy })
+                _ => copy.clone(),
+            }),
+        };
+        async move {
+            if let Some(item) = refused {
+                shared.push_late(item.clone());
+                return Err(PushError::Late { item });
+            }
+            match rx.await {
+                Ok(r) => r,
+                Err(_) => {
+                    shared.push_late(copy.clone());
+                    Err(PushError::Late { item: copy })
+                }
             }
         }
     }
@@ -538,7 +554,12 @@ where
     /// Whether this incarnation has ended (its exit state is published); cheaper than
     /// [`exit_state`](SessionHandle::exit_state), which copies the state.
     pub(crate) fn has_ended(&self) -> bool {
-        self.shared.exited().is_some()
+        self.shared.exited().is_some() || self.subscribers.is_asleep()
+    }
+
+    /// Whether this incarnation went to sleep (S39): it is spent, its session lives on.
+    pub(crate) fn is_asleep(&self) -> bool {
+        self.subscribers.is_asleep()
     }
 
     /// The exit state if the session has ended.

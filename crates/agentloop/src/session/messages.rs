@@ -105,6 +105,8 @@ pub(crate) enum InternalMsg<I> {
     Polled {
         status: Option<crate::store::SessionStatus>,
     },
+    /// Somebody subscribed while the session was about to sleep (S39).
+    SleepRefused,
 }
 
 impl<I> InternalMsg<I> {
@@ -115,6 +117,7 @@ impl<I> InternalMsg<I> {
             InternalMsg::Written { .. } => "Written",
             InternalMsg::TurnProgress { .. } => "TurnProgress",
             InternalMsg::Polled { .. } => "Polled",
+            InternalMsg::SleepRefused => "SleepRefused",
         }
     }
 }

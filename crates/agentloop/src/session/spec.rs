@@ -80,6 +80,12 @@ pub struct SessionSpec<I> {
     /// recoverable by another instance (S19); `None`: 30 s, or the runtime's own for
     /// the sessions it resumes.
     pub lease_timeout: Option<Duration>,
+    /// How long the session stays idle (no turn, nothing buffered, nobody subscribed)
+    /// before it goes to sleep (S39): its record is written, its actor exits, and the
+    /// next push, by-id operation, subscription or due timer wakes it from the record.
+    /// `None`: the runtime's default ([`crate::RuntimeBuilder::idle_after`]; off unless
+    /// set). Only a persistent session sleeps. Kept in the record.
+    pub idle_after: Option<Duration>,
     /// The stored record, when the spawner already read it (the runtime's resume, an
     /// answer, a fork). Used by one start only. (Boxed: a supervisor keeps every
     /// session's spec, and this is the largest field and almost always `None`, B2.)
@@ -117,6 +123,9 @@ pub(crate) struct RunContext {
     /// Where the turns' durable timers are told to the runtime's timer service (S39);
     /// set by the supervisor from the runtime's.
     pub(crate) timer_service: Option<crate::timers::service::Notify>,
+    /// The runtime's default for [`SessionSpec::idle_after`] (S39); set by the
+    /// supervisor from the runtime's.
+    pub(crate) idle_after: Option<Duration>,
 }
 
 impl Default for RunContext {
@@ -128,6 +137,7 @@ impl Default for RunContext {
             metrics: None,
             event_codec: None,
             timer_service: None,
+            idle_after: None,
         }
     }
 }
@@ -154,6 +164,7 @@ impl<I> SessionSpec<I> {
             buffer_bound: None,
             owner: None,
             lease_timeout: None,
+            idle_after: None,
             preloaded: None,
             claim: false,
             subscribe: None,
@@ -275,6 +286,13 @@ impl<I> SessionSpec<I> {
         self
     }
 
+    /// Puts the session to sleep after `idle` without a turn, a buffered item or a
+    /// subscriber (see [`SessionSpec::idle_after`], S39).
+    pub fn idle_after(mut self, idle: Duration) -> Self {
+        self.idle_after = Some(idle);
+        self
+    }
+
     /// Applies the settings a record kept (issue 28): durability, history, replay,
     /// restart policy and, when it was set, the poll interval.
     pub fn settings(mut self, s: crate::session::SessionSettings) -> Self {
@@ -284,6 +302,7 @@ impl<I> SessionSpec<I> {
         self.replay = s.replay;
         self.restart = s.restart;
         self.poll_interval = s.poll_interval();
+        self.idle_after = s.idle_after();
         self
     }
 
@@ -296,7 +315,21 @@ impl<I> SessionSpec<I> {
             restart: self.restart,
             poll_interval_ms: self.poll_interval.map(|d| d.as_millis() as u64),
             events: self.events,
+            idle_after_ms: self.idle_after.map(|d| d.as_millis() as u64),
         }
+    }
+
+    /// Whether the session has what its record cannot restore (end hooks, a buffer
+    /// bound, a lease timeout, an event codec, a subscriber capacity or hook timeout of
+    /// its own): a sleeping session's supervisor then keeps the spec (S39).
+    pub(crate) fn needs_keeping(&self) -> bool {
+        !self.end_hooks.is_empty()
+            || self.buffer_bound.is_some()
+            || self.lease_timeout.is_some()
+            || self.run.event_codec.is_some()
+            || self.event_capacity != DEFAULT_EVENT_CAPACITY
+            || self.hook_timeout != Duration::from_secs(5)
+            || self.owner.is_some()
     }
 
     /// How often the session re-reads its record while detached: its own interval, or
@@ -332,6 +365,7 @@ impl<I> SessionSpec<I> {
             buffer_bound: self.buffer_bound,
             owner: self.owner.clone(),
             lease_timeout: self.lease_timeout,
+            idle_after: self.idle_after,
             preloaded: None,
             claim: self.claim,
             subscribe: self.subscribe,
@@ -351,18 +385,28 @@ impl<I> SessionSpec<I> {
         lease_timeout: Duration,
         claim: bool,
     ) -> Self {
-        let h = &rec.header;
+        let mut spec = SessionSpec::from_header(&rec.header, durability, lease_timeout);
+        spec.preloaded = Some(Box::new(rec));
+        spec.claim = claim;
+        spec
+    }
+
+    /// The spec a record's header describes (its id, kind, configuration and settings;
+    /// `durability` for a record written before settings were kept); the session loads
+    /// the record itself.
+    pub(crate) fn from_header(
+        h: &crate::store::RecordHeader,
+        durability: Durability,
+        lease_timeout: Duration,
+    ) -> Self {
         let spec = SessionSpec::new(h.session_id.clone(), h.agent_kind.clone())
             .config(h.agent_config.clone())
             .persistent(true)
             .lease_timeout(lease_timeout);
-        let mut spec = match h.settings {
+        match h.settings {
             Some(s) => spec.settings(s),
             None => spec.durability(durability),
-        };
-        spec.preloaded = Some(Box::new(rec));
-        spec.claim = claim;
-        spec
+        }
     }
 }
 
@@ -396,7 +440,8 @@ mod tests {
             .history(3)
             .replay(7)
             .restart(RestartPolicy::Transient)
-            .poll_interval(Duration::from_millis(250));
+            .poll_interval(Duration::from_millis(250))
+            .idle_after(Duration::from_secs(90));
         let kept = spec.recorded_settings();
         let back = SessionSpec::<u32>::new("a", "k").settings(kept);
         assert_eq!(back.recorded_settings(), kept);

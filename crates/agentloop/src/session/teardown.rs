@@ -33,7 +33,15 @@ pub(super) async fn teardown<A: Agent>(
         }
         _ => Ok(false),
     };
-    let checkpoint = last.outcome(result);
+    let checkpoint = match (&last, state.final_exit.as_deref()) {
+        // A sleep's record was written before it fell asleep (S39).
+        (crate::session::core::FinalAction::Nothing, Some(e))
+            if e.reason == crate::session::ExitReason::Asleep =>
+        {
+            e.checkpoint.clone()
+        }
+        _ => last.outcome(result),
+    };
     // Each push waiting for its write is answered with that write's own result.
     let mut results = HashMap::new();
     for (seq, done) in std::mem::take(&mut state.writes) {
@@ -57,15 +65,24 @@ pub(super) async fn teardown<A: Agent>(
         }
         None => return, // unreachable: set above and only taken below
     };
-    tracing::info!(reason = ?summary.reason, cause = ?summary.stop_cause, checkpoint = ?summary.checkpoint,
-        unhandled = summary.unhandled, interrupted = summary.interrupted, "session ended");
-    run_end_hooks(&state.end_hooks, state.hook_timeout, &summary).await;
+    // A sleep (S39) is not an end: no end hooks, no `Ended` (its subscriptions were
+    // closed when it fell asleep), the supervisor keeps it.
+    let asleep = summary.reason == crate::session::ExitReason::Asleep;
+    if asleep {
+        tracing::debug!("session asleep");
+    } else {
+        tracing::info!(reason = ?summary.reason, cause = ?summary.stop_cause, checkpoint = ?summary.checkpoint,
+            unhandled = summary.unhandled, interrupted = summary.interrupted, "session ended");
+        run_end_hooks(&state.end_hooks, state.hook_timeout, &summary).await;
+    }
     if let Some(exit) = state.final_exit.take() {
         state.published = true;
         state.core.shared.fire_stopped();
         state.core.shared.publish_exit(*exit);
     }
-    state.subscribers.end(summary);
+    if !asleep {
+        state.subscribers.end(summary);
+    }
     // Process what is already queued (pushes become late, with their items handed
     // back), then stop; later sends are refused with the message handed back.
     let _ = myself.drain();

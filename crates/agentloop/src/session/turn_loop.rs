@@ -177,6 +177,11 @@ async fn handle_msg<A: Agent>(
                 Event::TurnFinished { turn }
             }
             InternalMsg::TurnProgress { turn } => Event::TurnProgress { turn },
+            // S39: the core decides whether to sleep; the shell says who listens.
+            InternalMsg::Due(crate::session::core::Timed::SleepDue { epoch }) => Event::SleepDue {
+                epoch,
+                watched: state.subscribers.watched(),
+            },
             InternalMsg::Due(timed) => Event::from(timed),
             InternalMsg::Written { seq, result } => {
                 while state.writes.front().is_some_and(|(s, _)| *s <= seq) {
@@ -185,6 +190,7 @@ async fn handle_msg<A: Agent>(
                 Event::Written { seq, result }
             }
             InternalMsg::Polled { status } => Event::Polled { status },
+            InternalMsg::SleepRefused => Event::SleepRefused,
         },
     };
     step(myself, state, event).await;

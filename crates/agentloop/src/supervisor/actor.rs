@@ -56,6 +56,8 @@ where
             stopping: false,
             directory: self.directory.clone(),
             watchers: Vec::new(),
+            sleeping: HashMap::new(),
+            kind_names: std::collections::HashSet::new(),
         })
     }
 
@@ -123,6 +125,12 @@ where
             }))) => {
                 route_push(&myself, st, id, item, options, reply, tries).await;
             }
+            SupervisorMsg::Stop { id, options, reply } if st.is_asleep(&id) => {
+                // S39: woken, then stopped as any live session (its end hooks run, its
+                // end is reported); after a shutdown began it stays asleep.
+                let h = st.live(&myself, &id).await;
+                answer_from_session(id, h, reply, |h| async move { h.stop(options).await });
+            }
             SupervisorMsg::Stop { id, options, reply } => {
                 let r = match st.sessions.get(&id) {
                     None => Err(SupervisorError::UnknownSession(id)),
@@ -181,6 +189,10 @@ where
                 };
                 let _ = reply.send(r);
             }
+            SupervisorMsg::Checkpoint { id, reply } if st.sleeping.contains_key(id.as_str()) => {
+                // Asleep, its record is written already (S39).
+                let _ = reply.send(Ok(()));
+            }
             SupervisorMsg::Checkpoint { id, reply } => {
                 let h = st.live(&myself, &id).await;
                 answer_from_session(id, h, reply, |h| async move { h.checkpoint().await });
@@ -195,7 +207,12 @@ where
                 answer_from_session(id, h, reply, |h| async move { h.detach().await });
             }
             SupervisorMsg::Cancel { id, reply } => {
-                let live = st.sessions.get(&id).map(|e| e.handle.clone());
+                // A sleeping session is woken and canceled like a live one (S39): its
+                // record is rewritten `Canceled` with what it holds, its end reported.
+                let live = match st.is_asleep(&id) {
+                    true => st.live(&myself, &id).await,
+                    false => st.sessions.get(&id).map(|e| e.handle.clone()),
+                };
                 let store = st.store.clone();
                 tokio::spawn(async move {
                     let _ = reply.send(cancel(store, live, id).await);
@@ -204,9 +221,12 @@ where
             SupervisorMsg::Internal(SupervisorInternal(InternalMsg::CloseGate { reply })) => {
                 st.directory.close_gate();
                 st.stopping = true;
+                // A session asleep (or falling asleep) counts for nothing in the grace
+                // (S39): its record is written and it runs nothing.
                 let mut sessions: Vec<GateMember<I, E>> = st
                     .sessions
                     .values()
+                    .filter(|e| !e.handle.is_asleep())
                     .map(|e| GateMember {
                         spec: e.spec.clone(),
                         handle: e.handle.clone(),
@@ -248,6 +268,42 @@ where
                     let _ = reply.send(exits);
                 });
             }
+            SupervisorMsg::Internal(SupervisorInternal(InternalMsg::Counts { reply })) => {
+                let falling = st
+                    .sessions
+                    .values()
+                    .filter(|e| e.handle.is_asleep())
+                    .count();
+                let _ = reply.send(super::messages::SessionsByState {
+                    live: st.sessions.len() - falling,
+                    sleeping: st.sleeping.len() + falling,
+                });
+            }
+            SupervisorMsg::Internal(SupervisorInternal(InternalMsg::Sleepers {
+                sessions,
+                reply,
+            })) => {
+                let mut refused = Vec::new();
+                for (id, kind) in sessions {
+                    if st.sessions.contains_key(&id) || st.sleeping.contains_key(id.as_str()) {
+                        continue;
+                    }
+                    if !st.kinds.contains_key(&kind) {
+                        refused.push(id);
+                        continue;
+                    }
+                    let kind = st.kind_name(&kind);
+                    st.sleeping.insert(
+                        id.into(),
+                        super::registry::Sleeper {
+                            kind,
+                            spec: None,
+                            restarted: 0,
+                        },
+                    );
+                }
+                let _ = reply.send(refused);
+            }
             SupervisorMsg::List { reply } => {
                 let mut v: Vec<SessionSummary> = st
                     .sessions
@@ -256,7 +312,14 @@ where
                         id: e.spec.id.clone(),
                         kind: e.spec.kind.clone(),
                         restarts: e.restarted,
+                        asleep: e.handle.is_asleep(),
                     })
+                    .chain(st.sleeping.iter().map(|(id, s)| SessionSummary {
+                        id: id.to_string(),
+                        kind: s.kind.to_string(),
+                        restarts: s.restarted,
+                        asleep: true,
+                    }))
                     .collect();
                 v.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(v);
@@ -284,6 +347,9 @@ where
                 continue;
             };
             st.directory.remove(&id);
+            if entry.handle.is_asleep() {
+                continue; // not an end (S39)
+            }
             match entry.handle.exit_state() {
                 Some(exit) => st.publish_end(&entry.spec, entry.restarted, exit),
                 None if st.watchers.is_empty() => {}

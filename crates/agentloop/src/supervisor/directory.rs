@@ -33,9 +33,22 @@ pub(crate) struct Directory<I, E> {
     event_codec: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
     /// The runtime's timer service (S39), once it has one.
     timer_service: std::sync::OnceLock<crate::timers::service::Notify>,
+    /// The runtime's default `idle_after` (S39), once set.
+    idle_after: std::sync::OnceLock<std::time::Duration>,
 }
 
 impl<I, E> Directory<I, E> {
+    /// How long the runtime lets its persistent sessions idle before they sleep, when
+    /// their spec says nothing (S39).
+    pub(crate) fn idle_after(&self) -> Option<std::time::Duration> {
+        self.idle_after.get().copied()
+    }
+
+    /// Sets the runtime's default `idle_after` (the first one set stays).
+    pub(crate) fn set_idle_after(&self, idle: std::time::Duration) {
+        let _ = self.idle_after.set(idle);
+    }
+
     /// Where sessions tell the runtime's timer service of the timers their turns arm.
     pub(crate) fn timer_service(&self) -> Option<crate::timers::service::Notify> {
         self.timer_service.get().cloned()
@@ -65,6 +78,7 @@ impl<I, E> Directory<I, E> {
             metrics,
             event_codec: std::sync::OnceLock::new(),
             timer_service: std::sync::OnceLock::new(),
+            idle_after: std::sync::OnceLock::new(),
         }
     }
 

@@ -324,9 +324,11 @@ where
                     }
                     // Ended between lookup and delivery: a failed incarnation may be
                     // restarting, which the supervisor decides (as for a routed push).
+                    // One that fell asleep is woken by the supervisor (S39).
                     Err(PushError::Late { item })
-                        if h.exit_state()
-                            .is_some_and(|e| matches!(e.reason, ExitReason::Failed(_))) =>
+                        if h.exit_state().is_some_and(|e| {
+                            matches!(e.reason, ExitReason::Failed(_) | ExitReason::Asleep)
+                        }) =>
                     {
                         let _ = h.take_late_items();
                         (item, retry_options)
@@ -358,7 +360,8 @@ where
     pub async fn stop(&self, id: &str, options: StopOptions) -> Result<(), SupervisorError> {
         // Straight to the incarnation the registry holds (ended or not, as the actor
         // would); an id it does not hold is answered by the actor.
-        if let Some(h) = self.directory.get(id) {
+        // One asleep goes to the supervisor, which wakes it to stop it (S39).
+        if let Some(h) = self.directory.get(id).filter(|h| !h.is_asleep()) {
             return h.stop(options).await.map_err(Into::into);
         }
         let id = id.to_string();
@@ -391,7 +394,11 @@ where
         let capacity = crate::events::DEFAULT_EVENT_CAPACITY;
         // A live incarnation directly; one that ended (maybe restarting) via the actor.
         if let Some(h) = self.directory.live(id) {
-            return Ok(h.subscribe_filtered(capacity, filter));
+            let events = h.subscribe_filtered(capacity, filter);
+            // Fell asleep just before (S39): the supervisor wakes it.
+            if !h.is_asleep() {
+                return Ok(events);
+            }
         }
         let id = id.to_string();
         self.request(|reply| SupervisorMsg::Subscribe {
@@ -414,7 +421,11 @@ where
     ) -> Result<EventStream<E>, SupervisorError> {
         if let Some(h) = self.directory.live(id) {
             let capacity = crate::events::DEFAULT_EVENT_CAPACITY;
-            return Ok(h.subscribe_after(after, capacity, filter));
+            let events = h.subscribe_after(after, capacity, filter);
+            // Fell asleep just before (S39): the supervisor wakes it.
+            if !h.is_asleep() {
+                return Ok(events);
+            }
         }
         let id = id.to_string();
         self.request(|reply| SupervisorMsg::SubscribeAfter {
@@ -430,7 +441,11 @@ where
     /// Inspects a session by id.
     pub async fn inspect(&self, id: &str) -> Result<SessionInfo, SupervisorError> {
         if let Some(h) = self.directory.live(id) {
-            return h.inspect().await.map_err(Into::into);
+            match h.inspect().await {
+                // Fell asleep meanwhile (S39): the supervisor wakes it.
+                Err(_) if h.is_asleep() => {}
+                r => return r.map_err(Into::into),
+            }
         }
         let id = id.to_string();
         self.request(|reply| SupervisorMsg::Inspect { id, reply })
@@ -509,7 +524,28 @@ where
             .is_ok()
     }
 
-    /// Lists the live sessions.
+    /// How many sessions it holds, live and asleep (S39); cheap however many sleep.
+    pub async fn counts(&self) -> super::messages::SessionsByState {
+        self.ask(|reply| InternalMsg::Counts { reply }.into())
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Registers sessions whose records say they sleep, without starting them (the
+    /// runtime's resume, S39). Answers the ids refused for an unknown agent kind.
+    pub(crate) async fn sleepers(&self, sessions: Vec<(String, String)>) -> Vec<String> {
+        let ids: Vec<String> = sessions.iter().map(|(id, _)| id.clone()).collect();
+        self.ask(|reply| InternalMsg::Sleepers { sessions, reply }.into())
+            .await
+            .unwrap_or(ids)
+    }
+
+    /// Sets the runtime's default `idle_after` for the sessions it spawns (S39).
+    pub(crate) fn set_idle_after(&self, idle: std::time::Duration) {
+        self.directory.set_idle_after(idle);
+    }
+
+    /// Lists the sessions it holds, live and asleep (S39), by id.
     pub async fn list(&self) -> Vec<SessionSummary> {
         self.ask(|reply| SupervisorMsg::List { reply })
             .await

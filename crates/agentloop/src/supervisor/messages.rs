@@ -23,6 +23,19 @@ pub struct SessionSummary {
     pub kind: String,
     /// How many times it was restarted.
     pub restarts: u32,
+    /// It sleeps (S39): no actor runs it; the next push, by-id operation,
+    /// subscription or due timer wakes it from its record.
+    pub asleep: bool,
+}
+
+/// How many sessions a supervisor holds, by state (S39): cheap to read however many
+/// sleep, for gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionsByState {
+    /// Sessions with a running actor.
+    pub live: usize,
+    /// Sessions asleep (no actor; their record holds them).
+    pub sleeping: usize,
 }
 
 /// The most specs one [`SupervisorMsg::SpawnBatch`] may carry: a bound on the time the
@@ -121,7 +134,7 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Result<SessionInfo, SupervisorError>>,
     },
-    /// List live sessions.
+    /// List the sessions it holds, live and asleep (S39).
     List {
         /// Where to answer.
         reply: RpcReplyPort<Vec<SessionSummary>>,
@@ -206,6 +219,20 @@ pub(crate) enum InternalMsg<I, E> {
     RecordContext {
         /// Where to answer.
         reply: RpcReplyPort<RecordContext<I>>,
+    },
+    /// How many sessions it holds, live and asleep (S39).
+    Counts {
+        /// Where to answer.
+        reply: RpcReplyPort<SessionsByState>,
+    },
+    /// Sessions whose records say they sleep, registered asleep without an actor (the
+    /// runtime's resume, S39): the first push or by-id operation wakes each.
+    Sleepers {
+        /// (id, agent kind) of each.
+        sessions: Vec<(String, String)>,
+        /// Where to answer: the ids refused because their kind is not registered (ids
+        /// already held are skipped silently).
+        reply: RpcReplyPort<Vec<String>>,
     },
 }
 

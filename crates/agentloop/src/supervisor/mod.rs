@@ -46,6 +46,6 @@ pub use handle::SupervisorHandle;
 pub use kind::{agent_kind, AgentKind};
 pub(crate) use messages::GateMember;
 pub use messages::{
-    AttachMode, Attachment, BatchSpawn, SessionEnd, SessionSummary, SubscribedSpawn, SupervisorMsg,
-    MAX_SPAWN_BATCH,
+    AttachMode, Attachment, BatchSpawn, SessionEnd, SessionSummary, SessionsByState,
+    SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
 };

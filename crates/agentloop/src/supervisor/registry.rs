@@ -66,6 +66,18 @@ pub(super) struct Lineage {
     pub(super) detached: bool,
 }
 
+/// A session asleep (S39): all the supervisor keeps of it besides its id. The record
+/// holds the rest; the spec is kept only when it has what a record cannot restore
+/// (end hooks, a buffer bound, …), so most sleepers are a few dozen bytes.
+pub(super) struct Sleeper<I> {
+    /// Its agent kind's name (one allocation per kind, shared).
+    pub(super) kind: Arc<str>,
+    /// The spec, when the record alone would not rebuild the session as spawned.
+    pub(super) spec: Option<Box<SessionSpec<I>>>,
+    /// How many restarts led to the incarnation that fell asleep.
+    pub(super) restarted: u32,
+}
+
 /// The supervisor's state.
 pub(crate) struct SupervisorState<I, E> {
     pub(super) kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
@@ -84,6 +96,10 @@ pub(crate) struct SupervisorState<I, E> {
     pub(super) directory: Arc<Directory<I, E>>,
     /// Feeds of session ends ([`SupervisorMsg::WatchEnds`]).
     pub(super) watchers: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
+    /// Sessions asleep (S39), by id: no actor, no directory entry.
+    pub(super) sleeping: HashMap<Box<str>, Sleeper<I>>,
+    /// Agent kind names, shared by the sleepers of each kind.
+    pub(super) kind_names: HashSet<Arc<str>>,
 }
 
 impl<I, E> SupervisorState<I, E>
@@ -114,6 +130,7 @@ where
             metrics: self.metrics.clone(),
             event_codec,
             timer_service: self.directory.timer_service(),
+            idle_after: self.directory.idle_after(),
         };
         run
     }
@@ -331,6 +348,10 @@ where
             // Published by the actor's teardown or its destructor; wait for it.
             None => entry.handle.wait().await,
         };
+        if exit.reason == ExitReason::Asleep {
+            self.fall_asleep(id, entry.spec, entry.restarted);
+            return false;
+        }
         let failed = match &exit.reason {
             ExitReason::Failed(e) => Some(e.clone()),
             _ => None,
@@ -438,16 +459,114 @@ where
         }
     }
 
-    /// The live incarnation for `id`, restarting it first if it has just ended.
+    /// The live incarnation for `id`, restarting it first if it has just ended, or
+    /// waking it if it sleeps (S39).
     pub(super) async fn live(
         &mut self,
         myself: &ActorRef<SupervisorMsg<I, E>>,
         id: &str,
     ) -> Option<SessionHandle<I, E>> {
-        let ended = self.sessions.get(id)?.handle.exit_state().is_some();
-        if ended && !self.on_end(myself, id).await {
+        if let Some(entry) = self.sessions.get(id) {
+            let ended = entry.handle.has_ended();
+            if !ended || self.on_end(myself, id).await {
+                return self.sessions.get(id).map(|e| e.handle.clone());
+            }
+        }
+        if self.sleeping.contains_key(id) {
+            return self.wake(myself, id).await;
+        }
+        None
+    }
+
+    /// Whether `id` sleeps, or its incarnation has just fallen asleep (S39).
+    pub(super) fn is_asleep(&self, id: &str) -> bool {
+        self.sleeping.contains_key(id)
+            || self.sessions.get(id).is_some_and(|e| e.handle.is_asleep())
+    }
+
+    /// An incarnation fell asleep (S39): the session stays, as a small entry.
+    pub(super) fn fall_asleep(&mut self, id: &str, spec: SessionSpec<I>, restarted: u32) {
+        let kind = self.kind_name(&spec.kind);
+        let spec = spec.needs_keeping().then(|| Box::new(spec));
+        self.sleeping.insert(
+            id.into(),
+            Sleeper {
+                kind,
+                spec,
+                restarted,
+            },
+        );
+    }
+
+    /// The shared name of agent kind `kind`.
+    pub(super) fn kind_name(&mut self, kind: &str) -> Arc<str> {
+        match self.kind_names.get(kind) {
+            Some(k) => k.clone(),
+            None => {
+                let k: Arc<str> = Arc::from(kind);
+                self.kind_names.insert(k.clone());
+                k
+            }
+        }
+    }
+
+    /// Wakes sleeping session `id` from its record (S39), unless a shutdown began (its
+    /// record then stays as it is, for the next start). Whatever waits for it in this
+    /// supervisor's mailbox is handled after the wake, in arrival order.
+    pub(super) async fn wake(
+        &mut self,
+        myself: &ActorRef<SupervisorMsg<I, E>>,
+        id: &str,
+    ) -> Option<SessionHandle<I, E>> {
+        if self.stopping || self.directory.gate_closed() {
             return None;
         }
-        self.sessions.get(id).map(|e| e.handle.clone())
+        let sleeper = self.sleeping.remove(id)?;
+        let store = self.store.clone()?;
+        // The header says how to rebuild it; the session loads the whole record itself.
+        let header = match store.load_stored(id).await {
+            Ok(Some(crate::store::Stored::Current(r))) if !r.header.status.is_terminal() => {
+                r.header
+            }
+            Ok(Some(stored)) => {
+                tracing::info!(session = id, status = %stored.status(),
+                    "a sleeping session's record was finalized or rewritten elsewhere; it stays as it is");
+                return None;
+            }
+            Ok(None) => {
+                tracing::info!(
+                    session = id,
+                    "a sleeping session's record is gone (deleted elsewhere)"
+                );
+                return None;
+            }
+            Err(e) => {
+                // Kept asleep: a store that answers later wakes it then.
+                tracing::warn!(session = id, error = %e,
+                    "could not read a sleeping session's record to wake it; it stays asleep");
+                self.sleeping.insert(id.into(), sleeper);
+                return None;
+            }
+        };
+        let spec = match sleeper.spec {
+            Some(spec) => *spec,
+            None => SessionSpec::from_header(
+                &header,
+                crate::session::Durability::Sync,
+                crate::store::lease::DEFAULT_LEASE_TIMEOUT,
+            ),
+        };
+        let lineage = Lineage {
+            restarted: sleeper.restarted,
+            ..Lineage::default()
+        };
+        match self.start(myself, spec, Vec::new(), true, lineage).await {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::error!(session = id, error = %e,
+                    "a sleeping session could not be woken; its record is kept as it is (restart the runtime with its agent kind registered to resume it)");
+                None
+            }
+        }
     }
 }

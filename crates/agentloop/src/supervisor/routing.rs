@@ -40,8 +40,11 @@ pub(super) async fn route_push<I, E>(
     };
     let myself = myself.clone();
     let retry_options = options.clone();
+    // Sent here, in the order the supervisor routes (pushes that queued behind a wake
+    // or a restart keep their order, S39); only the answer is awaited off the actor.
+    let answer = h.push_sent(item, options);
     tokio::spawn(async move {
-        match h.push_with(item, options).await {
+        match answer.await {
             Ok(ack) => {
                 count(PushResult::Accepted);
                 let _ = reply.send(Ok(ack));
@@ -51,8 +54,9 @@ pub(super) async fn route_push<I, E>(
             // times); a session that was stopped answers late as usual.
             Err(PushError::Late { item })
                 if tries < 3
-                    && h.exit_state()
-                        .is_some_and(|e| matches!(e.reason, ExitReason::Failed(_))) =>
+                    && h.exit_state().is_some_and(|e| {
+                        matches!(e.reason, ExitReason::Failed(_) | ExitReason::Asleep)
+                    }) =>
             {
                 let _ = h.take_late_items();
                 let msg = SupervisorMsg::from(InternalMsg::Reroute(Reroute {

@@ -217,6 +217,21 @@ impl<A: Agent> Durable<A> {
         self.detach = Some((seq, reply));
     }
 
+    /// The number of the next store operation (issued by the caller now).
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        self.next()
+    }
+
+    /// Nothing is owed: no push, turn end, detach or checkpoint waits for a write,
+    /// and no write of a stale record is in flight.
+    pub(crate) fn settled(&self) -> bool {
+        self.unsynced.is_empty()
+            && self.turn_ends.is_empty()
+            && self.detach.is_none()
+            && self.written.is_empty()
+            && self.stale_write.is_none()
+    }
+
     fn next(&mut self) -> u64 {
         self.seq += 1;
         self.seq
@@ -281,6 +296,7 @@ impl<A: Agent> Core<A> {
                 .map(|k| k.to_record())
                 .unwrap_or_default(),
             journal: None,
+            asleep: false,
         }
     }
 

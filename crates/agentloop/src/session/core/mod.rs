@@ -22,6 +22,7 @@ mod durability;
 mod exit;
 mod intake;
 pub(crate) mod load;
+mod sleep;
 pub(crate) mod stop;
 mod turns;
 
@@ -102,6 +103,10 @@ pub(crate) enum Event<A: Agent> {
     },
     /// An idle timer fired (S11 `until_idle_for`).
     IdleDue { epoch: u64 },
+    /// The sleep timer fired (S39); `watched`: somebody is subscribed.
+    SleepDue { epoch: u64, watched: bool },
+    /// Somebody subscribed while the session was about to sleep (S39).
+    SleepRefused,
     /// A store operation finished.
     Written {
         seq: u64,
@@ -126,6 +131,8 @@ pub(crate) enum Timed<I> {
     },
     /// Idle long enough?
     IdleDue { epoch: u64 },
+    /// Idle long enough to sleep (S39)?
+    SleepDue { epoch: u64 },
     /// Poll the record.
     PollDue,
 }
@@ -136,6 +143,7 @@ impl<I> Timed<I> {
         match self {
             Timed::PreemptDue { .. } => "PreemptDue",
             Timed::IdleDue { .. } => "IdleDue",
+            Timed::SleepDue { .. } => "SleepDue",
             Timed::PollDue => "PollDue",
         }
     }
@@ -155,6 +163,11 @@ impl<A: Agent> From<Timed<A::Item>> for Event<A> {
                 reply,
             },
             Timed::IdleDue { epoch } => Event::IdleDue { epoch },
+            // The shell says whether somebody is subscribed (`turn_loop.rs`).
+            Timed::SleepDue { epoch } => Event::SleepDue {
+                epoch,
+                watched: false,
+            },
             Timed::PollDue => Event::PollDue,
         }
     }
@@ -206,6 +219,10 @@ pub(crate) enum Effect<A: Agent> {
         cancel: Option<CancelMode>,
         cause: Option<String>,
     },
+    /// The session may sleep (S39): its record is written asleep; the shell closes its
+    /// subscriptions if nobody holds one and tears down with
+    /// [`Core::begin_sleep`]'s plan, else reports [`Event::SleepRefused`].
+    Sleep,
     /// The session exits: perform the final checkpoint, then the rest of the teardown
     /// (S21).
     Exit(Box<ExitPlan<A::Item>>),
@@ -259,6 +276,8 @@ pub(crate) struct CoreConfig {
     pub(crate) settings: crate::session::SessionSettings,
     /// What the session holds before it refuses pushes (S34a).
     pub(crate) buffer_bound: crate::session::BufferBound,
+    /// How long it stays idle before it sleeps (S39): its own, else the runtime's.
+    pub(crate) idle_after: Option<std::time::Duration>,
 }
 
 impl CoreConfig {
@@ -276,6 +295,7 @@ impl CoreConfig {
             history: config.history,
             settings: config.recorded_settings(),
             buffer_bound: config.buffer_bound.unwrap_or_default(),
+            idle_after: config.idle_after.or(config.run.idle_after),
         }
     }
 }
@@ -298,6 +318,10 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) idle_epoch: u64,
     /// The epoch an idle timer is armed for (one timer per idle period, S11).
     pub(crate) idle_armed: Option<u64>,
+    /// The epoch the sleep timer is armed for (S39).
+    pub(crate) sleep_armed: Option<u64>,
+    /// The sleep write in flight: its number and the idle epoch it was issued in.
+    pub(crate) sleep_write: Option<(u64, u64)>,
     /// The last plan consumed nothing: wait for a push before planning again.
     pub(crate) await_input: bool,
     /// Handed to the background (S23).
@@ -346,6 +370,8 @@ impl<A: Agent> Core<A> {
             cut_journal: None,
             idle_epoch: 0,
             idle_armed: None,
+            sleep_armed: None,
+            sleep_write: None,
             await_input: false,
             detached: false,
             counters: ExitCounters::default(),
@@ -403,7 +429,13 @@ impl<A: Agent> Core<A> {
                     reply,
                 } => self.on_preempt_due(turn, preempt, reply, now),
                 Event::IdleDue { epoch } => self.on_idle_due(epoch),
-                Event::Written { seq, result } => self.on_written(seq, result, now, fx, &mut queue),
+                Event::SleepDue { epoch, watched } => self.on_sleep_due(epoch, watched, fx),
+                Event::SleepRefused => self.on_sleep_refused(),
+                Event::Written { seq, result } => {
+                    let ok = result.is_ok();
+                    self.on_written(seq, result, now, fx, &mut queue);
+                    self.on_sleep_written(seq, ok, fx);
+                }
                 Event::PollDue => self.on_poll_due(fx),
                 Event::Polled { status } => self.on_polled(status, fx, &mut queue),
             }

@@ -177,6 +177,7 @@ impl Harness {
                 ..Default::default()
             },
             buffer_bound: Default::default(),
+            idle_after: None,
         };
         let mut core = Core::new(config, shared);
         let progress = Arc::new(Mutex::new(Vec::new()));
@@ -283,6 +284,27 @@ impl Harness {
             }
             Effect::StopRequested { .. } => {}
             Effect::TurnDurable { durable, .. } => self.durable_ends.push(durable),
+            Effect::Sleep => {
+                // S39: the session held nothing, and its record (written asleep) holds
+                // nothing either.
+                assert!(
+                    self.core.ledger.is_empty(),
+                    "a session sleeps holding items"
+                );
+                if !self.dirty {
+                    let rec = self.store.get_stored(ID).expect("a record written asleep");
+                    match rec {
+                        crate::store::Stored::Current(r) => assert!(r.header.asleep),
+                        other => panic!("expected a current record, got {other:?}"),
+                    }
+                }
+                let plan = self.core.sleep_plan();
+                self.core.begin_sleep();
+                assert!(
+                    plan.exit.unhandled_items.is_empty() && plan.exit.interrupted_items.is_empty()
+                );
+                self.exit = Some((plan.exit, CheckpointOutcome::Saved));
+            }
             Effect::Exit(plan) => {
                 let result = match &plan.last {
                     FinalAction::Write { write, .. } => {
@@ -686,7 +708,19 @@ impl Harness {
 }
 
 fn run(persistent: bool, durability: Durability, actions: Vec<Action>) {
-    let mut h = Harness::new(persistent, durability);
+    run_with(Harness::new(persistent, durability), actions);
+}
+
+/// A supervisor's persistent session that sleeps when idle (S39).
+fn sleepy(durability: Durability) -> Harness {
+    let mut h = Harness::new(true, durability);
+    h.core.config.supervised = true;
+    h.core.config.idle_after = Some(std::time::Duration::from_secs(1));
+    // Armed at the next idle boundary.
+    h
+}
+
+fn run_with(mut h: Harness, actions: Vec<Action>) {
     h.check(0);
     for (i, a) in actions.into_iter().enumerate() {
         h.apply(a);
@@ -717,6 +751,20 @@ proptest! {
     #[test]
     fn core_turn_durability_conserves(actions in proptest::collection::vec(action(), 0..60)) {
         run(true, Durability::Turn, actions);
+    }
+
+    /// S10 + S39 on the core alone: a session that sleeps when idle (every `sync`
+    /// write is the placement, it sleeps only holding nothing, its record written
+    /// asleep, and every push after it is handed back).
+    #[test]
+    fn core_sleepy_sync_conserves(actions in proptest::collection::vec(action(), 0..60)) {
+        run_with(sleepy(Durability::Sync), actions);
+    }
+
+    /// S10 + S39 under `exit` durability: the sleep write carries what the session is.
+    #[test]
+    fn core_sleepy_exit_durability_conserves(actions in proptest::collection::vec(action(), 0..60)) {
+        run_with(sleepy(Durability::Exit), actions);
     }
 
     /// S10 on the core alone, no store.
@@ -798,6 +846,7 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
             history: 0,
             settings: Default::default(),
             buffer_bound: Default::default(),
+            idle_after: None,
         },
         shared,
     );
@@ -838,4 +887,107 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
 #[serde(tag = "kind")]
 enum WideItem {
     Big { n: u128 },
+}
+
+/// S39: an idle supervised session sleeps after its `idle_after`: a write marked asleep,
+/// then (once durable, still idle) the sleep; nothing is held.
+#[test]
+fn an_idle_session_writes_its_record_asleep_then_sleeps() {
+    let mut h = sleepy(Durability::Sync);
+    h.event(Event::Stop {
+        options: StopOptions::until_idle_for(std::time::Duration::from_secs(3600)),
+        reply: None,
+    }); // any event at an idle boundary arms the sleep timer
+    assert!(
+        h.timers
+            .iter()
+            .any(|t| matches!(t, crate::session::core::Timed::SleepDue { .. })),
+        "the sleep timer is armed at the idle boundary"
+    );
+    let sleep_due = h
+        .timers
+        .iter()
+        .position(|t| matches!(t, crate::session::core::Timed::SleepDue { .. }))
+        .unwrap();
+    let t = h.timers.remove(sleep_due).unwrap();
+    h.event(Event::from(t));
+    assert!(h.exit.is_none(), "not before its record is durable");
+    let (seq, result) = h.written.pop_front().expect("the sleep write");
+    assert!(h.core.sleep_write.is_some());
+    h.event(Event::Written { seq, result });
+    let (exit, _) = h.exit.as_ref().expect("asleep");
+    assert_eq!(exit.reason, crate::exit::ExitReason::Asleep);
+    match h.store.get_stored(ID) {
+        Some(crate::store::Stored::Current(r)) => {
+            assert!(r.header.asleep);
+            assert_eq!(r.header.status, SessionStatus::Running);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// S39: a push accepted while the sleep write is in flight voids the sleep; the push's
+/// own write clears the mark.
+#[test]
+fn a_push_during_the_sleep_write_keeps_the_session_awake() {
+    let mut h = sleepy(Durability::Sync);
+    h.event(Event::Stop {
+        options: StopOptions::until_idle_for(std::time::Duration::from_secs(3600)),
+        reply: None,
+    });
+    let i = h
+        .timers
+        .iter()
+        .position(|t| matches!(t, crate::session::core::Timed::SleepDue { .. }))
+        .unwrap();
+    let t = h.timers.remove(i).unwrap();
+    h.event(Event::from(t));
+    h.push(false);
+    while let Some((seq, result)) = h.written.pop_front() {
+        h.event(Event::Written { seq, result });
+    }
+    assert!(h.exit.is_none(), "awake: a push came");
+    match h.store.get_stored(ID) {
+        Some(crate::store::Stored::Current(r)) => {
+            assert!(!r.header.asleep, "the push's write clears the mark")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// S39: a session somebody listens to, or one started alone (nobody would wake it),
+/// does not sleep.
+#[test]
+fn a_watched_or_unsupervised_session_does_not_sleep() {
+    let mut h = sleepy(Durability::Sync);
+    h.event(Event::Stop {
+        options: StopOptions::until_idle_for(std::time::Duration::from_secs(3600)),
+        reply: None,
+    });
+    let before = h.results.len();
+    let epoch = h.core.idle_epoch;
+    h.event(Event::SleepDue {
+        epoch,
+        watched: true,
+    });
+    assert_eq!(h.results.len(), before, "no sleep write while watched");
+    assert!(h.exit.is_none());
+    assert!(
+        h.timers
+            .iter()
+            .filter(|t| matches!(t, crate::session::core::Timed::SleepDue { .. }))
+            .count()
+            >= 2,
+        "looked at again after another period"
+    );
+    let mut alone = Harness::new(true, Durability::Sync);
+    alone.core.config.idle_after = Some(std::time::Duration::from_secs(1));
+    alone.event(Event::Stop {
+        options: StopOptions::until_idle_for(std::time::Duration::from_secs(3600)),
+        reply: None,
+    });
+    assert!(!alone
+        .timers
+        .iter()
+        .any(|t| matches!(t, crate::session::core::Timed::SleepDue { .. })));
 }

@@ -83,6 +83,7 @@ impl<A: Agent> Core<A> {
                 });
             }
         }
+        self.arm_sleep(fx);
     }
 
     fn start_turn(&mut self, fx: &mut Effects<A>) {

@@ -1,0 +1,372 @@
+//! S39 (issue 34): sessions that sleep, through a real runtime on a store, with tokio's
+//! paused clock: an idle session's record is written asleep and its actor exits; a
+//! push, a stop, a cancel, an inspect, a subscription and a due timer wake it, and
+//! what queued behind the wake is delivered in order, once; a session watched by a
+//! subscriber stays awake; a runtime started on records that sleep registers them
+//! asleep without starting them; a sleeping session counts for nothing in a shutdown.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use agentloop::{
+    CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore, PushOptions, Runtime,
+    SessionSpec, StopOptions,
+};
+use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem};
+use agentloop_tests::*;
+use parking_lot::Mutex;
+
+type Rt = Runtime<SimItem, SimEvent>;
+
+/// Every incarnation's ledger, in order: a woken session is a new agent.
+type Ledgers = Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>;
+
+const IDLE: Duration = Duration::from_secs(60);
+
+async fn runtime(
+    store: &Arc<MemoryStore<SimItem>>,
+    ledgers: &Ledgers,
+    idle: Option<Duration>,
+) -> Rt {
+    let l = ledgers.clone();
+    let mut b = Runtime::<SimItem, SimEvent>::builder()
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .flush_logs(None)
+        .register_agent("sim", move |_cfg: &[u8]| {
+            let a = SimAgent::new(steps(1));
+            l.lock().push(a.ledger());
+            Ok(a)
+        });
+    if let Some(idle) = idle {
+        b = b.idle_after(idle);
+    }
+    let (rt, _) = b.start().await.expect("the runtime starts");
+    rt
+}
+
+async fn spawn(rt: &Rt, id: &str) {
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new(id, "sim")
+                .persistent(true)
+                .durability(Durability::Sync),
+        )
+        .await
+        .expect("spawn");
+}
+
+/// Everything delivered, by every incarnation, in order.
+fn delivered(ledgers: &Ledgers) -> Vec<u64> {
+    ledgers
+        .lock()
+        .iter()
+        .flat_map(|l| l.lock().delivered_ids())
+        .collect()
+}
+
+async fn asleep(rt: &Rt, id: &str) -> bool {
+    rt.supervisor()
+        .list()
+        .await
+        .iter()
+        .any(|s| s.id == id && s.asleep)
+}
+
+/// Waits (on the paused clock) until `id` sleeps.
+async fn until_asleep(rt: &Rt, id: &str) {
+    within("the session to fall asleep", async {
+        while !asleep(rt, id).await {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await;
+}
+
+fn stored_asleep(store: &MemoryStore<SimItem>, id: &str) -> Option<bool> {
+    match store.get_stored(id)? {
+        agentloop::store::Stored::Current(r) => Some(r.header.asleep),
+        _ => None,
+    }
+}
+
+/// A `sync` push to a sleeping session is acknowledged once durable and delivered
+/// once; the session is live again, and sleeps again after another idle period.
+#[tokio::test(start_paused = true)]
+async fn a_push_to_a_sleeping_session_is_acknowledged_and_delivered_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    spawn(&rt, "a").await;
+    rt.supervisor().push("a", item(1)).await.expect("pushed");
+    within("the first turn", async {
+        while delivered(&ledgers) != vec![1] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(!asleep(&rt, "a").await, "awake while it works");
+    until_asleep(&rt, "a").await;
+    assert_eq!(stored_asleep(&store, "a"), Some(true), "its record says so");
+    let counts = rt.supervisor().counts().await;
+    assert_eq!((counts.live, counts.sleeping), (0, 1));
+    assert_eq!(ledgers.lock().len(), 1, "one incarnation so far");
+
+    rt.supervisor()
+        .push("a", item(2))
+        .await
+        .expect("acknowledged");
+    within("the woken session's turn", async {
+        while delivered(&ledgers) != vec![1, 2] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(ledgers.lock().len(), 2, "woken: a new incarnation");
+    assert!(!asleep(&rt, "a").await);
+    assert_eq!(
+        stored_asleep(&store, "a"),
+        Some(false),
+        "the push's write woke the record"
+    );
+    until_asleep(&rt, "a").await;
+    tokio::time::sleep(10 * IDLE).await;
+    assert_eq!(delivered(&ledgers), vec![1, 2], "once each");
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// Pushes sent while the session wakes are delivered in the order they were sent,
+/// each once, none refused.
+#[tokio::test(start_paused = true)]
+async fn pushes_racing_a_wake_keep_their_order() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    spawn(&rt, "o").await;
+    until_asleep(&rt, "o").await;
+    let sup = rt.supervisor();
+    // Sent one after the other (each future sends when first polled, in order), and
+    // all answered together.
+    let pushes = (0..40).map(|i| {
+        let sup = sup.clone();
+        async move { sup.push_with("o", item(i), PushOptions::new()).await }
+    });
+    let answers = futures::future::join_all(pushes).await;
+    for (i, a) in answers.iter().enumerate() {
+        assert!(a.is_ok(), "push {i}: {a:?}");
+    }
+    within("every item", async {
+        while delivered(&ledgers).len() < 40 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        delivered(&ledgers),
+        (0..40).collect::<Vec<_>>(),
+        "in order, once"
+    );
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A stop wakes the session and stops it as it would a live one (its end reported,
+/// a clean end deletes its record); a cancel wakes it and leaves its record
+/// `Canceled`; an inspect wakes it and answers.
+#[tokio::test(start_paused = true)]
+async fn a_stop_a_cancel_and_an_inspect_wake_and_answer() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    let mut ends = rt.supervisor().session_ends().expect("a feed");
+    for id in ["s", "c", "i"] {
+        spawn(&rt, id).await;
+    }
+    for id in ["s", "c", "i"] {
+        until_asleep(&rt, id).await;
+    }
+    rt.supervisor()
+        .stop("s", StopOptions::bare())
+        .await
+        .expect("stopped");
+    let end = within("the stop's end", ends.recv()).await.expect("an end");
+    assert_eq!(
+        (end.id.as_str(), end.exit.reason.clone()),
+        ("s", ExitReason::Completed)
+    );
+    assert!(
+        store.get_stored("s").is_none(),
+        "a clean end deletes the record"
+    );
+
+    let status = rt.supervisor().cancel("c").await.expect("canceled");
+    assert_eq!(status, agentloop::store::SessionStatus::Canceled);
+    let end = within("the cancel's end", ends.recv())
+        .await
+        .expect("an end");
+    assert_eq!(end.id, "c");
+    let rec = store.get("c").expect("kept");
+    assert_eq!(rec.status, agentloop::store::SessionStatus::Canceled);
+
+    let info = rt.supervisor().inspect("i").await.expect("inspected");
+    assert_eq!(info.session_id, "i");
+    assert!(!asleep(&rt, "i").await, "woken by the inspect");
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A subscription wakes a sleeping session and sees its events; the session stays
+/// awake while somebody listens, and sleeps again once nobody does.
+#[tokio::test(start_paused = true)]
+async fn a_subscription_wakes_the_session_and_keeps_it_awake() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    spawn(&rt, "w").await;
+    until_asleep(&rt, "w").await;
+    let mut events = rt
+        .supervisor()
+        .subscribe("w", EventFilter::all())
+        .await
+        .expect("subscribed");
+    assert!(!asleep(&rt, "w").await, "woken by the subscription");
+    rt.supervisor().push("w", item(9)).await.expect("pushed");
+    within("the turn's events", async {
+        while let Some(ev) = events.next().await {
+            if matches!(ev, agentloop::SessionEvent::TurnEnded { .. }) {
+                break;
+            }
+        }
+    })
+    .await;
+    tokio::time::sleep(10 * IDLE).await;
+    assert!(!asleep(&rt, "w").await, "awake while somebody listens");
+    drop(events);
+    until_asleep(&rt, "w").await;
+    assert_eq!(delivered(&ledgers), vec![9]);
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A durable timer due while its session sleeps wakes it and delivers its item once.
+#[tokio::test(start_paused = true)]
+async fn a_due_timer_wakes_a_sleeping_session() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    spawn(&rt, "t").await;
+    rt.wake_at("t", SystemTime::now() + 30 * IDLE, item(4))
+        .await
+        .expect("armed");
+    until_asleep(&rt, "t").await;
+    tokio::time::sleep(31 * IDLE).await;
+    within("the timer's turn", async {
+        while delivered(&ledgers) != vec![4] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    until_asleep(&rt, "t").await;
+    tokio::time::sleep(60 * IDLE).await;
+    assert_eq!(delivered(&ledgers), vec![4], "once");
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A shutdown does not wait for sleeping sessions (they run nothing); the next start
+/// on the same data directory (sled, held by one process) registers them asleep
+/// without starting them, and the first push wakes each.
+#[tokio::test(start_paused = true)]
+async fn sleeping_sessions_stay_asleep_across_a_restart() {
+    let dir = TempDir::new("s39-sleep-restart");
+    let ledgers = Ledgers::default();
+    let start = |ledgers: &Ledgers| {
+        let l = ledgers.clone();
+        Runtime::<SimItem, SimEvent>::builder()
+            .data_dir(dir.path())
+            .flush_logs(None)
+            .idle_after(IDLE)
+            .register_agent("sim", move |_cfg: &[u8]| {
+                let a = SimAgent::new(steps(1));
+                l.lock().push(a.ledger());
+                Ok(a)
+            })
+            .start()
+    };
+    let (rt, _) = start(&ledgers).await.expect("starts");
+    for i in 0..5 {
+        spawn(&rt, &format!("r{i}")).await;
+    }
+    for i in 0..5 {
+        until_asleep(&rt, &format!("r{i}")).await;
+    }
+    let report = rt.shutdown().await.expect("shutdown");
+    assert_eq!(
+        report.sessions.total, 0,
+        "nothing to stop: {:?}",
+        report.sessions
+    );
+    let started = ledgers.lock().len();
+
+    let (rt, report) = start(&ledgers).await.expect("restarts");
+    assert_eq!(report.asleep, 5, "{report:?}");
+    assert!(report.resumed.is_empty(), "{report:?}");
+    assert_eq!(ledgers.lock().len(), started, "none started");
+    assert_eq!(rt.supervisor().counts().await.sleeping, 5);
+    rt.supervisor().push("r3", item(33)).await.expect("woken");
+    within("the woken session's turn", async {
+        while delivered(&ledgers) != vec![33] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(rt.supervisor().counts().await.sleeping, 4);
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// A session spawned with what its record cannot restore (an end hook) keeps it across
+/// a sleep: the hook does not run when it falls asleep, and runs at its real end.
+#[tokio::test(start_paused = true)]
+async fn a_sleep_is_not_an_end() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    let hooks = Arc::new(Mutex::new(Vec::new()));
+    let h = hooks.clone();
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new("h", "sim")
+                .persistent(true)
+                .on_end(move |s| {
+                    let h = h.clone();
+                    async move {
+                        h.lock().push(s.reason);
+                        Ok(())
+                    }
+                }),
+        )
+        .await
+        .expect("spawn");
+    until_asleep(&rt, "h").await;
+    assert!(hooks.lock().is_empty(), "no end hook at a sleep");
+    rt.supervisor()
+        .stop("h", StopOptions::bare())
+        .await
+        .expect("stopped");
+    within("the end hook", async {
+        while hooks.lock().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(*hooks.lock(), vec![ExitReason::Completed]);
+    rt.shutdown().await.expect("shutdown");
+}
+
+/// Without `idle_after` nothing sleeps.
+#[tokio::test(start_paused = true)]
+async fn off_unless_set() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, None).await;
+    spawn(&rt, "n").await;
+    tokio::time::sleep(100 * IDLE).await;
+    assert!(!asleep(&rt, "n").await);
+    assert_eq!(rt.supervisor().counts().await.live, 1);
+    rt.shutdown().await.expect("shutdown");
+}
