@@ -64,12 +64,15 @@ fn delivered(ledgers: &Ledgers) -> Vec<u64> {
         .collect()
 }
 
+/// Asleep: no live incarnation, and its record says so.
 async fn asleep(rt: &Rt, id: &str) -> bool {
-    rt.supervisor()
-        .list()
-        .await
-        .iter()
-        .any(|s| s.id == id && s.asleep)
+    let live = rt.supervisor().list().await.iter().any(|s| s.id == id);
+    let store = rt.store().expect("a store");
+    let record = match store.load_stored(id).await.expect("readable") {
+        Some(agentloop::store::Stored::Current(r)) => r.header.asleep,
+        _ => false,
+    };
+    !live && record
 }
 
 /// Waits (on the paused clock) until `id` sleeps.

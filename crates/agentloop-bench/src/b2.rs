@@ -65,7 +65,7 @@ type Handle = SessionHandle<SimItem, SimEvent>;
 // Memory: VmRSS, and handing free heap pages back to the kernel between sides.
 
 /// The process's resident set size in KiB (`VmRSS` of `/proc/self/status`).
-fn rss_kib() -> f64 {
+pub(crate) fn rss_kib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("reading /proc/self/status");
     parse_vm_rss(&status).expect("no VmRSS line in /proc/self/status")
 }
@@ -83,7 +83,7 @@ fn parse_vm_rss(status: &str) -> Option<f64> {
 /// Returns the allocator's free pages (in every arena) to the kernel, so a side's RSS
 /// growth is not hidden by memory the previous side freed but the allocator kept.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     extern "C" {
         fn malloc_trim(pad: usize) -> std::os::raw::c_int;
     }
@@ -94,7 +94,7 @@ fn release_free_memory() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn release_free_memory() {}
+pub(crate) fn release_free_memory() {}
 
 /// Waits until `ready(i)` holds for every `i < n` (checked in order, sleeping 1 ms
 /// whenever the next one is not ready yet).

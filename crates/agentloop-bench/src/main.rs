@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 mod b1;
 mod b10;
+mod b11;
 mod b12;
 mod b13;
 mod b2;
@@ -31,8 +32,8 @@ mod tempdir;
 
 /// The figures, in the order `all` runs them.
 const FIGURES: &[&str] = &[
-    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b12", "b13", "c1", "c2",
-    "c3",
+    "b1", "b2", "b3", "b3f", "b4", "b5", "b6", "b7", "b8", "b9", "b10", "b11", "b12", "b13", "c1",
+    "c2", "c3",
 ];
 
 fn usage() -> String {
@@ -55,6 +56,7 @@ async fn run_figure(id: &str) {
         "b8" => b8::run().await,
         "b9" => b9::run().await,
         "b10" => b10::run().await,
+        "b11" => b11::run().await,
         "b12" => b12::run().await,
         "b13" => b13::run().await,
         "c1" => c1::run().await,

@@ -85,12 +85,19 @@ impl Base for SledBackend {
     }
 }
 
+/// sled's page cache, in bytes (sled's own default is 1 GiB, which a node with a
+/// million sessions would fill with their records). Records not in it are read from
+/// disk (and the OS's page cache): a node with a million sessions asleep (S39) keeps
+/// them on disk, not in its heap (B11).
+pub const SLED_CACHE_BYTES: u64 = 32 << 20;
+
 impl SledBackend {
     /// Opens (or creates) the database in `dir`. Blocks.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
         let db = sled::Config::new()
             .path(&path)
+            .cache_capacity(SLED_CACHE_BYTES)
             .open()
             .map_err(|e| StoreError::Backend {
                 operation: "open",

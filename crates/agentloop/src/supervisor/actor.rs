@@ -56,8 +56,7 @@ where
             stopping: false,
             directory: self.directory.clone(),
             watchers: Vec::new(),
-            sleeping: HashMap::new(),
-            kind_names: std::collections::HashSet::new(),
+            sleeping: Default::default(),
         })
     }
 
@@ -189,7 +188,7 @@ where
                 };
                 let _ = reply.send(r);
             }
-            SupervisorMsg::Checkpoint { id, reply } if st.sleeping.contains_key(id.as_str()) => {
+            SupervisorMsg::Checkpoint { id, reply } if st.sleeping.contains(&id) => {
                 // Asleep, its record is written already (S39).
                 let _ = reply.send(Ok(()));
             }
@@ -285,22 +284,14 @@ where
             })) => {
                 let mut refused = Vec::new();
                 for (id, kind) in sessions {
-                    if st.sessions.contains_key(&id) || st.sleeping.contains_key(id.as_str()) {
+                    if st.sessions.contains_key(&id) || st.sleeping.contains(&id) {
                         continue;
                     }
                     if !st.kinds.contains_key(&kind) {
                         refused.push(id);
                         continue;
                     }
-                    let kind = st.kind_name(&kind);
-                    st.sleeping.insert(
-                        id.into(),
-                        super::registry::Sleeper {
-                            kind,
-                            spec: None,
-                            restarted: 0,
-                        },
-                    );
+                    st.sleeping.insert(&id, None);
                 }
                 let _ = reply.send(refused);
             }
@@ -312,14 +303,7 @@ where
                         id: e.spec.id.clone(),
                         kind: e.spec.kind.clone(),
                         restarts: e.restarted,
-                        asleep: e.handle.is_asleep(),
                     })
-                    .chain(st.sleeping.iter().map(|(id, s)| SessionSummary {
-                        id: id.to_string(),
-                        kind: s.kind.to_string(),
-                        restarts: s.restarted,
-                        asleep: true,
-                    }))
                     .collect();
                 v.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(v);

@@ -87,6 +87,11 @@ impl<I, E> Directory<I, E> {
         self.sessions.insert(id.to_string(), handle);
     }
 
+    /// Gives back the memory the table grew for sessions no longer live.
+    pub(crate) fn shrink(&self) {
+        self.sessions.shrink_to_fit();
+    }
+
     /// Takes `id` out (its incarnation ended, or the supervisor stops).
     pub(crate) fn remove(&self, id: &str) {
         self.sessions.remove(id);

@@ -545,7 +545,10 @@ where
         self.directory.set_idle_after(idle);
     }
 
-    /// Lists the sessions it holds, live and asleep (S39), by id.
+    /// Lists the live sessions, by id, including any falling asleep right now. Sessions
+    /// asleep (S39) are not held in memory by id: their records list them
+    /// ([`CheckpointStore::list_stored`](crate::store::CheckpointStore::list_stored): `asleep` in the header);
+    /// [`SupervisorHandle::counts`] counts them.
     pub async fn list(&self) -> Vec<SessionSummary> {
         self.ask(|reply| SupervisorMsg::List { reply })
             .await

@@ -23,9 +23,6 @@ pub struct SessionSummary {
     pub kind: String,
     /// How many times it was restarted.
     pub restarts: u32,
-    /// It sleeps (S39): no actor runs it; the next push, by-id operation,
-    /// subscription or due timer wakes it from its record.
-    pub asleep: bool,
 }
 
 /// How many sessions a supervisor holds, by state (S39): cheap to read however many
@@ -134,7 +131,7 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Result<SessionInfo, SupervisorError>>,
     },
-    /// List the sessions it holds, live and asleep (S39).
+    /// List the live sessions (those asleep are listed by their records, S39).
     List {
         /// Where to answer.
         reply: RpcReplyPort<Vec<SessionSummary>>,

@@ -35,6 +35,7 @@ mod kind;
 mod messages;
 mod registry;
 mod routing;
+mod sleepers;
 
 pub use crate::session::RestartPolicy;
 

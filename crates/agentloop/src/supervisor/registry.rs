@@ -66,18 +66,6 @@ pub(super) struct Lineage {
     pub(super) detached: bool,
 }
 
-/// A session asleep (S39): all the supervisor keeps of it besides its id. The record
-/// holds the rest; the spec is kept only when it has what a record cannot restore
-/// (end hooks, a buffer bound, …), so most sleepers are a few dozen bytes.
-pub(super) struct Sleeper<I> {
-    /// Its agent kind's name (one allocation per kind, shared).
-    pub(super) kind: Arc<str>,
-    /// The spec, when the record alone would not rebuild the session as spawned.
-    pub(super) spec: Option<Box<SessionSpec<I>>>,
-    /// How many restarts led to the incarnation that fell asleep.
-    pub(super) restarted: u32,
-}
-
 /// The supervisor's state.
 pub(crate) struct SupervisorState<I, E> {
     pub(super) kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
@@ -96,10 +84,8 @@ pub(crate) struct SupervisorState<I, E> {
     pub(super) directory: Arc<Directory<I, E>>,
     /// Feeds of session ends ([`SupervisorMsg::WatchEnds`]).
     pub(super) watchers: Vec<mpsc::UnboundedSender<SessionEnd<I>>>,
-    /// Sessions asleep (S39), by id: no actor, no directory entry.
-    pub(super) sleeping: HashMap<Box<str>, Sleeper<I>>,
-    /// Agent kind names, shared by the sleepers of each kind.
-    pub(super) kind_names: HashSet<Arc<str>>,
+    /// Sessions asleep (S39): no actor, no directory entry.
+    pub(super) sleeping: super::sleepers::Sleepers<I>,
 }
 
 impl<I, E> SupervisorState<I, E>
@@ -349,7 +335,7 @@ where
             None => entry.handle.wait().await,
         };
         if exit.reason == ExitReason::Asleep {
-            self.fall_asleep(id, entry.spec, entry.restarted);
+            self.fall_asleep(id, entry.spec);
             return false;
         }
         let failed = match &exit.reason {
@@ -472,7 +458,7 @@ where
                 return self.sessions.get(id).map(|e| e.handle.clone());
             }
         }
-        if self.sleeping.contains_key(id) {
+        if self.sleeping.contains(id) {
             return self.wake(myself, id).await;
         }
         None
@@ -480,33 +466,20 @@ where
 
     /// Whether `id` sleeps, or its incarnation has just fallen asleep (S39).
     pub(super) fn is_asleep(&self, id: &str) -> bool {
-        self.sleeping.contains_key(id)
-            || self.sessions.get(id).is_some_and(|e| e.handle.is_asleep())
+        self.sleeping.contains(id) || self.sessions.get(id).is_some_and(|e| e.handle.is_asleep())
     }
 
-    /// An incarnation fell asleep (S39): the session stays, as a small entry.
-    pub(super) fn fall_asleep(&mut self, id: &str, spec: SessionSpec<I>, restarted: u32) {
-        let kind = self.kind_name(&spec.kind);
-        let spec = spec.needs_keeping().then(|| Box::new(spec));
-        self.sleeping.insert(
-            id.into(),
-            Sleeper {
-                kind,
-                spec,
-                restarted,
-            },
-        );
-    }
-
-    /// The shared name of agent kind `kind`.
-    pub(super) fn kind_name(&mut self, kind: &str) -> Arc<str> {
-        match self.kind_names.get(kind) {
-            Some(k) => k.clone(),
-            None => {
-                let k: Arc<str> = Arc::from(kind);
-                self.kind_names.insert(k.clone());
-                k
-            }
+    /// An incarnation fell asleep (S39): the session stays, as a hash of its id (and
+    /// its spec when its record cannot restore it). The registry's tables give back
+    /// what they grew for sessions that now sleep.
+    pub(super) fn fall_asleep(&mut self, id: &str, spec: SessionSpec<I>) {
+        let spec = spec.needs_keeping().then_some(spec);
+        self.sleeping.insert(id, spec);
+        let live = self.sessions.len();
+        if self.sessions.capacity() > 4 * live + 1024 {
+            self.sessions.shrink_to_fit();
+            self.by_actor.shrink_to_fit();
+            self.directory.shrink();
         }
     }
 
@@ -521,7 +494,10 @@ where
         if self.stopping || self.directory.gate_closed() {
             return None;
         }
-        let sleeper = self.sleeping.remove(id)?;
+        if !self.sleeping.contains(id) {
+            return None;
+        }
+        let kept = self.sleeping.remove(id);
         let store = self.store.clone()?;
         // The header says how to rebuild it; the session loads the whole record itself.
         let header = match store.load_stored(id).await {
@@ -544,11 +520,11 @@ where
                 // Kept asleep: a store that answers later wakes it then.
                 tracing::warn!(session = id, error = %e,
                     "could not read a sleeping session's record to wake it; it stays asleep");
-                self.sleeping.insert(id.into(), sleeper);
+                self.sleeping.insert(id, kept.map(|s| *s));
                 return None;
             }
         };
-        let spec = match sleeper.spec {
+        let spec = match kept {
             Some(spec) => *spec,
             None => SessionSpec::from_header(
                 &header,
@@ -556,11 +532,11 @@ where
                 crate::store::lease::DEFAULT_LEASE_TIMEOUT,
             ),
         };
-        let lineage = Lineage {
-            restarted: sleeper.restarted,
-            ..Lineage::default()
-        };
-        match self.start(myself, spec, Vec::new(), true, lineage).await {
+        // A new lineage: the restart budget counts within one waking period.
+        match self
+            .start(myself, spec, Vec::new(), true, Lineage::default())
+            .await
+        {
             Ok(handle) => Some(handle),
             Err(e) => {
                 tracing::error!(session = id, error = %e,
