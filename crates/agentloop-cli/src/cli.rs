@@ -225,6 +225,11 @@ pub(crate) struct ServeFlags {
     /// stable for 6 s (docs/operations.md, "Rebalancing").
     #[arg(long, requires = "cluster_listen")]
     pub rebalance: bool,
+    /// Put sessions to sleep after DURATION idle (no turn, nothing buffered, nobody
+    /// subscribed), e.g. 10m: their records hold them and the next request wakes them
+    /// (default: [supervisor] idle_after; off unless set).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub idle_after: Option<Duration>,
 }
 
 /// A running server to talk to: `--server` and `--token`.

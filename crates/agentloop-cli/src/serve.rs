@@ -132,6 +132,9 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     if let Some(name) = &flags.node {
         builder = builder.node(name.clone());
     }
+    if let Some(idle) = flags.idle_after {
+        builder = builder.idle_after(idle);
+    }
     if flags.rebalance {
         builder = builder.rebalance(agentloop::cluster::rebalance::Rebalance::default());
     }

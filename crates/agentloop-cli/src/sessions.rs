@@ -326,6 +326,18 @@ struct View {
     format: &'static str,
     /// The cut turn's durable steps (S1b).
     steps: Option<agentloop::StepsView>,
+    /// The record says the session sleeps (S39).
+    asleep: bool,
+}
+
+impl View {
+    /// The status as listings show it: a sleeping session's is `Running (asleep)`.
+    fn status_text(&self) -> String {
+        match (&self.status, self.asleep) {
+            (SessionStatus::Running, true) => "Running (asleep)".to_string(),
+            (s, _) => s.to_string(),
+        }
+    }
 }
 
 /// Builds the view of a stored record. Format 2 is read without its item type (items
@@ -375,6 +387,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 lease_epoch: h.lease_epoch,
                 format: "2",
                 steps: agentloop::view::steps_view(r, &agentloop::Redaction::default())?,
+                asleep: h.asleep,
             })
         }
         Stored::Format1(_) => {
@@ -403,6 +416,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 lease_epoch: rec.lease_epoch,
                 format: "1 (converted to 2 on its next write)",
                 steps: None,
+                asleep: false,
             })
         }
     }
@@ -491,7 +505,7 @@ fn render_list(
         match v {
             Ok(r) => rows.push(vec![
                 cell(&r.session_id),
-                cell(&r.status.to_string()),
+                cell(&r.status_text()),
                 r.turn_index.to_string(),
                 r.unhandled.len().to_string(),
                 r.interrupted.len().to_string(),
@@ -1093,6 +1107,7 @@ fn view_json(rec: &View, with_items: bool) -> Value {
         "session_id": rec.session_id,
         "agent_kind": rec.agent_kind,
         "status": format!("{:?}", rec.status.kind()),
+        "asleep": rec.asleep,
         "failure": match &rec.status {
             SessionStatus::Failed(e) => Some(e.as_str()),
             _ => None,

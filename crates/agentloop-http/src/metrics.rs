@@ -3,7 +3,8 @@
 //! by the Prometheus client library in the OpenMetrics text format (which Prometheus
 //! scrapes):
 //!
-//! - `agentloop_sessions{status}`: `live` sessions in this process, and stored records
+//! - `agentloop_sessions{status}`: `live` sessions in this process, `sleeping` ones
+//!   (S39: held as a hash of their id, their records on disk), and stored records
 //!   by status (`running`, `stopped`, `interrupted`, `completed`, `canceled`, `failed`,
 //!   `unreadable`); listing the records costs one store scan per scrape.
 //! - `agentloop_event_streams`: event streams open now.
@@ -28,7 +29,7 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
 ) -> Result<Response, ApiError> {
     // Every reading first: the registry is not `Send`, so no await may follow it.
-    let live = st.runtime.supervisor().list().await.len() as i64;
+    let counts = st.runtime.supervisor().counts().await;
     let stored = match st.runtime.store() {
         Some(store) => store.list_stored(None).await?,
         None => Vec::new(),
@@ -38,7 +39,12 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
     let mut registry = Registry::default();
     st.runtime.metrics().register(&mut registry);
     let sessions = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
-    sessions.get_or_create(&vec![("status", "live")]).set(live);
+    sessions
+        .get_or_create(&vec![("status", "live")])
+        .set(counts.live as i64);
+    sessions
+        .get_or_create(&vec![("status", "sleeping")])
+        .set(counts.sleeping as i64);
     for entry in &stored {
         let status = match &entry.record {
             Ok(stored) => wire::status(stored.status()),
@@ -48,7 +54,7 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
     }
     registry.register(
         "agentloop_sessions",
-        "Sessions live in this process (status=live) and stored records by status",
+        "Sessions live in this process (status=live), asleep (status=sleeping, S39), and stored records by status",
         sessions,
     );
     let streams = Gauge::<i64>::default();

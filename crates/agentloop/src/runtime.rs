@@ -232,6 +232,9 @@ where
         self.budget = config.supervisor.restart_budget;
         self.heartbeat = config.supervisor.heartbeat;
         self.lease_timeout = config.supervisor.lease_timeout;
+        if let Some(idle) = config.supervisor.idle_after {
+            self.idle_after = Some(idle);
+        }
         self.shutdown = config.shutdown.clone();
         self.limits = config.limits.session_limits();
         if !config.redact.fields.is_empty() {

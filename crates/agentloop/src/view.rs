@@ -234,6 +234,9 @@ pub struct SessionView {
     /// The session's durable timers and schedules (S39), by number; items through the
     /// redaction.
     pub timers: Vec<TimerView>,
+    /// The record says the session sleeps (S39). It may have been woken since without
+    /// writing (a session live here is live whatever its record says).
+    pub asleep: bool,
 }
 
 /// A durable timer as a client sees it (S39).
@@ -334,6 +337,7 @@ pub fn session_view(
         settings: h.settings,
         steps: steps_view(record, redaction)?,
         timers: Vec::new(),
+        asleep: h.asleep,
     })
 }
 

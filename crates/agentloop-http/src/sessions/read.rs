@@ -14,7 +14,9 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
 /// `GET /sessions`: the live sessions and the stored records, merged by id, each
-/// marked `live` and with its stored `status` (`null` when nothing is stored).
+/// marked `live`, with its stored `status` (`null` when nothing is stored) and its
+/// `state`: `live` (it runs here), `sleeping` (S39: its record says it sleeps and it
+/// does not run) or `stored`.
 pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     page: Result<axum::extract::Query<ListPage>, axum::extract::rejection::QueryRejection>,
@@ -42,6 +44,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
                     "id": entry.session_id,
                     "kind": kind_of(stored),
                     "live": false,
+                    "state": if asleep(stored) { "sleeping" } else { "stored" },
                     "status": wire::status(stored.status()),
                     "restarts": null,
                 }),
@@ -49,6 +52,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
                     "id": entry.session_id,
                     "kind": null,
                     "live": false,
+                    "state": "stored",
                     "status": "unreadable",
                     "error": e.to_string(),
                     "restarts": null,
@@ -62,6 +66,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
             || json!({"id": s.id, "kind": s.kind, "live": true, "status": null, "restarts": 0}),
         );
         row["live"] = json!(true);
+        row["state"] = json!("live");
         row["kind"] = json!(s.kind);
         row["restarts"] = json!(s.restarts);
     }
@@ -112,6 +117,12 @@ pub(super) fn url_escape(s: &str) -> String {
     out
 }
 
+/// Whether a record says its session sleeps (S39).
+pub(super) fn asleep(stored: &agentloop::store::Stored) -> bool {
+    matches!(stored, agentloop::store::Stored::Current(r)
+        if r.header.asleep && r.header.status == agentloop::store::SessionStatus::Running)
+}
+
 pub(super) fn kind_of(stored: &agentloop::store::Stored) -> &str {
     match stored {
         agentloop::store::Stored::Current(r) => &r.header.agent_kind,
@@ -120,13 +131,22 @@ pub(super) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 }
 
 /// `GET /sessions/{id}`: the stored record through the runtime's redaction (S24), with
-/// `live` and, while the session runs here, what it is doing.
+/// `live`, `state` (`live`, `sleeping` or `stored`) and, while the session runs here,
+/// what it is doing. A sleeping session is answered from its record, which holds
+/// everything it is, without waking it (S39).
 pub(crate) async fn get_one<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     let view = st.runtime.view(&id).await?;
-    let live = st.runtime.supervisor().inspect(&id).await.ok();
+    let sleeping = view
+        .as_ref()
+        .is_some_and(|v| v.asleep && v.status == "Running")
+        && !st.runtime.supervisor().is_live(&id);
+    let live = match sleeping {
+        true => None,
+        false => st.runtime.supervisor().inspect(&id).await.ok(),
+    };
     let mut out = match (&view, &live) {
         (None, None) => {
             return Err(ApiError::new(
@@ -141,6 +161,11 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
         (None, Some(_)) => json!({"session_id": id, "status": null}),
     };
     out["live"] = json!(live.is_some());
+    out["state"] = json!(match (&live, sleeping) {
+        (Some(_), _) => "live",
+        (None, true) => "sleeping",
+        (None, false) => "stored",
+    });
     if let Some(info) = live {
         out["run"] = json!({
             "phase": match info.phase {

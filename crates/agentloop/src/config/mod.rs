@@ -179,6 +179,9 @@ pub struct SupervisorConfig {
     /// A `Running` record whose owner has not beaten for this long is recoverable
     /// (default 30 s).
     pub lease_timeout: Duration,
+    /// How long a persistent session idles before it sleeps (S39; `idle_after`, off
+    /// unless set; 1 s to 30 days).
+    pub idle_after: Option<Duration>,
 }
 
 impl Default for SupervisorConfig {
@@ -187,6 +190,7 @@ impl Default for SupervisorConfig {
             restart_budget: RestartBudget::default(),
             heartbeat: DEFAULT_HEARTBEAT,
             lease_timeout: DEFAULT_LEASE_TIMEOUT,
+            idle_after: None,
         }
     }
 }
@@ -441,6 +445,7 @@ struct RawSupervisor {
     restart_window: Option<String>,
     heartbeat: Option<String>,
     lease_timeout: Option<String>,
+    idle_after: Option<String>,
 }
 
 impl RuntimeConfig {
@@ -630,11 +635,26 @@ impl RuntimeConfig {
             c.supervisor.lease_timeout = duration("supervisor.lease_timeout", &v, LEASE)?;
         }
         check_lease(c.supervisor.heartbeat, c.supervisor.lease_timeout)?;
+        if let Some(v) = s.idle_after {
+            let d = duration("supervisor.idle_after", &v, IDLE)?;
+            check_range("supervisor.idle_after", d, MAX_IDLE_AFTER, IDLE)?;
+            if d < Duration::from_secs(1) {
+                return Err(ConfigError::OutOfRange {
+                    key: "supervisor.idle_after",
+                    value: v,
+                    allowed: IDLE,
+                });
+            }
+            c.supervisor.idle_after = Some(d);
+        }
         Ok(c)
     }
 }
 
 const BEAT: &str = "more than 0s and at most 60s";
+const IDLE: &str = "at least 1s and at most 30 days";
+/// The longest `idle_after` a configuration takes.
+const MAX_IDLE_AFTER: Duration = Duration::from_secs(30 * 86_400);
 const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
 
 /// Checks a heartbeat interval and lease timeout (the file's checks, also applied to

@@ -54,3 +54,24 @@ fn durations_parse() {
     assert_eq!(parse_duration("5 parsecs"), None);
     assert_eq!(parse_duration(""), None);
 }
+
+/// S39: `[supervisor] idle_after` is read, bounded, and off unless set.
+#[test]
+fn idle_after_is_read_bounded_and_off_unless_set() {
+    let c = RuntimeConfig::from_toml_str("").expect("empty");
+    assert_eq!(c.supervisor.idle_after, None);
+    let c = RuntimeConfig::from_toml_str("[supervisor]\nidle_after = \"10m\"\n").expect("10m");
+    assert_eq!(
+        c.supervisor.idle_after,
+        Some(std::time::Duration::from_secs(600))
+    );
+    for bad in ["0s", "500ms", "31days", "-1s"] {
+        let e = RuntimeConfig::from_toml_str(&format!("[supervisor]\nidle_after = \"{bad}\"\n"))
+            .expect_err(bad)
+            .to_string();
+        assert!(
+            e.contains("supervisor.idle_after") && e.contains("at least 1s"),
+            "{bad}: {e}"
+        );
+    }
+}

@@ -438,7 +438,13 @@ where
         .await
     }
 
-    /// Inspects a session by id.
+    /// Whether session `id` runs here now (no message to the supervisor; a session
+    /// asleep does not run, S39).
+    pub fn is_live(&self, id: &str) -> bool {
+        self.directory.live(id).is_some_and(|h| !h.is_asleep())
+    }
+
+    /// Inspects a session by id (a sleeping one is woken, S39).
     pub async fn inspect(&self, id: &str) -> Result<SessionInfo, SupervisorError> {
         if let Some(h) = self.directory.live(id) {
             match h.inspect().await {
