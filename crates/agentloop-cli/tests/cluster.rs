@@ -1141,3 +1141,116 @@ fn a_stream_follows_a_session_across_a_move_and_a_failover_via_another_node() {
             .sum::<u64>()
     );
 }
+
+/// The state `GET /sessions` on `url` lists for session `id` (`live`, `sleeping`,
+/// `stored`), if it lists it.
+fn state_of(url: &str, id: &str) -> Option<String> {
+    let mut r = agent().get(&format!("{url}/sessions")).call().ok()?;
+    let rows: Value = r.body_mut().read_json().ok()?;
+    rows.as_array()?
+        .iter()
+        .find(|r| r["id"] == id)
+        .and_then(|r| r["state"].as_str().map(str::to_string))
+}
+
+/// How many sessions the node at `url` holds asleep (`/metrics`).
+fn sleeping_here(url: &str) -> Option<u64> {
+    let mut r = agent().get(&format!("{url}/metrics")).call().ok()?;
+    let text = r.body_mut().read_to_string().ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("agentloop_sessions{status=\"sleeping\"} "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// S39 in a cluster (two nodes joined over one PostgreSQL, `--idle-after 1s`): a push
+/// sent to the other node wakes a sleeping session on its owner; when the owner is
+/// SIGKILLed, its sleeping sessions are adopted asleep by the survivor (claimed, no
+/// actor: `sleeping` there); a timer armed on the survivor and one armed on the dead
+/// node both fire once after the failover, on the survivor, and wake their sessions.
+#[test]
+fn sleeping_sessions_wake_on_their_owner_and_timers_fire_once_across_a_failover() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("sleepers").expect("a database");
+    let dir = TempDir::new("cluster-sleep");
+    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+    let ports = [free_port(), free_port()];
+    let idle = ["--idle-after", "1s"];
+    let (n0, url0) = start_joined(&dir.0, &db, 0, &ports, None, &logs[0], &idle);
+    let (n1, url1) = start_joined(&dir.0, &db, 1, &ports, Some(ports[0]), &logs[1], &idle);
+    let config = json!({"rounds": 1, "model_ms": 1, "tool_ms": 1});
+    spawn_sim(&url0, "a", config.clone());
+    spawn_sim(&url0, "b", config);
+    wait_for("a asleep on n0", 30, || {
+        state_of(&url0, "a").as_deref() == Some("sleeping")
+    });
+
+    // A push through n1 wakes it where it lives: on n0.
+    wait_for("the push through n1 accepted", 30, || {
+        matches!(push(&url1, "a", 2), Push::Accepted)
+    });
+    wait_for("delivered on n0", 30, || delivered(&logs[0]).contains(&2));
+    assert!(!delivered(&logs[1]).contains(&2), "woken on its owner only");
+    wait_for("a and b asleep on n0", 30, || {
+        state_of(&url0, "a").as_deref() == Some("sleeping")
+            && state_of(&url0, "b").as_deref() == Some("sleeping")
+    });
+
+    // Timers: one armed through n1 (for b), one through n0 (for a), due after the kill.
+    for (url, id, item) in [(&url1, "b", 77), (&url0, "a", 88)] {
+        let r = agent()
+            .post(&format!("{url}/sessions/{id}/timers"))
+            .send_json(json!({"item": {"id": item, "text": "later"}, "in": "8s"}))
+            .expect("armed");
+        assert_eq!(r.status().as_u16(), 201);
+    }
+    let _ = n0.kill();
+    let killed_at = Instant::now();
+    // Adopted after n0's lease (3 s), before the timers are due (8 s): asleep on n1.
+    wait_for("n0's sleeping sessions adopted asleep by n1", 30, || {
+        let d = delivered(&logs[1]);
+        assert!(
+            !d.contains(&77) && !d.contains(&88),
+            "a timer fired before the adoption was seen"
+        );
+        state_of(&url1, "a").as_deref() == Some("sleeping")
+            && state_of(&url1, "b").as_deref() == Some("sleeping")
+            && live_sessions(&url1).is_some_and(|l| l.is_empty())
+            && sleeping_here(&url1) == Some(2)
+    });
+    wait_for("both timers fired on n1", 60, || {
+        let d = delivered(&logs[1]);
+        d.contains(&77) && d.contains(&88)
+    });
+    assert!(
+        killed_at.elapsed() >= Duration::from_secs(5),
+        "not before their time"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let all: Vec<u64> = logs.iter().flat_map(|l| delivered(l)).collect();
+    for item in [77, 88] {
+        assert_eq!(
+            all.iter().filter(|i| **i == item).count(),
+            1,
+            "timer item {item} delivered once: {all:?}"
+        );
+    }
+    for id in ["a", "b"] {
+        let mut r = agent()
+            .get(&format!("{url1}/sessions/{id}/timers"))
+            .call()
+            .expect("listed");
+        let v: Value = r.body_mut().read_json().expect("json");
+        assert_eq!(v["timers"], json!([]), "{id}: {v}");
+    }
+    n1.signal(libc::SIGTERM);
+    let (status, out) = n1.finish();
+    assert!(status.success(), "{out}");
+}

@@ -185,17 +185,19 @@ where
             preempt,
             early,
             idempotency,
+            timer,
         } => {
             let item: I = match serde_json::from_value(item) {
                 Ok(i) => i,
                 Err(e) => return PushAnswer::Refused(format!("not an item this node takes: {e}")),
             };
-            let mut options = match preempt {
-                Some(p) => PushOptions::preempt(p.to_preempt()),
-                None => PushOptions::new(),
-            };
-            options.answer_at_acceptance = early;
-            options.idempotency = idempotency;
+            let options: PushOptions<I> = Forwarded {
+                preempt: preempt.map(|p| p.to_preempt()),
+                answer_at_acceptance: early,
+                idempotency,
+                timer,
+            }
+            .to_options();
             match handle.supervisor().push_with(&session, item, options).await {
                 Ok(ack) => PushAnswer::Accepted(ack.into()),
                 Err(RoutedPushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
@@ -281,6 +283,7 @@ where
                     preempt: options.preempt.as_ref().and_then(WirePreempt::from_preempt),
                     early: options.answer_at_acceptance,
                     idempotency: options.idempotency.clone(),
+                    timer: options.timer.clone(),
                 },
                 Err(e) => {
                     return Err(RoutedPushError::RefusedByOwner {

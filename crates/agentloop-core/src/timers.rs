@@ -39,6 +39,11 @@ impl TimerQueue {
         self.heap.push(Reverse(timer));
     }
 
+    /// The armed timers, in no order.
+    pub fn refs(&self) -> impl Iterator<Item = &TimerRef> {
+        self.heap.iter().map(|Reverse(t)| t)
+    }
+
     /// How many timers are armed.
     pub fn len(&self) -> usize {
         self.heap.len()

@@ -614,11 +614,10 @@ where
                     }
                 }
             }
-            // S39: asleep when its process ended, on a store this process holds alone:
-            // registered asleep, woken by the first request for it. (On a shared store
-            // it is resumed, claimed, and sleeps again after its idle period.)
-            if h.asleep && h.status == SessionStatus::Running && !self.sweeps && !self.node {
-                sleepers.push((h.session_id.clone(), h.agent_kind.clone()));
+            // S39: asleep when its owner ended: registered asleep (claimed first on a
+            // shared store), woken by the first request for it.
+            if h.asleep && h.status == SessionStatus::Running {
+                sleepers.push(rec.header);
                 continue;
             }
             let items = rec.item_count();
@@ -647,17 +646,16 @@ where
                 Err(e) => report.skipped.push((id, e.to_string())),
             }
         }
-        let asleep = sleepers.len();
-        let refused = self.supervisor.sleepers(sleepers).await;
-        report.asleep = asleep - refused.len();
-        for id in refused {
-            report.skipped.push((
-                id,
-                "its agent kind is not registered in this runtime; register it and start again \
-                 (the record is kept as it is)"
-                    .into(),
-            ));
-        }
+        let (asleep, skipped) = register_asleep(
+            &**store,
+            &self.supervisor,
+            &self.instance,
+            sleepers,
+            self.sweeps,
+        )
+        .await;
+        report.asleep = asleep;
+        report.skipped.extend(skipped);
         tracing::info!(
             resumed = report.resumed.len(),
             asleep = report.asleep,
@@ -689,8 +687,16 @@ where
         if !self.handle.store.as_ref().is_some_and(|s| s.keeps_timers()) {
             return;
         }
-        let task =
-            crate::timers::service::start(self.handle.clone(), self.handle.timer_clock, tx, rx);
+        // On a shared store, timers armed elsewhere (another node, a node whose sessions
+        // this one adopts) are read again every heartbeat.
+        let rescan = self.sweeps.then_some(self.heartbeat);
+        let task = crate::timers::service::start(
+            self.handle.clone(),
+            self.handle.timer_clock,
+            tx,
+            rx,
+            rescan,
+        );
         *self.timers.lock() = Some(task);
     }
 
@@ -755,6 +761,7 @@ where
                 let live: std::collections::HashSet<String> =
                     supervisor.list().await.into_iter().map(|s| s.id).collect();
                 let mut specs = Vec::new();
+                let mut sleepers = Vec::new();
                 for entry in entries {
                     let Ok(rec) = entry.record.and_then(|s| s.decode::<I>()) else {
                         continue;
@@ -786,8 +793,21 @@ where
                             }
                         }
                     }
-                    tracing::info!(session = %h.session_id, dead = ?h.owner, "adopting a session whose owner's lease expired");
+                    tracing::info!(session = %h.session_id, dead = ?h.owner, asleep = h.asleep, "adopting a session whose owner's lease expired");
+                    // S39: one asleep stays asleep here (claimed, no actor).
+                    if h.asleep && h.status == SessionStatus::Running {
+                        sleepers.push(rec.header);
+                        continue;
+                    }
                     specs.push(SessionSpec::resuming(rec, durability, lease_timeout, true));
+                }
+                if !sleepers.is_empty() {
+                    let (_, skipped) =
+                        register_asleep(&*store, &supervisor, &me, sleepers, true).await;
+                    if !skipped.is_empty() {
+                        tracing::warn!(skipped = ?skipped, "some sleeping sessions were not adopted; the sweep retries them");
+                        sweeper.retry();
+                    }
                 }
                 let results =
                     futures::future::join_all(specs.into_iter().map(|s| supervisor.spawn(s))).await;
@@ -846,4 +866,54 @@ where
         }
         Ok(())
     }
+}
+
+/// Registers sessions whose records say they sleep (S39) with the supervisor, without
+/// starting them; with `claim`, a record another owner held (a node that died, a
+/// previous process on a shared store) is claimed first: one write at the next lease
+/// epoch, which exactly one claimant wins. Returns how many were registered and the
+/// others with why.
+async fn register_asleep<I, E>(
+    store: &dyn CheckpointStore<I>,
+    supervisor: &SupervisorHandle<I, E>,
+    me: &str,
+    headers: Vec<crate::store::RecordHeader>,
+    claim: bool,
+) -> (usize, Vec<(String, String)>)
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    let mut skipped = Vec::new();
+    let mut sessions = Vec::with_capacity(headers.len());
+    for h in headers {
+        if claim && h.owner.as_deref() != Some(me) {
+            let write = crate::store::transition::hand_over(
+                &h,
+                Some(me.to_string()),
+                SessionStatus::Running,
+                now_ms(),
+            );
+            if let Err(e) = store.write(write).await {
+                skipped.push((
+                    h.session_id.clone(),
+                    format!("its sleeping record could not be claimed ({e}); another instance took it, or the next sweep retries"),
+                ));
+                continue;
+            }
+        }
+        sessions.push((h.session_id, h.agent_kind));
+    }
+    let offered = sessions.len();
+    let refused = supervisor.sleepers(sessions).await;
+    let registered = offered - refused.len();
+    skipped.extend(refused.into_iter().map(|id| {
+        (
+            id,
+            "its agent kind is not registered in this runtime; register it and start again \
+             (the record is kept as it is)"
+                .to_string(),
+        )
+    }));
+    (registered, skipped)
 }

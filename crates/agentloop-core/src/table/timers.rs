@@ -45,8 +45,9 @@ pub struct StoredTimer {
 }
 
 /// A change to a session's timers that rides a record write ([`crate::write::RecordWrite`]),
-/// so it is durable exactly when the record's change is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// so it is durable exactly when the record's change is. Serializable: a fire forwarded
+/// to the node that owns the session carries it (S39).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TimerChange {
     /// Arm a timer (its number is taken in the write).
     Arm(StoredTimer),

@@ -35,6 +35,10 @@ pub enum Request {
         /// The idempotency key and fingerprint ([`crate::PushOptions::idempotency`]).
         #[serde(default)]
         idempotency: Option<(String, u64)>,
+        /// A durable timer's fire (S39): the timer's change rides the write that
+        /// accepts the item on the owner.
+        #[serde(default)]
+        timer: Option<crate::store::TimerChange>,
     },
     /// Resume a stored session whose lease was handed to the receiving node (a planned
     /// move, S38).
@@ -326,6 +330,8 @@ pub struct Forwarded {
     pub answer_at_acceptance: bool,
     /// [`crate::PushOptions::idempotency`].
     pub idempotency: Option<(String, u64)>,
+    /// A durable timer's fire (S39), whose change rides the owner's write.
+    pub timer: Option<crate::store::TimerChange>,
 }
 
 impl Forwarded {
@@ -335,6 +341,7 @@ impl Forwarded {
             preempt: options.preempt,
             answer_at_acceptance: options.answer_at_acceptance,
             idempotency: options.idempotency.clone(),
+            timer: options.timer.clone(),
         }
     }
 
@@ -346,6 +353,7 @@ impl Forwarded {
         };
         o.answer_at_acceptance = self.answer_at_acceptance;
         o.idempotency = self.idempotency.clone();
+        o.timer = self.timer.clone();
         o
     }
 }

@@ -3,8 +3,15 @@
 //! sleeps until the earliest, and pushes each due timer's item into its session with
 //! the timer's removal (or move) riding the write that accepts it. A push the session
 //! answers as a duplicate (a fire retried after its item was accepted) removes the
-//! timer alone. A session that is not running here (stopped, recovering, on another
-//! node) is tried again later with a backoff; the timer stays in the store meanwhile.
+//! timer alone. The item goes wherever the session runs: here (woken if it sleeps), or
+//! on a cluster node, forwarded to its owner with the timer's change. A session that
+//! takes nothing now (stopped, recovering, its owner unreachable) is tried again later
+//! with a backoff; the timer stays in the store meanwhile.
+//!
+//! On a store several processes share (a cluster, S36), the service also reads the
+//! due-time index again every `rescan`: timers armed by another node, and those of
+//! sessions it adopts from a node that died, fire here too (the owner accepts a fire
+//! once: its key makes a second a duplicate).
 //!
 //! Time is the wall clock, read through tokio's clock once started (so a test's paused
 //! clock moves timers too); it never goes back. This file decides nothing about what a
@@ -92,6 +99,7 @@ pub(crate) fn start<I, E>(
     clock: Clock,
     again: Notify,
     mut rx: mpsc::UnboundedReceiver<Command>,
+    rescan: Option<Duration>,
 ) -> tokio::task::JoinHandle<()>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
@@ -128,13 +136,40 @@ where
         let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(TimerRef, Fired)>();
         let shutdown = handle.shutdown.clone();
         let mut stopping = std::pin::pin!(shutdown.started());
+        // With a rescan: the fires queued or in flight, so a timer read again is not
+        // queued twice.
+        let mut known: std::collections::HashSet<(String, u64, u64)> = match rescan {
+            Some(_) => queue
+                .refs()
+                .map(|t| (t.session.clone(), t.id, t.due_ms))
+                .collect(),
+            None => Default::default(),
+        };
+        let mut rescans = tokio::time::interval(rescan.unwrap_or(Duration::from_secs(3600)));
+        rescans.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        rescans.tick().await;
         loop {
             let next = queue.next_due().map(|ms| clock.instant_of(ms));
             tokio::select! {
                 () = &mut stopping => break,
+                _ = rescans.tick(), if rescan.is_some() => {
+                    match store.due_timers().await {
+                        Ok(armed) => {
+                            for t in armed {
+                                if known.insert((t.session.clone(), t.id, t.due_ms)) {
+                                    queue.arm(t);
+                                }
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot read the durable timers again; the next rescan retries"),
+                    }
+                }
                 command = rx.recv() => match command {
                     Some(Command::Arm(t)) => {
                         retries.remove(&(t.session.clone(), t.id));
+                        if rescan.is_some() {
+                            known.insert((t.session.clone(), t.id, t.due_ms));
+                        }
                         queue.arm(t);
                     }
                     Some(Command::Disarm { session, id }) => {
@@ -144,6 +179,9 @@ where
                     None => break,
                 },
                 Some((t, fired)) = done_rx.recv() => {
+                    if rescan.is_some() && matches!(fired, Fired::Done) {
+                        known.remove(&(t.session.clone(), t.id, t.due_ms));
+                    }
                     if let Fired::Retry(at) = fired {
                         let key = (t.session.clone(), t.id);
                         let wait = retries.get(&key).map_or(RETRY_FIRST, |(_, w)| *w);
@@ -246,7 +284,8 @@ where
             }));
         }
     };
-    match handle.supervisor.push_with(&t.session, item, options).await {
+    // Wherever it runs: here (woken if it sleeps), or at its owner on a cluster node.
+    match handle.push_anywhere(&t.session, item, options).await {
         Ok(PreemptAck::Duplicate) => {
             // Accepted before (a retried fire): the timer's change alone.
             match store.change_timer(&t.session, change).await {
