@@ -1,8 +1,9 @@
 //! S10 / S30 at the system level: random schedules over several supervised sessions of
 //! push, preempt (every safe-point kind, with and without timeout and delay), every stop
 //! option, detach, cancel by id and agent panics (restarts, and a budget that runs out),
-//! then a shutdown at a random moment (random strategy and grace), a restart of the
-//! runtime on the same store that resumes what was left `Interrupted`, and a drain.
+//! sessions that sleep when idle and wake at the next push, stop or cancel (S39), then a
+//! shutdown at a random moment (random strategy and grace), a restart of the runtime
+//! on the same store that resumes what was left `Interrupted`, and a drain.
 //!
 //! Invariant (S10): every item whose push was accepted is in exactly one place across
 //! the delivered turns of both runtimes, the plans' explicit drops, the items held at a
@@ -44,6 +45,8 @@ struct SessionPlan {
     panic_step: usize,
     plan_limit: Option<usize>,
     drop_some: bool,
+    /// Sleeps after 10 ms idle (S39; persistent sessions only).
+    sleepy: bool,
 }
 
 impl fmt::Debug for SessionPlan {
@@ -72,6 +75,9 @@ impl fmt::Debug for SessionPlan {
         }
         if self.drop_some {
             parts.push("plan drops every 3rd".into());
+        }
+        if self.sleepy && self.persistent {
+            parts.push("sleeps after 10ms idle".into());
         }
         write!(f, "{}", parts.join(", "))
     }
@@ -188,16 +194,20 @@ fn session_plan() -> impl Strategy<Value = SessionPlan> {
         0usize..4,
         proptest::option::of(1usize..3),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(persistent, sync, restart, panics, panic_step, plan_limit, drop_some)| SessionPlan {
-                persistent,
-                sync,
-                restart,
-                panics,
-                panic_step,
-                plan_limit,
-                drop_some,
+            |(persistent, sync, restart, panics, panic_step, plan_limit, drop_some, sleepy)| {
+                SessionPlan {
+                    persistent,
+                    sync,
+                    restart,
+                    panics,
+                    panic_step,
+                    plan_limit,
+                    drop_some,
+                    sleepy,
+                }
             },
         )
 }
@@ -295,8 +305,12 @@ fn session_id(s: usize) -> String {
 
 fn spec(plans: &[SessionPlan], i: usize) -> SessionSpec<SimItem> {
     let plan = &plans[i];
-    SessionSpec::new(session_id(i), "sim")
-        .config(vec![i as u8])
+    let spec = SessionSpec::new(session_id(i), "sim");
+    let spec = match plan.persistent && plan.sleepy {
+        true => spec.idle_after(Duration::from_millis(10)),
+        false => spec,
+    };
+    spec.config(vec![i as u8])
         .persistent(plan.persistent)
         .durability(if plan.sync {
             Durability::Sync
@@ -392,6 +406,8 @@ struct Stats {
     ended_by_shutdown: u64,
     forced_by_shutdown: u64,
     records_left: u64,
+    /// Sessions seen asleep at a wait (S39).
+    slept: u64,
 }
 
 /// The outcome of one push, as its caller saw it.
@@ -432,6 +448,7 @@ async fn run(s: Schedule) -> Result<Stats, String> {
     let shutdown = rt.shutdown_handle();
     let mut pushes = Vec::new();
     let mut next = 0u64;
+    let mut slept = 0u64;
     for op in &s.ops {
         match *op {
             Op::Push { s } | Op::Preempt { s, .. } => {
@@ -495,7 +512,11 @@ async fn run(s: Schedule) -> Result<Stats, String> {
                 // a record that is Canceled / Failed; a Stopped record resumes.
                 let _ = sup.spawn(spec(&s.sessions, i)).await;
             }
-            Op::Wait { ms } => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Op::Wait { ms } => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let asleep = sup.counts().await.sleeping as u64;
+                slept = slept.max(asleep);
+            }
             Op::Shutdown(_) => shutdown.begin(),
         }
     }
@@ -749,6 +770,7 @@ async fn run(s: Schedule) -> Result<Stats, String> {
         resumed_sessions: started.resumed.len() as u64,
         forced_by_shutdown: report.sessions.forced,
         records_left: recorded.len() as u64,
+        slept,
         ..Stats::default()
     };
     for places in places.values() {
@@ -832,6 +854,7 @@ fn s30_schedules_reach_every_path() {
         total.ended_by_shutdown += st.ended_by_shutdown;
         total.forced_by_shutdown += st.forced_by_shutdown;
         total.records_left += st.records_left;
+        total.slept += st.slept;
     }
     eprintln!("S30 paths over 256 schedules: {total:?}");
     let t = &total;
@@ -852,6 +875,7 @@ fn s30_schedules_reach_every_path() {
         ("sessions ended by the shutdown", t.ended_by_shutdown),
         ("sessions forced by the shutdown", t.forced_by_shutdown),
         ("records left in the store", t.records_left),
+        ("sessions asleep", t.slept),
     ] {
         assert!(n > 0, "no schedule produced any {what}: {total:?}");
     }
@@ -870,6 +894,7 @@ mod found {
             panic_step: 0,
             plan_limit: None,
             drop_some: false,
+            sleepy: false,
         }
     }
 
