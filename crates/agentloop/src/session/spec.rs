@@ -320,12 +320,13 @@ impl<I> SessionSpec<I> {
     }
 
     /// Whether the session has what its record cannot restore (end hooks, a buffer
-    /// bound, a lease timeout, an event codec, a subscriber capacity or hook timeout of
-    /// its own): a sleeping session's supervisor then keeps the spec (S39).
+    /// bound, an event codec, a subscriber capacity or hook timeout, an owner of its
+    /// own): a sleeping session's supervisor then keeps the spec (S39). (A lease timeout
+    /// only judges another owner's record at a load; a woken session's record is its
+    /// supervisor's, so a resumed session, which carries the runtime's, is not kept.)
     pub(crate) fn needs_keeping(&self) -> bool {
         !self.end_hooks.is_empty()
             || self.buffer_bound.is_some()
-            || self.lease_timeout.is_some()
             || self.run.event_codec.is_some()
             || self.event_capacity != DEFAULT_EVENT_CAPACITY
             || self.hook_timeout != Duration::from_secs(5)
@@ -446,6 +447,28 @@ mod tests {
         let back = SessionSpec::<u32>::new("a", "k").settings(kept);
         assert_eq!(back.recorded_settings(), kept);
         assert_eq!(back.effective_poll_interval(), Duration::from_millis(250));
+    }
+
+    /// S39: a session rebuilt from its record (resumed, adopted, woken) is not kept in
+    /// memory while it sleeps; one with end hooks is.
+    #[test]
+    fn only_what_a_record_cannot_restore_is_kept_while_asleep() {
+        let h = crate::store::RecordHeader {
+            session_id: "a".into(),
+            agent_kind: "k".into(),
+            settings: Some(Default::default()),
+            ..Default::default()
+        };
+        let resumed = SessionSpec::<u32>::from_header(&h, Durability::Sync, Duration::from_secs(3));
+        assert!(!resumed.needs_keeping());
+        assert!(!SessionSpec::<u32>::new("a", "k")
+            .persistent(true)
+            .needs_keeping());
+        let hooked = SessionSpec::<u32>::new("a", "k").on_end(|_| async { Ok(()) });
+        assert!(hooked.needs_keeping());
+        assert!(SessionSpec::<u32>::new("a", "k")
+            .buffer_bound(crate::session::BufferBound::UNBOUNDED)
+            .needs_keeping());
     }
 
     /// A start takes neither the seed items nor the preloaded record with it.
