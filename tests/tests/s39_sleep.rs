@@ -373,3 +373,91 @@ async fn off_unless_set() {
     assert_eq!(rt.supervisor().counts().await.live, 1);
     rt.shutdown().await.expect("shutdown");
 }
+
+/// S39 + S20a: a session that keeps its events numbers on across a sleep: the woken
+/// incarnation's first event follows the sleeping one's last (its `Ended`, kept and
+/// passed over), so a subscriber that reconnects after the last number it saw gets the
+/// new events with no `Lagged` (nothing was missed).
+#[tokio::test(start_paused = true)]
+async fn a_stream_reconnected_across_a_sleep_sees_no_gap() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let l = ledgers.clone();
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .flush_logs(None)
+        .idle_after(IDLE)
+        .keep_events()
+        .register_agent("sim", move |_cfg: &[u8]| {
+            let a = SimAgent::new(steps(2));
+            l.lock().push(a.ledger());
+            Ok(a)
+        })
+        .start()
+        .await
+        .expect("starts");
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new("k", "sim")
+                .persistent(true)
+                .replay(0)
+                .keep_events(agentloop::event_log::Retention::default()),
+        )
+        .await
+        .expect("spawn");
+    let mut events = rt
+        .supervisor()
+        .subscribe("k", EventFilter::all())
+        .await
+        .expect("subscribed");
+    rt.supervisor().push("k", item(1)).await.expect("pushed");
+    let last = within("the first turn's events", async {
+        loop {
+            let e = events.next_sequenced().await.expect("an event");
+            if matches!(e.event, agentloop::SessionEvent::TurnEnded { .. }) {
+                break e.seq;
+            }
+        }
+    })
+    .await;
+    drop(events);
+    until_asleep(&rt, "k").await;
+    rt.supervisor().push("k", item(2)).await.expect("woken");
+    within("the woken session's turn", async {
+        while delivered(&ledgers) != vec![1, 2] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let mut again = rt
+        .supervisor()
+        .subscribe_after("k", last, EventFilter::all())
+        .await
+        .expect("resubscribed");
+    let seen = within("the second turn's events", async {
+        let mut seen = Vec::new();
+        loop {
+            let e = again.next_sequenced().await.expect("an event");
+            let done = matches!(e.event, agentloop::SessionEvent::TurnEnded { .. });
+            seen.push(e);
+            if done {
+                break seen;
+            }
+        }
+    })
+    .await;
+    assert!(
+        !seen
+            .iter()
+            .any(|e| matches!(e.event, agentloop::SessionEvent::Lagged { .. })),
+        "nothing was missed: {seen:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|e| matches!(e.event, agentloop::SessionEvent::Ended(_))),
+        "the sleep's Ended is passed over: {seen:?}"
+    );
+    assert!(seen[0].seq > last + 1, "after the sleep's Ended: {seen:?}");
+    rt.shutdown().await.expect("shutdown");
+}

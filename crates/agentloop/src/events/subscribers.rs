@@ -194,16 +194,26 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// Marks the session asleep (S39) unless somebody is subscribed: checked and set
     /// under the registry's lock, so a concurrent subscription is either counted here
     /// (and the session stays awake) or sees the mark. Returns whether it was set.
-    /// A stream opened on this incarnation afterwards (a spent handle) yields `Ended`
-    /// with `summary` (reason `Asleep`) at once, numbered like the last event: it
-    /// is not an event of the session.
+    /// The incarnation's last event is then an `Ended` with `summary` (reason
+    /// `Asleep`), numbered and kept like a real end's (S20a: the keeper's last append
+    /// lowers its reserved mark to it), so the woken incarnation numbers right after it
+    /// and a subscriber that reconnects after an earlier number sees no gap (a replay
+    /// passes over an `Ended` that is not the last). Nobody receives it live (nobody
+    /// listens); a stream opened on this incarnation afterwards (a spent handle)
+    /// yields it at once.
     pub(crate) fn sleep_if_unwatched(&self, summary: ExitSummary) -> bool {
+        // The locks in `subscribe_inner`'s order: publish, list, ended.
+        let _publish = self.publish.lock();
         let list = self.list.write();
         let watched = list.iter().any(|s| !s.tx.is_closed()) || self.at_spawn.lock().is_some();
         if !watched {
             let mut st = self.ended.lock();
-            if st.ended.is_none() {
-                st.ended = Some((self.seq.last(), summary));
+            if st.ended.is_none() && st.pending.is_none() {
+                let e = (self.seq.next(), summary);
+                if let Some(k) = &self.keeper {
+                    k.keep(e.0, &SessionEvent::Ended(e.1.clone()));
+                }
+                st.ended = Some(e);
             }
             self.asleep.store(true, Ordering::Release);
         }
