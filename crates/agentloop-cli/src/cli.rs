@@ -43,6 +43,13 @@ pub(crate) enum Cmd {
     Resume(ResumeFlags),
     /// Delete a stored session (record and history) through a running server.
     Delete(IdFlags),
+    /// Arm a durable timer or schedule on a session of a running server (S39): its
+    /// item is pushed into the session at its time (waking it if it sleeps), once,
+    /// across restarts; a schedule recurs until canceled.
+    Timer(TimerFlags),
+    /// Cancel a durable timer or schedule of a session of a running server by number
+    /// (`agentloop sessions timers ID` lists them).
+    CancelTimer(CancelTimerFlags),
     /// Print a session's events as they happen, reconnecting where it left off, until
     /// the session ends.
     Watch(WatchFlags),
@@ -331,6 +338,43 @@ pub(crate) struct ResumeFlags {
     pub id: String,
     /// The answer as JSON (an item), or - to read it from stdin.
     pub answer: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `agentloop timer <id> <item> (--in D | --at-ms MS | --every D | --cron EXPR)`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("when").required(true).args(["in_", "at_ms", "every", "cron"])))]
+pub(crate) struct TimerFlags {
+    /// The session id.
+    pub id: String,
+    /// The item to push, as JSON (e.g. '{"id": 1, "text": "check the build"}'), or -
+    /// to read it from stdin.
+    pub item: String,
+    /// Due after this long, e.g. 10m (at most ten years).
+    #[arg(long = "in", value_name = "DURATION")]
+    pub in_: Option<String>,
+    /// Due at this time, in ms since the Unix epoch.
+    #[arg(long, value_name = "MS")]
+    pub at_ms: Option<u64>,
+    /// Recurring: every DURATION (e.g. 5m), on a grid from now.
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub every: Option<Duration>,
+    /// Recurring: a cron expression, in UTC (five fields, or six with seconds first;
+    /// @hourly…), e.g. "0 9 * * 1-5".
+    #[arg(long, value_name = "EXPR")]
+    pub cron: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `agentloop cancel-timer <id> <n>`.
+#[derive(Debug, Args)]
+pub(crate) struct CancelTimerFlags {
+    /// The session id.
+    pub id: String,
+    /// The timer's number.
+    pub timer: u64,
     #[command(flatten)]
     pub server: ServerArgs,
 }

@@ -53,7 +53,9 @@ fn main() -> ExitCode {
         | cli::Cmd::Stop(_)
         | cli::Cmd::Cancel(_)
         | cli::Cmd::Resume(_)
-        | cli::Cmd::Delete(_) => match live(cli.command) {
+        | cli::Cmd::Delete(_)
+        | cli::Cmd::Timer(_)
+        | cli::Cmd::CancelTimer(_) => match live(cli.command) {
             Ok(out) => print_stdout(&out),
             Err(e) => failure(e),
         },
@@ -103,6 +105,25 @@ fn live(cmd: cli::Cmd) -> Result<String, Failure> {
             remote::resume(&server(f.server)?, &f.id, answer)
         }
         cli::Cmd::Delete(f) => remote::delete(&server(f.server)?, &f.id),
+        cli::Cmd::Timer(f) => {
+            let item = remote::json_arg("item", &f.item)?;
+            let mut body = serde_json::json!({ "item": item });
+            match (f.in_, f.at_ms, f.every, f.cron) {
+                (Some(d), _, _, _) => body["in"] = d.into(),
+                (_, Some(ms), _, _) => body["at_ms"] = ms.into(),
+                (_, _, Some(every), _) => {
+                    body["schedule"] = format!("every {}ms", every.as_millis()).into()
+                }
+                (_, _, _, Some(expr)) => body["schedule"] = expr.into(),
+                (None, None, None, None) => {
+                    return Err(Failure::Usage {
+                        message: "say when: --in, --at-ms, --every or --cron".into(),
+                    })
+                }
+            }
+            remote::arm_timer(&server(f.server)?, &f.id, body)
+        }
+        cli::Cmd::CancelTimer(f) => remote::cancel_timer(&server(f.server)?, &f.id, f.timer),
         _ => Err(Failure::Error("not a live command".into())),
     }
 }

@@ -346,6 +346,25 @@ pub(crate) fn resume(server: &Server, id: &str, answer: Value) -> Result<String,
     Ok(format!("{id}: answered and resumed\n"))
 }
 
+/// `timer <id> <item> …`: arms a durable timer or schedule (S39).
+pub(crate) fn arm_timer(server: &Server, id: &str, body: Value) -> Result<String, Failure> {
+    let v = server.call("POST", &path(id, "/timers"), Some(&body))?;
+    let due = v["due_ms"]
+        .as_u64()
+        .map(crate::timefmt::utc)
+        .unwrap_or_else(|| "?".into());
+    Ok(match v["schedule"].as_str() {
+        Some(s) => format!("{id}: schedule #{} ({s}), next due {due}\n", v["id"]),
+        None => format!("{id}: timer #{} due {due}\n", v["id"]),
+    })
+}
+
+/// `cancel-timer <id> <n>`.
+pub(crate) fn cancel_timer(server: &Server, id: &str, timer: u64) -> Result<String, Failure> {
+    server.call("DELETE", &path(id, &format!("/timers/{timer}")), None)?;
+    Ok(format!("{id}: timer #{timer} canceled\n"))
+}
+
 /// `delete <id>`.
 pub(crate) fn delete(server: &Server, id: &str) -> Result<String, Failure> {
     server.call("DELETE", &path(id, ""), None)?;

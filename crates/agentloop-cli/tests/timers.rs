@@ -187,3 +187,87 @@ fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_can
         "{text}"
     );
 }
+
+/// `agentloop timer` and `agentloop cancel-timer` against the real server: a one-off
+/// timer's item delivered once, a schedule fired and canceled by its number, and the
+/// errors (an unknown number, a bad cron expression, no time given) said plainly.
+#[test]
+fn the_cli_arms_and_cancels_timers_on_a_running_server() {
+    let dir = TempDir::new("timers-cli");
+    let log = dir.0.join("turns.log");
+    let log_arg = log.display().to_string();
+    let addr = free_addr();
+    let url = format!("http://{addr}");
+    let mut job = Job::serve_at(&dir.0, &addr, &["--item-log", &log_arg]);
+    job.wait_for("serving on http://");
+    let (s, v) = call(
+        "POST",
+        &format!("{url}/sessions"),
+        Some(json!({"id": "c", "kind": "sim", "persistent": true,
+                    "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .args(args)
+            .args(["--server", &url])
+            .output()
+            .expect("the CLI runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, out, err) = cli(&["timer", "c", r#"{"id": 404, "text": "once"}"#, "--in", "1s"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("c: timer #1 due "), "{out}");
+    wait_until("the timer's item delivered", || delivered(&log, 404) == 1);
+
+    let (code, out, err) = cli(&[
+        "timer",
+        "c",
+        r#"{"id": 505, "text": "tick"}"#,
+        "--every",
+        "1s",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    // Numbers are per session and never given twice (the fired one kept #1).
+    let n = out
+        .strip_prefix("c: schedule #")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    assert_eq!(n, "2", "#1 is not given again: {out}");
+    assert!(
+        out.contains(&format!("schedule #{n} (every 1000ms), next due ")),
+        "{out}"
+    );
+    wait_until("the schedule fired", || delivered(&log, 505) >= 1);
+    let (code, out, err) = cli(&["cancel-timer", "c", &n]);
+    assert_eq!(
+        (code, out),
+        (Some(0), format!("c: timer #{n} canceled\n")),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["cancel-timer", "c", &n]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("404 unknown_timer"), "{err}");
+    let (code, _, err) = cli(&[
+        "timer",
+        "c",
+        r#"{"id": 1, "text": "x"}"#,
+        "--cron",
+        "61 * * * *",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("400") && err.contains("cron"), "{err}");
+    let (code, _, err) = cli(&["timer", "c", r#"{"id": 1, "text": "x"}"#]);
+    assert_eq!(code, Some(2), "no time given is a usage error: {err}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(delivered(&log, 404), 1, "once");
+    let fired = delivered(&log, 505);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(delivered(&log, 505) <= fired + 1, "canceled: it stops");
+    let _ = job.kill();
+}

@@ -105,8 +105,13 @@ pub fn parse_due_key(key: &[u8]) -> Option<TimerRef> {
 }
 
 fn timer_number(key: &[u8], prefix_len: usize) -> Option<u64> {
-    Some(u64::from_be_bytes(key.get(prefix_len..)?.try_into().ok()?))
+    Some(u64::from_be_bytes(key.get(prefix_len..)?.try_into().ok()?)).filter(|n| *n != LAST_GIVEN)
 }
+
+/// The number of the entry, among a session's timer keys, that holds the last number
+/// given (big-endian): numbers are never given twice while the session's timers exist,
+/// so a number a client kept never names a newer timer. Not a timer.
+const LAST_GIVEN: u64 = u64::MAX;
 
 fn corrupt(id: &str, reason: String) -> StoreError {
     StoreError::Corrupt {
@@ -130,7 +135,8 @@ fn decode(id: &str, bytes: &[u8]) -> Result<StoredTimer, StoreError> {
     })
 }
 
-/// Arms a timer of `id` and returns its number (one more than the highest stored).
+/// Arms a timer of `id` and returns its number (one more than any given before: never
+/// reused while the session's timers exist).
 /// The session need not be stored yet (a live session writes its record later); the
 /// runtime checks that it exists.
 pub fn arm(t: &mut impl Table, id: &str, timer: StoredTimer) -> Result<u64, StoreError> {
@@ -138,18 +144,36 @@ pub fn arm(t: &mut impl Table, id: &str, timer: StoredTimer) -> Result<u64, Stor
     let prefix = timers_prefix(id);
     let highest = t
         .keys_with_prefix(&prefix)?
-        .last()
-        .and_then(|k| timer_number(k, prefix.len()))
+        .iter()
+        .rev()
+        .find_map(|k| timer_number(k, prefix.len()))
         .unwrap_or(0);
-    let number = highest + 1;
+    let given = t
+        .get(&timer_key(id, LAST_GIVEN))?
+        .and_then(|b| b.as_ref().try_into().ok().map(u64::from_be_bytes))
+        .unwrap_or(0);
+    let number = highest.max(given) + 1;
+    if number == LAST_GIVEN {
+        return Err(corrupt(
+            id,
+            "the session has given every timer number".into(),
+        ));
+    }
     t.put(due_key(timer.due_ms, id, number), Payload::from(Vec::new()));
     t.put(timer_key(id, number), encode(id, &timer)?);
+    t.put(
+        timer_key(id, LAST_GIVEN),
+        Payload::from(number.to_be_bytes().to_vec()),
+    );
     Ok(number)
 }
 
 /// `id`'s timer `timer`, if stored.
 pub fn get(t: &impl Table, id: &str, timer: u64) -> Result<Option<StoredTimer>, StoreError> {
     super::check_id(id)?;
+    if timer == LAST_GIVEN {
+        return Ok(None);
+    }
     t.get(&timer_key(id, timer))?
         .map(|b| decode(id, &b))
         .transpose()
@@ -219,6 +243,7 @@ pub fn remove_all(t: &mut impl Table, id: &str) -> Result<usize, StoreError> {
         t.remove(due_key(timer.due_ms, id, *n));
         t.remove(timer_key(id, *n));
     }
+    t.remove(timer_key(id, LAST_GIVEN));
     Ok(timers.len())
 }
 
@@ -283,10 +308,22 @@ mod tests {
         assert!(cancel(&mut t, "a", 2).unwrap());
         assert!(!cancel(&mut t, "a", 2).unwrap());
         assert_eq!(due_index(&t).unwrap().len(), 2);
-        // A number is never taken twice while the highest is stored.
-        assert_eq!(arm(&mut t, "a", timer(5, None)).unwrap(), 2);
+        // A number is never given twice, even once its timer is gone (a client that
+        // kept #2 must not cancel a newer timer by it).
+        assert_eq!(arm(&mut t, "a", timer(5, None)).unwrap(), 3);
+        assert!(
+            get(&t, "a", u64::MAX).unwrap().is_none(),
+            "the counter is no timer"
+        );
+        assert!(!cancel(&mut t, "a", u64::MAX).unwrap());
         assert_eq!(remove_all(&mut t, "a").unwrap(), 2);
         assert!(list(&t, "a").unwrap().is_empty());
+        assert_eq!(
+            arm(&mut t, "a", timer(5, None)).unwrap(),
+            1,
+            "a deleted session starts again"
+        );
+        assert_eq!(remove_all(&mut t, "a").unwrap(), 1);
         assert_eq!(due_index(&t).unwrap().len(), 1, "b's timer stays");
     }
 
