@@ -174,6 +174,9 @@ where
                     }
                     Some(Command::Disarm { session, id }) => {
                         retries.remove(&(session.clone(), id));
+                        if rescan.is_some() {
+                            known.retain(|(s, n, _)| !(*s == session && *n == id));
+                        }
                         queue.disarm(&session, id);
                     }
                     None => break,
