@@ -49,9 +49,19 @@ fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
     (status, v)
 }
 
-#[test]
-fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_canceled() {
-    let dir = TempDir::new("timers");
+/// A real `agentloop serve` on a fresh data directory, with an item log, and one
+/// persistent session of the simulated agent spawned over HTTP.
+struct Served {
+    dir: TempDir,
+    log: std::path::PathBuf,
+    log_arg: String,
+    addr: String,
+    url: String,
+    job: Job,
+}
+
+fn serve_with_session(tag: &str, id: &str) -> Served {
+    let dir = TempDir::new(tag);
     let log = dir.0.join("turns.log");
     let log_arg = log.display().to_string();
     let addr = free_addr();
@@ -61,10 +71,30 @@ fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_can
     let (s, v) = call(
         "POST",
         &format!("{url}/sessions"),
-        Some(json!({"id": "tm", "kind": "sim", "persistent": true,
+        Some(json!({"id": id, "kind": "sim", "persistent": true,
                     "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}})),
     );
     assert_eq!(s, 201, "{v}");
+    Served {
+        dir,
+        log,
+        log_arg,
+        addr,
+        url,
+        job,
+    }
+}
+
+#[test]
+fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_canceled() {
+    let Served {
+        dir,
+        log,
+        log_arg,
+        addr,
+        url,
+        job,
+    } = serve_with_session("timers", "tm");
     let timers = format!("{url}/sessions/tm/timers");
     let (s, once) = call(
         "POST",
@@ -193,20 +223,13 @@ fn timers_armed_over_http_fire_once_across_a_sigkill_and_schedules_stop_when_can
 /// errors (an unknown number, a bad cron expression, no time given) said plainly.
 #[test]
 fn the_cli_arms_and_cancels_timers_on_a_running_server() {
-    let dir = TempDir::new("timers-cli");
-    let log = dir.0.join("turns.log");
-    let log_arg = log.display().to_string();
-    let addr = free_addr();
-    let url = format!("http://{addr}");
-    let mut job = Job::serve_at(&dir.0, &addr, &["--item-log", &log_arg]);
-    job.wait_for("serving on http://");
-    let (s, v) = call(
-        "POST",
-        &format!("{url}/sessions"),
-        Some(json!({"id": "c", "kind": "sim", "persistent": true,
-                    "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}})),
-    );
-    assert_eq!(s, 201, "{v}");
+    let Served {
+        dir: _dir,
+        log,
+        url,
+        job,
+        ..
+    } = serve_with_session("timers-cli", "c");
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
             .args(args)
