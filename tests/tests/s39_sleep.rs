@@ -23,20 +23,24 @@ type Ledgers = Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>;
 
 const IDLE: Duration = Duration::from_secs(60);
 
+/// A runtime builder whose sim sessions (turns of `n` steps) report to `ledgers`.
+fn builder(ledgers: &Ledgers, n: usize) -> agentloop::RuntimeBuilder<SimItem, SimEvent> {
+    let l = ledgers.clone();
+    Runtime::<SimItem, SimEvent>::builder()
+        .flush_logs(None)
+        .register_agent("sim", move |_cfg: &[u8]| {
+            let a = SimAgent::new(steps(n));
+            l.lock().push(a.ledger());
+            Ok(a)
+        })
+}
+
 async fn runtime(
     store: &Arc<MemoryStore<SimItem>>,
     ledgers: &Ledgers,
     idle: Option<Duration>,
 ) -> Rt {
-    let l = ledgers.clone();
-    let mut b = Runtime::<SimItem, SimEvent>::builder()
-        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
-        .flush_logs(None)
-        .register_agent("sim", move |_cfg: &[u8]| {
-            let a = SimAgent::new(steps(1));
-            l.lock().push(a.ledger());
-            Ok(a)
-        });
+    let mut b = builder(ledgers, 1).store(store.clone() as Arc<dyn CheckpointStore<SimItem>>);
     if let Some(idle) = idle {
         b = b.idle_after(idle);
     }
@@ -279,16 +283,9 @@ async fn sleeping_sessions_stay_asleep_across_a_restart() {
     let dir = TempDir::new("s39-sleep-restart");
     let ledgers = Ledgers::default();
     let start = |ledgers: &Ledgers| {
-        let l = ledgers.clone();
-        Runtime::<SimItem, SimEvent>::builder()
+        builder(ledgers, 1)
             .data_dir(dir.path())
-            .flush_logs(None)
             .idle_after(IDLE)
-            .register_agent("sim", move |_cfg: &[u8]| {
-                let a = SimAgent::new(steps(1));
-                l.lock().push(a.ledger());
-                Ok(a)
-            })
             .start()
     };
     let (rt, _) = start(&ledgers).await.expect("starts");
@@ -382,17 +379,10 @@ async fn off_unless_set() {
 async fn a_stream_reconnected_across_a_sleep_sees_no_gap() {
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let ledgers = Ledgers::default();
-    let l = ledgers.clone();
-    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+    let (rt, _) = builder(&ledgers, 2)
         .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
-        .flush_logs(None)
         .idle_after(IDLE)
         .keep_events()
-        .register_agent("sim", move |_cfg: &[u8]| {
-            let a = SimAgent::new(steps(2));
-            l.lock().push(a.ledger());
-            Ok(a)
-        })
         .start()
         .await
         .expect("starts");
@@ -460,4 +450,50 @@ async fn a_stream_reconnected_across_a_sleep_sees_no_gap() {
     );
     assert!(seen[0].seq > last + 1, "after the sleep's Ended: {seen:?}");
     rt.shutdown().await.expect("shutdown");
+}
+
+/// A shutdown that begins while a session wakes ends it cleanly: the wake completes,
+/// the woken session is stopped with the others, the shutdown finishes, and the push
+/// that woke it is accepted (then delivered, or kept in the saved record for the next
+/// start) or handed back with its item: never lost.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_a_wake_ends_it_cleanly() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let rt = runtime(&store, &ledgers, Some(IDLE)).await;
+    spawn(&rt, "s").await;
+    until_asleep(&rt, "s").await;
+    let sup = rt.supervisor().clone();
+    // The push reaches the supervisor first (it wakes the session), the shutdown's
+    // drain gate right behind it.
+    let push = tokio::spawn(async move { sup.push("s", item(5)).await });
+    tokio::task::yield_now().await;
+    let report = within("the shutdown", rt.shutdown())
+        .await
+        .expect("shutdown");
+    assert!(report.sessions.total <= 1, "{report:?}");
+    match within("the push's answer", push)
+        .await
+        .expect("the push task")
+    {
+        Ok(_) => {
+            assert_eq!(
+                report.sessions.total, 1,
+                "woken before the gate closed: {report:?}"
+            );
+            let kept = store
+                .get("s")
+                .map(|r| [r.unhandled_items, r.interrupted_items].concat())
+                .unwrap_or_default();
+            assert!(
+                delivered(&ledgers).contains(&5) || kept.contains(&item(5)),
+                "accepted: delivered or saved ({kept:?})"
+            );
+        }
+        Err(agentloop::RoutedPushError::Push(agentloop::PushError::Late { item: back }))
+        | Err(agentloop::RoutedPushError::UnknownSession { item: back, .. }) => {
+            assert_eq!(back, item(5), "handed back");
+        }
+        Err(e) => panic!("{e}"),
+    }
 }

@@ -70,6 +70,12 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     if let Some(dir) = &flags.store.data_dir {
         config.store.data_dir = dir.clone();
     }
+    if let Some(idle) = flags.idle_after {
+        // The file's bounds apply to the flag too.
+        config.supervisor.idle_after = Some(
+            agentloop::config::check_idle_after(idle).map_err(|e| format!("--idle-after: {e}"))?,
+        );
+    }
     let (engine, durability) = (flags.store.engine_name(), flags.store.durability_name());
     if engine.is_some() || durability.is_some() {
         config.store.engine = engine_from_flags(&config, engine.as_deref(), durability.as_deref())?;
@@ -131,9 +137,6 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     }
     if let Some(name) = &flags.node {
         builder = builder.node(name.clone());
-    }
-    if let Some(idle) = flags.idle_after {
-        builder = builder.idle_after(idle);
     }
     if flags.rebalance {
         builder = builder.rebalance(agentloop::cluster::rebalance::Rebalance::default());

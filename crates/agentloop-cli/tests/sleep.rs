@@ -182,3 +182,43 @@ fn sessions_sleep_wake_and_lose_nothing_to_a_sigkill_during_a_wake() {
     assert_eq!(deliveries(&log)[&9_999], 1);
     let _ = job.kill();
 }
+
+/// `--idle-after` takes the configuration file's bounds (1 s to 30 days): outside them
+/// the server does not start, and says why.
+#[test]
+fn an_idle_after_out_of_range_is_refused_at_start() {
+    let dir = TempDir::new("sleep-flag");
+    for bad in ["500ms", "400days"] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .current_dir(&dir.0)
+            .args(["serve", "--listen", "127.0.0.1:0", "--idle-after", bad])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the CLI runs");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("waited") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("`serve --idle-after {bad}` started instead of refusing");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        use std::io::Read as _;
+        child
+            .stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("read");
+        assert!(!status.success(), "{bad}: {err}");
+        assert!(
+            err.contains("--idle-after") && err.contains("at least 1s and at most 30 days"),
+            "{bad}: {err}"
+        );
+    }
+}

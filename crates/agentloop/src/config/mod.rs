@@ -637,15 +637,7 @@ impl RuntimeConfig {
         check_lease(c.supervisor.heartbeat, c.supervisor.lease_timeout)?;
         if let Some(v) = s.idle_after {
             let d = duration("supervisor.idle_after", &v, IDLE)?;
-            check_range("supervisor.idle_after", d, MAX_IDLE_AFTER, IDLE)?;
-            if d < Duration::from_secs(1) {
-                return Err(ConfigError::OutOfRange {
-                    key: "supervisor.idle_after",
-                    value: v,
-                    allowed: IDLE,
-                });
-            }
-            c.supervisor.idle_after = Some(d);
+            c.supervisor.idle_after = Some(check_idle_after(d)?);
         }
         Ok(c)
     }
@@ -653,6 +645,19 @@ impl RuntimeConfig {
 
 const BEAT: &str = "more than 0s and at most 60s";
 const IDLE: &str = "at least 1s and at most 30 days";
+
+/// Checks an `idle_after` (S39) as the configuration file does, wherever it comes from
+/// (`[supervisor] idle_after`, `serve --idle-after`): at least 1 s, at most 30 days.
+pub fn check_idle_after(d: Duration) -> Result<Duration, ConfigError> {
+    if d < Duration::from_secs(1) || d > MAX_IDLE_AFTER {
+        return Err(ConfigError::OutOfRange {
+            key: "supervisor.idle_after",
+            value: format_duration(d),
+            allowed: IDLE,
+        });
+    }
+    Ok(d)
+}
 /// The longest `idle_after` a configuration takes.
 const MAX_IDLE_AFTER: Duration = Duration::from_secs(30 * 86_400);
 const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
