@@ -79,6 +79,38 @@ fn all_sleeping(url: &str) -> bool {
     s.len() == SESSIONS as usize && s.iter().all(|(_, st)| st == "sleeping")
 }
 
+/// Reads the event stream of `id` (after `last` when given, as `Last-Event-ID`) until
+/// its first `turn_ended`, then hangs up: the events read.
+fn events_until_turn_ended(url: &str, id: &str, last: Option<u64>) -> Vec<common::Sse> {
+    use std::io::BufRead as _;
+    let mut req = agent().get(&format!("{url}/sessions/{id}/events"));
+    if let Some(n) = last {
+        req = req.header("Last-Event-ID", n.to_string());
+    }
+    let resp = req.call().expect("the event stream");
+    let reader = std::io::BufReader::new(resp.into_body().into_reader());
+    let (mut out, mut seq, mut name) = (Vec::new(), None, String::new());
+    for line in reader.lines() {
+        let line = line.expect("a line");
+        if let Some(n) = line.strip_prefix("id:") {
+            seq = n.trim().parse().ok();
+        } else if let Some(n) = line.strip_prefix("event:") {
+            name = n.trim().to_string();
+        } else if let Some(d) = line.strip_prefix("data:") {
+            let done = name == "turn_ended";
+            out.push(common::Sse {
+                id: seq.take(),
+                name: name.clone(),
+                data: serde_json::from_str(d.trim()).unwrap_or(Value::Null),
+            });
+            if done {
+                break;
+            }
+        }
+    }
+    out
+}
+
 fn serve(dir: &Path, addr: &str, log: &str) -> Job {
     let mut job = Job::serve_at(dir, addr, &["--item-log", log, "--idle-after", "1s"]);
     job.wait_for("serving on http://");
@@ -180,6 +212,40 @@ fn sessions_sleep_wake_and_lose_nothing_to_a_sigkill_during_a_wake() {
         deliveries(&log).contains_key(&9_999)
     });
     assert_eq!(deliveries(&log)[&9_999], 1);
+
+    // An SSE client across a sleep (S20a): it reads a turn's events, hangs up, the
+    // session sleeps and is woken by a push; reconnecting with its last event id, it
+    // gets the new turn's events, nothing reported missed.
+    let url2 = url.clone();
+    let first = std::thread::spawn(move || events_until_turn_ended(&url2, "z5", None));
+    wait_until("the subscription woke z5", || {
+        states(&url)
+            .iter()
+            .any(|(id, st)| id == "z5" && st == "live")
+    });
+    assert_eq!(push(&url, "z5", 5_555), Ok(200));
+    let first = first.join().expect("the first stream");
+    let last = first
+        .iter()
+        .rev()
+        .find_map(|e| e.id)
+        .expect("numbered events");
+    wait_until("z5 asleep again", || {
+        states(&url)
+            .iter()
+            .any(|(id, st)| id == "z5" && st == "sleeping")
+    });
+    assert_eq!(push(&url, "z5", 5_556), Ok(200));
+    wait_until("the woken turn", || deliveries(&log).contains_key(&5_556));
+    let again = events_until_turn_ended(&url, "z5", Some(last));
+    assert!(
+        again.iter().all(|e| e.name != "lagged"),
+        "nothing was missed across the sleep: {again:?}"
+    );
+    assert!(
+        again.iter().any(|e| e.name == "turn_started"),
+        "the woken turn's events: {again:?}"
+    );
     let _ = job.kill();
 }
 
