@@ -655,6 +655,10 @@ where
         )
         .await;
         report.asleep = asleep;
+        for (id, why) in &skipped {
+            // Nobody may read the report: say it where operators look (S15).
+            tracing::warn!(session = %id, why = %why, "a sleeping session was not registered; its record is kept as it is");
+        }
         report.skipped.extend(skipped);
         tracing::info!(
             resumed = report.resumed.len(),
