@@ -237,3 +237,21 @@ fn payment_once() {
         "the second run did not print {line:?}:\n{stdout}"
     );
 }
+
+#[test]
+fn check_build_later() {
+    run(
+        "check_build_later",
+        &[],
+        &[
+            "turn: started build-1, ended with a wake-up in 2 s",
+            "asleep: live 0, sleeping 1",
+            "timers: 1 armed, pushing Some(\"check build-1\")",
+            "woken: the timer pushed \"check build-1\"",
+            "shutdown before build-2's check was due",
+            "restarted: the new runtime fired \"check build-2\"",
+            "two digests, then canceled",
+            "each check ran once: build-1 1, build-2 1",
+        ],
+    );
+}

@@ -494,3 +494,250 @@ async fn a_timer_absurdly_far_away_leaves_the_others_firing_and_a_stored_session
     );
     rt.shutdown().await.expect("shutdown");
 }
+
+/// Ends its turn with a wake-up time (`TurnCx::end_and_wake_at`) when one of its items
+/// is under 100: that item's id + 100 comes back in ten minutes. With `hold`: it says
+/// it started, waits for the gate, then passes a safe point and ignores the cancel it
+/// may capture there (the cancel must win over the outcome all the same).
+struct EndsWithWakeUp {
+    seen: Arc<Mutex<Vec<u64>>>,
+    hold: Option<(
+        tokio::sync::mpsc::UnboundedSender<()>,
+        Arc<tokio::sync::Notify>,
+    )>,
+}
+
+impl EndsWithWakeUp {
+    fn new(seen: &Arc<Mutex<Vec<u64>>>) -> Self {
+        EndsWithWakeUp {
+            seen: seen.clone(),
+            hold: None,
+        }
+    }
+}
+
+impl agentloop::Agent for EndsWithWakeUp {
+    type Item = SimItem;
+    type Event = SimEvent;
+    type State = ();
+
+    async fn run_turn(
+        &self,
+        turn: agentloop::Turn<Self>,
+        cx: agentloop::TurnCx<Self>,
+    ) -> Result<agentloop::TurnOutcome<()>, agentloop::AgentError> {
+        self.seen.lock().extend(turn.items.iter().map(|i| i.id));
+        if let Some((started, gate)) = &self.hold {
+            let _ = started.send(());
+            gate.notified().await;
+            let _ignored = cx.safe_point(agentloop::SafePoint::AfterModelCall, &());
+        }
+        match turn.items.iter().find(|i| i.id < 100) {
+            Some(it) => cx.end_and_wake_at(in_(10 * MIN), SimItem::new(it.id + 100, "woken")),
+            None => Ok(agentloop::TurnOutcome::Completed),
+        }
+    }
+}
+
+/// A turn that ends with a wake-up time (`TurnOutcome::WakeAt`): the turn completes, its
+/// timer is listed, the idle session sleeps meanwhile, and at the time the item comes
+/// back into it (woken), once.
+#[tokio::test(start_paused = true)]
+async fn a_turn_that_ends_with_a_wake_up_time_sleeps_and_gets_its_item_back_then_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let s = seen.clone();
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .flush_logs(None)
+        .idle_after(MIN)
+        .register_agent("later", move |_cfg: &[u8]| Ok(EndsWithWakeUp::new(&s)))
+        .start()
+        .await
+        .expect("the runtime starts");
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new("w", "later")
+                .persistent(true)
+                .durability(Durability::Sync),
+        )
+        .await
+        .expect("spawn");
+    let armed_from = SystemTime::now();
+    rt.supervisor().push("w", item(7)).await.expect("pushed");
+    within("the turn's wake-up to be armed", async {
+        while rt.timers("w").await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let armed = rt.timers("w").await.unwrap();
+    assert_eq!(armed.len(), 1, "{armed:?}");
+    assert_eq!(armed[0].item, Some(SimItem::new(107, "woken")));
+    let due = agentloop_ms(armed[0].due);
+    let expect = agentloop_ms(armed_from + 10 * MIN);
+    assert!(
+        due >= expect && due < expect + 1_000,
+        "due ten minutes after the turn: {due} against {expect}"
+    );
+    tokio::time::sleep(5 * MIN).await;
+    assert_eq!(*seen.lock(), vec![7], "not before its time");
+    let counts = rt.supervisor().counts().await;
+    assert_eq!(
+        (counts.live, counts.sleeping),
+        (0, 1),
+        "idle meanwhile, so asleep"
+    );
+    tokio::time::sleep(6 * MIN).await;
+    within("the woken item", async {
+        while seen.lock().len() < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(30 * MIN).await;
+    assert_eq!(*seen.lock(), vec![7, 107], "once");
+    assert!(rt.timers("w").await.unwrap().is_empty());
+    rt.shutdown().await.expect("shutdown");
+}
+
+fn agentloop_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis() as u64
+}
+
+/// A cancel the turn captured at a safe point wins over the wake-up it ended with
+/// anyway: the session ends canceled with the turn's items kept, and nothing is armed
+/// (unlike `TurnCx::wake_at`, which arms when called).
+#[tokio::test(start_paused = true)]
+async fn a_turn_that_captured_a_cancel_arms_no_wake_up() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let h = agentloop::SessionHandle::spawn(
+        SessionSpec::new("c", "later")
+            .persistent(true)
+            .durability(Durability::Sync),
+        Arc::new(EndsWithWakeUp {
+            seen: seen.clone(),
+            hold: Some((started_tx, gate.clone())),
+        }),
+        Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("spawn");
+    h.push(item(3)).await.expect("pushed");
+    within("the turn to start", started.recv()).await;
+    h.stop(agentloop::StopOptions::graceful())
+        .await
+        .expect("stop");
+    gate.notify_one();
+    let exit = within("exit", h.wait()).await;
+    assert!(
+        matches!(exit.reason, agentloop::ExitReason::Canceled(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(ids(&exit.interrupted_items), vec![3]);
+    assert!(
+        store.timers("c").await.unwrap().is_empty(),
+        "the canceled turn armed nothing"
+    );
+}
+
+/// The wake-up is armed as the turn's last durable step: a turn cut after the step's
+/// result is journaled but before its end is on record (a crash), run again from the
+/// record, is answered from the journal and arms nothing more.
+#[tokio::test]
+async fn a_turn_that_ended_with_a_wake_up_and_ran_again_after_a_crash_arms_it_once() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let spec = || {
+        SessionSpec::new("k", "later")
+            .persistent(true)
+            .durability(Durability::Sync)
+    };
+    let first = agentloop::SessionHandle::spawn(
+        spec(),
+        Arc::new(EndsWithWakeUp::new(&seen)),
+        Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("spawn");
+    // A reader that stops after `TurnStarted`, with room for one event: the arm step's
+    // `StepStarted` fills its buffer and its `StepFinished`, sent once the step's result
+    // is journaled, waits there, so the turn cannot end.
+    let mut events = first.subscribe_with_backpressure(1);
+    first.push(item(1)).await.expect("pushed");
+    loop {
+        match within("the turn to start", events.next()).await {
+            Some(agentloop::SessionEvent::TurnStarted { .. }) => break,
+            Some(_) => continue,
+            None => panic!("the stream ended before the turn started"),
+        }
+    }
+    within("the wake-up step's result on record", async {
+        loop {
+            let journaled = store.get("k").and_then(|r| r.journal).is_some_and(|j| {
+                j.entries
+                    .iter()
+                    .any(|e| e.name == "end_and_wake_at" && e.result.is_some())
+            });
+            if journaled {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert_eq!(store.timers("k").await.unwrap().len(), 1, "armed once");
+    // The crash: what the store holds now, timers left behind (a second arm would show
+    // in the fresh store).
+    let after = Arc::new(MemoryStore::<SimItem>::new());
+    after.insert(store.get("k").expect("the record"));
+    drop(events);
+    drop(first);
+    let second = agentloop::SessionHandle::spawn(
+        spec(),
+        Arc::new(EndsWithWakeUp::new(&seen)),
+        Some(after.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("resume");
+    second
+        .stop(agentloop::StopOptions::drain())
+        .await
+        .expect("stop");
+    let exit = within("exit", second.wait()).await;
+    assert_eq!(exit.reason, agentloop::ExitReason::Completed);
+    assert_eq!(*seen.lock(), vec![1, 1], "the turn ran again");
+    assert!(
+        after.timers("k").await.unwrap().is_empty(),
+        "the rerun was answered from the journal and armed nothing"
+    );
+}
+
+/// A session that cannot keep a timer (no store): the turn that ends with a wake-up
+/// time fails with what to do, instead of losing the wake-up.
+#[tokio::test(start_paused = true)]
+async fn a_wake_up_without_a_store_fails_the_turn_with_what_to_do() {
+    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let h = agentloop::SessionHandle::spawn(
+        SessionSpec::new("n", "later"),
+        Arc::new(EndsWithWakeUp::new(&seen)),
+        None,
+    )
+    .await
+    .expect("spawn");
+    h.push(item(2)).await.expect("pushed");
+    let exit = within("exit", h.wait()).await;
+    match &exit.reason {
+        agentloop::ExitReason::Failed(why) => {
+            assert!(why.contains("wake-up time"), "{why}");
+            assert!(why.contains("need a checkpoint store"), "{why}");
+        }
+        r => panic!("expected Failed, got {r:?}"),
+    }
+}

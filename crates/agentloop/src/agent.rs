@@ -95,6 +95,26 @@ pub enum TurnOutcome<S> {
         /// Where to continue from.
         state: S,
     },
+    /// The turn finished its work and ends with a wake-up time (S39): when the turn ends
+    /// completed, a durable timer is armed that at its time pushes its item into the
+    /// session (waking it if it sleeps), once, also after restarts. Build it with
+    /// [`TurnCx::end_and_wake_at`]; see there for what it guarantees.
+    WakeAt(WakeUp),
+}
+
+/// The wake-up a turn ends with ([`TurnOutcome::WakeAt`]): a due time and the item the
+/// timer pushes then, encoded by the session's codec. Made by
+/// [`TurnCx::end_and_wake_at`], which knows the session's item type.
+#[derive(Clone, Debug)]
+pub struct WakeUp {
+    pub(crate) timer: crate::store::StoredTimer,
+}
+
+impl WakeUp {
+    /// When the timer is due.
+    pub fn due(&self) -> std::time::SystemTime {
+        crate::timers::at(self.timer.due_ms)
+    }
 }
 
 /// An error returned by agent code.

@@ -175,7 +175,9 @@ macro_rules! local_message {
 
 /// The names most programs need: `use agentloop::prelude::*;`.
 pub mod prelude {
-    pub use crate::agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
+    pub use crate::agent::{
+        Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome, WakeUp,
+    };
     pub use crate::cancel::SafePoint;
     pub use crate::events::{EventStream, SessionEvent, TurnEnd};
     pub use crate::options::{Preempt, PushOptions, StopOptions};
@@ -186,7 +188,7 @@ pub mod prelude {
     pub use crate::supervisor::SupervisorHandle;
 }
 
-pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
+pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome, WakeUp};
 pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
 pub use error::{SessionError, SpawnError};
 pub use events::{EventCodec, EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};

@@ -15,7 +15,7 @@ use futures::FutureExt;
 use ractor::ActorRef;
 use tokio::time::Instant;
 
-use crate::agent::{Agent, Turn};
+use crate::agent::{Agent, AgentError, Turn, TurnOutcome, WakeUp};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::exit::FailureKind;
 use crate::session::core::TurnWork;
@@ -44,6 +44,29 @@ fn panic_message(p: Box<dyn Any + Send>) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_string()
+    }
+}
+
+/// A turn that ended with a wake-up time (S39): its timer is armed now, as the turn's
+/// last durable step, while the turn still runs (a kill cuts it like any step). Only an
+/// outcome that stands is armed: a cancel captured at a safe point, a failed step or a
+/// state that could not be stored ends the turn otherwise (`TurnControl::finish`), and
+/// then nothing is armed. A timer the store refuses fails the turn with the reason.
+async fn arm_wake_up<A: Agent>(
+    cx: &TurnCx<A>,
+    wake: WakeUp,
+) -> Result<TurnOutcome<A::State>, AgentError> {
+    if !cx.control.outcome_would_stand() {
+        return Ok(TurnOutcome::Completed);
+    }
+    match cx.arm_wake_up(wake).await {
+        Ok(n) => {
+            tracing::debug!(session = %cx.session.id, turn = cx.turn, timer = n, "the turn ended with a wake-up time; its timer is armed");
+            Ok(TurnOutcome::Completed)
+        }
+        Err(e) => Err(AgentError::failed(format!(
+            "the turn ended with a wake-up time but its timer could not be armed: {e}"
+        ))),
     }
 }
 
@@ -245,7 +268,11 @@ impl<A: Agent> TurnTask<A> {
                 } else {
                     run_subscribers.skip();
                 }
-                agent.run_turn(turn, cx).await
+                let arm_cx = cx.clone();
+                match agent.run_turn(turn, cx).await {
+                    Ok(TurnOutcome::WakeAt(wake)) => arm_wake_up(&arm_cx, wake).await,
+                    other => other,
+                }
             };
             let run = AssertUnwindSafe(run).catch_unwind();
             tokio::pin!(run);

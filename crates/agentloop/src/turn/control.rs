@@ -601,6 +601,14 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         self.state.lock().captured.is_some()
     }
 
+    /// Whether an `Ok` outcome returned now would stand (for the turn's wake-up, S39):
+    /// no cancel captured at a safe point, no state that could not be stored and no
+    /// failed step, each of which [`finish`](Self::finish) puts before the outcome.
+    pub(crate) fn outcome_would_stand(&self) -> bool {
+        let st = self.state.lock();
+        st.captured.is_none() && st.state_failure.is_none() && st.steps.failure.is_none()
+    }
+
     fn answer_acks(&self, st: &mut ControlState<I, S>) -> Vec<PendingAck<I>> {
         let _ = self;
         std::mem::take(&mut st.pending_acks)
@@ -698,7 +706,11 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             (Some(info), _) if st.by_stop => TurnEnd::Canceled(info),
             (Some(info), _) if st.by_preempt => TurnEnd::Preempted(info),
             (Some(_), _) => TurnEnd::Failed("turn was cut without a cancel request".into()),
-            (None, RunEnd::Returned(Ok(TurnOutcome::Completed))) => TurnEnd::Completed,
+            // A wake-up's timer was armed by the turn task before the turn ended (its
+            // last durable step, `session::turn_task`): the turn completed.
+            (None, RunEnd::Returned(Ok(TurnOutcome::Completed | TurnOutcome::WakeAt(_)))) => {
+                TurnEnd::Completed
+            }
             (None, RunEnd::Returned(Ok(TurnOutcome::Interrupted { info, state }))) => {
                 interrupt_state = Some(state);
                 TurnEnd::Interrupted(info)
