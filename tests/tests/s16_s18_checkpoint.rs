@@ -38,6 +38,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         answer: None,
         settings: None,
         journal: None,
+        state_carried: false,
     }
 }
 

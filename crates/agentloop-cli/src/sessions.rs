@@ -328,6 +328,8 @@ struct View {
     steps: Option<agentloop::StepsView>,
     /// The record says the session sleeps (S39).
     asleep: bool,
+    /// `state` is what the session carries between turns, not a cut turn's.
+    state_carried: bool,
 }
 
 impl View {
@@ -388,6 +390,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 format: "2",
                 steps: agentloop::view::steps_view(r, &agentloop::Redaction::default())?,
                 asleep: h.asleep,
+                state_carried: h.state_carried,
             })
         }
         Stored::Format1(_) => {
@@ -417,6 +420,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 format: "1 (converted to 2 on its next write)",
                 steps: None,
                 asleep: false,
+                state_carried: false,
             })
         }
     }
@@ -1115,7 +1119,8 @@ fn view_json(rec: &View, with_items: bool) -> Value {
         "turn_index": rec.turn_index,
         "unhandled_count": rec.unhandled.len(),
         "interrupted_count": rec.interrupted.len(),
-        "mid_turn": rec.state.is_some() || !rec.interrupted.is_empty(),
+        "mid_turn": (rec.state.is_some() && !rec.state_carried) || !rec.interrupted.is_empty(),
+        "state_carried": rec.state_carried,
         "state_bytes": rec.state.as_ref().map(|(n, _)| *n),
         "stop_cause": rec.stop_cause,
         "last_error": rec.last_error,

@@ -90,6 +90,12 @@ pub struct RecordHeader {
     /// owner's); the session's next write clears the flag.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub asleep: bool,
+    /// The state entry is the session's carried state (the state its last completed
+    /// turn left, `TurnOutcome::CompletedWith`), not a cut turn's: the next turn gets it
+    /// in `Turn::state`, and it makes no turn a resume turn. Written only by sessions
+    /// whose agent carries a state.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub state_carried: bool,
 }
 
 impl Default for RecordHeader {
@@ -119,6 +125,7 @@ impl Default for RecordHeader {
             idempotency_keys: Vec::new(),
             journal: None,
             asleep: false,
+            state_carried: false,
         }
     }
 }

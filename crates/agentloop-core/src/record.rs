@@ -185,6 +185,7 @@ impl<I> LoadedRecord<I> {
             answer: h.answer.map(serde_bytes::ByteBuf::into_vec),
             settings: h.settings,
             journal: self.journal,
+            state_carried: h.state_carried,
         }
     }
 
@@ -249,6 +250,9 @@ pub struct SessionRecord<I> {
     /// The cut turn's journal of durable steps (S1b): replayed when the turn runs
     /// again.
     pub journal: Option<TurnJournal>,
+    /// `state` is the state the session carries between turns, not a cut turn's (see
+    /// [`RecordHeader::state_carried`]).
+    pub state_carried: bool,
 }
 
 impl<I> SessionRecord<I> {
@@ -282,12 +286,13 @@ impl<I> SessionRecord<I> {
             answer: None,
             settings: None,
             journal: None,
+            state_carried: false,
         }
     }
 
     /// Whether the record holds a cut turn to resume (S17).
     pub fn is_mid_turn(&self) -> bool {
-        self.state.is_some() || !self.interrupted_items.is_empty()
+        (self.state.is_some() && !self.state_carried) || !self.interrupted_items.is_empty()
     }
 }
 

@@ -65,6 +65,11 @@ pub struct Turn<A: Agent> {
     /// (`resume_with_answer`): the answer, a value of the item type (LangGraph's
     /// `Command(resume=…)`). Given to the resumed turn only; `None` otherwise.
     pub answer: Option<A::Item>,
+    /// The state the session's last completed turn left
+    /// ([`TurnOutcome::CompletedWith`]), when this turn does not resume from a safe
+    /// point's state (`resume` is `None`); `None` when no turn left one. A turn cut
+    /// mid-way resumes from its own state instead, which holds whatever it carried.
+    pub state: Option<A::State>,
 }
 
 impl<A: Agent> Debug for Turn<A> {
@@ -75,6 +80,7 @@ impl<A: Agent> Debug for Turn<A> {
             .field("has_preempted_items", &self.has_preempted_items)
             .field("resume", &self.resume)
             .field("answer", &self.answer)
+            .field("state", &self.state)
             .finish()
     }
 }
@@ -84,8 +90,19 @@ pub use crate::interrupt::InterruptInfo;
 /// How a turn ended from the agent's point of view.
 #[derive(Clone, Debug)]
 pub enum TurnOutcome<S> {
-    /// The turn finished its work.
+    /// The turn finished its work. A state an earlier turn carried
+    /// ([`CompletedWith`](Self::CompletedWith)) stays as it was.
     Completed,
+    /// The turn finished its work and leaves `state` to the session's next turn
+    /// ([`Turn::state`]): the session carries it between turns, in its record when it
+    /// persists (across stops, restarts, sleeps and moves), until a later turn completes
+    /// with another. What an agent keeps between turns, a conversation for example,
+    /// belongs here, not in the agent's own fields (which a restart or a sleep loses).
+    /// Keep it bounded: it is written with the session's record.
+    CompletedWith {
+        /// What the next turn starts from.
+        state: S,
+    },
     /// The agent ended the turn with a business interrupt (S4): the loop exits with
     /// `ExitReason::Interrupted`, the consumed items become `interrupted_items`, and the
     /// state is checkpointed so a later resume continues the turn.

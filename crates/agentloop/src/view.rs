@@ -217,8 +217,12 @@ pub struct SessionView {
     pub unhandled_items: Vec<Value>,
     /// The cut turn's items.
     pub interrupted_items: Vec<Value>,
-    /// The cut turn's state at its last safe point.
+    /// The cut turn's state at its last safe point, or (with `state_carried`) the
+    /// state the session carries between turns.
     pub state: Option<Value>,
+    /// `state` is the state the session's last completed turn left to the next
+    /// (`TurnOutcome::CompletedWith`), not a cut turn's.
+    pub state_carried: bool,
     /// The interrupt, if the session stopped on one.
     pub interrupt: Option<InterruptView>,
     /// Last update, ms since the Unix epoch.
@@ -327,6 +331,7 @@ pub fn session_view(
             .map(item)
             .collect::<Result<_, _>>()?,
         state,
+        state_carried: h.state_carried,
         interrupt: h.interrupt.as_ref().map(|i| InterruptView {
             reason: i.reason.clone(),
             question: redaction.apply(Part::Question, i.question.clone()),

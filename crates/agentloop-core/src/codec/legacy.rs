@@ -166,6 +166,7 @@ pub fn decode_record<I: DeserializeOwned>(
         answer: None,
         settings: None,
         journal: None,
+        state_carried: false,
     })
 }
 

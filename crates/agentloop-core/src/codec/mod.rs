@@ -282,6 +282,7 @@ mod tests {
                             covered: (hb % 50) as u32,
                         }),
                         asleep: false,
+                        state_carried: v % 2 == 0,
                     }
                 },
             )

@@ -162,6 +162,7 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             idempotency_keys: Vec::new(),
             journal: rec.journal.as_ref().map(|j| j.mark),
             asleep: false,
+            state_carried: rec.state_carried && rec.state.is_some(),
         };
         Ok(LoadedRecord {
             header,

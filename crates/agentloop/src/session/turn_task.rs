@@ -122,6 +122,8 @@ impl<A: Agent> TurnTask<A> {
         };
         let index = control.index;
         let resumed = matches!(work, TurnWork::Resume { .. });
+        let mut work = work;
+        let carried = work.take_carried();
 
         // 1. The order gate and the plan, both abandoned if a stop aborts planning (S6).
         let gate_and_plan = async {
@@ -131,12 +133,13 @@ impl<A: Agent> TurnTask<A> {
                     items,
                     state,
                     answer,
+                    ..
                 } => Ok(Planned::<A>::Resume {
                     items,
                     state,
                     answer,
                 }),
-                TurnWork::Plan { input, bytes } => {
+                TurnWork::Plan { input, bytes, .. } => {
                     let had_preempted = !input.preempted.is_empty();
                     let offered = input.len();
                     match AssertUnwindSafe(async { agent.plan(input).await })
@@ -252,6 +255,7 @@ impl<A: Agent> TurnTask<A> {
             items,
             resume: resume_state,
             answer,
+            state: carried,
         };
         let n_items = turn.items.len();
         let run_subscribers = subscribers.clone();

@@ -105,6 +105,21 @@ pub(crate) struct StateSnap<S> {
     pub(crate) tag: u64,
 }
 
+/// The tag of the state turn `index` carried to the next turn
+/// (`TurnOutcome::CompletedWith`): the low 32 bits all ones, which no safe point's tag
+/// (`index << 32 | n`, `n` from 1) and no cut turn's loaded state (0) has.
+pub(crate) fn carried_tag(index: u64) -> u64 {
+    index.wrapping_shl(32) | u64::from(u32::MAX)
+}
+
+/// The tag of a carried state read from a record.
+pub(crate) const LOADED_CARRIED_TAG: u64 = u64::MAX;
+
+/// Whether a state's tag says it is a carried state (see [`carried_tag`]).
+pub(crate) fn is_carried(tag: u64) -> bool {
+    tag & u64::from(u32::MAX) == u64::from(u32::MAX)
+}
+
 /// How the whole turn ended, read by the session after the task's `TurnFinished`.
 pub(crate) enum Ending<S> {
     /// Planning did not complete: the offered items go back untouched (S6).
@@ -128,6 +143,8 @@ pub(crate) enum Ending<S> {
         /// The journal of its durable steps, as a record keeps it, when it has one
         /// (S1b): kept with a cut turn's state.
         journal: Option<TurnJournal>,
+        /// The state a completed turn leaves to the next (`TurnOutcome::CompletedWith`).
+        carried: Option<StateSnap<S>>,
     },
 }
 
@@ -139,6 +156,10 @@ pub(crate) struct TurnHooks<S> {
     /// When the session writes every safe point (`sync`): encodes a state (checked, so
     /// only a state that reads back is ever written).
     pub(crate) encode_state: Option<EncodeState<S>>,
+    /// When the session persists (any durability): encodes the state a completed turn
+    /// carries (`TurnOutcome::CompletedWith`), so a carried state is always stored as
+    /// it was checked, and one that does not read back fails its turn.
+    pub(crate) encode_carried: Option<EncodeState<S>>,
     /// Tells the session the turn progressed: a safe point recorded a state (`sync`),
     /// the plan's answer changes stored entries, or a step's journal entry waits for
     /// its write (`sync`, `turn`). Called outside the lock.
@@ -153,6 +174,7 @@ impl<S> TurnHooks<S> {
     pub(crate) fn none() -> Self {
         TurnHooks {
             encode_state: None,
+            encode_carried: None,
             progress: None,
             journal_writes: false,
         }
@@ -651,12 +673,19 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     /// A state that could not be stored fails the turn (S15a). Otherwise a captured or
     /// Immediate cancel wins over whatever the agent returned (S1, S13); a cancel that
     /// any stop contributed to ends the session (Canceled), one that only preempts
-    /// contributed to is a preemption (S8). An interrupt's state is encoded here when
-    /// the session writes safe points; one that does not read back fails the turn.
+    /// contributed to is a preemption (S8). An interrupt's state, or the state a
+    /// completed turn carries, is encoded here when the session writes safe points; one
+    /// that does not read back fails the turn.
     pub(crate) fn finish(&self, run: RunEnd<S>) -> TurnEnd {
         // Encoded before the lock is taken (never under it).
         let interrupt_bytes = match (&run, self.hooks.encode_state) {
             (RunEnd::Returned(Ok(TurnOutcome::Interrupted { state, .. })), Some(f)) => {
+                Some(f(state).map(Payload::from))
+            }
+            _ => None,
+        };
+        let carried_bytes = match (&run, self.hooks.encode_carried) {
+            (RunEnd::Returned(Ok(TurnOutcome::CompletedWith { state })), Some(f)) => {
                 Some(f(state).map(Payload::from))
             }
             _ => None,
@@ -671,6 +700,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 resume_state: st.state.clone(),
                 failure: Some(FailureKind::Record),
                 journal: Self::journal_of(&st),
+                carried: None,
             });
             return end;
         }
@@ -694,6 +724,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             None
         };
         let mut interrupt_state = None;
+        let mut carried_value = None;
         let mut failure = match (&cut, &run) {
             (Some(_), _) if st.by_stop || st.by_preempt => None,
             (Some(_), _) => Some(FailureKind::Internal),
@@ -709,6 +740,10 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             // A wake-up's timer was armed by the turn task before the turn ended (its
             // last durable step, `session::turn_task`): the turn completed.
             (None, RunEnd::Returned(Ok(TurnOutcome::Completed | TurnOutcome::WakeAt(_)))) => {
+                TurnEnd::Completed
+            }
+            (None, RunEnd::Returned(Ok(TurnOutcome::CompletedWith { state }))) => {
+                carried_value = Some(state);
                 TurnEnd::Completed
             }
             (None, RunEnd::Returned(Ok(TurnOutcome::Interrupted { info, state }))) => {
@@ -752,12 +787,30 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             // The state at the last safe point, or the turn's input if none (S2).
             _ => st.state.clone(),
         };
+        let carried = match (carried_value, carried_bytes) {
+            (Some(_), Some(Err(e))) => {
+                // Not stored: the turn fails (like an interrupt's state), and the
+                // session keeps the state it carried before.
+                end = TurnEnd::Failed(format!(
+                    "the agent state the turn completed with cannot be stored: {e}"
+                ));
+                failure = Some(FailureKind::Record);
+                None
+            }
+            (Some(value), bytes) => Some(StateSnap {
+                value,
+                bytes: bytes.and_then(Result::ok),
+                tag: carried_tag(self.index),
+            }),
+            (None, _) => None,
+        };
         let journal = Self::journal_of(&st);
         st.ending = Some(Ending::Ran {
             end: end.clone(),
             resume_state,
             failure,
             journal,
+            carried,
         });
         end
     }
@@ -1019,6 +1072,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 resume_state: st.state.clone(),
                 failure: Some(FailureKind::Panic),
                 journal: Self::journal_of(&st),
+                carried: None,
             },
         };
         st.phase = Phase::Ended;

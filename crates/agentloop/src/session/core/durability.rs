@@ -297,6 +297,7 @@ impl<A: Agent> Core<A> {
                 .unwrap_or_default(),
             journal: None,
             asleep: false,
+            state_carried: false,
         }
     }
 
@@ -356,6 +357,10 @@ impl<A: Agent> Core<A> {
                 (state, self.cut_journal_part(whole))
             }
         };
+        // No cut turn's state: the state the session carries between turns, if any,
+        // is what the record keeps (a turn cut before its first safe point resumes
+        // with it).
+        let state = state.or_else(|| self.carried_part());
         if whole {
             self.durable.journal_pending.clear();
         } else if !self.durable.journal_pending.is_empty() {
@@ -364,6 +369,16 @@ impl<A: Agent> Core<A> {
             part.changes = changes;
         }
         (state, value, part)
+    }
+
+    /// The carried state as a write stores it: (tag, bytes). A persistent session's
+    /// carried state is always encoded (checked when its turn ended, or read from the
+    /// record).
+    pub(super) fn carried_part(&self) -> Option<(u64, Option<Payload>)> {
+        self.carried
+            .as_ref()
+            .filter(|c| c.bytes.is_some())
+            .map(|c| (c.tag, c.bytes.clone()))
     }
 
     /// The cut turn's journal (loaded, or kept by a cut turn), for a write while no
@@ -395,6 +410,8 @@ impl<A: Agent> Core<A> {
     ) -> RecordWrite {
         let mut header = self.header(status);
         header.journal = journal.mark;
+        header.state_carried =
+            matches!(state, Some((tag, _)) if crate::turn::control::is_carried(tag));
         let replace = whole || self.durable.rewrite || !self.durable.keeps_changes;
         let items = if replace {
             self.durable.pending.clear();
@@ -492,13 +509,17 @@ impl<A: Agent> Core<A> {
         let seq = self.durable.next();
         // A background session's record stays until it is finalized (S23): a cancel by
         // id (S24) and its finalizer need it.
-        let delete = self.ledger.is_empty() && !self.detached;
+        // Nor does a session that carries a state between turns: its record is that state.
+        let delete = self.ledger.is_empty() && !self.detached && self.carried.is_none();
         let op = if delete {
             StoreOp::Delete
         } else {
+            let carried = self
+                .carried_part()
+                .and_then(|(tag, bytes)| bytes.map(|b| (tag, b)));
             StoreOp::Write(Box::new(self.record_write(
                 SessionStatus::Running,
-                None,
+                carried,
                 JournalPart::none(),
                 WriteCondition::NotFinal,
                 false,

@@ -100,6 +100,15 @@ impl<A: Agent> Core<A> {
         // A resume turn that never ran is still the cut turn to resume (S17): its state
         // is the record's.
         let state = state.or_else(|| self.seed_state.take().map(|s| *s));
+        let has_mid_turn_state = state.is_some();
+        // Without a cut turn's state, the record keeps what the session carries
+        // between turns (a cut turn's state holds what it carried).
+        let state = state.or_else(|| {
+            self.carried
+                .take()
+                .filter(|c| c.bytes.is_some())
+                .map(|c| *c)
+        });
         let placement = self.ledger.placement();
         let exit = ExitState {
             session_id: self.config.id.clone(),
@@ -109,14 +118,18 @@ impl<A: Agent> Core<A> {
             unhandled_items: self.ledger.values(&placement.unhandled),
             interrupted_items: self.ledger.values(&placement.interrupted),
             late_items: self.shared.late_snapshot(),
-            has_mid_turn_state: state.is_some(),
+            has_mid_turn_state,
             checkpoint: CheckpointOutcome::NotAttempted,
             counters: self.counters,
             next_turn_index: self.next_index,
         };
-        let left =
-            !placement.unhandled.is_empty() || !placement.interrupted.is_empty() || state.is_some();
-        let last = self.final_action(&reason, state, left);
+        let carries = state
+            .as_ref()
+            .is_some_and(|s| crate::turn::control::is_carried(s.tag));
+        let left = !placement.unhandled.is_empty()
+            || !placement.interrupted.is_empty()
+            || (state.is_some() && !carries);
+        let last = self.final_action(&reason, state, left, carries);
         fx.push(Effect::Exit(Box::new(ExitPlan { exit, last })));
     }
 
@@ -126,6 +139,7 @@ impl<A: Agent> Core<A> {
         reason: &ExitReason,
         state: Option<StateSnap<A::State>>,
         left: bool,
+        carries: bool,
     ) -> FinalAction {
         if !self.persists() || self.load_error.is_some() || self.durable.fenced {
             return FinalAction::Nothing;
@@ -160,7 +174,9 @@ impl<A: Agent> Core<A> {
                     reason,
                     ExitReason::Interrupted(_) | ExitReason::Shutdown | ExitReason::Canceled(_)
                 );
-            if !(caused_by_stop && (left || shutdown) && !self.stop.skip_checkpoint) {
+            // A carried state is kept like work left: a stopped conversation goes on
+            // from it when the session is spawned again.
+            if !(caused_by_stop && (left || carries || shutdown) && !self.stop.skip_checkpoint) {
                 return FinalAction::Delete;
             }
             // A business interrupt waits for its answer, also during a shutdown:

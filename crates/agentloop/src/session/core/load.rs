@@ -115,6 +115,22 @@ impl<A: Agent> Core<A> {
         self.durable.record_stale = true;
         self.durable.stored = true;
         self.durable.rewrite = record.format1;
+        // A carried state (`TurnOutcome::CompletedWith`) is no cut turn's: the ledger
+        // never sees it (it would make a resume turn of it), the next turn gets it.
+        let carried = header.state_carried && record.state.is_some();
+        let (state, state_bytes) = if carried {
+            record.state = None;
+            if let Some(value) = state {
+                self.carried = Some(Box::new(StateSnap {
+                    value,
+                    bytes: state_bytes,
+                    tag: crate::turn::control::LOADED_CARRIED_TAG,
+                }));
+            }
+            (None, None)
+        } else {
+            (state, state_bytes)
+        };
         if let Some(index) = self.ledger.seed(&mut record) {
             tracing::info!(
                 turn = index,
@@ -153,7 +169,11 @@ impl<A: Agent> Core<A> {
                 tag: 0,
             }));
         }
-        self.durable
-            .state_stored(record.state.as_ref().map(|_| 0).filter(|_| !record.format1));
+        let stored = if carried {
+            Some(crate::turn::control::LOADED_CARRIED_TAG)
+        } else {
+            record.state.as_ref().map(|_| 0).filter(|_| !record.format1)
+        };
+        self.durable.state_stored(stored);
     }
 }

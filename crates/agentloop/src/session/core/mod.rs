@@ -311,6 +311,10 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) next_index: u64,
     /// The state the cut turn resumes from (a record's, S17), until its turn starts.
     pub(crate) seed_state: Option<Box<StateSnap<A::State>>>,
+    /// The state the last completed turn left to the next (`TurnOutcome::CompletedWith`,
+    /// or a record's carried state): given to every turn that does not resume from a
+    /// safe point's state, and stored wherever no cut turn's state is.
+    pub(crate) carried: Option<Box<StateSnap<A::State>>>,
     /// The cut turn's journal of durable steps (S1b): a record's, until its turn
     /// starts, or a cut turn's, for the final write.
     pub(crate) cut_journal: Option<Box<agentloop_core::steps::TurnJournal>>,
@@ -367,6 +371,7 @@ impl<A: Agent> Core<A> {
             turn: None,
             next_index: 0,
             seed_state: None,
+            carried: None,
             cut_journal: None,
             idle_epoch: 0,
             idle_armed: None,

@@ -74,9 +74,13 @@ impl<A: Agent> Core<A> {
             return;
         }
         let seq = self.durable.next_seq();
+        // An idle session has no cut turn: the record keeps what it carries.
+        let carried = self
+            .carried_part()
+            .and_then(|(tag, bytes)| bytes.map(|b| (tag, b)));
         let mut write = self.record_write(
             SessionStatus::Running,
-            None,
+            carried,
             JournalPart::none(),
             WriteCondition::NotFinal,
             false,

@@ -557,7 +557,7 @@ impl Harness {
         else {
             return;
         };
-        let Some(TurnWork::Plan { input, bytes }) = t.work.take() else {
+        let Some(TurnWork::Plan { input, bytes, .. }) = t.work.take() else {
             return;
         };
         let offered = input.len();

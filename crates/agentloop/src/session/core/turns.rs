@@ -109,22 +109,34 @@ impl<A: Agent> Core<A> {
             stored.as_deref(),
             agentloop_core::steps::DEFAULT_JOURNAL_LIMIT,
         );
+        let carried = || self.carried.as_ref().map(|c| c.value.clone());
         let (work, is_resume, input) = match self.ledger.offer(index) {
             Offer::Resume { items } => {
                 let seed = self.seed_state.take().map(|s| *s);
                 let state = seed.as_ref().map(|s| s.value.clone());
                 let answer = self.answer.as_ref().map(|a| a.item.clone());
+                // A turn resuming from a safe point's state has what it carried in it.
+                let carried = if state.is_none() { carried() } else { None };
                 (
                     TurnWork::Resume {
                         items,
                         state,
                         answer,
+                        carried,
                     },
                     true,
                     seed,
                 )
             }
-            Offer::Plan { input, bytes } => (TurnWork::Plan { input, bytes }, false, None),
+            Offer::Plan { input, bytes } => (
+                TurnWork::Plan {
+                    input,
+                    bytes,
+                    carried: carried(),
+                },
+                false,
+                None,
+            ),
         };
         let progress = || {
             self.progress_hook.as_ref().map(|h| {
@@ -135,6 +147,7 @@ impl<A: Agent> Core<A> {
         let hooks = if self.syncs() {
             TurnHooks {
                 encode_state: Some(encode_state::<A::State>),
+                encode_carried: None,
                 progress: progress(),
                 journal_writes: true,
             }
@@ -142,12 +155,17 @@ impl<A: Agent> Core<A> {
             // `turn`: only a durable step's entry is written while the turn runs.
             TurnHooks {
                 encode_state: None,
+                encode_carried: None,
                 progress: progress(),
                 journal_writes: true,
             }
         } else {
             TurnHooks::none()
         };
+        let mut hooks = hooks;
+        if self.persists() {
+            hooks.encode_carried = Some(encode_state::<A::State>);
+        }
         let mut control = TurnControl::new(index, input, journal, hooks);
         let durable_tx = self.writes_turn_ends().then(|| {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -258,7 +276,12 @@ impl<A: Agent> Core<A> {
                 resume_state,
                 failure,
                 journal,
+                carried,
             } => {
+                if let Some(c) = carried {
+                    // The next turn starts from it; the turn's end write stores it.
+                    self.carried = Some(Box::new(c));
+                }
                 tracing::debug!(turn, outcome = ?end, "turn ended");
                 // S1b: a cut turn keeps its journal with its state (the final write
                 // stores both); any other end drops it with the turn's end.
@@ -373,6 +396,15 @@ impl<A: Agent> Core<A> {
     }
 }
 
+impl<A: Agent> TurnWork<A> {
+    /// Takes the carried state the turn gets in `Turn::state`.
+    pub(crate) fn take_carried(&mut self) -> Option<A::State> {
+        match self {
+            TurnWork::Plan { carried, .. } | TurnWork::Resume { carried, .. } => carried.take(),
+        }
+    }
+}
+
 /// What the turn works on.
 pub(crate) enum TurnWork<A: Agent> {
     /// A normal turn: plan over these items first. `bytes` (when the session
@@ -380,6 +412,8 @@ pub(crate) enum TurnWork<A: Agent> {
     Plan {
         input: PlanInput<A::Item>,
         bytes: Option<Vec<Payload>>,
+        /// The state the last completed turn carried (`Turn::state`).
+        carried: Option<A::State>,
     },
     /// A resume turn (S17): no plan; these items and this state, and the answer to
     /// the interrupt that cut it, if one was given.
@@ -387,5 +421,7 @@ pub(crate) enum TurnWork<A: Agent> {
         items: Vec<A::Item>,
         state: Option<A::State>,
         answer: Option<A::Item>,
+        /// The carried state, when the turn has no state of its own to resume from.
+        carried: Option<A::State>,
     },
 }
