@@ -122,6 +122,17 @@ impl<A: Agent> TurnCx<A> {
         }
     }
 
+    /// Resolves once a cancel is in force for this turn (a stop's cancel or a
+    /// preemption) that a safe point of kind `kind` would capture. A turn doing long
+    /// work before such a safe point (streaming a model's answer before
+    /// `AfterModelCall`) selects on it to drop that work at once, then passes the safe
+    /// point, which captures the cancel. Never resolves for a stop without a cancel (a
+    /// bare or drain stop lets the turn finish), nor for a cancel that waits for
+    /// another kind of safe point.
+    pub async fn cancel_requested(&self, kind: SafePoint) {
+        self.control.cancel_requested(kind).await
+    }
+
     /// Whether this turn has been preempted (S8).
     pub fn is_preempted(&self) -> bool {
         self.control.is_preempted()

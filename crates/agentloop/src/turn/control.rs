@@ -275,6 +275,9 @@ pub(crate) struct TurnControl<I, S> {
     hooks: TurnHooks<S>,
     /// Wakes the turn task when the cancel changed (a new deadline, Immediate).
     wake: Notify,
+    /// Told (every waiter) when a cancel becomes active while the turn runs: what
+    /// `TurnCx::cancel_requested` waits on (`wake` is the turn task's alone).
+    cancel_watch: Notify,
     /// Set once a preempt is submitted to the running turn (S8).
     preempted: AtomicBool,
     preempted_notify: Notify,
@@ -324,6 +327,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
             }),
             hooks,
             wake: Notify::new(),
+            cancel_watch: Notify::new(),
             preempted: AtomicBool::new(false),
             preempted_notify: Notify::new(),
             durable_end: Mutex::new(None),
@@ -442,6 +446,7 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                     self.fire_preempted();
                 }
                 self.wake.notify_one();
+                self.cancel_watch.notify_waiters();
                 (Submitted::Active, ack)
             }
         }
@@ -544,6 +549,21 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         let mut st = self.state.lock();
         if let Some(c) = st.active {
             st.active = Some(c.normalized(now));
+        }
+    }
+
+    /// Resolves once a cancel (a stop's or a preempt's) is in force for the running
+    /// turn that a safe point of kind `kind` would capture.
+    pub(crate) async fn cancel_requested(&self, kind: SafePoint) {
+        loop {
+            let notified = self.cancel_watch.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an activation in between is not missed.
+            notified.as_mut().enable();
+            if self.state.lock().active.is_some_and(|c| c.matches(kind)) {
+                return;
+            }
+            notified.await;
         }
     }
 

@@ -1,0 +1,379 @@
+//! One OpenAI-compatible model server: where it is, which model, the key, and what
+//! every session calling it shares: one concurrency limit and one retry policy (429
+//! and 5xx retried with exponential backoff, `Retry-After` honoured). Cloning a
+//! [`Provider`] shares all of it.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_openai::config::OpenAIConfig;
+use async_openai::error::OpenAIError;
+use async_openai::middleware::{HttpRequestFactory, ReqwestService};
+use tokio::sync::Semaphore;
+
+use crate::error::ProviderError;
+use crate::events::Usage;
+
+/// A model server and the limits every session calling it shares.
+#[derive(Clone)]
+pub struct Provider {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) base_url: String,
+    pub(crate) model: String,
+    pub(crate) client: async_openai::Client<OpenAIConfig>,
+    pub(crate) limit: Arc<Semaphore>,
+    pub(crate) max_concurrency: usize,
+    pub(crate) stream_restarts: u32,
+    pub(crate) max_retries: u32,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_tokens: Option<u32>,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) completion_tokens: AtomicU64,
+    pub(crate) calls: AtomicU64,
+}
+
+impl std::fmt::Debug for Provider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("Provider")
+            .field("name", &self.inner.name)
+            .field("base_url", &self.inner.base_url)
+            .field("model", &self.inner.model)
+            .field("max_concurrency", &self.inner.max_concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Provider {
+    /// A provider of `model` at `base_url` (the API's root, e.g.
+    /// `https://api.openai.com/v1` or `http://localhost:11434/v1` for Ollama).
+    pub fn builder(base_url: impl Into<String>, model: impl Into<String>) -> ProviderBuilder {
+        ProviderBuilder {
+            base_url: base_url.into(),
+            model: model.into(),
+            name: None,
+            key: None,
+            max_concurrency: 8,
+            max_retries: 5,
+            backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            stream_restarts: 1,
+            idle_timeout: Duration::from_secs(120),
+            connect_timeout: Duration::from_secs(10),
+            max_tokens: None,
+        }
+    }
+
+    /// Its name (in errors, logs and metrics): the builder's, else the model's.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The model it calls.
+    pub fn model(&self) -> &str {
+        &self.inner.model
+    }
+
+    /// Model calls in flight now (at most the concurrency limit).
+    pub fn in_flight(&self) -> usize {
+        self.inner.max_concurrency - self.inner.limit.available_permits()
+    }
+
+    /// Tokens used by every call so far, and how many calls ended.
+    pub fn usage(&self) -> (Usage, u64) {
+        (
+            Usage {
+                prompt_tokens: self.inner.prompt_tokens.load(Ordering::Relaxed),
+                completion_tokens: self.inner.completion_tokens.load(Ordering::Relaxed),
+            },
+            self.inner.calls.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The retries a request may make.
+    pub(crate) fn inner_retries(&self) -> u32 {
+        self.inner.max_retries
+    }
+
+    pub(crate) fn count(&self, usage: Usage) {
+        self.inner
+            .prompt_tokens
+            .fetch_add(usage.prompt_tokens, Ordering::Relaxed);
+        self.inner
+            .completion_tokens
+            .fetch_add(usage.completion_tokens, Ordering::Relaxed);
+        self.inner.calls.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Builds a [`Provider`].
+pub struct ProviderBuilder {
+    base_url: String,
+    model: String,
+    name: Option<String>,
+    key: Option<String>,
+    max_concurrency: usize,
+    max_retries: u32,
+    backoff: Duration,
+    max_backoff: Duration,
+    stream_restarts: u32,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+    max_tokens: Option<u32>,
+}
+
+impl ProviderBuilder {
+    /// Its name in errors, logs and metrics (default: the model).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The API key (sent as a bearer token). Local servers (Ollama) need none.
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The API key from environment variable `var` (e.g. `OPENAI_API_KEY`).
+    pub fn api_key_from_env(mut self, var: &str) -> Result<Self, ProviderError> {
+        let key = std::env::var(var).map_err(|_| ProviderError::KeyVar {
+            var: var.to_string(),
+        })?;
+        self.key = Some(key);
+        Ok(self)
+    }
+
+    /// The API key from a file (its first line, trimmed).
+    pub fn api_key_from_file(mut self, path: &Path) -> Result<Self, ProviderError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ProviderError::KeyFile {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let key = text.lines().next().unwrap_or("").trim().to_string();
+        if key.is_empty() {
+            return Err(ProviderError::KeyFile {
+                path: path.display().to_string(),
+                reason: "it is empty".into(),
+            });
+        }
+        self.key = Some(key);
+        Ok(self)
+    }
+
+    /// Model calls in flight at once over every session using this provider
+    /// (default 8); the others wait their turn.
+    pub fn max_concurrency(mut self, n: usize) -> Self {
+        self.max_concurrency = n;
+        self
+    }
+
+    /// Retries of a request answered 429 or 5xx, or that could not connect (default
+    /// 5). A `Retry-After` (seconds or an HTTP date) sets the wait; otherwise it
+    /// doubles from the backoff up to the maximum.
+    pub fn retries(mut self, max: u32, backoff: Duration, max_backoff: Duration) -> Self {
+        self.max_retries = max;
+        self.backoff = backoff;
+        self.max_backoff = max_backoff;
+        self
+    }
+
+    /// Restarts of a stream that broke after it began (default 1; 0 fails the call
+    /// with [`crate::ModelError::StreamCut`] at once).
+    pub fn stream_restarts(mut self, n: u32) -> Self {
+        self.stream_restarts = n;
+        self
+    }
+
+    /// The longest wait for the next chunk of a stream (default 120 s).
+    pub fn idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
+    }
+
+    /// The most tokens an answer may have (the request's `max_tokens`; default: the
+    /// server's).
+    pub fn max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+
+    /// The provider.
+    pub fn build(self) -> Result<Provider, ProviderError> {
+        let url = self.base_url.trim_end_matches('/').to_string();
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ProviderError::Url { url });
+        }
+        if self.max_concurrency == 0 {
+            return Err(ProviderError::Zero {
+                what: "the provider's concurrency limit",
+            });
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout)
+            .build()
+            .map_err(|e| ProviderError::Client(e.to_string()))?;
+        let name = self.name.unwrap_or_else(|| self.model.clone());
+        let retry = RetryPolicy {
+            provider: Arc::from(name.as_str()),
+            max: self.max_retries,
+            attempts: 0,
+            backoff: self.backoff,
+            max_backoff: self.max_backoff,
+        };
+        let service = tower::ServiceBuilder::new()
+            .retry(retry)
+            .service(ReqwestService::new(http));
+        let mut config = OpenAIConfig::new().with_api_base(url.clone());
+        // An empty key sends no Authorization header worth reading; servers without
+        // keys ignore it.
+        config = config.with_api_key(self.key.unwrap_or_default());
+        let client = async_openai::Client::with_config(config).with_http_service(service);
+        Ok(Provider {
+            inner: Arc::new(Inner {
+                name,
+                base_url: url,
+                model: self.model,
+                client,
+                limit: Arc::new(Semaphore::new(self.max_concurrency)),
+                max_concurrency: self.max_concurrency,
+                stream_restarts: self.stream_restarts,
+                max_retries: self.max_retries,
+                idle_timeout: self.idle_timeout,
+                max_tokens: self.max_tokens,
+                prompt_tokens: AtomicU64::new(0),
+                completion_tokens: AtomicU64::new(0),
+                calls: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+/// The provider's retry policy (a tower policy around every request): 429 and 5xx
+/// answers and connect errors are retried after `Retry-After`, or an exponential
+/// backoff, at most `max` times.
+#[derive(Clone)]
+struct RetryPolicy {
+    provider: Arc<str>,
+    max: u32,
+    attempts: u32,
+    backoff: Duration,
+    max_backoff: Duration,
+}
+
+/// The longest `Retry-After` honoured (a server asking for more is waited for this).
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+impl tower::retry::Policy<HttpRequestFactory, reqwest::Response, OpenAIError> for RetryPolicy {
+    type Future = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+    fn retry(
+        &mut self,
+        _req: &mut HttpRequestFactory,
+        result: &mut Result<reqwest::Response, OpenAIError>,
+    ) -> Option<Self::Future> {
+        let (why, after) = match result {
+            Ok(r) if r.status().as_u16() == 429 || r.status().is_server_error() => (
+                format!("HTTP {}", r.status().as_u16()),
+                retry_after(r.headers()),
+            ),
+            Ok(_) => return None,
+            Err(OpenAIError::Reqwest(e)) if e.is_connect() => (format!("connect: {e}"), None),
+            Err(_) => return None,
+        };
+        if self.attempts >= self.max {
+            return None;
+        }
+        let doubled = self
+            .backoff
+            .saturating_mul(2u32.saturating_pow(self.attempts))
+            .min(self.max_backoff);
+        let wait = after.map_or(doubled, |a| a.min(MAX_RETRY_AFTER));
+        self.attempts += 1;
+        tracing::warn!(provider = %self.provider, attempt = self.attempts, wait_ms = wait.as_millis() as u64, reason = %why, "model request retried");
+        Some(Box::pin(tokio::time::sleep(wait)))
+    }
+
+    fn clone_request(&mut self, req: &HttpRequestFactory) -> Option<HttpRequestFactory> {
+        Some(req.clone())
+    }
+}
+
+/// A `Retry-After` header: seconds, or an HTTP date.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::RETRY_AFTER, "7".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(60);
+        h.insert(
+            reqwest::header::RETRY_AFTER,
+            httpdate::fmt_http_date(later).parse().unwrap(),
+        );
+        let d = retry_after(&h).unwrap();
+        assert!(
+            d > Duration::from_secs(55) && d <= Duration::from_secs(60),
+            "{d:?}"
+        );
+        h.insert(reqwest::header::RETRY_AFTER, "soon".parse().unwrap());
+        assert_eq!(retry_after(&h), None);
+    }
+
+    #[test]
+    fn a_bad_url_or_a_zero_limit_is_refused_with_the_reason() {
+        let e = Provider::builder("localhost:11434", "m")
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("not an http"), "{e}");
+        let e = Provider::builder("http://x", "m")
+            .max_concurrency(0)
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("at least 1"), "{e}");
+        let e = Provider::builder("http://x", "m")
+            .api_key_from_env("AGENTLOOP_TEST_SURELY_UNSET_VAR")
+            .err()
+            .expect("unset");
+        assert!(
+            e.to_string().contains("AGENTLOOP_TEST_SURELY_UNSET_VAR"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn debug_never_shows_the_key() {
+        let p = Provider::builder("http://x", "m")
+            .api_key("sk-very-secret")
+            .build()
+            .unwrap();
+        assert!(!format!("{p:?}").contains("sk-very-secret"));
+    }
+}
