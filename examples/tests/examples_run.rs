@@ -28,8 +28,18 @@ fn example(name: &str) -> PathBuf {
 /// Runs example `name` with `args`, kills it after 120 s, and returns its stdout after
 /// checking it succeeded and printed every line of `expected` (as substrings, in order).
 fn run(name: &str, args: &[&str], expected: &[&str]) -> String {
+    run_with(name, args, &[], expected)
+}
+
+/// [`run`] with no arguments and these environment variables.
+fn run_env(name: &str, env: &[(&str, &str)], expected: &[&str]) -> String {
+    run_with(name, &[], env, expected)
+}
+
+fn run_with(name: &str, args: &[&str], env: &[(&str, &str)], expected: &[&str]) -> String {
     let mut child = Command::new(example(name))
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -253,5 +263,39 @@ fn check_build_later() {
             "two digests, then canceled",
             "each check ran once: build-1 1, build-2 1",
         ],
+    );
+}
+
+#[test]
+fn chat_with_tools() {
+    // Scripted even where an Ollama listens: the test needs the kill choreography.
+    let stdout = run_env(
+        "chat_with_tools",
+        &[("AGENTLOOP_EXAMPLE_SCRIPTED", "1")],
+        &[
+            "model: a scripted OpenAI-compatible server",
+            "first agent process:",
+            "[agent] new session order-bot",
+            "[agent] tool lookup_order ran: #42 ships tomorrow",
+            "[agent] tool notify_customer called (key order-bot/0/1/tool:call_notify)",
+            "killed mid-turn, while notify_customer waited",
+            "second agent process, same data directory:",
+            "[agent] tool notify_customer called (key order-bot/0/1/tool:call_notify)",
+            "[agent] model: Order #42 ships tomorrow; the customer desk knows.",
+            "[agent] order-bot ended Completed",
+            "orders service: 1 lookup(s); the customer desk notified 1 time(s)",
+        ],
+    );
+    let second = stdout
+        .split("second agent process, same data directory:")
+        .nth(1)
+        .expect("checked above");
+    assert!(
+        second.contains("[agent] lookup_order: replayed from the journal (#42 ships tomorrow"),
+        "the second process did not replay lookup_order:\n{stdout}"
+    );
+    assert!(
+        !second.contains("[agent] tool lookup_order ran"),
+        "lookup_order ran again:\n{stdout}"
     );
 }
