@@ -21,6 +21,10 @@ fn kinds(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
                 turn,
                 event: SimEvent::StepDone { step, .. },
             } => format!("step{turn}.{step}"),
+            SessionEvent::Agent {
+                event: SimEvent::Model { .. },
+                ..
+            } => "model".into(),
             SessionEvent::Preempted { turn } => format!("preempted{turn}"),
             SessionEvent::TurnEnded { turn, .. } => format!("end{turn}"),
             SessionEvent::StopRequested { .. } => "stop".into(),

@@ -28,11 +28,12 @@ pub(crate) enum Cmd {
     Run(RunFlags),
     /// Serve sessions over HTTP: REST, Server-Sent Events, /metrics and a live page.
     ///
-    /// Sessions of the simulated agent (kind `sim`) on the data directory (sled by
-    /// default). Without a token it listens on loopback only. Ctrl+C or SIGTERM drains
-    /// (readyz 503), ends every event stream with `ended`, saves the sessions
+    /// Sessions of the simulated agent (kind `sim`, and with --model-url kind `chat`,
+    /// a chat agent on an OpenAI-compatible model server) on the data directory (sled
+    /// by default). Without a token it listens on loopback only. Ctrl+C or SIGTERM
+    /// drains (readyz 503), ends every event stream with `ended`, saves the sessions
     /// Interrupted; the next `agentloop serve` resumes them.
-    Serve(ServeFlags),
+    Serve(Box<ServeFlags>),
     /// Push an item to a session of a running server.
     Push(PushFlags),
     /// Stop a session of a running server (graceful unless told otherwise).
@@ -237,6 +238,29 @@ pub(crate) struct ServeFlags {
     /// (default: [supervisor] idle_after; off unless set).
     #[arg(long, value_name = "DURATION", value_parser = duration)]
     pub idle_after: Option<Duration>,
+    /// Serve agent kind `chat` beside `sim`: a chat agent on the OpenAI-compatible
+    /// server at URL, e.g. http://127.0.0.1:11434/v1 (Ollama) or
+    /// https://api.openai.com/v1 (docs/models.md).
+    #[arg(long, value_name = "URL", requires = "model")]
+    pub model_url: Option<String>,
+    /// The model kind `chat` calls, e.g. llama3.2 or gpt-4o-mini.
+    #[arg(long, value_name = "NAME", requires = "model_url")]
+    pub model: Option<String>,
+    /// The API key's environment variable (default: OPENAI_API_KEY when it is set;
+    /// local servers need none).
+    #[arg(
+        long,
+        value_name = "VAR",
+        requires = "model_url",
+        conflicts_with = "model_key_file"
+    )]
+    pub model_key_env: Option<String>,
+    /// Read the API key from FILE (its first line), e.g. a mounted secret.
+    #[arg(long, value_name = "FILE", requires = "model_url")]
+    pub model_key_file: Option<PathBuf>,
+    /// Model calls in flight at once over every chat session [default: 8].
+    #[arg(long, value_name = "N", requires = "model_url")]
+    pub model_concurrency: Option<usize>,
 }
 
 /// A running server to talk to: `--server` and `--token`.

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
             Ok(args) => run_command(args),
             Err(message) => usage_error(&message),
         },
-        cli::Cmd::Serve(flags) => serve_command(flags),
+        cli::Cmd::Serve(flags) => serve_command(*flags),
         cli::Cmd::Watch(f) => match remote::Server::new(&f.server.server, f.server.token)
             .and_then(|s| remote::watch(&s, &f.id, f.reconnects))
         {

@@ -64,6 +64,49 @@ fn token(flags: &ServeFlags) -> Result<Option<String>, String> {
 
 /// Runs the service until a signal shuts it down; `Ok(true)` when every record was
 /// left safe.
+/// The provider kind `chat` calls, when `--model-url` is given (docs/models.md).
+fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider>, String> {
+    let (Some(url), Some(model)) = (&flags.model_url, &flags.model) else {
+        return Ok(None);
+    };
+    let mut b = agentloop_openai::Provider::builder(url.clone(), model.clone())
+        .max_concurrency(flags.model_concurrency.unwrap_or(8));
+    b = match (&flags.model_key_env, &flags.model_key_file) {
+        (Some(var), _) => b.api_key_from_env(var).map_err(|e| e.to_string())?,
+        (None, Some(file)) => b.api_key_from_file(file).map_err(|e| e.to_string())?,
+        (None, None) if std::env::var_os("OPENAI_API_KEY").is_some() => b
+            .api_key_from_env("OPENAI_API_KEY")
+            .map_err(|e| e.to_string())?,
+        (None, None) => b,
+    };
+    let provider = b.build().map_err(|e| format!("--model-url: {e}"))?;
+    tracing::info!(url = %url, model = %model, "serving agent kind `chat`");
+    Ok(Some(provider))
+}
+
+/// A `chat` session's agent: its spawn configuration may set `{"system": "…"}`.
+fn chat_agent(
+    provider: &agentloop_openai::Provider,
+    config: &[u8],
+) -> Result<agentloop_openai::ChatAgent<SimItem, SimEvent>, String> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct ChatConfig {
+        system: Option<String>,
+    }
+    let mut agent = agentloop_openai::ChatAgent::new(provider.clone());
+    if config.is_empty() || config == b"null" {
+        return Ok(agent);
+    }
+    let c: ChatConfig = serde_json::from_slice(config).map_err(|e| {
+        format!("not a chat agent configuration ({e}): send {{\"system\": \"instructions\"}}, or nothing")
+    })?;
+    if let Some(s) = c.system {
+        agent = agent.system(s);
+    }
+    Ok(agent)
+}
+
 pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let mut config =
         RuntimeConfig::load(flags.store.config.as_deref()).map_err(|e| e.to_string())?;
@@ -125,6 +168,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         None => None,
     };
     let limits = config.limits;
+    let chat = chat_provider(&flags)?;
     let mut builder = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         // S20a: sessions spawned over HTTP keep their events; resumed ones too.
@@ -132,6 +176,9 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         .register_agent("sim", move |bytes: &[u8]| {
             Ok(AgentConfig::from_json(bytes, &limits)?.logged_agent(item_log.as_ref()))
         });
+    if let Some(provider) = chat {
+        builder = builder.register_agent("chat", move |bytes: &[u8]| chat_agent(&provider, bytes));
+    }
     if let Some(store) = shared {
         builder = builder.store(Arc::new(store));
     }

@@ -157,7 +157,7 @@ fn sessions_sleep_wake_and_lose_nothing_to_a_sigkill_during_a_wake() {
     // A view is answered from the record, without waking it.
     let (s, v) = get(&format!("{url}/sessions/z0"));
     assert_eq!(
-        (s, v["state"].as_str(), v["live"].as_bool()),
+        (s, v["presence"].as_str(), v["live"].as_bool()),
         (200, Some("sleeping"), Some(false)),
         "{v}"
     );

@@ -19,6 +19,7 @@ mod conversation;
 mod error;
 mod events;
 mod provider;
+mod sim;
 mod stream;
 mod tools;
 

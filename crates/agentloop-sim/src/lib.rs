@@ -57,6 +57,13 @@ pub enum SimEvent {
         /// The step's index in the script.
         step: usize,
     },
+    /// An event of a model-backed agent served beside the simulated one on the same
+    /// runtime (`agentloop serve --model-url`'s kind `chat`), as JSON
+    /// (`agentloop_openai::ChatEvent`).
+    Model {
+        /// The event.
+        event: serde_json::Value,
+    },
 }
 
 /// The resumable state of a simulated turn.

@@ -45,6 +45,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
                     "kind": kind_of(stored),
                     "live": false,
                     "state": if asleep(stored) { "sleeping" } else { "stored" },
+                    "presence": if asleep(stored) { "sleeping" } else { "stored" },
                     "status": wire::status(stored.status()),
                     "restarts": null,
                 }),
@@ -53,6 +54,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
                     "kind": null,
                     "live": false,
                     "state": "stored",
+                    "presence": "stored",
                     "status": "unreadable",
                     "error": e.to_string(),
                     "restarts": null,
@@ -67,6 +69,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
         );
         row["live"] = json!(true);
         row["state"] = json!("live");
+        row["presence"] = json!("live");
         row["kind"] = json!(s.kind);
         row["restarts"] = json!(s.restarts);
     }
@@ -131,7 +134,8 @@ pub(super) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 }
 
 /// `GET /sessions/{id}`: the stored record through the runtime's redaction (S24), with
-/// `live`, `state` (`live`, `sleeping` or `stored`) and, while the session runs here,
+/// `live`, `presence` (`live`, `sleeping` or `stored`; the view's `state` is the
+/// agent's state, S24) and, while the session runs here,
 /// what it is doing. A sleeping session is answered from its record, which holds
 /// everything it is, without waking it (S39).
 pub(crate) async fn get_one<I: Item, E: Ev>(
@@ -161,7 +165,7 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
         (None, Some(_)) => json!({"session_id": id, "status": null}),
     };
     out["live"] = json!(live.is_some());
-    out["state"] = json!(match (&live, sleeping) {
+    out["presence"] = json!(match (&live, sleeping) {
         (Some(_), _) => "live",
         (None, true) => "sleeping",
         (None, false) => "stored",

@@ -1,0 +1,205 @@
+//! `agentloop serve --model-url URL --model NAME` (issue 35): kind `chat` beside `sim`,
+//! through the real binary, a real HTTP client and an OpenAI-compatible fake model
+//! server this test starts on loopback. Streamed tokens arrive as SSE `agent` events in
+//! order; the conversation is carried to the next turn, also across a SIGKILL and a
+//! restart of the server (the fake model is sent the whole conversation again); a bad
+//! model URL is refused at start with the reason.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{agent, free_addr, Job, TempDir};
+use serde_json::{json, Value};
+
+/// The requests the fake model server received (their bodies).
+type Seen = Arc<Mutex<Vec<Value>>>;
+
+/// Starts the fake model server on its own thread: it answers every request by
+/// streaming "I have heard N message(s)." in three chunks, N being the user messages
+/// it was sent. Returns its base URL.
+fn start_model(seen: Seen) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let _ = tx.send(listener.local_addr().expect("addr"));
+            let app = axum::Router::new().route(
+                "/v1/chat/completions",
+                axum::routing::post(move |body: axum::body::Bytes| {
+                    let seen = seen.clone();
+                    async move {
+                        let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        let users = req["messages"]
+                            .as_array()
+                            .map(|m| m.iter().filter(|m| m["role"] == "user").count())
+                            .unwrap_or(0);
+                        seen.lock().expect("seen").push(req);
+                        let mut out = String::new();
+                        for t in ["I have heard ", &users.to_string(), " message(s)."] {
+                            let c = json!({"id": "c", "object": "chat.completion.chunk",
+                                "created": 0, "model": "fake",
+                                "choices": [{"index": 0, "delta": {"content": t}, "finish_reason": null}]});
+                            out.push_str(&format!("data: {c}\n\n"));
+                        }
+                        let end = json!({"id": "c", "object": "chat.completion.chunk",
+                            "created": 0, "model": "fake",
+                            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 5, "completion_tokens": 3}});
+                        out.push_str(&format!("data: {end}\n\ndata: [DONE]\n\n"));
+                        axum::response::Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(axum::body::Body::from(out))
+                            .expect("a response")
+                    }
+                }),
+            );
+            let _ = axum::serve(listener, app).await;
+        });
+    });
+    format!("http://{}/v1", rx.recv().expect("the model's address"))
+}
+
+/// The tokens of the next turn, from the session's event stream (opened before the
+/// push, so nothing is missed).
+fn push_and_read_tokens(url: &str, id: &str, text: &str) -> Vec<String> {
+    use std::io::BufRead as _;
+    let resp = agent()
+        .get(&format!("{url}/sessions/{id}/events"))
+        .call()
+        .expect("the event stream");
+    let reader = std::thread::spawn(move || {
+        let reader = std::io::BufReader::new(resp.into_body().into_reader());
+        let (mut tokens, mut name) = (Vec::new(), String::new());
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            if let Some(n) = line.strip_prefix("event:") {
+                name = n.trim().to_string();
+            } else if let Some(d) = line.strip_prefix("data:") {
+                if name == "turn_ended" {
+                    break;
+                }
+                let v: Value = serde_json::from_str(d.trim()).unwrap_or(Value::Null);
+                let e = &v["event"]["Model"]["event"];
+                if name == "agent" && e["kind"] == "token" {
+                    tokens.push(e["text"].as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
+        tokens
+    });
+    let r = agent()
+        .post(&format!("{url}/sessions/{id}/items"))
+        .send_json(json!({"item": {"id": 1, "text": text}}))
+        .expect("pushed");
+    assert!(r.status().is_success(), "push: {}", r.status());
+    reader.join().expect("the reader")
+}
+
+#[test]
+fn serve_with_a_model_streams_tokens_and_carries_the_conversation_across_a_sigkill() {
+    let dir = TempDir::new("chat");
+    let seen: Seen = Arc::default();
+    let model_url = start_model(seen.clone());
+    let addr = free_addr();
+    let url = format!("http://{addr}");
+    let args = ["--model-url", model_url.as_str(), "--model", "fake"];
+    let mut job = Job::serve_at(&dir.0, &addr, &args);
+    job.wait_for("serving on http://");
+    let r = agent()
+        .post(&format!("{url}/sessions"))
+        .send_json(json!({"id": "c1", "kind": "chat", "persistent": true,
+                          "durability": "sync", "config": {"system": "be brief"}}))
+        .expect("spawned");
+    assert_eq!(r.status().as_u16(), 201, "spawn");
+    let tokens = push_and_read_tokens(&url, "c1", "hello");
+    assert_eq!(tokens, ["I have heard ", "1", " message(s)."]);
+
+    // A SIGKILL and a restart on the same directory: the conversation is the session's
+    // carried state, in its record.
+    let (status, _) = job.kill();
+    assert!(!status.success());
+    let mut job = Job::serve_at(&dir.0, &addr, &args);
+    job.wait_for("serving on http://");
+    let tokens = push_and_read_tokens(&url, "c1", "again");
+    assert_eq!(tokens, ["I have heard ", "2", " message(s)."]);
+    let sent = seen
+        .lock()
+        .expect("seen")
+        .last()
+        .cloned()
+        .expect("a request");
+    let roles: Vec<(&str, &str)> = sent["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default(),
+                m["content"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("system", "be brief"),
+            ("user", "hello"),
+            ("assistant", "I have heard 1 message(s)."),
+            ("user", "again")
+        ],
+        "the model got the whole conversation after the restart"
+    );
+    let (s, view) = {
+        let mut r = agent()
+            .get(&format!("{url}/sessions/c1"))
+            .call()
+            .expect("the view");
+        (
+            r.status().as_u16(),
+            r.body_mut().read_json::<Value>().unwrap_or(Value::Null),
+        )
+    };
+    assert_eq!(s, 200, "{view}");
+    assert_eq!(view["state_carried"], true, "{view}");
+    assert_eq!(
+        view["state"]["messages"].as_array().map(Vec::len),
+        Some(5),
+        "{view}"
+    );
+    job.signal(libc::SIGTERM);
+    let (status, _) = job.finish();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_bad_model_url_is_refused_at_start_with_the_reason() {
+    let dir = TempDir::new("chat-bad");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(["serve", "--data-dir"])
+        .arg(dir.0.join("data"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--model-url",
+            "localhost:11434",
+            "--model",
+            "m",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--model-url") && err.contains("not an http"),
+        "{err}"
+    );
+    let _ = Duration::ZERO;
+}
