@@ -131,7 +131,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let addr: SocketAddr = listen.parse().map_err(|e| {
         format!("--listen `{listen}` is not an address ({e}); write e.g. 127.0.0.1:7420")
     })?;
-    let options = HttpOptions {
+    let mut options = HttpOptions {
         body_limit: config.http.body_limit,
         body_read_timeout: config.http.body_read_timeout,
         // The flag (or AGENTLOOP_TOKEN, read by clap) or the token file over the file.
@@ -169,6 +169,11 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     };
     let limits = config.limits;
     let chat = chat_provider(&flags)?;
+    let metrics_extra = chat.clone().map(|p| {
+        Arc::new(move |r: &mut prometheus_client::registry::Registry| p.register_metrics(r))
+            as agentloop_http::MetricsHook
+    });
+    options.metrics_extra = metrics_extra;
     let mut builder = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         // S20a: sessions spawned over HTTP keep their events; resumed ones too.

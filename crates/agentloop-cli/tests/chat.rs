@@ -169,6 +169,22 @@ fn serve_with_a_model_streams_tokens_and_carries_the_conversation_across_a_sigki
     };
     assert_eq!(s, 200, "{view}");
     assert_eq!(view["state_carried"], true, "{view}");
+    // Token usage in /metrics: the restarted server's one call (5 + 3 tokens).
+    let metrics = agent()
+        .get(&format!("{url}/metrics"))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("text");
+    for line in [
+        r#"agentloop_model_tokens_total{provider="fake",model="fake",kind="prompt"} 5"#,
+        r#"agentloop_model_tokens_total{provider="fake",model="fake",kind="completion"} 3"#,
+        r#"agentloop_model_calls_total{provider="fake",model="fake"} 1"#,
+        r#"agentloop_model_calls_in_flight{provider="fake",model="fake"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
     assert_eq!(
         view["state"]["messages"].as_array().map(Vec::len),
         Some(5),

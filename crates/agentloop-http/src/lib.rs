@@ -117,7 +117,15 @@ pub struct HttpOptions {
     /// status, latency; never the query, which may carry a token) through
     /// `tower_http::trace`. Off by default.
     pub access_log: bool,
+    /// Readings `/metrics` adds at every scrape, beside the runtime's (e.g. a model
+    /// provider's token usage: `agentloop_openai::Provider::register_metrics`).
+    pub metrics_extra: Option<MetricsHook>,
 }
+
+/// Registers readings on the registry `/metrics` encodes (called at every scrape; it
+/// must not block).
+pub type MetricsHook =
+    Arc<dyn Fn(&mut prometheus_client::registry::Registry) + Send + Sync + 'static>;
 
 impl std::fmt::Debug for HttpOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -133,6 +141,10 @@ impl std::fmt::Debug for HttpOptions {
             .field("max_replay", &self.max_replay)
             .field("max_duration", &self.max_duration)
             .field("access_log", &self.access_log)
+            .field(
+                "metrics_extra",
+                &self.metrics_extra.as_ref().map(|_| "<set>"),
+            )
             .finish()
     }
 }
@@ -206,6 +218,7 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         max_duration: options
             .max_duration
             .unwrap_or(agentloop::config::DEFAULT_MAX_DURATION),
+        metrics_extra: options.metrics_extra.clone(),
     }));
     let requests = limits::Gauge::new(options.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS));
     let mut app = Router::new()

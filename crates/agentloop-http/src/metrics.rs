@@ -71,6 +71,9 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
         "1 once the shutdown began (the drain gate is closed)",
         gauge,
     );
+    if let Some(extra) = &st.metrics_extra {
+        extra(&mut registry);
+    }
 
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).map_err(|e| {

@@ -98,6 +98,52 @@ impl Provider {
         )
     }
 
+    /// Registers this provider's readings on `registry` (for `/metrics`; see
+    /// `agentloop_http::HttpOptions::metrics_extra`), labelled `provider` and `model`:
+    /// `agentloop_model_tokens_total{kind="prompt"|"completion"}` and
+    /// `agentloop_model_calls_total` (model calls that ended), and
+    /// `agentloop_model_calls_in_flight`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        let (usage, calls) = self.usage();
+        let labels = |extra: Option<(&str, &str)>| {
+            let mut v = vec![
+                ("provider".to_string(), self.inner.name.clone()),
+                ("model".to_string(), self.inner.model.clone()),
+            ];
+            if let Some((k, val)) = extra {
+                v.push((k.to_string(), val.to_string()));
+            }
+            v
+        };
+        let tokens = Family::<Vec<(String, String)>, Counter>::default();
+        tokens
+            .get_or_create(&labels(Some(("kind", "prompt"))))
+            .inc_by(usage.prompt_tokens);
+        tokens
+            .get_or_create(&labels(Some(("kind", "completion"))))
+            .inc_by(usage.completion_tokens);
+        registry.register(
+            "agentloop_model_tokens",
+            "Tokens the model server reported, by kind (prompt, completion)",
+            tokens,
+        );
+        let ended = Family::<Vec<(String, String)>, Counter>::default();
+        ended.get_or_create(&labels(None)).inc_by(calls);
+        registry.register("agentloop_model_calls", "Model calls that ended", ended);
+        let in_flight = Family::<Vec<(String, String)>, Gauge>::default();
+        in_flight
+            .get_or_create(&labels(None))
+            .set(self.in_flight() as i64);
+        registry.register(
+            "agentloop_model_calls_in_flight",
+            "Model calls in flight now (at most the provider's concurrency limit)",
+            in_flight,
+        );
+    }
+
     /// The retries a request may make.
     pub(crate) fn inner_retries(&self) -> u32 {
         self.inner.max_retries

@@ -55,6 +55,8 @@ pub(crate) struct Shared<I, E> {
     pub(crate) max_replay: usize,
     /// The longest duration a request may carry (S34a).
     pub(crate) max_duration: Duration,
+    /// Readings `/metrics` adds (see `HttpOptions::metrics_extra`).
+    pub(crate) metrics_extra: Option<crate::MetricsHook>,
 }
 
 impl<I: Item, E: Ev> Shared<I, E> {
