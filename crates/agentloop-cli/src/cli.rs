@@ -261,6 +261,11 @@ pub(crate) struct ServeFlags {
     /// Model calls in flight at once over every chat session [default: 8].
     #[arg(long, value_name = "N", requires = "model_url")]
     pub model_concurrency: Option<usize>,
+    /// Export traces (spans of sessions, turns, steps, model and tool calls, with
+    /// OpenTelemetry's GenAI attributes) to the OTLP/HTTP collector at URL, e.g.
+    /// http://127.0.0.1:4318 (docs/models.md, "Traces"). Off unless set.
+    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// A running server to talk to: `--server` and `--token`.

@@ -12,6 +12,7 @@
 //! arguments (one line saying what was wrong; clap, `cli.rs`).
 
 mod cli;
+mod otel;
 mod remote;
 mod report_table;
 mod run;
@@ -152,9 +153,11 @@ fn run_command(args: run::RunArgs) -> ExitCode {
     block_on(run::run(args))
 }
 
-/// `agentloop serve`: like `run`, until a signal shuts it down.
+/// `agentloop serve`: like `run`, until a signal shuts it down; with
+/// `--otlp-endpoint`, its spans are exported over OTLP (S42) and flushed at the end.
 fn serve_command(flags: cli::ServeFlags) -> ExitCode {
-    block_on(serve::serve(flags))
+    let otlp = flags.otlp_endpoint.clone();
+    block_on_traced(serve::serve(flags), otlp.as_deref())
 }
 
 /// Logs to stderr (`RUST_LOG`, default `warn`, and the access log at INFO when `[http]
@@ -162,13 +165,23 @@ fn serve_command(flags: cli::ServeFlags) -> ExitCode {
 /// runtime: 0 after a clean shutdown, 1 if it could not start or a record could not be
 /// written.
 fn block_on(job: impl std::future::Future<Output = Result<bool, String>>) -> ExitCode {
+    block_on_traced(job, None)
+}
+
+/// [`block_on`], exporting spans to the OTLP collector at `otlp` when given.
+fn block_on_traced(
+    job: impl std::future::Future<Output = Result<bool, String>>,
+    otlp: Option<&str>,
+) -> ExitCode {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(
             "warn,agentloop_http::access=info,tower_http::trace::on_response=info",
         )
     });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colours only on a terminal: a log redirected to a file stays plain text.
         .with_ansi(std::io::stderr().is_terminal())
@@ -176,12 +189,33 @@ fn block_on(job: impl std::future::Future<Output = Result<bool, String>>) -> Exi
         // is dropped: reporting it with eprintln! would panic the task that logged,
         // such as the one that starts the shutdown (S34a).
         .log_internal_errors(false)
+        .with_filter(filter);
+    let (otel, provider) = match otlp.map(otel::layer) {
+        None => (None, None),
+        Some(Ok((layer, provider))) => (Some(layer), Some(provider)),
+        Some(Err(e)) => {
+            let _ = writeln!(std::io::stderr(), "agentloop: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(otel)
         .try_init();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the tokio runtime: {e}"))
         .and_then(|rt| rt.block_on(job));
+    if let Some(p) = provider {
+        // Flushes the batched spans (blocking, outside the runtime).
+        if let Err(e) = p.shutdown() {
+            let _ = writeln!(
+                std::io::stderr(),
+                "agentloop: the last traces were not exported: {e}"
+            );
+        }
+    }
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

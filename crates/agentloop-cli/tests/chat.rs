@@ -219,3 +219,145 @@ fn a_bad_model_url_is_refused_at_start_with_the_reason() {
     );
     let _ = Duration::ZERO;
 }
+
+/// One span as the OTLP receiver got it.
+#[derive(Clone, Debug)]
+struct Span {
+    name: String,
+    id: Vec<u8>,
+    parent: Vec<u8>,
+    attributes: std::collections::HashMap<String, String>,
+}
+
+/// Starts an OTLP/HTTP receiver (protobuf) on loopback; its base URL and the spans it
+/// got.
+fn start_otlp() -> (String, Arc<Mutex<Vec<Span>>>) {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message as _;
+    let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
+    let got = spans.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let _ = tx.send(listener.local_addr().expect("addr"));
+            let app = axum::Router::new().route(
+                "/v1/traces",
+                axum::routing::post(move |body: axum::body::Bytes| {
+                    let got = got.clone();
+                    async move {
+                        let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                        for rs in req.resource_spans {
+                            for ss in rs.scope_spans {
+                                for s in ss.spans {
+                                    let attributes = s
+                                        .attributes
+                                        .iter()
+                                        .map(|kv| {
+                                            let v = match kv
+                                                .value
+                                                .as_ref()
+                                                .and_then(|v| v.value.clone())
+                                            {
+                                                Some(Any::StringValue(s)) => s,
+                                                Some(Any::IntValue(i)) => i.to_string(),
+                                                Some(Any::BoolValue(b)) => b.to_string(),
+                                                Some(Any::DoubleValue(d)) => d.to_string(),
+                                                other => format!("{other:?}"),
+                                            };
+                                            (kv.key.clone(), v)
+                                        })
+                                        .collect();
+                                    got.lock().expect("spans").push(Span {
+                                        name: s.name,
+                                        id: s.span_id,
+                                        parent: s.parent_span_id,
+                                        attributes,
+                                    });
+                                }
+                            }
+                        }
+                        axum::http::StatusCode::OK
+                    }
+                }),
+            );
+            let _ = axum::serve(listener, app).await;
+        });
+    });
+    (
+        format!("http://{}", rx.recv().expect("the receiver's address")),
+        spans,
+    )
+}
+
+/// S42: with `--otlp-endpoint`, the session, its turn and the model call are exported as
+/// spans, nested, the model call with OpenTelemetry's GenAI attributes (flushed when the
+/// server shuts down).
+#[test]
+fn spans_with_genai_attributes_are_exported_over_otlp() {
+    let dir = TempDir::new("chat-otlp");
+    let seen: Seen = Arc::default();
+    let model_url = start_model(seen);
+    let (otlp, spans) = start_otlp();
+    let addr = free_addr();
+    let url = format!("http://{addr}");
+    let mut job = Job::serve_at(
+        &dir.0,
+        &addr,
+        &[
+            "--model-url",
+            model_url.as_str(),
+            "--model",
+            "fake",
+            "--otlp-endpoint",
+            otlp.as_str(),
+        ],
+    );
+    job.wait_for("serving on http://");
+    let r = agent()
+        .post(&format!("{url}/sessions"))
+        .send_json(json!({"id": "t1", "kind": "chat"}))
+        .expect("spawned");
+    assert_eq!(r.status().as_u16(), 201, "spawn");
+    let tokens = push_and_read_tokens(&url, "t1", "hello");
+    assert_eq!(tokens.concat(), "I have heard 1 message(s).");
+    job.signal(libc::SIGTERM);
+    let (status, _) = job.finish();
+    assert!(status.success(), "{status}");
+
+    let spans = spans.lock().expect("spans").clone();
+    let find = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span `{name}` in {spans:#?}"))
+            .clone()
+    };
+    let session = find("session");
+    assert_eq!(session.attributes["gen_ai.conversation.id"], "t1");
+    let turn = find("turn");
+    assert_eq!(turn.parent, session.id, "the turn is the session's child");
+    let chat = find("chat fake");
+    assert_eq!(chat.parent, turn.id, "the model call is the turn's child");
+    for (k, v) in [
+        ("gen_ai.operation.name", "chat"),
+        ("gen_ai.request.model", "fake"),
+        ("gen_ai.provider.name", "fake"),
+        ("gen_ai.usage.input_tokens", "5"),
+        ("gen_ai.usage.output_tokens", "3"),
+        ("gen_ai.response.finish_reasons", "stop"),
+    ] {
+        assert_eq!(
+            chat.attributes.get(k).map(String::as_str),
+            Some(v),
+            "{k}: {chat:#?}"
+        );
+    }
+}

@@ -193,14 +193,26 @@ where
         cx: &TurnCx<Self>,
         call: &ToolCall,
     ) -> Result<(ToolOutcome, bool), AgentError> {
+        use tracing::Instrument as _;
         let name = format!("tool:{}", call.id.replace('/', "_"));
         let ran = std::sync::atomic::AtomicBool::new(false);
         let tools = &self.tools;
+        // S42: OpenTelemetry's GenAI span of a tool call (its durable step's span is a
+        // child of it).
+        let span = tracing::info_span!(
+            "execute_tool",
+            otel.name = %format!("execute_tool {}", call.name),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %call.name,
+            gen_ai.tool.call.id = %call.id,
+            gen_ai.tool.type = "function",
+        );
         let outcome: ToolOutcome = cx
             .step(&name, |key| {
                 ran.store(true, std::sync::atomic::Ordering::Relaxed);
                 async move { tools.run(call, ToolKey(key.to_string())).await }
             })
+            .instrument(span)
             .await?;
         Ok((outcome, !ran.load(std::sync::atomic::Ordering::Relaxed)))
     }

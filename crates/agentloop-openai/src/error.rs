@@ -37,6 +37,19 @@ pub enum ProviderError {
     Client(String),
 }
 
+impl ModelError {
+    /// A short name of the kind of failure (a trace's `error.type`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelError::Status { .. } => "status",
+            ModelError::Connect { .. } => "connect",
+            ModelError::StreamCut { .. } => "stream_cut",
+            ModelError::Idle { .. } => "idle",
+            ModelError::Malformed { .. } => "malformed",
+        }
+    }
+}
+
 /// A model call failed (after the retries its provider allows).
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {

@@ -169,7 +169,51 @@ enum Broke {
 
 /// Calls the model with `conv` and `tools`, handing each event to `emit` as it
 /// arrives. Holds one of the provider's permits from the request to the stream's end.
+/// The call is a span `chat <model>` with OpenTelemetry's GenAI attributes (S42): the
+/// operation, the provider, the model, and when it ends the token usage and the finish
+/// reason (or the error).
 pub(crate) async fn call<F, Fut>(
+    provider: &Provider,
+    conv: &Conversation,
+    tools: &[serde_json::Value],
+    emit: F,
+) -> Result<Reply, ModelError>
+where
+    F: FnMut(ChatEvent) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use tracing::Instrument as _;
+    let p = &provider.inner;
+    let span = tracing::info_span!(
+        "chat",
+        otel.name = %format!("chat {}", p.model),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = %p.name,
+        gen_ai.request.model = %p.model,
+        server.address = %p.base_url,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    let out = call_inner(provider, conv, tools, emit)
+        .instrument(span.clone())
+        .await;
+    match &out {
+        Ok(r) => {
+            span.record("gen_ai.usage.input_tokens", r.usage.prompt_tokens);
+            span.record("gen_ai.usage.output_tokens", r.usage.completion_tokens);
+            span.record("gen_ai.response.finish_reasons", r.finish_reason.as_str());
+        }
+        Err(e) => {
+            span.record("error.type", e.kind());
+        }
+    }
+    out
+}
+
+async fn call_inner<F, Fut>(
     provider: &Provider,
     conv: &Conversation,
     tools: &[serde_json::Value],

@@ -58,7 +58,13 @@ impl<A: Agent> Actor for TurnLoop<A> {
         myself: ActorRef<Self::Msg>,
         args: TurnLoopArgs<A>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let span = tracing::info_span!("session", id = %args.config.id, kind = %args.config.kind);
+        // S42: OpenTelemetry's GenAI attribute for the conversation beside agentloop's.
+        let span = tracing::info_span!(
+            "session",
+            id = %args.config.id,
+            kind = %args.config.kind,
+            gen_ai.conversation.id = %args.config.id,
+        );
         let mut config = args.config;
         let core_config = CoreConfig::from_session(&mut config, args.store.is_some());
         let mut core = Core::new(core_config, args.shared);
