@@ -208,3 +208,196 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     server.abort();
     rt.stop(StopOptions::immediate()).await.unwrap();
 }
+
+/// A fake OpenAI-compatible model server: asked a question (no tool result yet), it
+/// calls tool `lookup`; given the result, it streams its answer slowly (300 ms a
+/// chunk), so the page can be seen streaming. Returns its base URL.
+async fn start_model() -> String {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(|body: axum::body::Bytes| async move {
+            let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            let answered = req["messages"]
+                .as_array()
+                .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
+            let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+                let c = json!({"id": "c", "object": "chat.completion.chunk", "created": 0,
+                    "model": "fake", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                format!("data: {c}\n\n")
+            };
+            let parts: Vec<(String, u64)> = if answered {
+                let mut v: Vec<(String, u64)> = ["Order ", "#42 ", "ships", " tomorrow."]
+                    .iter()
+                    .map(|t| (chunk(json!({"content": t}), None), 300))
+                    .collect();
+                v.push((chunk(json!({}), Some("stop")), 0));
+                v
+            } else {
+                vec![
+                    (
+                        chunk(
+                            json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                "function": {"name": "lookup", "arguments": "{\"order\": \"#42\"}"}}]}),
+                            None,
+                        ),
+                        0,
+                    ),
+                    (chunk(json!({}), Some("tool_calls")), 0),
+                ]
+            };
+            let stream = futures_util_stream(parts);
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(axum::body::Body::from_stream(stream))
+                .unwrap()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/v1")
+}
+
+/// The chunks, each after its pause, then `[DONE]`.
+fn futures_util_stream(
+    parts: Vec<(String, u64)>,
+) -> impl futures_util::Stream<Item = Result<String, std::io::Error>> + Send {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(8);
+    tokio::spawn(async move {
+        for (text, pause) in parts {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            if tx.send(Ok(text)).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Ok("data: [DONE]\n\n".to_string())).await;
+    });
+    tokio_stream_of(rx)
+}
+
+fn tokio_stream_of(
+    mut rx: tokio::sync::mpsc::Receiver<Result<String, std::io::Error>>,
+) -> impl futures_util::Stream<Item = Result<String, std::io::Error>> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Lookup {
+    order: String,
+}
+
+/// Issue 35's inspector: a chat session's turn in the browser: the model's tokens show
+/// as they stream, and the turn's timeline shows its tool call's durable step, the model
+/// calls with their tokens, and the turn's end; the state panel shows the conversation
+/// carried between turns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
+    let driver = start_driver();
+    let dir = tempfile::tempdir().unwrap();
+    let provider = agentloop_openai::Provider::builder(start_model().await, "fake")
+        .build()
+        .unwrap();
+    let tools = agentloop_openai::Tools::new().add(
+        "lookup",
+        "Looks up an order.",
+        |a: Lookup, _key| async move { Ok::<_, String>(format!("{} ships tomorrow", a.order)) },
+    );
+    let (rt, _) = Rt::builder()
+        .data_dir(dir.path())
+        .flush_logs(None)
+        .register_agent("chat", move |_cfg: &[u8]| {
+            Ok(agentloop_openai::ChatAgent::<agentloop_sim::SimItem, agentloop_sim::SimEvent>::new(
+                provider.clone(),
+            )
+            .tools(tools.clone()))
+        })
+        .start()
+        .await
+        .unwrap();
+    let app = router(&rt, HttpOptions::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = format!("http://{addr}");
+    let direct = router(&rt, HttpOptions::default());
+    let (s, v) = call(
+        &direct,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "chat", "kind": "chat", "persistent": true, "durability": "sync"})),
+    )
+    .await;
+    assert_eq!(s.as_u16(), 201, "{v}");
+
+    let c = connect(&driver).await;
+    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let row = r#"#sessions tr[data-id="chat"]"#;
+    wait_text(&c, row, "the session is listed", |t| t.contains("chat")).await;
+    c.find(Locator::Css(row))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#selected-id", "the session is selected", |t| {
+        t == "chat"
+    })
+    .await;
+    c.find(Locator::Css("#push-text"))
+        .await
+        .unwrap()
+        .send_keys("where is #42?")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#push"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+
+    // Streaming: the first tokens show before the last one arrived.
+    let partial = wait_text(&c, "#stream", "the first tokens show", |t| {
+        t.contains("Order")
+    })
+    .await;
+    assert!(
+        !partial.contains("tomorrow."),
+        "the answer was seen only once whole: {partial:?}"
+    );
+    screenshot(&c, "4-streaming.png").await;
+    wait_text(&c, "#stream", "the whole answer shows", |t| {
+        t == "Order #42 ships tomorrow."
+    })
+    .await;
+
+    // The timeline: the tool call's durable step, the model calls, the turn's end.
+    let timeline = wait_text(&c, "#timeline", "the turn ends in the timeline", |t| {
+        t.contains("turn 0 · completed")
+    })
+    .await;
+    assert!(timeline.contains("step tool:call_1 · done"), "{timeline}");
+    assert!(timeline.contains("tool lookup("), "{timeline}");
+    assert!(
+        timeline.contains("→ lookup: #42 ships tomorrow"),
+        "{timeline}"
+    );
+    assert!(timeline.contains("model call"), "{timeline}");
+    wait_text(
+        &c,
+        "#state-kind",
+        "the conversation shows as the carried state",
+        |t| t.contains("carried"),
+    )
+    .await;
+    let state = wait_text(&c, "#state", "the state shows the answer", |t| {
+        t.contains("Order #42 ships tomorrow.")
+    })
+    .await;
+    assert!(state.contains("\"messages\""), "{state}");
+    screenshot(&c, "5-inspector.png").await;
+
+    c.close().await.expect("close the browser");
+    server.abort();
+    rt.stop(StopOptions::immediate()).await.unwrap();
+}
