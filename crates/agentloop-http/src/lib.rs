@@ -245,6 +245,10 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
             "/sessions/{id}/history/{turn}",
             get(sessions::checkpoint::<I, E>),
         )
+        .route(
+            "/sessions/{id}/history/{turn}/fork",
+            post(sessions::fork::<I, E>),
+        )
         .route("/sessions/{id}/events", get(sessions::events::<I, E>))
         .route(
             "/sessions/{id}/timers",

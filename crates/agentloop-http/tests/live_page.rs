@@ -324,7 +324,10 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
         &direct,
         "POST",
         "/sessions",
-        Some(json!({"id": "chat", "kind": "chat", "persistent": true, "durability": "sync"})),
+        Some(
+            json!({"id": "chat", "kind": "chat", "persistent": true, "durability": "sync",
+                    "history": 2}),
+        ),
     )
     .await;
     assert_eq!(s.as_u16(), 201, "{v}");
@@ -396,6 +399,35 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
     .await;
     assert!(state.contains("\"messages\""), "{state}");
     screenshot(&c, "5-inspector.png").await;
+
+    // History with fork: the turn's kept checkpoint forks into a new session, which
+    // the page selects; it carries the conversation of the checkpoint.
+    wait_text(&c, "#history", "the checkpoint is listed", |t| {
+        t.contains("turn 0")
+    })
+    .await;
+    c.find(Locator::Css(r#"#history button[data-turn="0"]"#))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(&c, "#selected-id", "the fork is selected", |t| {
+        t == "chat-fork-0"
+    })
+    .await;
+    wait_text(
+        &c,
+        r#"#sessions tr[data-id="chat-fork-0"]"#,
+        "the fork is listed",
+        |t| t.contains("chat-fork-0"),
+    )
+    .await;
+    wait_text(&c, "#state", "the fork carries the conversation", |t| {
+        t.contains("Order #42 ships tomorrow.")
+    })
+    .await;
+    screenshot(&c, "6-forked.png").await;
 
     c.close().await.expect("close the browser");
     server.abort();

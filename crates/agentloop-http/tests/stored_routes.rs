@@ -711,3 +711,64 @@ async fn the_view_shows_a_cut_turns_durable_steps_and_metrics_count_them() {
     assert!(sample(&text, "agentloop_steps_total{result=\"replayed\"}") >= 1.0);
     assert!(sample(&text, "agentloop_restarts_total") >= 1.0);
 }
+
+/// A kept checkpoint forks into a new session over HTTP (issue 35's inspector): 201,
+/// the new session is on record with the checkpoint's kind; the same id again is a
+/// duplicate; an unknown checkpoint, a bad body and a bad id are said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_checkpoint_forks_into_a_new_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = stored_runtime(dir.path(), Ledgers::default()).await;
+    let app = router(&rt, HttpOptions::default());
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "src", "kind": "sim", "persistent": true, "history": 2})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    let (s, v) = call(&app, "POST", "/sessions/src/items", push_body(1, "one")).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    eventually("a kept checkpoint", || async {
+        let (s, h) = call(&app, "GET", "/sessions/src/history", None).await;
+        s == StatusCode::OK && h.as_array().is_some_and(|a| !a.is_empty())
+    })
+    .await;
+    let (_, hist) = call(&app, "GET", "/sessions/src/history", None).await;
+    let turn = hist[0]["turn"].as_u64().unwrap();
+    let fork = format!("/sessions/src/history/{turn}/fork");
+    let (s, v) = call(&app, "POST", &fork, Some(json!({"id": "src-fork"}))).await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v, json!({"id": "src-fork", "from": "src", "turn": turn}));
+    let (s, forked) = call(&app, "GET", "/sessions/src-fork", None).await;
+    assert_eq!(s, StatusCode::OK, "{forked}");
+    assert_eq!(forked["agent_kind"], "sim", "{forked}");
+    let (s, v) = call(&app, "POST", &fork, Some(json!({"id": "src-fork"}))).await;
+    assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "duplicate"), "{v}");
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/sessions/src/history/99/fork",
+        Some(json!({"id": "nope"})),
+    )
+    .await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::NOT_FOUND, "unknown_checkpoint"),
+        "{v}"
+    );
+    let (s, v) = call(&app, "POST", &fork, Some(json!({"name": "x"}))).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, "bad_request"),
+        "{v}"
+    );
+    let (s, v) = call(&app, "POST", &fork, Some(json!({"id": "bad id\n"}))).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::BAD_REQUEST, "bad_request"),
+        "{v}"
+    );
+    rt.stop(agentloop::StopOptions::immediate()).await.unwrap();
+}

@@ -117,6 +117,7 @@ where
             conv.extend_items(turn.items.iter().map(ChatInput::to_message));
         }
         let mut rounds = 0;
+        let mut used = crate::events::Usage::default();
         loop {
             let pending = conv.pending_tool_calls();
             if !pending.is_empty() {
@@ -160,6 +161,8 @@ where
                     ));
                 }
             };
+            used.add(reply.usage);
+            conv.usage.add(reply.usage);
             cx.emit(E::from(ChatEvent::ModelCallEnded {
                 usage: reply.usage,
                 finish_reason: reply.finish_reason.clone(),
@@ -177,6 +180,11 @@ where
             cx.safe_point(SafePoint::AfterModelCall, &conv)?;
         }
         conv.truncate(self.bound);
+        cx.emit(E::from(ChatEvent::TurnUsage {
+            usage: used,
+            calls: rounds,
+        }))
+        .await;
         Ok(TurnOutcome::CompletedWith { state: conv })
     }
 }

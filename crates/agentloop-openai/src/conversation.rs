@@ -118,6 +118,9 @@ pub struct Conversation {
     /// How many messages the bound dropped so far.
     #[serde(default)]
     pub dropped: u64,
+    /// What every model call of the conversation used so far.
+    #[serde(default)]
+    pub usage: crate::events::Usage,
 }
 
 impl Conversation {
@@ -126,6 +129,7 @@ impl Conversation {
         Conversation {
             messages: system.map(Message::system).into_iter().collect(),
             dropped: 0,
+            usage: crate::events::Usage::default(),
         }
     }
 

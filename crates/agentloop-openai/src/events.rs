@@ -64,6 +64,14 @@ pub enum ChatEvent {
         /// Why the model stopped (`stop`, `tool_calls`, `length`, …).
         finish_reason: String,
     },
+    /// The turn completed: what its model calls used together, and how many there
+    /// were (the last event of a chat turn before its `TurnEnded`).
+    TurnUsage {
+        /// The turn's model calls' usage, summed.
+        usage: Usage,
+        /// Model calls the turn made.
+        calls: u32,
+    },
     /// The stream broke after it began and the call starts again: a client showing
     /// the streamed text drops what it showed of this call.
     StreamRestarted {

@@ -109,6 +109,17 @@ async fn streamed_chunks_arrive_as_events_in_order_and_the_conversation_carries_
         ),
         "{got:?}"
     );
+    assert_eq!(
+        got.last(),
+        Some(&ChatEvent::TurnUsage {
+            usage: agentloop_openai::Usage {
+                prompt_tokens: 11,
+                completion_tokens: 7
+            },
+            calls: 1
+        }),
+        "the turn's usage ends its events"
+    );
     h.push("and again".into()).await.expect("push");
     let (got, _) = turn_events(&mut events, 1).await;
     assert_eq!(tokens(&got), ["Again"]);
@@ -162,6 +173,13 @@ async fn a_tool_call_runs_the_tool_and_its_result_goes_back_to_the_model() {
     let (got, end) = turn_events(&mut events, 0).await;
     assert_eq!(end, agentloop::TurnEnd::Completed, "{got:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(got.contains(&ChatEvent::TurnUsage {
+        usage: agentloop_openai::Usage {
+            prompt_tokens: 22,
+            completion_tokens: 14
+        },
+        calls: 2
+    }));
     assert!(got.contains(&ChatEvent::ToolResult {
         id: "call_1".into(),
         name: "add".into(),

@@ -34,7 +34,7 @@ pub(crate) use control::{cancel, detach, move_to, resume, stop};
 pub(crate) use push::push;
 pub(crate) use read::{get_one, list};
 pub(crate) use spawn::spawn;
-pub(crate) use stored::{checkpoint, delete, history};
+pub(crate) use stored::{checkpoint, delete, fork, history};
 pub(crate) use stream::events;
 
 /// Events a session spawned over HTTP keeps for reconnecting SSE clients, unless the

@@ -64,3 +64,63 @@ pub(crate) async fn delete<I: Item, E: Ev>(
         ))
     }
 }
+
+/// `POST /sessions/{id}/history/{turn}/fork`'s body.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkBody {
+    /// The new session's id.
+    id: String,
+    /// Checkpoints the new session keeps (default: none).
+    #[serde(default)]
+    history: usize,
+}
+
+/// The most checkpoints a fork over HTTP may ask to keep.
+const MAX_FORK_HISTORY: usize = 1_000;
+
+/// `POST /sessions/{id}/history/{turn}/fork` with `{"id": "<new id>", "history": n?}`:
+/// starts a new persistent session from that kept checkpoint (S16b,
+/// `SupervisorHandle::fork`), with the source's kind, configuration and settings as
+/// the checkpoint kept them; 201 `{"id", "from", "turn"}`.
+pub(crate) async fn fork<I: Item, E: Ev>(
+    State(st): State<AppState<I, E>>,
+    path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,
+    raw: Result<Json<ForkBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Path((from, turn)) = path.map_err(|e| {
+        ApiError::bad_request(format!(
+            "the path must be /sessions/<id>/history/<turn number>/fork: {}",
+            e.body_text()
+        ))
+    })?;
+    checked_id(&from)?;
+    let b = super::body(raw)?;
+    if b.history > MAX_FORK_HISTORY {
+        return Err(ApiError::bad_request(format!(
+            "history: {} is over the bound of {MAX_FORK_HISTORY} checkpoints",
+            b.history
+        )));
+    }
+    st.runtime
+        .supervisor()
+        .fork(&from, turn, &b.id, agentloop::Durability::Sync, b.history)
+        .await
+        .map_err(fork_error)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"id": b.id, "from": from, "turn": turn})),
+    ))
+}
+
+/// A refused fork, said with its status.
+fn fork_error(e: agentloop::ForkError) -> ApiError {
+    use agentloop::ForkError as F;
+    let (status, code) = match &e {
+        F::InvalidId(_) | F::NotPersistent(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+        F::UnknownCheckpoint { .. } => (StatusCode::NOT_FOUND, "unknown_checkpoint"),
+        F::Exists { .. } => (StatusCode::CONFLICT, "duplicate"),
+        F::Store { .. } | F::Spawn { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    ApiError::new(status, code, e.to_string())
+}
