@@ -326,6 +326,46 @@ async fn a_preempt_mid_stream_cuts_the_stream_and_the_next_turn_sees_both_messag
     within("exit", h.wait()).await;
 }
 
+/// A graceful stop (a cancel at the next safe point) mid-stream drops the stream at
+/// once: the session ends canceled with the message kept as the cut turn's item.
+#[tokio::test]
+async fn a_cancel_mid_stream_drops_the_stream_at_once() {
+    let (url, fake) = fake_server::start().await;
+    fake.then(Answer::Text(vec!["a"; 200], Duration::from_millis(50)));
+    let agent = Agent::new(provider(&url).build().unwrap());
+    let h = spawn("g", agent, None).await;
+    let mut events = h.subscribe();
+    h.push("long answer please".into()).await.expect("push");
+    loop {
+        if let Some(SessionEvent::Agent {
+            event: ChatEvent::Token { .. },
+            ..
+        }) = within("a token", events.next()).await
+        {
+            break;
+        }
+    }
+    let began = Instant::now();
+    h.stop(StopOptions::graceful()).await.expect("stop");
+    let exit = within("exit", h.wait()).await;
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "the stream was dropped at once, not read to its end (10 s)"
+    );
+    assert!(
+        matches!(exit.reason, ExitReason::Canceled(_)),
+        "{:?}",
+        exit.reason
+    );
+    assert_eq!(exit.interrupted_items, ["long answer please".to_string()]);
+    within("the server to see the client go", async {
+        while fake.dropped.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 /// 429 with `Retry-After: 1`: the request is sent again after a second, and the turn
 /// completes.
 #[tokio::test]
