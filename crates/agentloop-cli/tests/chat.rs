@@ -16,10 +16,9 @@ use serde_json::{json, Value};
 /// The requests the fake model server received (their bodies).
 type Seen = Arc<Mutex<Vec<Value>>>;
 
-/// Starts the fake model server on its own thread: it answers every request by
-/// streaming "I have heard N message(s)." in three chunks, N being the user messages
-/// it was sent. Returns its base URL.
-fn start_model(seen: Seen) -> String {
+/// Serves `app` on loopback from a thread of its own (the test itself is blocking);
+/// its address.
+fn serve_on_thread(app: impl FnOnce() -> axum::Router + Send + 'static) -> std::net::SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -31,7 +30,18 @@ fn start_model(seen: Seen) -> String {
                 .await
                 .expect("bind");
             let _ = tx.send(listener.local_addr().expect("addr"));
-            let app = axum::Router::new().route(
+            let _ = axum::serve(listener, app()).await;
+        });
+    });
+    rx.recv().expect("the server's address")
+}
+
+/// Starts the fake model server on its own thread: it answers every request by
+/// streaming "I have heard N message(s)." in three chunks, N being the user messages
+/// it was sent. Returns its base URL.
+fn start_model(seen: Seen) -> String {
+    let addr = serve_on_thread(move || {
+        axum::Router::new().route(
                 "/v1/chat/completions",
                 axum::routing::post(move |body: axum::body::Bytes| {
                     let seen = seen.clone();
@@ -60,11 +70,9 @@ fn start_model(seen: Seen) -> String {
                             .expect("a response")
                     }
                 }),
-            );
-            let _ = axum::serve(listener, app).await;
-        });
+            )
     });
-    format!("http://{}/v1", rx.recv().expect("the model's address"))
+    format!("http://{addr}/v1")
 }
 
 /// The tokens of the next turn, from the session's event stream (opened before the
@@ -237,64 +245,46 @@ fn start_otlp() -> (String, Arc<Mutex<Vec<Span>>>) {
     use prost::Message as _;
     let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
     let got = spans.clone();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime");
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            let _ = tx.send(listener.local_addr().expect("addr"));
-            let app = axum::Router::new().route(
-                "/v1/traces",
-                axum::routing::post(move |body: axum::body::Bytes| {
-                    let got = got.clone();
-                    async move {
-                        let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
-                        for rs in req.resource_spans {
-                            for ss in rs.scope_spans {
-                                for s in ss.spans {
-                                    let attributes = s
-                                        .attributes
-                                        .iter()
-                                        .map(|kv| {
-                                            let v = match kv
-                                                .value
-                                                .as_ref()
-                                                .and_then(|v| v.value.clone())
-                                            {
+    let addr = serve_on_thread(move || {
+        axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let got = got.clone();
+                async move {
+                    let req = ExportTraceServiceRequest::decode(body).expect("OTLP protobuf");
+                    for rs in req.resource_spans {
+                        for ss in rs.scope_spans {
+                            for s in ss.spans {
+                                let attributes = s
+                                    .attributes
+                                    .iter()
+                                    .map(|kv| {
+                                        let v =
+                                            match kv.value.as_ref().and_then(|v| v.value.clone()) {
                                                 Some(Any::StringValue(s)) => s,
                                                 Some(Any::IntValue(i)) => i.to_string(),
                                                 Some(Any::BoolValue(b)) => b.to_string(),
                                                 Some(Any::DoubleValue(d)) => d.to_string(),
                                                 other => format!("{other:?}"),
                                             };
-                                            (kv.key.clone(), v)
-                                        })
-                                        .collect();
-                                    got.lock().expect("spans").push(Span {
-                                        name: s.name,
-                                        id: s.span_id,
-                                        parent: s.parent_span_id,
-                                        attributes,
-                                    });
-                                }
+                                        (kv.key.clone(), v)
+                                    })
+                                    .collect();
+                                got.lock().expect("spans").push(Span {
+                                    name: s.name,
+                                    id: s.span_id,
+                                    parent: s.parent_span_id,
+                                    attributes,
+                                });
                             }
                         }
-                        axum::http::StatusCode::OK
                     }
-                }),
-            );
-            let _ = axum::serve(listener, app).await;
-        });
+                    axum::http::StatusCode::OK
+                }
+            }),
+        )
     });
-    (
-        format!("http://{}", rx.recv().expect("the receiver's address")),
-        spans,
-    )
+    (format!("http://{addr}"), spans)
 }
 
 /// S42: with `--otlp-endpoint`, the session, its turn and the model call are exported as

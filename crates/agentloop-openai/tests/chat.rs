@@ -77,6 +77,20 @@ async fn failure(h: Handle) -> String {
     }
 }
 
+/// Reads the stream until the model's first token.
+async fn first_token(events: &mut EventStream<ChatEvent>) {
+    loop {
+        match within("a token", events.next()).await {
+            Some(SessionEvent::Agent {
+                event: ChatEvent::Token { .. },
+                ..
+            }) => return,
+            Some(_) => {}
+            None => panic!("the stream ended before a token"),
+        }
+    }
+}
+
 fn tokens(events: &[ChatEvent]) -> Vec<String> {
     events
         .iter()
@@ -285,15 +299,7 @@ async fn a_preempt_mid_stream_cuts_the_stream_and_the_next_turn_sees_both_messag
     let h = spawn("p", agent, None).await;
     let mut events = h.subscribe();
     h.push("first".into()).await.expect("push");
-    loop {
-        if let Some(SessionEvent::Agent {
-            event: ChatEvent::Token { .. },
-            ..
-        }) = within("a token", events.next()).await
-        {
-            break;
-        }
-    }
+    first_token(&mut events).await;
     let began = Instant::now();
     h.push_with(
         "second".into(),
@@ -336,15 +342,7 @@ async fn a_cancel_mid_stream_drops_the_stream_at_once() {
     let h = spawn("g", agent, None).await;
     let mut events = h.subscribe();
     h.push("long answer please".into()).await.expect("push");
-    loop {
-        if let Some(SessionEvent::Agent {
-            event: ChatEvent::Token { .. },
-            ..
-        }) = within("a token", events.next()).await
-        {
-            break;
-        }
-    }
+    first_token(&mut events).await;
     let began = Instant::now();
     h.stop(StopOptions::graceful()).await.expect("stop");
     let exit = within("exit", h.wait()).await;
