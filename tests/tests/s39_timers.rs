@@ -39,9 +39,14 @@ async fn runtime(
 }
 
 async fn spawn(rt: &Rt, id: &str) {
+    spawn_kind(rt, id, "sim").await
+}
+
+/// Spawns persistent `sync` session `id` of agent kind `kind`.
+async fn spawn_kind(rt: &Rt, id: &str, kind: &str) {
     rt.supervisor()
         .spawn(
-            SessionSpec::new(id, "sim")
+            SessionSpec::new(id, kind)
                 .persistent(true)
                 .durability(Durability::Sync),
         )
@@ -290,14 +295,7 @@ async fn a_turn_arms_a_timer_and_its_item_comes_back_once() {
         .start()
         .await
         .expect("the runtime starts");
-    rt.supervisor()
-        .spawn(
-            SessionSpec::new("w", "waker")
-                .persistent(true)
-                .durability(Durability::Sync),
-        )
-        .await
-        .expect("spawn");
+    spawn_kind(&rt, "w", "waker").await;
     rt.supervisor().push("w", item(7)).await.expect("pushed");
     within("the turn to arm its timer", async {
         while rt.timers("w").await.unwrap().is_empty() {
@@ -555,14 +553,7 @@ async fn a_turn_that_ends_with_a_wake_up_time_sleeps_and_gets_its_item_back_then
         .start()
         .await
         .expect("the runtime starts");
-    rt.supervisor()
-        .spawn(
-            SessionSpec::new("w", "later")
-                .persistent(true)
-                .durability(Durability::Sync),
-        )
-        .await
-        .expect("spawn");
+    spawn_kind(&rt, "w", "later").await;
     let armed_from = SystemTime::now();
     rt.supervisor().push("w", item(7)).await.expect("pushed");
     within("the turn's wake-up to be armed", async {

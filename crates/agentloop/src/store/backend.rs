@@ -162,6 +162,23 @@ fn check_dir(dir: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// How long [`Backend::open`] waits for a lock this process is letting go of.
+pub const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether the engine refused to open because the directory's lock is held.
+fn locked(e: &StoreError) -> bool {
+    e.to_string().to_ascii_lowercase().contains("lock")
+}
+
+/// Whether [`HOLDER_FILE`] names another process (which holds the lock for good, as
+/// far as this process can tell).
+fn held_elsewhere(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(HOLDER_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .is_some_and(|pid| pid != std::process::id())
+}
+
 /// The engine's open error, said for what it is: permission denied, or the lock held by
 /// another process (named by its pid when the holder wrote [`HOLDER_FILE`]).
 fn explain(dir: &Path, e: StoreError) -> StoreError {
@@ -206,15 +223,28 @@ impl Backend {
 
     /// Opens `engine` in `dir` (creating it), refusing a directory the other engine
     /// wrote. Blocks.
+    ///
+    /// A directory whose lock this process let go of a moment ago (a backend dropped
+    /// here: the engine's background work releases the lock shortly after the drop
+    /// returns) is waited for, up to [`RELEASE_WAIT`]; one another process holds is
+    /// refused at once.
     pub fn open(dir: &Path, engine: Engine) -> Result<Self, StoreError> {
         check_dir(dir)?;
-        let opened = match (engine, found(dir)) {
-            (Engine::Sled, Found::Fjall) => return Err(mismatch(dir, engine, "fjall")),
-            (Engine::Fjall(_), Found::Sled) => return Err(mismatch(dir, engine, "sled")),
-            (Engine::Sled, _) => SledBackend::open(dir).map(Backend::Sled),
-            (Engine::Fjall(d), _) => FjallBackend::open(dir, d).map(Backend::Fjall),
-        }
-        .map_err(|e| explain(dir, e))?;
+        let began = std::time::Instant::now();
+        let opened = loop {
+            let attempt = match (engine, found(dir)) {
+                (Engine::Sled, Found::Fjall) => return Err(mismatch(dir, engine, "fjall")),
+                (Engine::Fjall(_), Found::Sled) => return Err(mismatch(dir, engine, "sled")),
+                (Engine::Sled, _) => SledBackend::open(dir).map(Backend::Sled),
+                (Engine::Fjall(d), _) => FjallBackend::open(dir, d).map(Backend::Fjall),
+            };
+            match attempt {
+                Err(e) if locked(&e) && !held_elsewhere(dir) && began.elapsed() < RELEASE_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                other => break other.map_err(|e| explain(dir, e))?,
+            }
+        };
         // Best effort: a second process refused by the lock names this one.
         if let Err(e) = std::fs::write(dir.join(HOLDER_FILE), std::process::id().to_string()) {
             tracing::debug!(dir = %dir.display(), error = %e, "could not write the holder file");
@@ -398,5 +428,64 @@ impl Backend {
             Backend::Sled(b) => b.heartbeat(instance),
             Backend::Fjall(b) => b.heartbeat(instance),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory under the system's temp dir, removed on drop.
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn dir(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!(
+            "agentloop-backend-{tag}-{}-{}",
+            std::process::id(),
+            crate::store::now_ms()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    /// What sled's background work does after a backend of this process was dropped:
+    /// it holds the lock a moment longer. The next open waits for it instead of
+    /// refusing the directory as in use (CI saw that race).
+    #[test]
+    fn a_lock_this_process_is_letting_go_of_is_waited_for() {
+        let d = dir("release");
+        drop(Backend::open(&d.0, Engine::Sled).expect("opens"));
+        let lock = std::fs::File::open(d.0.join("db")).unwrap();
+        lock.lock().unwrap();
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(lock);
+        });
+        let began = std::time::Instant::now();
+        let b = Backend::open(&d.0, Engine::Sled).expect("opens once the lock is let go of");
+        assert!(began.elapsed() >= std::time::Duration::from_millis(250));
+        holder.join().unwrap();
+        drop(b);
+    }
+
+    /// A lock another process holds (its pid in the holder file) is refused at once,
+    /// naming that process.
+    #[test]
+    fn a_lock_another_process_holds_is_refused_at_once() {
+        let d = dir("elsewhere");
+        drop(Backend::open(&d.0, Engine::Sled).expect("opens"));
+        let lock = std::fs::File::open(d.0.join("db")).unwrap();
+        lock.lock().unwrap();
+        let other = std::process::id().wrapping_add(1).max(2);
+        std::fs::write(d.0.join(HOLDER_FILE), other.to_string()).unwrap();
+        let began = std::time::Instant::now();
+        let e = Backend::open(&d.0, Engine::Sled).err().expect("refused");
+        assert!(began.elapsed() < RELEASE_WAIT / 2, "{:?}", began.elapsed());
+        assert!(e.to_string().contains(&format!("pid {other}")), "{e}");
+        drop(lock);
     }
 }
