@@ -162,8 +162,8 @@ fn check_dir(dir: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// How long [`Backend::open`] waits for a lock this process is letting go of.
-pub const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long `Backend::open` waits for a lock this process is letting go of.
+pub(crate) const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Whether the engine refused to open because the directory's lock is held.
 fn locked(e: &StoreError) -> bool {
@@ -226,7 +226,7 @@ impl Backend {
     ///
     /// A directory whose lock this process let go of a moment ago (a backend dropped
     /// here: the engine's background work releases the lock shortly after the drop
-    /// returns) is waited for, up to [`RELEASE_WAIT`]; one another process holds is
+    /// returns) is waited for, up to 2 s; one another process holds is
     /// refused at once.
     pub fn open(dir: &Path, engine: Engine) -> Result<Self, StoreError> {
         check_dir(dir)?;
