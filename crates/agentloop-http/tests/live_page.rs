@@ -96,6 +96,24 @@ async fn screenshot(c: &Client, name: &str) {
     std::fs::write(shots().join(name), png).expect("write the screenshot");
 }
 
+/// Clicks the element at `css`, finding it again when the page re-rendered it between
+/// the find and the click (the panels are rebuilt every second: a stale reference).
+async fn click_fresh(c: &Client, css: &str) {
+    let mut last = None;
+    for _ in 0..50 {
+        match c.find(Locator::Css(css)).await {
+            Ok(el) => match el.click().await {
+                Ok(_) => return,
+                Err(e) => last = Some(e.to_string()),
+            },
+            Err(e) => last = Some(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    screenshot(c, "failure.png").await;
+    panic!("cannot click `{css}`: {last:?} (screenshot target/live-page/failure.png)");
+}
+
 /// Waits until `check` holds on the page's text of `css` (at most 20 s).
 async fn wait_text(c: &Client, css: &str, what: &str, check: impl Fn(&str) -> bool) -> String {
     let mut last = String::new();
@@ -152,12 +170,7 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     screenshot(&c, "1-loaded.png").await;
 
     // Select it: its event stream opens; push a message from the page.
-    c.find(Locator::Css(row))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_fresh(&c, row).await;
     wait_text(&c, "#selected-id", "the session is selected", |t| {
         t == "demo"
     })
@@ -336,12 +349,7 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
     c.goto(&format!("{base}/")).await.expect("the page loads");
     let row = r#"#sessions tr[data-id="chat"]"#;
     wait_text(&c, row, "the session is listed", |t| t.contains("chat")).await;
-    c.find(Locator::Css(row))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_fresh(&c, row).await;
     wait_text(&c, "#selected-id", "the session is selected", |t| {
         t == "chat"
     })
@@ -406,12 +414,7 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
         t.contains("turn 0")
     })
     .await;
-    c.find(Locator::Css(r#"#history button[data-turn="0"]"#))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click_fresh(&c, r#"#history button[data-turn="0"]"#).await;
     wait_text(&c, "#selected-id", "the fork is selected", |t| {
         t == "chat-fork-0"
     })
