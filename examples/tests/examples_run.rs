@@ -267,6 +267,23 @@ fn check_build_later() {
 }
 
 #[test]
+fn deploy_new_version() {
+    run(
+        "deploy_new_version",
+        &[],
+        &[
+            "v1: 1 message(s) so far",
+            "v1: 2 message(s) so far",
+            "shut down: the record says version 1",
+            "version 2 alone: not resumed: ticket-7: session `ticket-7` was written by version 1 of agent kind `support`, and this runtime runs version(s) 2 of it",
+            "dry run: ticket-7 would be migrated from version 1 to 2",
+            "deployed: resumed [\"ticket-7\"]",
+            "v2: 3 message(s) so far, topics [\"(before the upgrade)\", \"delivery\"]",
+        ],
+    );
+}
+
+#[test]
 fn chat_with_tools() {
     // Scripted even where an Ollama listens: the test needs the kill choreography.
     let stdout = run_env(

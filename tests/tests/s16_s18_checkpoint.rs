@@ -39,6 +39,7 @@ fn stale_record(id: &str) -> SessionRecord<SimItem> {
         settings: None,
         journal: None,
         state_carried: false,
+        agent_version: 1,
     }
 }
 

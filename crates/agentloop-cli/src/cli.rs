@@ -91,6 +91,8 @@ fn duration(text: &str) -> Result<Duration, String> {
 /// directory and the engine.
 #[derive(Debug, Args)]
 pub(crate) struct StoreFlags {
+    #[command(flatten)]
+    pub versions: SimVersions,
     /// Configuration file (default: ./agentloop.toml when it exists).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -104,6 +106,48 @@ pub(crate) struct StoreFlags {
     /// fjall only: what a group commit survives (default crash).
     #[arg(long, value_enum)]
     pub durability: Option<DurabilityArg>,
+}
+
+/// The versions of the simulated agent kind `sim` a process registers (S40). The
+/// simulated agent's versions share its code; they let a deploy be rehearsed with this
+/// binary: pinning, migration and refusal work as for any agent.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub(crate) struct SimVersions {
+    /// The versions of kind `sim` to register, e.g. `1,2`: new sessions run the newest;
+    /// a stored session resumes on its own version when listed here, else migrated
+    /// (with --sim-migrations), else refused with its record kept.
+    #[arg(long, value_name = "V,...", value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u32).range(1..))]
+    pub sim_versions: Vec<u32>,
+    /// Also register migrations of `sim` records from each version to the next, up to
+    /// the newest listed (they change the version only: the versions share a state
+    /// type).
+    #[arg(long)]
+    pub sim_migrations: bool,
+}
+
+impl SimVersions {
+    /// Registers kind `sim` at these versions (each built by `factory`), with the
+    /// migrations when asked.
+    pub fn register<A, F>(
+        &self,
+        mut builder: agentloop::RuntimeBuilder<agentloop_sim::SimItem, agentloop_sim::SimEvent>,
+        factory: F,
+    ) -> agentloop::RuntimeBuilder<agentloop_sim::SimItem, agentloop_sim::SimEvent>
+    where
+        A: agentloop::Agent<Item = agentloop_sim::SimItem, Event = agentloop_sim::SimEvent>,
+        F: Fn(&[u8]) -> Result<A, String> + Clone + Send + Sync + 'static,
+    {
+        for &v in &self.sim_versions {
+            builder = builder.register_agent_version("sim", v, factory.clone());
+        }
+        if self.sim_migrations {
+            let newest = self.sim_versions.iter().copied().max().unwrap_or(1);
+            for from in 1..newest {
+                builder = builder.register_migration("sim", from, agentloop::Migration::new());
+            }
+        }
+        builder
+    }
 }
 
 impl StoreFlags {
@@ -519,6 +563,31 @@ pub(crate) enum SessionsCmd {
         id: String,
         #[command(flatten)]
         dir: DataDir,
+    },
+    /// What starting this build with these agent versions would do to every stored
+    /// session (S40): resume it on its own version (pinned), migrate it to the newest
+    /// (the migration runs on a copy and is checked), or refuse it (its record kept),
+    /// and why. Nothing is written; the start does the same.
+    Migrate {
+        #[command(flatten)]
+        dir: DataDir,
+        /// Read a PostgreSQL store (a cluster's) instead of the data directory.
+        #[arg(
+            long,
+            value_name = "URL",
+            env = "AGENTLOOP_POSTGRES",
+            hide_env_values = true
+        )]
+        postgres: Option<String>,
+        #[command(flatten)]
+        versions: SimVersions,
+        /// Report only: required (sessions are migrated by the start that resumes
+        /// them, never by this command).
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
     },
     /// Every session (record and history) as JSON lines on stdout, to move them to
     /// another directory or engine.

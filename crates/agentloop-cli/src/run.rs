@@ -44,6 +44,8 @@ pub(crate) struct RunArgs {
     items: u64,
     push_ms: u64,
     agent: AgentConfig,
+    /// The versions of kind `sim` to register (S40).
+    versions: crate::cli::SimVersions,
 }
 
 /// The simulated agent's configuration, stored in each record so a resumed session
@@ -148,6 +150,7 @@ impl RunArgs {
         let run = RunArgs {
             engine: f.store.engine_name(),
             durability: f.store.durability_name(),
+            versions: f.store.versions.clone(),
             config: f.store.config,
             data_dir: f.store.data_dir,
             item_log: f.item_log,
@@ -307,9 +310,10 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
     let p = progress.clone();
     let hook_log = item_log.clone();
     let limits = config.limits;
-    let (rt, start) = Runtime::<SimItem, SimEvent>::builder()
-        .config(&config)
-        .register_agent("sim", move |bytes: &[u8]| {
+    let builder = Runtime::<SimItem, SimEvent>::builder().config(&config);
+    let (rt, start) = args
+        .versions
+        .register(builder, move |bytes: &[u8]| {
             Ok(AgentConfig::from_json(bytes, &limits)?
                 .logged_agent(hook_log.as_ref())
                 .with_counters(p.counters.clone()))

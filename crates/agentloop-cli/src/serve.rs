@@ -174,13 +174,13 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
             as agentloop_http::MetricsHook
     });
     options.metrics_extra = metrics_extra;
-    let mut builder = Runtime::<SimItem, SimEvent>::builder()
+    let builder = Runtime::<SimItem, SimEvent>::builder()
         .config(&config)
         // S20a: sessions spawned over HTTP keep their events; resumed ones too.
-        .keep_events()
-        .register_agent("sim", move |bytes: &[u8]| {
-            Ok(AgentConfig::from_json(bytes, &limits)?.logged_agent(item_log.as_ref()))
-        });
+        .keep_events();
+    let mut builder = flags.store.versions.register(builder, move |bytes: &[u8]| {
+        Ok(AgentConfig::from_json(bytes, &limits)?.logged_agent(item_log.as_ref()))
+    });
     if let Some(provider) = chat {
         builder = builder.register_agent("chat", move |bytes: &[u8]| chat_agent(&provider, bytes));
     }

@@ -75,6 +75,13 @@ pub(crate) enum Command {
     },
     /// `delete <id>`.
     Delete { dir: PathBuf, id: String },
+    /// `migrate --dry-run` (S40).
+    Migrate {
+        dir: PathBuf,
+        postgres: Option<String>,
+        versions: crate::cli::SimVersions,
+        json: bool,
+    },
     /// `export`.
     Export { dir: PathBuf },
     /// `import`.
@@ -178,6 +185,26 @@ pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
             id,
             json,
         },
+        SessionsCmd::Migrate { dry_run: false, .. } => {
+            return Err(Failure::Usage {
+                message: "`sessions migrate` only reports: add --dry-run. Sessions are migrated \
+                          by the start that resumes them (`agentloop serve` or `run` with the \
+                          same --sim-versions and --sim-migrations), never by this command"
+                    .into(),
+            })
+        }
+        SessionsCmd::Migrate {
+            dir,
+            postgres,
+            versions,
+            json,
+            ..
+        } => Command::Migrate {
+            dir: dir.data_dir,
+            postgres,
+            versions,
+            json,
+        },
         SessionsCmd::Delete { id, dir } => Command::Delete {
             dir: dir.data_dir,
             id,
@@ -253,6 +280,12 @@ pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
         } => events(&dir, &id, after, json),
         Command::Timers { dir, id, json } => timers(&dir, &id, json),
         Command::Delete { dir, id } => delete(&dir, &id),
+        Command::Migrate {
+            dir,
+            postgres,
+            versions,
+            json,
+        } => migrate_dry_run(&dir, postgres.as_deref(), &versions, json),
         Command::Export { dir } => export(&dir),
         Command::Import { dir, engine } => {
             let mut text = String::new();
@@ -304,6 +337,8 @@ fn open(dir: &Path) -> Result<Backend, Failure> {
 struct View {
     session_id: String,
     agent_kind: String,
+    /// The version of the kind that wrote the record (S40).
+    agent_version: u32,
     status: SessionStatus,
     turn_index: u64,
     /// Items as JSON, in their logical places.
@@ -369,6 +404,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
             Ok(View {
                 session_id: h.session_id.clone(),
                 agent_kind: h.agent_kind.clone(),
+                agent_version: h.agent_version,
                 status: h.status.clone(),
                 turn_index: h.turn_index,
                 unhandled: json(&placement.unhandled)?,
@@ -398,6 +434,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
             Ok(View {
                 session_id: rec.session_id,
                 agent_kind: rec.agent_kind,
+                agent_version: rec.agent_version,
                 status: rec.status,
                 turn_index: rec.turn_index,
                 unhandled: rec.unhandled_items.iter().map(|i| json!(i)).collect(),
@@ -502,6 +539,7 @@ fn render_list(
         "STOP CAUSE",
         "UPDATED",
         "OWNER",
+        "KIND",
     ];
     let mut rows = Vec::new();
     let mut notes = Vec::new();
@@ -520,6 +558,7 @@ fn render_list(
                 cell(r.stop_cause.as_deref().unwrap_or("-")),
                 utc(r.updated_at_ms),
                 cell(r.owner.as_deref().unwrap_or("-")),
+                format!("{} v{}", cell(&r.agent_kind), r.agent_version),
             ]),
             Err(err) => {
                 let mut row = vec![cell(id), CORRUPT.to_string()];
@@ -629,7 +668,10 @@ fn show(
     let now = now_ms();
     let opt = |v: &Option<String>| v.as_deref().map(clean).unwrap_or_else(|| "-".into());
     line("session", clean(&rec.session_id));
-    line("agent kind", clean(&rec.agent_kind));
+    line(
+        "agent kind",
+        format!("{} (version {})", clean(&rec.agent_kind), rec.agent_version),
+    );
     line(
         "status",
         format!(
@@ -1110,6 +1152,7 @@ fn view_json(rec: &View, with_items: bool) -> Value {
     let mut v = json!({
         "session_id": rec.session_id,
         "agent_kind": rec.agent_kind,
+        "agent_version": rec.agent_version,
         "status": format!("{:?}", rec.status.kind()),
         "asleep": rec.asleep,
         "failure": match &rec.status {
@@ -1168,4 +1211,86 @@ fn plural(n: usize) -> &'static str {
     } else {
         "s"
     }
+}
+
+/// `agentloop sessions migrate --dry-run` (S40): what a start of this build with
+/// `versions` of kind `sim` would do to every stored session, as the runtime's own dry
+/// run reports it ([`agentloop::RuntimeBuilder::plan_deploy`]). Reads only.
+fn migrate_dry_run(
+    dir: &Path,
+    postgres: Option<&str>,
+    versions: &crate::cli::SimVersions,
+    json: bool,
+) -> Result<String, Failure> {
+    let (entries, place) = match postgres {
+        Some(url) => (postgres_entries(url, None)?, postgres_name(url)),
+        None => {
+            let backend = open(dir)?;
+            let entries = backend
+                .list(None)
+                .map_err(|e| Failure::Error(e.to_string()))?;
+            drop(backend);
+            (entries, dir.display().to_string())
+        }
+    };
+    // The factory never runs here: the dry run reads the versions, the migrations and
+    // the types the agents read.
+    let builder = versions.register(
+        agentloop::Runtime::<SimItem, agentloop_sim::SimEvent>::builder(),
+        |_: &[u8]| -> Result<agentloop_sim::SimAgent, String> {
+            Err("not started by a dry run".into())
+        },
+    );
+    let plan = builder.plan_deploy(entries);
+    if json {
+        return Ok(pretty(&json!(plan)));
+    }
+    if plan.sessions.is_empty() {
+        return Ok(format!("no records in {place}\n"));
+    }
+    use agentloop::versions::SessionFate;
+    let mut notes = Vec::new();
+    let rows: Vec<Vec<String>> = plan
+        .sessions
+        .iter()
+        .map(|s| {
+            let (fate, why) = match &s.fate {
+                SessionFate::Pinned { version } => (format!("pinned on v{version}"), None),
+                SessionFate::Migrated { from, to } => (format!("migrated v{from} -> v{to}"), None),
+                SessionFate::Refused { reason } => ("REFUSED".to_string(), Some(reason.clone())),
+                SessionFate::UnknownKind => (
+                    "REFUSED".to_string(),
+                    Some(format!(
+                        "its agent kind `{}` is not registered here",
+                        s.kind
+                    )),
+                ),
+                SessionFate::Finished => ("finished".to_string(), None),
+                SessionFate::Unreadable { reason } => (CORRUPT.to_string(), Some(reason.clone())),
+            };
+            if let Some(why) = why {
+                notes.push(format!("{fate} {}: {}", clean(&s.id), clean(&why)));
+            }
+            vec![
+                cell(&s.id),
+                format!("{} v{}", cell(&s.kind), s.version),
+                cell(&s.status),
+                fate,
+            ]
+        })
+        .collect();
+    let mut out = table(&["ID", "KIND", "STATUS", "ON START"], &rows);
+    let (pinned, migrated, refused, finished) = plan.counts();
+    let _ = writeln!(
+        out,
+        "\n{} session{} in {place}: {pinned} pinned, {migrated} migrated, {refused} refused, {finished} finished (sim versions {}{}); nothing was written",
+        plan.sessions.len(),
+        plural(plan.sessions.len()),
+        versions.sim_versions.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        if versions.sim_migrations { ", with migrations" } else { "" },
+    );
+    for n in notes {
+        let _ = writeln!(out, "{n}");
+    }
+    Ok(out)
 }

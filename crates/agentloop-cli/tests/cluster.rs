@@ -209,11 +209,53 @@ fn audit(
 }
 
 fn start_node(dir: &std::path::Path, db: &str, n: usize, log: &std::path::Path) -> (Job, String) {
+    start_node_with(dir, db, n, log, &[])
+}
+
+/// [`start_node`] with more flags and its log (stderr) written to `stderr`.
+fn start_node_logged(
+    dir: &std::path::Path,
+    db: &str,
+    n: usize,
+    log: &std::path::Path,
+    extra: &[&str],
+    stderr: &std::path::Path,
+) -> (Job, String) {
     let node_dir = dir.join(format!("n{n}"));
     std::fs::create_dir_all(&node_dir).unwrap();
     let name = format!("n{n}");
-    let mut job = Job::serve(
-        &node_dir,
+    let args = [
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--postgres",
+            db,
+            "--node",
+            &name,
+            "--item-log",
+            log.to_str().unwrap(),
+        ][..],
+        extra,
+    ]
+    .concat();
+    let file = std::fs::File::create(stderr).expect("a log file");
+    let mut job = Job::command(&node_dir, "serve", &args, file.into());
+    let url = base(&mut job);
+    (job, url)
+}
+
+/// [`start_node`] with more flags.
+fn start_node_with(
+    dir: &std::path::Path,
+    db: &str,
+    n: usize,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> (Job, String) {
+    let node_dir = dir.join(format!("n{n}"));
+    std::fs::create_dir_all(&node_dir).unwrap();
+    let name = format!("n{n}");
+    let args = [
         &[
             "--postgres",
             db,
@@ -221,8 +263,11 @@ fn start_node(dir: &std::path::Path, db: &str, n: usize, log: &std::path::Path) 
             &name,
             "--item-log",
             log.to_str().unwrap(),
-        ],
-    );
+        ][..],
+        extra,
+    ]
+    .concat();
+    let mut job = Job::serve(&node_dir, &args);
     let url = base(&mut job);
     (job, url)
 }
@@ -1253,4 +1298,107 @@ fn sleeping_sessions_wake_on_their_owner_and_timers_fire_once_across_a_failover(
     n1.signal(libc::SIGTERM);
     let (status, out) = n1.finish();
     assert!(status.success(), "{out}");
+}
+
+/// S40, a rolling deploy of two nodes on one PostgreSQL: both run version 1 of kind
+/// `sim`; n1 is redeployed with versions 1 and 2 (its sessions stay on version 1, new
+/// ones run 2); then n1 is SIGKILLed. n0, which runs version 1 only, adopts n1's
+/// version-1 sessions and none of its version-2 ones, which wait for a node that runs
+/// them: n1, restarted, resumes them. No version-2 session ever runs on n0.
+#[test]
+fn a_rolling_deploy_moves_nothing_a_node_cannot_run() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("versions").expect("a database");
+    let dir = TempDir::new("cluster-versions");
+    let logs: Vec<_> = (0..2).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+    let v1 = ["--sim-versions", "1"];
+    let both = ["--sim-versions", "1,2"];
+    // n0's log: it must never even try to start a session it cannot run.
+    let n0_log = dir.0.join("n0.stderr");
+    let (n0, url0) = start_node_logged(&dir.0, &db, 0, &logs[0], &v1, &n0_log);
+    let (n1, url1) = start_node_with(&dir.0, &db, 1, &logs[1], &v1);
+    let config = json!({"rounds": 1, "model_ms": 1, "tool_ms": 1});
+    let old: Vec<String> = (0..6).map(|i| format!("old{i}")).collect();
+    for id in &old {
+        spawn_sim(&url1, id, config.clone());
+    }
+    // The rolling deploy reaches n1: versions 1 and 2.
+    n1.signal(libc::SIGTERM);
+    let (status, out) = n1.finish();
+    assert!(status.success(), "{out}");
+    let (n1, url1) = start_node_with(&dir.0, &db, 1, &logs[1], &both);
+    let new: Vec<String> = (0..6).map(|i| format!("new{i}")).collect();
+    for (i, id) in new.iter().enumerate() {
+        spawn_sim(&url1, id, config.clone());
+        wait_for("the push accepted", 30, || {
+            matches!(push(&url1, id, 100 + i as u64), Push::Accepted)
+        });
+    }
+    let version = |url: &str, id: &str| -> Option<u64> {
+        let mut r = agent().get(&format!("{url}/sessions")).call().ok()?;
+        let rows: Value = r.body_mut().read_json().ok()?;
+        rows.as_array()?
+            .iter()
+            .find(|r| r["id"] == id)
+            .and_then(|r| r["version"].as_u64())
+    };
+    for id in &new {
+        assert_eq!(version(&url1, id), Some(2), "{id} runs the newest version");
+    }
+    wait_for("the new sessions' items delivered on n1", 30, || {
+        let d = delivered(&logs[1]);
+        (100..106).all(|i| d.contains(&i))
+    });
+
+    // n1 dies. n0 adopts what it can run (version 1), nothing else.
+    let _ = n1.kill();
+    wait_for("n0 runs every version-1 session", 30, || {
+        live_sessions(&url0).is_some_and(|l| old.iter().all(|id| l.contains(id)))
+    });
+    // Three more beats past the adoption: the version-2 sessions stay stored.
+    std::thread::sleep(Duration::from_secs(3));
+    let live0 = live_sessions(&url0).expect("n0 lists");
+    for id in &new {
+        assert!(!live0.contains(id), "{id} (version 2) must not run on n0");
+        assert_eq!(state_of(&url0, id).as_deref(), Some("stored"), "{id}");
+        assert_eq!(version(&url0, id), Some(2), "{id} kept at its version");
+    }
+    for id in &old {
+        assert_eq!(version(&url0, id), Some(1), "{id} stays on version 1");
+    }
+
+    // n1 comes back (versions 1 and 2): it resumes its version-2 sessions.
+    let (n1, url1) = start_node_with(&dir.0, &db, 1, &logs[1], &both);
+    wait_for("n1 runs the version-2 sessions again", 30, || {
+        live_sessions(&url1).is_some_and(|l| new.iter().all(|id| l.contains(id)))
+    });
+    wait_for("a push to a version-2 session delivered on n1", 30, || {
+        matches!(push(&url1, "new0", 200), Push::Accepted)
+    });
+    wait_for("item 200 delivered", 30, || {
+        delivered(&logs[1]).contains(&200)
+    });
+    let on_n0 = delivered(&logs[0]);
+    for item in (100..106).chain([200]) {
+        assert!(
+            !on_n0.contains(&item),
+            "item {item} of a version-2 session ran on n0"
+        );
+    }
+    for job in [n0, n1] {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+    let n0_said = std::fs::read_to_string(&n0_log).expect("n0's log");
+    for needle in [
+        "did not start",
+        "version 2 of agent kind",
+        "loading the session record failed",
+    ] {
+        assert!(
+            !n0_said.contains(needle),
+            "n0 tried a session it cannot run ({needle:?}):\n{n0_said}"
+        );
+    }
 }

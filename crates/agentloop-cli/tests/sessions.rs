@@ -55,6 +55,7 @@ fn populate(dir: &Path) {
     beta.unhandled_items = items(&[20]);
     beta.interrupted_items = items(&[21, 22]);
     beta.state = Some(vec![7; 42]);
+    beta.agent_version = 3;
     beta.owner = Some("instance-1".into());
 
     let mut gamma = SessionRecord::<SimItem>::new("gamma", "sim", 1);
@@ -148,7 +149,10 @@ fn sessions_list_and_show() {
         row(&list, "beta")[..8],
         ["beta", "Interrupted", "7", "1", "2", "yes", "(42", "B)"]
     );
-    assert_eq!(*row(&list, "beta").last().unwrap(), "instance-1");
+    // The owner, then the kind with the version that wrote the record (S40).
+    let beta = row(&list, "beta");
+    assert_eq!(beta[beta.len() - 3..], ["instance-1", "sim", "v3"]);
+    assert_eq!(row(&list, "alpha").last(), Some(&"v1"));
     assert_eq!(
         row(&list, "gamma")[..3],
         ["gamma", "Failed(model", "exploded)"]
@@ -226,6 +230,7 @@ fn sessions_list_and_show() {
         "turn index   7",
         "yes: 42 bytes of agent state",
         "owner        instance-1",
+        "agent kind   sim (version 3)",
         "unhandled items (1):",
         "[0] {\"id\":20,\"text\":\"message 20\"}",
         "interrupted items (2):",
@@ -248,6 +253,7 @@ fn sessions_list_and_show() {
         "--json",
     ])))
     .expect("show --json is JSON");
+    assert_eq!(shown["agent_version"], 3);
     assert_eq!(shown["interrupted_items"][0]["id"], 21);
     assert_eq!(shown["interrupted_items"][1]["text"], "message 22");
     assert_eq!(shown["unhandled_items"][0]["id"], 20);

@@ -15,13 +15,34 @@ use std::time::Duration;
 use crate::lease::is_fresh;
 use crate::placement;
 
-/// Who is live and who is presumed dead, from the store's heartbeats.
+/// What one node can run (S40): agent kind → the versions whose records it resumes
+/// (registered, or migratable to its newest).
+pub type Runs = BTreeMap<String, BTreeSet<u32>>;
+
+/// A session as placement and adoption see it (S40): its id, its agent kind and the
+/// version that wrote its record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed<'a> {
+    /// The session id.
+    pub session: &'a str,
+    /// Its agent kind.
+    pub kind: &'a str,
+    /// The version of the kind its record was written by.
+    pub version: u32,
+}
+
+/// Who is live and who is presumed dead, from the store's heartbeats, and what each
+/// node said it can run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Membership {
     /// Live nodes (this one always among them), by name.
     pub live: Vec<String>,
     /// Nodes presumed dead, with their last heartbeat.
     pub dead: BTreeMap<String, u64>,
+    /// What the nodes that advertised it can run (S40). A node absent here advertised
+    /// nothing (an older build, or a store that keeps no advertisements) and is
+    /// assumed to run every version.
+    pub runs: BTreeMap<String, Runs>,
 }
 
 impl Membership {
@@ -45,7 +66,38 @@ impl Membership {
         Membership {
             live: live.into_iter().collect(),
             dead,
+            runs: BTreeMap::new(),
         }
+    }
+
+    /// With what the nodes advertised they can run (S40).
+    pub fn with_runs(mut self, runs: BTreeMap<String, Runs>) -> Self {
+        self.runs = runs;
+        self
+    }
+
+    /// Whether `node` can run a record of `kind` written by `version` (S40): what it
+    /// advertised says so, or it advertised nothing.
+    pub fn can_run(&self, node: &str, kind: &str, version: u32) -> bool {
+        match self.runs.get(node) {
+            None => true,
+            Some(runs) => runs.get(kind).is_some_and(|v| v.contains(&version)),
+        }
+    }
+
+    /// The live node placement names for `s` among those that can run it (S36, S40);
+    /// `None` when no live node can.
+    pub fn placed(&self, s: Placed<'_>) -> Option<&str> {
+        // `placement::owner_of` over the able nodes (same weights, same tie-break).
+        self.live
+            .iter()
+            .filter(|n| self.can_run(n, s.kind, s.version))
+            .max_by(|a, b| {
+                placement::weight(a, s.session)
+                    .cmp(&placement::weight(b, s.session))
+                    .then_with(|| b.cmp(a))
+            })
+            .map(String::as_str)
     }
 
     /// Whether `owner` (a record's) is live. A record without an owner has none.
@@ -54,10 +106,14 @@ impl Membership {
     }
 }
 
-/// Whether this node (`me`) should adopt a resumable record of `session` owned by
-/// `owner`: its owner is not live, and placement over the live nodes names `me`.
-pub fn should_adopt(m: &Membership, me: &str, session: &str, owner: Option<&str>) -> bool {
-    owner != Some(me) && !m.is_live(owner) && placement::owner_of(&m.live, session) == Some(me)
+/// Whether this node (`me`) should adopt a resumable record `s` owned by `owner`: its
+/// owner is not live, or is live but advertised it cannot run the record's version (a
+/// node redeployed without it, S40); and placement over the live nodes that can run it
+/// names `me`.
+pub fn should_adopt(m: &Membership, me: &str, s: Placed<'_>, owner: Option<&str>) -> bool {
+    let owner_runs_it =
+        owner.is_some_and(|o| m.is_live(Some(o)) && m.can_run(o, s.kind, s.version));
+    owner != Some(me) && !owner_runs_it && m.placed(s) == Some(me)
 }
 
 /// Remembers what the last sweep saw, so a node lists the store's records only when
@@ -109,6 +165,71 @@ mod tests {
 
     const LEASE: Duration = Duration::from_secs(3);
 
+    fn placed(s: &str) -> Placed<'_> {
+        Placed {
+            session: s,
+            kind: "k",
+            version: 1,
+        }
+    }
+
+    fn runs(v: &[(&str, &[u32])]) -> Runs {
+        v.iter()
+            .map(|(k, vs)| (k.to_string(), vs.iter().copied().collect()))
+            .collect()
+    }
+
+    /// S40: a dead node's sessions go only to nodes that can run their version; a
+    /// node that advertised nothing runs everything; a live owner that cannot run its
+    /// record's version gives it up to one that can; a version nobody runs stays put.
+    #[test]
+    fn s40_sessions_are_placed_and_adopted_only_where_their_version_runs() {
+        let all = &beats(&[("old", 10_000), ("new", 10_000), ("dead", 1_000)]);
+        let judge = |me: &str| {
+            Membership::judge(all, me, 10_000, LEASE).with_runs(BTreeMap::from([
+                ("old".to_string(), runs(&[("k", &[1])])),
+                ("new".to_string(), runs(&[("k", &[1, 2])])),
+            ]))
+        };
+        for i in 0..200 {
+            let id = format!("s{i}");
+            let v2 = Placed {
+                session: &id,
+                kind: "k",
+                version: 2,
+            };
+            assert_eq!(judge("old").placed(v2), Some("new"), "only `new` runs v2");
+            assert!(!should_adopt(&judge("old"), "old", v2, Some("dead")));
+            assert!(should_adopt(&judge("new"), "new", v2, Some("dead")));
+            // v1 is spread over both.
+            let v1 = Placed { version: 1, ..v2 };
+            let by_old = should_adopt(&judge("old"), "old", v1, Some("dead"));
+            let by_new = should_adopt(&judge("new"), "new", v1, Some("dead"));
+            assert!(by_old != by_new, "{id}: exactly one adopts it");
+            // `old` is live but cannot run its own v2 record: `new` takes it.
+            assert!(should_adopt(&judge("new"), "new", v2, Some("old")));
+            // A version no live node runs is adopted by none.
+            let v3 = Placed { version: 3, ..v2 };
+            assert_eq!(judge("new").placed(v3), None);
+            assert!(!should_adopt(&judge("new"), "new", v3, Some("dead")));
+            // A kind `old` does not advertise at all.
+            let other = Placed { kind: "x", ..v1 };
+            assert_eq!(judge("old").placed(other), None, "nobody advertised kind x");
+            assert!(!judge("old").can_run("old", "x", 1));
+        }
+        // Without advertisements every live node runs everything (older builds), and
+        // placement is the plain placement over the live nodes.
+        let bare = Membership::judge(all, "old", 10_000, LEASE);
+        assert!(bare.can_run("old", "k", 9) && bare.can_run("new", "x", 1));
+        for i in 0..200 {
+            let id = format!("s{i}");
+            assert_eq!(
+                bare.placed(placed(&id)),
+                placement::owner_of(&bare.live, &id)
+            );
+        }
+    }
+
     #[test]
     fn fresh_beats_are_live_and_stale_ones_dead_and_i_am_live() {
         let m = Membership::judge(
@@ -133,20 +254,20 @@ mod tests {
         let (mut a, mut b) = (0, 0);
         for i in 0..300 {
             let s = format!("s{i}");
-            let by_a = should_adopt(&m, "a", &s, Some("c"));
+            let by_a = should_adopt(&m, "a", placed(&s), Some("c"));
             let mb = Membership::judge(
                 &beats(&[("a", 10_000), ("b", 10_000), ("c", 1_000)]),
                 "b",
                 10_000,
                 LEASE,
             );
-            let by_b = should_adopt(&mb, "b", &s, Some("c"));
+            let by_b = should_adopt(&mb, "b", placed(&s), Some("c"));
             assert!(by_a != by_b, "{s}: exactly one live node adopts it");
             a += usize::from(by_a);
             b += usize::from(by_b);
             // A live owner's sessions stay where they are, whatever placement says.
-            assert!(!should_adopt(&m, "a", &s, Some("b")));
-            assert!(!should_adopt(&m, "a", &s, Some("a")));
+            assert!(!should_adopt(&m, "a", placed(&s), Some("b")));
+            assert!(!should_adopt(&m, "a", placed(&s), Some("a")));
         }
         assert!(a > 90 && b > 90, "{a} / {b}");
     }

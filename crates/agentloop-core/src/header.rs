@@ -96,6 +96,24 @@ pub struct RecordHeader {
     /// whose agent carries a state.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub state_carried: bool,
+    /// The version of the agent kind that wrote the record (S40): the session resumes
+    /// on this version when the runtime registers it (pinned), else migrated along the
+    /// kind's chain of migrations, else it is refused and the record kept. Records
+    /// written before versions existed read as version 1 (stored only when not 1).
+    #[serde(default = "first_version", skip_serializing_if = "is_first_version")]
+    pub agent_version: u32,
+}
+
+/// The version of an agent kind registered without one, and of records written before
+/// versions existed (S40).
+pub const FIRST_VERSION: u32 = 1;
+
+fn first_version() -> u32 {
+    FIRST_VERSION
+}
+
+fn is_first_version(v: &u32) -> bool {
+    *v == FIRST_VERSION
 }
 
 impl Default for RecordHeader {
@@ -126,6 +144,7 @@ impl Default for RecordHeader {
             journal: None,
             asleep: false,
             state_carried: false,
+            agent_version: FIRST_VERSION,
         }
     }
 }

@@ -35,6 +35,7 @@ pub mod steps;
 pub mod store_error;
 pub mod table;
 pub mod timers;
+pub mod versions;
 pub mod write;
 
 pub use store_error::StoreError;

@@ -14,7 +14,6 @@
 use std::time::Duration;
 
 use crate::adopt::Membership;
-use crate::placement;
 
 /// How a node rebalances.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,18 +88,22 @@ impl Rebalancer {
     }
 }
 
-/// The moves node `me` should make: each session of `mine` (the sessions it runs)
-/// whose placement over the live nodes names another node that `reachable` says can
-/// be asked now, in the order given.
+/// The moves node `me` should make: each session of `mine` (the sessions it runs,
+/// with their kind and version) whose placement over the live nodes that can run it
+/// (S40) names another node that `reachable` says can be asked now, in the order given.
 pub fn moves(
     m: &Membership,
     me: &str,
-    mine: &[String],
+    mine: &[(String, String, u32)],
     reachable: impl Fn(&str) -> bool,
 ) -> Vec<(String, String)> {
     mine.iter()
-        .filter_map(|s| {
-            let to = placement::owner_of(&m.live, s)?;
+        .filter_map(|(s, kind, version)| {
+            let to = m.placed(crate::adopt::Placed {
+                session: s,
+                kind,
+                version: *version,
+            })?;
             (to != me && reachable(to)).then(|| (s.clone(), to.to_string()))
         })
         .collect()
@@ -109,11 +112,13 @@ pub fn moves(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::placement;
 
     fn live(names: &[&str]) -> Membership {
         Membership {
             live: names.iter().map(|s| s.to_string()).collect(),
             dead: Default::default(),
+            runs: Default::default(),
         }
     }
 
@@ -142,7 +147,9 @@ mod tests {
     #[test]
     fn only_sessions_placement_gives_a_reachable_other_node_move() {
         let m = live(&["a", "b", "c"]);
-        let mine: Vec<String> = (0..60).map(|i| format!("s{i}")).collect();
+        let mine: Vec<(String, String, u32)> = (0..60)
+            .map(|i| (format!("s{i}"), "k".to_string(), 1))
+            .collect();
         let all = moves(&m, "a", &mine, |_| true);
         assert!(!all.is_empty());
         for (s, to) in &all {
@@ -151,7 +158,7 @@ mod tests {
         }
         let stay = mine
             .iter()
-            .filter(|s| placement::owner_of(&m.live, s) == Some("a"))
+            .filter(|(s, _, _)| placement::owner_of(&m.live, s) == Some("a"))
             .count();
         assert_eq!(all.len() + stay, mine.len(), "the rest stay");
         // An unreachable target is not moved to.
@@ -160,5 +167,28 @@ mod tests {
         assert_eq!(to_b.len(), all.iter().filter(|(_, to)| to == "b").count());
         // Alone, nothing moves.
         assert!(moves(&live(&["a"]), "a", &mine, |_| true).is_empty());
+    }
+
+    /// S40: a session moves only to a node that can run its version; one no other
+    /// node runs stays.
+    #[test]
+    fn s40_sessions_move_only_to_nodes_that_run_their_version() {
+        let runs = |vs: &[u32]| {
+            std::collections::BTreeMap::from([("k".to_string(), vs.iter().copied().collect())])
+        };
+        let mut m = live(&["a", "b", "c"]);
+        m.runs.insert("b".into(), runs(&[1]));
+        m.runs.insert("c".into(), runs(&[1, 2]));
+        let mine: Vec<(String, String, u32)> = (0..60)
+            .map(|i| (format!("s{i}"), "k".to_string(), 2))
+            .collect();
+        let moved = moves(&m, "a", &mine, |_| true);
+        assert!(!moved.is_empty());
+        assert!(moved.iter().all(|(_, to)| to == "c"), "{moved:?}");
+        m.runs.insert("c".into(), runs(&[1]));
+        assert!(
+            moves(&m, "a", &mine, |_| true).is_empty(),
+            "a runs it, nobody else does"
+        );
     }
 }

@@ -186,6 +186,7 @@ impl<I> LoadedRecord<I> {
             settings: h.settings,
             journal: self.journal,
             state_carried: h.state_carried,
+            agent_version: h.agent_version,
         }
     }
 
@@ -253,6 +254,9 @@ pub struct SessionRecord<I> {
     /// `state` is the state the session carries between turns, not a cut turn's (see
     /// [`RecordHeader::state_carried`]).
     pub state_carried: bool,
+    /// The version of the agent kind that wrote it (S40; see
+    /// [`RecordHeader::agent_version`]).
+    pub agent_version: u32,
 }
 
 impl<I> SessionRecord<I> {
@@ -287,6 +291,7 @@ impl<I> SessionRecord<I> {
             settings: None,
             journal: None,
             state_carried: false,
+            agent_version: crate::header::FIRST_VERSION,
         }
     }
 

@@ -131,6 +131,11 @@ impl From<SupervisorError> for ApiError {
                 (StatusCode::CONFLICT, "wrong_state")
             }
             SupervisorError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
+            // S40: the record's version does not run here (kept as it was).
+            SupervisorError::Version(
+                agentloop::VersionError::Unavailable { .. }
+                | agentloop::VersionError::Migration { .. },
+            ) => (StatusCode::CONFLICT, "version_unavailable"),
             SupervisorError::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
             // S34a: load, so 429 with when to retry.
             SupervisorError::TooManySessions { .. } => {

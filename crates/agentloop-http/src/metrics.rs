@@ -7,6 +7,9 @@
 //!   (S39: held as a hash of their id, their records on disk), and stored records
 //!   by status (`running`, `stopped`, `interrupted`, `completed`, `canceled`, `failed`,
 //!   `unreadable`); listing the records costs one store scan per scrape.
+//! - `agentloop_sessions_by_version{kind,version}`: stored sessions not finished yet
+//!   by agent kind and the version that wrote their record (S40): what a deploy must
+//!   still run or migrate.
 //! - `agentloop_event_streams`: event streams open now.
 //! - `agentloop_draining`: 1 once the shutdown began.
 //!
@@ -56,6 +59,24 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
         "agentloop_sessions",
         "Sessions live in this process (status=live), asleep (status=sleeping, S39), and stored records by status",
         sessions,
+    );
+    // S40: which versions of each kind the stored sessions that may still run need.
+    let by_version = Family::<Vec<(&'static str, String)>, Gauge>::default();
+    for entry in &stored {
+        if let Ok(stored) = &entry.record {
+            if !stored.status().is_terminal() {
+                let kind = crate::sessions::kind_of(stored).to_string();
+                let version = agentloop::versions::version_of(stored).to_string();
+                by_version
+                    .get_or_create(&vec![("kind", kind), ("version", version)])
+                    .inc();
+            }
+        }
+    }
+    registry.register(
+        "agentloop_sessions_by_version",
+        "Stored sessions not yet finished (running, sleeping, stopped, interrupted) by agent kind and the version of it that wrote their record (S40)",
+        by_version,
     );
     let streams = Gauge::<i64>::default();
     streams.set(st.streams.held() as i64);

@@ -349,6 +349,49 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         expect!(f, Answer::Instances(all) => all)
     }
 
+    fn advertise(
+        &self,
+        instance: &str,
+        runs: &agentloop_core::adopt::Runs,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let json = match serde_json::to_string(runs) {
+            Ok(j) => j,
+            Err(e) => {
+                return Box::pin(std::future::ready(Err(StoreError::Encode {
+                    session: String::new(),
+                    reason: format!("the agent versions of instance `{instance}`: {e}"),
+                })))
+            }
+        };
+        let f = self.call(instance, Request::Advertise(instance.to_string(), json));
+        expect!(f, Answer::Done => ())
+    }
+
+    fn advertised(
+        &self,
+    ) -> BoxFuture<
+        'static,
+        Result<std::collections::BTreeMap<String, agentloop_core::adopt::Runs>, StoreError>,
+    > {
+        let f = self.call("", Request::Advertised);
+        Box::pin(async move {
+            match f.await? {
+                Answer::Advertised(rows) => Ok(rows
+                    .into_iter()
+                    .filter_map(|(instance, json)| match serde_json::from_str(&json) {
+                        Ok(runs) => Some((instance, runs)),
+                        Err(e) => {
+                            // Read as an instance that advertised nothing (runs all).
+                            tracing::warn!(%instance, error = %e, "an instance's advertised agent versions do not read; it is assumed to run every version");
+                            None
+                        }
+                    })
+                    .collect()),
+                other => Err(unexpected(other)),
+            }
+        })
+    }
+
     fn history(
         &self,
         session_id: &str,

@@ -5,6 +5,8 @@
 //! agentloop_entries   (session text, key bytea, value bytea)   one row per table entry
 //!                     (+ a partial index on the timers' due-time keys, S39)
 //! agentloop_instances (instance text, beat_ms bigint)          one heartbeat per instance
+//! agentloop_runs      (instance text, runs text)               what each instance can run
+//!                                                               (S40: kinds and versions, JSON)
 //! ```
 //!
 //! An entry's `key` is exactly the key the embedded engines use (`agentloop_core::table`
@@ -25,6 +27,10 @@ CREATE INDEX IF NOT EXISTS agentloop_due_timers ON agentloop_entries (key)
 CREATE TABLE IF NOT EXISTS agentloop_instances (
     instance text PRIMARY KEY,
     beat_ms bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS agentloop_runs (
+    instance text PRIMARY KEY,
+    runs text NOT NULL
 );
 ";
 
@@ -74,6 +80,14 @@ ON CONFLICT (instance) DO UPDATE SET beat_ms = EXCLUDED.beat_ms";
 /// Every instance's last heartbeat, by name.
 pub(crate) const INSTANCES: &str =
     "SELECT instance, beat_ms FROM agentloop_instances ORDER BY instance";
+
+/// Records what an instance can run (S40: agent kinds and versions, as JSON).
+pub(crate) const ADVERTISE: &str = "
+INSERT INTO agentloop_runs (instance, runs) VALUES ($1, $2)
+ON CONFLICT (instance) DO UPDATE SET runs = EXCLUDED.runs";
+
+/// What every instance advertised, by name.
+pub(crate) const ADVERTISED: &str = "SELECT instance, runs FROM agentloop_runs ORDER BY instance";
 
 /// An instance's last heartbeat.
 pub(crate) const HEARTBEAT: &str = "SELECT beat_ms FROM agentloop_instances WHERE instance = $1";

@@ -57,6 +57,10 @@ pub(crate) enum Request {
     Beat(String, u64),
     Heartbeat(String),
     Instances,
+    /// Record what an instance can run (S40), as JSON.
+    Advertise(String, String),
+    /// What every instance advertised.
+    Advertised,
     Flush,
 }
 
@@ -75,6 +79,7 @@ pub(crate) enum Answer {
     Listed(Vec<StoredEntry>),
     Beat(Option<u64>),
     Instances(Vec<(String, u64)>),
+    Advertised(Vec<(String, String)>),
 }
 
 /// A request and where its answer goes.
@@ -104,6 +109,8 @@ impl Request {
             | Request::Beat(..)
             | Request::Heartbeat(_)
             | Request::Instances
+            | Request::Advertise(..)
+            | Request::Advertised
             | Request::Flush => None,
         }
     }
@@ -127,6 +134,8 @@ impl Request {
             Request::Beat(..) => "renew the heartbeat",
             Request::Heartbeat(_) => "read the heartbeat",
             Request::Instances => "list the instances",
+            Request::Advertise(..) => "advertise the agent versions of",
+            Request::Advertised => "read the agent versions of the instances",
             Request::Flush => "flush",
         }
     }
@@ -275,6 +284,21 @@ async fn alone(conn: &mut Connection, op: Op) {
                     .map_err(db)?;
                 Ok(Answer::Beat(
                     row.map(|r| u64::try_from(r.get::<_, i64>(0)).unwrap_or(0)),
+                ))
+            }
+            Request::Advertise(instance, runs) => {
+                client
+                    .execute(schema::ADVERTISE, &[&instance, &runs])
+                    .await
+                    .map_err(db)?;
+                Ok(Answer::Done)
+            }
+            Request::Advertised => {
+                let rows = client.query(schema::ADVERTISED, &[]).await.map_err(db)?;
+                Ok(Answer::Advertised(
+                    rows.into_iter()
+                        .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+                        .collect(),
                 ))
             }
             Request::Instances => {
@@ -431,6 +455,8 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         | Request::Beat(..)
         | Request::Heartbeat(_)
         | Request::Instances
+        | Request::Advertise(..)
+        | Request::Advertised
         | Request::Flush => Err(StoreError::Closed),
     }
 }

@@ -122,6 +122,7 @@ pub mod store;
 pub mod supervisor;
 pub mod timers;
 pub mod turn;
+pub mod versions;
 pub mod view;
 
 /// The actor library agentloop runs on (ractor), re-exported so that your own actors,
@@ -212,10 +213,11 @@ pub use store::{
     SessionRecord, SessionStatus, StatusKind, StoreError, DEFAULT_HEARTBEAT,
 };
 pub use supervisor::{
-    agent_kind, AgentKind, AttachMode, Attachment, BatchSpawn, RestartBudget, RestartPolicy,
-    RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn, SupervisorArgs,
-    SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
+    agent_kind, agent_kind_version, AgentKind, AttachMode, Attachment, BatchSpawn, RestartBudget,
+    RestartPolicy, RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn,
+    SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
 pub use timers::{Schedule, Timer, TimerError};
 pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
+pub use versions::{AgentVersions, DeployPlan, Migration, VersionError};
 pub use view::{Part, Redaction, SessionView, StepView, StepsView, TimerView};

@@ -33,9 +33,15 @@ use crate::store::{
     SessionStatus, StatusKind, StoreError,
 };
 use crate::supervisor::{
-    agent_kind, AgentKind, RestartBudget, SessionEnd, SessionSpec, SupervisorArgs, SupervisorHandle,
+    AgentKind, RestartBudget, SessionEnd, SessionSpec, SupervisorArgs, SupervisorHandle,
 };
 use tokio::sync::mpsc;
+
+use crate::store::Stored;
+use crate::versions::VersionPlan;
+
+/// The agent kinds a runtime runs, by name, each with its versions (S40).
+pub(crate) type Kinds<I, E> = HashMap<String, Arc<dyn AgentKind<I, E>>>;
 
 pub use crate::runtime_handle::RuntimeHandle;
 
@@ -58,6 +64,12 @@ pub enum RuntimeError {
         name: String,
         /// The registered names.
         known: String,
+    },
+    /// Migrations were registered for an agent kind with no version registered.
+    #[error("migrations are registered for agent kind `{kind}`, but no version of it is; register its versions too (RuntimeBuilder::register_agent_version)")]
+    NoVersion {
+        /// The kind.
+        kind: String,
     },
     /// The shutdown coordinator was already gone.
     #[error("the runtime was already shut down")]
@@ -87,7 +99,7 @@ pub struct RuntimeBuilder<I, E> {
     data_dir: Option<PathBuf>,
     engine: Engine,
     store: Option<Arc<dyn CheckpointStore<I>>>,
-    kinds: HashMap<String, Arc<dyn AgentKind<I, E>>>,
+    kinds: HashMap<String, crate::versions::AgentVersions<I, E>>,
     budget: RestartBudget,
     heartbeat: Duration,
     lease_timeout: Duration,
@@ -172,15 +184,86 @@ where
         self
     }
 
-    /// Registers an agent kind: `factory` builds the agent from its serialized config.
-    pub fn register_agent<A, F>(mut self, name: impl Into<String>, factory: F) -> Self
+    /// Registers an agent kind at version 1: `factory` builds the agent from its
+    /// serialized config.
+    pub fn register_agent<A, F>(self, name: impl Into<String>, factory: F) -> Self
+    where
+        A: Agent<Item = I, Event = E>,
+        F: Fn(&[u8]) -> Result<A, String> + Send + Sync + 'static,
+    {
+        self.register_agent_version(name, crate::versions::FIRST_VERSION, factory)
+    }
+
+    /// Registers version `version` of an agent kind (S40), beside the versions already
+    /// registered: new sessions of the kind run the newest; a stored session resumes
+    /// on the version that wrote it when that one is registered (pinned), else it is
+    /// migrated along the kind's migrations ([`RuntimeBuilder::register_migration`])
+    /// to the newest, else refused with its record kept. Each version may be its own
+    /// agent type (its own state type); all share the runtime's item and event types.
+    /// docs/operations.md, "Deploying new agent code", shows a deploy.
+    pub fn register_agent_version<A, F>(
+        mut self,
+        name: impl Into<String>,
+        version: u32,
+        factory: F,
+    ) -> Self
     where
         A: Agent<Item = I, Event = E>,
         F: Fn(&[u8]) -> Result<A, String> + Send + Sync + 'static,
     {
         let name = name.into();
-        self.kinds.insert(name.clone(), agent_kind(name, factory));
+        let kind = crate::supervisor::agent_kind_version(name.clone(), version, factory);
+        self.kinds
+            .entry(name.clone())
+            .or_insert_with(|| crate::versions::AgentVersions::new(name))
+            .insert_version(version, kind);
         self
+    }
+
+    /// Registers the migration of kind `name`'s records from version `from` to
+    /// `from + 1` (S40): plain functions over the stored state, items and
+    /// configuration ([`crate::Migration`]). A record is migrated when its own version
+    /// is not registered and migrations chain from it to the newest registered
+    /// version; the migrated record is checked (the new version reads its state, the
+    /// item type reads its items) and written before the session runs. A migration
+    /// that fails leaves the record as it was.
+    pub fn register_migration(
+        mut self,
+        name: impl Into<String>,
+        from: u32,
+        migration: crate::versions::Migration,
+    ) -> Self {
+        let name = name.into();
+        self.kinds
+            .entry(name.clone())
+            .or_insert_with(|| crate::versions::AgentVersions::new(name))
+            .insert_migration(from, migration);
+        self
+    }
+
+    /// Reports what starting this runtime would do to every session stored in `store`
+    /// (S40; `agentloop sessions migrate --dry-run`): the version each resumes on, the
+    /// migration each gets (run on a copy and checked) or why each would be refused.
+    /// Writes nothing.
+    pub async fn dry_run(
+        &self,
+        store: &dyn CheckpointStore<I>,
+    ) -> Result<crate::versions::DeployPlan, crate::store::StoreError> {
+        Ok(self.plan_deploy(store.list_stored(None).await?))
+    }
+
+    /// [`RuntimeBuilder::dry_run`] over records already listed (`list_stored`, or an
+    /// offline tool's listing of a data directory).
+    pub fn plan_deploy(
+        &self,
+        entries: Vec<crate::store::StoredEntry>,
+    ) -> crate::versions::DeployPlan {
+        crate::versions::dry_run(entries, |name| {
+            self.kinds
+                .get(name)
+                .filter(|k| !k.is_empty())
+                .map(|k| k as &dyn AgentKind<I, E>)
+        })
     }
 
     /// Sets the restart budget of every session.
@@ -374,8 +457,18 @@ where
             .as_ref()
             .map(|l| l.id().to_string())
             .unwrap_or_else(InstanceLease::new_id);
+        let mut kinds = HashMap::new();
+        for (name, versions) in self.kinds {
+            match versions.into_kind() {
+                Some(kind) => {
+                    kinds.insert(name, kind);
+                }
+                None => return Err(RuntimeError::NoVersion { kind: name }),
+            }
+        }
+        let kinds = Arc::new(kinds);
         let supervisor = SupervisorHandle::start(SupervisorArgs {
-            kinds: self.kinds,
+            kinds: (*kinds).clone(),
             store: store.clone(),
             owner: Some(instance.clone()),
             budget: self.budget,
@@ -426,6 +519,7 @@ where
                 node: self.node.is_some(),
                 timer_service: Arc::default(),
                 timer_clock: crate::timers::service::Clock::new(),
+                kinds,
                 metrics: metrics.clone(),
                 supervisor,
                 store,
@@ -454,6 +548,12 @@ where
                 metrics.shutdown_phases(report.phases.named());
             }
         });
+        // S40: on a store other processes share, tell the others what this one runs
+        // before resuming anything, so placement, adoption and moves respect it.
+        if let (true, Some(store)) = (runtime.handle.sweeps, &runtime.handle.store) {
+            let runs = crate::versions::runs_of(&runtime.handle.kinds);
+            store.advertise(&runtime.handle.instance, &runs).await?;
+        }
         let report = runtime.resume().await?;
         if runtime.handle.sweeps {
             runtime.start_adopting();
@@ -524,6 +624,48 @@ where
         self.client.as_ref()?.stats().await.ok()
     }
 
+    /// How `stored` would resume on this runtime's versions of its kind (S40); `None`
+    /// for a kind not registered here (the spawn refuses it, naming the kinds).
+    fn version_plan(&self, stored: &Stored) -> Option<VersionPlan> {
+        let kind = match stored {
+            Stored::Current(r) => &r.header.agent_kind,
+            Stored::Format1(f) => &f.agent_kind,
+        };
+        let kind = self.handle.kinds.get(kind)?;
+        Some(crate::versions::plan_for(
+            &**kind,
+            crate::versions::version_of(stored),
+        ))
+    }
+
+    /// The error for a record no version here runs.
+    fn version_refusal(
+        &self,
+        entry: &crate::store::StoredEntry,
+        why: String,
+    ) -> crate::versions::VersionError {
+        let (kind, version) = match &entry.record {
+            Ok(stored) => match stored {
+                Stored::Current(r) => (r.header.agent_kind.clone(), r.header.agent_version),
+                Stored::Format1(f) => (f.agent_kind.clone(), crate::versions::FIRST_VERSION),
+            },
+            Err(_) => (String::new(), 0),
+        };
+        let available = self
+            .handle
+            .kinds
+            .get(&kind)
+            .map(|k| crate::versions::list(&k.versions()))
+            .unwrap_or_default();
+        crate::versions::VersionError::Unavailable {
+            session: entry.session_id.clone(),
+            kind,
+            version,
+            available,
+            why,
+        }
+    }
+
     /// Resumes every stored session that is `Interrupted`, or `Running` under an owner
     /// whose heartbeat is stale (S19).
     async fn resume(&self) -> Result<StartReport, RuntimeError> {
@@ -536,18 +678,38 @@ where
             .await?;
         // A cluster node judges other nodes' records by membership and placement.
         let membership = match self.node {
-            true => Some(Membership::judge(
-                &store.instances().await?,
-                &self.instance,
-                now_ms(),
-                self.lease_timeout,
-            )),
+            true => Some(
+                Membership::judge(
+                    &store.instances().await?,
+                    &self.instance,
+                    now_ms(),
+                    self.lease_timeout,
+                )
+                .with_runs(store.advertised().await?),
+            ),
             false => None,
         };
         let mut spawns = Vec::new();
         let mut sleepers = Vec::new();
         for entry in entries {
-            let rec = match entry.record.and_then(|s| s.decode::<I>()) {
+            // S40: a record this runtime cannot run is left as it is; one it must
+            // migrate is loaded by its session's start once migrated (its items may not
+            // read as the item type before).
+            let plan = match &entry.record {
+                Ok(stored) => self.version_plan(stored),
+                Err(_) => None,
+            };
+            if let Some(VersionPlan::Refused { why }) = plan {
+                let e = self.version_refusal(&entry, why);
+                tracing::warn!(session = %entry.session_id, error = %e,
+                    "a stored session's agent version does not run here; it is not resumed and was left untouched");
+                report.skipped.push((entry.session_id, e.to_string()));
+                continue;
+            }
+            let rec = match entry.record.and_then(|s| match (plan, s) {
+                (Some(VersionPlan::Migrate { .. }), Stored::Current(r)) => Ok(Resume::Migrate(r)),
+                (_, s) => s.decode::<I>().map(Resume::Loaded),
+            }) {
                 Ok(r) => r,
                 Err(e) => {
                     // Nobody may read the report: say it where operators look (S15).
@@ -557,13 +719,14 @@ where
                     continue;
                 }
             };
-            let h = &rec.header;
+            let h = rec.header();
             if self.node && h.owner.as_deref() != Some(self.instance.as_str()) {
                 // A node resumes its own records; another's only when that node is dead
                 // and placement names this one (the adoption sweep's rule).
-                if !membership.as_ref().is_some_and(|m| {
-                    should_adopt(m, &self.instance, &h.session_id, h.owner.as_deref())
-                }) {
+                if !membership
+                    .as_ref()
+                    .is_some_and(|m| should_adopt(m, &self.instance, placed(h), h.owner.as_deref()))
+                {
                     report.skipped.push((
                         h.session_id.clone(),
                         format!(
@@ -617,7 +780,7 @@ where
             // S39: asleep when its owner ended: registered asleep (claimed first on a
             // shared store), woken by the first request for it.
             if h.asleep && h.status == SessionStatus::Running {
-                sleepers.push(rec.header);
+                sleepers.push(h.clone());
                 continue;
             }
             let items = rec.item_count();
@@ -626,7 +789,17 @@ where
             // On a shared store the resume claims the record (a new owner and lease
             // epoch), so no other runtime's recovery sweep takes it for its dead
             // former owner's (issue 28).
-            let spec = SessionSpec::resuming(rec, self.durability, self.lease_timeout, self.sweeps);
+            let spec = match rec {
+                Resume::Loaded(rec) => {
+                    SessionSpec::resuming(rec, self.durability, self.lease_timeout, self.sweeps)
+                }
+                Resume::Migrate(r) => {
+                    let mut spec =
+                        SessionSpec::from_header(&r.header, self.durability, self.lease_timeout);
+                    spec.claim = self.sweeps;
+                    spec
+                }
+            };
             spawns.push((id, (items, crashed), spec));
         }
         // In batches (one request per thousand sessions), whose sessions start
@@ -734,7 +907,15 @@ where
                         continue;
                     }
                 };
-                let m = Membership::judge(&beats, &me, now_ms(), lease_timeout);
+                // S40: what each node can run, for placement and adoption.
+                let runs = match store.advertised().await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read what the nodes can run; the next beat retries");
+                        continue;
+                    }
+                };
+                let m = Membership::judge(&beats, &me, now_ms(), lease_timeout).with_runs(runs);
                 if let Some((policy, rebalancer)) = rebalance.as_mut() {
                     // One round at a time (a round is judged due only when none runs);
                     // a round runs beside the adoption sweep.
@@ -771,7 +952,7 @@ where
                         continue;
                     };
                     let h = &rec.header;
-                    if !should_adopt(&m, &me, &h.session_id, h.owner.as_deref())
+                    if !should_adopt(&m, &me, placed(h), h.owner.as_deref())
                         || live.contains(&h.session_id)
                     {
                         continue;
@@ -920,4 +1101,36 @@ where
         )
     }));
     (registered, skipped)
+}
+
+/// A record the start resumes: decoded (its session uses it as read), or one its
+/// session's start migrates first (S40) and then loads itself.
+enum Resume<I> {
+    Loaded(crate::store::LoadedRecord<I>),
+    Migrate(crate::store::StoredRecord),
+}
+
+impl<I> Resume<I> {
+    fn header(&self) -> &crate::store::RecordHeader {
+        match self {
+            Resume::Loaded(r) => &r.header,
+            Resume::Migrate(r) => &r.header,
+        }
+    }
+
+    fn item_count(&self) -> usize {
+        match self {
+            Resume::Loaded(r) => r.item_count(),
+            Resume::Migrate(r) => r.items.len(),
+        }
+    }
+}
+
+/// A record's header as placement and adoption see it (S40).
+fn placed(h: &crate::store::RecordHeader) -> agentloop_core::adopt::Placed<'_> {
+    agentloop_core::adopt::Placed {
+        session: &h.session_id,
+        kind: &h.agent_kind,
+        version: h.agent_version,
+    }
 }

@@ -40,6 +40,8 @@ pub(crate) struct SessionShared<I> {
     /// Where the session's turns arm durable timers (S39): its store, and the runtime's
     /// timer service when there is one. Unset without a store.
     pub(crate) timers: std::sync::OnceLock<crate::timers::TimerLink<I>>,
+    /// The version of the agent kind this incarnation runs (S40).
+    pub(crate) agent_version: u32,
 }
 
 impl<I: Clone> SessionShared<I> {
@@ -53,6 +55,7 @@ impl<I: Clone> SessionShared<I> {
             detached: std::sync::atomic::AtomicBool::new(false),
             event_seq: Arc::new(EventSeq::default()),
             timers: std::sync::OnceLock::new(),
+            agent_version: agentloop_core::header::FIRST_VERSION,
         }
     }
 

@@ -205,6 +205,8 @@ pub struct SessionView {
     pub session_id: String,
     /// Its agent kind.
     pub agent_kind: String,
+    /// The version of its kind that wrote the record (S40).
+    pub agent_version: u32,
     /// Its status (S19), e.g. `Stopped`.
     pub status: String,
     /// The failure, for a `Failed` record.
@@ -316,6 +318,7 @@ pub fn session_view(
     Ok(SessionView {
         session_id: h.session_id.clone(),
         agent_kind: h.agent_kind.clone(),
+        agent_version: h.agent_version,
         status: h.status.to_string(),
         last_error: h.last_error.clone(),
         stop_cause: h.stop_cause.clone(),

@@ -167,6 +167,7 @@ pub fn decode_record<I: DeserializeOwned>(
         settings: None,
         journal: None,
         state_carried: false,
+        agent_version: crate::header::FIRST_VERSION,
     })
 }
 

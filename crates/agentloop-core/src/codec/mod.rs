@@ -283,6 +283,7 @@ mod tests {
                         }),
                         asleep: false,
                         state_carried: v % 2 == 0,
+                        agent_version: 1 + (v % 3) as u32,
                     }
                 },
             )

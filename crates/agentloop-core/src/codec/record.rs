@@ -163,6 +163,7 @@ impl<I: Serialize + DeserializeOwned> LoadedRecord<I> {
             journal: rec.journal.as_ref().map(|j| j.mark),
             asleep: false,
             state_carried: rec.state_carried && rec.state.is_some(),
+            agent_version: rec.agent_version,
         };
         Ok(LoadedRecord {
             header,

@@ -32,7 +32,7 @@ pub(crate) mod timers;
 
 pub(crate) use control::{cancel, detach, move_to, resume, stop};
 pub(crate) use push::push;
-pub(crate) use read::{get_one, list};
+pub(crate) use read::{get_one, kind_of, list};
 pub(crate) use spawn::spawn;
 pub(crate) use stored::{checkpoint, delete, fork, history};
 pub(crate) use stream::events;

@@ -43,6 +43,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
                 Ok(stored) => json!({
                     "id": entry.session_id,
                     "kind": kind_of(stored),
+                    "version": agentloop::versions::version_of(stored),
                     "live": false,
                     "state": if asleep(stored) { "sleeping" } else { "stored" },
                     "presence": if asleep(stored) { "sleeping" } else { "stored" },
@@ -52,6 +53,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
                 Err(e) => json!({
                     "id": entry.session_id,
                     "kind": null,
+                    "version": null,
                     "live": false,
                     "state": "stored",
                     "presence": "stored",
@@ -65,12 +67,13 @@ pub(crate) async fn list<I: Item, E: Ev>(
     }
     for s in st.runtime.supervisor().list().await {
         let row = rows.entry(s.id.clone()).or_insert_with(
-            || json!({"id": s.id, "kind": s.kind, "live": true, "status": null, "restarts": 0}),
+            || json!({"id": s.id, "kind": s.kind, "version": s.version, "live": true, "status": null, "restarts": 0}),
         );
         row["live"] = json!(true);
         row["state"] = json!("live");
         row["presence"] = json!("live");
         row["kind"] = json!(s.kind);
+        row["version"] = json!(s.version);
         row["restarts"] = json!(s.restarts);
     }
     // One page, in id order, after `after` (S34a: an answer is bounded).
@@ -126,7 +129,7 @@ pub(super) fn asleep(stored: &agentloop::store::Stored) -> bool {
         if r.header.asleep && r.header.status == agentloop::store::SessionStatus::Running)
 }
 
-pub(super) fn kind_of(stored: &agentloop::store::Stored) -> &str {
+pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
     match stored {
         agentloop::store::Stored::Current(r) => &r.header.agent_kind,
         agentloop::store::Stored::Format1(r) => &r.agent_kind,

@@ -52,6 +52,9 @@ pub struct RuntimeHandle<I, E> {
     >,
     /// The clock timers are armed and fired by.
     pub(crate) timer_clock: crate::timers::service::Clock,
+    /// The agent kinds the supervisor runs, by name, with their versions (S40): which
+    /// stored records this runtime can run.
+    pub(crate) kinds: Arc<crate::runtime::Kinds<I, E>>,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -72,6 +75,7 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             node: self.node,
             timer_service: self.timer_service.clone(),
             timer_clock: self.timer_clock,
+            kinds: self.kinds.clone(),
         }
     }
 }

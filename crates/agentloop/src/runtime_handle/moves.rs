@@ -157,14 +157,23 @@ where
                 return 0;
             }
         };
-        let m = crate::cluster::adopt::Membership::judge(
+        // S40: hand a session only to a node that can run its version.
+        let runs = match store.advertised().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read what the other nodes run: sessions stay Interrupted here until adopted");
+                return 0;
+            }
+        };
+        let mut m = crate::cluster::adopt::Membership::judge(
             &beats,
             &self.instance,
             now_ms(),
             self.lease_timeout,
-        );
-        let others: Vec<String> = m.live.into_iter().filter(|n| *n != self.instance).collect();
-        if others.is_empty() {
+        )
+        .with_runs(runs);
+        m.live.retain(|n| *n != self.instance);
+        if m.live.is_empty() {
             tracing::warn!("no other live node: sessions stay Interrupted here until this node (or another) resumes them");
             return 0;
         }
@@ -186,16 +195,23 @@ where
             if r.header.owner.as_deref() != Some(self.instance.as_str()) {
                 continue;
             }
-            let Some(to) = crate::cluster::placement::owner_of(&others, &r.header.session_id)
-            else {
+            let placed = crate::cluster::adopt::Placed {
+                session: &r.header.session_id,
+                kind: &r.header.agent_kind,
+                version: r.header.agent_version,
+            };
+            let Some(to) = m.placed(placed) else {
+                tracing::warn!(session = %r.header.session_id, kind = %r.header.agent_kind, version = r.header.agent_version,
+                    "no other live node runs this session's version: it stays Interrupted here until a node that runs it adopts it or this one restarts");
                 continue;
             };
+            let to = to.to_string();
             let id = r.header.session_id.clone();
-            if let Err(e) = store.write(hand_over(&r.header, to)).await {
+            if let Err(e) = store.write(hand_over(&r.header, &to)).await {
                 tracing::warn!(session = %id, error = %e, "could not hand the session over; it stays Interrupted here until adopted");
                 continue;
             }
-            match forwarder.resume_on(to.to_string(), id.clone()).await {
+            match forwarder.resume_on(to.clone(), id.clone()).await {
                 Ok(()) => moved += 1,
                 Err(e) => tracing::warn!(session = %id, node = %to, error = %e,
                     "the session was handed over but not resumed there; it stays Interrupted under that node until it restarts (or the others adopt it if it dies)"),
@@ -216,12 +232,12 @@ where
         };
         // Candidates from what runs here and placement alone (no I/O): after a join
         // about one in n sessions, none in a settled cluster.
-        let running: Vec<String> = self
+        let running: Vec<(String, String, u32)> = self
             .supervisor
             .list()
             .await
             .into_iter()
-            .map(|s| s.id)
+            .map(|s| (s.id, s.kind, s.version))
             .collect();
         let candidates = moves(m, &self.instance, &running, |n| forwarder.reachable(n));
         // Only sessions with a `Running` record this node owns: one with nothing

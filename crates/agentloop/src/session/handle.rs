@@ -259,7 +259,9 @@ where
                 }
             }
         };
-        let shared = Arc::new(SessionShared::new(config.id.clone()));
+        let mut shared = SessionShared::new(config.id.clone());
+        shared.agent_version = config.run.agent_version;
+        let shared = Arc::new(shared);
         if let Some(store) = store
             .as_ref()
             .filter(|s| config.persist && s.keeps_timers())
@@ -313,6 +315,12 @@ where
     /// The session's id.
     pub fn id(&self) -> &str {
         &self.shared.id
+    }
+
+    /// The version of its agent kind this session runs (S40): the version that wrote
+    /// its record, or the newest registered for a new or migrated session.
+    pub fn agent_version(&self) -> u32 {
+        self.shared.agent_version
     }
 
     /// The TurnLoop actor, for `cast!` / `call!` and supervision.

@@ -46,36 +46,38 @@ pub(super) async fn load<A: Agent>(
             return;
         }
     };
-    // S19: the owner's heartbeat decides a `Running` record under another owner.
-    let owner_beat = match (&loaded.header.status, loaded.header.owner.as_deref()) {
-        (SessionStatus::Running, Some(owner)) if config.owner.as_deref() != Some(owner) => {
-            match store.heartbeat(owner).await {
-                Ok(b) => b,
-                Err(e) => {
-                    core.load_error = Some(Box::new(e));
-                    return;
-                }
-            }
-        }
-        _ => None,
-    };
-    // An exclusive store proves a previous process's owner gone (issue 28).
-    let orphaned = match (&loaded.header.status, loaded.header.owner.as_deref()) {
-        (SessionStatus::Running, Some(owner)) if config.owner.as_deref() != Some(owner) => {
-            let beat = owner_beat.unwrap_or(loaded.header.heartbeat_ms);
-            store.orphaned(owner, crate::store::lease::last_seen(&loaded.header, beat))
-        }
-        _ => false,
-    };
-    if let Err(e) = check_resumable(
+    if let Err(e) = judge_owner(
+        store,
         &loaded.header,
         config.owner.as_deref(),
-        owner_beat,
-        orphaned,
-        now_ms(),
         config.effective_lease_timeout(),
-    ) {
+    )
+    .await
+    {
         core.load_error = Some(Box::new(e));
+        return;
+    }
+    // S40: a record resumes only on the version that wrote it (the start chose it, or
+    // migrated the record first); checked before the claim, so a record this version
+    // cannot run is never taken from the node that can. A finished record the start
+    // replaces is any version's.
+    let replaced = loaded.header.status == SessionStatus::Completed
+        && loaded.item_count() == 0
+        && loaded.state.is_none();
+    if !replaced && loaded.header.agent_version != core.config.agent_version {
+        core.load_error = Some(Box::new(StoreError::Refused {
+            session: id.clone(),
+            status: loaded.header.status.to_string(),
+            why: format!(
+                "it was written by version {} of agent kind `{}`, and this runtime runs version \
+                 {} of it: register version {} too (RuntimeBuilder::register_agent_version), \
+                 or a migration from it (register_migration); the record is kept as it is",
+                loaded.header.agent_version,
+                loaded.header.agent_kind,
+                core.config.agent_version,
+                loaded.header.agent_version,
+            ),
+        }));
         return;
     }
     let mut loaded = loaded;
@@ -144,6 +146,33 @@ pub(super) async fn load<A: Agent>(
         },
     };
     core.seed(loaded, state, bytes, answer);
+}
+
+/// Judges whether an instance (`me`) may resume `header`'s record (S19): a `Running`
+/// record under another owner only once that owner's heartbeat is stale (or, on an
+/// exclusive store, its process is proven gone). The refusal says why.
+pub(crate) async fn judge_owner<I: 'static>(
+    store: &dyn CheckpointStore<I>,
+    header: &crate::store::RecordHeader,
+    me: Option<&str>,
+    lease_timeout: std::time::Duration,
+) -> Result<(), StoreError> {
+    // S19: the owner's heartbeat decides a `Running` record under another owner.
+    let owner_beat = match (&header.status, header.owner.as_deref()) {
+        (SessionStatus::Running, Some(owner)) if me != Some(owner) => {
+            store.heartbeat(owner).await?
+        }
+        _ => None,
+    };
+    // An exclusive store proves a previous process's owner gone (issue 28).
+    let orphaned = match (&header.status, header.owner.as_deref()) {
+        (SessionStatus::Running, Some(owner)) if me != Some(owner) => {
+            let beat = owner_beat.unwrap_or(header.heartbeat_ms);
+            store.orphaned(owner, crate::store::lease::last_seen(header, beat))
+        }
+        _ => false,
+    };
+    check_resumable(header, me, owner_beat, orphaned, now_ms(), lease_timeout)
 }
 
 /// Claims a record another instance owned (issue 18, S37): one write, conditioned on the

@@ -20,6 +20,7 @@ mod info;
 pub(crate) mod keys;
 pub(crate) use agentloop_core::ledger;
 mod load;
+pub(crate) use load::judge_owner;
 mod loop_state;
 pub(crate) mod messages;
 use agentloop_core::settings;

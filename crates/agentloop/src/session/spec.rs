@@ -126,6 +126,9 @@ pub(crate) struct RunContext {
     /// The runtime's default for [`SessionSpec::idle_after`] (S39); set by the
     /// supervisor from the runtime's.
     pub(crate) idle_after: Option<Duration>,
+    /// The version of the agent kind this start runs (S40), written into every record
+    /// header; chosen by the supervisor's start (`versions::choose`).
+    pub(crate) agent_version: u32,
 }
 
 impl Default for RunContext {
@@ -138,6 +141,7 @@ impl Default for RunContext {
             event_codec: None,
             timer_service: None,
             idle_after: None,
+            agent_version: agentloop_core::header::FIRST_VERSION,
         }
     }
 }

@@ -76,6 +76,8 @@ impl Table for Entries {
 pub struct MemoryStore<I> {
     entries: Mutex<Entries>,
     instances: Mutex<HashMap<String, u64>>,
+    /// What each instance advertised it can run (S40).
+    runs: Mutex<std::collections::BTreeMap<String, agentloop_core::adopt::Runs>>,
     fail_loads: AtomicBool,
     fail_saves: AtomicBool,
     saves: AtomicU64,
@@ -88,6 +90,7 @@ impl<I> Default for MemoryStore<I> {
         MemoryStore {
             entries: Mutex::new(Entries::default()),
             instances: Mutex::new(HashMap::new()),
+            runs: Mutex::default(),
             fail_loads: AtomicBool::new(false),
             fail_saves: AtomicBool::new(false),
             saves: AtomicU64::new(0),
@@ -366,6 +369,24 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
 
     fn heartbeat(&self, instance: &str) -> BoxFuture<'static, Result<Option<u64>, StoreError>> {
         Box::pin(ready(Ok(self.instances.lock().get(instance).copied())))
+    }
+
+    fn advertise(
+        &self,
+        instance: &str,
+        runs: &agentloop_core::adopt::Runs,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        self.runs.lock().insert(instance.to_string(), runs.clone());
+        Box::pin(ready(Ok(())))
+    }
+
+    fn advertised(
+        &self,
+    ) -> BoxFuture<
+        'static,
+        Result<std::collections::BTreeMap<String, agentloop_core::adopt::Runs>, StoreError>,
+    > {
+        Box::pin(ready(Ok(self.runs.lock().clone())))
     }
 
     fn instances(&self) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {

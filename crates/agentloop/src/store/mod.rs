@@ -282,6 +282,30 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(Vec::new())))
     }
 
+    /// Records what runtime instance `instance` can run (S40: agent kinds and the
+    /// versions whose records it resumes), so the other nodes sharing this store place,
+    /// move and hand over to it only sessions it can run. The default, for a store one
+    /// process owns, keeps nothing.
+    fn advertise(
+        &self,
+        instance: &str,
+        runs: &agentloop_core::adopt::Runs,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let _ = (instance, runs);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// What every instance advertised it can run (S40), by instance. An instance absent
+    /// advertised nothing and is assumed to run everything.
+    fn advertised(
+        &self,
+    ) -> BoxFuture<
+        'static,
+        Result<std::collections::BTreeMap<String, agentloop_core::adopt::Runs>, StoreError>,
+    > {
+        Box::pin(std::future::ready(Ok(Default::default())))
+    }
+
     /// Whether one process holds this store exclusively while it is open (sled and
     /// fjall lock their data directory): no runtime of another process can write it,
     /// so no record can be orphaned behind a running runtime's back and no recovery

@@ -302,6 +302,7 @@ where
                     .map(|e| SessionSummary {
                         id: e.spec.id.clone(),
                         kind: e.spec.kind.clone(),
+                        version: e.handle.agent_version(),
                         restarts: e.restarted,
                     })
                     .collect();

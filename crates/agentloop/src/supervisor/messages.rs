@@ -21,6 +21,8 @@ pub struct SessionSummary {
     pub id: String,
     /// Its agent kind.
     pub kind: String,
+    /// The version of its kind it runs (S40).
+    pub version: u32,
     /// How many times it was restarted.
     pub restarts: u32,
 }

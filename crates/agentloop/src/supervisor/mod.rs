@@ -44,7 +44,7 @@ pub use args::{SessionLimits, SupervisorArgs};
 pub use budget::RestartBudget;
 pub use error::{RoutedPushError, SupervisorError};
 pub use handle::SupervisorHandle;
-pub use kind::{agent_kind, AgentKind};
+pub use kind::{agent_kind, agent_kind_version, AgentKind};
 pub(crate) use messages::GateMember;
 pub use messages::{
     AttachMode, Attachment, BatchSpawn, SessionEnd, SessionSummary, SessionsByState,

@@ -40,8 +40,26 @@ pub(super) struct Prepared<I, E> {
 
 impl<I: 'static, E: 'static> Prepared<I, E> {
     /// Begins the start: the kind builds the agent and spawns the session's actor.
-    pub(super) fn start(self) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>> {
-        self.kind.spawn(self.spec, self.store, self.supervisor)
+    /// A kind with one version and no migration runs it at once; another chooses the
+    /// version from the record first (S40, `versions::choose`).
+    pub(super) fn start(self) -> BoxFuture<'static, Result<SessionHandle<I, E>, SupervisorError>>
+    where
+        I: Send,
+    {
+        let Prepared {
+            kind,
+            mut spec,
+            store,
+            supervisor,
+        } = self;
+        if let Some(version) = kind.single_version() {
+            spec.run.agent_version = version;
+            return kind.spawn(spec, store, supervisor);
+        }
+        Box::pin(async move {
+            crate::versions::choose(&kind, &mut spec, store.as_ref()).await?;
+            kind.spawn(spec, store, supervisor).await
+        })
     }
 }
 
@@ -117,6 +135,7 @@ where
             event_codec,
             timer_service: self.directory.timer_service(),
             idle_after: self.directory.idle_after(),
+            agent_version: run.run.agent_version,
         };
         run
     }

@@ -298,6 +298,7 @@ impl<A: Agent> Core<A> {
             journal: None,
             asleep: false,
             state_carried: false,
+            agent_version: self.config.agent_version,
         }
     }
 

@@ -263,6 +263,8 @@ pub(crate) struct PendingExit<S> {
 pub(crate) struct CoreConfig {
     pub(crate) id: String,
     pub(crate) agent_kind: String,
+    /// The version of the kind this incarnation runs (S40).
+    pub(crate) agent_version: u32,
     pub(crate) agent_config: Vec<u8>,
     /// The session persists and has a store.
     pub(crate) persist: bool,
@@ -286,6 +288,7 @@ impl CoreConfig {
         CoreConfig {
             id: std::mem::take(&mut config.id),
             agent_kind: std::mem::take(&mut config.kind),
+            agent_version: config.run.agent_version,
             agent_config: std::mem::take(&mut config.agent_config),
             persist: config.persist && has_store,
             durability: config.durability,

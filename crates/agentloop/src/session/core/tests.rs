@@ -165,6 +165,7 @@ impl Harness {
         let config = CoreConfig {
             id: ID.into(),
             agent_kind: "scripted".into(),
+            agent_version: 1,
             agent_config: Vec::new(),
             persist: persistent,
             durability,
@@ -837,6 +838,7 @@ fn a_persistent_push_of_an_unstorable_item_is_handed_back() {
         CoreConfig {
             id: "w".into(),
             agent_kind: "wide".into(),
+            agent_version: 1,
             agent_config: Vec::new(),
             persist: true,
             durability: Durability::Sync,
