@@ -531,3 +531,77 @@ async fn s1b_cancel_at_a_step_boundary_and_an_immediate_cancel_inside_a_step() {
         "`a` is journaled"
     );
 }
+
+/// S40 with S1b: steps that version 1 journaled in a cut turn are replayed only by
+/// version 1. A runtime with version 2 alone and a migration that keeps them pinned
+/// (the default) refuses the record, saying why and keeping it; one whose migration
+/// discards them resumes the turn on version 2, which runs its steps afresh (the
+/// service sees each a second time: the price of discarding, docs/operations.md).
+#[tokio::test]
+async fn s40_journaled_steps_stay_with_their_version_unless_a_migration_discards_them() {
+    let service = Arc::new(Service::default());
+    let store = Arc::new(MemoryStore::new());
+    let program = steps(&["charge", "ship"]);
+    let (first, mut held) = Stepper::new(service.clone(), program.clone(), Hold::After(1));
+    let h = start(first, &store, Durability::Sync).await;
+    h.push(1).await.expect("push");
+    within("the agent to hold", held.recv()).await;
+    let after_crash = crash(&store);
+    drop(h);
+    let rec = after_crash.get(ID).expect("stored");
+    assert_eq!(rec.agent_version, 1);
+    assert_eq!(
+        rec.journal.as_ref().map(|j| j.entries.len()),
+        Some(2),
+        "{rec:?}"
+    );
+    let before = after_crash.get(ID);
+
+    let (second, _) = Stepper::new(service.clone(), program, Hold::No);
+    let deploy = |migration: agentloop::Migration| {
+        let agent = second.clone();
+        agentloop::Runtime::<u64, ()>::builder()
+            .store(after_crash.clone() as Arc<dyn agentloop::CheckpointStore<u64>>)
+            .register_agent_version("stepper", 2, move |_: &[u8]| Ok(agent.clone()))
+            .register_migration("stepper", 1, migration)
+            .start()
+    };
+    let (rt, report) = deploy(agentloop::Migration::new()).await.expect("start");
+    assert!(report.resumed.is_empty(), "{report:?}");
+    let why = &report.skipped[0].1;
+    for part in [
+        "could not be migrated from version 1 to 2",
+        "holds 2 durable step(s) journaled by version 1",
+        "Migration::discard_journal",
+        "record is kept",
+    ] {
+        assert!(why.contains(part), "{part:?} missing from: {why}");
+    }
+    rt.shutdown().await.expect("shutdown");
+    assert_eq!(
+        after_crash.get(ID),
+        before,
+        "the refused record is kept as it was"
+    );
+    assert_eq!(service.total(), 2, "nothing ran");
+
+    let (rt, report) = deploy(agentloop::Migration::new().discard_journal())
+        .await
+        .expect("start");
+    assert_eq!(report.resumed, vec![ID.to_string()], "{report:?}");
+    within("the steps to run again on version 2", async {
+        while service.calls(&key(0, 1, "ship")) < 2 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert_eq!(
+        service.calls(&key(0, 0, "charge")),
+        2,
+        "run afresh, not replayed"
+    );
+    rt.shutdown().await.expect("shutdown");
+    let rec = after_crash.get(ID).expect("kept for the next start");
+    assert_eq!(rec.agent_version, 2, "{rec:?}");
+    assert!(rec.journal.is_none(), "{rec:?}");
+}

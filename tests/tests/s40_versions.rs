@@ -17,6 +17,11 @@ use agentloop_tests::*;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+/// An item whose first turn fails (once per test process), so the supervisor
+/// restarts the session.
+const FAIL_ONCE: u64 = 666;
+static FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Version 1's state: how many items it saw.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct CountV1 {
@@ -73,6 +78,9 @@ where
             items: items.clone(),
             state: turn.state.as_ref().map(|s| format!("{s:?}")),
         });
+        if items.contains(&FAIL_ONCE) && !FAILED.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(AgentError::failed("item 666 fails its first turn"));
+        }
         Ok(TurnOutcome::CompletedWith {
             state: (self.next)(turn.state, items.len() as u64),
         })
@@ -472,4 +480,50 @@ async fn s40_the_dry_run_matches_what_the_start_then_does() {
         7,
         "kept"
     );
+}
+
+/// A session pinned on v1 whose turn fails is restarted by the supervisor on v1 again,
+/// also when the restart reads no record (durability `turn`: it restarts from the items
+/// the failed incarnation handed back), never silently on the newest version.
+#[tokio::test(start_paused = true)]
+async fn s40_a_restart_after_a_failure_runs_the_same_version() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (rt, _) = builder(&store, &[1], &tx).start().await.expect("start v1");
+    let h = rt
+        .supervisor()
+        .spawn(
+            SessionSpec::new("f", "counter")
+                .persistent(true)
+                .durability(agentloop::Durability::Turn),
+        )
+        .await
+        .expect("spawn");
+    h.push(item(1)).await.expect("push");
+    assert_eq!(next(&mut rx).await.version, 1);
+    rt.shutdown().await.expect("shutdown");
+
+    let (rt, report) = builder(&store, &[1, 2], &tx)
+        .start()
+        .await
+        .expect("start v1+v2");
+    assert_eq!(report.resumed, vec!["f".to_string()], "{report:?}");
+    rt.supervisor()
+        .push("f", item(FAIL_ONCE))
+        .await
+        .expect("push");
+    let failed = next(&mut rx).await;
+    assert_eq!((failed.version, failed.items.clone()), (1, vec![FAIL_ONCE]));
+    let again = next(&mut rx).await;
+    assert_eq!(
+        again.items,
+        vec![FAIL_ONCE],
+        "the restart runs the handed-back item"
+    );
+    assert_eq!(
+        again.version, 1,
+        "the restart runs the version the session ran"
+    );
+    rt.shutdown().await.expect("shutdown");
+    assert_eq!(store.load("f").await.unwrap().unwrap().agent_version, 1);
 }

@@ -222,7 +222,11 @@ pub(crate) fn list(server: &Server, statuses: &[String], json: bool) -> Result<S
         .map(|r| {
             vec![
                 text(&r["id"]),
-                text(&r["kind"]),
+                // S40: the kind with the version the session runs or its record says.
+                match r["version"].as_u64() {
+                    Some(v) => format!("{} v{v}", text(&r["kind"])),
+                    None => text(&r["kind"]),
+                },
                 text(&r["status"]),
                 if r["live"] == true { "yes" } else { "no" }.into(),
                 text(&r["restarts"]),

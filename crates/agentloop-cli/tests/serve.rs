@@ -178,7 +178,10 @@ fn live_commands_drive_a_token_protected_server() {
     let (code, out, err) = cli(&["sessions", "list", "--server", &url], tok, None);
     assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("ID") && out.lines().any(|l| l.starts_with("w ")),
+        out.contains("ID")
+            && out
+                .lines()
+                .any(|l| l.starts_with("w ") && l.contains(" sim v1 ")),
         "{out}"
     );
     let (code, out, err) = cli(&["sessions", "list", "--server", &url, "--json"], tok, None);

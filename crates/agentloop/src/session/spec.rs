@@ -129,6 +129,9 @@ pub(crate) struct RunContext {
     /// The version of the agent kind this start runs (S40), written into every record
     /// header; chosen by the supervisor's start (`versions::choose`).
     pub(crate) agent_version: u32,
+    /// The version a failed incarnation ran, for a restart from the items it handed
+    /// back (no record read): the restart runs it again while it is registered.
+    pub(crate) restart_version: Option<u32>,
 }
 
 impl Default for RunContext {
@@ -142,6 +145,7 @@ impl Default for RunContext {
             timer_service: None,
             idle_after: None,
             agent_version: agentloop_core::header::FIRST_VERSION,
+            restart_version: None,
         }
     }
 }

@@ -136,6 +136,7 @@ where
             timer_service: self.directory.timer_service(),
             idle_after: self.directory.idle_after(),
             agent_version: run.run.agent_version,
+            restart_version: run.run.restart_version,
         };
         run
     }
@@ -408,7 +409,10 @@ where
         if let Some(m) = &self.metrics {
             m.restart();
         }
-        let spec = entry.spec.clone();
+        let mut spec = entry.spec.clone();
+        // S40: a restart from handed-back items reads no record; it runs the version
+        // the failed incarnation ran.
+        spec.run.restart_version = Some(entry.handle.agent_version());
         match self
             .start(
                 myself,

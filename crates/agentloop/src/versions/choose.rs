@@ -177,7 +177,14 @@ where
     }
     let store = match store {
         Some(s) if spec.run.load_record => s,
-        _ => return Ok(()),
+        _ => {
+            // A restart from the items its predecessor handed back (no record read)
+            // runs the version that predecessor ran, while it is registered.
+            if let Some(v) = spec.run.restart_version.filter(|v| versions.contains(v)) {
+                spec.run.agent_version = v;
+            }
+            return Ok(());
+        }
     };
     if let Some(rec) = &spec.preloaded {
         match plan_for(&**kind, rec.header.agent_version) {
