@@ -527,3 +527,82 @@ async fn s40_a_restart_after_a_failure_runs_the_same_version() {
     rt.shutdown().await.expect("shutdown");
     assert_eq!(store.load("f").await.unwrap().unwrap().agent_version, 1);
 }
+
+/// S40 in a planned move: node `b` runs versions 1 and 2, node `a` version 1 alone. `b`
+/// shuts down with the `migrate` strategy: its session pinned on version 1 is handed to
+/// `a` and runs there; its version-2 session is not handed to `a`, which cannot run it:
+/// it stays `Interrupted` under `b`, kept at its version, for a node that runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s40_a_migrate_shutdown_hands_over_only_what_the_other_node_runs() {
+    use agentloop::cluster::peers::connect_in_process;
+    use agentloop::config::ShutdownConfig;
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    // A session version 1 left on `b`.
+    let mut old = agentloop::SessionRecord::<SimItem>::new("old", "counter", 0);
+    old.status = agentloop::SessionStatus::Interrupted;
+    old.owner = Some("b".into());
+    store.save(old).await.expect("save");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (b, report) = builder(&store, &[1, 2], &tx)
+        .node("b")
+        .shutdown_config(ShutdownConfig {
+            strategy: "migrate".into(),
+            ..ShutdownConfig::default()
+        })
+        .start()
+        .await
+        .expect("b");
+    assert_eq!(report.resumed, vec!["old".to_string()], "{report:?}");
+    // `a` starts once `b` runs (and beats): `b`'s session is `b`'s.
+    let (a, _) = builder(&store, &[1], &tx)
+        .node("a")
+        .start()
+        .await
+        .expect("a");
+    connect_in_process(&[("a", &a.handle()), ("b", &b.handle())]);
+    b.supervisor()
+        .spawn(SessionSpec::new("new", "counter").persistent(true))
+        .await
+        .expect("spawn");
+    b.supervisor().push("new", item(1)).await.expect("push");
+    assert_eq!(next(&mut rx).await.version, 2);
+    let listed = b.supervisor().list().await;
+    let versions: Vec<(String, u32)> = listed.iter().map(|s| (s.id.clone(), s.version)).collect();
+    assert_eq!(
+        versions,
+        vec![("new".to_string(), 2), ("old".to_string(), 1)]
+    );
+
+    b.shutdown().await.expect("b's shutdown");
+    let on_a: Vec<String> = a
+        .supervisor()
+        .list()
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(
+        on_a,
+        vec!["old".to_string()],
+        "only what a runs was handed to it"
+    );
+    a.supervisor()
+        .push("old", item(2))
+        .await
+        .expect("push on a");
+    assert_eq!(
+        next(&mut rx).await,
+        Seen {
+            version: 1,
+            items: vec![2],
+            state: None
+        }
+    );
+    let new = store.load("new").await.unwrap().unwrap();
+    assert_eq!(
+        (new.status, new.owner.as_deref(), new.agent_version),
+        (agentloop::SessionStatus::Interrupted, Some("b"), 2),
+        "kept for a node that runs version 2"
+    );
+    a.shutdown().await.expect("a's shutdown");
+}

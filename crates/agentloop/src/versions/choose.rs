@@ -18,6 +18,10 @@ pub(crate) fn plan_for<I: 'static, E: 'static>(
     kind: &dyn AgentKind<I, E>,
     version: u32,
 ) -> VersionPlan {
+    // The common case, asked once per record at a start: nothing to allocate.
+    if kind.single_version() == Some(version) {
+        return VersionPlan::Pinned(version);
+    }
     super::plan(version, &kind.versions(), &kind.migrations_from())
 }
 
