@@ -52,7 +52,7 @@ enum Side {
     /// The client, the base URL, and a bound on requests in flight (its connection
     /// pool's size: an open-loop backlog waits for a connection instead of opening
     /// thousands).
-    Http(Http, Arc<str>, Arc<tokio::sync::Semaphore>),
+    Http(Box<Http>, Arc<str>, Arc<tokio::sync::Semaphore>),
 }
 
 /// Connections the HTTP client keeps at most (requests in flight).
@@ -192,7 +192,7 @@ pub async fn run() {
                 .pool_max_idle_per_host(CONNECTIONS)
                 .build(connector);
             let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
-            let sides = [Side::InProcess(sup), Side::Http(http, base, slots)];
+            let sides = [Side::InProcess(sup), Side::Http(Box::new(http), base, slots)];
             let ids = Arc::new(AtomicU64::new(0));
             // Warm-up, then saturation.
             for side in &sides {

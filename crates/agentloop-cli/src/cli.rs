@@ -235,9 +235,18 @@ pub(crate) struct ServeFlags {
         conflicts_with = "token_file"
     )]
     pub token: Option<String>,
-    /// Read the bearer token from FILE (its first line), e.g. a mounted secret.
+    /// Read the bearer token from FILE (its first line), e.g. a mounted secret. A file
+    /// other users may read is warned about: chmod 600 it.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Serve HTTPS (S43): the server's certificate chain, PEM (the certificate first,
+    /// then its intermediates); HTTP/2 and HTTP/1.1 are offered. Needs --tls-key. The
+    /// bearer token is still required beyond loopback.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// Append `turn <id>...` to FILE when a turn of the simulated agent completes (an
     /// audit of deliveries across restarts).
     #[arg(long, value_name = "FILE")]

@@ -45,6 +45,7 @@ macro_rules! say {
 /// command line shows in `ps`: warned.
 fn token(flags: &ServeFlags) -> Result<Option<String>, String> {
     if let Some(path) = &flags.token_file {
+        warn_if_others_read(path, "the token file");
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
         let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
@@ -62,8 +63,26 @@ fn token(flags: &ServeFlags) -> Result<Option<String>, String> {
     Ok(Some(t.clone()))
 }
 
-/// Runs the service until a signal shuts it down; `Ok(true)` when every record was
-/// left safe.
+/// Warns (S43) when a file holding a secret can be read by users other than its owner.
+fn warn_if_others_read(path: &std::path::Path, what: &str) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        if let Ok(meta) = std::fs::metadata(path) {
+            let mode = meta.permissions().mode();
+            if mode & 0o077 != 0 {
+                tracing::warn!(
+                    file = %path.display(),
+                    mode = format!("{:o}", mode & 0o777),
+                    "{what} can be read by other users of this machine: make it readable by its owner alone (chmod 600)"
+                );
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = (path, what);
+}
+
 /// The provider kind `chat` calls, when `--model-url` is given (docs/models.md).
 fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider>, String> {
     let (Some(url), Some(model)) = (&flags.model_url, &flags.model) else {
@@ -145,6 +164,15 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         ..HttpOptions::default()
     };
     agentloop_http::check_bind(addr, &options)?;
+    // S43: TLS at the front, read before anything starts (a bad file fails fast).
+    let tls = match (&flags.tls_cert, &flags.tls_key) {
+        (Some(cert), Some(key)) => {
+            warn_if_others_read(key, "the TLS private key");
+            Some(agentloop_http::tls::server_config(cert, key).map_err(|e| e.to_string())?)
+        }
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let data_dir = config.store.data_dir.clone();
     // Where the records live, for messages: the data directory, or the PostgreSQL
     // server (issue 18).
@@ -260,6 +288,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
             .header_read_timeout
             .unwrap_or(defaults.header_read_timeout),
         write_timeout: config.http.write_timeout.unwrap_or(defaults.write_timeout),
+        tls,
     };
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(agentloop_http::server::serve(
@@ -282,7 +311,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         say!("agentloop: not resumed: {id}: {why}");
     }
     say!(
-        "agentloop: serving on http://{bound} ({}; data {place}{}, pid {}); Ctrl+C or SIGTERM shuts down gracefully",
+        "agentloop: serving on {scheme}://{bound} ({}; data {place}{}, pid {}); Ctrl+C or SIGTERM shuts down gracefully",
         if options.token.is_some() { "bearer token required" } else { "no token: loopback only" },
         match &flags.node {
             Some(n) => format!(", node {n}"),

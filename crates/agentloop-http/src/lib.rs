@@ -49,6 +49,7 @@ mod metrics;
 pub mod same_machine;
 pub mod server;
 mod sessions;
+pub mod tls;
 mod wire;
 
 use std::sync::Arc;

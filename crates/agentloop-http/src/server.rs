@@ -29,8 +29,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a write to a client may make no progress by default.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The connection-level bounds of [`serve`].
-#[derive(Clone, Copy, Debug)]
+/// The connection-level bounds of [`serve`], and its TLS.
+#[derive(Clone, Debug)]
 pub struct ServeOptions {
     /// Connections at once; one more is closed at once.
     pub max_connections: usize,
@@ -40,6 +40,10 @@ pub struct ServeOptions {
     /// How long a write to the client may make no progress (its socket buffer stays
     /// full); the connection is closed after it.
     pub write_timeout: Duration,
+    /// Terminate TLS with this configuration (S43, [`crate::tls::server_config`]):
+    /// every connection is a TLS one, served over HTTP/2 or HTTP/1.1 as the client's
+    /// ALPN chooses. `None`: plain HTTP/1.1.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Default for ServeOptions {
@@ -48,6 +52,7 @@ impl Default for ServeOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
+            tls: None,
         }
     }
 }
@@ -67,6 +72,7 @@ pub async fn serve(
     let mut last_refusal_logged: Option<Instant> = None;
     let mut last_accept_logged: Option<Instant> = None;
     let mut accept_failures = 0u64;
+    let handshake_failures: Arc<Throttle> = Arc::default();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -104,6 +110,26 @@ pub async fn serve(
         let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
         stream.set_write_timeout(Some(options.write_timeout));
         let service = TowerToHyperService::new(app.clone());
+        if let Some(tls) = &options.tls {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.clone());
+            let watcher = graceful.watcher();
+            let header_read_timeout = options.header_read_timeout;
+            let failures = handshake_failures.clone();
+            tokio::spawn(async move {
+                serve_tls(
+                    acceptor,
+                    Box::pin(stream),
+                    peer,
+                    service,
+                    header_read_timeout,
+                    watcher,
+                    &failures,
+                )
+                .await;
+                drop(permit);
+            });
+            continue;
+        }
         let connection = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(options.header_read_timeout)
@@ -126,4 +152,68 @@ pub async fn serve(
     }
     drop(listener);
     graceful.shutdown().await;
+}
+
+/// One TLS connection (S43): the handshake, bounded by `header_read_timeout` like a
+/// request's headers, then HTTP/2 or HTTP/1.1 as the client's ALPN chose, watched for
+/// the graceful shutdown.
+async fn serve_tls<S>(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: S,
+    peer: std::net::SocketAddr,
+    service: TowerToHyperService<Router>,
+    header_read_timeout: Duration,
+    watcher: hyper_util::server::graceful::Watcher,
+    failures: &Throttle,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let tls = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            // A client that does not speak TLS, or distrusts the certificate: its own
+            // side shows why. At most one line a second, with the count since: a
+            // scanner must not become a flood of logs.
+            if let Some(count) = failures.note() {
+                tracing::warn!(%peer, error = %e, failed = count, "TLS handshakes failed (a client speaking plain HTTP to a TLS port, or one that does not trust the certificate)");
+            }
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "closed a connection whose TLS handshake did not finish in time ([http] header_read_timeout)");
+            return;
+        }
+    };
+    let mut builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+    if let Err(e) = watcher.watch(connection.into_owned()).await {
+        tracing::debug!(%peer, error = %e, "TLS connection ended with an error");
+    }
+}
+
+/// Counts events and says when to log them: at most once a second, with how many
+/// happened since the last line.
+#[derive(Default)]
+struct Throttle {
+    state: parking_lot::Mutex<(Option<Instant>, u64)>,
+}
+
+impl Throttle {
+    /// Counts one; `Some(count)` when a line is due (the count since the last one).
+    fn note(&self) -> Option<u64> {
+        let mut s = self.state.lock();
+        s.1 += 1;
+        if s.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            let count = s.1;
+            *s = (Some(Instant::now()), 0);
+            return Some(count);
+        }
+        None
+    }
 }
