@@ -192,7 +192,10 @@ pub async fn run() {
                 .pool_max_idle_per_host(CONNECTIONS)
                 .build(connector);
             let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS));
-            let sides = [Side::InProcess(sup), Side::Http(Box::new(http), base, slots)];
+            let sides = [
+                Side::InProcess(sup),
+                Side::Http(Box::new(http), base, slots),
+            ];
             let ids = Arc::new(AtomicU64::new(0));
             // Warm-up, then saturation.
             for side in &sides {

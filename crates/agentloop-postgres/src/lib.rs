@@ -30,6 +30,7 @@
 mod rows;
 mod schema;
 mod shard;
+mod tls;
 
 #[cfg(feature = "local-server")]
 pub mod local_server;
@@ -143,8 +144,17 @@ impl<I> PostgresStore<I> {
     /// Connects (every connection now, so a wrong URL or a server that is down is
     /// reported here, naming the server) and creates the store's tables when missing.
     pub async fn connect(options: PostgresOptions) -> Result<Self, StoreError> {
-        let mut config = tokio_postgres::Config::from_str(&options.url)
-            .map_err(|e| refused_url(&options.url, e))?;
+        // S43: `sslmode` and `sslrootcert` as libpq reads them (crate::tls).
+        let (url, tls_params) = tls::split(&options.url)?;
+        let mut config =
+            tokio_postgres::Config::from_str(&url).map_err(|e| refused_url(&url, e))?;
+        let tls =
+            tls::client_config(&tls_params)?.map(tokio_postgres_rustls::MakeRustlsConnect::new);
+        config.ssl_mode(match tls_params.mode {
+            tls::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
         // A process frozen inside a transaction (SIGSTOP, a VM pause) would hold its
         // sessions' locks for as long as it is frozen, and no other node could claim
         // them (S37, S38): the server ends such a connection after IDLE_IN_TRANSACTION,
@@ -168,20 +178,20 @@ impl<I> PostgresStore<I> {
             .unwrap_or_else(|| "localhost".into());
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let target = format!("{host}:{port}");
-        let mut first = Connection::open(config.clone(), target.clone()).await?;
+        let mut first = Connection::open(config.clone(), target.clone(), tls.clone()).await?;
         create_tables(&mut first).await?;
         let n = options.connections.max(1);
         let mut shards = Vec::with_capacity(n);
         let mut conns = vec![first];
         for _ in 1..n {
-            conns.push(Connection::open(config.clone(), target.clone()).await?);
+            conns.push(Connection::open(config.clone(), target.clone(), tls.clone()).await?);
         }
         for conn in conns {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(shard::run(conn, rx));
             shards.push(tx);
         }
-        tracing::info!(server = %target, connections = n, "PostgreSQL store connected");
+        tracing::info!(server = %target, connections = n, tls = ?tls_params.mode, "PostgreSQL store connected");
         Ok(PostgresStore {
             shards: shards.into(),
             target: target.into(),

@@ -88,6 +88,17 @@ impl LocalServer {
     /// while the server starts (a second or two): call it before a runtime, or from
     /// `spawn_blocking`.
     pub fn start(settings: &[&str]) -> Result<Self, LocalServerError> {
+        Self::start_with(settings, None)
+    }
+
+    /// [`LocalServer::start`] with TLS on (S43): `cert` (the server's chain) and `key`
+    /// (its private key), both PEM, are written into the server's directory, readable
+    /// by the server alone, and `ssl` is turned on with them.
+    pub fn start_tls(cert: &str, key: &str, settings: &[&str]) -> Result<Self, LocalServerError> {
+        Self::start_with(settings, Some((cert, key)))
+    }
+
+    fn start_with(settings: &[&str], tls: Option<(&str, &str)>) -> Result<Self, LocalServerError> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let bin = find_bin()?;
         let as_postgres = is_root();
@@ -104,6 +115,30 @@ impl LocalServer {
             port: free_port()?,
             as_postgres,
         };
+        let mut settings: Vec<String> = settings.iter().map(|s| s.to_string()).collect();
+        if let Some((cert, key)) = tls {
+            let write = |name: &str, text: &str| {
+                let path = server.dir.join(name);
+                std::fs::write(&path, text).map_err(|e| {
+                    LocalServerError(format!("cannot write {}: {e}", path.display()))
+                })?;
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt as _;
+                    // PostgreSQL refuses a key others may read.
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                        .map_err(|e| {
+                            LocalServerError(format!("cannot chmod {}: {e}", path.display()))
+                        })?;
+                }
+                Ok::<String, LocalServerError>(path.display().to_string())
+            };
+            let cert = write("server.crt", cert)?;
+            let key = write("server.key", key)?;
+            settings.push("ssl=on".into());
+            settings.push(format!("ssl_cert_file={cert}"));
+            settings.push(format!("ssl_key_file={key}"));
+        }
         if as_postgres {
             server.run(
                 "chown",
@@ -132,7 +167,7 @@ impl LocalServer {
             server.port,
             server.dir.display()
         );
-        for s in settings {
+        for s in &settings {
             options.push_str(" -c ");
             options.push_str(s);
         }

@@ -174,15 +174,22 @@ pub(crate) struct Connection {
     config: Config,
     target: String,
     client: Option<Client>,
+    /// TLS to the server (S43, `crate::tls`); `None`: plain TCP.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
 
 impl Connection {
     /// Connects now (so a wrong URL or a server that is down is reported at start).
-    pub(crate) async fn open(config: Config, target: String) -> Result<Self, StoreError> {
+    pub(crate) async fn open(
+        config: Config,
+        target: String,
+        tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    ) -> Result<Self, StoreError> {
         let mut c = Connection {
             config,
             target,
             client: None,
+            tls,
         };
         c.client().await?;
         Ok(c)
@@ -191,17 +198,27 @@ impl Connection {
     /// The connected client, reconnecting when the last one closed.
     pub(crate) async fn client(&mut self) -> Result<&mut Client, StoreError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let (client, connection) = self
-                .config
-                .connect(NoTls)
-                .await
-                .map_err(|e| database_error(&self.target, "connect", "", &e))?;
-            let target = self.target.clone();
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
+            let failed = |e: tokio_postgres::Error| database_error(&self.target, "connect", "", &e);
+            let lost = |target: String| {
+                move |e: tokio_postgres::Error| {
                     tracing::warn!(server = %target, error = %e, "connection to PostgreSQL lost; the next request reconnects");
                 }
-            });
+            };
+            let client = match &self.tls {
+                None => {
+                    let (client, connection) = self.config.connect(NoTls).await.map_err(failed)?;
+                    let lost = lost(self.target.clone());
+                    tokio::spawn(async move { connection.await.unwrap_or_else(lost) });
+                    client
+                }
+                Some(tls) => {
+                    let (client, connection) =
+                        self.config.connect(tls.clone()).await.map_err(failed)?;
+                    let lost = lost(self.target.clone());
+                    tokio::spawn(async move { connection.await.unwrap_or_else(lost) });
+                    client
+                }
+            };
             self.client = Some(client);
         }
         self.client.as_mut().ok_or(StoreError::Closed)
