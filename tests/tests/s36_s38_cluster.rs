@@ -344,6 +344,7 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
             listen: format!("127.0.0.1:{port}").parse().unwrap(),
             cookie: "c".into(),
             join: vec![],
+            tls: None,
         },
     )
     .await
@@ -379,6 +380,7 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
             listen: "8.8.8.8:7520".parse().unwrap(),
             cookie: "c".into(),
             join: vec![],
+            tls: None,
         },
     )
     .await;

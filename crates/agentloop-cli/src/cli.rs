@@ -281,6 +281,18 @@ pub(crate) struct ServeFlags {
         requires = "cluster_listen"
     )]
     pub cookie: Option<String>,
+    /// Encrypt the links to the other nodes (S43): this node's certificate chain, PEM,
+    /// from the cluster's CA (--cluster-ca); with TLS a node may listen beyond loopback
+    /// and private ranges. Needs --cluster-tls-key and --cluster-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["cluster_tls_key", "cluster_ca", "cluster_listen"])]
+    pub cluster_tls_cert: Option<PathBuf>,
+    /// The private key of --cluster-tls-cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "cluster_tls_cert")]
+    pub cluster_tls_key: Option<PathBuf>,
+    /// The cluster's CA (PEM): every node's certificate must chain to it; a node that
+    /// presents none, or one from another CA, is refused.
+    #[arg(long, value_name = "FILE", requires = "cluster_tls_cert")]
+    pub cluster_ca: Option<PathBuf>,
     /// Move the sessions this node runs to the node placement names when placement
     /// changes (a node joined), at their next safe point, once membership has been
     /// stable for 6 s (docs/operations.md, "Rebalancing").

@@ -236,11 +236,30 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
                 let _ = rt.shutdown().await;
                 return Err("--cluster-listen needs --cookie (or AGENTLOOP_COOKIE): the secret every node of the cluster shares".into());
             };
+            // S43: mutual TLS between nodes when its three files are given.
+            let tls = match (
+                &flags.cluster_tls_cert,
+                &flags.cluster_tls_key,
+                &flags.cluster_ca,
+            ) {
+                (Some(cert), Some(key), Some(ca)) => {
+                    warn_if_others_read(key, "the node's TLS private key");
+                    match agentloop_cluster::NodeTls::from_files(cert, key, ca) {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            let _ = rt.shutdown().await;
+                            return Err(e.to_string());
+                        }
+                    }
+                }
+                _ => None,
+            };
             let config = agentloop_cluster::NodeConfig {
                 name: name.clone(),
                 listen,
                 cookie,
                 join: flags.join.clone(),
+                tls,
             };
             match agentloop_cluster::ClusterNode::start(&rt, config).await {
                 Ok(node) => Some(node),

@@ -1402,3 +1402,175 @@ fn a_rolling_deploy_moves_nothing_a_node_cannot_run() {
         );
     }
 }
+
+/// What a push sent to `url` for `session` was answered (its HTTP status), or 0 when no
+/// answer came.
+fn push_status(url: &str, session: &str, id: u64) -> u16 {
+    agent()
+        .post(&format!("{url}/sessions/{session}/items"))
+        .send_json(json!({"item": {"id": id, "text": "tls"}}))
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+/// S43: two nodes joined over mutual TLS (certificates from the cluster's CA, made by
+/// the test) forward pushes to each other; a node whose certificate is from another CA,
+/// and a node without TLS, cannot join: a push through them for the other nodes'
+/// session stays `502 owner_unreachable`, never reaching the session.
+#[test]
+fn nodes_join_over_mutual_tls_and_a_node_without_the_clusters_certificate_is_refused() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("tls").expect("a database");
+    let dir = TempDir::new("cluster-tls");
+    let logs: Vec<_> = (0..4).map(|n| dir.0.join(format!("n{n}.log"))).collect();
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let cluster = common::TestCa::new(&dir.0, "cluster");
+    let rogue = common::TestCa::new(&dir.0, "rogue");
+    // A node's certificate comes from `issuer`; it trusts `trust`.
+    let tls_flags = |issuer: &common::TestCa, trust: &common::TestCa, n: usize| -> Vec<String> {
+        let (cert, key) = issuer.issue(&format!("n{n}"), &["127.0.0.1"]);
+        vec![
+            "--cluster-tls-cert".into(),
+            cert.display().to_string(),
+            "--cluster-tls-key".into(),
+            key.display().to_string(),
+            "--cluster-ca".into(),
+            trust.ca.display().to_string(),
+        ]
+    };
+    // n2 trusts the cluster's CA (it would accept n0) but its own certificate is from
+    // another CA: n0 must refuse it (both sides verify).
+    let flags: Vec<Vec<String>> = vec![
+        tls_flags(&cluster, &cluster, 0),
+        tls_flags(&cluster, &cluster, 1),
+        tls_flags(&rogue, &cluster, 2),
+        Vec::new(),
+    ];
+    let flag_refs = |n: usize| -> Vec<&str> { flags[n].iter().map(String::as_str).collect() };
+    let (n0, url0) = start_joined(&dir.0, &db, 0, &ports, None, &logs[0], &flag_refs(0));
+    let (n1, url1) = start_joined(
+        &dir.0,
+        &db,
+        1,
+        &ports,
+        Some(ports[0]),
+        &logs[1],
+        &flag_refs(1),
+    );
+    spawn_sim(
+        &url0,
+        "x",
+        json!({"rounds": 1, "model_ms": 1, "tool_ms": 1}),
+    );
+    // Through n1, over TLS, to n0 which runs it.
+    wait_for("a push through n1 reaches x on n0", 30, || {
+        matches!(push(&url1, "x", 1), Push::Accepted)
+    });
+    wait_for("delivered on n0", 30, || delivered(&logs[0]).contains(&1));
+
+    // A node with a certificate from another CA, and one without TLS, join n0 in vain.
+    let (n2, url2) = start_joined(
+        &dir.0,
+        &db,
+        2,
+        &ports,
+        Some(ports[0]),
+        &logs[2],
+        &flag_refs(2),
+    );
+    let (n3, url3) = start_joined(
+        &dir.0,
+        &db,
+        3,
+        &ports,
+        Some(ports[0]),
+        &logs[3],
+        &flag_refs(3),
+    );
+    let until = Instant::now() + Duration::from_secs(4);
+    let mut tries = 0;
+    while Instant::now() < until {
+        for url in [&url2, &url3] {
+            assert_eq!(
+                push_status(url, "x", 100 + tries),
+                502,
+                "a node outside the cluster's CA reached x"
+            );
+            tries += 1;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        delivered(&logs[0]).iter().all(|i| *i < 100),
+        "nothing sent through the refused nodes was delivered"
+    );
+    // The cluster itself still works.
+    wait_for("a second push through n1", 30, || {
+        matches!(push(&url1, "x", 2), Push::Accepted)
+    });
+    wait_for("delivered on n0", 30, || delivered(&logs[0]).contains(&2));
+    for job in [n3, n2, n1, n0] {
+        job.signal(libc::SIGTERM);
+        let (status, out) = job.finish();
+        assert!(status.success(), "{out}");
+    }
+}
+
+/// S43: with TLS between nodes, a node may listen beyond loopback and private ranges;
+/// without it, it may not.
+#[test]
+fn a_node_listens_beyond_private_ranges_only_with_tls() {
+    let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let db = pg.database("public").expect("a database");
+    let dir = TempDir::new("cluster-public");
+    let ca = common::TestCa::new(&dir.0, "cluster");
+    let (cert, key) = ca.issue("n0", &["127.0.0.1"]);
+    let port = free_port();
+    // The flags after `serve --data-dir DIR` (Job::command adds those).
+    let args = |tls: bool| -> Vec<String> {
+        let mut a = vec![
+            "--listen".to_string(),
+            "127.0.0.1:0".into(),
+            "--postgres".into(),
+            db.clone(),
+            "--node".into(),
+            "n0".into(),
+            "--cluster-listen".into(),
+            format!("0.0.0.0:{port}"),
+            "--cookie".into(),
+            "test-cookie".into(),
+        ];
+        if tls {
+            a.extend([
+                "--cluster-tls-cert".into(),
+                cert.display().to_string(),
+                "--cluster-tls-key".into(),
+                key.display().to_string(),
+                "--cluster-ca".into(),
+                ca.ca.display().to_string(),
+            ]);
+        }
+        a
+    };
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .args(args(false))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("without TLS") && err.contains("--cluster-tls-cert"),
+        "{err}"
+    );
+    let with_tls = args(true);
+    let with_tls: Vec<&str> = with_tls.iter().map(String::as_str).collect();
+    let mut job = Job::command(&dir.0, "serve", &with_tls, std::process::Stdio::inherit());
+    job.wait_for("serving on http://");
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

@@ -19,32 +19,9 @@ use hyper_util::rt::TokioExecutor;
 /// A CA and a server certificate it signed for `localhost` and 127.0.0.1, as PEM files
 /// in `dir`: (ca.pem, cert.pem, key.pem).
 fn certificates(dir: &Path, tag: &str) -> (PathBuf, PathBuf, PathBuf) {
-    let ca_key = rcgen::KeyPair::generate().expect("a CA key");
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(
-        rcgen::DnType::CommonName,
-        format!("agentloop test CA {tag}"),
-    );
-    let ca = rcgen::CertifiedIssuer::self_signed(ca, ca_key).expect("the CA");
-    let key = rcgen::KeyPair::generate().expect("a server key");
-    let params = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .expect("server params");
-    let cert = params.signed_by(&key, &ca).expect("the server certificate");
-    let paths = (
-        dir.join(format!("{tag}-ca.pem")),
-        dir.join(format!("{tag}-cert.pem")),
-        dir.join(format!("{tag}-key.pem")),
-    );
-    std::fs::write(&paths.0, ca.pem()).unwrap();
-    std::fs::write(&paths.1, cert.pem()).unwrap();
-    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&paths.2, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
-    (paths.0, paths.1, paths.2)
+    let ca = common::TestCa::new(dir, tag);
+    let (cert, key) = ca.issue(tag, &["localhost", "127.0.0.1"]);
+    (ca.ca, cert, key)
 }
 
 /// A hyper client over rustls that trusts the CA in `ca` alone and offers HTTP/2 and
@@ -57,10 +34,10 @@ fn client(
     Full<Bytes>,
 > {
     let mut roots = rustls::RootCertStore::empty();
-    for c in agentloop_http::tls::read_certificates(ca).expect("the CA") {
+    for c in agentloop::tls::certificates(ca, "the CA").expect("the CA") {
         roots.add(c).expect("a root");
     }
-    let config = rustls::ClientConfig::builder_with_provider(agentloop_http::tls::provider())
+    let config = rustls::ClientConfig::builder_with_provider(agentloop::tls::provider())
         .with_safe_default_protocol_versions()
         .expect("versions")
         .with_root_certificates(roots)

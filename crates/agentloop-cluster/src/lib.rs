@@ -8,8 +8,10 @@
 //! This crate owns the transport only: what a request does is the runtime's, what
 //! crosses is `agentloop::cluster::forward`'s. Only programs that run nodes depend on
 //! it, and only they pay for ractor's `cluster` feature (it turns on
-//! `agentloop/cluster`). The cookie authenticates and does not encrypt, so a node
-//! listens only on loopback or a private network ([`NodeError::PublicAddress`]).
+//! `agentloop/cluster`). The cookie authenticates; TLS ([`NodeTls`], S43: each node
+//! with a certificate from the cluster's CA, both sides verified) encrypts. Without
+//! TLS a node listens only on loopback or a private network
+//! ([`NodeError::PublicAddress`]).
 
 use std::marker::PhantomData;
 use std::net::{IpAddr, SocketAddr};
@@ -49,14 +51,96 @@ pub struct NodeConfig {
     pub cookie: String,
     /// Nodes to join at start (`host:port` of their node servers).
     pub join: Vec<String>,
+    /// Mutual TLS with the other nodes (S43); `None`: plain TCP, on loopback or a
+    /// private network only.
+    pub tls: Option<NodeTls>,
+}
+
+/// Mutual TLS between nodes (S43): this node's certificate and key, and the cluster's
+/// CA every node's certificate must chain to. A node accepts only peers that present a
+/// certificate from that CA, and verifies the node it joins against it and the name in
+/// the join address (a DNS name or an IP the certificate must hold).
+#[derive(Clone)]
+pub struct NodeTls {
+    acceptor: tokio_rustls::TlsAcceptor,
+    connector: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for NodeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeTls").finish_non_exhaustive()
+    }
+}
+
+impl NodeTls {
+    /// From this node's certificate chain `cert` and private key `key`, and the
+    /// cluster's CA `ca` (PEM files).
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ca: &std::path::Path,
+    ) -> Result<Self, NodeError> {
+        let tls = |e: String| NodeError::Tls(e);
+        let chain = agentloop::tls::certificates(cert, "the node's certificate")
+            .map_err(|e| tls(e.to_string()))?;
+        let private = agentloop::tls::private_key(key, "the node's private key")
+            .map_err(|e| tls(e.to_string()))?;
+        let roots = Arc::new(
+            agentloop::tls::roots(ca, "the cluster's CA").map_err(|e| tls(e.to_string()))?,
+        );
+        let provider = agentloop::tls::provider();
+        let pair = |e: rustls::Error| {
+            tls(format!(
+                "the node's certificate {} and key {} cannot be used: {e}",
+                cert.display(),
+                key.display()
+            ))
+        };
+        let peers = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| tls(format!("the cluster's CA {}: {e}", ca.display())))?;
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(pair)?
+            .with_client_cert_verifier(peers)
+            .with_single_cert(chain.clone(), private.clone_key())
+            .map_err(pair)?;
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(pair)?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, private)
+            .map_err(pair)?;
+        Ok(NodeTls {
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+            connector: tokio_rustls::TlsConnector::from(Arc::new(client)),
+        })
+    }
+}
+
+/// The name a joined node's certificate must hold: the host of `host:port`.
+fn server_name(peer: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match peer.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+        None => peer,
+    };
+    rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| format!("`{peer}` names no host a certificate can hold: {e}"))
 }
 
 /// A node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    /// The address is public: the cookie authenticates but does not encrypt.
-    #[error("refusing to listen for cluster nodes on the public address {0}: the cookie authenticates but does not encrypt; use a loopback or private address (10/8, 172.16/12, 192.168/16, fc00::/7) on a private network")]
+    /// The address is public and TLS is off: the cookie authenticates but does not
+    /// encrypt.
+    #[error("refusing to listen for cluster nodes on the public address {0} without TLS: the cookie authenticates but does not encrypt; turn on TLS between nodes (--cluster-tls-cert, --cluster-tls-key, --cluster-ca), or use a loopback or private address (10/8, 172.16/12, 192.168/16, fc00::/7) on a private network")]
     PublicAddress(IpAddr),
+    /// The node's TLS files could not be used.
+    #[error("the cluster's TLS: {0}")]
+    Tls(String),
     /// The node server or actor did not start.
     #[error("the cluster node did not start: {0}; check that the port is free")]
     Start(String),
@@ -486,7 +570,7 @@ impl ClusterNode {
         E: Clone + Send + Sync + Serialize + DeserializeOwned + 'static,
     {
         let ip = config.listen.ip();
-        if !is_private(ip) {
+        if config.tls.is_none() && !is_private(ip) {
             return Err(NodeError::PublicAddress(ip));
         }
         let server = NodeServer::new(
@@ -494,7 +578,10 @@ impl ClusterNode {
             config.cookie.clone(),
             config.name.clone(),
             ip.to_string(),
-            None,
+            config
+                .tls
+                .as_ref()
+                .map(|t| ractor_cluster::IncomingEncryptionMode::Tls(t.acceptor.clone())),
             None,
         )
         .with_listen_addr(ip);
@@ -517,10 +604,29 @@ impl ClusterNode {
         }
         for peer in config.join {
             let server = server.clone();
+            let tls = match &config.tls {
+                Some(t) => Some((
+                    t.connector.clone(),
+                    server_name(&peer).map_err(NodeError::Tls)?,
+                )),
+                None => None,
+            };
             tokio::spawn(async move {
                 let mut wait = Duration::from_millis(100);
                 loop {
-                    match ractor_cluster::client_connect(&server, peer.as_str()).await {
+                    let joined = match &tls {
+                        None => ractor_cluster::client_connect(&server, peer.as_str()).await,
+                        Some((connector, name)) => {
+                            ractor_cluster::client_connect_enc(
+                                &server,
+                                peer.as_str(),
+                                connector.clone(),
+                                name.clone(),
+                            )
+                            .await
+                        }
+                    };
+                    match joined {
                         Ok(()) => {
                             tracing::info!(%peer, "joined a cluster node");
                             return;

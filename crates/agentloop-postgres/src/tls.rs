@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use agentloop::StoreError;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
@@ -140,7 +139,7 @@ fn percent_decode(v: &str) -> String {
 pub(crate) fn client_config(
     params: &TlsParams,
 ) -> Result<Option<rustls::ClientConfig>, StoreError> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = agentloop::tls::provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| refused(format!("TLS: {e}")))?;
@@ -172,24 +171,8 @@ pub(crate) fn client_config(
 }
 
 fn roots(path: &Path) -> Result<rustls::RootCertStore, StoreError> {
-    let bad = |reason: String| {
-        refused(format!(
-            "cannot use sslrootcert {} as the CAs to verify the server with: {reason}; pass a PEM file of CA certificates",
-            path.display()
-        ))
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad(e.to_string()))?;
-    if certs.is_empty() {
-        return Err(bad("it holds no PEM certificate".into()));
-    }
-    for c in certs {
-        roots.add(c).map_err(|e| bad(e.to_string()))?;
-    }
-    Ok(roots)
+    agentloop::tls::roots(path, "sslrootcert (the CAs to verify the server with)")
+        .map_err(|e| refused(e.to_string()))
 }
 
 /// `prefer` and `require` without a CA: encrypts, verifies nothing about the server

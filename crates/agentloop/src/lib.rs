@@ -121,6 +121,8 @@ pub mod shutdown;
 pub mod store;
 pub mod supervisor;
 pub mod timers;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod turn;
 pub mod versions;
 pub mod view;

@@ -339,3 +339,60 @@ pub fn check_gap_free_but(after: u64, events: &[Sse], history: &[u64]) -> u64 {
     }
     missed
 }
+
+/// A certificate authority a test makes (S43): PEM files for it and for certificates
+/// it signs, in a directory.
+pub struct TestCa {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+    /// The CA's certificate, PEM.
+    pub ca: PathBuf,
+    dir: PathBuf,
+}
+
+impl TestCa {
+    /// A new CA named `tag`, its certificate written to `dir/<tag>-ca.pem`.
+    pub fn new(dir: &Path, tag: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().expect("a CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("agentloop test CA {tag}"),
+        );
+        let issuer = rcgen::CertifiedIssuer::self_signed(params, key).expect("the CA");
+        let ca = dir.join(format!("{tag}-ca.pem"));
+        std::fs::write(&ca, issuer.pem()).unwrap();
+        TestCa {
+            issuer,
+            ca,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// A certificate for `names` (DNS names or IP addresses) signed by this CA, and its
+    /// key (mode 600): (cert.pem, key.pem) named after `tag`.
+    pub fn issue(&self, tag: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.subject_alt_names = names
+            .iter()
+            .map(|n| match n.parse::<std::net::IpAddr>() {
+                Ok(ip) => rcgen::SanType::IpAddress(ip),
+                Err(_) => rcgen::SanType::DnsName((*n).try_into().expect("a DNS name")),
+            })
+            .collect();
+        let cert = params.signed_by(&key, &self.issuer).expect("a certificate");
+        let paths = (
+            self.dir.join(format!("{tag}-cert.pem")),
+            self.dir.join(format!("{tag}-key.pem")),
+        );
+        std::fs::write(&paths.0, cert.pem()).unwrap();
+        std::fs::write(&paths.1, key.serialize_pem()).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&paths.1, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        paths
+    }
+}
