@@ -165,12 +165,21 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     };
     agentloop_http::check_bind(addr, &options)?;
     // S43: TLS at the front, read before anything starts (a bad file fails fast).
-    let tls = match (&flags.tls_cert, &flags.tls_key) {
-        (Some(cert), Some(key)) => {
-            warn_if_others_read(key, "the TLS private key");
-            Some(agentloop_http::tls::server_config(cert, key).map_err(|e| e.to_string())?)
+    // The flags over the file's [http] tls_cert and tls_key.
+    let files = match (&flags.tls_cert, &flags.tls_key) {
+        (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+        _ => config
+            .http
+            .tls_cert
+            .clone()
+            .zip(config.http.tls_key.clone()),
+    };
+    let tls = match files {
+        Some((cert, key)) => {
+            warn_if_others_read(&key, "the TLS private key");
+            Some(agentloop_http::tls::server_config(&cert, &key).map_err(|e| e.to_string())?)
         }
-        _ => None,
+        None => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let data_dir = config.store.data_dir.clone();
@@ -236,12 +245,21 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
                 let _ = rt.shutdown().await;
                 return Err("--cluster-listen needs --cookie (or AGENTLOOP_COOKIE): the secret every node of the cluster shares".into());
             };
-            // S43: mutual TLS between nodes when its three files are given.
-            let tls = match (
+            // S43: mutual TLS between nodes when its three files are given: the flags,
+            // else the file's [cluster] table.
+            let files = match (
                 &flags.cluster_tls_cert,
                 &flags.cluster_tls_key,
                 &flags.cluster_ca,
             ) {
+                (Some(cert), Some(key), Some(ca)) => (Some(cert), Some(key), Some(ca)),
+                _ => (
+                    config.cluster.tls_cert.as_ref(),
+                    config.cluster.tls_key.as_ref(),
+                    config.cluster.ca.as_ref(),
+                ),
+            };
+            let tls = match files {
                 (Some(cert), Some(key), Some(ca)) => {
                     warn_if_others_read(key, "the node's TLS private key");
                     match agentloop_cluster::NodeTls::from_files(cert, key, ca) {

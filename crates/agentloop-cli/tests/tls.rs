@@ -304,3 +304,71 @@ fn a_token_file_others_can_read_is_warned_about() {
     );
     assert!(!said.contains(token) && !out.contains(token), "{said}");
 }
+
+/// S43: secrets given in the environment never show in `--help` (clap would print an
+/// environment variable's value as the default).
+#[test]
+fn help_never_shows_a_secret_from_the_environment() {
+    let secrets = [
+        ("AGENTLOOP_TOKEN", "help-token-0123456789abcdef"),
+        ("AGENTLOOP_COOKIE", "help-cookie-secret"),
+        ("AGENTLOOP_POSTGRES", "postgresql://u:help-db-password@db/x"),
+    ];
+    for args in [
+        &["serve", "--help"][..],
+        &["sessions", "list", "--help"],
+        &["sessions", "migrate", "--help"],
+        &["push", "--help"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+            .args(args)
+            .envs(secrets)
+            .stdin(Stdio::null())
+            .output()
+            .expect("runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{args:?}: {text}");
+        for (var, secret) in secrets {
+            assert!(
+                !text.contains(secret),
+                "{args:?} shows {var}'s value:\n{text}"
+            );
+        }
+    }
+}
+
+/// `[http] tls_cert` and `tls_key` in agentloop.toml turn HTTPS on as the flags do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_configuration_files_tls_table_turns_https_on() {
+    let dir = TempDir::new("tls-config");
+    let (ca, cert, key) = certificates(&dir.0, "front");
+    let config = dir.0.join("agentloop.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\ntls_cert = {:?}\ntls_key = {:?}\n",
+            cert.display().to_string(),
+            key.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut job = Job::serve(&dir.0, &["--config", config.to_str().unwrap()]);
+    let url = base(&mut job);
+    let (status, version, _) = call(
+        &client(&ca, true),
+        "GET",
+        &format!("{url}/healthz"),
+        None,
+        None,
+    )
+    .await
+    .expect("healthz over TLS");
+    assert_eq!((status, version), (200, hyper::Version::HTTP_2));
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

@@ -40,8 +40,8 @@ use agentloop::supervisor::RoutedPushError;
 /// How long a forwarded request may take before the caller hears `OwnerUnreachable`.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A node's settings.
-#[derive(Clone, Debug)]
+/// A node's settings. Its `Debug` never shows the cookie (S43).
+#[derive(Clone)]
 pub struct NodeConfig {
     /// The node's name: the runtime's (`RuntimeBuilder::node`), unique among nodes.
     pub name: String,
@@ -54,6 +54,18 @@ pub struct NodeConfig {
     /// Mutual TLS with the other nodes (S43); `None`: plain TCP, on loopback or a
     /// private network only.
     pub tls: Option<NodeTls>,
+}
+
+impl std::fmt::Debug for NodeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConfig")
+            .field("name", &self.name)
+            .field("listen", &self.listen)
+            .field("cookie", &"<set>")
+            .field("join", &self.join)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 /// Mutual TLS between nodes (S43): this node's certificate and key, and the cluster's

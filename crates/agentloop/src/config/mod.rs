@@ -210,6 +210,22 @@ pub struct RuntimeConfig {
     pub http: HttpConfig,
     /// `[limits]`: bounds on what clients may ask for (S34a).
     pub limits: LimitsConfig,
+    /// `[cluster]`: read by `agentloop serve` for a cluster node (the runtime itself
+    /// does not join nodes).
+    pub cluster: ClusterConfig,
+}
+
+/// The `[cluster]` table (S43), for `agentloop serve`'s node: mutual TLS between nodes.
+/// The flags `--cluster-tls-cert`, `--cluster-tls-key` and `--cluster-ca` override it;
+/// all three or none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// This node's certificate chain (PEM), from the cluster's CA.
+    pub tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// The cluster's CA (PEM): every node's certificate must chain to it.
+    pub ca: Option<PathBuf>,
 }
 
 /// The `[limits]` table (S34a, issue 29): bounds on quantities a client controls,
@@ -311,6 +327,10 @@ pub struct HttpConfig {
     /// Log every request at INFO (method, path, status, latency; S34a). Off by
     /// default.
     pub access_log: bool,
+    /// Serve HTTPS with this certificate chain (PEM, S43); with `tls_key`.
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for HttpConfig {
@@ -327,6 +347,8 @@ impl std::fmt::Debug for HttpConfig {
             .field("body_read_timeout", &self.body_read_timeout)
             .field("write_timeout", &self.write_timeout)
             .field("access_log", &self.access_log)
+            .field("tls_cert", &self.tls_cert)
+            .field("tls_key", &self.tls_key)
             .finish()
     }
 }
@@ -362,6 +384,16 @@ struct RawFile {
     http: RawHttp,
     #[serde(default)]
     limits: RawLimits,
+    #[serde(default)]
+    cluster: RawCluster,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    ca: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default)]
@@ -390,6 +422,8 @@ struct RawHttp {
     body_read_timeout: Option<String>,
     write_timeout: Option<String>,
     access_log: Option<bool>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
 }
 
 /// A timeout of the `[http]` table: above 0, at most 300 s.
@@ -513,7 +547,34 @@ impl RuntimeConfig {
             body_read_timeout: io_timeout("http.body_read_timeout", h.body_read_timeout)?,
             write_timeout: io_timeout("http.write_timeout", h.write_timeout)?,
             access_log: h.access_log.unwrap_or(false),
+            tls_cert: h.tls_cert,
+            tls_key: h.tls_key,
         };
+        if c.http.tls_cert.is_some() != c.http.tls_key.is_some() {
+            return Err(ConfigError::OutOfRange {
+                key: "http.tls_cert",
+                value: "one of tls_cert and tls_key".into(),
+                allowed: "both [http] tls_cert and tls_key (HTTPS), or neither",
+            });
+        }
+        let k = raw.cluster;
+        c.cluster = ClusterConfig {
+            tls_cert: k.tls_cert,
+            tls_key: k.tls_key,
+            ca: k.ca,
+        };
+        let given = [&c.cluster.tls_cert, &c.cluster.tls_key, &c.cluster.ca]
+            .iter()
+            .filter(|v| v.is_some())
+            .count();
+        if given != 0 && given != 3 {
+            return Err(ConfigError::OutOfRange {
+                key: "cluster.tls_cert",
+                value: format!("{given} of tls_cert, tls_key and ca"),
+                allowed:
+                    "all three of [cluster] tls_cert, tls_key and ca (TLS between nodes), or none",
+            });
+        }
         let l = raw.limits;
         if let Some(n) = positive("limits.sim_rounds", l.sim_rounds)? {
             c.limits.sim_rounds = n;

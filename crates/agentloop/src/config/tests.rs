@@ -75,3 +75,41 @@ fn idle_after_is_read_bounded_and_off_unless_set() {
         );
     }
 }
+
+/// S43: `[http] tls_cert`/`tls_key` and `[cluster] tls_cert`/`tls_key`/`ca` are read;
+/// a half-given pair (or trio) is refused naming the table.
+#[test]
+fn tls_files_are_read_whole_or_refused() {
+    let c = RuntimeConfig::from_toml_str(
+        "[http]\ntls_cert = \"front.pem\"\ntls_key = \"front-key.pem\"\n\
+         [cluster]\ntls_cert = \"n1.pem\"\ntls_key = \"n1-key.pem\"\nca = \"ca.pem\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.http.tls_cert.as_deref(), Some(Path::new("front.pem")));
+    assert_eq!(c.http.tls_key.as_deref(), Some(Path::new("front-key.pem")));
+    assert_eq!(
+        c.cluster,
+        ClusterConfig {
+            tls_cert: Some("n1.pem".into()),
+            tls_key: Some("n1-key.pem".into()),
+            ca: Some("ca.pem".into()),
+        }
+    );
+    let none = RuntimeConfig::from_toml_str("").unwrap();
+    assert_eq!(none.cluster, ClusterConfig::default());
+    assert!(none.http.tls_cert.is_none());
+    for (bad, names) in [
+        ("[http]\ntls_cert = \"a.pem\"", "http.tls_cert"),
+        ("[cluster]\nca = \"ca.pem\"", "cluster.tls_cert"),
+        (
+            "[cluster]\ntls_cert = \"a\"\ntls_key = \"b\"",
+            "cluster.tls_cert",
+        ),
+        ("[cluster]\ncookie = \"no\"", "unknown"),
+    ] {
+        let e = RuntimeConfig::from_toml_str(bad)
+            .expect_err(bad)
+            .to_string();
+        assert!(e.contains(names), "{bad}: {e}");
+    }
+}
