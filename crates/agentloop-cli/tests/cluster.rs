@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop_postgres::local_server::LocalServer;
-use common::{agent, base, open_events, Job, TempDir};
+use common::{agent, base, delivered, open_events, wait_for, Job, TempDir};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -61,22 +61,6 @@ fn live_sessions(url: &str) -> Option<Vec<String>> {
             .filter_map(|r| r["id"].as_str().map(str::to_string))
             .collect(),
     )
-}
-
-/// The item ids a node's item log (`--item-log`) says its completed turns delivered,
-/// in delivery order.
-fn delivered(log: &std::path::Path) -> Vec<u64> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("turn"))
-        .flat_map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .map(|s| s.parse::<u64>().unwrap())
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 /// Clients pushing under load: each push goes to the node its session was spawned on,
@@ -1205,14 +1189,6 @@ fn sleeping_here(url: &str) -> Option<u64> {
     text.lines()
         .find_map(|l| l.strip_prefix("agentloop_sessions{status=\"sleeping\"} "))
         .and_then(|v| v.trim().parse().ok())
-}
-
-fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// S39 in a cluster (two nodes joined over one PostgreSQL, `--idle-after 1s`): a push

@@ -130,17 +130,7 @@ fn p99(mut l: Vec<Duration>) -> Duration {
 }
 
 fn delivered(log: &Path) -> BTreeSet<u64> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("turn"))
-        .flat_map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .filter_map(|id| id.parse().ok())
-                .collect::<Vec<u64>>()
-        })
-        .collect()
+    common::delivered(log).into_iter().collect()
 }
 
 #[test]

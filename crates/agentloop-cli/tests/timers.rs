@@ -13,18 +13,7 @@ use common::{agent, free_addr, Job, TempDir};
 use serde_json::{json, Value};
 
 fn delivered(log: &Path, id: u64) -> usize {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("turn"))
-        .flat_map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .filter(|w| w.parse::<u64>().ok() == Some(id))
-        .count()
+    common::delivered(log).iter().filter(|i| **i == id).count()
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {

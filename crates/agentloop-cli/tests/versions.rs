@@ -8,9 +8,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, delivered, wait_for, Job, TempDir};
 use serde_json::{json, Value};
 
 /// `agentloop sessions ARGS... --data-dir DIR/data`: (exit code, stdout, stderr).
@@ -34,28 +33,6 @@ fn serve(dir: &Path, log: &Path, versions: &[&str]) -> (Job, String) {
     let mut job = Job::serve(dir, &args);
     let url = base(&mut job);
     (job, url)
-}
-
-fn delivered(log: &Path) -> Vec<u64> {
-    std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with("turn"))
-        .flat_map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .filter_map(|s| s.parse::<u64>().ok())
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 30 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The row `GET /sessions` lists for `id`.
@@ -120,7 +97,7 @@ fn a_deploy_pins_refuses_and_migrates_across_real_restarts() {
     let (v1, url) = serve(&dir.0, &log, &[]);
     spawn(&url, "s");
     push(&url, "s", 1);
-    wait_for("item 1 delivered", || delivered(&log).contains(&1));
+    wait_for("item 1 delivered", 30, || delivered(&log).contains(&1));
     assert_eq!(row(&url, "s")["version"], 1);
     let _ = v1.kill();
 
@@ -156,10 +133,10 @@ fn a_deploy_pins_refuses_and_migrates_across_real_restarts() {
 
     // Versions 1 and 2: pinned on 1; a new session runs 2.
     let (both, url) = serve(&dir.0, &log, &["--sim-versions", "1,2"]);
-    wait_for("s live again", || row(&url, "s")["live"] == true);
+    wait_for("s live again", 30, || row(&url, "s")["live"] == true);
     assert_eq!(row(&url, "s")["version"], 1);
     push(&url, "s", 2);
-    wait_for("item 2 delivered", || delivered(&log).contains(&2));
+    wait_for("item 2 delivered", 30, || delivered(&log).contains(&2));
     spawn(&url, "n");
     assert_eq!(row(&url, "n")["version"], 2);
     stop(both);
@@ -196,13 +173,13 @@ fn a_deploy_pins_refuses_and_migrates_across_real_restarts() {
         "{out}"
     );
     let (v2, url) = serve(&dir.0, &log, &["--sim-versions", "2", "--sim-migrations"]);
-    wait_for("s live, migrated", || {
+    wait_for("s live, migrated", 30, || {
         let s = row(&url, "s");
         s["live"] == true && s["version"] == 2
     });
     assert_eq!(row(&url, "n")["version"], 2);
     push(&url, "s", 3);
-    wait_for("item 3 delivered", || delivered(&log).contains(&3));
+    wait_for("item 3 delivered", 30, || delivered(&log).contains(&3));
     let mut r = agent()
         .get(&format!("{url}/sessions/s"))
         .call()

@@ -396,3 +396,28 @@ impl TestCa {
         paths
     }
 }
+
+/// The item ids an item log (`--item-log`) says completed turns delivered, in delivery
+/// order (a `turn` line lists its items' ids).
+pub fn delivered(log: &Path) -> Vec<u64> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("turn"))
+        .flat_map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(|s| s.parse::<u64>().expect("an item id in the item log"))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Polls `done` every 50 ms until it holds; fails the test naming `what` after `secs`.
+pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {secs} s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
