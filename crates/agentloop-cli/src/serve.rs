@@ -177,7 +177,13 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let tls = match files {
         Some((cert, key)) => {
             warn_if_others_read(&key, "the TLS private key");
-            Some(agentloop_http::tls::server_config(&cert, &key).map_err(|e| e.to_string())?)
+            // Files read off the tokio worker.
+            let config = tokio::task::spawn_blocking(move || {
+                agentloop_http::tls::server_config(&cert, &key)
+            })
+            .await
+            .map_err(|e| format!("reading the TLS files failed: {e}"))?;
+            Some(config.map_err(|e| e.to_string())?)
         }
         None => None,
     };
@@ -262,7 +268,14 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
             let tls = match files {
                 (Some(cert), Some(key), Some(ca)) => {
                     warn_if_others_read(key, "the node's TLS private key");
-                    match agentloop_cluster::NodeTls::from_files(cert, key, ca) {
+                    let (cert, key, ca) = (cert.clone(), key.clone(), ca.clone());
+                    let read = tokio::task::spawn_blocking(move || {
+                        agentloop_cluster::NodeTls::from_files(&cert, &key, &ca)
+                    })
+                    .await
+                    .map_err(|e| agentloop_cluster::NodeError::Tls(e.to_string()))
+                    .and_then(|r| r);
+                    match read {
                         Ok(t) => Some(t),
                         Err(e) => {
                             let _ = rt.shutdown().await;

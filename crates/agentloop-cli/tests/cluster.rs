@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop_postgres::local_server::LocalServer;
-use common::{agent, base, delivered, open_events, wait_for, Job, TempDir};
+use common::{agent, base, delivered, open_events, stop, wait_for, Job, TempDir};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -324,9 +324,7 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
     drain(&survivors);
     for job in jobs.iter_mut().skip(1) {
         let job = job.take().unwrap();
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
 
     let (delivered, twice, by_killed) = audit(&logs, Some(0), &acked.lock());
@@ -463,9 +461,7 @@ fn a_node_stopped_past_its_lease_is_fenced_when_it_continues() {
         .expect("push");
     assert!(r.status().is_success());
     for job in [paused, survivor] {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
 }
 
@@ -520,9 +516,7 @@ fn a_rolling_restart_of_three_nodes_under_load_loses_nothing() {
     let all: Vec<String> = urls.lock().clone();
     drain(&all);
     for job in jobs.into_iter().flatten() {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
     let acked = acked.lock();
     let (delivered, twice, _) = audit(&logs, None, &acked);
@@ -798,9 +792,7 @@ fn a_push_to_any_node_reaches_the_sessions_owner() {
     };
     assert_eq!(since(&late), since(&at_n0), "replayed after 3, then live");
     for job in [n0, n1] {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
     let mut seen = delivered(&logs[0]);
     let order = seen.clone();
@@ -874,9 +866,7 @@ fn a_planned_move_over_http_delivers_every_push_once_in_order() {
     assert_eq!(live_sessions(&url1).unwrap(), vec!["busy".to_string()]);
     drain(std::slice::from_ref(&url1));
     for job in [n0, n1] {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
     let (before, after) = (delivered(&logs[0]), delivered(&logs[1]));
     assert!(
@@ -966,9 +956,7 @@ fn a_node_that_joins_receives_the_sessions_placement_gives_it() {
     }
     drain(&[url0.clone(), url1.clone()]);
     for job in [n0, n1] {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
     let (mut on0, mut on1) = (delivered(&logs[0]), delivered(&logs[1]));
     on0.sort_unstable();
@@ -1155,9 +1143,7 @@ fn a_stream_follows_a_session_across_a_move_and_a_failover_via_another_node() {
         rest.iter().any(|e| e.name == "turn_started"),
         "the adopted session's turns: {rest:?}"
     );
-    n0.signal(libc::SIGTERM);
-    let (status, out) = n0.finish();
-    assert!(status.success(), "{out}");
+    stop(n0);
     eprintln!(
         "followed across a move and a failover: {} events seen, {} numbers reported missed",
         seen.len(),
@@ -1271,9 +1257,7 @@ fn sleeping_sessions_wake_on_their_owner_and_timers_fire_once_across_a_failover(
         let v: Value = r.body_mut().read_json().expect("json");
         assert_eq!(v["timers"], json!([]), "{id}: {v}");
     }
-    n1.signal(libc::SIGTERM);
-    let (status, out) = n1.finish();
-    assert!(status.success(), "{out}");
+    stop(n1);
 }
 
 /// S40, a rolling deploy of two nodes on one PostgreSQL: both run version 1 of kind
@@ -1299,9 +1283,7 @@ fn a_rolling_deploy_moves_nothing_a_node_cannot_run() {
         spawn_sim(&url1, id, config.clone());
     }
     // The rolling deploy reaches n1: versions 1 and 2.
-    n1.signal(libc::SIGTERM);
-    let (status, out) = n1.finish();
-    assert!(status.success(), "{out}");
+    stop(n1);
     let (n1, url1) = start_node_with(&dir.0, &db, 1, &logs[1], &both);
     let new: Vec<String> = (0..6).map(|i| format!("new{i}")).collect();
     for (i, id) in new.iter().enumerate() {
@@ -1362,9 +1344,7 @@ fn a_rolling_deploy_moves_nothing_a_node_cannot_run() {
         );
     }
     for job in [n0, n1] {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
     let n0_said = std::fs::read_to_string(&n0_log).expect("n0's log");
     for needle in [
@@ -1486,9 +1466,7 @@ fn nodes_join_over_mutual_tls_and_a_node_without_the_clusters_certificate_is_ref
     });
     wait_for("delivered on n0", 30, || delivered(&logs[0]).contains(&2));
     for job in [n3, n2, n1, n0] {
-        job.signal(libc::SIGTERM);
-        let (status, out) = job.finish();
-        assert!(status.success(), "{out}");
+        stop(job);
     }
 }
 
@@ -1546,7 +1524,5 @@ fn a_node_listens_beyond_private_ranges_only_with_tls() {
     let with_tls: Vec<&str> = with_tls.iter().map(String::as_str).collect();
     let mut job = Job::command(&dir.0, "serve", &with_tls, std::process::Stdio::inherit());
     job.wait_for("serving on http://");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }

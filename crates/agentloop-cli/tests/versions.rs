@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{agent, base, delivered, wait_for, Job, TempDir};
+use common::{agent, base, delivered, stop, wait_for, Job, TempDir};
 use serde_json::{json, Value};
 
 /// `agentloop sessions ARGS... --data-dir DIR/data`: (exit code, stdout, stderr).
@@ -72,13 +72,6 @@ fn push(url: &str, id: &str, item: u64) {
         "{}",
         r.body_mut().read_to_string().unwrap()
     );
-}
-
-fn stop(job: Job) -> String {
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
-    out
 }
 
 /// The stored record's raw entries (what `sessions export` prints for it).

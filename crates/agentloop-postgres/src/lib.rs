@@ -148,8 +148,18 @@ impl<I> PostgresStore<I> {
         let (url, tls_params) = tls::split(&options.url)?;
         let mut config =
             tokio_postgres::Config::from_str(&url).map_err(|e| refused_url(&url, e))?;
-        let tls =
-            tls::client_config(&tls_params)?.map(tokio_postgres_rustls::MakeRustlsConnect::new);
+        // Reads sslrootcert: off the tokio worker (S43; never block one).
+        let tls = {
+            let params = tls_params.clone();
+            tokio::task::spawn_blocking(move || tls::client_config(&params))
+                .await
+                .map_err(|e| StoreError::Backend {
+                    operation: "connect",
+                    session: String::new(),
+                    message: format!("reading the TLS files failed: {e}"),
+                })??
+                .map(tokio_postgres_rustls::MakeRustlsConnect::new)
+        };
         config.ssl_mode(match tls_params.mode {
             tls::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,

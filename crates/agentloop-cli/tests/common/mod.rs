@@ -421,3 +421,12 @@ pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Stops a `serve` (or `run`) job gracefully (SIGTERM) and checks it exited cleanly;
+/// returns its output.
+pub fn stop(job: Job) -> String {
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+    out
+}
