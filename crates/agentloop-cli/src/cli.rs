@@ -61,6 +61,9 @@ pub(crate) enum Cmd {
     /// the server that holds it (`list --server URL`, `show ID --server URL`).
     #[command(subcommand)]
     Sessions(SessionsCmd),
+    /// Print the HTTP front's OpenAPI 3.1 document (what `GET /openapi.json` serves),
+    /// to generate a client from it: `agentloop openapi > openapi.json`.
+    Openapi,
 }
 
 /// The embedded store engine.

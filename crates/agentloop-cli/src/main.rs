@@ -64,6 +64,7 @@ fn main() -> ExitCode {
             Ok(out) => print_stdout(&out),
             Err(e) => failure(e),
         },
+        cli::Cmd::Openapi => print_stdout(agentloop_http::openapi::document_json()),
     }
 }
 

@@ -224,6 +224,32 @@ async fn tls_beyond_loopback_still_requires_the_token() {
         .await
         .expect("answered");
     assert_eq!(status, 200);
+    // The contract needs no token (it holds no session): a client generator fetches
+    // it. It is what `agentloop openapi` prints and what docs/openapi.json holds.
+    let (status, _, served) = call(&c, "GET", &format!("{url}/openapi.json"), None, None)
+        .await
+        .expect("answered");
+    assert_eq!(status, 200, "{served}");
+    assert!(served["openapi"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("3.1")));
+    let printed = Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .arg("openapi")
+        .output()
+        .expect("agentloop openapi");
+    assert!(printed.status.success());
+    let printed: serde_json::Value =
+        serde_json::from_slice(&printed.stdout).expect("agentloop openapi prints JSON");
+    assert_eq!(served, printed);
+    let checked_in = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json"),
+    )
+    .expect("docs/openapi.json");
+    assert_eq!(
+        served,
+        serde_json::from_str::<serde_json::Value>(&checked_in).expect("JSON"),
+        "docs/openapi.json is the served document"
+    );
     job.signal(libc::SIGTERM);
     let (status, out) = job.finish();
     assert!(status.success(), "{out}");

@@ -30,6 +30,7 @@
 //! | `POST /sessions/{id}/resume` | resume with an answer (S4) |
 //! | `GET /sessions/{id}/history` | kept checkpoints; `/history/{turn}` one of them |
 //! | `GET /sessions/{id}/events` | Server-Sent Events; `Last-Event-ID` resumes |
+//! | `GET /openapi.json` | the OpenAPI 3.1 document of every route ([`openapi`]) |
 //!
 //! With [`HttpOptions::token`] every route but the probes and the page needs
 //! `Authorization: Bearer <token>` (401 `unauthorized` otherwise); without one,
@@ -46,6 +47,7 @@ mod full;
 mod idempotency;
 mod limits;
 mod metrics;
+pub mod openapi;
 pub mod same_machine;
 pub mod server;
 mod sessions;
@@ -58,7 +60,6 @@ use std::time::Duration;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderValue};
 use axum::response::{Html, IntoResponse};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 
 use agentloop::RuntimeHandle;
@@ -222,43 +223,33 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         metrics_extra: options.metrics_extra.clone(),
     }));
     let requests = limits::Gauge::new(options.max_requests.unwrap_or(DEFAULT_MAX_REQUESTS));
+    // Each route's path and methods are its OpenAPI operation's (S43): the document
+    // lists every route served, and no other.
+    use openapi::Documented as _;
+    use sessions::{control, push, read, spawn, stored, stream, timers};
     let mut app = Router::new()
-        .route("/", get(page))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz::<I, E>))
-        .route("/metrics", get(metrics::metrics::<I, E>))
-        .route(
-            "/sessions",
-            post(sessions::spawn::<I, E>).get(sessions::list::<I, E>),
-        )
-        .route(
-            "/sessions/{id}",
-            get(sessions::get_one::<I, E>).delete(sessions::delete::<I, E>),
-        )
-        .route("/sessions/{id}/items", post(sessions::push::<I, E>))
-        .route("/sessions/{id}/stop", post(sessions::stop::<I, E>))
-        .route("/sessions/{id}/detach", post(sessions::detach::<I, E>))
-        .route("/sessions/{id}/move", post(sessions::move_to::<I, E>))
-        .route("/sessions/{id}/cancel", post(sessions::cancel::<I, E>))
-        .route("/sessions/{id}/resume", post(sessions::resume::<I, E>))
-        .route("/sessions/{id}/history", get(sessions::history::<I, E>))
-        .route(
-            "/sessions/{id}/history/{turn}",
-            get(sessions::checkpoint::<I, E>),
-        )
-        .route(
-            "/sessions/{id}/history/{turn}/fork",
-            post(sessions::fork::<I, E>),
-        )
-        .route("/sessions/{id}/events", get(sessions::events::<I, E>))
-        .route(
-            "/sessions/{id}/timers",
-            post(sessions::timers::arm::<I, E>).get(sessions::timers::list::<I, E>),
-        )
-        .route(
-            "/sessions/{id}/timers/{timer}",
-            axum::routing::delete(sessions::timers::cancel::<I, E>),
-        )
+        .documented::<__path_page, _, _>(page)
+        .documented::<__path_healthz, _, _>(healthz)
+        .documented::<__path_readyz, _, _>(readyz::<I, E>)
+        .documented::<metrics::__path_metrics, _, _>(metrics::metrics::<I, E>)
+        .documented::<openapi::__path_openapi_json, _, _>(openapi::openapi_json)
+        .documented::<spawn::__path_spawn, _, _>(spawn::spawn::<I, E>)
+        .documented::<read::__path_list, _, _>(read::list::<I, E>)
+        .documented::<read::__path_get_one, _, _>(read::get_one::<I, E>)
+        .documented::<stored::__path_delete, _, _>(stored::delete::<I, E>)
+        .documented::<push::__path_push, _, _>(push::push::<I, E>)
+        .documented::<control::__path_stop, _, _>(control::stop::<I, E>)
+        .documented::<control::__path_detach, _, _>(control::detach::<I, E>)
+        .documented::<control::__path_move_to, _, _>(control::move_to::<I, E>)
+        .documented::<control::__path_cancel, _, _>(control::cancel::<I, E>)
+        .documented::<control::__path_resume, _, _>(control::resume::<I, E>)
+        .documented::<stored::__path_history, _, _>(stored::history::<I, E>)
+        .documented::<stored::__path_checkpoint, _, _>(stored::checkpoint::<I, E>)
+        .documented::<stored::__path_fork, _, _>(stored::fork::<I, E>)
+        .documented::<stream::__path_events, _, _>(stream::events::<I, E>)
+        .documented::<timers::__path_arm, _, _>(timers::arm::<I, E>)
+        .documented::<timers::__path_list, _, _>(timers::list::<I, E>)
+        .documented::<timers::__path_cancel, _, _>(timers::cancel::<I, E>)
         // Errors are JSON with a stable code on every route, 404 and 405 included
         // (S34a).
         .fallback(not_found)
@@ -381,6 +372,10 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
 
 /// The live page, with headers that keep it from being framed, sniffed or leaking its
 /// URL (which may carry the token) to other sites (S34a).
+#[utoipa::path(
+    get, path = "/", operation_id = "page", tag = "probes",
+    responses((status = 200, description = "The live page (HTML)", content_type = "text/html"))
+)]
 async fn page() -> impl IntoResponse {
     (
         [
@@ -398,10 +393,19 @@ async fn page() -> impl IntoResponse {
     )
 }
 
+#[utoipa::path(
+    get, path = "/healthz", operation_id = "healthz", tag = "probes",
+    responses((status = 200, description = "The process is up", body = crate::openapi::schemas::Health))
+)]
 async fn healthz() -> impl IntoResponse {
     Json(serde_json::json!({ "status": "up" }))
 }
 
+#[utoipa::path(
+    get, path = "/readyz", operation_id = "readyz", tag = "probes",
+    responses((status = 200, description = "It accepts work", body = crate::openapi::schemas::Ready),
+        (status = 503, description = "`draining`: the shutdown began", body = crate::openapi::schemas::ErrorBody))
+)]
 async fn readyz<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
 ) -> Result<impl IntoResponse, ApiError> {

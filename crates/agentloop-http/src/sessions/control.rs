@@ -16,11 +16,13 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// `POST /sessions/{id}/stop`.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[schema(as = StopRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StopBody {
     /// `graceful` (default), `at`, `immediate`, `drain`, `bare` or `idle`.
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::schemas::StopMode>)]
     mode: Option<String>,
     /// For `graceful` and `at`: the cancel's timeout, e.g. `"5s"`; for `idle`: how long
     /// idle.
@@ -28,12 +30,15 @@ pub(crate) struct StopBody {
     timeout: Option<String>,
     /// For `at`: the safe points (`after_model_call`, `after_tool_calls`, `any`).
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::schemas::SafePointName>)]
     at: Option<String>,
     /// For `idle`: how long the session must be idle before it exits.
     #[serde(default)]
     idle_for: Option<String>,
+    /// The business stop cause (the first one given wins).
     #[serde(default)]
     cause: Option<String>,
+    /// Exit without writing the exit checkpoint (sticky once asked).
     #[serde(default)]
     skip_checkpoint: bool,
 }
@@ -107,6 +112,17 @@ pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, Ap
     Ok(o)
 }
 
+#[utoipa::path(
+    post, path = "/sessions/{id}/stop", operation_id = "stop_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    request_body(content = Option<StopBody>, description = "Any stop option; no body is a graceful stop"),
+    responses((status = 202, description = "The stop is on its way", body = crate::openapi::schemas::Stopping),
+        (status = 400, description = "`bad_request`: an unknown mode, an option that does not apply, a zero duration", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`, `not_forwardable`", body = crate::openapi::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`", body = crate::openapi::schemas::ErrorBody),
+        (status = 503, description = "`not_live` (`Retry-After`), `draining`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn stop<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -126,6 +142,16 @@ pub(crate) async fn stop<I: Item, E: Ev>(
 
 /// `POST /sessions/{id}/detach` (S23): the session goes on in the background and its
 /// record is finalized when it drains. Refused (409) for a session without a store.
+#[utoipa::path(
+    post, path = "/sessions/{id}/detach", operation_id = "detach_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    responses((status = 200, description = "It drains in the background and its record is finalized (S23)", body = crate::openapi::schemas::Detached),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: not persistent; `not_forwardable`", body = crate::openapi::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`", body = crate::openapi::schemas::ErrorBody),
+        (status = 503, description = "`not_live` (`Retry-After`), `draining`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn detach<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -135,7 +161,8 @@ pub(crate) async fn detach<I: Item, E: Ev>(
 }
 
 /// `POST /sessions/{id}/move` body.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = MoveRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MoveBody {
     /// The node to move the session to.
@@ -148,6 +175,16 @@ pub(crate) struct MoveBody {
 /// `POST /sessions/{id}/move` (issue 18, S38): a planned move of a session this node
 /// runs to node `to` (a cluster node only). Pushes sent here meanwhile are queued and
 /// delivered there in order.
+#[utoipa::path(
+    post, path = "/sessions/{id}/move", operation_id = "move_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    request_body = MoveBody,
+    responses((status = 200, description = "The node `to` runs it", body = crate::openapi::schemas::Moved),
+        (status = 400, description = "`bad_request`", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: not running here", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`not_a_node`, `wrong_state`: the lease hand-over was refused", body = crate::openapi::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`: `to` is not a joined node, or did not resume it", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn move_to<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -180,6 +217,16 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
 }
 
 /// `POST /sessions/{id}/cancel` (S24).
+#[utoipa::path(
+    post, path = "/sessions/{id}/cancel", operation_id = "cancel_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    responses((status = 200, description = "Canceled (S24)", body = crate::openapi::schemas::Canceled),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
+        (status = 503, description = "`draining`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn cancel<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -190,12 +237,25 @@ pub(crate) async fn cancel<I: Item, E: Ev>(
 
 /// `POST /sessions/{id}/resume`: `{"answer": <item>}` answers the session's business
 /// interrupt and resumes it (S4).
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = ResumeRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ResumeBody {
+    /// The answer, an item as the server's item type reads it.
     answer: Value,
 }
 
+#[utoipa::path(
+    post, path = "/sessions/{id}/resume", operation_id = "resume_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    request_body = ResumeBody,
+    responses((status = 200, description = "The answer and the claim are one durable write; it runs again (S4)", body = crate::openapi::schemas::Resumed),
+        (status = 400, description = "`bad_request`: not an item, not storable, an unknown kind", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: not awaiting an answer, answered already, running; `version_unavailable`", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
+        (status = 503, description = "`draining`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn resume<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,

@@ -20,22 +20,17 @@ use crate::idempotency::Idempotency;
 use crate::limits::Gauge;
 use crate::ApiError;
 
-mod control;
+pub(crate) mod control;
 mod id;
 mod parse;
-mod push;
-mod read;
-mod spawn;
-mod stored;
-mod stream;
+pub(crate) mod push;
+pub(crate) mod read;
+pub(crate) mod spawn;
+pub(crate) mod stored;
+pub(crate) mod stream;
 pub(crate) mod timers;
 
-pub(crate) use control::{cancel, detach, move_to, resume, stop};
-pub(crate) use push::push;
-pub(crate) use read::{get_one, kind_of, list};
-pub(crate) use spawn::spawn;
-pub(crate) use stored::{checkpoint, delete, fork, history};
-pub(crate) use stream::events;
+pub(crate) use read::kind_of;
 
 /// Events a session spawned over HTTP keeps for reconnecting SSE clients, unless the
 /// spawn says otherwise (`"replay": n`).

@@ -17,10 +17,14 @@ use std::time::Duration;
 
 /// `POST /sessions/{id}/items`. The item stays raw JSON until the whole body is read:
 /// it is parsed once, into the item type, and its text is the idempotency fingerprint.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = PushRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PushBody {
+    /// The item, as the server's item type reads it.
+    #[schema(value_type = serde_json::Value)]
     item: Box<serde_json::value::RawValue>,
+    /// Cut the running turn at a safe point so the item is handled sooner.
     #[serde(default)]
     preempt: Option<PreemptBody>,
 }
@@ -53,12 +57,17 @@ pub(super) struct Pushed {
 }
 
 /// A push's preempt: `{"at": "any", "timeout"?: "5s", "delay"?: "1s"}`.
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize, Debug, utoipa::ToSchema)]
+#[schema(as = Preempt)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct PreemptBody {
+    /// The safe point to cut the running turn at.
+    #[schema(value_type = crate::openapi::schemas::SafePointName)]
     at: String,
+    /// How long to wait for it before cutting at once (e.g. `"5s"`).
     #[serde(default)]
     timeout: Option<String>,
+    /// Wait this long before asking (e.g. `"1s"`).
     #[serde(default)]
     delay: Option<String>,
 }
@@ -78,6 +87,19 @@ pub(super) fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError
     Ok(p)
 }
 
+#[utoipa::path(
+    post, path = "/sessions/{id}/items", operation_id = "push_item", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)"), ("Idempotency-Key" = Option<String>, Header, description = "1 to 256 bytes: a retry with the same key delivers nothing again and gets the first answer")),
+    request_body = PushBody,
+    responses((status = 200, description = "Accepted (durable under `sync`)", body = crate::openapi::schemas::Pushed),
+        (status = 400, description = "`bad_request`: not an item, not storable, a bad preempt, an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state` (also: stored but not running), `idempotency_mismatch`, `version_unavailable`, `not_forwardable`", body = crate::openapi::schemas::ErrorBody),
+        (status = 429, description = "`session_full` (`Retry-After`): nothing accepted; `too_many`", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`: the node that runs it could not be reached", body = crate::openapi::schemas::ErrorBody),
+        (status = 503, description = "`draining`: not accepted; `not_live` (`Retry-After`): stored, not live yet, retry", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn push<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,

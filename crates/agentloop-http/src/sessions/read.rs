@@ -17,6 +17,13 @@ use std::collections::BTreeMap;
 /// marked `live`, with its stored `status` (`null` when nothing is stored) and its
 /// `state`: `live` (it runs here), `sleeping` (S39: its record says it sleeps and it
 /// does not run) or `stored`.
+#[utoipa::path(
+    get, path = "/sessions", operation_id = "list_sessions", tag = "sessions",
+    params(ListPage),
+    responses((status = 200, description = "Live sessions and stored records merged by id, in id order; a `Link: <...>; rel=\"next\"` header when more follow", body = Vec<crate::openapi::schemas::SessionRow>),
+        (status = 400, description = "`bad_request`: a bad `limit` or query", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     page: Result<axum::extract::Query<ListPage>, axum::extract::rejection::QueryRejection>,
@@ -102,10 +109,13 @@ pub const DEFAULT_PAGE: usize = 1_000;
 pub const MAX_PAGE: usize = 10_000;
 
 /// `GET /sessions?limit=N&after=ID`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListPage {
+    /// Rows on the page: 1 to 10 000 (1 000 by default).
     limit: Option<usize>,
+    /// Start after this id (the `Link` header's `next` has it).
     after: Option<String>,
 }
 
@@ -141,6 +151,14 @@ pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 /// agent's state, S24) and, while the session runs here,
 /// what it is doing. A sleeping session is answered from its record, which holds
 /// everything it is, without waking it (S39).
+#[utoipa::path(
+    get, path = "/sessions/{id}", operation_id = "get_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    responses((status = 200, description = "The S24 view through the redaction, with what the live session does", body = crate::openapi::schemas::SessionView),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: neither live nor stored", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn get_one<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,

@@ -19,16 +19,23 @@ const MAX_KEPT_EVENTS: u64 = 1_000_000;
 const MAX_KEPT_AGE_S: u64 = 365 * 24 * 3600;
 
 /// `POST /sessions`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = SpawnRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SpawnBody {
+    /// The new session's id (1 to 128 bytes, no control characters).
     id: String,
+    /// A registered agent kind (`sim` on `agentloop serve`).
     kind: String,
+    /// The agent's configuration, as its kind reads it.
     #[serde(default)]
     config: Option<Value>,
+    /// Keep a record in the store (resumes after restarts).
     #[serde(default)]
     persistent: bool,
+    /// `sync` (the default), `turn` or `exit`.
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::schemas::DurabilityName>)]
     durability: Option<String>,
     /// Recent events kept for SSE clients that reconnect with `Last-Event-ID`.
     #[serde(default)]
@@ -44,20 +51,32 @@ pub(crate) struct SpawnBody {
 }
 
 /// The `events` field of a spawn.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = EventRetention)]
 #[serde(untagged)]
 pub(crate) enum EventsBody {
     /// `true` (the defaults) or `false` (none).
     On(bool),
     /// A retention.
     Retention {
+        /// Events kept (1 to 1 000 000; 10 000 by default).
         #[serde(default)]
         count: Option<u64>,
+        /// Seconds they are kept (at most a year; a day by default).
         #[serde(default)]
         max_age_s: Option<u64>,
     },
 }
 
+#[utoipa::path(
+    post, path = "/sessions", operation_id = "spawn_session", tag = "sessions",
+    request_body = SpawnBody,
+    responses((status = 201, description = "Spawned", body = crate::openapi::schemas::Spawned),
+        (status = 400, description = "`bad_request`: a bad id, an unknown kind, a refused config, a bad durability, history without persistence", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`duplicate`: a session runs or is stored under the id; `version_unavailable` (S40)", body = crate::openapi::schemas::ErrorBody),
+        (status = 429, description = "`too_many_sessions` (`Retry-After`): the server runs as many sessions as it may; `too_many`", body = crate::openapi::schemas::ErrorBody),
+        (status = 503, description = "`draining`: the shutdown began", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn spawn<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     raw: Result<Json<SpawnBody>, JsonRejection>,

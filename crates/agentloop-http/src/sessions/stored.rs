@@ -11,6 +11,14 @@ use axum::Json;
 use serde_json::{json, Value};
 
 /// `GET /sessions/{id}/history`: the kept turn-end checkpoints, oldest first.
+#[utoipa::path(
+    get, path = "/sessions/{id}/history", operation_id = "list_history", tag = "history",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    responses((status = 200, description = "Kept checkpoints, oldest first", body = Vec<crate::openapi::schemas::HistoryEntry>),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn history<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -28,6 +36,14 @@ pub(crate) async fn history<I: Item, E: Ev>(
 }
 
 /// `GET /sessions/{id}/history/{turn}`: that checkpoint's view (redacted).
+#[utoipa::path(
+    get, path = "/sessions/{id}/history/{turn}", operation_id = "get_checkpoint", tag = "history",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)"), ("turn" = u64, Path, description = "The turn the checkpoint ended")),
+    responses((status = 200, description = "That checkpoint's view (redacted)", body = crate::openapi::schemas::SessionView),
+        (status = 400, description = "`bad_request`: an invalid id or turn", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_checkpoint`", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn checkpoint<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,
@@ -50,6 +66,15 @@ pub(crate) async fn checkpoint<I: Item, E: Ev>(
 }
 
 /// `DELETE /sessions/{id}`: the record and its history. 409 while the session runs.
+#[utoipa::path(
+    delete, path = "/sessions/{id}", operation_id = "delete_session", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    responses((status = 200, description = "The record, its history and its kept events are deleted", body = crate::openapi::schemas::Deleted),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: it runs (stop it first)", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn delete<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -66,7 +91,8 @@ pub(crate) async fn delete<I: Item, E: Ev>(
 }
 
 /// `POST /sessions/{id}/history/{turn}/fork`'s body.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[schema(as = ForkRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkBody {
     /// The new session's id.
@@ -83,6 +109,16 @@ const MAX_FORK_HISTORY: usize = 1_000;
 /// starts a new persistent session from that kept checkpoint (S16b,
 /// `SupervisorHandle::fork`), with the source's kind, configuration and settings as
 /// the checkpoint kept them; 201 `{"id", "from", "turn"}`.
+#[utoipa::path(
+    post, path = "/sessions/{id}/history/{turn}/fork", operation_id = "fork_checkpoint", tag = "history",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)"), ("turn" = u64, Path, description = "The turn the checkpoint ended")),
+    request_body = ForkBody,
+    responses((status = 201, description = "A new persistent session from that checkpoint; it runs at once (S16b)", body = crate::openapi::schemas::Forked),
+        (status = 400, description = "`bad_request`: a bad id or body", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_checkpoint`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`duplicate`: a record exists under the new id", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn fork<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,

@@ -11,6 +11,18 @@ use axum::response::IntoResponse;
 use axum::response::Response;
 
 /// `GET /sessions/{id}/events`.
+#[utoipa::path(
+    get, path = "/sessions/{id}/events", operation_id = "stream_events", tag = "events",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event number"),
+        ("access_token" = Option<String>, Query, description = "The bearer token, for browsers' EventSource (prefer the header)")),
+    responses((status = 200, description = "Server-Sent Events, each `id: <number>`, `event: <kind>`, `data: <JSON>` as `StreamEvent` (`event` and `data`); the stream starts with `retry: 1000` and closes after `ended`. A session stored but not live yet answers one `not_live` event with `retry:`.", content_type = "text/event-stream", body = crate::openapi::schemas::StreamEvent),
+        (status = 400, description = "`bad_request`: a `Last-Event-ID` that is not a number, an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: stored, not running", body = crate::openapi::schemas::ErrorBody),
+        (status = 429, description = "`too_many`: event streams at their bound", body = crate::openapi::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn events<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,

@@ -16,9 +16,12 @@ use serde_json::{json, Value};
 use std::time::{Duration, SystemTime};
 
 /// `POST /sessions/{id}/timers`: the item and exactly one of when.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = TimerRequest)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TimerBody {
+    /// The item to push when it is due.
+    #[schema(value_type = serde_json::Value)]
     item: Box<serde_json::value::RawValue>,
     /// When, in ms since the Unix epoch.
     #[serde(default)]
@@ -68,6 +71,16 @@ fn view<I: Item>(t: Timer<I>) -> Value {
     })
 }
 
+#[utoipa::path(
+    post, path = "/sessions/{id}/timers", operation_id = "arm_timer", tag = "timers",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    request_body = TimerBody,
+    responses((status = 201, description = "Durable before it is answered; at its time the item is pushed once (S39)", body = crate::openapi::schemas::Timer),
+        (status = 400, description = "`bad_request`: not an item, none or two of when, a cron expression that does not parse", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: not persistent, or exiting", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn arm<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -114,6 +127,15 @@ pub(crate) async fn arm<I: Item, E: Ev>(
     Ok((StatusCode::CREATED, Json(timer)).into_response())
 }
 
+#[utoipa::path(
+    get, path = "/sessions/{id}/timers", operation_id = "list_timers", tag = "timers",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    responses((status = 200, description = "Timers and schedules, by number", body = crate::openapi::schemas::Timers),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
@@ -128,10 +150,25 @@ pub(crate) async fn list<I: Item, E: Ev>(
     Ok(Json(json!({ "timers": timers })).into_response())
 }
 
+#[utoipa::path(
+    delete, path = "/sessions/{id}/timers/{timer}", operation_id = "cancel_timer", tag = "timers",
+    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)"), ("timer" = u64, Path, description = "The timer's number")),
+    responses((status = 204, description = "Canceled, durably"),
+        (status = 400, description = "`bad_request`: an invalid id or number", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_timer`: it fired, or was canceled; `unknown_session`", body = crate::openapi::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`", body = crate::openapi::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+)]
 pub(crate) async fn cancel<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
-    Path((id, n)): Path<(String, u64)>,
+    path: Result<Path<(String, u64)>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, ApiError> {
+    let Path((id, n)) = path.map_err(|e| {
+        ApiError::bad_request(format!(
+            "the path must be /sessions/<id>/timers/<timer number>: {}",
+            e.body_text()
+        ))
+    })?;
     agentloop::ids::validate_session_id(&id)
         .map_err(|e| ApiError::bad_request(format!("session id: {e}")))?;
     match st.runtime.cancel_timer(&id, n).await? {

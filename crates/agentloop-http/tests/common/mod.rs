@@ -2,6 +2,8 @@
 //! to the router over a real loopback socket with hyper's client, and SSE parsing.
 #![allow(dead_code)]
 
+pub mod contract;
+
 use std::time::Duration;
 
 use agentloop::Runtime;
@@ -40,6 +42,7 @@ pub async fn send(app: &Router, req: Request<Body>) -> axum::response::Response 
         let _ = axum::serve(listener, app).await;
     });
     let (mut parts, body) = req.into_parts();
+    let method = parts.method.to_string();
     let path = parts
         .uri
         .path_and_query()
@@ -52,7 +55,41 @@ pub async fn send(app: &Router, req: Request<Body>) -> axum::response::Response 
         .request(Request::from_parts(parts, body))
         .await
         .expect("the request reaches the server");
-    resp.map(Body::new)
+    // S43: every answer is checked against the OpenAPI document (an event stream's
+    // events by `sse_events`).
+    let route = path.split('?').next().unwrap_or("/").to_string();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if content_type
+        .as_deref()
+        .is_some_and(|c| c.starts_with("text/event-stream"))
+    {
+        contract::check(
+            &method,
+            &route,
+            resp.status().as_u16(),
+            content_type.as_deref(),
+            b"",
+        );
+        return resp.map(Body::new);
+    }
+    let (parts, body) = resp.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .expect("the answer's body arrives")
+        .to_bytes();
+    contract::check(
+        &method,
+        &route,
+        parts.status.as_u16(),
+        content_type.as_deref(),
+        &bytes,
+    );
+    axum::response::Response::from_parts(parts, Body::from(bytes))
 }
 
 pub async fn call(
@@ -129,6 +166,7 @@ pub fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
             }
         }
         if let (Some(id), Some(name), Some(data)) = (id, name, data) {
+            contract::check_event(&name, &data);
             out.push((id, name, data));
         }
     }

@@ -1,0 +1,765 @@
+//! The shapes of the HTTP front's answers as OpenAPI schemas (S43): one type per JSON
+//! answer the handlers build, named as the wire names it. These types are never built:
+//! the handlers write their JSON with the names in `wire.rs` and `events.rs`, and the
+//! test `openapi.rs` holds the two together by validating every answer a real server
+//! gives against the schema documented for its route and status (strictly: a field the
+//! schema does not name fails it). Request bodies are not here: they are the handlers'
+//! own types.
+
+#![allow(dead_code)]
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// An error answer: a stable `code` and a message that says what to do.
+#[derive(ToSchema, Serialize)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    /// The stable, machine-readable code (see `ErrorCode`).
+    pub code: ErrorCode,
+    /// What happened and what to do, for a person.
+    pub message: String,
+    /// When to retry, in milliseconds (also `Retry-After`, in seconds): `not_live`,
+    /// `session_full`, `too_many_sessions`.
+    #[schema(nullable = false)]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The code of an error answer. Clients match on it; the message is for people.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 400: the body or a parameter cannot be used; the message names it.
+    BadRequest,
+    /// 401: no or wrong bearer token.
+    Unauthorized,
+    /// 403: (no token) the request's `Host` is not a loopback name.
+    ForbiddenHost,
+    /// 404: no session by that id, live or stored.
+    UnknownSession,
+    /// 404: the session keeps no checkpoint of that turn.
+    UnknownCheckpoint,
+    /// 404: the session has no such timer (it fired, or was canceled).
+    UnknownTimer,
+    /// 404: no route serves the path.
+    NotFound,
+    /// 405: the route does not take the method.
+    MethodNotAllowed,
+    /// 408: the request body did not arrive whole in time.
+    BodyTimeout,
+    /// 409: a session or record exists under the id.
+    Duplicate,
+    /// 409: the session is not in a state for this.
+    WrongState,
+    /// 409: an idempotency key reused with another push.
+    IdempotencyMismatch,
+    /// 409: the record's agent version neither runs here nor migrates (S40).
+    VersionUnavailable,
+    /// 409: (cluster) the request cannot cross to the node that runs the session.
+    NotForwardable,
+    /// 409: `move` on a server that is not a cluster node.
+    NotANode,
+    /// 413: the body is over the limit.
+    TooLarge,
+    /// 415: (no token) a `POST` that is not JSON and has no `X-Agentloop-Client`.
+    JsonRequired,
+    /// 429: requests in flight or event streams at their bound.
+    TooMany,
+    /// 429: the server runs as many sessions as it may; `Retry-After`.
+    TooManySessions,
+    /// 429: the session holds all it may; nothing accepted; `Retry-After`.
+    SessionFull,
+    /// 500: the store failed; the message names it.
+    Internal,
+    /// 502: (cluster) the node that runs the session could not be reached.
+    OwnerUnreachable,
+    /// 503: the shutdown began; nothing new is accepted.
+    Draining,
+    /// 503: stored, not live yet; `Retry-After`.
+    NotLive,
+    /// 503: the server could not take the request now (its blocking pool failed).
+    Unavailable,
+}
+
+/// `GET /healthz`.
+#[derive(ToSchema, Serialize)]
+pub struct Health {
+    /// Always `up`.
+    #[schema(pattern = "^up$")]
+    pub status: String,
+}
+
+/// `GET /readyz`.
+#[derive(ToSchema, Serialize)]
+pub struct Ready {
+    /// Always `ready`.
+    #[schema(pattern = "^ready$")]
+    pub status: String,
+}
+
+/// A session's status, as a stable name.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StatusName {
+    /// It runs (or its record says it does).
+    Running,
+    /// It stopped and can run again.
+    Stopped,
+    /// A turn stopped on an interrupt.
+    Interrupted,
+    /// It finished its work.
+    Completed,
+    /// It was canceled.
+    Canceled,
+    /// It failed.
+    Failed,
+}
+
+/// Where a session is: it runs here, it sleeps (S39), or it is only stored.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Presence {
+    /// It runs in this process.
+    Live,
+    /// Its record says it sleeps and it does not run.
+    Sleeping,
+    /// Only its record exists.
+    Stored,
+}
+
+/// A safe point's name.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SafePointName {
+    /// After a model call.
+    AfterModelCall,
+    /// After the tool calls.
+    AfterToolCalls,
+    /// At either.
+    Any,
+    /// None (never asked for; shown where a cancel had no safe point).
+    None,
+}
+
+/// `POST /sessions` (201) and `POST /sessions/{id}/history/{turn}/fork`'s new id.
+#[derive(ToSchema, Serialize)]
+pub struct Spawned {
+    /// The session's id.
+    pub id: String,
+}
+
+/// A row of `GET /sessions`.
+#[derive(ToSchema, Serialize)]
+pub struct SessionRow {
+    /// The session's id.
+    pub id: String,
+    /// Its agent kind (`null` for a record that does not decode).
+    pub kind: Option<String>,
+    /// The version of its kind (S40): the stored record's or the one it runs.
+    pub version: Option<u32>,
+    /// It runs in this process.
+    pub live: bool,
+    /// Where it is.
+    pub presence: Presence,
+    /// The same as `presence` (kept for older clients).
+    pub state: Presence,
+    /// The stored record's status; `null` when nothing is stored; `unreadable` for a
+    /// record that does not decode.
+    pub status: Option<RowStatus>,
+    /// How often the supervisor restarted it (`null` when it is not live).
+    pub restarts: Option<u64>,
+    /// Why the record does not decode (with `status: unreadable`).
+    #[schema(nullable = false)]
+    pub error: Option<String>,
+}
+
+/// A row's stored status: a status name, or `unreadable`.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowStatus {
+    /// See `StatusName`.
+    Running,
+    /// See `StatusName`.
+    Stopped,
+    /// See `StatusName`.
+    Interrupted,
+    /// See `StatusName`.
+    Completed,
+    /// See `StatusName`.
+    Canceled,
+    /// See `StatusName`.
+    Failed,
+    /// The record does not decode (see `error`).
+    Unreadable,
+}
+
+/// The S24 view of a session (`GET /sessions/{id}`) or of a kept checkpoint (`GET
+/// /sessions/{id}/history/{turn}`): every payload as JSON through the server's
+/// redaction. A session that runs here and was never written has only `session_id`,
+/// `status: null`, `live`, `presence` and `run`.
+#[derive(ToSchema, Serialize)]
+pub struct SessionView {
+    /// The session's id.
+    pub session_id: String,
+    /// Its agent kind.
+    #[schema(nullable = false)]
+    pub agent_kind: Option<String>,
+    /// The version of its kind that wrote the record (S40).
+    #[schema(nullable = false)]
+    pub agent_version: Option<u32>,
+    /// Its status (`null`: nothing stored yet).
+    pub status: Option<StatusName>,
+    /// The failure, for a failed record.
+    pub last_error: Option<String>,
+    /// The business stop cause.
+    pub stop_cause: Option<String>,
+    /// The next turn's index (or the cut turn's).
+    #[schema(nullable = false)]
+    pub turn_index: Option<u64>,
+    /// Items accepted and not consumed, in offer order.
+    #[schema(nullable = false)]
+    pub unhandled_items: Option<Vec<Value>>,
+    /// The cut turn's items.
+    #[schema(nullable = false)]
+    pub interrupted_items: Option<Vec<Value>>,
+    /// The agent's state: the cut turn's, or (with `state_carried`) the state the
+    /// session carries between turns.
+    pub state: Option<Value>,
+    /// `state` is the carried state, not a cut turn's.
+    #[schema(nullable = false)]
+    pub state_carried: Option<bool>,
+    /// The interrupt, if the session stopped on one.
+    pub interrupt: Option<InterruptView>,
+    /// Last update, ms since the Unix epoch.
+    #[schema(nullable = false)]
+    pub updated_at_ms: Option<u64>,
+    /// The record's version (each write adds one).
+    #[schema(nullable = false)]
+    pub version: Option<u64>,
+    /// The session's own settings (durability, history, replay, restart policy, event
+    /// retention), restored when it resumes; `null` for an older record.
+    #[schema(value_type = Option<Object>)]
+    pub settings: Option<Value>,
+    /// The cut turn's durable steps (S1b).
+    pub steps: Option<StepsView>,
+    /// Durable timers and schedules (S39).
+    #[schema(nullable = false)]
+    pub timers: Option<Vec<TimerView>>,
+    /// The record says the session sleeps (S39).
+    #[schema(nullable = false)]
+    pub asleep: Option<bool>,
+    /// (`GET /sessions/{id}` only) it runs in this process.
+    #[schema(nullable = false)]
+    pub live: Option<bool>,
+    /// (`GET /sessions/{id}` only) where it is.
+    #[schema(nullable = false)]
+    pub presence: Option<Presence>,
+    /// (`GET /sessions/{id}` only, while it runs here) what it does.
+    #[schema(nullable = false)]
+    pub run: Option<RunView>,
+}
+
+/// A stored interrupt.
+#[derive(ToSchema, Serialize)]
+pub struct InterruptView {
+    /// Why the turn stopped.
+    pub reason: String,
+    /// The question, redacted.
+    pub question: Value,
+    /// Whether the session waits for an answer (`POST /sessions/{id}/resume`).
+    pub awaiting_answer: bool,
+}
+
+/// The cut turn's durable steps (S1b).
+#[derive(ToSchema, Serialize)]
+pub struct StepsView {
+    /// The turn they belong to.
+    pub turn: u64,
+    /// How many of its steps the stored state covers.
+    pub covered: u32,
+    /// The journaled steps after them, in order.
+    pub journaled: Vec<StepView>,
+}
+
+/// One journaled step.
+#[derive(ToSchema, Serialize)]
+pub struct StepView {
+    /// Its position among the turn's steps of its name.
+    pub occurrence: u32,
+    /// Its name.
+    pub name: String,
+    /// Its full key.
+    pub key: String,
+    /// Its result is journaled (replayed when the turn runs again).
+    pub finished: bool,
+    /// Its result, redacted as the state is.
+    pub result: Option<Value>,
+}
+
+/// A timer as a session's view shows it.
+#[derive(ToSchema, Serialize)]
+pub struct TimerView {
+    /// Its number (what cancels it).
+    pub id: u64,
+    /// When it is due next, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// The item it pushes (redacted).
+    pub item: Value,
+    /// `every <n>ms` or a cron expression; `null` for a one-off timer.
+    pub schedule: Option<String>,
+    /// How many times it fired.
+    pub fired: u64,
+}
+
+/// What a live session does (`GET /sessions/{id}`).
+#[derive(ToSchema, Serialize)]
+pub struct RunView {
+    /// `idle`, `planning` or `running`.
+    pub phase: Phase,
+    /// The turn it runs or will run.
+    pub turn_index: u64,
+    /// Items waiting for the next turn.
+    pub buffered: usize,
+    /// Items of a preempted turn waiting for the next plan.
+    pub preempted: usize,
+    /// A stop was committed.
+    pub stop_committed: bool,
+}
+
+/// A live session's phase.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Between turns.
+    Idle,
+    /// Planning a turn.
+    Planning,
+    /// In a turn.
+    Running,
+}
+
+/// `DELETE /sessions/{id}`.
+#[derive(ToSchema, Serialize)]
+pub struct Deleted {
+    /// The session's id.
+    pub id: String,
+    /// Always `true`.
+    pub deleted: bool,
+}
+
+/// `POST /sessions/{id}/items`.
+#[derive(ToSchema, Serialize)]
+pub struct Pushed {
+    /// What became of the preempt the push asked for.
+    pub preempt: PreemptAck,
+}
+
+/// A push's preempt acknowledgement.
+#[derive(ToSchema, Serialize)]
+pub struct PreemptAck {
+    /// `not_requested`, `no_target`, `submitted`, `target_ended`, `scheduled` or
+    /// `duplicate` (a key the session holds: delivered before, not again).
+    pub kind: PreemptKind,
+    /// The turn it targets.
+    #[schema(nullable = false)]
+    pub turn: Option<u64>,
+}
+
+/// See `PreemptAck`.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreemptKind {
+    /// No preempt was asked for.
+    NotRequested,
+    /// No turn to preempt.
+    NoTarget,
+    /// Sent to the running turn.
+    Submitted,
+    /// The turn ended first.
+    TargetEnded,
+    /// It waits (a delay, or a planning target); the events show when it lands.
+    Scheduled,
+    /// A retry with a key the session holds: delivered once, not again.
+    Duplicate,
+}
+
+/// `POST /sessions/{id}/stop` (202).
+#[derive(ToSchema, Serialize)]
+pub struct Stopping {
+    /// The session's id.
+    pub id: String,
+    /// Always `true`.
+    pub stopping: bool,
+}
+
+/// `POST /sessions/{id}/detach`.
+#[derive(ToSchema, Serialize)]
+pub struct Detached {
+    /// The session's id.
+    pub id: String,
+    /// Always `true`.
+    pub detached: bool,
+}
+
+/// `POST /sessions/{id}/move`.
+#[derive(ToSchema, Serialize)]
+pub struct Moved {
+    /// The session's id.
+    pub id: String,
+    /// The node that runs it now.
+    pub to: String,
+    /// How long it was stopped, in ms.
+    pub stopped_ms: u64,
+    /// How long the move took, in ms.
+    pub total_ms: u64,
+}
+
+/// `POST /sessions/{id}/cancel`.
+#[derive(ToSchema, Serialize)]
+pub struct Canceled {
+    /// The session's id.
+    pub id: String,
+    /// Its status after the cancel.
+    pub status: StatusName,
+}
+
+/// `POST /sessions/{id}/resume`.
+#[derive(ToSchema, Serialize)]
+pub struct Resumed {
+    /// The session's id.
+    pub id: String,
+    /// Always `true`.
+    pub resumed: bool,
+}
+
+/// A kept checkpoint (`GET /sessions/{id}/history`).
+#[derive(ToSchema, Serialize)]
+pub struct HistoryEntry {
+    /// The turn it ended.
+    pub turn: u64,
+    /// When it was written, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Its size in bytes.
+    pub size: usize,
+}
+
+/// `POST /sessions/{id}/history/{turn}/fork` (201).
+#[derive(ToSchema, Serialize)]
+pub struct Forked {
+    /// The new session's id.
+    pub id: String,
+    /// The session it was forked from.
+    pub from: String,
+    /// The checkpoint's turn.
+    pub turn: u64,
+}
+
+/// A timer (`POST /sessions/{id}/timers`, `GET /sessions/{id}/timers`).
+#[derive(ToSchema, Serialize)]
+pub struct Timer {
+    /// Its number (what cancels it).
+    pub id: u64,
+    /// When it is due next, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// The item it pushes.
+    pub item: Value,
+    /// `every <n>ms` or a cron expression; `null` for a one-off timer.
+    pub schedule: Option<String>,
+    /// How many times it fired.
+    pub fired: u64,
+    /// When it was armed, ms since the Unix epoch.
+    pub armed_ms: u64,
+}
+
+/// `GET /sessions/{id}/timers`.
+#[derive(ToSchema, Serialize)]
+pub struct Timers {
+    /// By number.
+    pub timers: Vec<Timer>,
+}
+
+/// One Server-Sent Event of `GET /sessions/{id}/events`: its `event:` line is `event`,
+/// its `data:` line is `data` as JSON, and its `id:` line is its sequence number.
+#[derive(ToSchema, Serialize)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+pub enum StreamEvent {
+    /// A turn began.
+    TurnStarted(TurnStarted),
+    /// The agent's own event, through the redaction.
+    Agent(AgentEvent),
+    /// A durable step began (S1b).
+    StepStarted(StepStarted),
+    /// A durable step finished, ran or replayed (S1b).
+    StepFinished(StepFinished),
+    /// A preempt landed.
+    Preempted(TurnOnly),
+    /// A turn ended.
+    TurnEnded(TurnEnded),
+    /// A stop was requested.
+    StopRequested(StopRequested),
+    /// Events this stream missed (numbered as the last of them).
+    Lagged(Lagged),
+    /// The session ended; the stream closes after it.
+    Ended(Ended),
+    /// (the only event of a stream for a session stored but not live yet) retry after
+    /// `retry_after_ms`.
+    NotLive(ErrorBody),
+}
+
+/// `turn_started`.
+#[derive(ToSchema, Serialize)]
+pub struct TurnStarted {
+    /// The turn's index.
+    pub turn: u64,
+    /// How many items it takes.
+    pub items: usize,
+    /// It is a cut turn run again.
+    pub resumed: bool,
+}
+
+/// `agent`.
+#[derive(ToSchema, Serialize)]
+pub struct AgentEvent {
+    /// The turn's index.
+    pub turn: u64,
+    /// The agent's event as JSON.
+    pub event: Value,
+}
+
+/// `step_started`.
+#[derive(ToSchema, Serialize)]
+pub struct StepStarted {
+    /// The turn's index.
+    pub turn: u64,
+    /// The step's full key.
+    pub key: String,
+    /// Its name.
+    pub name: String,
+    /// Its position among the turn's steps of that name.
+    pub occurrence: u32,
+    /// It runs again (a `Retry` step whose result was not journaled).
+    pub rerun: bool,
+}
+
+/// `step_finished`.
+#[derive(ToSchema, Serialize)]
+pub struct StepFinished {
+    /// The turn's index.
+    pub turn: u64,
+    /// The step's full key.
+    pub key: String,
+    /// Its name.
+    pub name: String,
+    /// Its position among the turn's steps of that name.
+    pub occurrence: u32,
+    /// Answered from the journal, not run.
+    pub replayed: bool,
+    /// A `NoRetry` step whose outcome is unknown, not run again.
+    pub unknown: bool,
+}
+
+/// `preempted`.
+#[derive(ToSchema, Serialize)]
+pub struct TurnOnly {
+    /// The turn's index.
+    pub turn: u64,
+}
+
+/// `turn_ended`.
+#[derive(ToSchema, Serialize)]
+pub struct TurnEnded {
+    /// The turn's index.
+    pub turn: u64,
+    /// How it ended.
+    pub outcome: TurnOutcome,
+    /// Its checkpoint is durable.
+    pub durable: bool,
+}
+
+/// How a turn ended.
+#[derive(ToSchema, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TurnOutcome {
+    /// It finished.
+    Completed,
+    /// A preempt cut it.
+    Preempted {
+        /// How.
+        cancel: CancelInfo,
+    },
+    /// A cancel cut it.
+    Canceled {
+        /// How.
+        cancel: CancelInfo,
+    },
+    /// It stopped on an interrupt.
+    Interrupted {
+        /// Why.
+        reason: String,
+        /// The question (redacted).
+        question: Value,
+    },
+    /// It failed.
+    Failed {
+        /// The error.
+        error: String,
+    },
+    /// Its plan was aborted.
+    PlanAborted {
+        /// The error.
+        error: String,
+    },
+}
+
+/// How a cancel ended a turn.
+#[derive(ToSchema, Serialize)]
+pub struct CancelInfo {
+    /// The cancel's mode.
+    pub mode: CancelMode,
+    /// The safe point it landed at.
+    pub at: Option<SafePointName>,
+    /// It escalated to immediate.
+    pub escalated: bool,
+    /// Its timeout ran out.
+    pub timed_out: bool,
+    /// The agent failed while it was canceled.
+    pub agent_error: Option<String>,
+}
+
+/// A cancel's mode: `"immediate"` or `{"at": <safe point>}`.
+#[derive(ToSchema, Serialize)]
+#[serde(untagged)]
+pub enum CancelMode {
+    /// `"immediate"`.
+    Immediate(ImmediateName),
+    /// `{"at": <safe point>}`.
+    At(CancelAt),
+}
+
+/// The word `immediate`.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImmediateName {
+    /// At once.
+    Immediate,
+}
+
+/// A cancel at a safe point.
+#[derive(ToSchema, Serialize)]
+pub struct CancelAt {
+    /// Where.
+    pub at: SafePointName,
+}
+
+/// `stop_requested`.
+#[derive(ToSchema, Serialize)]
+pub struct StopRequested {
+    /// The cancel the stop carries, if any.
+    pub cancel: Option<CancelMode>,
+    /// The stop cause.
+    pub cause: Option<String>,
+}
+
+/// `lagged`.
+#[derive(ToSchema, Serialize)]
+pub struct Lagged {
+    /// How many events this stream missed.
+    pub missed: u64,
+}
+
+/// `ended`.
+#[derive(ToSchema, Serialize)]
+pub struct Ended {
+    /// The session's id.
+    pub session_id: String,
+    /// Why it ended; `shutdown`: the server is going away (reconnect later).
+    pub reason: ExitReason,
+    /// The stop cause.
+    pub stop_cause: Option<String>,
+    /// Items accepted and not consumed.
+    pub unhandled: usize,
+    /// The cut turn's items.
+    pub interrupted: usize,
+    /// Items that arrived after the stop was committed.
+    pub late: usize,
+    /// Whether its exit checkpoint was written.
+    pub checkpoint: CheckpointOutcome,
+}
+
+/// Why a session ended.
+#[derive(ToSchema, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ExitReason {
+    /// It finished its work.
+    Completed,
+    /// It was canceled.
+    Canceled {
+        /// How.
+        cancel: CancelInfo,
+    },
+    /// It stopped on an interrupt.
+    Interrupted {
+        /// Why.
+        reason: String,
+        /// The question (redacted).
+        question: Value,
+    },
+    /// It failed.
+    Failed {
+        /// The error.
+        error: String,
+    },
+    /// The server is shutting down (the session resumes when it is back).
+    Shutdown,
+    /// It went to sleep (S39).
+    Asleep,
+}
+
+/// Whether the exit checkpoint was written.
+#[derive(ToSchema, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CheckpointOutcome {
+    /// None was attempted.
+    NotAttempted,
+    /// Written.
+    Saved,
+    /// Writing failed.
+    Failed {
+        /// The error.
+        error: String,
+    },
+    /// The record was deleted.
+    Deleted,
+}
+
+/// A spawn's durability: `sync` (every push durable before it is answered), `turn`
+/// (at turn ends) or `exit` (when the session exits).
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityName {
+    /// Every accepted item is durable before the push is answered.
+    Sync,
+    /// Written at turn ends.
+    Turn,
+    /// Written when the session exits.
+    Exit,
+}
+
+/// A stop's mode.
+#[derive(ToSchema, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopMode {
+    /// Finish the turn, then stop (`timeout` escalates to immediate).
+    Graceful,
+    /// Cancel at the safe point `at` (`timeout` escalates).
+    At,
+    /// Cancel the turn now.
+    Immediate,
+    /// Handle every waiting item, then stop.
+    Drain,
+    /// No cancel: the running turn completes, waiting items stay unhandled.
+    Bare,
+    /// Stop once idle for `idle_for`.
+    Idle,
+}
