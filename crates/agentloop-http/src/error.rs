@@ -99,6 +99,11 @@ pub fn retry_after_secs(d: std::time::Duration) -> u64 {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        debug_assert!(
+            crate::openapi::ERROR_CODES.contains(&self.code),
+            "the error code `{}` is not in the OpenAPI document's ErrorCode",
+            self.code
+        );
         let body = Json(Body {
             code: self.code,
             message: &self.message,

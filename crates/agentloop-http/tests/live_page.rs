@@ -60,13 +60,28 @@ fn start_driver() -> Driver {
 }
 
 async fn connect(driver: &Driver) -> Client {
+    connect_with(driver, &[]).await
+}
+
+/// A browser session with `extra` arguments for Chromium.
+async fn connect_with(driver: &Driver, extra: &[String]) -> Client {
+    let mut args: Vec<String> = [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().cloned());
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
         json!({
             "binary": CHROMIUM,
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--window-size=1280,900"]
+            "args": args,
         }),
     );
     let url = format!("http://127.0.0.1:{}", driver.1);
@@ -431,6 +446,128 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
     })
     .await;
     screenshot(&c, "6-forked.png").await;
+
+    c.close().await.expect("close the browser");
+    server.abort();
+    rt.stop(StopOptions::immediate()).await.unwrap();
+}
+
+/// The live page over TLS with a token (S43), as it is served in production: the
+/// server terminates TLS itself (`server::serve` with `ServeOptions::tls`), Chromium
+/// trusts exactly the server's key (`--ignore-certificate-errors-spki-list`, the
+/// SHA-256 of its public key) and speaks HTTP/2 to it; the page reads the token from
+/// its address, drops it from the address bar, lists a session, and a message pushed
+/// from the page shows its events streaming in over the TLS stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_works_over_tls_with_a_token() {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let driver = start_driver();
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = Rt::builder()
+        .data_dir(dir.path())
+        .flush_logs(None)
+        .register_agent("sim", |_cfg: &[u8]| {
+            Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
+                1,
+                Duration::from_millis(20),
+                Duration::from_millis(20),
+            )))
+        })
+        .start()
+        .await
+        .unwrap();
+    // The server's certificate for localhost, and the hash Chromium pins.
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("a certificate");
+    let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    let spki = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(
+        rcgen::PublicKeyData::subject_public_key_info(&key),
+    ));
+    let token = "page-over-tls-0123456789abcdef";
+    let tls = agentloop_http::tls::server_config(&cert_path, &key_path).expect("TLS config");
+    let app = router(
+        &rt,
+        HttpOptions {
+            token: Some(token.to_string()),
+            ..HttpOptions::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(agentloop_http::server::serve(
+        listener,
+        app,
+        agentloop_http::server::ServeOptions {
+            tls: Some(tls),
+            ..Default::default()
+        },
+        std::future::pending(),
+    ));
+    let direct = router(&rt, HttpOptions::default());
+    let (s, v) = call(
+        &direct,
+        "POST",
+        "/sessions",
+        Some(json!({"id": "secure", "kind": "sim", "persistent": true})),
+    )
+    .await;
+    assert_eq!(s.as_u16(), 201, "{v}");
+
+    let c = connect_with(
+        &driver,
+        &[format!("--ignore-certificate-errors-spki-list={spki}")],
+    )
+    .await;
+    c.goto(&format!("https://localhost:{port}/?token={token}"))
+        .await
+        .expect("the page loads over TLS");
+    let row = r#"#sessions tr[data-id="secure"]"#;
+    wait_text(&c, row, "the session is listed over TLS", |t| {
+        t.contains("secure")
+    })
+    .await;
+    let protocol = c
+        .execute(
+            "return performance.getEntriesByType('navigation')[0].nextHopProtocol",
+            vec![],
+        )
+        .await
+        .expect("the protocol");
+    assert_eq!(protocol, json!("h2"), "Chromium speaks HTTP/2 over TLS");
+    let address = c.current_url().await.expect("the address").to_string();
+    assert!(
+        !address.contains(token),
+        "the token left the address bar: {address}"
+    );
+    screenshot(&c, "tls-1-loaded.png").await;
+
+    click_fresh(&c, row).await;
+    wait_text(&c, "#selected-id", "the session is selected", |t| {
+        t == "secure"
+    })
+    .await;
+    let input = c.find(Locator::Css("#push-text")).await.unwrap();
+    input.send_keys("hello over TLS").await.unwrap();
+    c.find(Locator::Css("#push"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(
+        &c,
+        "#events",
+        "the pushed message's turn streams in over TLS",
+        |t| t.contains("turn_started") && t.contains("turn_ended"),
+    )
+    .await;
+    screenshot(&c, "tls-2-events.png").await;
 
     c.close().await.expect("close the browser");
     server.abort();
