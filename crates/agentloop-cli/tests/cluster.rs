@@ -551,7 +551,7 @@ fn start_joined(
         "--cluster-listen".into(),
         format!("127.0.0.1:{}", ports[n]),
         "--cookie".into(),
-        "test-cookie".into(),
+        "test-cookie-s3cr3t-m4rk3r".into(),
         "--item-log".into(),
         log.to_str().unwrap().to_string(),
     ];
@@ -1492,7 +1492,7 @@ fn a_node_listens_beyond_private_ranges_only_with_tls() {
             "--cluster-listen".into(),
             format!("0.0.0.0:{port}"),
             "--cookie".into(),
-            "test-cookie".into(),
+            "test-cookie-s3cr3t-m4rk3r".into(),
         ];
         if tls {
             a.extend([

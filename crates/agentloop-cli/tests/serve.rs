@@ -141,24 +141,26 @@ fn cli(args: &[&str], token: Option<&str>, input: Option<&str>) -> (i32, String,
         drop(child.stdin.take());
     }
     let out = child.wait_with_output().expect("agentloop exits");
-    (
-        out.status.code().unwrap_or(-1),
+    let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    );
+    common::assert_no_secret("the client's stdout", &stdout);
+    common::assert_no_secret("the client's stderr", &stderr);
+    (out.status.code().unwrap_or(-1), stdout, stderr)
 }
 
 #[test]
 fn live_commands_drive_a_token_protected_server() {
     let dir = TempDir::new("serve-live");
-    let mut job = Job::serve(&dir.0, &["--token", "s3cret-s3cret-s3cret"]);
+    let mut job = Job::serve(&dir.0, &["--token", "s3cr3t-m4rk3r-serve-tok"]);
     let url = base(&mut job);
-    let tok = Some("s3cret-s3cret-s3cret");
+    let tok = Some("s3cr3t-m4rk3r-serve-tok");
     // Sessions are spawned over HTTP (the CLI has no spawn: sessions come from services).
     for id in ["w", "c"] {
         let mut r = agent()
             .post(&format!("{url}/sessions"))
-            .header("Authorization", "Bearer s3cret-s3cret-s3cret")
+            .header("Authorization", "Bearer s3cr3t-m4rk3r-serve-tok")
             .send_json(json!({"id": id, "kind": "sim", "persistent": true,
                               "config": {"rounds": 1, "model_ms": 5, "tool_ms": 5}}))
             .expect("spawn");
@@ -195,7 +197,7 @@ fn live_commands_drive_a_token_protected_server() {
         std::thread::spawn(move || {
             cli(
                 &["watch", "w", "--server", &url],
-                Some("s3cret-s3cret-s3cret"),
+                Some("s3cr3t-m4rk3r-serve-tok"),
                 None,
             )
         })
@@ -343,7 +345,7 @@ fn a_token_is_never_empty_or_short_from_any_source() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("serving on"));
 
     // A good token from a file guards the routes.
-    let secret = "0123456789abcdef0123456789abcdef";
+    let secret = "s3cr3t-m4rk3r-file-0123456789";
     std::fs::write(&file, format!("{secret}\n")).unwrap();
     let mut job = Job::serve(&dir.0, &["--token-file", file.to_str().unwrap()]);
     let url = base(&mut job);

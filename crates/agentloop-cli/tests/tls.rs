@@ -188,7 +188,7 @@ async fn the_http_front_terminates_tls_and_speaks_http2() {
 async fn tls_beyond_loopback_still_requires_the_token() {
     let dir = TempDir::new("tls-token");
     let (ca, cert, key) = certificates(&dir.0, "front");
-    let token = "tls-token-0123456789abcdef";
+    let token = "tls-token-s3cr3t-m4rk3r-0123";
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -299,7 +299,7 @@ fn bad_tls_files_stop_the_server_with_what_to_do() {
 #[test]
 fn a_token_file_others_can_read_is_warned_about() {
     let dir = TempDir::new("tls-token-mode");
-    let token = "mode-token-0123456789abcdef";
+    let token = "mode-token-s3cr3t-m4rk3r-0123";
     let token_file = dir.0.join("token");
     std::fs::write(&token_file, token).unwrap();
     #[cfg(unix)]
@@ -336,9 +336,9 @@ fn a_token_file_others_can_read_is_warned_about() {
 #[test]
 fn help_never_shows_a_secret_from_the_environment() {
     let secrets = [
-        ("AGENTLOOP_TOKEN", "help-token-0123456789abcdef"),
-        ("AGENTLOOP_COOKIE", "help-cookie-secret"),
-        ("AGENTLOOP_POSTGRES", "postgresql://u:help-db-password@db/x"),
+        ("AGENTLOOP_TOKEN", "help-token-s3cr3t-m4rk3r-01"),
+        ("AGENTLOOP_COOKIE", "help-cookie-s3cr3t-m4rk3r"),
+        ("AGENTLOOP_POSTGRES", "postgresql://u:help-db-s3cr3t-m4rk3r@db/x"),
     ];
     for args in [
         &["serve", "--help"][..],

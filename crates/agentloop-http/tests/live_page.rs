@@ -489,7 +489,7 @@ async fn the_live_page_works_over_tls_with_a_token() {
     let spki = base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(
         rcgen::PublicKeyData::subject_public_key_info(&key),
     ));
-    let token = "page-over-tls-0123456789abcdef";
+    let token = "page-s3cr3t-m4rk3r-0123456789";
     let tls = agentloop_http::tls::server_config(&cert_path, &key_path).expect("TLS config");
     let app = router(
         &rt,

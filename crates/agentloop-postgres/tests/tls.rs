@@ -60,7 +60,7 @@ async fn verify_full_connects_to_the_certified_name_and_refuses_another() {
     std::fs::write(&ca_file, &ca).unwrap();
     let port = pg.port();
     let url = |host: &str, tail: &str| {
-        format!("postgresql://agentloop:hunter2-secret@{host}:{port}/postgres?{tail}")
+        format!("postgresql://agentloop:hunter2-s3cr3t-m4rk3r@{host}:{port}/postgres?{tail}")
     };
     let verify = format!("sslmode=verify-full&sslrootcert={}", ca_file.display());
 
@@ -122,7 +122,7 @@ async fn a_server_without_tls_refuses_require() {
         .unwrap()
         .expect("a local PostgreSQL server");
     let url = format!(
-        "postgresql://agentloop:hunter2-secret@127.0.0.1:{}/postgres?sslmode=require",
+        "postgresql://agentloop:hunter2-s3cr3t-m4rk3r@127.0.0.1:{}/postgres?sslmode=require",
         pg.port()
     );
     let e = refused(url, "no TLS: refused").await;

@@ -162,13 +162,30 @@ impl Job {
         (status, out)
     }
 
-    /// The lines still in the pipe (the reader thread ends at EOF), then all of them.
+    /// The lines still in the pipe (the reader thread ends at EOF), then all of them;
+    /// none may carry a test secret (S43).
     fn drain(&mut self) -> String {
         while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(10)) {
             self.seen.push(line);
         }
-        self.seen.join("\n")
+        let out = self.seen.join("\n");
+        assert_no_secret("agentloop's output", &out);
+        out
     }
+}
+
+/// What every secret a test hands a process (tokens, cookies, database passwords)
+/// contains (S43): no output of a process, and no line of a test run's log (`.ci/run`
+/// scans it), may carry it.
+pub const SECRET_MARKER: &str = "s3cr3t-m4rk3r";
+
+/// Fails when `text` carries a test secret, showing it with the secret masked.
+pub fn assert_no_secret(what: &str, text: &str) {
+    assert!(
+        !text.contains(SECRET_MARKER),
+        "a secret reached {what}:\n{}",
+        text.replace(SECRET_MARKER, "<SECRET>")
+    );
 }
 
 /// The value of a report row, e.g. `row(out, "checkpoints saved")`.
