@@ -338,7 +338,10 @@ fn help_never_shows_a_secret_from_the_environment() {
     let secrets = [
         ("AGENTLOOP_TOKEN", "help-token-s3cr3t-m4rk3r-01"),
         ("AGENTLOOP_COOKIE", "help-cookie-s3cr3t-m4rk3r"),
-        ("AGENTLOOP_POSTGRES", "postgresql://u:help-db-s3cr3t-m4rk3r@db/x"),
+        (
+            "AGENTLOOP_POSTGRES",
+            "postgresql://u:help-db-s3cr3t-m4rk3r@db/x",
+        ),
     ];
     for args in [
         &["serve", "--help"][..],
