@@ -1,6 +1,6 @@
 //! The HTTP contract as an OpenAPI 3.1 document (S43), generated from the handlers'
 //! `#[utoipa::path]` annotations and served at `GET /openapi.json`. The router is built
-//! from the same annotations ([`Documented::documented`]: a route's path and methods
+//! from the same annotations (`Documented::documented`: a route's path and methods
 //! are the ones its operation names), so the document lists every route the router
 //! serves and no other. `docs/openapi.json` is this document as checked in; a test
 //! holds the two equal and validates real answers against it.
