@@ -1,4 +1,5 @@
-//! Bearer-token authentication (issue 17, S34): every route but the two probes needs
+//! Bearer-token authentication (issue 17, S34): every route but the two probes, the
+//! live page and the OpenAPI document needs
 //! `Authorization: Bearer <token>`, compared in constant time. The event stream also
 //! takes the token as `?access_token=` because a browser's `EventSource` cannot set
 //! headers. This module only admits or refuses a request.
@@ -75,7 +76,8 @@ fn refused_for_token() {
     }
 }
 
-/// The middleware: passes the probes and the live page, and every request that shows
+/// The middleware: passes the probes, the live page and the OpenAPI document, and every
+/// request that shows
 /// the token; answers 401 `unauthorized` otherwise.
 pub(crate) async fn authenticate(
     State(token): State<Option<Arc<str>>>,

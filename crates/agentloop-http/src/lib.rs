@@ -32,7 +32,7 @@
 //! | `GET /sessions/{id}/events` | Server-Sent Events; `Last-Event-ID` resumes |
 //! | `GET /openapi.json` | the OpenAPI 3.1 document of every route ([`openapi`]) |
 //!
-//! With [`HttpOptions::token`] every route but the probes and the page needs
+//! With [`HttpOptions::token`] every route but the probes, the page and the document needs
 //! `Authorization: Bearer <token>` (401 `unauthorized` otherwise); without one,
 //! [`check_bind`] allows loopback addresses only. Requests in flight and open event
 //! streams are bounded (429 `too_many`); CORS is off unless origins are configured.
@@ -92,7 +92,8 @@ pub struct HttpOptions {
     /// How long a whole request body may take to arrive (408 `body_timeout` after it;
     /// S34a). `None`: [`DEFAULT_BODY_READ_TIMEOUT`].
     pub body_read_timeout: Option<Duration>,
-    /// The bearer token every route but `/healthz`, `/readyz` and the page requires
+    /// The bearer token every route but `/healthz`, `/readyz`, the page and
+    /// `/openapi.json` requires
     /// (`Authorization: Bearer <token>`, compared in constant time; 401 without it or
     /// with another). `None`: no authentication, so serve on loopback only
     /// ([`check_bind`]).
