@@ -93,7 +93,7 @@ pub(crate) async fn bound_requests(
     req: Request,
     next: Next,
 ) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+    if crate::openapi::PROBES.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     match gauge.try_take() {

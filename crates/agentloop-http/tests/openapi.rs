@@ -488,6 +488,18 @@ async fn answers_of_every_route_match_the_document() {
     let (s, v) = call(&app, "GET", "/nowhere", None).await;
     assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
 
+    // A foreign `Host` is refused on every route, the public ones too (no token): a
+    // documented 403 there as well.
+    for p in ["/", "/healthz", "/openapi.json", "/sessions"] {
+        let req = Request::builder()
+            .uri(p)
+            .header("host", "evil.example")
+            .body(Body::empty())
+            .unwrap();
+        let resp = send(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{p}");
+    }
+
     // Delete: the fork's record (detached, so finalized) is stored.
     let mut deleted = StatusCode::NOT_FOUND;
     for _ in 0..200 {

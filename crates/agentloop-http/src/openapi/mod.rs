@@ -25,6 +25,9 @@ use utoipa::{Modify, OpenApi};
 /// The routes without a token: the probes, the page and this document.
 pub(crate) const PUBLIC_PATHS: [&str; 4] = ["/", "/healthz", "/readyz", "/openapi.json"];
 
+/// The probes: they take no request slot (a slow client cannot fail them).
+pub(crate) const PROBES: [&str; 2] = ["/healthz", "/readyz"];
+
 /// Every error `code` the server answers with (the `ErrorCode` schema's values).
 pub const ERROR_CODES: [&str; 25] = [
     "bad_request",
@@ -115,8 +118,8 @@ pub const EVENT_KINDS: [&str; 10] = [
 )]
 struct ApiDoc;
 
-/// Adds what every guarded route may answer (the token, the loopback guard, the
-/// request bound, the body bounds) and the bearer scheme.
+/// Adds what the layers around the routes may answer (the loopback guard, the request
+/// bound, the token, the body bounds) and the bearer scheme.
 struct Guards;
 
 impl Modify for Guards {
@@ -140,6 +143,18 @@ impl Modify for Guards {
                         .entry(status.to_string())
                         .or_insert_with(|| error_response(what));
                 };
+                // Without a token, every route refuses a foreign `Host` (S34a).
+                add(
+                    "403",
+                    "`forbidden_host`: (no token) the `Host` is not a loopback name",
+                );
+                // Every route but the probes takes a request slot.
+                if !PROBES.contains(&path.as_str()) {
+                    add(
+                        "429",
+                        "`too_many`: requests in flight or event streams at their bound",
+                    );
+                }
                 if public {
                     continue;
                 }
@@ -147,18 +162,6 @@ impl Modify for Guards {
                     "401",
                     "`unauthorized`: no or wrong bearer token (with a token configured; \
                      `WWW-Authenticate: Bearer`)",
-                );
-                add(
-                    "403",
-                    "`forbidden_host`: (no token) the `Host` is not a loopback name",
-                );
-                add(
-                    "429",
-                    "`too_many`: requests in flight or event streams at their bound",
-                );
-                add(
-                    "503",
-                    "`unavailable`: the server could not take the request now; retry",
                 );
                 if method == "post" {
                     add(

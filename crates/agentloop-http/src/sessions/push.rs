@@ -98,7 +98,7 @@ pub(super) fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError
         (status = 429, description = "`session_full` (`Retry-After`): nothing accepted; `too_many`", body = crate::openapi::schemas::ErrorBody),
         (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
         (status = 502, description = "`owner_unreachable`: the node that runs it could not be reached", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`draining`: not accepted; `not_live` (`Retry-After`): stored, not live yet, retry", body = crate::openapi::schemas::ErrorBody))
+        (status = 503, description = "`draining`: not accepted; `not_live` (`Retry-After`): stored, not live yet, retry; `unavailable`: the body could not be parsed now, retry", body = crate::openapi::schemas::ErrorBody))
 )]
 pub(crate) async fn push<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
