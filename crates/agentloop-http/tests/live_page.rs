@@ -145,12 +145,10 @@ async fn wait_text(c: &Client, css: &str, what: &str, check: impl Fn(&str) -> bo
     panic!("{what}: `{css}` reads {last:?} (screenshot target/live-page/failure.png)");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_live_page_lists_streams_pushes_and_cancels() {
-    let driver = start_driver();
-    let dir = tempfile::tempdir().unwrap();
+/// A runtime on `dir` with kind `sim`: one model call and one tool call of 20 ms a turn.
+async fn sim_runtime(dir: &std::path::Path) -> Rt {
     let (rt, _) = Rt::builder()
-        .data_dir(dir.path())
+        .data_dir(dir)
         .flush_logs(None)
         .register_agent("sim", |_cfg: &[u8]| {
             Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
@@ -162,6 +160,33 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
         .start()
         .await
         .unwrap();
+    rt
+}
+
+/// Selects the session in `row` (its event stream opens), pushes `text` from the
+/// page, and waits for that turn's events; returns the event log's text.
+async fn push_from_page(c: &Client, row: &str, id: &str, text: &str) -> String {
+    click_fresh(c, row).await;
+    wait_text(c, "#selected-id", "the session is selected", |t| t == id).await;
+    let input = c.find(Locator::Css("#push-text")).await.unwrap();
+    input.send_keys(text).await.unwrap();
+    c.find(Locator::Css("#push"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    wait_text(c, "#events", "the pushed message's turn appears", |t| {
+        t.contains("turn_started") && t.contains("turn_ended")
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_lists_streams_pushes_and_cancels() {
+    let driver = start_driver();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = sim_runtime(dir.path()).await;
     let app = router(&rt, HttpOptions::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -185,23 +210,7 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     screenshot(&c, "1-loaded.png").await;
 
     // Select it: its event stream opens; push a message from the page.
-    click_fresh(&c, row).await;
-    wait_text(&c, "#selected-id", "the session is selected", |t| {
-        t == "demo"
-    })
-    .await;
-    let input = c.find(Locator::Css("#push-text")).await.unwrap();
-    input.send_keys("hello from the page").await.unwrap();
-    c.find(Locator::Css("#push"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let log = wait_text(&c, "#events", "the pushed message's turn appears", |t| {
-        t.contains("turn_started") && t.contains("turn_ended")
-    })
-    .await;
+    let log = push_from_page(&c, row, "demo", "hello from the page").await;
     assert!(log.contains("\"completed\""), "{log}");
     screenshot(&c, "2-events.png").await;
 
@@ -464,19 +473,7 @@ async fn the_live_page_works_over_tls_with_a_token() {
     use sha2::Digest as _;
     let driver = start_driver();
     let dir = tempfile::tempdir().unwrap();
-    let (rt, _) = Rt::builder()
-        .data_dir(dir.path())
-        .flush_logs(None)
-        .register_agent("sim", |_cfg: &[u8]| {
-            Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
-                1,
-                Duration::from_millis(20),
-                Duration::from_millis(20),
-            )))
-        })
-        .start()
-        .await
-        .unwrap();
+    let rt = sim_runtime(dir.path()).await;
     // The server's certificate for localhost, and the hash Chromium pins.
     let key = rcgen::KeyPair::generate().expect("a key");
     let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
@@ -547,26 +544,7 @@ async fn the_live_page_works_over_tls_with_a_token() {
     );
     screenshot(&c, "tls-1-loaded.png").await;
 
-    click_fresh(&c, row).await;
-    wait_text(&c, "#selected-id", "the session is selected", |t| {
-        t == "secure"
-    })
-    .await;
-    let input = c.find(Locator::Css("#push-text")).await.unwrap();
-    input.send_keys("hello over TLS").await.unwrap();
-    c.find(Locator::Css("#push"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    wait_text(
-        &c,
-        "#events",
-        "the pushed message's turn streams in over TLS",
-        |t| t.contains("turn_started") && t.contains("turn_ended"),
-    )
-    .await;
+    push_from_page(&c, row, "secure", "hello over TLS").await;
     screenshot(&c, "tls-2-events.png").await;
 
     c.close().await.expect("close the browser");
