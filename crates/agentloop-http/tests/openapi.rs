@@ -55,6 +55,45 @@ fn the_document_is_openapi_3_1_with_unique_operations_and_resolving_references()
     }
 }
 
+/// The session id's documented constraints are the server's (S32): a client that
+/// validates against the document sends no id the server refuses for its shape.
+#[test]
+fn the_documented_session_id_is_the_one_the_server_takes() {
+    let doc = document();
+    let param = doc["paths"]["/sessions/{id}"]["get"]["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .find(|p| p["name"] == "id")
+        .expect("the id parameter")
+        .clone();
+    let body_id = doc["components"]["schemas"]["SpawnRequest"]["properties"]["id"].clone();
+    for schema in [param["schema"].clone(), body_id] {
+        let validator = jsonschema::draft202012::new(&schema).expect("the id schema compiles");
+        for id in ["a", "chat-1", "ü-snow", &"x".repeat(128)] {
+            assert!(
+                validator.is_valid(&json!(id)),
+                "{id:?} is documented as invalid"
+            );
+            assert!(agentloop::ids::validate_session_id(id).is_ok());
+        }
+        for id in [
+            "",
+            "a\nb",
+            "a\u{0}b",
+            "a\u{7f}b",
+            "a\u{85}b",
+            &"x".repeat(129),
+        ] {
+            assert!(
+                !validator.is_valid(&json!(id)),
+                "{id:?} is documented as valid"
+            );
+            assert!(agentloop::ids::validate_session_id(id).is_err());
+        }
+    }
+}
+
 fn collect_refs(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::Object(m) => {

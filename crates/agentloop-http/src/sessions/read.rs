@@ -114,6 +114,7 @@ pub const MAX_PAGE: usize = 10_000;
 #[serde(deny_unknown_fields)]
 pub(crate) struct ListPage {
     /// Rows on the page: 1 to 10 000 (1 000 by default).
+    #[param(minimum = 1, maximum = 10_000)]
     limit: Option<usize>,
     /// Start after this id (the `Link` header's `next` has it).
     after: Option<String>,
@@ -153,7 +154,7 @@ pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 /// everything it is, without waking it (S39).
 #[utoipa::path(
     get, path = "/sessions/{id}", operation_id = "get_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id (1 to 128 bytes, no control characters)")),
+    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
     responses((status = 200, description = "The S24 view through the redaction, with what the live session does", body = crate::openapi::schemas::SessionView),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`: neither live nor stored", body = crate::openapi::schemas::ErrorBody),

@@ -63,13 +63,7 @@ pub fn template_of(path: &str) -> Option<&'static str> {
 
 /// Validates `body` against `schema` (which may `$ref` the document's components).
 pub fn validate(schema: &Value, body: &Value, what: &str) {
-    let mut root = schema.clone();
-    if let Value::Object(map) = &mut root {
-        map.insert("components".into(), strict_components().clone());
-    }
-    close_objects(&mut root);
-    let validator = jsonschema::draft202012::new(&root)
-        .unwrap_or_else(|e| panic!("{what}: the documented schema does not compile: {e}"));
+    let validator = validator(schema, what);
     let errors: Vec<String> = validator
         .iter_errors(body)
         .map(|e| format!("{} at {}", e, e.instance_path()))
@@ -79,6 +73,34 @@ pub fn validate(schema: &Value, body: &Value, what: &str) {
         "{what}: the answer does not match the OpenAPI document:\n  {}\nbody: {body}",
         errors.join("\n  ")
     );
+}
+
+/// The validator of `schema` (with the document's closed components), compiled once
+/// per schema: the route tests run in parallel on two cores, and compiling the whole
+/// document for every answer would slow the servers they time.
+fn validator(schema: &Value, what: &str) -> std::sync::Arc<jsonschema::Validator> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> = OnceLock::new();
+    let key = schema.to_string();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(v) = cache.lock().expect("the validator cache").get(&key) {
+        return v.clone();
+    }
+    let mut root = schema.clone();
+    if let Value::Object(map) = &mut root {
+        map.insert("components".into(), strict_components().clone());
+    }
+    close_objects(&mut root);
+    let compiled = Arc::new(
+        jsonschema::draft202012::new(&root)
+            .unwrap_or_else(|e| panic!("{what}: the documented schema does not compile: {e}")),
+    );
+    cache
+        .lock()
+        .expect("the validator cache")
+        .insert(key, compiled.clone());
+    compiled
 }
 
 /// The `Error` schema, for answers no route documents (404 and 405 fallbacks).
