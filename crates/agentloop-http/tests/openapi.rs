@@ -520,6 +520,15 @@ async fn answers_of_every_route_match_the_document() {
     );
     let (s, v) = call(&app, "GET", "/sessions/nobody", None).await;
     assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "unknown_session"));
+    let (s, v) = call(&app, "GET", "/sessions/nobody/timers", None).await;
+    assert_eq!(
+        (s, code(&v)),
+        (StatusCode::NOT_FOUND, "unknown_session"),
+        "{v}"
+    );
+    // A session that runs here without a record has no timers, and exists.
+    let (s, v) = call(&app, "GET", "/sessions/c3/timers", None).await;
+    assert_eq!((s, v), (StatusCode::OK, json!({"timers": []})));
     let (s, v) = call(&app, "GET", "/sessions?limit=0", None).await;
     assert_eq!((s, code(&v)), (StatusCode::BAD_REQUEST, "bad_request"));
     let (s, v) = call(&app, "GET", "/sessions/c1/history/999", None).await;

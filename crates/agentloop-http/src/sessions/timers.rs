@@ -147,6 +147,18 @@ pub(crate) async fn list<I: Item, E: Ev>(
         .into_iter()
         .map(view)
         .collect();
+    // No timers and no session, live or stored: 404, as `history` answers (an empty
+    // list would tell a client with a mistyped id that all is well).
+    if timers.is_empty()
+        && !st.runtime.supervisor().is_live(&id)
+        && st.runtime.view(&id).await?.is_none()
+    {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_session",
+            format!("no session `{id}` runs here and none is stored; list them with GET /sessions"),
+        ));
+    }
     Ok(Json(json!({ "timers": timers })).into_response())
 }
 
