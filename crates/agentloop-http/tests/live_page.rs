@@ -163,6 +163,20 @@ async fn sim_runtime(dir: &std::path::Path) -> Rt {
     rt
 }
 
+/// Spawns a persistent `sim` session `id` (through a router of its own, without a
+/// token), for the page to find.
+async fn spawn_persistent(rt: &Rt, id: &str) {
+    let direct = router(rt, HttpOptions::default());
+    let (s, v) = call(
+        &direct,
+        "POST",
+        "/sessions",
+        Some(json!({"id": id, "kind": "sim", "persistent": true})),
+    )
+    .await;
+    assert_eq!(s.as_u16(), 201, "{v}");
+}
+
 /// Selects the session in `row` (its event stream opens), pushes `text` from the
 /// page, and waits for that turn's events; returns the event log's text.
 async fn push_from_page(c: &Client, row: &str, id: &str, text: &str) -> String {
@@ -193,15 +207,7 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let base = format!("http://{addr}");
     // A persistent session to find on the page (its record shows its status).
-    let direct = router(&rt, HttpOptions::default());
-    let (s, v) = call(
-        &direct,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "demo", "kind": "sim", "persistent": true})),
-    )
-    .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
+    spawn_persistent(&rt, "demo").await;
 
     let c = connect(&driver).await;
     c.goto(&format!("{base}/")).await.expect("the page loads");
@@ -506,15 +512,7 @@ async fn the_live_page_works_over_tls_with_a_token() {
         },
         std::future::pending(),
     ));
-    let direct = router(&rt, HttpOptions::default());
-    let (s, v) = call(
-        &direct,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "secure", "kind": "sim", "persistent": true})),
-    )
-    .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
+    spawn_persistent(&rt, "secure").await;
 
     let c = connect_with(
         &driver,

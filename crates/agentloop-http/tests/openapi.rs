@@ -69,7 +69,10 @@ fn the_documented_session_id_is_the_one_the_server_takes() {
         .clone();
     let body_id = doc["components"]["schemas"]["SpawnRequest"]["properties"]["id"].clone();
     for schema in [param["schema"].clone(), body_id] {
-        let validator = jsonschema::draft202012::new(&schema).expect("the id schema compiles");
+        // A reference into the document's schemas resolves with them beside it.
+        let mut root = schema.clone();
+        root["components"] = doc["components"].clone();
+        let validator = jsonschema::draft202012::new(&root).expect("the id schema compiles");
         for id in ["a", "chat-1", "ü-snow", &"x".repeat(128)] {
             assert!(
                 validator.is_valid(&json!(id)),

@@ -82,6 +82,17 @@ pub enum ErrorCode {
     Unavailable,
 }
 
+/// A session's id (S32): 1 to 128 bytes of UTF-8 without control characters, as
+/// `agentloop::ids::validate_session_id` takes it (the schema counts characters; the
+/// server counts bytes).
+#[derive(ToSchema, Serialize)]
+#[schema(
+    min_length = 1,
+    max_length = 128,
+    pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
+)]
+pub struct SessionIdText(pub String);
+
 /// `GET /healthz`.
 #[derive(ToSchema, Serialize)]
 pub struct Health {

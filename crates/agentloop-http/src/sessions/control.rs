@@ -114,7 +114,7 @@ pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, Ap
 
 #[utoipa::path(
     post, path = "/sessions/{id}/stop", operation_id = "stop_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     request_body(content = Option<StopBody>, description = "Any stop option; no body is a graceful stop"),
     responses((status = 202, description = "The stop is on its way", body = crate::openapi::schemas::Stopping),
         (status = 400, description = "`bad_request`: an unknown mode, an option that does not apply, a zero duration", body = crate::openapi::schemas::ErrorBody),
@@ -144,7 +144,7 @@ pub(crate) async fn stop<I: Item, E: Ev>(
 /// record is finalized when it drains. Refused (409) for a session without a store.
 #[utoipa::path(
     post, path = "/sessions/{id}/detach", operation_id = "detach_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     responses((status = 200, description = "It drains in the background and its record is finalized (S23)", body = crate::openapi::schemas::Detached),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
@@ -177,7 +177,7 @@ pub(crate) struct MoveBody {
 /// delivered there in order.
 #[utoipa::path(
     post, path = "/sessions/{id}/move", operation_id = "move_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     request_body = MoveBody,
     responses((status = 200, description = "The node `to` runs it", body = crate::openapi::schemas::Moved),
         (status = 400, description = "`bad_request`", body = crate::openapi::schemas::ErrorBody),
@@ -219,7 +219,7 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
 /// `POST /sessions/{id}/cancel` (S24).
 #[utoipa::path(
     post, path = "/sessions/{id}/cancel", operation_id = "cancel_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     responses((status = 200, description = "Canceled (S24)", body = crate::openapi::schemas::Canceled),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
@@ -247,7 +247,7 @@ pub(crate) struct ResumeBody {
 
 #[utoipa::path(
     post, path = "/sessions/{id}/resume", operation_id = "resume_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     request_body = ResumeBody,
     responses((status = 200, description = "The answer and the claim are one durable write; it runs again (S4)", body = crate::openapi::schemas::Resumed),
         (status = 400, description = "`bad_request`: not an item, not storable, an unknown kind", body = crate::openapi::schemas::ErrorBody),

@@ -7,7 +7,13 @@ use axum::extract::Path;
 /// A session id taken from the path, checked before a handler runs (S32, S34a): one
 /// extractor for every `/sessions/{id}/…` route, so an invalid id is a 400 on each of
 /// them (never a 500 from the store) and the answer does not echo it back.
-pub(crate) struct SessionId(pub(crate) String);
+#[derive(utoipa::IntoParams)]
+#[into_params(names("id"), parameter_in = Path)]
+pub(crate) struct SessionId(
+    /// The session's id.
+    #[param(value_type = crate::openapi::schemas::SessionIdText)]
+    pub(crate) String,
+);
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for SessionId {
     type Rejection = ApiError;

@@ -89,7 +89,7 @@ pub(super) fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError
 
 #[utoipa::path(
     post, path = "/sessions/{id}/items", operation_id = "push_item", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"), ("Idempotency-Key" = Option<String>, Header, description = "1 to 256 bytes: a retry with the same key delivers nothing again and gets the first answer")),
+    params(super::id::SessionId, ("Idempotency-Key" = Option<String>, Header, description = "1 to 256 bytes: a retry with the same key delivers nothing again and gets the first answer")),
     request_body = PushBody,
     responses((status = 200, description = "Accepted (durable under `sync`)", body = crate::openapi::schemas::Pushed),
         (status = 400, description = "`bad_request`: not an item, not storable, a bad preempt, an invalid id", body = crate::openapi::schemas::ErrorBody),

@@ -154,7 +154,7 @@ pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 /// everything it is, without waking it (S39).
 #[utoipa::path(
     get, path = "/sessions/{id}", operation_id = "get_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     responses((status = 200, description = "The S24 view through the redaction, with what the live session does", body = crate::openapi::schemas::SessionView),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`: neither live nor stored", body = crate::openapi::schemas::ErrorBody),

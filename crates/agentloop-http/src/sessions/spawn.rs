@@ -24,11 +24,7 @@ const MAX_KEPT_AGE_S: u64 = 365 * 24 * 3600;
 #[serde(deny_unknown_fields)]
 pub(crate) struct SpawnBody {
     /// The new session's id (1 to 128 bytes, no control characters).
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
-    )]
+    #[schema(value_type = crate::openapi::schemas::SessionIdText)]
     id: String,
     /// A registered agent kind (`sim` on `agentloop serve`).
     kind: String,

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 /// `GET /sessions/{id}/history`: the kept turn-end checkpoints, oldest first.
 #[utoipa::path(
     get, path = "/sessions/{id}/history", operation_id = "list_history", tag = "history",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     responses((status = 200, description = "Kept checkpoints, oldest first", body = Vec<crate::openapi::schemas::HistoryEntry>),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
@@ -38,7 +38,7 @@ pub(crate) async fn history<I: Item, E: Ev>(
 /// `GET /sessions/{id}/history/{turn}`: that checkpoint's view (redacted).
 #[utoipa::path(
     get, path = "/sessions/{id}/history/{turn}", operation_id = "get_checkpoint", tag = "history",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"), ("turn" = u64, Path, description = "The turn the checkpoint ended")),
+    params(super::id::SessionId, ("turn" = u64, Path, description = "The turn the checkpoint ended")),
     responses((status = 200, description = "That checkpoint's view (redacted)", body = crate::openapi::schemas::SessionView),
         (status = 400, description = "`bad_request`: an invalid id or turn", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_checkpoint`", body = crate::openapi::schemas::ErrorBody),
@@ -68,7 +68,7 @@ pub(crate) async fn checkpoint<I: Item, E: Ev>(
 /// `DELETE /sessions/{id}`: the record and its history. 409 while the session runs.
 #[utoipa::path(
     delete, path = "/sessions/{id}", operation_id = "delete_session", tag = "sessions",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     responses((status = 200, description = "The record, its history and its kept events are deleted", body = crate::openapi::schemas::Deleted),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
@@ -96,11 +96,7 @@ pub(crate) async fn delete<I: Item, E: Ev>(
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkBody {
     /// The new session's id.
-    #[schema(
-        min_length = 1,
-        max_length = 128,
-        pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"
-    )]
+    #[schema(value_type = crate::openapi::schemas::SessionIdText)]
     id: String,
     /// Checkpoints the new session keeps (default: none).
     #[serde(default)]
@@ -116,7 +112,7 @@ const MAX_FORK_HISTORY: usize = 1_000;
 /// the checkpoint kept them; 201 `{"id", "from", "turn"}`.
 #[utoipa::path(
     post, path = "/sessions/{id}/history/{turn}/fork", operation_id = "fork_checkpoint", tag = "history",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"), ("turn" = u64, Path, description = "The turn the checkpoint ended")),
+    params(super::id::SessionId, ("turn" = u64, Path, description = "The turn the checkpoint ended")),
     request_body = ForkBody,
     responses((status = 201, description = "A new persistent session from that checkpoint; it runs at once (S16b)", body = crate::openapi::schemas::Forked),
         (status = 400, description = "`bad_request`: a bad id or body", body = crate::openapi::schemas::ErrorBody),

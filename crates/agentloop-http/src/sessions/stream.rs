@@ -13,7 +13,7 @@ use axum::response::Response;
 /// `GET /sessions/{id}/events`.
 #[utoipa::path(
     get, path = "/sessions/{id}/events", operation_id = "stream_events", tag = "events",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"),
+    params(super::id::SessionId,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event number"),
         ("access_token" = Option<String>, Query, description = "The bearer token, for browsers' EventSource (prefer the header)")),
     responses((status = 200, description = "Server-Sent Events, each `id: <number>`, `event: <kind>`, `data: <JSON>` as `StreamEvent` (`event` and `data`); the stream starts with `retry: 1000` and closes after `ended`. A session stored but not live yet answers one `not_live` event with `retry:`.", content_type = "text/event-stream", body = crate::openapi::schemas::StreamEvent),

@@ -73,7 +73,7 @@ fn view<I: Item>(t: Timer<I>) -> Value {
 
 #[utoipa::path(
     post, path = "/sessions/{id}/timers", operation_id = "arm_timer", tag = "timers",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     request_body = TimerBody,
     responses((status = 201, description = "Durable before it is answered; at its time the item is pushed once (S39)", body = crate::openapi::schemas::Timer),
         (status = 400, description = "`bad_request`: not an item, none or two of when, a cron expression that does not parse", body = crate::openapi::schemas::ErrorBody),
@@ -129,7 +129,7 @@ pub(crate) async fn arm<I: Item, E: Ev>(
 
 #[utoipa::path(
     get, path = "/sessions/{id}/timers", operation_id = "list_timers", tag = "timers",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$")),
+    params(super::id::SessionId),
     responses((status = 200, description = "Timers and schedules, by number", body = crate::openapi::schemas::Timers),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
@@ -164,7 +164,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
 
 #[utoipa::path(
     delete, path = "/sessions/{id}/timers/{timer}", operation_id = "cancel_timer", tag = "timers",
-    params(("id" = String, Path, description = "The session's id: 1 to 128 bytes of UTF-8, no control characters", min_length = 1, max_length = 128, pattern = r"^[^\u0000-\u001F\u007F-\u009F]+$"), ("timer" = u64, Path, description = "The timer's number")),
+    params(super::id::SessionId, ("timer" = u64, Path, description = "The timer's number")),
     responses((status = 204, description = "Canceled, durably"),
         (status = 400, description = "`bad_request`: an invalid id or number", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_timer`: it fired, or was canceled; `unknown_session`", body = crate::openapi::schemas::ErrorBody),
