@@ -243,7 +243,7 @@ fn s1b_sigkill_at_random_moments_replays_finished_steps_and_never_reruns_no_retr
         // Every record decodes after the kill (a kill before the first open leaves no
         // database yet).
         if Backend::detect(dir.path()).is_some() {
-            let backend = Backend::open(dir.path(), Engine::Sled).expect("the data dir opens");
+            let backend = Backend::open(dir.path(), Engine::SLED).expect("the data dir opens");
             for entry in backend.list(None).expect("list") {
                 if let Err(e) = entry.record.and_then(|r| r.decode::<u64>()) {
                     panic!(
@@ -393,7 +393,7 @@ fn s1b_sigkill_at_random_moments_replays_finished_steps_and_never_reruns_no_retr
     );
 
     // Nothing is left behind: the drain deleted every record.
-    let backend = Backend::open(dir.path(), Engine::Sled).expect("open");
+    let backend = Backend::open(dir.path(), Engine::SLED).expect("open");
     assert!(backend.list(None).unwrap().is_empty());
     let ran: u32 = keys.values().map(|l| l.ran).sum();
     let replays: u32 = keys.values().map(|l| l.replayed).sum();

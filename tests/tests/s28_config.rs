@@ -145,25 +145,34 @@ fn s28_files_are_read_and_a_missing_explicit_file_is_an_error() {
     assert!(err.to_string().contains("nope.toml"), "{err}");
 }
 
-/// Issue 15: `[store] engine` and `durability` choose the embedded engine and, for
-/// fjall, what a group commit survives; sled is the default and has no level.
+/// Issue 15, S15b: `[store] engine` and `durability` choose the embedded engine and
+/// what an acknowledged write survives; sled is the default engine and `power` the
+/// default level of every engine.
 #[test]
 fn s28_store_engine_and_durability() {
-    use agentloop::store::{Engine, FjallDurability};
+    use agentloop::store::{Engine, StoreDurability};
     let engine = |text: &str| RuntimeConfig::from_toml_str(text).unwrap().store.engine;
-    assert_eq!(engine(""), Engine::Sled);
-    assert_eq!(engine("[store]\nengine = \"sled\""), Engine::Sled);
+    assert_eq!(engine(""), Engine::Sled(StoreDurability::Power));
+    assert_eq!(RuntimeConfig::default().store.engine, engine(""));
+    assert_eq!(
+        engine("[store]\nengine = \"sled\""),
+        Engine::Sled(StoreDurability::Power)
+    );
+    assert_eq!(
+        engine("[store]\ndurability = \"crash\""),
+        Engine::Sled(StoreDurability::Crash)
+    );
     assert_eq!(
         engine("[store]\nengine = \"fjall\""),
-        Engine::Fjall(FjallDurability::Crash)
+        Engine::Fjall(StoreDurability::Power)
     );
     assert_eq!(
         engine("[store]\nengine = \"fjall\"\ndurability = \"crash\""),
-        Engine::Fjall(FjallDurability::Crash)
+        Engine::Fjall(StoreDurability::Crash)
     );
     assert_eq!(
         engine("[store]\nengine = \"fjall\"\ndurability = \"power\""),
-        Engine::Fjall(FjallDurability::Power)
+        Engine::Fjall(StoreDurability::Power)
     );
     for (text, key, says) in [
         ("[store]\nengine = \"rocks\"", "store.engine", "\"fjall\""),
@@ -173,9 +182,9 @@ fn s28_store_engine_and_durability() {
             "\"power\"",
         ),
         (
-            "[store]\ndurability = \"power\"",
+            "[store]\ndurability = \"fsync\"",
             "store.durability",
-            "only with engine = \"fjall\"",
+            "\"crash\"",
         ),
     ] {
         let msg = RuntimeConfig::from_toml_str(text).unwrap_err().to_string();

@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use agentloop::store::{Backend, Engine, FjallDurability};
+use agentloop::store::{Backend, Engine, StoreDurability};
 use agentloop_sim::SimItem;
 use agentloop_tests::TempDir;
 
@@ -56,19 +56,19 @@ fn next(seed: &mut u64) -> u64 {
 
 #[test]
 fn s31_sigkill_at_random_moments_loses_no_acknowledged_item() {
-    s31_on(Engine::Sled);
+    s31_on(Engine::Sled(StoreDurability::Crash));
 }
 
 /// Issue 15: the same on fjall at the `crash` level.
 #[test]
 fn s31_on_fjall_sigkill_at_random_moments_loses_no_acknowledged_item() {
-    s31_on(Engine::Fjall(FjallDurability::Crash));
+    s31_on(Engine::Fjall(StoreDurability::Crash));
 }
 
 /// The child's engine flag.
 fn engine_args(engine: Engine) -> &'static [&'static str] {
     match engine {
-        Engine::Sled => &[],
+        Engine::Sled(_) => &[],
         Engine::Fjall(_) => &["--fjall"],
     }
 }

@@ -1,10 +1,10 @@
 //! The store conformance suite (`agentloop_tests::conformance`, issue 12) on every
-//! backend this workspace has: the memory store, and sled and fjall (both durability
-//! levels) through the checkpoint actor (issue 15).
+//! backend this workspace has: the memory store, sled and fjall at both durability
+//! levels (S15b) through the checkpoint actor (issue 15), and PostgreSQL.
 
 use std::sync::Arc;
 
-use agentloop::store::{CheckpointStore, Engine, FjallDurability, StoreError};
+use agentloop::store::{CheckpointStore, Engine, StoreDurability, StoreError};
 use agentloop::{CheckpointActor, MemoryStore};
 use agentloop_sim::SimItem;
 use agentloop_tests::conformance::{run_all, Store};
@@ -41,12 +41,55 @@ async fn conforms_on(engine: Engine) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_fjall_crash_store_conforms() {
-    conforms_on(Engine::Fjall(FjallDurability::Crash)).await;
+    conforms_on(Engine::Fjall(StoreDurability::Crash)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15_fjall_power_store_conforms() {
-    conforms_on(Engine::Fjall(FjallDurability::Power)).await;
+    conforms_on(Engine::Fjall(StoreDurability::Power)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s15b_sled_crash_store_conforms() {
+    conforms_on(Engine::Sled(StoreDurability::Crash)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s15b_sled_power_store_conforms() {
+    conforms_on(Engine::Sled(StoreDurability::Power)).await;
+}
+
+/// A sled record larger than a log segment's share (sled writes it to a blob file of
+/// its own, outside the data file) round-trips at `power`, whose flush fsyncs the new
+/// blob file and its directory; the level is the store's, reported by the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s15b_sled_power_writes_blobs_durably() {
+    let dir = TempDir::new("sled-blob");
+    let engine = Engine::Sled(StoreDurability::Power);
+    let client = CheckpointActor::<SimItem>::spawn_engine(dir.path(), engine)
+        .await
+        .unwrap();
+    let mut r = agentloop::SessionRecord::<SimItem>::new("big", "sim", 0);
+    r.unhandled_items = vec![SimItem::new(1, "x".repeat(600 * 1024))];
+    client.save(r).await.expect("a blob-sized write at power");
+    let blobs = std::fs::read_dir(dir.path().join("blobs"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(
+        blobs > 0,
+        "the record did not go to a blob: the test proves nothing"
+    );
+    client.close().await.unwrap();
+    let backend = agentloop::store::Backend::open(dir.path(), engine).unwrap();
+    assert_eq!(backend.engine(), engine, "the level is the store's");
+    drop(backend);
+    let client = CheckpointActor::<SimItem>::spawn_engine(dir.path(), engine)
+        .await
+        .unwrap();
+    let back = client.load("big").await.unwrap().expect("the record");
+    assert_eq!(back.unhandled_items.len(), 1);
+    assert_eq!(back.unhandled_items[0].text.len(), 600 * 1024);
+    client.close().await.unwrap();
 }
 
 /// Opening one engine in a directory the other wrote is refused, names both engines and
@@ -54,8 +97,8 @@ async fn s15_fjall_power_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_mismatch_is_refused_with_the_way_out() {
     for (wrote, opened) in [
-        (Engine::Sled, Engine::Fjall(FjallDurability::Crash)),
-        (Engine::Fjall(FjallDurability::Crash), Engine::Sled),
+        (Engine::SLED, Engine::Fjall(StoreDurability::Crash)),
+        (Engine::Fjall(StoreDurability::Crash), Engine::SLED),
     ] {
         let dir = TempDir::new("mismatch");
         let client = CheckpointActor::<SimItem>::spawn_engine(dir.path(), wrote)
@@ -102,12 +145,54 @@ async fn s15_sled_store_conforms() {
     client.close().await.unwrap();
 }
 
+/// The store's level on PostgreSQL (S15b): `power` is refused on a server that runs
+/// with `fsync = off` (it cannot give it), naming the level it can; `power` sets
+/// `synchronous_commit = on` on its connections over a server whose default is off, and
+/// `crash` sets it off over a server whose default is on (the connect checks the
+/// setting each connection reports and refuses a mismatch, so a connect that succeeds
+/// proves the setting took).
+#[test]
+fn s15b_postgres_levels() {
+    use agentloop_postgres::local_server::LocalServer;
+    use agentloop_postgres::{PostgresOptions, PostgresStore};
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let connect = |url: String, level: StoreDurability| {
+        rt.block_on(PostgresStore::<SimItem>::connect(
+            PostgresOptions::new(url).durability(level),
+        ))
+    };
+    let no_fsync = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
+    let url = no_fsync.database("levels").expect("a database");
+    let e = connect(url.clone(), StoreDurability::Power).expect_err("power without fsync");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("fsync = off") && msg.contains("durability crash"),
+        "{msg}"
+    );
+    connect(url, StoreDurability::Crash).expect("crash on a server without fsync");
+    drop(no_fsync);
+
+    let lax = LocalServer::start(&["synchronous_commit=off"]).expect("a local PostgreSQL server");
+    let url = lax.database("levels").expect("a database");
+    let store = connect(url.clone(), StoreDurability::Power).expect("power sets it on");
+    let r = agentloop::SessionRecord::<SimItem>::new("p", "sim", 0);
+    rt.block_on(CheckpointStore::<SimItem>::save(&store, r))
+        .expect("a write at power");
+    connect(url, StoreDurability::Crash).expect("crash sets it off");
+}
+
 /// The suite on PostgreSQL (issue 18): a server started for the test on loopback, the
 /// suite through one store, then a second store (another process would be the same):
 /// what the first wrote is there, and the two are fenced against each other (S37) and
 /// serialized per session (two conditional writes racing: exactly one wins).
 #[test]
 fn s15_postgres_store_conforms() {
+    use agentloop::store::StoreDurability;
     use agentloop::store::{RecordHeader, RecordWrite, StateChange, WriteCondition};
     use agentloop::{CasOutcome, SessionStatus, StatusKind};
     use agentloop_postgres::local_server::LocalServer;
@@ -121,15 +206,19 @@ fn s15_postgres_store_conforms() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let first = PostgresStore::<SimItem>::connect(PostgresOptions::new(url.clone()))
-            .await
-            .expect("connect");
+        // The server runs with fsync = off: it gives durability crash only (S15b).
+        let first = PostgresStore::<SimItem>::connect(
+            PostgresOptions::new(url.clone()).durability(StoreDurability::Crash),
+        )
+        .await
+        .expect("connect");
         run_all(Arc::new(first.clone())).await;
         agentloop_tests::conformance::shared_membership(&(Arc::new(first.clone()) as Store)).await;
 
         let second = PostgresStore::<SimItem>::connect(PostgresOptions {
             url: url.clone(),
             connections: 2,
+            durability: StoreDurability::Crash,
         })
         .await
         .expect("a second store");

@@ -33,7 +33,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::store::{CheckpointStats, Engine, FjallDurability, Stored};
+use agentloop::store::{CheckpointStats, Engine, StoreDurability, Stored};
 use agentloop::{
     CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
     SessionHandle, SessionSpec, StopOptions,
@@ -559,18 +559,18 @@ impl Samples {
 
 /// Runs B3 and prints its tables and verdict line (the last line).
 pub async fn run() {
-    run_on(Engine::Sled).await
+    run_on(Engine::Sled(StoreDurability::Crash)).await
 }
 
 /// Runs B3 on fjall at the `crash` level against raw fjall with one `persist(Buffer)`
 /// per batch of 64 (issue 15), with the same sides and diagnostics.
 pub async fn run_fjall() {
-    run_on(Engine::Fjall(FjallDurability::Crash)).await
+    run_on(Engine::Fjall(StoreDurability::Crash)).await
 }
 
 async fn run_on(engine: Engine) {
     let started = Instant::now();
-    let fjall = engine != Engine::Sled;
+    let fjall = matches!(engine, Engine::Fjall(_));
     let (id, raw_name) = if fjall {
         ("B3f", "raw fjall, batch of 64 + 1 persist(Buffer)")
     } else {

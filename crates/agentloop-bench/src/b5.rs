@@ -98,7 +98,8 @@ async fn populated_dir(tag: &str) -> (TempDir, usize) {
     let dir = TempDir::new("b5", tag);
     let path = dir.path().to_path_buf();
     let record_len = tokio::task::spawn_blocking(move || {
-        let backend = SledBackend::open(&path).expect("opening the B5 setup db");
+        let backend = SledBackend::open_at(&path, agentloop::store::StoreDurability::Crash)
+            .expect("opening the B5 setup db");
         let mut len = 0;
         let writes = (0..SESSIONS)
             .map(|i| {

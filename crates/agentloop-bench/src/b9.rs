@@ -24,7 +24,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use agentloop::store::{Engine, FjallDurability};
+use agentloop::store::{Engine, StoreDurability};
 use agentloop::{CheckpointActor, CheckpointClient, CheckpointStore, SessionRecord};
 use agentloop_sim::SimItem;
 
@@ -210,11 +210,11 @@ pub async fn run() {
     .map(|t| TempDir::new("b9", t))
     .collect();
     let crash: Client =
-        CheckpointActor::spawn_engine(dirs[0].path(), Engine::Fjall(FjallDurability::Crash))
+        CheckpointActor::spawn_engine(dirs[0].path(), Engine::Fjall(StoreDurability::Crash))
             .await
             .expect("fjall crash store");
     let power: Client =
-        CheckpointActor::spawn_engine(dirs[1].path(), Engine::Fjall(FjallDurability::Power))
+        CheckpointActor::spawn_engine(dirs[1].path(), Engine::Fjall(StoreDurability::Power))
             .await
             .expect("fjall power store");
     let on_sled: Client = CheckpointActor::spawn(dirs[2].path())
@@ -264,7 +264,7 @@ pub async fn run() {
     let inline_path = inline_dir.path().to_path_buf();
     let (enc, apply, load) = tokio::task::spawn_blocking(move || {
         let engine =
-            agentloop::store::Backend::open(&inline_path, Engine::Fjall(FjallDurability::Crash))
+            agentloop::store::Backend::open(&inline_path, Engine::Fjall(StoreDurability::Crash))
                 .expect("the inline B9 engine");
         inline_round(&engine, 0);
         let mut v: Vec<(f64, f64, f64)> = (1..=5).map(|r| inline_round(&engine, r)).collect();

@@ -69,19 +69,31 @@ pub(crate) enum Cmd {
 /// The embedded store engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum EngineArg {
-    /// sled 0.34 (the default): a flush survives a process crash.
+    /// sled 0.34 (the default).
     Sled,
-    /// fjall 3: `--durability crash` or `power`.
+    /// fjall 3.
     Fjall,
 }
 
-/// What a fjall group commit survives.
+/// What an acknowledged write survives (S15b; docs/operations.md, "Durability levels").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum DurabilityArg {
-    /// persist(Buffer): survives a process crash.
-    Crash,
-    /// persist(SyncAll), fsync: survives a power loss.
+    /// The default: an fsync before every acknowledgement; survives a power loss.
     Power,
+    /// Survives a process crash, not a power loss (sled: a power cut loses up to its
+    /// 500 ms flush interval; fjall: what the kernel had not written back, up to ~30 s;
+    /// PostgreSQL: synchronous_commit = off). Faster.
+    Crash,
+}
+
+impl DurabilityArg {
+    /// The store's level.
+    pub(crate) fn level(self) -> agentloop::store::StoreDurability {
+        match self {
+            DurabilityArg::Power => agentloop::store::StoreDurability::Power,
+            DurabilityArg::Crash => agentloop::store::StoreDurability::Crash,
+        }
+    }
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -106,7 +118,8 @@ pub(crate) struct StoreFlags {
     /// engine wrote is refused.
     #[arg(long, value_enum)]
     pub engine: Option<EngineArg>,
-    /// fjall only: what a group commit survives (default crash).
+    /// What an acknowledged write survives, on every engine (default: [store]
+    /// durability, power).
     #[arg(long, value_enum)]
     pub durability: Option<DurabilityArg>,
 }
@@ -164,10 +177,7 @@ impl StoreFlags {
 
     /// `--durability` as the configuration file writes it.
     pub fn durability_name(&self) -> Option<String> {
-        self.durability.map(|d| match d {
-            DurabilityArg::Crash => "crash".to_string(),
-            DurabilityArg::Power => "power".to_string(),
-        })
+        self.durability.map(|d| d.level().as_str().to_string())
     }
 }
 
@@ -627,7 +637,7 @@ pub(crate) enum SessionsCmd {
         /// The engine of a new directory (default sled; an existing one keeps its own).
         #[arg(long, value_enum)]
         engine: Option<EngineArg>,
-        /// fjall only: crash (default) or power.
+        /// What the import's writes survive: power (the default) or crash.
         #[arg(long, value_enum)]
         durability: Option<DurabilityArg>,
     },

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use agentloop::config::RuntimeConfig;
 use agentloop::shutdown::{listen_for_signals, Signal};
-use agentloop::store::{Engine, FjallDurability};
+use agentloop::store::{Engine, StoreDurability};
 use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
 use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 use serde::{Deserialize, Serialize};
@@ -144,8 +144,8 @@ impl AgentConfig {
 }
 
 impl RunArgs {
-    /// The parsed flags, checked: item ids must stay unique across runs, and
-    /// `--durability` is a fjall setting. An `Err` is a usage error (exit 2).
+    /// The parsed flags, checked: item ids must stay unique across runs. An `Err` is a
+    /// usage error (exit 2).
     pub(crate) fn from_flags(f: RunFlags) -> Result<RunArgs, String> {
         let run = RunArgs {
             engine: f.store.engine_name(),
@@ -255,30 +255,24 @@ macro_rules! say {
     }};
 }
 
-/// `--engine` / `--durability` over the configuration file's `[store]` values.
+/// `--engine` / `--durability` over the configuration file's `[store]` values: a flag
+/// given wins, the file (or its default: sled at `power`) fills in the rest.
 pub(crate) fn engine_from_flags(
     config: &RuntimeConfig,
     engine: Option<&str>,
     durability: Option<&str>,
 ) -> Result<Engine, String> {
-    let fjall = match engine {
-        Some("fjall") => true,
-        Some(_) => false,
-        None => matches!(config.store.engine, Engine::Fjall(_)),
+    let level = match durability {
+        Some(d) => {
+            StoreDurability::parse_or_explain(d).map_err(|e| format!("--durability: {e}"))?
+        }
+        None => config.store.engine.durability(),
     };
-    let level = match (durability, config.store.engine) {
-        (Some(d), _) => FjallDurability::parse(d),
-        (None, Engine::Fjall(l)) => Some(l),
-        (None, Engine::Sled) => None,
-    };
-    match (fjall, level) {
-        (true, l) => Ok(Engine::Fjall(l.unwrap_or_default())),
-        (false, None) => Ok(Engine::Sled),
-        (false, Some(_)) => Err(
-            "--durability is a fjall setting (sled's flush has one level: \
-             it survives a process crash); add --engine fjall"
-                .to_string(),
-        ),
+    match engine {
+        None => Ok(config.store.engine.at(level)),
+        Some(name) => Engine::named(name, level).ok_or_else(|| {
+            format!("--engine: unknown engine `{name}`: write sled (the default) or fjall")
+        }),
     }
 }
 
@@ -413,11 +407,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
         });
     }
     say!(
-        "agentloop: ready: {} new and {} resumed session{} on {} (pid {}); Ctrl+C or SIGTERM shuts down gracefully",
+        "agentloop: ready: {} new and {} resumed session{} on {} ({}: {}; pid {}); Ctrl+C or SIGTERM shuts down gracefully",
         args.sessions,
         start.resumed.len(),
         plural(start.resumed.len()),
         data_dir.display(),
+        config.store.engine,
+        config.store.engine.durability().survives(),
         std::process::id()
     );
     let _ = std::io::stdout().flush();

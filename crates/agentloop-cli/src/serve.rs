@@ -191,14 +191,26 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let data_dir = config.store.data_dir.clone();
     // Where the records live, for messages: the data directory, or the PostgreSQL
     // server (issue 18).
+    // S15b: the level in force, on every store (PostgreSQL takes it from the same
+    // flag and key as the embedded engines).
+    let level = config.store.engine.durability();
     let place = match &flags.postgres {
-        Some(url) => crate::sessions::postgres_name(url),
-        None => data_dir.display().to_string(),
+        Some(url) => format!(
+            "{}, PostgreSQL, durability {level}: {}",
+            crate::sessions::postgres_name(url),
+            level.survives()
+        ),
+        None => format!(
+            "{}, {}: {}",
+            data_dir.display(),
+            config.store.engine,
+            level.survives()
+        ),
     };
     let shared = match &flags.postgres {
         Some(url) => Some(
             agentloop_postgres::PostgresStore::<SimItem>::connect(
-                agentloop_postgres::PostgresOptions::new(url.clone()),
+                agentloop_postgres::PostgresOptions::new(url.clone()).durability(level),
             )
             .await
             .map_err(|e| format!("cannot open the PostgreSQL store: {e}"))?,

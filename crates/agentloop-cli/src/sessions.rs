@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use agentloop::store::codec::{self, payload};
 use agentloop::store::lease::{is_fresh, DEFAULT_LEASE_TIMEOUT};
 use agentloop::store::{
-    now_ms, Backend, Engine, FjallDurability, SessionStatus, StatusKind, StoreError, Stored,
+    now_ms, Backend, Engine, SessionStatus, StatusKind, StoreDurability, StoreError, Stored,
 };
 use agentloop_sim::SimItem;
 use serde_json::{json, Value};
@@ -88,11 +88,13 @@ pub(crate) enum Command {
     Import {
         dir: PathBuf,
         /// `None`: the directory's own engine, or sled for a new one.
-        engine: Option<Engine>,
+        engine: Option<EngineArg>,
+        /// The level the import writes at (`power` unless `--durability crash`).
+        level: StoreDurability,
     },
 }
 
-/// The parsed command line, checked (`--durability` is a fjall setting).
+/// The parsed command line, checked.
 pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
     Ok(match cmd {
         SessionsCmd::List {
@@ -214,26 +216,11 @@ pub(crate) fn command(cmd: SessionsCmd) -> Result<Command, Failure> {
             dir,
             engine,
             durability,
-        } => {
-            let level = durability.map(|d| match d {
-                DurabilityArg::Crash => FjallDurability::Crash,
-                DurabilityArg::Power => FjallDurability::Power,
-            });
-            let engine = match (engine, level) {
-                (Some(EngineArg::Fjall), l) => Some(Engine::Fjall(l.unwrap_or_default())),
-                (_, Some(_)) => {
-                    return Err(Failure::Usage {
-                        message: "--durability is a fjall setting: add --engine fjall (sled's flush has one level)".into(),
-                    })
-                }
-                (Some(EngineArg::Sled), None) => Some(Engine::Sled),
-                (None, None) => None,
-            };
-            Command::Import {
-                dir: dir.data_dir,
-                engine,
-            }
-        }
+        } => Command::Import {
+            dir: dir.data_dir,
+            engine,
+            level: durability.map(DurabilityArg::level).unwrap_or_default(),
+        },
     })
 }
 
@@ -287,11 +274,11 @@ pub(crate) fn run(cmd: Command) -> Result<String, Failure> {
             json,
         } => migrate_dry_run(&dir, postgres.as_deref(), &versions, json),
         Command::Export { dir } => export(&dir),
-        Command::Import { dir, engine } => {
+        Command::Import { dir, engine, level } => {
             let mut text = String::new();
             std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
                 .map_err(|e| Failure::Error(format!("cannot read the export from stdin: {e}")))?;
-            import(&dir, engine, &text)
+            import(&dir, engine, level, &text)
         }
     }
 }
@@ -488,6 +475,8 @@ fn postgres_entries(
             agentloop_postgres::PostgresOptions {
                 url: url.to_string(),
                 connections: 1,
+                // A listing writes nothing: any server will do, whatever its fsync.
+                durability: StoreDurability::Crash,
             },
         )
         .await?;
@@ -1070,7 +1059,12 @@ fn export(dir: &Path) -> Result<String, Failure> {
 /// default, when it holds no database; without `--engine` an existing one is opened
 /// with its own engine). Every line is checked before
 /// anything is written; a session the directory holds is refused and kept.
-fn import(dir: &Path, engine: Option<Engine>, text: &str) -> Result<String, Failure> {
+fn import(
+    dir: &Path,
+    engine: Option<EngineArg>,
+    level: StoreDurability,
+    text: &str,
+) -> Result<String, Failure> {
     use agentloop::store::transfer::{self, ExportLine};
     let mut lines = Vec::new();
     for (n, raw) in text.lines().enumerate() {
@@ -1092,9 +1086,11 @@ fn import(dir: &Path, engine: Option<Engine>, text: &str) -> Result<String, Fail
         )));
     }
     // An explicit engine the directory was not written by is refused by `open`.
-    let engine = engine
-        .or_else(|| Backend::detect(dir))
-        .unwrap_or(Engine::Sled);
+    let engine = match engine {
+        Some(EngineArg::Sled) => Engine::Sled(level),
+        Some(EngineArg::Fjall) => Engine::Fjall(level),
+        None => Backend::detect(dir).unwrap_or_default().at(level),
+    };
     let backend = Backend::open(dir, engine).map_err(|e| Failure::Error(e.to_string()))?;
     let results = transfer::import(&backend, lines);
     drop(backend);

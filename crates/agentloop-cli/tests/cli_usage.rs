@@ -80,10 +80,16 @@ fn usage_errors_say_what_was_wrong() {
     usage_error(&["run", "--sessions", "many"], "invalid value 'many'");
     usage_error(&["run", "--engine", "rocks"], "invalid value 'rocks'");
     usage_error(&["sessions", "lsit"], "unrecognized subcommand 'lsit'");
-    usage_error(
-        &["sessions", "import", "--durability", "power"],
-        "--durability is a fjall setting",
-    );
+    // S15b: an unknown level is refused at start, with the levels there are.
+    for args in [
+        &["run", "--durability", "fsync"][..],
+        &["serve", "--durability", "fsync"][..],
+        &["sessions", "import", "--durability", "fsync"][..],
+    ] {
+        usage_error(args, "invalid value 'fsync' for '--durability");
+        let err = text(&agentloop(args).stderr);
+        assert!(err.contains("[possible values: power, crash]"), "{err}");
+    }
     // A typo gets a suggestion.
     let err = text(&agentloop(&["sessions", "lsit"]).stderr);
     assert!(err.contains("similar subcommand exists: 'list'"), "{err}");

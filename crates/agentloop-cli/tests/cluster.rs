@@ -214,6 +214,9 @@ fn start_node_logged(
             "127.0.0.1:0",
             "--postgres",
             db,
+            // The test server runs with fsync = off: it gives crash only (S15b).
+            "--durability",
+            "crash",
             "--node",
             &name,
             "--item-log",
@@ -243,6 +246,9 @@ fn start_node_with(
         &[
             "--postgres",
             db,
+            // The test server runs with fsync = off: it gives crash only (S15b).
+            "--durability",
+            "crash",
             "--node",
             &name,
             "--item-log",
@@ -359,7 +365,10 @@ fn a_node_stopped_past_its_lease_is_fenced_when_it_continues() {
         let node_dir = dir.0.join(format!("n{n}"));
         std::fs::create_dir_all(&node_dir).unwrap();
         let name = format!("n{n}");
-        let mut job = Job::serve(&node_dir, &["--postgres", &db, "--node", &name]);
+        let mut job = Job::serve(
+            &node_dir,
+            &["--postgres", &db, "--durability", "crash", "--node", &name],
+        );
         let url = base(&mut job);
         (job, url)
     };
@@ -546,6 +555,8 @@ fn start_joined(
     let mut args = vec![
         "--postgres".to_string(),
         db.to_string(),
+        "--durability".into(),
+        "crash".into(),
         "--node".into(),
         format!("n{n}"),
         "--cluster-listen".into(),
@@ -1487,6 +1498,8 @@ fn a_node_listens_beyond_private_ranges_only_with_tls() {
             "127.0.0.1:0".into(),
             "--postgres".into(),
             db.clone(),
+            "--durability".into(),
+            "crash".into(),
             "--node".into(),
             "n0".into(),
             "--cluster-listen".into(),

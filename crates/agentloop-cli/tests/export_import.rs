@@ -352,7 +352,7 @@ fn export_stops_at_a_corrupt_record_and_import_checks_every_line_first() {
         !Path::new(&target).exists(),
         "no directory was created for a refused import"
     );
-    // --durability without fjall is a usage error.
+    // An unknown level is a usage error naming the levels (S15b).
     fails(
         &agentloop(
             &[
@@ -361,11 +361,15 @@ fn export_stops_at_a_corrupt_record_and_import_checks_every_line_first() {
                 "--data-dir",
                 &target,
                 "--durability",
-                "power",
+                "fsync",
             ],
             Some(good),
         ),
         2,
-        "--durability is a fjall setting",
+        "invalid value 'fsync' for '--durability",
+    );
+    assert!(
+        !Path::new(&target).exists(),
+        "no directory was created for a refused import"
     );
 }

@@ -284,7 +284,13 @@ fn postgres_one_runtime_recovers_after_the_lease_and_answers_not_live_meanwhile(
     let addr = free_addr();
     let url = format!("http://{addr}");
     let (log1, log2) = (dir.0.join("turns-1.log"), dir.0.join("turns-2.log"));
-    let store = vec!["--postgres".to_string(), db.clone()];
+    // The test server runs with fsync = off: it gives durability crash only (S15b).
+    let store = vec![
+        "--postgres".to_string(),
+        db.clone(),
+        "--durability".into(),
+        "crash".into(),
+    ];
     let mut acked = run_then_sigkill(&dir.0, &addr, &store, &log1, "s3", 20);
     let killed = Instant::now();
     let mut job = serve(&dir.0, &addr, &store, &log2);

@@ -11,18 +11,32 @@ use common::{number, row, Job, TempDir};
 
 #[test]
 fn sigterm_shuts_down_gracefully_and_the_next_run_resumes() {
-    sigterm_then_resume(&[]);
+    sigterm_then_resume(&[], "sled, durability power: survives a power loss");
 }
 
-/// Issue 15: the main job on fjall (`crash` level), the same end to end.
+/// Issue 15: the main job on fjall (at the default level, `power`), the same end to end.
 #[test]
 fn the_main_job_runs_and_resumes_on_fjall() {
-    sigterm_then_resume(&["--engine", "fjall"]);
+    sigterm_then_resume(
+        &["--engine", "fjall"],
+        "fjall, durability power: survives a power loss",
+    );
+}
+
+/// S15b: `crash` is an explicit choice, and the start line says it.
+#[test]
+fn the_main_job_runs_and_resumes_on_sled_at_crash() {
+    sigterm_then_resume(
+        &["--durability", "crash"],
+        "sled, durability crash: survives a process crash, not a power loss",
+    );
 }
 
 /// A run on `engine` (extra `run` arguments) shut down by SIGTERM, then a second run
-/// on the same directory that resumes every session and delivers every item once.
-fn sigterm_then_resume(engine: &[&str]) {
+/// on the same directory that resumes every session and delivers every item once; the
+/// start line names the store and its level as `store` (S15b: with no configuration,
+/// sled at `power`).
+fn sigterm_then_resume(engine: &[&str], store: &str) {
     let dir = TempDir::new("sigterm");
     // Busy sessions: items keep arriving, every turn has safe points every 20 ms.
     let mut job = Job::start(
@@ -45,7 +59,11 @@ fn sigterm_then_resume(engine: &[&str]) {
         .concat(),
     );
     job.wait_for("agentloop: resumed 0 sessions");
-    job.wait_for("ready:");
+    let ready = job.wait_for("ready:");
+    assert!(
+        ready.contains(store),
+        "the start line should say {store:?}: {ready}"
+    );
     // Let some turns complete first (progress is printed every second: stderr is not a
     // terminal, so plain lines with the total, the rate and the time left, issue 16).
     let line = job.wait_for("progress:");
@@ -81,7 +99,7 @@ fn sigterm_then_resume(engine: &[&str]) {
     let saved = number(&row(&out, "items saved"));
     assert!(saved > 0, "busy sessions leave items:\n{out}");
 
-    if !engine.is_empty() {
+    if engine.contains(&"fjall") {
         // The directory keeps its engine: a run configured for the other is refused,
         // saying how to proceed, and changes nothing.
         let wrong = Command::new(env!("CARGO_BIN_EXE_agentloop"))

@@ -23,6 +23,29 @@ fn post(url: &str, body: Value) -> (u16, Value) {
     (status, r.body_mut().read_json().unwrap_or(Value::Null))
 }
 
+/// S15b: with no configuration, `serve` writes at `power` on sled, and its start line
+/// says so; `--durability crash` and `--engine fjall` are said too.
+#[test]
+fn the_start_line_says_the_store_and_its_level() {
+    for (args, says) in [
+        (&[][..], "sled, durability power: survives a power loss"),
+        (
+            &["--durability", "crash"][..],
+            "sled, durability crash: survives a process crash, not a power loss",
+        ),
+        (
+            &["--engine", "fjall"][..],
+            "fjall, durability power: survives a power loss",
+        ),
+    ] {
+        let dir = TempDir::new("serve-level");
+        let mut job = Job::serve(&dir.0, args);
+        let line = job.wait_for("serving on http://");
+        assert!(line.contains(says), "{args:?}: {line}");
+        common::stop(job);
+    }
+}
+
 #[test]
 fn serve_drains_on_sigterm_and_the_next_serve_resumes() {
     let dir = TempDir::new("serve");

@@ -12,8 +12,11 @@
 //! (`shard.rs`): a shard owns one connection and runs its requests in the order they
 //! were made (the trait's ordering contract), many to a transaction. A write is
 //! answered after its transaction commits, so it is as durable as the server makes a
-//! commit (power-loss durable with `synchronous_commit = on` and `fsync = on`, the
-//! server's defaults; docs/operations.md).
+//! commit. The store's level (S15b, [`PostgresOptions::durability`]) sets that on every
+//! connection: `power` (the default) is `synchronous_commit = on`, and a server that
+//! runs with `fsync = off` (which cannot make a commit survive a power loss) is refused
+//! at connect; `crash` is `synchronous_commit = off` (docs/operations.md, "Durability
+//! levels").
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), agentloop::StoreError> {
@@ -39,6 +42,7 @@ use std::marker::PhantomData;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use agentloop::store::StoreDurability;
 use agentloop::CheckpointStore;
 use agentloop_core::history::{HistoryAnswer, HistoryQuery};
 use agentloop_core::record::{Stored, StoredEntry};
@@ -59,6 +63,11 @@ pub struct PostgresOptions {
     /// Connections, one per shard (default 4). Requests of one session always use the
     /// same one.
     pub connections: usize,
+    /// What an acknowledged write survives (S15b): `power` (the default:
+    /// `synchronous_commit = on`, and the server must run with `fsync = on`) or `crash`
+    /// (`synchronous_commit = off`: a crash of this process loses nothing; a crash of
+    /// the server or a power cut loses up to 3 × the server's `wal_writer_delay`).
+    pub durability: StoreDurability,
 }
 
 impl PostgresOptions {
@@ -67,7 +76,14 @@ impl PostgresOptions {
         PostgresOptions {
             url: url.into(),
             connections: 4,
+            durability: StoreDurability::default(),
         }
+    }
+
+    /// The store's level (S15b).
+    pub fn durability(mut self, level: StoreDurability) -> Self {
+        self.durability = level;
+        self
     }
 }
 
@@ -169,9 +185,15 @@ impl<I> PostgresStore<I> {
         // sessions' locks for as long as it is frozen, and no other node could claim
         // them (S37, S38): the server ends such a connection after IDLE_IN_TRANSACTION,
         // which rolls its write back (the frozen writer is fenced anyway).
+        // S15b: the level is every connection's synchronous_commit (it overrides the
+        // server's own setting for this store's commits).
         let guard = format!(
-            "-c idle_in_transaction_session_timeout={}",
-            IDLE_IN_TRANSACTION.as_millis()
+            "-c idle_in_transaction_session_timeout={} -c synchronous_commit={}",
+            IDLE_IN_TRANSACTION.as_millis(),
+            match options.durability {
+                StoreDurability::Power => "on",
+                StoreDurability::Crash => "off",
+            }
         );
         let opts = match config.get_options() {
             Some(o) if !o.trim().is_empty() => format!("{o} {guard}"),
@@ -189,6 +211,7 @@ impl<I> PostgresStore<I> {
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let target = format!("{host}:{port}");
         let mut first = Connection::open(config.clone(), target.clone(), tls.clone()).await?;
+        check_level(&mut first, options.durability).await?;
         create_tables(&mut first).await?;
         let n = options.connections.max(1);
         let mut shards = Vec::with_capacity(n);
@@ -201,7 +224,7 @@ impl<I> PostgresStore<I> {
             tokio::spawn(shard::run(conn, rx));
             shards.push(tx);
         }
-        tracing::info!(server = %target, connections = n, tls = ?tls_params.mode, "PostgreSQL store connected");
+        tracing::info!(server = %target, connections = n, tls = ?tls_params.mode, durability = %options.durability, "PostgreSQL store connected");
         Ok(PostgresStore {
             shards: shards.into(),
             target: target.into(),
@@ -246,6 +269,52 @@ impl<I> PostgresStore<I> {
             answer.await.map_err(|_| StoreError::Closed)?
         })
     }
+}
+
+/// Refuses `power` on a server that cannot give it (`fsync = off`), naming the levels
+/// it can, and checks that the connection's `synchronous_commit` is the level's.
+async fn check_level(conn: &mut Connection, level: StoreDurability) -> Result<(), StoreError> {
+    let target = conn.target().to_string();
+    let db = |e: tokio_postgres::Error| shard::database_error(&target, "read its settings", "", &e);
+    let client = conn.client().await?;
+    let show = |row: tokio_postgres::Row| row.try_get::<_, String>(0);
+    let fsync = show(client.query_one("SHOW fsync", &[]).await.map_err(db)?).map_err(db)?;
+    let commit = show(
+        client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .map_err(db)?,
+    )
+    .map_err(db)?;
+    if level == StoreDurability::Power && fsync != "on" {
+        return Err(StoreError::Database {
+            operation: "connect",
+            session: String::new(),
+            message: format!(
+                "the PostgreSQL server at {target} runs with fsync = {fsync}, so a commit \
+                 cannot survive a power loss and durability power cannot be given: turn fsync on \
+                 in its postgresql.conf, or choose durability crash (`--durability crash`, \
+                 `[store] durability = \"crash\"`), the only level this server can give"
+            ),
+        });
+    }
+    let wanted = match level {
+        StoreDurability::Power => "on",
+        StoreDurability::Crash => "off",
+    };
+    if commit != wanted {
+        return Err(StoreError::Database {
+            operation: "connect",
+            session: String::new(),
+            message: format!(
+                "the PostgreSQL server at {target} ignored synchronous_commit = {wanted} on \
+                 this store's connection (it reports {commit}), so durability {level} cannot \
+                 be given: check the role's and database's settings (ALTER ROLE … RESET \
+                 synchronous_commit) or a pooler between the store and the server"
+            ),
+        });
+    }
+    Ok(())
 }
 
 async fn create_tables(conn: &mut Connection) -> Result<(), StoreError> {

@@ -42,6 +42,8 @@ async fn connect(url: String) -> Result<PostgresStore<SimItem>, String> {
     PostgresStore::<SimItem>::connect(PostgresOptions {
         url,
         connections: 1,
+        // The test servers run with fsync = off: they give crash only (S15b).
+        durability: agentloop::store::StoreDurability::Crash,
     })
     .await
     .map_err(|e| e.to_string())

@@ -131,7 +131,7 @@ impl<I, E> Default for RuntimeBuilder<I, E> {
     fn default() -> Self {
         RuntimeBuilder {
             data_dir: None,
-            engine: Engine::Sled,
+            engine: Engine::default(),
             store: None,
             kinds: HashMap::new(),
             budget: RestartBudget::default(),
@@ -170,9 +170,10 @@ where
         self
     }
 
-    /// The embedded engine of [`RuntimeBuilder::data_dir`]: [`Engine::Sled`] (the
-    /// default) or [`Engine::Fjall`] at a [`crate::store::FjallDurability`] (`crash` or
-    /// `power`). docs/operations.md says what each survives and costs.
+    /// The embedded engine of [`RuntimeBuilder::data_dir`] and its level: sled (the
+    /// default) or fjall, each at a [`crate::store::StoreDurability`]: `power` (the
+    /// default: an acknowledged write survives a power loss) or `crash` (a process
+    /// crash only; faster). docs/operations.md says what each survives and costs.
     pub fn engine(mut self, engine: Engine) -> Self {
         self.engine = engine;
         self

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::store::{Engine, FjallDurability};
+use agentloop::store::{Engine, StoreDurability};
 use agentloop::{
     CheckpointActor, CheckpointStore, Durability, InstanceLease, SessionHandle, SessionSpec,
     StopOptions,
@@ -42,9 +42,10 @@ async fn main() {
     };
     let drain = args.iter().any(|a| a == "--drain");
     let engine = if args.iter().any(|a| a == "--fjall") {
-        Engine::Fjall(FjallDurability::Crash)
+        Engine::Fjall(StoreDurability::Crash)
     } else {
-        Engine::Sled
+        // A SIGKILL test: the level that promises exactly that (S15b).
+        Engine::Sled(StoreDurability::Crash)
     };
     let client = match CheckpointActor::<SimItem>::spawn_engine(dir, engine).await {
         Ok(c) => c,

@@ -167,7 +167,7 @@ async fn main() {
         std::process::exit(2);
     };
     let drain = args.iter().any(|a| a == "--drain");
-    let client = CheckpointActor::<u64>::spawn_engine(dir, Engine::Sled)
+    let client = CheckpointActor::<u64>::spawn_engine(dir, Engine::SLED)
         .await
         .unwrap_or_else(|e| fail(e));
     let store: Arc<dyn CheckpointStore<u64>> = Arc::new(client.clone());

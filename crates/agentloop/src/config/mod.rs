@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::session::Durability;
 use crate::store::lease::{DEFAULT_HEARTBEAT, DEFAULT_LEASE_TIMEOUT};
-use crate::store::{Engine, FjallDurability};
+use crate::store::{Engine, StoreDurability};
 use crate::supervisor::RestartBudget;
 
 /// The default configuration file name, looked up in the working directory.
@@ -153,9 +153,9 @@ pub struct StoreConfig {
     /// When persistent sessions write their record (`flush = "sync"`, the default,
     /// `"turn"` or `"exit"`; S16a).
     pub flush: Durability,
-    /// The embedded engine and, for fjall, what a group commit survives (`engine =
-    /// "sled"`, the default, or `"fjall"`; `durability = "crash"`, the default, or
-    /// `"power"`, fjall only; docs/operations.md, "Engines").
+    /// The embedded engine and what an acknowledged write survives (`engine = "sled"`,
+    /// the default, or `"fjall"`; `durability = "power"`, the default, or `"crash"`;
+    /// S15b, docs/operations.md, "Durability levels").
     pub engine: Engine,
 }
 
@@ -164,7 +164,7 @@ impl Default for StoreConfig {
         StoreConfig {
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
             flush: Durability::Sync,
-            engine: Engine::Sled,
+            engine: Engine::default(),
         }
     }
 }
@@ -723,40 +723,28 @@ pub fn check_idle_after(d: Duration) -> Result<Duration, ConfigError> {
 const MAX_IDLE_AFTER: Duration = Duration::from_secs(30 * 86_400);
 const LEASE: &str = "longer than supervisor.heartbeat and at most 600s";
 
+/// `[store] engine` and `durability`: sled (the default) or fjall, each at `power`
+/// (the default) or `crash` (S15b).
+fn engine(engine: Option<String>, durability: Option<String>) -> Result<Engine, ConfigError> {
+    let level = match durability {
+        None => StoreDurability::default(),
+        Some(d) => StoreDurability::parse(&d).ok_or(ConfigError::OutOfRange {
+            key: "store.durability",
+            value: d,
+            allowed: "\"power\" (the default: an acknowledged write survives a power loss) or \"crash\" (it survives a process crash only; faster)",
+        })?,
+    };
+    let name = engine.as_deref().unwrap_or("sled");
+    Engine::named(name, level).ok_or_else(|| ConfigError::OutOfRange {
+        key: "store.engine",
+        value: name.to_string(),
+        allowed: "\"sled\" (the default) or \"fjall\"",
+    })
+}
+
 /// Checks a heartbeat interval and lease timeout (the file's checks, also applied to
 /// values given to the runtime builder in code): a zero interval is refused here, not
 /// left to panic in the lease's renewal task.
-/// `[store] engine` and `durability`: sled (no durability key: its flush has one
-/// level) or fjall at `crash` (default) or `power`.
-fn engine(engine: Option<String>, durability: Option<String>) -> Result<Engine, ConfigError> {
-    let level = match durability {
-        None => None,
-        Some(d) => Some(
-            FjallDurability::parse(&d).ok_or(ConfigError::OutOfRange {
-                key: "store.durability",
-                value: d,
-                allowed: "\"crash\" (survives a process crash) or \"power\" (survives a power loss; fjall only)",
-            })?,
-        ),
-    };
-    match engine.as_deref() {
-        None | Some("sled") => match level {
-            None => Ok(Engine::Sled),
-            Some(l) => Err(ConfigError::OutOfRange {
-                key: "store.durability",
-                value: l.as_str().to_string(),
-                allowed: "only with engine = \"fjall\" (sled's flush survives a process crash, not a power loss, and has no other level)",
-            }),
-        },
-        Some("fjall") => Ok(Engine::Fjall(level.unwrap_or_default())),
-        Some(other) => Err(ConfigError::OutOfRange {
-            key: "store.engine",
-            value: other.to_string(),
-            allowed: "\"sled\" (the default) or \"fjall\"",
-        }),
-    }
-}
-
 pub(crate) fn check_lease(heartbeat: Duration, lease: Duration) -> Result<(), ConfigError> {
     check_range(
         "supervisor.heartbeat",

@@ -344,9 +344,10 @@ impl<I: 'static> Actor for CheckpointActor<I> {
 }
 
 impl<I: 'static> CheckpointActor<I> {
-    /// Opens the sled store in `dir` (off the tokio workers) and starts the actor.
+    /// Opens the sled store in `dir` at the default level, `power` (off the tokio
+    /// workers), and starts the actor.
     pub async fn spawn(dir: impl AsRef<Path>) -> Result<CheckpointClient<I>, StoreError> {
-        Self::spawn_inner(dir.as_ref().to_path_buf(), Engine::Sled, None).await
+        Self::spawn_inner(dir.as_ref().to_path_buf(), Engine::SLED, None).await
     }
 
     /// Like [`CheckpointActor::spawn`], linked under `supervisor`.
@@ -354,7 +355,7 @@ impl<I: 'static> CheckpointActor<I> {
         dir: impl AsRef<Path>,
         supervisor: ActorCell,
     ) -> Result<CheckpointClient<I>, StoreError> {
-        Self::spawn_inner(dir.as_ref().to_path_buf(), Engine::Sled, Some(supervisor)).await
+        Self::spawn_inner(dir.as_ref().to_path_buf(), Engine::SLED, Some(supervisor)).await
     }
 
     /// Opens `engine` in `dir` (off the tokio workers) and starts the actor. A directory

@@ -13,31 +13,75 @@
 
 use std::path::Path;
 
-use crate::store::fjall::{FjallBackend, FjallDurability};
+use crate::store::fjall::FjallBackend;
 use crate::store::history::{HistoryAnswer, HistoryQuery};
+use crate::store::level::StoreDurability;
 use crate::store::offline;
 use crate::store::record::Payload;
 use crate::store::wave::{Base, OpResult, WriteOp};
 use crate::store::write::RecordWrite;
 use crate::store::{KeptEvents, SledBackend, StatusKind, StoreError, Stored, StoredEntry};
 
-/// Which embedded engine holds the records.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Which embedded engine holds the records, at which durability level (S15b).
+/// The default is sled at `power`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Engine {
-    /// sled 0.34 (the default): a flush survives a process crash.
-    #[default]
-    Sled,
-    /// fjall 3, at the given durability.
-    Fjall(FjallDurability),
+    /// sled 0.34 (the default), at the given level (`power` by default: its flush, then
+    /// an fsync of its data file).
+    Sled(StoreDurability),
+    /// fjall 3, at the given level (`power`: `persist(SyncAll)`).
+    Fjall(StoreDurability),
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Engine::Sled(StoreDurability::default())
+    }
 }
 
 impl Engine {
+    /// sled at the default level, `power`.
+    pub const SLED: Engine = Engine::Sled(StoreDurability::Power);
+    /// fjall at the default level, `power`.
+    pub const FJALL: Engine = Engine::Fjall(StoreDurability::Power);
+
     /// The configuration name: `"sled"` or `"fjall"`.
     pub fn name(&self) -> &'static str {
         match self {
-            Engine::Sled => "sled",
+            Engine::Sled(_) => "sled",
             Engine::Fjall(_) => "fjall",
         }
+    }
+
+    /// What an acknowledged write survives.
+    pub fn durability(&self) -> StoreDurability {
+        match self {
+            Engine::Sled(l) | Engine::Fjall(l) => *l,
+        }
+    }
+
+    /// The same engine at level `level`.
+    pub fn at(self, level: StoreDurability) -> Engine {
+        match self {
+            Engine::Sled(_) => Engine::Sled(level),
+            Engine::Fjall(_) => Engine::Fjall(level),
+        }
+    }
+
+    /// The engine named `name` (`"sled"` or `"fjall"`) at `level`.
+    pub fn named(name: &str, level: StoreDurability) -> Option<Engine> {
+        match name {
+            "sled" => Some(Engine::Sled(level)),
+            "fjall" => Some(Engine::Fjall(level)),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Engine {
+    /// `sled, durability power`: what the start line says.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, durability {}", self.name(), self.durability())
     }
 }
 
@@ -210,13 +254,13 @@ fn explain(dir: &Path, e: StoreError) -> StoreError {
 }
 
 impl Backend {
-    /// The engine whose database is in `dir`, if any (an offline tool opens what it
-    /// finds, at `crash` durability for fjall, and must not create a database where
-    /// none is).
+    /// The engine whose database is in `dir`, if any, at `power` (an offline tool opens
+    /// what it finds, writes what it acknowledges power-safe, and must not create a
+    /// database where none is).
     pub fn detect(dir: &Path) -> Option<Engine> {
         match found(dir) {
-            Found::Sled => Some(Engine::Sled),
-            Found::Fjall => Some(Engine::Fjall(FjallDurability::Crash)),
+            Found::Sled => Some(Engine::SLED),
+            Found::Fjall => Some(Engine::FJALL),
             Found::Nothing => None,
         }
     }
@@ -233,9 +277,9 @@ impl Backend {
         let began = std::time::Instant::now();
         let opened = loop {
             let attempt = match (engine, found(dir)) {
-                (Engine::Sled, Found::Fjall) => return Err(mismatch(dir, engine, "fjall")),
+                (Engine::Sled(_), Found::Fjall) => return Err(mismatch(dir, engine, "fjall")),
                 (Engine::Fjall(_), Found::Sled) => return Err(mismatch(dir, engine, "sled")),
-                (Engine::Sled, _) => SledBackend::open(dir).map(Backend::Sled),
+                (Engine::Sled(l), _) => SledBackend::open_at(dir, l).map(Backend::Sled),
                 (Engine::Fjall(d), _) => FjallBackend::open(dir, d).map(Backend::Fjall),
             };
             match attempt {
@@ -255,7 +299,7 @@ impl Backend {
     /// The engine and its settings.
     pub fn engine(&self) -> Engine {
         match self {
-            Backend::Sled(_) => Engine::Sled,
+            Backend::Sled(b) => Engine::Sled(b.durability()),
             Backend::Fjall(f) => Engine::Fjall(f.durability()),
         }
     }
@@ -325,11 +369,21 @@ impl Backend {
         results
     }
 
-    /// Makes every write so far durable (sled: flush; fjall: persist at its level).
+    /// Makes every write so far durable at the engine's level (sled: flush, then at
+    /// `power` an fsync of its data file; fjall: persist at its level).
     pub fn flush(&self) -> Result<(), StoreError> {
         match self {
             Backend::Sled(b) => b.flush(),
             Backend::Fjall(b) => b.flush(),
+        }
+    }
+
+    /// Makes every write so far survive a power loss, whatever the level: what a
+    /// clean close does before it releases the engine (S15b). Blocks.
+    pub fn sync_for_close(&self) -> Result<(), StoreError> {
+        match self {
+            Backend::Sled(b) => b.sync_for_close(),
+            Backend::Fjall(b) => b.sync_for_close(),
         }
     }
 
@@ -458,7 +512,7 @@ mod tests {
     #[test]
     fn a_lock_this_process_is_letting_go_of_is_waited_for() {
         let d = dir("release");
-        drop(Backend::open(&d.0, Engine::Sled).expect("opens"));
+        drop(Backend::open(&d.0, Engine::SLED).expect("opens"));
         let lock = std::fs::File::open(d.0.join("db")).unwrap();
         lock.lock().unwrap();
         let holder = std::thread::spawn(move || {
@@ -466,7 +520,7 @@ mod tests {
             drop(lock);
         });
         let began = std::time::Instant::now();
-        let b = Backend::open(&d.0, Engine::Sled).expect("opens once the lock is let go of");
+        let b = Backend::open(&d.0, Engine::SLED).expect("opens once the lock is let go of");
         assert!(began.elapsed() >= std::time::Duration::from_millis(250));
         holder.join().unwrap();
         drop(b);
@@ -477,13 +531,13 @@ mod tests {
     #[test]
     fn a_lock_another_process_holds_is_refused_at_once() {
         let d = dir("elsewhere");
-        drop(Backend::open(&d.0, Engine::Sled).expect("opens"));
+        drop(Backend::open(&d.0, Engine::SLED).expect("opens"));
         let lock = std::fs::File::open(d.0.join("db")).unwrap();
         lock.lock().unwrap();
         let other = std::process::id().wrapping_add(1).max(2);
         std::fs::write(d.0.join(HOLDER_FILE), other.to_string()).unwrap();
         let began = std::time::Instant::now();
-        let e = Backend::open(&d.0, Engine::Sled).err().expect("refused");
+        let e = Backend::open(&d.0, Engine::SLED).err().expect("refused");
         assert!(began.elapsed() < RELEASE_WAIT / 2, "{:?}", began.elapsed());
         assert!(e.to_string().contains(&format!("pid {other}")), "{e}");
         drop(lock);

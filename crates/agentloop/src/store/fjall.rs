@@ -19,7 +19,7 @@
 //! A transactional database would add a conflict check per write for a guarantee the
 //! single writer already gives (docs/operations.md, "Engines").
 //!
-//! Durability ([`FjallDurability`]): a committed batch is in fjall's journal buffer;
+//! Durability ([`StoreDurability`], S15b): a committed batch is in fjall's journal buffer;
 //! [`FjallBackend::flush`] persists the journal once per group commit, with
 //! `PersistMode::Buffer` (`crash`: written to the OS, survives a process crash) or
 //! `PersistMode::SyncAll` (`power`: fsync, survives a power loss).
@@ -28,53 +28,24 @@ use std::path::{Path, PathBuf};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 
+use crate::store::level::StoreDurability;
 use crate::store::record::Payload;
 use crate::store::table;
 use crate::store::wave::{self, Base, OpResult, Staged, Wave, WriteOp};
 use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
 
-/// What a fjall group commit survives.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FjallDurability {
-    /// `persist(Buffer)` per group commit: the journal is written to the operating
-    /// system; survives a process crash (SIGKILL), not a power loss or an OS crash.
-    #[default]
-    Crash,
-    /// `persist(SyncAll)` per group commit: the journal is fsynced; survives a power
-    /// loss.
-    Power,
-}
-
-impl FjallDurability {
-    /// Parses `"crash"` or `"power"` (the `[store] durability` key).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "crash" => Some(FjallDurability::Crash),
-            "power" => Some(FjallDurability::Power),
-            _ => None,
-        }
-    }
-
-    /// The configuration name.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            FjallDurability::Crash => "crash",
-            FjallDurability::Power => "power",
-        }
-    }
-
-    fn mode(self) -> PersistMode {
-        match self {
-            FjallDurability::Crash => PersistMode::Buffer,
-            FjallDurability::Power => PersistMode::SyncAll,
-        }
+/// How fjall gives a level: one `persist` per group commit.
+fn mode(level: StoreDurability) -> PersistMode {
+    match level {
+        StoreDurability::Crash => PersistMode::Buffer,
+        StoreDurability::Power => PersistMode::SyncAll,
     }
 }
 
 /// A fjall database holding agentloop records.
 pub struct FjallBackend {
     path: PathBuf,
-    durability: FjallDurability,
+    durability: StoreDurability,
     db: Database,
     sessions: Keyspace,
     instances: Keyspace,
@@ -154,7 +125,7 @@ fn clear_unfinished_creation(dir: &Path) {
 
 impl FjallBackend {
     /// Opens (or creates) the database in `dir`. Blocks.
-    pub fn open(dir: impl AsRef<Path>, durability: FjallDurability) -> Result<Self, StoreError> {
+    pub fn open(dir: impl AsRef<Path>, durability: StoreDurability) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
         let open_err = |e: fjall::Error| StoreError::Backend {
             operation: "open",
@@ -191,7 +162,7 @@ impl FjallBackend {
     }
 
     /// What a flush survives.
-    pub fn durability(&self) -> FjallDurability {
+    pub fn durability(&self) -> StoreDurability {
         self.durability
     }
 
@@ -243,7 +214,14 @@ impl FjallBackend {
     /// Blocks.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db
-            .persist(self.durability.mode())
+            .persist(mode(self.durability))
+            .map_err(|e| backend_err("flush", "", e))
+    }
+
+    /// Persists the journal with an fsync, whatever the level (a clean close). Blocks.
+    pub fn sync_for_close(&self) -> Result<(), StoreError> {
+        self.db
+            .persist(PersistMode::SyncAll)
             .map_err(|e| backend_err("flush", "", e))
     }
 
@@ -309,12 +287,12 @@ mod tests {
         std::fs::write(dir.join("0.jnl"), vec![0u8; 4096]).unwrap();
         std::fs::write(dir.join("lock"), b"").unwrap();
         let b =
-            FjallBackend::open(&dir, FjallDurability::Crash).expect("opens after a half creation");
+            FjallBackend::open(&dir, StoreDurability::Crash).expect("opens after a half creation");
         b.flush().unwrap();
         drop(b);
         assert!(dir.join("version").is_file());
         // A finished database keeps its journal across opens.
-        let b = FjallBackend::open(&dir, FjallDurability::Crash).expect("opens again");
+        let b = FjallBackend::open(&dir, StoreDurability::Crash).expect("opens again");
         drop(b);
         assert!(dir.join("version").is_file());
         let _ = std::fs::remove_dir_all(&dir);

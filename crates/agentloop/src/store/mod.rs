@@ -21,6 +21,7 @@ mod backend;
 pub mod committer;
 pub mod fjall;
 pub mod lease;
+pub mod level;
 pub mod memory;
 mod offline;
 pub mod sled;
@@ -36,7 +37,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use self::backend::{Backend, Engine};
-pub use self::fjall::{FjallBackend, FjallDurability};
+pub use self::fjall::FjallBackend;
+pub use self::level::{StoreDurability, UnknownDurability, STORE_DURABILITIES};
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
 pub use agentloop_core::table::events::{EventAppend, KeptEvent, KeptEvents, PageBuilder};

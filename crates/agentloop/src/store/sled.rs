@@ -13,11 +13,24 @@
 //! one sled batch: every write of the wave, all sessions together, is applied
 //! atomically.
 //!
-//! Durability: `flush` makes every write before it survive a process crash (sled 0.34
-//! flushes with `sync_file_range`), not a power loss; see docs/operations.md.
+//! Durability ([`StoreDurability`], S15b): sled 0.34's `flush` writes its log with
+//! `sync_file_range`, which survives a process crash but not a power loss (it neither
+//! flushes the disk's cache nor writes the file's metadata; sled's own flusher fsyncs
+//! every 500 ms). At `crash` that flush is all a group commit does. At `power` (the
+//! default) [`SledBackend::flush`] then does what sled's flush leaves undone, once per
+//! group commit: an fsync of the data file (`db`), of each blob file sled wrote since
+//! the last flush (values too large for a log segment, under `blobs/`), and of the
+//! database's directories when their entries changed (a new blob, a snapshot's rename),
+//! so an acknowledged write survives a power cut (proven by the power-cut test,
+//! `crates/agentloop-cli/tests/power_cut.rs`).
 
+use std::collections::BTreeSet;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use parking_lot::Mutex;
+
+use crate::store::level::StoreDurability;
 use crate::store::offline;
 use crate::store::record::Payload;
 use crate::store::table;
@@ -29,6 +42,8 @@ use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
 pub struct SledBackend {
     path: PathBuf,
     db: sled::Db,
+    /// What the `power` level syncs after sled's flush; `None` at `crash`.
+    power: Option<PowerSync>,
     sessions: sled::Tree,
     records: sled::Tree,
     instances: sled::Tree,
@@ -92,8 +107,13 @@ impl Base for SledBackend {
 pub const SLED_CACHE_BYTES: u64 = 32 << 20;
 
 impl SledBackend {
-    /// Opens (or creates) the database in `dir`. Blocks.
+    /// Opens (or creates) the database in `dir` at the default level, `power`. Blocks.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_at(dir, StoreDurability::default())
+    }
+
+    /// Opens (or creates) the database in `dir` at durability `level`. Blocks.
+    pub fn open_at(dir: impl AsRef<Path>, level: StoreDurability) -> Result<Self, StoreError> {
         let path = dir.as_ref().to_path_buf();
         let db = sled::Config::new()
             .path(&path)
@@ -108,9 +128,14 @@ impl SledBackend {
         let sessions = tree("sessions")?;
         let records = tree("records")?;
         let instances = tree("instances")?;
+        let power = match level {
+            StoreDurability::Crash => None,
+            StoreDurability::Power => Some(PowerSync::open(&path)?),
+        };
         Ok(SledBackend {
             path,
             db,
+            power,
             sessions,
             records,
             instances,
@@ -197,12 +222,38 @@ impl SledBackend {
         Ok(v.and_then(|b| <[u8; 8]>::try_from(b.as_ref()).ok().map(u64::from_le_bytes)))
     }
 
-    /// Flushes every write so far to disk. Blocks.
+    /// What an acknowledged write survives.
+    pub fn durability(&self) -> StoreDurability {
+        match self.power {
+            Some(_) => StoreDurability::Power,
+            None => StoreDurability::Crash,
+        }
+    }
+
+    /// Makes every write so far durable at the backend's level: sled's flush, then at
+    /// `power` the fsyncs it leaves undone (see the module's doc). Blocks.
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db
             .flush()
             .map(|_| ())
-            .map_err(|e| backend_err("flush", "", e))
+            .map_err(|e| backend_err("flush", "", e))?;
+        match &self.power {
+            Some(power) => power.sync(),
+            None => Ok(()),
+        }
+    }
+
+    /// Flushes, then makes every write survive a power loss whatever the level (a
+    /// clean close). Blocks.
+    pub fn sync_for_close(&self) -> Result<(), StoreError> {
+        self.db
+            .flush()
+            .map(|_| ())
+            .map_err(|e| backend_err("flush", "", e))?;
+        match &self.power {
+            Some(power) => power.sync(),
+            None => PowerSync::open(&self.path).map(|_| ()),
+        }
     }
 
     /// Writes one change durably; see [`Backend::write`](crate::store::Backend::write).
@@ -311,6 +362,121 @@ impl SledBackend {
             };
             r.map_err(|e| backend_err("save", &id, e))?;
         }
+        Ok(())
+    }
+}
+
+/// What the `power` level makes durable after sled's flush (S15b): sled 0.34 writes its
+/// log with `sync_file_range` and never fsyncs a directory, so a power cut could lose
+/// what its flush acknowledged. Held by a [`SledBackend`] opened at `power`.
+struct PowerSync {
+    /// The database's directory (its entries: `db`, `conf`, `blobs/`, `snap.*`).
+    dir: PathBuf,
+    /// sled's data file, opened a second time: an fsync through any descriptor makes
+    /// every write to the file durable.
+    data: File,
+    /// The directories' entries as of the last sync: a change (a new blob, a snapshot
+    /// renamed into place, an old one removed) is made durable by an fsync of the
+    /// directory.
+    seen: Mutex<Entries>,
+}
+
+/// The entries of the database's directory and of its `blobs/` directory.
+#[derive(Default, PartialEq, Eq)]
+struct Entries {
+    root: BTreeSet<std::ffi::OsString>,
+    blobs: BTreeSet<std::ffi::OsString>,
+}
+
+fn power_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Backend {
+        operation: "flush",
+        session: String::new(),
+        message: format!(
+            "cannot make the sled database durable at level power: {what} {} failed: {e} \
+             (check the disk and the file system; an acknowledged write must survive a power loss)",
+            path.display()
+        ),
+    }
+}
+
+/// The names in `dir` (none when it does not exist yet).
+fn names(dir: &Path) -> Result<BTreeSet<std::ffi::OsString>, StoreError> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| power_err("reading the directory", dir, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeSet::new()),
+        Err(e) => Err(power_err("reading the directory", dir, e)),
+    }
+}
+
+/// fsyncs a directory, so the entries created, renamed or removed in it survive a
+/// power loss.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| power_err("the fsync of the directory", dir, e))
+}
+
+impl PowerSync {
+    /// Opens the data file of the database sled just opened in `dir`, and makes what
+    /// the open created durable (a new database's files and their directory entries).
+    fn open(dir: &Path) -> Result<Self, StoreError> {
+        let file = dir.join("db");
+        let data = File::open(&file).map_err(|e| power_err("opening", &file, e))?;
+        let this = PowerSync {
+            dir: dir.to_path_buf(),
+            data,
+            seen: Mutex::new(Entries::default()),
+        };
+        let conf = dir.join("conf");
+        File::open(&conf)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| power_err("the fsync of", &conf, e))?;
+        this.sync()?;
+        // A data directory created just now must itself survive (its entry in the
+        // parent directory).
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
+        }
+        Ok(this)
+    }
+
+    /// What sled's flush leaves undone: the data file's fsync, then each new blob
+    /// file's, then the directories whose entries changed. Blocks.
+    fn sync(&self) -> Result<(), StoreError> {
+        self.data
+            .sync_data()
+            .map_err(|e| power_err("the fsync of", &self.dir.join("db"), e))?;
+        let blobs_dir = self.dir.join("blobs");
+        let now = Entries {
+            root: names(&self.dir)?,
+            blobs: names(&blobs_dir)?,
+        };
+        let mut seen = self.seen.lock();
+        if *seen == now {
+            return Ok(());
+        }
+        for name in now.blobs.difference(&seen.blobs) {
+            let blob = blobs_dir.join(name);
+            match File::open(&blob) {
+                Ok(f) => f
+                    .sync_data()
+                    .map_err(|e| power_err("the fsync of the blob", &blob, e))?,
+                // Removed since the listing (sled collects blobs it no longer needs).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(power_err("opening the blob", &blob, e)),
+            }
+        }
+        if now.blobs != seen.blobs && blobs_dir.is_dir() {
+            sync_dir(&blobs_dir)?;
+        }
+        if now.root != seen.root {
+            sync_dir(&self.dir)?;
+        }
+        *seen = now;
         Ok(())
     }
 }

@@ -26,7 +26,7 @@ impl Drop for Dir {
 }
 
 fn open(dir: &Dir) -> Arc<Committer> {
-    let engine = Backend::open(&dir.0, Engine::Sled).expect("sled opens");
+    let engine = Backend::open(&dir.0, Engine::SLED).expect("sled opens");
     Committer::start(Arc::new(engine), None, tokio::runtime::Handle::current())
         .expect("committer starts")
 }
@@ -178,7 +178,7 @@ async fn a_close_finishes_what_came_before_and_refuses_what_follows() {
     assert!(matches!(unit(after_rx).await, Err(StoreError::Closed)));
     assert!(c.is_closed());
     // Nothing holds the engine: the directory opens again, with the first beat.
-    let again = Backend::open(&dir.0, Engine::Sled).expect("reopens after close");
+    let again = Backend::open(&dir.0, Engine::SLED).expect("reopens after close");
     assert_eq!(again.heartbeat("i1").expect("reads"), Some(1));
     assert_eq!(again.heartbeat("i2").expect("reads"), None);
 }
