@@ -36,10 +36,11 @@
 //! -p agentloop-cli --test power_cut`). `POWER_CUT_SEED=<n>` replays the cut moments (the
 //! seed is printed), `POWER_CUTS=<n>` sets the number of cuts of every configuration (50
 //! at `power`, 10 at `crash`), `POWER_CUT_DEBUG=1` prints (with `--nocapture`) after each
-//! cut the numbers of each session's kept events as the store holds them. LazyFS comes from `$AGENTLOOP_LAZYFS`, else it is built once from
-//! `shared/tools/lazyfs` into `target/tmp/lazyfs`; the build needs Debian's g++, cmake,
-//! make, libfuse3-dev and fuse3, and a mount needs `/dev/fuse`: without them the test
-//! fails saying so (it never skips).
+//! cut the numbers of each session's kept events as the store holds them. LazyFS comes
+//! from `$AGENTLOOP_LAZYFS`, else it is built once from `shared/tools/lazyfs` into
+//! `target/tmp/lazyfs`; the build needs Debian's g++, cmake, make, libfuse3-dev and
+//! fuse3, and a mount needs `/dev/fuse`: without them the test fails saying so (it never
+//! skips).
 
 mod common;
 
@@ -488,7 +489,6 @@ struct Load {
 }
 
 impl Load {
-    #[allow(clippy::too_many_arguments)]
     fn start(
         url: &str,
         names: &[String],
@@ -722,7 +722,7 @@ fn follow(url: &str, name: &str, after: Option<u64>) -> JoinHandle<Vec<Sse>> {
 fn read_kept(url: &str, name: &str, after: u64, upto: u64) -> Result<Vec<Sse>, String> {
     let client: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
+        .timeout_global(Some(Duration::from_secs(10)))
         .build()
         .into();
     let resp = client
@@ -821,10 +821,9 @@ struct Run {
 }
 
 impl Run {
-    fn new(engine: &'static str, level: Level) -> Run {
-        let bin = lazyfs_binary();
+    fn new(bin: &Path, engine: &'static str, level: Level) -> Run {
         let dir = TempDir::new(&format!("power-cut-{engine}-{}", level.name()));
-        let fs = LazyFs::mount(&bin, &dir.0, "1gb");
+        let fs = LazyFs::mount(bin, &dir.0, "1gb");
         // The server runs in `dir` (outside the mount) on `dir/data`, the mount's.
         std::fs::create_dir_all(fs.mnt.join("data")).unwrap();
         std::os::unix::fs::symlink(fs.mnt.join("data"), dir.0.join("data")).unwrap();
@@ -1179,6 +1178,7 @@ fn session_of(id: u64) -> usize {
 
 fn power_cuts(engine: &'static str, level: Level) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let bin = lazyfs_binary();
     let began = Instant::now();
     let cuts = cuts_for(level);
     let base = seed();
@@ -1194,7 +1194,7 @@ fn power_cuts(engine: &'static str, level: Level) {
         std::io::stderr(),
         "power_cut {tag}: seed {base} (POWER_CUT_SEED={base} replays it), {cuts} cuts"
     );
-    let mut run = Run::new(engine, level);
+    let mut run = Run::new(&bin, engine, level);
     let ledger = Arc::new(Ledger::default());
     let next_push: Vec<Arc<AtomicU64>> =
         (0..SESSIONS).map(|_| Arc::new(AtomicU64::new(1))).collect();
