@@ -3,7 +3,9 @@
 //! fsynced when told to: `lazyfs::clear-cache`), is driven over HTTP and cut at random
 //! moments, then started again on the same directory, over and over (one continuous
 //! sequence per configuration: cut, restart, check, load again). Engines sled and fjall,
-//! each at durability `power` and `crash` (`--engine`, `--durability`).
+//! and PostgreSQL (`--postgres`, its data directory on the mount, cut together with the
+//! server and started again before it), each at durability `power` and `crash`
+//! (`--durability`).
 //!
 //! The load, all at once: several persistent sessions (`"durability": "sync"`, events
 //! kept, S20a) of the simulated agent, whose tool calls are durable steps (S1b); one
@@ -39,8 +41,8 @@
 //! cut the numbers of each session's kept events as the store holds them. LazyFS comes
 //! from `$AGENTLOOP_LAZYFS`, else it is built once from `shared/tools/lazyfs` into
 //! `target/tmp/lazyfs`; the build needs Debian's g++, cmake, make, libfuse3-dev and
-//! fuse3, and a mount needs `/dev/fuse`: without them the test fails saying so (it never
-//! skips).
+//! fuse3, a mount needs `/dev/fuse`, and PostgreSQL Debian's `postgresql` (and, as root,
+//! its `postgres` user): without them the test fails saying so (it never skips).
 
 mod common;
 
@@ -98,6 +100,16 @@ fn sled_at_power_loses_nothing_acknowledged_across_power_cuts() {
 #[test]
 fn fjall_at_power_loses_nothing_acknowledged_across_power_cuts() {
     power_cuts("fjall", Level::Power);
+}
+
+#[test]
+fn postgres_at_power_loses_nothing_acknowledged_across_power_cuts() {
+    power_cuts("postgres", Level::Power);
+}
+
+#[test]
+fn postgres_at_crash_keeps_a_prefix_and_no_corrupt_record_across_power_cuts() {
+    power_cuts("postgres", Level::Crash);
 }
 
 #[test]
@@ -256,6 +268,245 @@ fn mounted(mnt: &Path) -> bool {
         .any(|l| l.split(' ').nth(4).is_some_and(|m| m == want))
 }
 
+fn is_root() -> bool {
+    // SAFETY: geteuid(2) has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Sends `sig` to each of `pids`.
+fn signal_all(pids: &[i32], sig: libc::c_int) {
+    for pid in pids {
+        // SAFETY: kill(2) with a pid the test read from PostgreSQL's own files.
+        unsafe { libc::kill(*pid, sig) };
+    }
+}
+
+/// Whether `pid` is gone (or a zombie: dead, not reaped yet).
+fn dead(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |st| {
+        st.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A PostgreSQL server whose data directory is on the mount (the third store: its WAL
+/// and data files go through LazyFS, its log stays outside; it listens on loopback TCP): `initdb` and
+/// `pg_ctl` from Debian's `postgresql` (`$AGENTLOOP_PG_BIN`, else `PATH`, else the newest
+/// `/usr/lib/postgresql/*/bin`), run as the `postgres` user under root (initdb refuses
+/// root; the mount lets it in with `allow_other`). Stopped when dropped.
+struct Pg {
+    bin: PathBuf,
+    data: PathBuf,
+    outside: PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl Pg {
+    fn bin() -> PathBuf {
+        if let Some(dir) = std::env::var_os("AGENTLOOP_PG_BIN") {
+            return PathBuf::from(dir);
+        }
+        let on_path = std::env::var_os("PATH")
+            .and_then(|path| std::env::split_paths(&path).find(|d| d.join("initdb").is_file()));
+        if let Some(dir) = on_path {
+            // Through a symlink to the real directory, where the other tools are.
+            return std::fs::canonicalize(dir.join("initdb"))
+                .ok()
+                .and_then(|p| p.parent().map(Path::to_path_buf))
+                .unwrap_or(dir);
+        }
+        let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+                let bin = e.path().join("bin");
+                bin.join("initdb").is_file().then_some((v, bin))
+            })
+            .collect();
+        versions.sort();
+        versions.pop().map(|(_, b)| b).unwrap_or_else(|| {
+            panic!(
+                "no PostgreSQL server binaries (initdb, pg_ctl): install Debian's postgresql \
+                 (apt-get install postgresql; .ci/run does), or set AGENTLOOP_PG_BIN"
+            )
+        })
+    }
+
+    /// A new cluster in `mnt/pg`, its log in `outside`, started.
+    fn init(mnt: &Path, outside: &Path) -> Pg {
+        let pg = Pg {
+            bin: Pg::bin(),
+            data: mnt.join("pg"),
+            outside: outside.to_path_buf(),
+            port: free_addr()
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .expect("a port"),
+            as_postgres: is_root(),
+        };
+        std::fs::create_dir_all(&pg.data).unwrap();
+        std::fs::create_dir_all(&pg.outside).unwrap();
+        if pg.as_postgres {
+            for d in [&pg.data, &pg.outside] {
+                let ok = Command::new("chown")
+                    .arg("postgres:")
+                    .arg(d)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(
+                    ok,
+                    "chown postgres {}: is there a postgres user?",
+                    d.display()
+                );
+            }
+        }
+        let data = pg.data.display().to_string();
+        // initdb syncs what it wrote: the cluster itself survives the first cut.
+        pg.run(
+            "initdb",
+            &[
+                "-D",
+                &data,
+                "-U",
+                "agentloop",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ],
+        );
+        pg.start();
+        pg.run(
+            "createdb",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &pg.port.to_string(),
+                "-U",
+                "agentloop",
+                "cuts",
+            ],
+        );
+        pg
+    }
+
+    fn run(&self, program: &str, args: &[&str]) {
+        let exe = self.bin.join(program);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&exe);
+            c
+        } else {
+            Command::new(&exe)
+        };
+        let out = cmd
+            .args(args)
+            .current_dir(&self.outside)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", exe.display()));
+        assert!(
+            out.status.success(),
+            "{program} {args:?} failed ({}): {}{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(self.outside.join("server.log")).unwrap_or_default()
+        );
+    }
+
+    /// `pg_ctl start`, waiting until it accepts connections (after a cut: once it has
+    /// replayed its WAL).
+    fn start(&self) {
+        // Loopback TCP alone: no socket file (nor its lock) whose path could be too long.
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''",
+            self.port
+        );
+        let (data, log) = (
+            self.data.display().to_string(),
+            self.outside.join("server.log").display().to_string(),
+        );
+        self.run(
+            "pg_ctl",
+            &[
+                "-D", &data, "-l", &log, "-o", &options, "-w", "-t", "60", "start",
+            ],
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgresql://agentloop@127.0.0.1:{}/cuts", self.port)
+    }
+
+    /// Freezes the postmaster (its pid file's first line), then its children (a frozen
+    /// postmaster forks no more); returns them all.
+    fn freeze(&self) -> Vec<i32> {
+        let pids = self.pids();
+        signal_all(&pids[..pids.len().min(1)], libc::SIGSTOP);
+        let pids = self.pids();
+        signal_all(&pids, libc::SIGSTOP);
+        pids
+    }
+
+    /// The postmaster and its children.
+    fn pids(&self) -> Vec<i32> {
+        let Some(pm) = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .ok()
+            .and_then(|t| t.lines().next()?.trim().parse::<i32>().ok())
+        else {
+            return Vec::new();
+        };
+        let mut pids = vec![pm];
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let ppid = std::fs::read_to_string(e.path().join("stat"))
+                .ok()
+                .and_then(|st| {
+                    let rest = st.rsplit_once(')')?.1.to_string();
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                });
+            if ppid == Some(pm) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// After a cut: the killed processes are dead (waited for, at most 10 s) and their
+    /// pid file removed, as a machine that lost power leaves no process behind it.
+    fn cut(&self, pids: &[i32]) {
+        signal_all(pids, libc::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pids.iter().all(|p| dead(*p)) {
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL did not die: {pids:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Dead, but perhaps not reaped (a zombie's pid still answers kill(2), and the
+        // new postmaster would take it for a live one).
+        let _ = std::fs::remove_file(self.data.join("postmaster.pid"));
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let pids = self.pids();
+        signal_all(&pids, libc::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !pids.iter().all(|p| dead(*p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 /// A LazyFS mount, unmounted (and its process ended) when dropped, also when the test
 /// fails: a test never leaves a FUSE mount behind.
 struct LazyFs {
@@ -307,7 +558,13 @@ impl LazyFs {
             .arg(&mnt)
             .arg("--config-path")
             .arg(&config)
-            .args(["-o", "allow_other", "-o", "modules=subdir", "-o"])
+            // Other users reach the mount (PostgreSQL runs as `postgres` under root).
+            .args(if is_root() {
+                &["-o", "allow_other"][..]
+            } else {
+                &[]
+            })
+            .args(["-o", "modules=subdir", "-o"])
             .arg(format!("subdir={}", root.display()))
             .arg("-f")
             .stdin(Stdio::null())
@@ -802,8 +1059,9 @@ impl Counts {
 
 /// One configuration's run: its directories, mount, server and what it saw.
 struct Run {
-    // Fields drop in this order: the server, then the mount, then the directory.
+    // Fields drop in this order: the server, PostgreSQL, the mount, the directory.
     job: Option<Job>,
+    pg: Option<Pg>,
     fs: LazyFs,
     dir: TempDir,
     engine: &'static str,
@@ -827,11 +1085,22 @@ impl Run {
         // The server runs in `dir` (outside the mount) on `dir/data`, the mount's.
         std::fs::create_dir_all(fs.mnt.join("data")).unwrap();
         std::os::unix::fs::symlink(fs.mnt.join("data"), dir.0.join("data")).unwrap();
+        let pg = (engine == "postgres").then(|| {
+            // A restarted server is a new instance: the killed one's sessions are
+            // recovered when its lease runs out.
+            std::fs::write(
+                dir.0.join("agentloop.toml"),
+                "[supervisor]\nheartbeat = \"200ms\"\nlease_timeout = \"1s\"\n",
+            )
+            .unwrap();
+            Pg::init(&fs.mnt, &dir.0.join("pg-outside"))
+        });
         let stderr_path = dir.0.join("serve.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
         let addr = free_addr();
         Run {
             job: None,
+            pg,
             fs,
             engine,
             level,
@@ -857,17 +1126,19 @@ impl Run {
         let log_arg = log.display().to_string();
         self.logs.push(log);
         self.cut_at.push(None);
-        let addr = self.addr.clone();
-        let args = [
-            "--listen",
-            &addr,
-            "--engine",
-            self.engine,
-            "--durability",
-            self.level.name(),
-            "--item-log",
-            &log_arg,
+        let mut args = vec![
+            "--listen".to_string(),
+            self.addr.clone(),
+            "--durability".into(),
+            self.level.name().into(),
+            "--item-log".into(),
+            log_arg,
         ];
+        match &self.pg {
+            Some(pg) => args.extend(["--postgres".into(), pg.url()]),
+            None => args.extend(["--engine".into(), self.engine.into()]),
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let began = Instant::now();
         let mut job = Job::command(
             &self.dir.0,
@@ -921,8 +1192,17 @@ impl Run {
         }
         for k in 0..self.names.len() {
             let name = self.names[k].clone();
-            let (s, v) = call("GET", &format!("{}/sessions/{name}", self.url), None)
-                .unwrap_or_else(|e| panic!("GET {name}: {e}"));
+            // Live at once on sled and fjall; on PostgreSQL once the killed instance's
+            // lease ran out and a sweep recovered it.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let (s, v) = loop {
+                let (s, v) = call("GET", &format!("{}/sessions/{name}", self.url), None)
+                    .unwrap_or_else(|e| panic!("GET {name}: {e}"));
+                if s != 200 || v["live"] == true || Instant::now() > deadline {
+                    break (s, v);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
             match (s, v["live"].as_bool()) {
                 (200, Some(true)) => {}
                 (404, _) => {
@@ -1186,6 +1466,8 @@ fn power_cuts(engine: &'static str, level: Level) {
         ^ match (engine, level) {
             ("sled", Level::Power) => 0x51ed_0001,
             ("sled", Level::Crash) => 0x51ed_0002,
+            ("postgres", Level::Power) => 0x9057_0001,
+            ("postgres", Level::Crash) => 0x9057_0002,
             (_, Level::Power) => 0xf1a1_0001,
             (_, Level::Crash) => 0xf1a1_0002,
         });
@@ -1216,7 +1498,9 @@ fn power_cuts(engine: &'static str, level: Level) {
             let drained = run.drain(&ledger);
             let job = run.job.take().expect("the server");
             let out = common::stop(job);
-            assert!(!out.contains("not resumed"), "{out}");
+            // A session the store holds is resumed at the start (on PostgreSQL, the
+            // killed instance's are recovered once its lease runs out).
+            assert!(run.pg.is_some() || !out.contains("not resumed"), "{out}");
             for (k, r) in readers.into_iter().enumerate() {
                 let events = r.join().expect("an event reader");
                 run.take_events(k, events);
@@ -1241,6 +1525,7 @@ fn power_cuts(engine: &'static str, level: Level) {
         // The cut: frozen, its unsynced writes dropped, killed; what it still had in
         // flight in the file system when it froze is dropped too.
         let job = run.job.take().expect("the server");
+        let pg_pids = run.pg.as_ref().map(Pg::freeze).unwrap_or_default();
         job.signal(libc::SIGSTOP);
         run.cut_at[process] = Some(Instant::now());
         load.stop();
@@ -1248,8 +1533,14 @@ fn power_cuts(engine: &'static str, level: Level) {
         run.counts.cache_peak = run.counts.cache_peak.max(usage);
         run.fs.clear_cache();
         let _ = job.kill();
+        if let Some(pg) = &run.pg {
+            pg.cut(&pg_pids);
+        }
         run.fs.clear_cache();
         load.join();
+        if let Some(pg) = &run.pg {
+            pg.start();
+        }
         run.counts.cuts += 1;
         for (k, r) in readers.into_iter().enumerate() {
             let events = r.join().expect("an event reader");
@@ -1257,17 +1548,19 @@ fn power_cuts(engine: &'static str, level: Level) {
         }
         let errors = ledger.errors.lock().unwrap().clone();
         assert!(errors.is_empty(), "{tag}: {errors:#?}");
-        if std::env::var_os("POWER_CUT_DEBUG").is_some() {
+        if std::env::var_os("POWER_CUT_DEBUG").is_some() && run.pg.is_none() {
             run.show_kept(process);
         }
     }
 
     // Offline, after the clean stop: every record reads.
-    let listed = Command::new(env!("CARGO_BIN_EXE_agentloop"))
-        .args(["sessions", "list", "--json", "--data-dir"])
-        .arg(run.dir.0.join("data"))
-        .output()
-        .expect("agentloop sessions list");
+    let mut list = Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    list.args(["sessions", "list", "--json"]);
+    match &run.pg {
+        Some(pg) => list.args(["--postgres", &pg.url()]),
+        None => list.arg("--data-dir").arg(run.dir.0.join("data")),
+    };
+    let listed = list.output().expect("agentloop sessions list");
     let text = String::from_utf8_lossy(&listed.stdout);
     assert!(
         listed.status.success(),
