@@ -375,10 +375,31 @@ struct PowerSync {
     /// sled's data file, opened a second time: an fsync through any descriptor makes
     /// every write to the file durable.
     data: File,
-    /// The directories' entries as of the last sync: a change (a new blob, a snapshot
-    /// renamed into place, an old one removed) is made durable by an fsync of the
-    /// directory.
-    seen: Mutex<Entries>,
+    /// How the directories' changes since the last sync are learned.
+    changes: Mutex<Tracker>,
+}
+
+/// How [`PowerSync`] learns what changed in the database's directories: a new blob
+/// file (to fsync, with its directory) or an entry created, renamed or removed (a
+/// snapshot renamed into place: the directory to fsync).
+enum Tracker {
+    /// inotify (Linux): one non-blocking read per sync.
+    #[cfg(target_os = "linux")]
+    Watch(watch::DirWatch),
+    /// Listing both directories at every sync and comparing (other systems, or where
+    /// inotify cannot be had).
+    List(Entries),
+}
+
+/// What changed since the last sync.
+#[derive(Default)]
+struct Changed {
+    /// Entries of the database's directory changed.
+    root: bool,
+    /// Entries of `blobs/` changed.
+    blobs: bool,
+    /// Blob files created or renamed into `blobs/`.
+    new_blobs: BTreeSet<std::ffi::OsString>,
 }
 
 /// The entries of the database's directory and of its `blobs/` directory.
@@ -386,6 +407,115 @@ struct PowerSync {
 struct Entries {
     root: BTreeSet<std::ffi::OsString>,
     blobs: BTreeSet<std::ffi::OsString>,
+}
+
+impl Entries {
+    fn list(dir: &Path) -> Result<Entries, StoreError> {
+        Ok(Entries {
+            root: names(dir)?,
+            blobs: names(&dir.join("blobs"))?,
+        })
+    }
+
+    /// What changed from `self` to `now` (which becomes `self`).
+    fn advance(&mut self, now: Entries) -> Changed {
+        let changed = Changed {
+            root: now.root != self.root,
+            blobs: now.blobs != self.blobs,
+            new_blobs: now.blobs.difference(&self.blobs).cloned().collect(),
+        };
+        *self = now;
+        changed
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod watch {
+    //! The directories' changes from inotify (Linux): a watch on the database's
+    //! directory and one on `blobs/`, read without blocking at every sync.
+
+    use std::collections::BTreeSet;
+    use std::path::Path;
+
+    use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
+
+    use super::{Changed, Entries};
+    use crate::store::StoreError;
+
+    /// Entry changes: what makes a directory need an fsync.
+    fn mask() -> WatchMask {
+        WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO
+    }
+
+    pub(super) struct DirWatch {
+        inotify: Inotify,
+        root: WatchDescriptor,
+        blobs: Option<WatchDescriptor>,
+        buffer: Vec<u8>,
+    }
+
+    impl DirWatch {
+        /// Watches `dir` and its `blobs/`; `None` where inotify cannot be had (the
+        /// caller lists the directories instead).
+        pub(super) fn new(dir: &Path) -> Option<DirWatch> {
+            let inotify = Inotify::init().ok()?;
+            let root = inotify.watches().add(dir, mask()).ok()?;
+            let blobs = inotify.watches().add(dir.join("blobs"), mask()).ok();
+            Some(DirWatch {
+                inotify,
+                root,
+                blobs,
+                buffer: vec![0; 4096],
+            })
+        }
+
+        /// What changed since the last call. A queue that overflowed, or a `blobs/`
+        /// that appeared since the watch began, is answered by listing: every blob
+        /// there counts as new (synced again: harmless), both directories as changed.
+        pub(super) fn changed(&mut self, dir: &Path) -> Result<Changed, StoreError> {
+            let mut changed = Changed::default();
+            let mut relist = false;
+            loop {
+                let events = match self.inotify.read_events(&mut self.buffer) {
+                    Ok(events) => events,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "reading the store's inotify watch failed; listing its directories instead");
+                        relist = true;
+                        break;
+                    }
+                };
+                for event in events {
+                    if event.mask.contains(EventMask::Q_OVERFLOW) {
+                        relist = true;
+                    } else if event.wd == self.root {
+                        changed.root = true;
+                        if event.name.is_some_and(|n| n == "blobs") && self.blobs.is_none() {
+                            self.blobs = self.inotify.watches().add(dir.join("blobs"), mask()).ok();
+                            relist = true;
+                        }
+                    } else if Some(&event.wd) == self.blobs.as_ref() {
+                        changed.blobs = true;
+                        if event
+                            .mask
+                            .intersects(EventMask::CREATE | EventMask::MOVED_TO)
+                        {
+                            if let Some(name) = event.name {
+                                changed.new_blobs.insert(name.to_os_string());
+                            }
+                        }
+                    }
+                }
+            }
+            if relist {
+                let now = Entries::list(dir)?;
+                changed.root = true;
+                changed.blobs = true;
+                changed.new_blobs = now.blobs.into_iter().collect::<BTreeSet<_>>();
+            }
+            Ok(changed)
+        }
+    }
 }
 
 fn power_err(what: &str, path: &Path, e: std::io::Error) -> StoreError {
@@ -421,21 +551,40 @@ fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 impl PowerSync {
-    /// Opens the data file of the database sled just opened in `dir`, and makes what
-    /// the open created durable (a new database's files and their directory entries).
+    /// Opens the data file of the database sled just opened in `dir`, starts learning
+    /// of its directories' changes, and makes durable what the open created (a new
+    /// database's files and directory entries).
     fn open(dir: &Path) -> Result<Self, StoreError> {
         let file = dir.join("db");
         let data = File::open(&file).map_err(|e| power_err("opening", &file, e))?;
+        #[cfg(target_os = "linux")]
+        let tracker = match watch::DirWatch::new(dir) {
+            Some(w) => Tracker::Watch(w),
+            None => {
+                tracing::debug!(dir = %dir.display(), "no inotify watch on the sled store; its directories are listed at each flush");
+                Tracker::List(Entries::list(dir)?)
+            }
+        };
+        #[cfg(not(target_os = "linux"))]
+        let tracker = Tracker::List(Entries::list(dir)?);
         let this = PowerSync {
             dir: dir.to_path_buf(),
             data,
-            seen: Mutex::new(Entries::default()),
+            changes: Mutex::new(tracker),
         };
         let conf = dir.join("conf");
         File::open(&conf)
             .and_then(|f| f.sync_all())
             .map_err(|e| power_err("the fsync of", &conf, e))?;
+        // Whatever exists now (a new database, blobs from before) is made durable once.
+        for name in names(&dir.join("blobs"))? {
+            this.sync_blob(&dir.join("blobs").join(name))?;
+        }
         this.sync()?;
+        if dir.join("blobs").is_dir() {
+            sync_dir(&dir.join("blobs"))?;
+        }
+        sync_dir(dir)?;
         // A data directory created just now must itself survive (its entry in the
         // parent directory).
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -444,39 +593,140 @@ impl PowerSync {
         Ok(this)
     }
 
+    fn sync_blob(&self, blob: &Path) -> Result<(), StoreError> {
+        match File::open(blob) {
+            Ok(f) => f
+                .sync_data()
+                .map_err(|e| power_err("the fsync of the blob", blob, e)),
+            // Removed since (sled collects blobs it no longer needs).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(power_err("opening the blob", blob, e)),
+        }
+    }
+
     /// What sled's flush leaves undone: the data file's fsync, then each new blob
     /// file's, then the directories whose entries changed. Blocks.
     fn sync(&self) -> Result<(), StoreError> {
         self.data
             .sync_data()
             .map_err(|e| power_err("the fsync of", &self.dir.join("db"), e))?;
-        let blobs_dir = self.dir.join("blobs");
-        let now = Entries {
-            root: names(&self.dir)?,
-            blobs: names(&blobs_dir)?,
+        let changed = match &mut *self.changes.lock() {
+            #[cfg(target_os = "linux")]
+            Tracker::Watch(w) => w.changed(&self.dir)?,
+            Tracker::List(seen) => seen.advance(Entries::list(&self.dir)?),
         };
-        let mut seen = self.seen.lock();
-        if *seen == now {
-            return Ok(());
+        let blobs_dir = self.dir.join("blobs");
+        for name in &changed.new_blobs {
+            self.sync_blob(&blobs_dir.join(name))?;
         }
-        for name in now.blobs.difference(&seen.blobs) {
-            let blob = blobs_dir.join(name);
-            match File::open(&blob) {
-                Ok(f) => f
-                    .sync_data()
-                    .map_err(|e| power_err("the fsync of the blob", &blob, e))?,
-                // Removed since the listing (sled collects blobs it no longer needs).
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(power_err("opening the blob", &blob, e)),
-            }
-        }
-        if now.blobs != seen.blobs && blobs_dir.is_dir() {
+        if changed.blobs && blobs_dir.is_dir() {
             sync_dir(&blobs_dir)?;
         }
-        if now.root != seen.root {
+        if changed.root {
             sync_dir(&self.dir)?;
         }
-        *seen = now;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory with a `blobs/` inside, removed on drop.
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn dir(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!(
+            "agentloop-sled-power-{tag}-{}-{}",
+            std::process::id(),
+            crate::store::now_ms()
+        ));
+        std::fs::create_dir_all(d.join("blobs")).unwrap();
+        std::fs::write(d.join("snap.old"), b"s").unwrap();
+        Dir(d)
+    }
+
+    /// What a tracker must report: a blob created since the last look (to fsync, with
+    /// its directory), an entry renamed into the database's directory (a snapshot: the
+    /// directory to fsync), and nothing once it was reported.
+    fn reports_changes_once(mut changed: impl FnMut(&Path) -> Changed, tag: &str) {
+        let d = dir(tag);
+        let first = changed(&d.0);
+        assert!(first.new_blobs.is_empty(), "{tag}: nothing new yet");
+        std::fs::write(d.0.join("blobs").join("4096"), b"blob").unwrap();
+        std::fs::write(d.0.join("snap.tmp"), b"s").unwrap();
+        std::fs::rename(d.0.join("snap.tmp"), d.0.join("snap.new")).unwrap();
+        let c = changed(&d.0);
+        assert!(c.root && c.blobs, "{tag}: both directories changed");
+        assert_eq!(
+            c.new_blobs.into_iter().collect::<Vec<_>>(),
+            vec![std::ffi::OsString::from("4096")],
+            "{tag}"
+        );
+        let again = changed(&d.0);
+        assert!(
+            !again.root && !again.blobs && again.new_blobs.is_empty(),
+            "{tag}: reported once"
+        );
+        std::fs::remove_file(d.0.join("snap.old")).unwrap();
+        assert!(changed(&d.0).root, "{tag}: a removal changes the directory");
+    }
+
+    #[test]
+    fn listing_reports_new_blobs_and_entry_changes_once() {
+        let mut seen: Option<Entries> = None;
+        reports_changes_once(
+            |d| {
+                let now = Entries::list(d).unwrap();
+                match &mut seen {
+                    None => {
+                        seen = Some(now);
+                        Changed::default()
+                    }
+                    Some(s) => s.advance(now),
+                }
+            },
+            "list",
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn inotify_reports_new_blobs_and_entry_changes_once() {
+        let mut w: Option<watch::DirWatch> = None;
+        reports_changes_once(
+            |d| match &mut w {
+                None => {
+                    w = Some(watch::DirWatch::new(d).expect("an inotify watch"));
+                    Changed::default()
+                }
+                Some(w) => w.changed(d).unwrap(),
+            },
+            "inotify",
+        );
+    }
+
+    /// At `power` a record larger than sled's blob threshold goes to a blob file that
+    /// the flush makes durable; the backend reports its level.
+    #[test]
+    fn power_opens_and_writes_at_power() {
+        let d = dir("open");
+        std::fs::remove_file(d.0.join("snap.old")).unwrap();
+        let b = SledBackend::open(&d.0).unwrap();
+        assert_eq!(b.durability(), StoreDurability::Power);
+        b.put_raw(b"k", &vec![7u8; 300 * 1024]).unwrap();
+        b.flush().unwrap();
+        assert!(
+            !names(&d.0.join("blobs")).unwrap().is_empty(),
+            "a blob was written"
+        );
+        drop(b);
+        let b = SledBackend::open_at(&d.0, StoreDurability::Crash).unwrap();
+        assert_eq!(b.durability(), StoreDurability::Crash);
     }
 }
