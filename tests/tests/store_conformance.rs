@@ -145,12 +145,12 @@ async fn s15_sled_store_conforms() {
     client.close().await.unwrap();
 }
 
-/// The store's level on PostgreSQL (S15b): `power` is refused on a server that runs
-/// with `fsync = off` (it cannot give it), naming the level it can; `power` sets
-/// `synchronous_commit = on` on its connections over a server whose default is off, and
-/// `crash` sets it off over a server whose default is on (the connect checks the
-/// setting each connection reports and refuses a mismatch, so a connect that succeeds
-/// proves the setting took).
+/// The store's level on PostgreSQL (S15b), a floor applied to every connection:
+/// `power` is refused on a server that runs with `fsync = off` (it cannot give it),
+/// naming the level it can; on a server whose `synchronous_commit` is `off` it sets it
+/// `on` (the connect re-reads it and refuses a connection where it did not take, so a
+/// connect that succeeds proves it took); a server at `local` is kept as it is (it
+/// flushes locally); `crash` is never refused (a listing at `crash` works on any server).
 #[test]
 fn s15b_postgres_levels() {
     use agentloop_postgres::local_server::LocalServer;
@@ -177,13 +177,15 @@ fn s15b_postgres_levels() {
     connect(url, StoreDurability::Crash).expect("crash on a server without fsync");
     drop(no_fsync);
 
-    let lax = LocalServer::start(&["synchronous_commit=off"]).expect("a local PostgreSQL server");
-    let url = lax.database("levels").expect("a database");
-    let store = connect(url.clone(), StoreDurability::Power).expect("power sets it on");
-    let r = agentloop::SessionRecord::<SimItem>::new("p", "sim", 0);
-    rt.block_on(CheckpointStore::<SimItem>::save(&store, r))
-        .expect("a write at power");
-    connect(url, StoreDurability::Crash).expect("crash sets it off");
+    for setting in ["synchronous_commit=off", "synchronous_commit=local"] {
+        let server = LocalServer::start(&[setting]).expect("a local PostgreSQL server");
+        let url = server.database("levels").expect("a database");
+        let store = connect(url.clone(), StoreDurability::Power).expect(setting);
+        let r = agentloop::SessionRecord::<SimItem>::new("p", "sim", 0);
+        rt.block_on(CheckpointStore::<SimItem>::save(&store, r))
+            .expect("a write at power");
+        connect(url, StoreDurability::Crash).expect("crash is never refused");
+    }
 }
 
 /// The suite on PostgreSQL (issue 18): a server started for the test on loopback, the

@@ -80,26 +80,15 @@ fn spawn_session(url: &str, id: &str) {
     assert_eq!(status, 201, "{v}");
 }
 
-/// The `turn <id>...` lines of an item log, whole lines only (a SIGKILL during a write
-/// may leave the last one torn).
-fn turns(log: &Path) -> Vec<Vec<u64>> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.split_inclusive('\n')
-        .filter(|l| l.ends_with('\n') && l.starts_with("turn"))
-        .map(|l| {
-            l.split_whitespace()
-                .skip(1)
-                .map(|id| id.parse().expect("an item id"))
-                .collect()
-        })
-        .collect()
-}
-
 /// Waits (at most 60 s) until the turns in `logs` delivered every id in `ids`.
 fn wait_delivered(logs: &[&Path], ids: &[u64]) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let seen: BTreeSet<u64> = logs.iter().flat_map(|l| turns(l)).flatten().collect();
+        let seen: BTreeSet<u64> = logs
+            .iter()
+            .flat_map(|l| common::turn_lines(l))
+            .flatten()
+            .collect();
         let missing: Vec<u64> = ids.iter().copied().filter(|i| !seen.contains(i)).collect();
         if missing.is_empty() {
             return;
@@ -114,7 +103,7 @@ fn wait_delivered(logs: &[&Path], ids: &[u64]) {
 /// killed process's last turns, from the first such turn on (those whose ends had not
 /// reached the store: once one turn's end was not durable, no later one's was).
 fn check_deliveries(killed: &Path, restarted: &Path, acked: &[u64]) {
-    let (before, after) = (turns(killed), turns(restarted));
+    let (before, after) = (common::turn_lines(killed), common::turn_lines(restarted));
     let mut count: BTreeMap<u64, (u32, u32)> = BTreeMap::new();
     for id in before.iter().flatten() {
         count.entry(*id).or_default().0 += 1;

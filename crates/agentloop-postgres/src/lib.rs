@@ -12,11 +12,11 @@
 //! (`shard.rs`): a shard owns one connection and runs its requests in the order they
 //! were made (the trait's ordering contract), many to a transaction. A write is
 //! answered after its transaction commits, so it is as durable as the server makes a
-//! commit. The store's level (S15b, [`PostgresOptions::durability`]) sets that on every
-//! connection: `power` (the default) is `synchronous_commit = on`, and a server that
-//! runs with `fsync = off` (which cannot make a commit survive a power loss) is refused
-//! at connect; `crash` is `synchronous_commit = off` (docs/operations.md, "Durability
-//! levels").
+//! commit. The store's level (S15b, [`PostgresOptions::durability`]) is applied to every
+//! connection it opens (`level.rs`): at `power` (the default) a server running with
+//! `fsync = off` (which cannot make a commit survive a power loss) is refused and
+//! `synchronous_commit` is kept from being `off`; `crash` sets it `off`
+//! (docs/operations.md, "Durability levels").
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), agentloop::StoreError> {
@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+mod level;
 mod rows;
 mod schema;
 mod shard;
@@ -63,10 +64,11 @@ pub struct PostgresOptions {
     /// Connections, one per shard (default 4). Requests of one session always use the
     /// same one.
     pub connections: usize,
-    /// What an acknowledged write survives (S15b): `power` (the default:
-    /// `synchronous_commit = on`, and the server must run with `fsync = on`) or `crash`
-    /// (`synchronous_commit = off`: a crash of this process loses nothing; a crash of
-    /// the server or a power cut loses up to 3 × the server's `wal_writer_delay`).
+    /// What an acknowledged write survives (S15b), applied to every connection: `power`
+    /// (the default: the server must run with `fsync = on`, and `synchronous_commit` is
+    /// kept from being `off`) or `crash` (`synchronous_commit = off`: a crash of this
+    /// process loses nothing; a crash of the server or a power cut loses up to 3 × the
+    /// server's `wal_writer_delay`).
     pub durability: StoreDurability,
 }
 
@@ -185,15 +187,9 @@ impl<I> PostgresStore<I> {
         // sessions' locks for as long as it is frozen, and no other node could claim
         // them (S37, S38): the server ends such a connection after IDLE_IN_TRANSACTION,
         // which rolls its write back (the frozen writer is fenced anyway).
-        // S15b: the level is every connection's synchronous_commit (it overrides the
-        // server's own setting for this store's commits).
         let guard = format!(
-            "-c idle_in_transaction_session_timeout={} -c synchronous_commit={}",
-            IDLE_IN_TRANSACTION.as_millis(),
-            match options.durability {
-                StoreDurability::Power => "on",
-                StoreDurability::Crash => "off",
-            }
+            "-c idle_in_transaction_session_timeout={}",
+            IDLE_IN_TRANSACTION.as_millis()
         );
         let opts = match config.get_options() {
             Some(o) if !o.trim().is_empty() => format!("{o} {guard}"),
@@ -210,14 +206,15 @@ impl<I> PostgresStore<I> {
             .unwrap_or_else(|| "localhost".into());
         let port = config.get_ports().first().copied().unwrap_or(5432);
         let target = format!("{host}:{port}");
-        let mut first = Connection::open(config.clone(), target.clone(), tls.clone()).await?;
-        check_level(&mut first, options.durability).await?;
+        let level = options.durability;
+        let mut first =
+            Connection::open(config.clone(), target.clone(), tls.clone(), level).await?;
         create_tables(&mut first).await?;
         let n = options.connections.max(1);
         let mut shards = Vec::with_capacity(n);
         let mut conns = vec![first];
         for _ in 1..n {
-            conns.push(Connection::open(config.clone(), target.clone(), tls.clone()).await?);
+            conns.push(Connection::open(config.clone(), target.clone(), tls.clone(), level).await?);
         }
         for conn in conns {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -269,52 +266,6 @@ impl<I> PostgresStore<I> {
             answer.await.map_err(|_| StoreError::Closed)?
         })
     }
-}
-
-/// Refuses `power` on a server that cannot give it (`fsync = off`), naming the levels
-/// it can, and checks that the connection's `synchronous_commit` is the level's.
-async fn check_level(conn: &mut Connection, level: StoreDurability) -> Result<(), StoreError> {
-    let target = conn.target().to_string();
-    let db = |e: tokio_postgres::Error| shard::database_error(&target, "read its settings", "", &e);
-    let client = conn.client().await?;
-    let show = |row: tokio_postgres::Row| row.try_get::<_, String>(0);
-    let fsync = show(client.query_one("SHOW fsync", &[]).await.map_err(db)?).map_err(db)?;
-    let commit = show(
-        client
-            .query_one("SHOW synchronous_commit", &[])
-            .await
-            .map_err(db)?,
-    )
-    .map_err(db)?;
-    if level == StoreDurability::Power && fsync != "on" {
-        return Err(StoreError::Database {
-            operation: "connect",
-            session: String::new(),
-            message: format!(
-                "the PostgreSQL server at {target} runs with fsync = {fsync}, so a commit \
-                 cannot survive a power loss and durability power cannot be given: turn fsync on \
-                 in its postgresql.conf, or choose durability crash (`--durability crash`, \
-                 `[store] durability = \"crash\"`), the only level this server can give"
-            ),
-        });
-    }
-    let wanted = match level {
-        StoreDurability::Power => "on",
-        StoreDurability::Crash => "off",
-    };
-    if commit != wanted {
-        return Err(StoreError::Database {
-            operation: "connect",
-            session: String::new(),
-            message: format!(
-                "the PostgreSQL server at {target} ignored synchronous_commit = {wanted} on \
-                 this store's connection (it reports {commit}), so durability {level} cannot \
-                 be given: check the role's and database's settings (ALTER ROLE … RESET \
-                 synchronous_commit) or a pooler between the store and the server"
-            ),
-        });
-    }
-    Ok(())
 }
 
 async fn create_tables(conn: &mut Connection) -> Result<(), StoreError> {

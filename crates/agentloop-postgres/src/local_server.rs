@@ -32,7 +32,11 @@ impl std::fmt::Display for LocalServerError {
 
 impl std::error::Error for LocalServerError {}
 
-fn find_bin() -> Result<PathBuf, LocalServerError> {
+/// The directory of the PostgreSQL server's binaries (`initdb`, `pg_ctl`, `postgres`):
+/// `$AGENTLOOP_PG_BIN`, else the one on `PATH` (through its symlink), else the newest
+/// under Debian's `/usr/lib/postgresql/*/bin`. For tests that run a server of their own
+/// beside [`LocalServer`] (the power-cut test puts its data directory on LazyFS).
+pub fn find_bin() -> Result<PathBuf, LocalServerError> {
     if let Some(dir) = std::env::var_os("AGENTLOOP_PG_BIN") {
         return Ok(PathBuf::from(dir));
     }

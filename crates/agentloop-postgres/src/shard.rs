@@ -174,6 +174,8 @@ pub(crate) struct Connection {
     config: Config,
     target: String,
     client: Option<Client>,
+    /// The store's level, applied to each connection made (S15b, `level.rs`).
+    level: agentloop::store::StoreDurability,
     /// TLS to the server (S43, `crate::tls`); `None`: plain TCP.
     tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
@@ -184,11 +186,13 @@ impl Connection {
         config: Config,
         target: String,
         tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+        level: agentloop::store::StoreDurability,
     ) -> Result<Self, StoreError> {
         let mut c = Connection {
             config,
             target,
             client: None,
+            level,
             tls,
         };
         c.client().await?;
@@ -219,6 +223,7 @@ impl Connection {
                     client
                 }
             };
+            crate::level::apply(&client, &self.target, self.level).await?;
             self.client = Some(client);
         }
         self.client.as_mut().ok_or(StoreError::Closed)

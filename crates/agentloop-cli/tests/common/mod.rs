@@ -430,6 +430,21 @@ pub fn delivered(log: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// The `turn <id>...` lines of an item log, each the ids of one completed turn, whole
+/// lines only (a SIGKILL during a write may leave the last one torn).
+pub fn turn_lines(log: &Path) -> Vec<Vec<u64>> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.split_inclusive('\n')
+        .filter(|l| l.ends_with('\n') && l.starts_with("turn"))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1)
+                .map(|id| id.parse().expect("an item id"))
+                .collect()
+        })
+        .collect()
+}
+
 /// Polls `done` every 50 ms until it holds; fails the test naming `what` after `secs`.
 pub fn wait_for(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);

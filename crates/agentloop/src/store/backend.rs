@@ -177,8 +177,9 @@ fn open_error(why: String) -> StoreError {
 }
 
 /// What is wrong with `dir` before an engine tries it: a file where the directory
-/// should be, or no permission to create or use it.
-fn check_dir(dir: &Path) -> Result<(), StoreError> {
+/// should be, or no permission to create or use it. Answers the directories it created
+/// (`dir` and any missing ancestors), so that their entries can be made durable.
+fn check_dir(dir: &Path) -> Result<Vec<std::path::PathBuf>, StoreError> {
     match std::fs::metadata(dir) {
         Ok(m) if !m.is_dir() => Err(open_error(format!(
             "the data directory {} is not a directory (it is a file): point data_dir / \
@@ -190,19 +191,44 @@ fn check_dir(dir: &Path) -> Result<(), StoreError> {
                  write access to it, or choose another directory",
             dir.display()
         ))),
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(Vec::new()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let created: Vec<std::path::PathBuf> = dir
+                .ancestors()
+                .filter(|a| !a.as_os_str().is_empty())
+                .take_while(|a| !a.exists())
+                .map(Path::to_path_buf)
+                .collect();
             std::fs::create_dir_all(dir).map_err(|e| {
                 open_error(format!(
                     "cannot create the data directory {}: {e}",
                     dir.display()
                 ))
-            })
+            })?;
+            Ok(created)
         }
         Err(e) => Err(open_error(format!(
             "cannot use the data directory {}: {e}",
             dir.display()
         ))),
+    }
+}
+
+/// Makes the entries of directories just created survive a power loss (S15b): each
+/// one's entry in its parent, fsynced (a relative data directory's parent is the
+/// working directory). Neither engine does this for the data directory itself. A
+/// failure is logged: the records are written, but a power cut soon after could lose
+/// the directory that holds them.
+fn sync_created(created: &[std::path::PathBuf]) {
+    for dir in created {
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        if let Err(e) = std::fs::File::open(parent).and_then(|d| d.sync_all()) {
+            tracing::warn!(dir = %dir.display(), parent = %parent.display(), error = %e,
+                "could not fsync the directory holding the new data directory: a power cut soon after could lose it, and what it holds");
+        }
     }
 }
 
@@ -273,7 +299,7 @@ impl Backend {
     /// returns) is waited for, up to 2 s; one another process holds is
     /// refused at once.
     pub fn open(dir: &Path, engine: Engine) -> Result<Self, StoreError> {
-        check_dir(dir)?;
+        let created = check_dir(dir)?;
         let began = std::time::Instant::now();
         let opened = loop {
             let attempt = match (engine, found(dir)) {
@@ -292,6 +318,9 @@ impl Backend {
         // Best effort: a second process refused by the lock names this one.
         if let Err(e) = std::fs::write(dir.join(HOLDER_FILE), std::process::id().to_string()) {
             tracing::debug!(dir = %dir.display(), error = %e, "could not write the holder file");
+        }
+        if engine.durability() == StoreDurability::Power {
+            sync_created(&created);
         }
         Ok(opened)
     }

@@ -38,6 +38,11 @@ use serde::Serialize;
 
 pub use self::backend::{Backend, Engine};
 pub use self::fjall::FjallBackend;
+
+/// The level fjall was configured with before every engine had one (issue 51): now
+/// [`StoreDurability`], the same for sled, fjall and PostgreSQL.
+#[deprecated(note = "use StoreDurability: every engine has the level now (S15b)")]
+pub type FjallDurability = StoreDurability;
 pub use self::level::{StoreDurability, UnknownDurability, STORE_DURABILITIES};
 pub use self::sled::SledBackend;
 pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};

@@ -18,11 +18,12 @@
 //! flushes the disk's cache nor writes the file's metadata; sled's own flusher fsyncs
 //! every 500 ms). At `crash` that flush is all a group commit does. At `power` (the
 //! default) [`SledBackend::flush`] then does what sled's flush leaves undone, once per
-//! group commit: an fsync of the data file (`db`), of each blob file sled wrote since
-//! the last flush (values too large for a log segment, under `blobs/`), and of the
-//! database's directories when their entries changed (a new blob, a snapshot's rename),
-//! so an acknowledged write survives a power cut (proven by the power-cut test,
-//! `crates/agentloop-cli/tests/power_cut.rs`).
+//! group commit: an fsync of each blob file sled finished since the last flush (values
+//! too large for a log segment, under `blobs/`), of the database's directories when
+//! their entries changed (a new blob, a snapshot's rename), then of the data file
+//! (`db`), so an acknowledged write survives a power cut (proven by the power-cut test,
+//! `crates/agentloop-cli/tests/power_cut.rs`). The changes are learned from an inotify
+//! watch (Linux), else by listing the directories.
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -233,26 +234,28 @@ impl SledBackend {
     /// Makes every write so far durable at the backend's level: sled's flush, then at
     /// `power` the fsyncs it leaves undone (see the module's doc). Blocks.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db
-            .flush()
-            .map(|_| ())
-            .map_err(|e| backend_err("flush", "", e))?;
+        self.flush_log()?;
         match &self.power {
             Some(power) => power.sync(),
             None => Ok(()),
         }
     }
 
-    /// Flushes, then makes every write survive a power loss whatever the level (a
-    /// clean close). Blocks.
-    pub fn sync_for_close(&self) -> Result<(), StoreError> {
+    /// sled's own flush (`sync_file_range` of its log): what `crash` acknowledges after.
+    fn flush_log(&self) -> Result<(), StoreError> {
         self.db
             .flush()
             .map(|_| ())
-            .map_err(|e| backend_err("flush", "", e))?;
+            .map_err(|e| backend_err("flush", "", e))
+    }
+
+    /// Flushes, then makes every write survive a power loss whatever the level (a
+    /// clean close). Blocks.
+    pub fn sync_for_close(&self) -> Result<(), StoreError> {
+        self.flush_log()?;
         match &self.power {
             Some(power) => power.sync(),
-            None => PowerSync::open(&self.path).map(|_| ()),
+            None => PowerSync::open_all(&self.path).map(|_| ()),
         }
     }
 
@@ -407,6 +410,10 @@ struct Changed {
 struct Entries {
     root: BTreeSet<std::ffi::OsString>,
     blobs: BTreeSet<std::ffi::OsString>,
+    /// The blobs that were new at the last look: a listing cannot tell a blob sled is
+    /// still writing from a finished one, so each new blob is synced at two syncs in a
+    /// row (sled writes a blob whole before it logs a pointer to it).
+    fresh: BTreeSet<std::ffi::OsString>,
 }
 
 impl Entries {
@@ -414,16 +421,22 @@ impl Entries {
         Ok(Entries {
             root: names(dir)?,
             blobs: names(&dir.join("blobs"))?,
+            fresh: BTreeSet::new(),
         })
     }
 
-    /// What changed from `self` to `now` (which becomes `self`).
-    fn advance(&mut self, now: Entries) -> Changed {
+    /// What changed from `self` to `now` (which becomes `self`); the blobs new at the
+    /// last look are synced again.
+    fn advance(&mut self, mut now: Entries) -> Changed {
+        let fresh: BTreeSet<_> = now.blobs.difference(&self.blobs).cloned().collect();
+        let mut new_blobs = fresh.clone();
+        new_blobs.extend(self.fresh.intersection(&now.blobs).cloned());
         let changed = Changed {
             root: now.root != self.root,
             blobs: now.blobs != self.blobs,
-            new_blobs: now.blobs.difference(&self.blobs).cloned().collect(),
+            new_blobs,
         };
+        now.fresh = fresh;
         *self = now;
         changed
     }
@@ -447,11 +460,21 @@ mod watch {
         WatchMask::CREATE | WatchMask::DELETE | WatchMask::MOVED_FROM | WatchMask::MOVED_TO
     }
 
+    /// On `blobs/`, also a file closed after writing: a blob is synced once sled has
+    /// written it whole (`CLOSE_WRITE`), not when it appears (`CREATE`, before its
+    /// bytes).
+    fn blob_mask() -> WatchMask {
+        mask() | WatchMask::CLOSE_WRITE
+    }
+
     pub(super) struct DirWatch {
         inotify: Inotify,
         root: WatchDescriptor,
         blobs: Option<WatchDescriptor>,
         buffer: Vec<u8>,
+        /// A watch on `blobs/` could not be had after it appeared: the caller lists
+        /// the directories from now on.
+        broken: bool,
     }
 
     impl DirWatch {
@@ -460,13 +483,27 @@ mod watch {
         pub(super) fn new(dir: &Path) -> Option<DirWatch> {
             let inotify = Inotify::init().ok()?;
             let root = inotify.watches().add(dir, mask()).ok()?;
-            let blobs = inotify.watches().add(dir.join("blobs"), mask()).ok();
+            let blobs_dir = dir.join("blobs");
+            let blobs = match inotify.watches().add(&blobs_dir, blob_mask()) {
+                Ok(wd) => Some(wd),
+                // Not there yet: the root's watch sees it appear.
+                Err(_) if !blobs_dir.exists() => None,
+                // There but not watchable (no inotify watches left, no permission):
+                // blobs would go unseen, so list instead.
+                Err(_) => return None,
+            };
             Some(DirWatch {
                 inotify,
                 root,
                 blobs,
                 buffer: vec![0; 4096],
+                broken: false,
             })
+        }
+
+        /// Whether the watch can no longer see everything (list from now on).
+        pub(super) fn broken(&self) -> bool {
+            self.broken
         }
 
         /// What changed since the last call. A queue that overflowed, or a `blobs/`
@@ -491,14 +528,27 @@ mod watch {
                     } else if event.wd == self.root {
                         changed.root = true;
                         if event.name.is_some_and(|n| n == "blobs") && self.blobs.is_none() {
-                            self.blobs = self.inotify.watches().add(dir.join("blobs"), mask()).ok();
+                            match self.inotify.watches().add(dir.join("blobs"), blob_mask()) {
+                                Ok(wd) => self.blobs = Some(wd),
+                                Err(e) => {
+                                    tracing::warn!(dir = %dir.display(), error = %e, "no inotify watch on the sled store's blobs/ directory; its directories are listed at each flush from now on");
+                                    self.broken = true;
+                                }
+                            }
                             relist = true;
                         }
                     } else if Some(&event.wd) == self.blobs.as_ref() {
-                        changed.blobs = true;
+                        if event.mask.intersects(
+                            EventMask::CREATE
+                                | EventMask::DELETE
+                                | EventMask::MOVED_FROM
+                                | EventMask::MOVED_TO,
+                        ) {
+                            changed.blobs = true;
+                        }
                         if event
                             .mask
-                            .intersects(EventMask::CREATE | EventMask::MOVED_TO)
+                            .intersects(EventMask::CLOSE_WRITE | EventMask::MOVED_TO)
                         {
                             if let Some(name) = event.name {
                                 changed.new_blobs.insert(name.to_os_string());
@@ -576,19 +626,23 @@ impl PowerSync {
         File::open(&conf)
             .and_then(|f| f.sync_all())
             .map_err(|e| power_err("the fsync of", &conf, e))?;
-        // Whatever exists now (a new database, blobs from before) is made durable once.
-        for name in names(&dir.join("blobs"))? {
-            this.sync_blob(&dir.join("blobs").join(name))?;
-        }
+        // What the open created or changed (a new database's files and entries) is
+        // made durable once; the data directory's own entry in its parent is
+        // `Backend::open`'s, for every engine.
         this.sync()?;
         if dir.join("blobs").is_dir() {
             sync_dir(&dir.join("blobs"))?;
         }
         sync_dir(dir)?;
-        // A data directory created just now must itself survive (its entry in the
-        // parent directory).
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
+        Ok(this)
+    }
+
+    /// Like [`PowerSync::open`], and also fsyncs every blob file there (what a store at
+    /// `crash` wrote without syncing): a clean close at any level. Blocks.
+    fn open_all(dir: &Path) -> Result<Self, StoreError> {
+        let this = PowerSync::open(dir)?;
+        for name in names(&dir.join("blobs"))? {
+            this.sync_blob(&dir.join("blobs").join(name))?;
         }
         Ok(this)
     }
@@ -606,26 +660,38 @@ impl PowerSync {
 
     /// What sled's flush leaves undone: the data file's fsync, then each new blob
     /// file's, then the directories whose entries changed. Blocks.
+    ///
+    /// The blobs go first: sled writes a blob whole before it logs the pointer to it,
+    /// so syncing the blobs finished so far before the data file keeps a durable pointer
+    /// from naming a blob that is not.
     fn sync(&self) -> Result<(), StoreError> {
-        self.data
-            .sync_data()
-            .map_err(|e| power_err("the fsync of", &self.dir.join("db"), e))?;
-        let changed = match &mut *self.changes.lock() {
-            #[cfg(target_os = "linux")]
-            Tracker::Watch(w) => w.changed(&self.dir)?,
-            Tracker::List(seen) => seen.advance(Entries::list(&self.dir)?),
+        let changed = {
+            let mut tracker = self.changes.lock();
+            match &mut *tracker {
+                #[cfg(target_os = "linux")]
+                Tracker::Watch(w) => {
+                    let changed = w.changed(&self.dir)?;
+                    if w.broken() {
+                        *tracker = Tracker::List(Entries::list(&self.dir)?);
+                    }
+                    changed
+                }
+                Tracker::List(seen) => seen.advance(Entries::list(&self.dir)?),
+            }
         };
         let blobs_dir = self.dir.join("blobs");
         for name in &changed.new_blobs {
             self.sync_blob(&blobs_dir.join(name))?;
         }
-        if changed.blobs && blobs_dir.is_dir() {
+        if (changed.blobs || !changed.new_blobs.is_empty()) && blobs_dir.is_dir() {
             sync_dir(&blobs_dir)?;
         }
         if changed.root {
             sync_dir(&self.dir)?;
         }
-        Ok(())
+        self.data
+            .sync_data()
+            .map_err(|e| power_err("the fsync of", &self.dir.join("db"), e))
     }
 }
 
@@ -653,25 +719,31 @@ mod tests {
 
     /// What a tracker must report: a blob created since the last look (to fsync, with
     /// its directory), an entry renamed into the database's directory (a snapshot: the
-    /// directory to fsync), and nothing once it was reported.
-    fn reports_changes_once(mut changed: impl FnMut(&Path) -> Changed, tag: &str) {
+    /// directory to fsync), and nothing once it was reported (the listing reports a
+    /// fresh blob at one more look: it cannot tell a finished blob from one being
+    /// written).
+    fn reports_changes_once(mut changed: impl FnMut(&Path) -> Changed, tag: &str, again: bool) {
         let d = dir(tag);
         let first = changed(&d.0);
         assert!(first.new_blobs.is_empty(), "{tag}: nothing new yet");
         std::fs::write(d.0.join("blobs").join("4096"), b"blob").unwrap();
         std::fs::write(d.0.join("snap.tmp"), b"s").unwrap();
         std::fs::rename(d.0.join("snap.tmp"), d.0.join("snap.new")).unwrap();
+        let blob = vec![std::ffi::OsString::from("4096")];
         let c = changed(&d.0);
         assert!(c.root && c.blobs, "{tag}: both directories changed");
-        assert_eq!(
-            c.new_blobs.into_iter().collect::<Vec<_>>(),
-            vec![std::ffi::OsString::from("4096")],
-            "{tag}"
-        );
-        let again = changed(&d.0);
+        assert_eq!(c.new_blobs.into_iter().collect::<Vec<_>>(), blob, "{tag}");
+        let next = changed(&d.0);
         assert!(
-            !again.root && !again.blobs && again.new_blobs.is_empty(),
-            "{tag}: reported once"
+            !next.root && !next.blobs,
+            "{tag}: the entries reported once"
+        );
+        let resynced: Vec<_> = next.new_blobs.into_iter().collect();
+        assert_eq!(resynced.is_empty(), !again, "{tag}: {resynced:?}");
+        let last = changed(&d.0);
+        assert!(
+            !last.root && !last.blobs && last.new_blobs.is_empty(),
+            "{tag}: nothing left"
         );
         std::fs::remove_file(d.0.join("snap.old")).unwrap();
         assert!(changed(&d.0).root, "{tag}: a removal changes the directory");
@@ -692,6 +764,7 @@ mod tests {
                 }
             },
             "list",
+            true,
         );
     }
 
@@ -708,6 +781,32 @@ mod tests {
                 Some(w) => w.changed(d).unwrap(),
             },
             "inotify",
+            false,
+        );
+    }
+
+    /// inotify reports a blob to sync once sled closed it after writing it whole, not
+    /// when it appears (its bytes are not there yet).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn inotify_reports_a_blob_once_it_is_written_whole() {
+        use std::io::Write as _;
+        let d = dir("closed");
+        let mut w = watch::DirWatch::new(&d.0).expect("an inotify watch");
+        let mut f = std::fs::File::create_new(d.0.join("blobs").join("8192")).unwrap();
+        let c = w.changed(&d.0).unwrap();
+        assert!(c.blobs, "the entry appeared");
+        assert!(
+            c.new_blobs.is_empty(),
+            "not yet written whole: {:?}",
+            c.new_blobs
+        );
+        f.write_all(b"the blob's bytes").unwrap();
+        drop(f);
+        let c = w.changed(&d.0).unwrap();
+        assert_eq!(
+            c.new_blobs.into_iter().collect::<Vec<_>>(),
+            vec![std::ffi::OsString::from("8192")]
         );
     }
 
