@@ -480,15 +480,18 @@ async fn probes_answer_while_every_request_slot_is_held() {
         let _ = axum::serve(listener, app).await;
     });
     // Two slow pushes: headers sent, the body never finished.
-    let mut held = Vec::new();
-    for _ in 0..2 {
+    let slow = || async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
         c.write_all(
             b"POST /sessions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"id\"",
         )
         .await
         .unwrap();
-        held.push(c);
+        c
+    };
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(slow().await);
     }
     let get = |path: &'static str| async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -508,8 +511,17 @@ async fn probes_answer_while_every_request_slot_is_held() {
     // about 7 s, well inside the 10 s body-read timeout that would free them (on a
     // loaded 2-core CI machine the two slow connections can take seconds to reach
     // their handlers).
+    // A probe below can reach the server before a slow request and take its slot: that
+    // request is then answered 429 and holds nothing, so it is sent again.
     let mut full = false;
     for _ in 0..700 {
+        for c in held.iter_mut() {
+            let mut answer = [0u8; 64];
+            match c.try_read(&mut answer) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                _ => *c = slow().await,
+            }
+        }
         if get("/sessions").await.starts_with("HTTP/1.1 429") {
             full = true;
             break;
