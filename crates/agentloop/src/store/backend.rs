@@ -535,6 +535,21 @@ mod tests {
         Dir(d)
     }
 
+    /// S15b: the directories `check_dir` creates are named (deepest first), so that
+    /// `Backend::open` at `power` fsyncs each one's parent; an existing directory creates
+    /// none.
+    #[test]
+    fn the_directories_created_for_the_data_directory_are_named() {
+        let d = dir("created");
+        let nested = d.0.join("a").join("b");
+        let created = check_dir(&nested).expect("created");
+        assert_eq!(created, vec![nested.clone(), d.0.join("a")]);
+        assert!(nested.is_dir());
+        assert!(check_dir(&nested).expect("exists").is_empty());
+        drop(Backend::open(&d.0.join("c"), Engine::SLED).expect("opens at power"));
+        assert!(d.0.join("c").join("db").is_file());
+    }
+
     /// What sled's background work does after a backend of this process was dropped:
     /// it holds the lock a moment longer. The next open waits for it instead of
     /// refusing the directory as in use (CI saw that race).
