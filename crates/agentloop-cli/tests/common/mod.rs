@@ -82,10 +82,41 @@ impl Job {
         Job::command(dir, "serve", &args, Stdio::inherit())
     }
 
+    /// `agentloop serve` as [`Job::serve`], under an address-space cap of `bytes`
+    /// (`ulimit -v`, RLIMIT_AS, issue 52): a server that lets a client or a model
+    /// server grow its memory without bound aborts at the cap instead of taking the
+    /// machine's memory, and the test sees it exit.
+    pub fn serve_capped(dir: &Path, bytes: u64, args: &[&str]) -> Job {
+        let args = [&["--listen", "127.0.0.1:0"], args].concat();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
+        command.arg("serve");
+        // SAFETY: setrlimit(2) is async-signal-safe; the closure allocates nothing.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(move || {
+                let limit = libc::rlimit {
+                    rlim_cur: bytes as libc::rlim_t,
+                    rlim_max: bytes as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        Job::spawn(command, dir, &args, Stdio::inherit())
+    }
+
     /// `agentloop COMMAND --data-dir DIR/data ARGS...` in `dir`.
     pub fn command(dir: &Path, command: &str, args: &[&str], stderr: Stdio) -> Job {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentloop"))
-            .arg(command)
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_agentloop"));
+        cmd.arg(command);
+        Job::spawn(cmd, dir, args, stderr)
+    }
+
+    /// Starts `command` (the binary and its subcommand) with `--data-dir DIR/data ARGS...`.
+    fn spawn(mut command: Command, dir: &Path, args: &[&str], stderr: Stdio) -> Job {
+        let mut child = command
             .args(["--data-dir", dir.join("data").to_str().unwrap()])
             .args(args)
             .current_dir(dir)
