@@ -497,3 +497,136 @@ async fn a_shutdown_during_a_wake_ends_it_cleanly() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// S34a (issue 52): a wake and a fork are new live sessions and count against
+/// `[limits] sessions` (20 000 woken against a bound of 5 000, 64 227 forks against
+/// 1 000 got past it). At the bound a push to a sleeping session is told to retry (the
+/// item handed back, the session still asleep, its record untouched), and a fork is
+/// refused before it writes a record; once a place frees, both go through.
+#[tokio::test(start_paused = true)]
+async fn wakes_and_forks_count_against_the_session_bound() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let ledgers = Ledgers::default();
+    let (rt, _) = builder(&ledgers, 1)
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .idle_after(IDLE)
+        .session_limits(agentloop::SessionLimits {
+            max_sessions: 2,
+            buffer: agentloop::BufferBound::UNBOUNDED,
+        })
+        .start()
+        .await
+        .expect("the runtime starts");
+    rt.supervisor()
+        .spawn(
+            SessionSpec::new("sleeper", "sim")
+                .persistent(true)
+                .durability(Durability::Sync)
+                .history(3),
+        )
+        .await
+        .expect("spawn");
+    rt.supervisor()
+        .push("sleeper", item(1))
+        .await
+        .expect("push");
+    within("the first turn", async {
+        while delivered(&ledgers) != vec![1] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    until_asleep(&rt, "sleeper").await;
+    // Two live sessions (`idle_after` off for them): the bound is reached.
+    for id in ["a", "b"] {
+        rt.supervisor()
+            .spawn(
+                SessionSpec::new(id, "sim")
+                    .persistent(true)
+                    .durability(Durability::Sync)
+                    .idle_after(Duration::from_secs(24 * 3600)),
+            )
+            .await
+            .expect("spawn");
+    }
+    match rt.supervisor().push("sleeper", item(2)).await {
+        Err(agentloop::RoutedPushError::NotLive {
+            item,
+            why,
+            retry_after,
+            ..
+        }) => {
+            assert_eq!(item.id, 2, "the item is handed back");
+            assert!(why.contains("[limits] sessions"), "{why}");
+            assert!(retry_after > Duration::ZERO);
+        }
+        other => panic!("expected NotLive at the bound, got {other:?}"),
+    }
+    assert!(asleep(&rt, "sleeper").await, "still asleep, not woken");
+    match rt
+        .supervisor()
+        .fork("sleeper", 1, "forked", Durability::Sync, 0)
+        .await
+    {
+        Err(e @ agentloop::ForkError::TooManySessions { .. }) => {
+            assert!(e.to_string().contains("[limits] sessions"), "{e}");
+            assert!(e.to_string().contains("nothing was written"), "{e}");
+        }
+        other => panic!("expected TooManySessions, got {:?}", other.map(|_| ())),
+    }
+    assert!(
+        store.load_stored("forked").await.unwrap().is_none(),
+        "a refused fork writes no record"
+    );
+    assert_eq!(rt.supervisor().list().await.len(), 2, "still two live");
+    // A place frees: the wake goes through, then the bound holds again for the fork.
+    rt.supervisor()
+        .stop("b", StopOptions::immediate())
+        .await
+        .expect("stop");
+    within("the wake once there is room", async {
+        loop {
+            match rt.supervisor().push("sleeper", item(2)).await {
+                Ok(_) => break,
+                Err(agentloop::RoutedPushError::NotLive { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+    within("the woken session's turn", async {
+        while delivered(&ledgers) != vec![1, 2] {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(matches!(
+        rt.supervisor()
+            .fork("sleeper", 1, "forked", Durability::Sync, 0)
+            .await,
+        Err(agentloop::ForkError::TooManySessions { .. })
+    ));
+    rt.supervisor()
+        .stop("a", StopOptions::immediate())
+        .await
+        .expect("stop");
+    within("the fork once there is room", async {
+        loop {
+            match rt
+                .supervisor()
+                .fork("sleeper", 1, "forked", Durability::Sync, 0)
+                .await
+            {
+                Ok(_) => break,
+                Err(agentloop::ForkError::TooManySessions { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+    rt.shutdown().await.expect("shutdown");
+}

@@ -798,6 +798,7 @@ where
                     let mut spec =
                         SessionSpec::from_header(&r.header, self.durability, self.lease_timeout);
                     spec.claim = self.sweeps;
+                    spec.resumed = true;
                     spec
                 }
             };

@@ -158,6 +158,15 @@ fn fork_error(e: agentloop::ForkError) -> ApiError {
         F::UnknownCheckpoint { .. } => (StatusCode::NOT_FOUND, "unknown_checkpoint"),
         F::Exists { .. } => (StatusCode::CONFLICT, "duplicate"),
         F::Store { .. } | F::Spawn { .. } => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        // S34a: load, so 429 with when to retry (issue 52).
+        F::TooManySessions { .. } => {
+            return ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: "too_many_sessions",
+                message: e.to_string(),
+                retry_after: Some(std::time::Duration::from_secs(1)),
+            }
+        }
     };
     ApiError::new(status, code, e.to_string())
 }

@@ -46,6 +46,15 @@ pub enum ForkError {
         /// The store's error.
         error: StoreError,
     },
+    /// The runtime already runs as many live sessions as its bound allows (S34a,
+    /// `[limits] sessions`); nothing was written.
+    #[error("cannot fork into session `{id}`: this runtime already runs {max} sessions, its bound ([limits] sessions); nothing was written; retry once some have ended, or raise the bound")]
+    TooManySessions {
+        /// The new id.
+        id: String,
+        /// The bound.
+        max: usize,
+    },
     /// The record was written but the new session did not start; spawning it again
     /// (persistent, same id) resumes it.
     #[error("the fork `{id}` is on record but did not start ({reason}); spawn it again to run it")]

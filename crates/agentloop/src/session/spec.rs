@@ -95,6 +95,11 @@ pub struct SessionSpec<I> {
     /// claim succeeds. Set by the runtime for the sessions it resumes or adopts as a
     /// cluster node.
     pub(crate) claim: bool,
+    /// The runtime's own session, resumed from its record (at start, adopted from a
+    /// node that died, moved here): never refused for `[limits] sessions` (S34a). A
+    /// fork, an answer's resume and a wake are new live sessions and are counted
+    /// (issue 52).
+    pub(crate) resumed: bool,
     /// A subscriber to attach before the first incarnation's actor starts (capacity,
     /// filter), so it sees every event from the first; used once, never for a restart.
     pub(crate) subscribe: Option<(usize, EventFilter)>,
@@ -175,6 +180,7 @@ impl<I> SessionSpec<I> {
             idle_after: None,
             preloaded: None,
             claim: false,
+            resumed: false,
             subscribe: None,
             run: RunContext::default(),
         }
@@ -377,6 +383,7 @@ impl<I> SessionSpec<I> {
             idle_after: self.idle_after,
             preloaded: None,
             claim: self.claim,
+            resumed: self.resumed,
             subscribe: self.subscribe,
             run: self.run.clone(),
         }
@@ -397,6 +404,7 @@ impl<I> SessionSpec<I> {
         let mut spec = SessionSpec::from_header(&rec.header, durability, lease_timeout);
         spec.preloaded = Some(Box::new(rec));
         spec.claim = claim;
+        spec.resumed = true;
         spec
     }
 

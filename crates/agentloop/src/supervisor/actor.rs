@@ -250,6 +250,8 @@ where
                     store: st.store.clone(),
                     owner: st.owner.clone(),
                     kinds: st.kinds.keys().cloned().collect(),
+                    full: (st.sessions.len() >= st.limits.max_sessions)
+                        .then_some(st.limits.max_sessions),
                 });
             }
             SupervisorMsg::StopAll { options, reply } => {

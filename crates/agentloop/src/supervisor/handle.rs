@@ -251,6 +251,14 @@ where
         let Some(store) = ctx.store else {
             return Err(crate::ForkError::NotPersistent(to.to_string()));
         };
+        // A fork is a new live session (issue 52: 64 227 forks ran against a bound of
+        // 1 000): refused before anything is written when there is no room.
+        if let Some(max) = ctx.full {
+            return Err(crate::ForkError::TooManySessions {
+                id: to.to_string(),
+                max,
+            });
+        }
         // The checkpoint's own settings (issue 28), or `durability` with the defaults
         // for a checkpoint written before settings were kept; the fork's history is its
         // own.
@@ -269,10 +277,25 @@ where
             .persistent(true)
             .settings(settings);
         spec.preloaded = Some(Box::new(record));
-        self.spawn(spec).await.map_err(|e| crate::ForkError::Spawn {
-            id: to.to_string(),
-            reason: e.to_string(),
-        })
+        match self.spawn(spec).await {
+            Ok(handle) => Ok(handle),
+            // Another spawn took the last place meanwhile: the fork's record goes, so
+            // a refused fork leaves nothing behind.
+            Err(SupervisorError::TooManySessions { max, .. }) => {
+                if let Err(e) = store.delete(to).await {
+                    tracing::warn!(session = to, error = %e,
+                        "a fork refused for the session bound could not remove its record; delete it, or spawn it to run it");
+                }
+                Err(crate::ForkError::TooManySessions {
+                    id: to.to_string(),
+                    max,
+                })
+            }
+            Err(e) => Err(crate::ForkError::Spawn {
+                id: to.to_string(),
+                reason: e.to_string(),
+            }),
+        }
     }
 
     /// Deletes stored session `id`: its record, its checkpoint history and its kept events (S20a) (issue 13,

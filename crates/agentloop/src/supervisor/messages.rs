@@ -319,4 +319,7 @@ pub(crate) struct RecordContext<I> {
     pub(super) store: Option<Arc<dyn CheckpointStore<I>>>,
     pub(super) owner: Option<String>,
     pub(super) kinds: Vec<String>,
+    /// The bound of live sessions, when the supervisor runs that many already (a
+    /// fork is refused before it writes anything, issue 52).
+    pub(super) full: Option<usize>,
 }

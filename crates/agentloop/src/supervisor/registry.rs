@@ -151,7 +151,9 @@ where
         starting: usize,
     ) -> Result<(), SupervisorError> {
         let id = spec.id.as_str();
-        let resumes = spec.preloaded.is_some() || spec.claim;
+        // Only the runtime's own resumes pass the bound: a fork or an answer's resume
+        // preloads a record too, but is a new live session (issue 52).
+        let resumes = spec.resumed;
         let live = self.sessions.len() + starting;
         match validate_session_id(id) {
             Err(e) => Err(SupervisorError::InvalidId(e)),
@@ -487,6 +489,18 @@ where
         None
     }
 
+    /// Why sleeping session `id` cannot be woken now, if it cannot: the runtime runs
+    /// as many live sessions as `[limits] sessions` allows (S34a, issue 52: a wake is
+    /// a new live session, and 20 000 wakes against a bound of 5 000 got past it).
+    pub(super) fn wake_refused(&self, id: &str) -> Option<String> {
+        let live = self.sessions.len();
+        (self.sleeping.contains(id) && !self.sessions.contains_key(id) && live >= self.limits.max_sessions)
+            .then(|| format!(
+                "session `{id}` sleeps and cannot be woken now: this runtime already runs {} live sessions, its bound ([limits] sessions); retry once some have ended or fallen asleep, or raise the bound",
+                self.limits.max_sessions
+            ))
+    }
+
     /// Whether `id` sleeps, or its incarnation has just fallen asleep (S39).
     pub(super) fn is_asleep(&self, id: &str) -> bool {
         self.sleeping.contains(id) || self.sessions.get(id).is_some_and(|e| e.handle.is_asleep())
@@ -518,6 +532,12 @@ where
             return None;
         }
         if !self.sleeping.contains(id) {
+            return None;
+        }
+        if let Some(why) = self.wake_refused(id) {
+            // A wake is a new live session (issue 52): at the bound it stays asleep,
+            // its record as it is; a push is told to retry, a timer retries itself.
+            tracing::debug!(session = id, "{why}");
             return None;
         }
         let kept = self.sleeping.remove(id);

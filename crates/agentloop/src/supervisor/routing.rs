@@ -33,6 +33,16 @@ pub(super) async fn route_push<I, E>(
         let _ = reply.send(Err(RoutedPushError::Push(PushError::Late { item })));
         return;
     }
+    if let Some(why) = st.wake_refused(&id) {
+        count(PushResult::Refused);
+        let _ = reply.send(Err(RoutedPushError::NotLive {
+            id,
+            item,
+            retry_after: std::time::Duration::from_secs(1),
+            why,
+        }));
+        return;
+    }
     let Some(h) = st.live(myself, &id).await else {
         count(PushResult::Refused);
         let _ = reply.send(Err(RoutedPushError::UnknownSession { id, item }));
