@@ -32,6 +32,12 @@ pub enum ProviderError {
         /// Which setting.
         what: &'static str,
     },
+    /// A timeout is zero.
+    #[error("{what} must be longer than zero")]
+    ZeroDuration {
+        /// Which setting.
+        what: &'static str,
+    },
     /// The HTTP client could not be built.
     #[error("the HTTP client cannot be built: {0}")]
     Client(String),
@@ -46,6 +52,28 @@ impl ModelError {
             ModelError::StreamCut { .. } => "stream_cut",
             ModelError::Idle { .. } => "idle",
             ModelError::Malformed { .. } => "malformed",
+            ModelError::FirstByte { .. } => "first_byte_timeout",
+            ModelError::Deadline { .. } => "call_timeout",
+            ModelError::TooLarge { .. } => "too_large",
+            ModelError::TooManyToolCalls { .. } => "too_many_tool_calls",
+        }
+    }
+
+    /// Whether calling again later may succeed: a rate limit, a server error, a
+    /// server that could not be reached, broke its stream, went silent or ran past a
+    /// deadline. An answer over a bound, a malformed chunk or a refusal (4xx other
+    /// than 429) would come back the same.
+    pub fn retryable(&self) -> bool {
+        match self {
+            ModelError::Status { status, .. } => *status == 429 || *status >= 500,
+            ModelError::Connect { .. }
+            | ModelError::StreamCut { .. }
+            | ModelError::Idle { .. }
+            | ModelError::FirstByte { .. }
+            | ModelError::Deadline { .. } => true,
+            ModelError::Malformed { .. }
+            | ModelError::TooLarge { .. }
+            | ModelError::TooManyToolCalls { .. } => false,
         }
     }
 }
@@ -89,7 +117,7 @@ pub enum ModelError {
         reason: String,
     },
     /// No data for longer than the provider's idle timeout.
-    #[error("the model server `{provider}` sent nothing for {idle:?}")]
+    #[error("the model server `{provider}` sent nothing for {idle:?} mid-answer; the provider's `idle_timeout` setting (serve: --model-idle-timeout) raises the bound")]
     Idle {
         /// The provider's name.
         provider: String,
@@ -103,5 +131,52 @@ pub enum ModelError {
         provider: String,
         /// What was wrong (with the start of the chunk).
         reason: String,
+    },
+    /// The server did not begin to answer (no status line and headers) within the
+    /// provider's first-byte timeout, on the first attempt and every retry.
+    #[error("the model server `{provider}` did not begin to answer within {timeout:?} ({retries} retries); the provider's `first_byte_timeout` setting (serve: --model-first-byte-timeout) raises the bound")]
+    FirstByte {
+        /// The provider's name.
+        provider: String,
+        /// The timeout of each attempt.
+        timeout: Duration,
+        /// Retries made.
+        retries: u32,
+    },
+    /// The call (its retries and restarts included) ran past the provider's call
+    /// timeout; the stream was dropped and the concurrency permit released.
+    #[error("the model call to `{provider}` did not finish within {timeout:?} and was stopped; the provider's `call_timeout` setting (serve: --model-call-timeout) raises the bound")]
+    Deadline {
+        /// The provider's name.
+        provider: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The answer went past one of the provider's size bounds; the stream was
+    /// dropped.
+    #[error("the model server `{provider}` sent more than {limit} bytes in {what}; the call was stopped. The provider's `{setting}` setting (serve: --model-{flag}) raises the bound")]
+    TooLarge {
+        /// The provider's name.
+        provider: String,
+        /// What grew too large (the response, the answer's text, a tool call, one
+        /// event of the stream).
+        what: &'static str,
+        /// The bound, in bytes.
+        limit: u64,
+        /// The builder setting that raises it.
+        setting: &'static str,
+        /// The `agentloop serve` flag that raises it, without `--model-`.
+        flag: &'static str,
+    },
+    /// The answer named a tool call at an index past the provider's bound on tool
+    /// calls per answer.
+    #[error("the model server `{provider}` sent a tool call at index {index}, past the bound of {max} tool calls per answer; the call was stopped. The provider's `max_tool_calls` setting (serve: --model-max-tool-calls) raises the bound")]
+    TooManyToolCalls {
+        /// The provider's name.
+        provider: String,
+        /// The index the server sent.
+        index: u64,
+        /// The bound.
+        max: usize,
     },
 }

@@ -20,6 +20,7 @@ mod error;
 mod events;
 mod provider;
 mod sim;
+mod sse;
 mod stream;
 mod tools;
 

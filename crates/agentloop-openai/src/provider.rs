@@ -3,16 +3,11 @@
 //! and 5xx retried with exponential backoff, `Retry-After` honoured). Cloning a
 //! [`Provider`] shares all of it.
 
-use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
-use async_openai::middleware::{HttpRequestFactory, ReqwestService};
 use tokio::sync::Semaphore;
 
 use crate::error::ProviderError;
@@ -28,16 +23,62 @@ pub(crate) struct Inner {
     pub(crate) name: String,
     pub(crate) base_url: String,
     pub(crate) model: String,
-    pub(crate) client: async_openai::Client<OpenAIConfig>,
+    /// `{base_url}/chat/completions`.
+    pub(crate) endpoint: String,
+    pub(crate) http: reqwest::Client,
+    /// Never logged, never in `Debug`.
+    pub(crate) key: Option<String>,
     pub(crate) limit: Arc<Semaphore>,
     pub(crate) max_concurrency: usize,
     pub(crate) stream_restarts: u32,
     pub(crate) max_retries: u32,
+    pub(crate) backoff: Duration,
+    pub(crate) max_backoff: Duration,
     pub(crate) idle_timeout: Duration,
+    pub(crate) bounds: Bounds,
     pub(crate) max_tokens: Option<u32>,
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) completion_tokens: AtomicU64,
     pub(crate) calls: AtomicU64,
+}
+
+/// What one model call may take and send (S34a at the model server's door): each
+/// has a default, the builder sets it, and a call past one fails with a
+/// [`crate::ModelError`] that names the setting.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bounds {
+    /// The longest wait for the status line and headers, per attempt.
+    pub(crate) first_byte_timeout: Duration,
+    /// The longest a call may take in all, retries and restarts included (from the
+    /// moment it holds its concurrency permit).
+    pub(crate) call_timeout: Duration,
+    /// Bytes of one response (one attempt's stream), on the wire.
+    pub(crate) max_response_bytes: u64,
+    /// Bytes of the answer's text.
+    pub(crate) max_text_bytes: usize,
+    /// Tool calls in one answer (and so the highest index + 1).
+    pub(crate) max_tool_calls: usize,
+    /// Bytes of one tool call's name and arguments.
+    pub(crate) max_tool_argument_bytes: usize,
+    /// Bytes of one line (and of one event's data) of the stream.
+    pub(crate) max_line_bytes: usize,
+    /// Bytes of an error answer's body that are read (the rest is not).
+    pub(crate) max_error_body_bytes: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            first_byte_timeout: Duration::from_secs(120),
+            call_timeout: Duration::from_secs(600),
+            max_response_bytes: 32 << 20,
+            max_text_bytes: 1 << 20,
+            max_tool_calls: 128,
+            max_tool_argument_bytes: 1 << 20,
+            max_line_bytes: 4 << 20,
+            max_error_body_bytes: 8 << 10,
+        }
+    }
 }
 
 impl std::fmt::Debug for Provider {
@@ -69,6 +110,7 @@ impl Provider {
             idle_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             max_tokens: None,
+            bounds: Bounds::default(),
         }
     }
 
@@ -144,11 +186,6 @@ impl Provider {
         );
     }
 
-    /// The retries a request may make.
-    pub(crate) fn inner_retries(&self) -> u32 {
-        self.inner.max_retries
-    }
-
     pub(crate) fn count(&self, usage: Usage) {
         self.inner
             .prompt_tokens
@@ -174,6 +211,7 @@ pub struct ProviderBuilder {
     idle_timeout: Duration,
     connect_timeout: Duration,
     max_tokens: Option<u32>,
+    bounds: Bounds,
 }
 
 impl ProviderBuilder {
@@ -252,6 +290,68 @@ impl ProviderBuilder {
         self
     }
 
+    /// The longest wait for a model server to begin answering (its status line and
+    /// headers), per attempt (default 120 s). A server that accepts and never answers
+    /// is retried as a connect error is, then fails the call with
+    /// [`crate::ModelError::FirstByte`].
+    pub fn first_byte_timeout(mut self, timeout: Duration) -> Self {
+        self.bounds.first_byte_timeout = timeout;
+        self
+    }
+
+    /// The longest a model call may take in all, from the moment it holds its
+    /// concurrency permit, retries and stream restarts included (default 10 min): then
+    /// the stream is dropped, the permit released, and the call fails with
+    /// [`crate::ModelError::Deadline`].
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.bounds.call_timeout = timeout;
+        self
+    }
+
+    /// The most bytes one response (one attempt's stream) may have on the wire
+    /// (default 32 MiB); past it the call fails with [`crate::ModelError::TooLarge`].
+    pub fn max_response_bytes(mut self, bytes: u64) -> Self {
+        self.bounds.max_response_bytes = bytes;
+        self
+    }
+
+    /// The most bytes of text an answer may have (default 1 MiB); past it the call
+    /// fails with [`crate::ModelError::TooLarge`].
+    pub fn max_text_bytes(mut self, bytes: usize) -> Self {
+        self.bounds.max_text_bytes = bytes;
+        self
+    }
+
+    /// The most tool calls one answer may ask for (default 128): a tool call at an
+    /// index at or past it fails the call with [`crate::ModelError::TooManyToolCalls`].
+    pub fn max_tool_calls(mut self, n: usize) -> Self {
+        self.bounds.max_tool_calls = n;
+        self
+    }
+
+    /// The most bytes of one tool call's name and arguments (default 1 MiB); past it
+    /// the call fails with [`crate::ModelError::TooLarge`].
+    pub fn max_tool_argument_bytes(mut self, bytes: usize) -> Self {
+        self.bounds.max_tool_argument_bytes = bytes;
+        self
+    }
+
+    /// The most bytes of one line, and of one event's data, of the server-sent
+    /// stream (default 4 MiB); past it the call fails with
+    /// [`crate::ModelError::TooLarge`].
+    pub fn max_line_bytes(mut self, bytes: usize) -> Self {
+        self.bounds.max_line_bytes = bytes;
+        self
+    }
+
+    /// The most bytes of an error answer's body that are read (default 8 KiB): the
+    /// message of [`crate::ModelError::Status`] holds at most these, and says how
+    /// long the body was when it was cut.
+    pub fn max_error_body_bytes(mut self, bytes: usize) -> Self {
+        self.bounds.max_error_body_bytes = bytes;
+        self
+    }
+
     /// The provider.
     pub fn build(self) -> Result<Provider, ProviderError> {
         let url = self.base_url.trim_end_matches('/').to_string();
@@ -263,37 +363,55 @@ impl ProviderBuilder {
                 what: "the provider's concurrency limit",
             });
         }
+        let b = &self.bounds;
+        for (zero, what) in [
+            (self.idle_timeout, "the provider's idle_timeout"),
+            (b.first_byte_timeout, "the provider's first_byte_timeout"),
+            (b.call_timeout, "the provider's call_timeout"),
+        ] {
+            if zero.is_zero() {
+                return Err(ProviderError::ZeroDuration { what });
+            }
+        }
+        for (n, what) in [
+            (b.max_response_bytes, "the provider's max_response_bytes"),
+            (b.max_text_bytes as u64, "the provider's max_text_bytes"),
+            (b.max_tool_calls as u64, "the provider's max_tool_calls"),
+            (
+                b.max_tool_argument_bytes as u64,
+                "the provider's max_tool_argument_bytes",
+            ),
+            (b.max_line_bytes as u64, "the provider's max_line_bytes"),
+            (
+                b.max_error_body_bytes as u64,
+                "the provider's max_error_body_bytes",
+            ),
+        ] {
+            if n == 0 {
+                return Err(ProviderError::Zero { what });
+            }
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout)
             .build()
             .map_err(|e| ProviderError::Client(e.to_string()))?;
         let name = self.name.unwrap_or_else(|| self.model.clone());
-        let retry = RetryPolicy {
-            provider: Arc::from(name.as_str()),
-            max: self.max_retries,
-            attempts: 0,
-            backoff: self.backoff,
-            max_backoff: self.max_backoff,
-        };
-        let service = tower::ServiceBuilder::new()
-            .retry(retry)
-            .service(ReqwestService::new(http));
-        let mut config = OpenAIConfig::new().with_api_base(url.clone());
-        // An empty key sends no Authorization header worth reading; servers without
-        // keys ignore it.
-        config = config.with_api_key(self.key.unwrap_or_default());
-        let client = async_openai::Client::with_config(config).with_http_service(service);
         Ok(Provider {
             inner: Arc::new(Inner {
                 name,
+                endpoint: format!("{url}/chat/completions"),
                 base_url: url,
                 model: self.model,
-                client,
+                http,
+                key: self.key.filter(|k| !k.is_empty()),
                 limit: Arc::new(Semaphore::new(self.max_concurrency)),
                 max_concurrency: self.max_concurrency,
                 stream_restarts: self.stream_restarts,
                 max_retries: self.max_retries,
+                backoff: self.backoff,
+                max_backoff: self.max_backoff,
                 idle_timeout: self.idle_timeout,
+                bounds: self.bounds,
                 max_tokens: self.max_tokens,
                 prompt_tokens: AtomicU64::new(0),
                 completion_tokens: AtomicU64::new(0),
@@ -303,58 +421,23 @@ impl ProviderBuilder {
     }
 }
 
-/// The provider's retry policy (a tower policy around every request): 429 and 5xx
-/// answers and connect errors are retried after `Retry-After`, or an exponential
-/// backoff, at most `max` times.
-#[derive(Clone)]
-struct RetryPolicy {
-    provider: Arc<str>,
-    max: u32,
-    attempts: u32,
-    backoff: Duration,
-    max_backoff: Duration,
-}
-
 /// The longest `Retry-After` honoured (a server asking for more is waited for this).
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
 
-impl tower::retry::Policy<HttpRequestFactory, reqwest::Response, OpenAIError> for RetryPolicy {
-    type Future = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
-
-    fn retry(
-        &mut self,
-        _req: &mut HttpRequestFactory,
-        result: &mut Result<reqwest::Response, OpenAIError>,
-    ) -> Option<Self::Future> {
-        let (why, after) = match result {
-            Ok(r) if r.status().as_u16() == 429 || r.status().is_server_error() => (
-                format!("HTTP {}", r.status().as_u16()),
-                retry_after(r.headers()),
-            ),
-            Ok(_) => return None,
-            Err(OpenAIError::Reqwest(e)) if e.is_connect() => (format!("connect: {e}"), None),
-            Err(_) => return None,
-        };
-        if self.attempts >= self.max {
-            return None;
-        }
+impl Inner {
+    /// The wait before retry number `attempt + 1`: the server's `Retry-After` (at most
+    /// [`MAX_RETRY_AFTER`]), else the backoff doubled per attempt up to its maximum.
+    pub(crate) fn retry_wait(&self, attempt: u32, after: Option<Duration>) -> Duration {
         let doubled = self
             .backoff
-            .saturating_mul(2u32.saturating_pow(self.attempts))
+            .saturating_mul(2u32.saturating_pow(attempt))
             .min(self.max_backoff);
-        let wait = after.map_or(doubled, |a| a.min(MAX_RETRY_AFTER));
-        self.attempts += 1;
-        tracing::warn!(provider = %self.provider, attempt = self.attempts, wait_ms = wait.as_millis() as u64, reason = %why, "model request retried");
-        Some(Box::pin(tokio::time::sleep(wait)))
-    }
-
-    fn clone_request(&mut self, req: &HttpRequestFactory) -> Option<HttpRequestFactory> {
-        Some(req.clone())
+        after.map_or(doubled, |a| a.min(MAX_RETRY_AFTER))
     }
 }
 
 /// A `Retry-After` header: seconds, or an HTTP date.
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let value = headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()

@@ -2,15 +2,19 @@
 //! (text handed on at once, tool-call fragments assembled), the provider's concurrency
 //! limit held for the whole stream, a broken stream restarted as the provider allows.
 //! The wire types are this crate's own: lenient about fields OpenAI-compatible servers
-//! leave out, sent through async-openai's client (`byot`).
+//! leave out, sent with reqwest and read with a bounded, linear server-sent-events
+//! parser (`sse.rs`). Every quantity the server controls is bounded (the provider's
+//! bounds): the wait for its first byte and for the whole call, the response's
+//! bytes, the text's, each tool call's, the number of tool calls, a line's, and the
+//! part of an error body that is read at all.
 
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::conversation::{Conversation, Message, Role, ToolCall};
 use crate::error::ModelError;
 use crate::events::{ChatEvent, Usage};
 use crate::provider::Provider;
+use crate::sse;
 
 /// What a model call answered.
 #[derive(Debug)]
@@ -93,7 +97,7 @@ struct Delta {
 #[derive(Deserialize)]
 struct DeltaCall {
     #[serde(default)]
-    index: usize,
+    index: u64,
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
@@ -224,12 +228,35 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let p = &provider.inner;
-    let name = || p.name.clone();
     // The semaphore is never closed: an error cannot happen, but is said if it did.
     let _permit = p.limit.acquire().await.map_err(|_| ModelError::Connect {
-        provider: name(),
+        provider: p.name.clone(),
         reason: "the provider's concurrency limit was closed".into(),
     })?;
+    // The call's deadline runs from the permit: dropping the attempt at it drops the
+    // connection, and the permit is released on return.
+    let timeout = p.bounds.call_timeout;
+    match tokio::time::timeout(timeout, attempts(provider, conv, tools, &mut emit)).await {
+        Ok(out) => out,
+        Err(_) => Err(ModelError::Deadline {
+            provider: p.name.clone(),
+            timeout,
+        }),
+    }
+}
+
+/// The request, sent again after each restartable break as the provider allows.
+async fn attempts<F, Fut>(
+    provider: &Provider,
+    conv: &Conversation,
+    tools: &[serde_json::Value],
+    emit: &mut F,
+) -> Result<Reply, ModelError>
+where
+    F: FnMut(ChatEvent) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let p = &provider.inner;
     let request = Request {
         model: &p.model,
         messages: wire(conv),
@@ -240,90 +267,15 @@ where
         },
         max_tokens: p.max_tokens,
     };
+    let body = serde_json::to_vec(&request).map_err(|e| ModelError::Connect {
+        provider: p.name.clone(),
+        reason: format!("the request cannot be encoded: {e}"),
+    })?;
     let mut restarts = 0;
     loop {
-        let started = p
-            .client
-            .chat()
-            .create_stream_byot::<_, Chunk>(&request)
-            .await;
-        let mut stream = match started {
-            Ok(s) => s,
-            Err(e) => return Err(request_error(provider, e)),
-        };
+        let response = send(provider, &body).await?;
         let mut got = Assembled::default();
-        let broke = loop {
-            let next = match tokio::time::timeout(p.idle_timeout, stream.next()).await {
-                Err(_) => {
-                    break Some(Broke::Fatal(ModelError::Idle {
-                        provider: name(),
-                        idle: p.idle_timeout,
-                    }))
-                }
-                Ok(n) => n,
-            };
-            match next {
-                None if got.finish.is_some() => break None,
-                None => {
-                    break Some(Broke::Cut(
-                        "the stream ended without a finish reason".into(),
-                    ))
-                }
-                Some(Err(async_openai::error::OpenAIError::JSONDeserialize(e, text))) => {
-                    let start: String = text.chars().take(120).collect();
-                    break Some(Broke::Fatal(ModelError::Malformed {
-                        provider: name(),
-                        reason: format!("{e} in `{start}`"),
-                    }));
-                }
-                Some(Err(e)) => break Some(Broke::Cut(e.to_string())),
-                Some(Ok(chunk)) => {
-                    got.chunks += 1;
-                    if let Some(u) = chunk.usage {
-                        got.usage = Usage {
-                            prompt_tokens: u.prompt_tokens,
-                            completion_tokens: u.completion_tokens,
-                        };
-                    }
-                    for choice in chunk.choices.unwrap_or_default() {
-                        if choice.index != 0 {
-                            continue;
-                        }
-                        if let Some(delta) = choice.delta {
-                            if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                                got.text.push_str(&text);
-                                emit(ChatEvent::Token { text }).await;
-                            }
-                            for d in delta.tool_calls.unwrap_or_default() {
-                                while got.calls.len() <= d.index {
-                                    got.calls.push(ToolCall {
-                                        id: String::new(),
-                                        name: String::new(),
-                                        arguments: String::new(),
-                                    });
-                                }
-                                let c = &mut got.calls[d.index];
-                                if let Some(id) = d.id {
-                                    c.id = id;
-                                }
-                                if let Some(f) = d.function {
-                                    if let Some(n) = f.name {
-                                        c.name.push_str(&n);
-                                    }
-                                    if let Some(a) = f.arguments {
-                                        c.arguments.push_str(&a);
-                                    }
-                                }
-                            }
-                        }
-                        if let Some(f) = choice.finish_reason {
-                            got.finish = Some(f);
-                        }
-                    }
-                }
-            }
-        };
-        match broke {
+        match read(provider, response, &mut got, emit).await {
             None => {
                 let finish_reason = got.finish.unwrap_or_default();
                 let mut calls = got.calls;
@@ -357,7 +309,7 @@ where
             }
             Some(Broke::Cut(reason)) => {
                 return Err(ModelError::StreamCut {
-                    provider: name(),
+                    provider: p.name.clone(),
                     chunks: got.chunks,
                     restarts,
                     reason,
@@ -367,32 +319,340 @@ where
     }
 }
 
-/// A request that got no stream: the status the server kept answering (after the
-/// provider's retries), or why it could not be reached.
-fn request_error(provider: &Provider, e: async_openai::error::OpenAIError) -> ModelError {
-    use async_openai::error::OpenAIError;
-    let name = provider.inner.name.clone();
-    match e {
-        OpenAIError::ApiError(r) => {
-            let status = r.status_code.as_u16();
-            ModelError::Status {
-                provider: name,
-                status,
-                retries: if status == 429 || status >= 500 {
-                    provider.inner_retries()
+/// Sends the request until the server answers 2xx, retrying 429, 5xx, connect
+/// errors and a server that does not begin to answer within the first-byte timeout,
+/// after `Retry-After` or the backoff, as many times as the provider allows.
+async fn send(provider: &Provider, body: &[u8]) -> Result<reqwest::Response, ModelError> {
+    use reqwest::header::{ACCEPT, CONTENT_TYPE};
+    let p = &provider.inner;
+    let first_byte = p.bounds.first_byte_timeout;
+    let mut attempt = 0u32;
+    loop {
+        let mut request = p
+            .http
+            .post(&p.endpoint)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "text/event-stream")
+            .body(body.to_vec());
+        if let Some(key) = &p.key {
+            request = request.bearer_auth(key);
+        }
+        let more = attempt < p.max_retries;
+        let (why, after) = match tokio::time::timeout(first_byte, request.send()).await {
+            Ok(Ok(r)) if r.status().is_success() => return Ok(r),
+            Ok(Ok(r)) => {
+                let status = r.status().as_u16();
+                if (status == 429 || status >= 500) && more {
+                    // The body of an answer that is retried is not read.
+                    (
+                        format!("HTTP {status}"),
+                        crate::provider::retry_after(r.headers()),
+                    )
                 } else {
-                    0
-                },
-                message: r.api_error.message,
+                    return Err(status_error(provider, r, attempt).await);
+                }
+            }
+            Ok(Err(e)) if e.is_connect() && more => (format!("connect: {}", chain(&e)), None),
+            Ok(Err(e)) => {
+                return Err(ModelError::Connect {
+                    provider: p.name.clone(),
+                    reason: chain(&e),
+                })
+            }
+            Err(_) if more => (format!("no answer began within {first_byte:?}"), None),
+            Err(_) => {
+                return Err(ModelError::FirstByte {
+                    provider: p.name.clone(),
+                    timeout: first_byte,
+                    retries: attempt,
+                })
+            }
+        };
+        let wait = p.retry_wait(attempt, after);
+        attempt += 1;
+        tracing::warn!(provider = %p.name, attempt, wait_ms = wait.as_millis() as u64, reason = %why, "model request retried");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// An error and its sources, on one line (reqwest's own says little: "error sending
+/// request").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    one_line(&out, 1024)
+}
+
+/// At most `max` bytes of `text` (cut at a character boundary, an ellipsis said),
+/// with control characters (line ends included) as spaces: fit for one log line.
+pub(crate) fn one_line(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max) + 3);
+    for c in text.chars() {
+        if out.len() + c.len_utf8() > max {
+            out.push('…');
+            break;
+        }
+        out.push(if c.is_control() { ' ' } else { c });
+    }
+    out
+}
+
+/// A status the call ends with: at most the provider's `max_error_body_bytes` of its
+/// body are read (a server's 50 MB error page is not), with the first-byte timeout for
+/// the whole read; the message is the body's `error.message` when the body is whole
+/// JSON, else its text, and says when it was cut and how long the body was.
+async fn status_error(provider: &Provider, mut r: reqwest::Response, retries: u32) -> ModelError {
+    let p = &provider.inner;
+    let max = p.bounds.max_error_body_bytes;
+    let status = r.status().as_u16();
+    let length = r.content_length();
+    let deadline = tokio::time::Instant::now() + p.bounds.first_byte_timeout;
+    let mut body: Vec<u8> = Vec::new();
+    // Why the body is not whole, if it is not.
+    let mut cut: Option<&'static str> = None;
+    loop {
+        match tokio::time::timeout_at(deadline, r.chunk()).await {
+            Ok(Ok(Some(c))) => {
+                let room = max - body.len();
+                if c.len() > room {
+                    body.extend_from_slice(&c[..room]);
+                    cut = Some("bound");
+                    break;
+                }
+                body.extend_from_slice(&c);
+            }
+            Ok(Ok(None)) => break,
+            Ok(Err(_)) => {
+                cut = Some("broke");
+                break;
+            }
+            Err(_) => {
+                cut = Some("slow");
+                break;
             }
         }
-        OpenAIError::Reqwest(e) => ModelError::Connect {
-            provider: name,
-            reason: e.to_string(),
-        },
-        other => ModelError::Connect {
-            provider: name,
-            reason: other.to_string(),
-        },
     }
+    drop(r);
+    let text = String::from_utf8_lossy(&body);
+    let said = match cut {
+        None => serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| {
+                let m = v["error"]["message"]
+                    .as_str()
+                    .or_else(|| v["error"].as_str())
+                    .or_else(|| v["message"].as_str())?;
+                Some(m.to_string())
+            })
+            .unwrap_or_else(|| text.to_string()),
+        Some(_) => text.to_string(),
+    };
+    let mut message = one_line(said.trim(), max);
+    if message.is_empty() {
+        message = "(an empty body)".into();
+    }
+    match cut {
+        None => {}
+        Some("bound") => {
+            let of = length.map_or_else(|| "a longer body".to_string(), |n| format!("{n}"));
+            message.push_str(&format!(
+                " [truncated: the first {max} bytes of {of} were read; the provider's `max_error_body_bytes` setting (serve: --model-max-error-body-bytes) raises the bound]"
+            ));
+        }
+        Some("broke") => message.push_str(" [truncated: the body broke off]"),
+        Some(_) => message.push_str(&format!(
+            " [truncated: the rest of the body did not come within {:?}]",
+            p.bounds.first_byte_timeout
+        )),
+    }
+    ModelError::Status {
+        provider: p.name.clone(),
+        status,
+        retries,
+        message,
+    }
+}
+
+fn too_large(
+    provider: &Provider,
+    what: &'static str,
+    limit: u64,
+    setting: &'static str,
+    flag: &'static str,
+) -> ModelError {
+    ModelError::TooLarge {
+        provider: provider.inner.name.clone(),
+        what,
+        limit,
+        setting,
+        flag,
+    }
+}
+
+/// Reads one response's stream into `got`, handing text on as it arrives; `None` when
+/// it finished, else why it broke.
+async fn read<F, Fut>(
+    provider: &Provider,
+    mut response: reqwest::Response,
+    got: &mut Assembled,
+    emit: &mut F,
+) -> Option<Broke>
+where
+    F: FnMut(ChatEvent) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let p = &provider.inner;
+    let b = p.bounds;
+    let mut parser = sse::Parser::new(b.max_line_bytes);
+    let mut events = Vec::new();
+    let mut bytes: u64 = 0;
+    let ended = |got: &Assembled| {
+        if got.finish.is_some() {
+            None
+        } else {
+            Some(Broke::Cut(
+                "the stream ended without a finish reason".into(),
+            ))
+        }
+    };
+    loop {
+        let next = match tokio::time::timeout(p.idle_timeout, response.chunk()).await {
+            Err(_) => {
+                return Some(Broke::Fatal(ModelError::Idle {
+                    provider: p.name.clone(),
+                    idle: p.idle_timeout,
+                }))
+            }
+            Ok(n) => n,
+        };
+        let chunk = match next {
+            Ok(Some(c)) => c,
+            Ok(None) => return ended(got),
+            Err(e) => return Some(Broke::Cut(chain(&e))),
+        };
+        bytes += chunk.len() as u64;
+        if bytes > b.max_response_bytes {
+            return Some(Broke::Fatal(too_large(
+                provider,
+                "one response",
+                b.max_response_bytes,
+                "max_response_bytes",
+                "max-response-bytes",
+            )));
+        }
+        if parser.push(&chunk, &mut events).is_err() {
+            return Some(Broke::Fatal(too_large(
+                provider,
+                "one line of its stream",
+                b.max_line_bytes as u64,
+                "max_line_bytes",
+                "max-line-bytes",
+            )));
+        }
+        for event in events.drain(..) {
+            let data = match event {
+                sse::Event::Done => return ended(got),
+                sse::Event::Data(d) => d,
+            };
+            let chunk: Chunk = match serde_json::from_str(&data) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Some(Broke::Fatal(ModelError::Malformed {
+                        provider: p.name.clone(),
+                        reason: format!("{e} in `{}`", one_line(&data, 120)),
+                    }))
+                }
+            };
+            if let Err(e) = take(provider, chunk, got, emit).await {
+                return Some(Broke::Fatal(e));
+            }
+        }
+    }
+}
+
+/// Adds one chunk to what the attempt assembled, within the provider's bounds.
+async fn take<F, Fut>(
+    provider: &Provider,
+    chunk: Chunk,
+    got: &mut Assembled,
+    emit: &mut F,
+) -> Result<(), ModelError>
+where
+    F: FnMut(ChatEvent) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let b = provider.inner.bounds;
+    got.chunks += 1;
+    if let Some(u) = chunk.usage {
+        got.usage = Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+        };
+    }
+    for choice in chunk.choices.unwrap_or_default() {
+        if choice.index != 0 {
+            continue;
+        }
+        if let Some(delta) = choice.delta {
+            if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+                if got.text.len() + text.len() > b.max_text_bytes {
+                    return Err(too_large(
+                        provider,
+                        "the answer's text",
+                        b.max_text_bytes as u64,
+                        "max_text_bytes",
+                        "max-text-bytes",
+                    ));
+                }
+                got.text.push_str(&text);
+                emit(ChatEvent::Token { text }).await;
+            }
+            for d in delta.tool_calls.unwrap_or_default() {
+                let index = usize::try_from(d.index)
+                    .ok()
+                    .filter(|i| *i < b.max_tool_calls)
+                    .ok_or_else(|| ModelError::TooManyToolCalls {
+                        provider: provider.inner.name.clone(),
+                        index: d.index,
+                        max: b.max_tool_calls,
+                    })?;
+                while got.calls.len() <= index {
+                    got.calls.push(ToolCall {
+                        id: String::new(),
+                        name: String::new(),
+                        arguments: String::new(),
+                    });
+                }
+                let c = &mut got.calls[index];
+                if let Some(id) = d.id {
+                    c.id = id;
+                }
+                if let Some(f) = d.function {
+                    let name = f.name.unwrap_or_default();
+                    let args = f.arguments.unwrap_or_default();
+                    let size = c.name.len() + c.arguments.len() + name.len() + args.len();
+                    if size > b.max_tool_argument_bytes {
+                        return Err(too_large(
+                            provider,
+                            "one tool call's name and arguments",
+                            b.max_tool_argument_bytes as u64,
+                            "max_tool_argument_bytes",
+                            "max-tool-argument-bytes",
+                        ));
+                    }
+                    c.name.push_str(&name);
+                    c.arguments.push_str(&args);
+                }
+            }
+        }
+        if let Some(f) = choice.finish_reason {
+            got.finish = Some(f);
+        }
+    }
+    Ok(())
 }

@@ -36,6 +36,17 @@ pub enum Answer {
     Malformed,
     /// Text chunks that wait for `gate` before the last one.
     Held(Vec<&'static str>, Arc<tokio::sync::Notify>),
+    // Hostile answers (issue 52).
+    /// These bytes, each its own write, as they are; then the body ends.
+    Raw(Vec<String>),
+    /// These bytes, then `repeat` again and again for as long as the client reads,
+    /// `pause` between writes.
+    Endless(String, String, Duration),
+    /// This status with a body of this many bytes (`x`), its length in
+    /// `Content-Length`, written 64 KiB at a time.
+    ErrorBody(u16, usize),
+    /// The connection is accepted, the request read, and nothing is ever answered.
+    Silent,
 }
 
 /// The server's shared state.
@@ -48,6 +59,8 @@ pub struct Fake {
     pub max_open: AtomicUsize,
     /// Streams whose client went away before the server finished them.
     pub dropped: AtomicUsize,
+    /// Bytes of `ErrorBody` and `Endless` bodies handed to the connection.
+    pub body_bytes: AtomicUsize,
 }
 
 impl Fake {
@@ -223,6 +236,63 @@ async fn complete(State(fake): State<Arc<Fake>>, body: axum::Json<Value>) -> Res
                 .collect(),
             true,
         ),
+        Answer::Raw(parts) => (
+            parts
+                .into_iter()
+                .map(|p| (Bytes::from(p), Duration::ZERO))
+                .collect(),
+            false,
+        ),
+        Answer::Endless(first, repeat, pause) => {
+            let open = Open::new(&fake);
+            let first = Bytes::from(first);
+            let repeat = Bytes::from(repeat);
+            let stream = futures::stream::unfold((Some(first), open), move |(first, open)| {
+                let repeat = repeat.clone();
+                async move {
+                    let b = match first {
+                        Some(b) => b,
+                        None => {
+                            if !pause.is_zero() {
+                                tokio::time::sleep(pause).await;
+                            }
+                            repeat
+                        }
+                    };
+                    open.fake.body_bytes.fetch_add(b.len(), Ordering::SeqCst);
+                    Some((Ok::<Bytes, std::io::Error>(b), (None, open)))
+                }
+            });
+            return sse(Body::from_stream(stream));
+        }
+        Answer::ErrorBody(code, len) => {
+            const PIECE: usize = 64 << 10;
+            let piece = Bytes::from(vec![b'x'; PIECE]);
+            let counter = fake.clone();
+            let stream = futures::stream::unfold(0usize, move |sent| {
+                let piece = piece.clone();
+                let counter = counter.clone();
+                async move {
+                    if sent >= len {
+                        return None;
+                    }
+                    let n = PIECE.min(len - sent);
+                    counter.body_bytes.fetch_add(n, Ordering::SeqCst);
+                    Some((Ok::<Bytes, std::io::Error>(piece.slice(..n)), sent + n))
+                }
+            });
+            return Response::builder()
+                .status(code)
+                .header("content-type", "text/plain")
+                .header("content-length", len.to_string())
+                .body(Body::from_stream(stream))
+                .expect("a response");
+        }
+        Answer::Silent => {
+            let _open = Open::new(&fake);
+            std::future::pending::<()>().await;
+            unreachable!("pending never ends")
+        }
         Answer::Held(texts, gate) => {
             let open = Open::new(&fake);
             let n = texts.len();
