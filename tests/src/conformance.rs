@@ -926,17 +926,23 @@ pub async fn durable_timers(store: &Store) {
             .expect("a record");
     }
     let once = store
-        .arm_timer("timers", timer(300, None))
+        .arm_timer("timers", timer(300, None), 2)
         .await
         .expect("armed");
     let every = store
-        .arm_timer("timers", timer(100, Some(Repeat::Every { ms: 1000 })))
+        .arm_timer("timers", timer(100, Some(Repeat::Every { ms: 1000 })), 2)
         .await
         .expect("armed");
     let other = store
-        .arm_timer("timers-b", timer(200, None))
+        .arm_timer("timers-b", timer(200, None), 1)
         .await
         .expect("armed");
+    // S34a (issue 52): a session holding its bound of timers is refused, and nothing
+    // is written (its due-time index gains nothing).
+    match store.arm_timer("timers-b", timer(250, None), 1).await {
+        Err(StoreError::TooManyTimers { session, max: 1 }) => assert_eq!(session, "timers-b"),
+        other => panic!("expected TooManyTimers, got {other:?}"),
+    }
     assert_eq!(
         (once, every, other),
         (1, 2, 1),
@@ -1014,7 +1020,7 @@ pub async fn durable_timers(store: &Store) {
     assert!(store.cancel_timer("timers", every).await.expect("canceled"));
     assert!(!store.cancel_timer("timers", every).await.expect("answered"));
     store
-        .arm_timer("timers", timer(400, None))
+        .arm_timer("timers", timer(400, None), usize::MAX)
         .await
         .expect("armed");
     // A delete takes the session's timers with it.

@@ -138,6 +138,7 @@ async fn a_supervisor_bounds_its_sessions_and_their_buffers() {
             items: 2,
             bytes: usize::MAX,
         },
+        timers: agentloop::TimerBounds::UNBOUNDED,
     }))
     .await
     .unwrap();
@@ -192,6 +193,7 @@ async fn a_spec_bound_applies_under_the_supervisors_limits() {
             items: 3,
             bytes: usize::MAX,
         },
+        timers: agentloop::TimerBounds::UNBOUNDED,
     }))
     .await
     .unwrap();

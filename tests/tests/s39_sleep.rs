@@ -513,6 +513,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
         .session_limits(agentloop::SessionLimits {
             max_sessions: 2,
             buffer: agentloop::BufferBound::UNBOUNDED,
+            timers: agentloop::TimerBounds::UNBOUNDED,
         })
         .start()
         .await

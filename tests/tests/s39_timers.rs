@@ -168,6 +168,7 @@ async fn a_schedule_missed_for_hours_fires_once_then_keeps_its_grid() {
                 armed_ms: slot - hour,
                 fired: 0,
             },
+            usize::MAX,
         )
         .await
         .expect("armed");
@@ -731,4 +732,79 @@ async fn a_wake_up_without_a_store_fails_the_turn_with_what_to_do() {
         }
         r => panic!("expected Failed, got {r:?}"),
     }
+}
+
+/// S34a (issue 52): a session's durable timers are bounded (`[limits]`
+/// `session_timers`, `timer_bytes`, `timer_period`). Without the bounds 300 timers of
+/// 900 KB took a server's memory and an `every 1ms` schedule came back after every
+/// restart. Over a bound the arm is refused before anything is written, saying which
+/// bound and what to do; a canceled timer gives its place back; the bound holds for
+/// the store too (a second runtime on it sees the same count).
+#[tokio::test(start_paused = true)]
+async fn a_sessions_timers_are_bounded_in_count_size_and_period() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
+        .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
+        .flush_logs(None)
+        .register_agent("sim", |_cfg: &[u8]| Ok(SimAgent::new(steps(1))))
+        .session_limits(agentloop::SessionLimits {
+            max_sessions: usize::MAX,
+            buffer: agentloop::BufferBound::UNBOUNDED,
+            timers: agentloop::TimerBounds {
+                per_session: 2,
+                item_bytes: 200,
+                min_period: Duration::from_secs(2),
+            },
+        })
+        .start()
+        .await
+        .expect("the runtime starts");
+    spawn(&rt, "b").await;
+    let big = SimItem::new(1, "x".repeat(300));
+    match rt.wake_at("b", in_(MIN), big).await {
+        Err(e @ TimerError::ItemTooLarge { .. }) => {
+            assert!(e.to_string().contains("[limits] timer_bytes"), "{e}")
+        }
+        other => panic!("expected ItemTooLarge, got {other:?}"),
+    }
+    for schedule in ["every 10ms", "every 1s", "* * * * * *"] {
+        match rt.schedule("b", schedule.parse().unwrap(), item(2)).await {
+            Err(e @ TimerError::PeriodTooShort { .. }) => {
+                assert!(
+                    e.to_string().contains("[limits] timer_period"),
+                    "{schedule}: {e}"
+                )
+            }
+            other => panic!("{schedule}: expected PeriodTooShort, got {other:?}"),
+        }
+    }
+    assert!(rt.timers("b").await.unwrap().is_empty(), "nothing armed");
+    let first = rt.wake_at("b", in_(MIN), item(3)).await.expect("first");
+    rt.schedule("b", "every 2s".parse().unwrap(), item(4))
+        .await
+        .expect("second");
+    match rt.wake_at("b", in_(MIN), item(5)).await {
+        Err(e @ TimerError::TooMany { .. }) => {
+            assert!(e.to_string().contains("[limits] session_timers"), "{e}")
+        }
+        other => panic!("expected TooMany, got {other:?}"),
+    }
+    assert_eq!(rt.timers("b").await.unwrap().len(), 2);
+    assert!(rt.cancel_timer("b", first).await.unwrap());
+    rt.wake_at("b", in_(MIN), item(6))
+        .await
+        .expect("a canceled timer's place is free again");
+    // The store refuses past its count whoever asks (a turn's arm goes the same way).
+    let timer = StoredTimer {
+        due_ms: agentloop_ms(in_(MIN)),
+        item: Vec::new(),
+        repeat: None,
+        armed_ms: 0,
+        fired: 0,
+    };
+    match store.arm_timer("b", timer, 2).await {
+        Err(agentloop::StoreError::TooManyTimers { max: 2, .. }) => {}
+        other => panic!("expected TooManyTimers, got {other:?}"),
+    }
+    rt.shutdown().await.expect("shutdown");
 }

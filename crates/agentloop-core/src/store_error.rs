@@ -24,6 +24,15 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: crate::ids::SessionIdError,
     },
+    /// The session holds as many durable timers as it may (S34a, issue 52): the new
+    /// one was not armed.
+    #[error("session `{session}` already holds {max} timers, its bound ([limits] session_timers): cancel some (or let them fire) before arming more, or raise the bound")]
+    TooManyTimers {
+        /// The session.
+        session: String,
+        /// The bound.
+        max: usize,
+    },
     /// A stored record may not be resumed (S19), or a write is not applicable to it.
     #[error("session `{session}` cannot be resumed: its record is {status} because {why}")]
     Refused {

@@ -488,8 +488,9 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         &self,
         session: &str,
         timer: agentloop::store::StoredTimer,
+        max: usize,
     ) -> BoxFuture<'static, Result<u64, StoreError>> {
-        let f = self.call(session, Request::ArmTimer(session.to_string(), timer));
+        let f = self.call(session, Request::ArmTimer(session.to_string(), timer, max));
         expect!(f, Answer::Armed(n) => n)
     }
 

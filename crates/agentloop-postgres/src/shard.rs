@@ -48,7 +48,7 @@ pub(crate) enum Request {
         append: table::events::EventAppend,
     },
     ReadEvents(String, u64),
-    ArmTimer(String, table::timers::StoredTimer),
+    ArmTimer(String, table::timers::StoredTimer, usize),
     CancelTimer(String, u64),
     ChangeTimer(String, table::timers::TimerChange),
     Timers(String),
@@ -97,7 +97,7 @@ impl Request {
             | Request::Purge(id)
             | Request::History(id, _)
             | Request::ReadEvents(id, _)
-            | Request::ArmTimer(id, _)
+            | Request::ArmTimer(id, ..)
             | Request::CancelTimer(id, _)
             | Request::ChangeTimer(id, _)
             | Request::Timers(id)
@@ -466,7 +466,9 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         Request::ReadEvents(id, after) => {
             table::events::read_events(rows, &id, after).map(Answer::Events)
         }
-        Request::ArmTimer(id, timer) => table::timers::arm(rows, &id, timer).map(Answer::Armed),
+        Request::ArmTimer(id, timer, max) => {
+            table::timers::arm(rows, &id, timer, max).map(Answer::Armed)
+        }
         Request::CancelTimer(id, n) => table::timers::cancel(rows, &id, n).map(Answer::Existed),
         Request::ChangeTimer(id, c) => {
             table::timers::apply(rows, &id, vec![c]).map(|()| Answer::Done)

@@ -219,7 +219,7 @@ pub use supervisor::{
     RestartPolicy, RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn,
     SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
 };
-pub use timers::{Schedule, Timer, TimerError};
+pub use timers::{Schedule, Timer, TimerBounds, TimerError};
 pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
 pub use versions::{AgentVersions, DeployPlan, Migration, VersionError};
 pub use view::{Part, Redaction, SessionView, StepView, StepsView, TimerView};

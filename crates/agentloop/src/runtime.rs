@@ -520,6 +520,7 @@ where
                 node: self.node.is_some(),
                 timer_service: Arc::default(),
                 timer_clock: crate::timers::service::Clock::new(),
+                timer_bounds: self.limits.timers,
                 kinds,
                 metrics: metrics.clone(),
                 supervisor,

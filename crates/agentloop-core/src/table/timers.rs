@@ -136,14 +136,30 @@ fn decode(id: &str, bytes: &[u8]) -> Result<StoredTimer, StoreError> {
 }
 
 /// Arms a timer of `id` and returns its number (one more than any given before: never
-/// reused while the session's timers exist).
+/// reused while the session's timers exist), unless the session holds `max` timers
+/// already ([`StoreError::TooManyTimers`], nothing written: S34a, issue 52).
 /// The session need not be stored yet (a live session writes its record later); the
 /// runtime checks that it exists.
-pub fn arm(t: &mut impl Table, id: &str, timer: StoredTimer) -> Result<u64, StoreError> {
+pub fn arm(
+    t: &mut impl Table,
+    id: &str,
+    timer: StoredTimer,
+    max: usize,
+) -> Result<u64, StoreError> {
     super::check_id(id)?;
     let prefix = timers_prefix(id);
-    let highest = t
-        .keys_with_prefix(&prefix)?
+    let keys = t.keys_with_prefix(&prefix)?;
+    let held = keys
+        .iter()
+        .filter(|k| timer_number(k, prefix.len()).is_some())
+        .count();
+    if held >= max {
+        return Err(StoreError::TooManyTimers {
+            session: id.to_string(),
+            max,
+        });
+    }
+    let highest = keys
         .iter()
         .rev()
         .find_map(|k| timer_number(k, prefix.len()))
@@ -206,7 +222,9 @@ pub fn apply(t: &mut impl Table, id: &str, changes: Vec<TimerChange>) -> Result<
     for change in changes {
         match change {
             TimerChange::Arm(timer) => {
-                arm(t, id, timer)?;
+                // Bounded where it is asked for (`arm_timer`); a change riding a record
+                // write was checked when it was made.
+                arm(t, id, timer, usize::MAX)?;
             }
             TimerChange::Fired {
                 timer,
@@ -288,9 +306,17 @@ mod tests {
     #[test]
     fn timers_are_armed_numbered_listed_canceled_and_indexed() {
         let mut t = MapTable::default();
-        assert_eq!(arm(&mut t, "a", timer(30, None)).unwrap(), 1);
-        assert_eq!(arm(&mut t, "a", timer(10, None)).unwrap(), 2);
-        assert_eq!(arm(&mut t, "b", timer(20, None)).unwrap(), 1);
+        assert_eq!(arm(&mut t, "a", timer(30, None), 2).unwrap(), 1);
+        assert_eq!(arm(&mut t, "a", timer(10, None), 2).unwrap(), 2);
+        assert_eq!(arm(&mut t, "b", timer(20, None), 2).unwrap(), 1);
+        // S34a (issue 52): at its bound a session's arm is refused, nothing written.
+        assert_eq!(
+            arm(&mut t, "a", timer(40, None), 2),
+            Err(StoreError::TooManyTimers {
+                session: "a".into(),
+                max: 2
+            })
+        );
         let due: Vec<(u64, String, u64)> = due_index(&t)
             .unwrap()
             .into_iter()
@@ -310,7 +336,7 @@ mod tests {
         assert_eq!(due_index(&t).unwrap().len(), 2);
         // A number is never given twice, even once its timer is gone (a client that
         // kept #2 must not cancel a newer timer by it).
-        assert_eq!(arm(&mut t, "a", timer(5, None)).unwrap(), 3);
+        assert_eq!(arm(&mut t, "a", timer(5, None), 2).unwrap(), 3);
         assert!(
             get(&t, "a", u64::MAX).unwrap().is_none(),
             "the counter is no timer"
@@ -319,7 +345,7 @@ mod tests {
         assert_eq!(remove_all(&mut t, "a").unwrap(), 2);
         assert!(list(&t, "a").unwrap().is_empty());
         assert_eq!(
-            arm(&mut t, "a", timer(5, None)).unwrap(),
+            arm(&mut t, "a", timer(5, None), 2).unwrap(),
             1,
             "a deleted session starts again"
         );
@@ -330,8 +356,8 @@ mod tests {
     #[test]
     fn a_fire_removes_a_one_off_timer_and_moves_a_recurring_one() {
         let mut t = MapTable::default();
-        let once = arm(&mut t, "a", timer(10, None)).unwrap();
-        let every = arm(&mut t, "a", timer(10, Some(Repeat::Every { ms: 100 }))).unwrap();
+        let once = arm(&mut t, "a", timer(10, None), 2).unwrap();
+        let every = arm(&mut t, "a", timer(10, Some(Repeat::Every { ms: 100 })), 2).unwrap();
         let fired = |timer, next| TimerChange::Fired {
             timer,
             due_ms: 10,

@@ -41,7 +41,19 @@ impl From<TimerError> for ApiError {
             TimerError::Cron { .. } | TimerError::CronNever { .. } | TimerError::Period => {
                 (StatusCode::BAD_REQUEST, "bad_request")
             }
-            TimerError::Item(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            TimerError::Item(_) | TimerError::PeriodTooShort { .. } => {
+                (StatusCode::BAD_REQUEST, "bad_request")
+            }
+            // S34a (issue 52): the session's timers are bounded.
+            TimerError::ItemTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            TimerError::TooMany { .. } => {
+                return ApiError {
+                    status: StatusCode::TOO_MANY_REQUESTS,
+                    code: "too_many_timers",
+                    message: e.to_string(),
+                    retry_after: Some(Duration::from_secs(1)),
+                }
+            }
             TimerError::NoStore | TimerError::Session(_) => (StatusCode::CONFLICT, "wrong_state"),
             TimerError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
@@ -76,7 +88,9 @@ fn view<I: Item>(t: Timer<I>) -> Value {
     params(super::id::SessionId),
     request_body = TimerBody,
     responses((status = 201, description = "Durable before it is answered; at its time the item is pushed once (S39)", body = crate::openapi::schemas::Timer),
-        (status = 400, description = "`bad_request`: not an item, none or two of when, a cron expression that does not parse", body = crate::openapi::schemas::ErrorBody),
+        (status = 400, description = "`bad_request`: not an item, none or two of when, a cron expression that does not parse, a schedule more often than `[limits] timer_period`", body = crate::openapi::schemas::ErrorBody),
+        (status = 413, description = "`too_large`: the item is over `[limits] timer_bytes`", body = crate::openapi::schemas::ErrorBody),
+        (status = 429, description = "`too_many_timers`: the session holds `[limits] session_timers` timers; `Retry-After`", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
         (status = 409, description = "`wrong_state`: not persistent, or exiting", body = crate::openapi::schemas::ErrorBody),
         (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
@@ -116,12 +130,12 @@ pub(crate) async fn arm<I: Item, E: Ev>(
             ))
         }
     };
+    // The new timer alone (issue 52: listing every timer at each arm made arming
+    // cost all the session held).
     let timer = st
         .runtime
-        .timers(&id)
+        .timer(&id, n)
         .await?
-        .into_iter()
-        .find(|t| t.id == n)
         .map(view)
         .unwrap_or_else(|| json!({ "id": n }));
     Ok((StatusCode::CREATED, Json(timer)).into_response())

@@ -252,6 +252,15 @@ pub struct LimitsConfig {
     /// Stored bytes of the items a persistent session holds (`session_bytes`, default
     /// 64 MiB): a push that would pass it is refused (HTTP 429 `session_full`).
     pub session_bytes: usize,
+    /// Durable timers and schedules one session holds (`session_timers`, default 256):
+    /// one more is refused (HTTP 429 `too_many_timers`).
+    pub session_timers: usize,
+    /// The largest item a durable timer carries, encoded (`timer_bytes`, default
+    /// 64 KiB): a larger one is refused (HTTP 413 `too_large`).
+    pub timer_bytes: usize,
+    /// The shortest period of a schedule (`timer_period`, default 1 s): a shorter one
+    /// is refused (HTTP 400 `bad_request`).
+    pub timer_period: Duration,
 }
 
 impl LimitsConfig {
@@ -263,6 +272,11 @@ impl LimitsConfig {
                 items: self.session_items,
                 bytes: self.session_bytes,
             },
+            timers: crate::timers::TimerBounds {
+                per_session: self.session_timers,
+                item_bytes: self.timer_bytes,
+                min_period: self.timer_period,
+            },
         }
     }
 }
@@ -273,6 +287,13 @@ pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 pub const DEFAULT_SESSION_ITEMS: usize = 10_000;
 /// `[limits] session_bytes` by default.
 pub const DEFAULT_SESSION_BYTES: usize = 64 << 20;
+
+/// `[limits] session_timers` by default.
+pub const DEFAULT_SESSION_TIMERS: usize = 256;
+/// `[limits] timer_bytes` by default.
+pub const DEFAULT_TIMER_BYTES: usize = 64 << 10;
+/// `[limits] timer_period` by default.
+pub const DEFAULT_TIMER_PERIOD: Duration = Duration::from_secs(1);
 
 /// `[limits] sim_rounds` by default.
 pub const DEFAULT_SIM_ROUNDS: usize = 1_000;
@@ -293,6 +314,9 @@ impl Default for LimitsConfig {
             sessions: DEFAULT_MAX_SESSIONS,
             session_items: DEFAULT_SESSION_ITEMS,
             session_bytes: DEFAULT_SESSION_BYTES,
+            session_timers: DEFAULT_SESSION_TIMERS,
+            timer_bytes: DEFAULT_TIMER_BYTES,
+            timer_period: DEFAULT_TIMER_PERIOD,
         }
     }
 }
@@ -317,6 +341,12 @@ pub struct HttpConfig {
     pub cors_origins: Vec<String>,
     /// Connections served at once (S34a).
     pub max_connections: Option<usize>,
+    /// Connections one peer (an IPv4 address, an IPv6 /64) may hold at once (issue 52).
+    pub max_connections_per_peer: Option<usize>,
+    /// How long a connection may stay open with no request in flight (issue 52).
+    pub idle_timeout: Option<Duration>,
+    /// How long a connection may write nothing once the shutdown began (issue 52).
+    pub shutdown_write_timeout: Option<Duration>,
     /// How long a request's headers may take to arrive (S34a).
     pub header_read_timeout: Option<Duration>,
     /// How long a whole request body may take to arrive (S34a).
@@ -343,6 +373,9 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_event_streams", &self.max_event_streams)
             .field("cors_origins", &self.cors_origins)
             .field("max_connections", &self.max_connections)
+            .field("max_connections_per_peer", &self.max_connections_per_peer)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("shutdown_write_timeout", &self.shutdown_write_timeout)
             .field("header_read_timeout", &self.header_read_timeout)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("write_timeout", &self.write_timeout)
@@ -406,6 +439,9 @@ struct RawLimits {
     sessions: Option<i64>,
     session_items: Option<i64>,
     session_bytes: Option<i64>,
+    session_timers: Option<i64>,
+    timer_bytes: Option<i64>,
+    timer_period: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -418,6 +454,9 @@ struct RawHttp {
     max_event_streams: Option<i64>,
     cors_origins: Option<Vec<String>>,
     max_connections: Option<i64>,
+    max_connections_per_peer: Option<i64>,
+    idle_timeout: Option<String>,
+    shutdown_write_timeout: Option<String>,
     header_read_timeout: Option<String>,
     body_read_timeout: Option<String>,
     write_timeout: Option<String>,
@@ -543,6 +582,15 @@ impl RuntimeConfig {
             max_event_streams: positive("http.max_event_streams", h.max_event_streams)?,
             cors_origins: h.cors_origins.unwrap_or_default(),
             max_connections: positive("http.max_connections", h.max_connections)?,
+            max_connections_per_peer: positive(
+                "http.max_connections_per_peer",
+                h.max_connections_per_peer,
+            )?,
+            idle_timeout: io_timeout("http.idle_timeout", h.idle_timeout)?,
+            shutdown_write_timeout: io_timeout(
+                "http.shutdown_write_timeout",
+                h.shutdown_write_timeout,
+            )?,
             header_read_timeout: io_timeout("http.header_read_timeout", h.header_read_timeout)?,
             body_read_timeout: io_timeout("http.body_read_timeout", h.body_read_timeout)?,
             write_timeout: io_timeout("http.write_timeout", h.write_timeout)?,
@@ -590,6 +638,23 @@ impl RuntimeConfig {
         }
         if let Some(n) = positive("limits.session_bytes", l.session_bytes)? {
             c.limits.session_bytes = n;
+        }
+        if let Some(n) = positive("limits.session_timers", l.session_timers)? {
+            c.limits.session_timers = n;
+        }
+        if let Some(n) = positive("limits.timer_bytes", l.timer_bytes)? {
+            c.limits.timer_bytes = n;
+        }
+        if let Some(v) = l.timer_period {
+            let allowed = "a duration above 0 and at most 24h";
+            let d = duration("limits.timer_period", &v, allowed)?;
+            check_range(
+                "limits.timer_period",
+                d,
+                Duration::from_secs(24 * 3600),
+                allowed,
+            )?;
+            c.limits.timer_period = d;
         }
         if let Some(v) = l.sim_step {
             let allowed = "a duration above 0 and at most 24h";

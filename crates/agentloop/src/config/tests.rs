@@ -8,7 +8,8 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
     assert_eq!(c.limits, LimitsConfig::default());
     let c = RuntimeConfig::from_toml_str(
         "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n\
-         sessions = 7\nsession_items = 8\nsession_bytes = 9\n",
+         sessions = 7\nsession_items = 8\nsession_bytes = 9\nsession_timers = 10\n\
+         timer_bytes = 11\ntimer_period = \"5s\"\n",
     )
     .unwrap();
     assert_eq!(
@@ -21,12 +22,17 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
             sessions: 7,
             session_items: 8,
             session_bytes: 9,
+            session_timers: 10,
+            timer_bytes: 11,
+            timer_period: Duration::from_secs(5),
         }
     );
     for bad in [
         "[limits]\nsim_rounds = 0",
         "[limits]\nreplay = -1",
         "[limits]\nsessions = 0",
+        "[limits]\nsession_timers = 0",
+        "[limits]\ntimer_period = \"0s\"",
         "[limits]\nsession_items = -3",
         "[limits]\nsim_step = \"25h\"",
         "[limits]\nduration = \"0s\"",

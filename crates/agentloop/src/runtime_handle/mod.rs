@@ -52,6 +52,8 @@ pub struct RuntimeHandle<I, E> {
     >,
     /// The clock timers are armed and fired by.
     pub(crate) timer_clock: crate::timers::service::Clock,
+    /// What a durable timer may hold (S34a, `[limits]`).
+    pub(crate) timer_bounds: crate::timers::TimerBounds,
     /// The agent kinds the supervisor runs, by name, with their versions (S40): which
     /// stored records this runtime can run.
     pub(crate) kinds: Arc<crate::runtime::Kinds<I, E>>,
@@ -68,6 +70,7 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             redaction: self.redaction.clone(),
             metrics: self.metrics.clone(),
             forwarder: self.forwarder.clone(),
+            timer_bounds: self.timer_bounds,
             moving: self.moving.clone(),
             lease_timeout: self.lease_timeout,
             heartbeat: self.heartbeat,

@@ -37,6 +37,15 @@ where
         self.arm(id, due, Some(repeat), item).await
     }
 
+    /// Session `id`'s timer `timer`, if armed (one read, whatever else it holds).
+    pub async fn timer(&self, id: &str, timer: u64) -> Result<Option<Timer<I>>, TimerError> {
+        let store = self.store.as_ref().ok_or(TimerError::NoStore)?;
+        Ok(store
+            .timer(id, timer)
+            .await?
+            .map(|t| Timer::from_stored(id, timer, t)))
+    }
+
     /// Session `id`'s timers (one-off and recurring), by number.
     pub async fn timers(&self, id: &str) -> Result<Vec<Timer<I>>, TimerError> {
         let store = self.store.as_ref().ok_or(TimerError::NoStore)?;
@@ -90,6 +99,7 @@ where
         let link = crate::timers::TimerLink {
             store: store.clone(),
             service: self.timer_service.get().cloned(),
+            bounds: self.timer_bounds,
         };
         link.arm(id, timer).await
     }

@@ -269,6 +269,7 @@ where
             let _ = shared.timers.set(crate::timers::TimerLink {
                 store: store.clone(),
                 service: config.run.timer_service.clone(),
+                bounds: config.run.timer_bounds,
             });
         }
         let subscribers = Arc::new(Subscribers::new(

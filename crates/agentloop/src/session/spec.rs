@@ -128,6 +128,8 @@ pub(crate) struct RunContext {
     /// Where the turns' durable timers are told to the runtime's timer service (S39);
     /// set by the supervisor from the runtime's.
     pub(crate) timer_service: Option<crate::timers::service::Notify>,
+    /// What its durable timers may hold (S34a).
+    pub(crate) timer_bounds: crate::timers::TimerBounds,
     /// The runtime's default for [`SessionSpec::idle_after`] (S39); set by the
     /// supervisor from the runtime's.
     pub(crate) idle_after: Option<Duration>,
@@ -148,6 +150,7 @@ impl Default for RunContext {
             metrics: None,
             event_codec: None,
             timer_service: None,
+            timer_bounds: crate::timers::TimerBounds::UNBOUNDED,
             idle_after: None,
             agent_version: agentloop_core::header::FIRST_VERSION,
             restart_version: None,

@@ -659,11 +659,12 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         &self,
         session: &str,
         timer: crate::store::StoredTimer,
+        max: usize,
     ) -> BoxFuture<'static, Result<u64, StoreError>> {
         let (tx, rx) = oneshot::channel();
         self.timer_op(
             session,
-            TimerOp::Arm(timer),
+            TimerOp::Arm(timer, max),
             Waiter::Armed(Answer::oneshot(tx)),
         );
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })

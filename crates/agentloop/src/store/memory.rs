@@ -285,8 +285,9 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         &self,
         session: &str,
         timer: crate::store::StoredTimer,
+        max: usize,
     ) -> BoxFuture<'static, Result<u64, StoreError>> {
-        let r = table::timers::arm(&mut *self.entries.lock(), session, timer);
+        let r = table::timers::arm(&mut *self.entries.lock(), session, timer, max);
         Box::pin(ready(r))
     }
 

@@ -203,13 +203,16 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
     }
 
     /// Arms a timer of `session` (S39; `table::timers::arm`), durably; its number.
-    /// Refused by a store that keeps no timers.
+    /// Refused by a store that keeps no timers, and with
+    /// [`StoreError::TooManyTimers`] when the session holds `max` timers already
+    /// (S34a).
     fn arm_timer(
         &self,
         session: &str,
         timer: StoredTimer,
+        max: usize,
     ) -> BoxFuture<'static, Result<u64, StoreError>> {
-        let _ = timer;
+        let _ = (timer, max);
         Box::pin(std::future::ready(Err(no_timers(session))))
     }
 

@@ -107,8 +107,9 @@ pub enum WriteOp {
 /// A timer operation of its own (not riding a record write).
 #[derive(Debug)]
 pub enum TimerOp {
-    /// Arm a timer: answered [`OpResult::Armed`] with its number.
-    Arm(crate::store::StoredTimer),
+    /// Arm a timer unless the session holds this many: answered [`OpResult::Armed`]
+    /// with its number.
+    Arm(crate::store::StoredTimer, usize),
     /// Cancel a timer by number: answered [`OpResult::Deleted`].
     Cancel(u64),
     /// A change a record write would carry, alone (a fire whose item the session
@@ -306,8 +307,8 @@ pub fn apply<B: Base>(base: &B, ops: Vec<WriteOp>) -> (Vec<Result<OpResult, Stor
             } => table::events::append_events(&mut wave, &key, epoch, append)
                 .map(|()| OpResult::Done),
             WriteOp::Timer { key, change } => match change {
-                TimerOp::Arm(timer) => {
-                    table::timers::arm(&mut wave, &key, timer).map(OpResult::Armed)
+                TimerOp::Arm(timer, max) => {
+                    table::timers::arm(&mut wave, &key, timer, max).map(OpResult::Armed)
                 }
                 TimerOp::Cancel(n) => {
                     table::timers::cancel(&mut wave, &key, n).map(OpResult::Deleted)

@@ -40,6 +40,9 @@ pub struct SessionLimits {
     pub max_sessions: usize,
     /// What each session holds before it refuses a push ([`PushError::Full`](crate::session::PushError::Full)).
     pub buffer: crate::session::BufferBound,
+    /// What each session's durable timers may hold (count, item size, shortest
+    /// period; issue 52).
+    pub timers: crate::timers::TimerBounds,
 }
 
 impl SessionLimits {
@@ -47,6 +50,7 @@ impl SessionLimits {
     pub const UNBOUNDED: SessionLimits = SessionLimits {
         max_sessions: usize::MAX,
         buffer: crate::session::BufferBound::UNBOUNDED,
+        timers: crate::timers::TimerBounds::UNBOUNDED,
     };
 }
 

@@ -134,6 +134,7 @@ where
             metrics: self.metrics.clone(),
             event_codec,
             timer_service: self.directory.timer_service(),
+            timer_bounds: self.limits.timers,
             idle_after: self.directory.idle_after(),
             agent_version: run.run.agent_version,
             restart_version: run.run.restart_version,

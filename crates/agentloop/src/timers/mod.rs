@@ -52,6 +52,69 @@ impl Schedule {
     }
 }
 
+/// What a session's durable timers may hold (S34a, issue 52; `[limits]`
+/// `session_timers`, `timer_bytes`, `timer_period`): without them 300 timers of 900 KB
+/// and four reads of the session took a server's memory, and an `every 1ms` schedule
+/// kept two thirds of a core busy after every restart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimerBounds {
+    /// Timers and schedules one session holds at once; one more is refused
+    /// ([`TimerError::TooMany`]).
+    pub per_session: usize,
+    /// The largest item a timer carries, encoded as the session's items are
+    /// ([`TimerError::ItemTooLarge`]).
+    pub item_bytes: usize,
+    /// The shortest period of an `every` schedule ([`TimerError::PeriodTooShort`]); a
+    /// cron expression that comes due more often than this is refused too.
+    pub min_period: Duration,
+}
+
+impl TimerBounds {
+    /// No bounds (an embedded runtime whose callers are trusted).
+    pub const UNBOUNDED: TimerBounds = TimerBounds {
+        per_session: usize::MAX,
+        item_bytes: usize::MAX,
+        min_period: Duration::from_millis(1),
+    };
+
+    /// Checks a timer about to be armed: its item's size and, for a schedule, its
+    /// period (for a cron expression: the gap between its next two times after
+    /// `now_ms`).
+    pub(crate) fn check(&self, timer: &StoredTimer, now_ms: u64) -> Result<(), TimerError> {
+        if timer.item.len() > self.item_bytes {
+            return Err(TimerError::ItemTooLarge {
+                bytes: timer.item.len(),
+                max: self.item_bytes,
+            });
+        }
+        let min_ms = u64::try_from(self.min_period.as_millis()).unwrap_or(u64::MAX);
+        let period_ms = match &timer.repeat {
+            None => return Ok(()),
+            Some(Repeat::Every { ms }) => *ms,
+            Some(Repeat::Cron { expr }) => {
+                let first = cron_after(expr, now_ms)?;
+                match cron_after(expr, first) {
+                    Ok(second) => second.saturating_sub(first),
+                    Err(_) => return Ok(()),
+                }
+            }
+        };
+        if period_ms < min_ms {
+            return Err(TimerError::PeriodTooShort {
+                period: Duration::from_millis(period_ms),
+                min: self.min_period,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Default for TimerBounds {
+    fn default() -> Self {
+        Self::UNBOUNDED
+    }
+}
+
 /// A session's timer, as listed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Timer<I> {
@@ -119,6 +182,30 @@ pub enum TimerError {
     /// A zero period.
     #[error("a schedule's period must be at least 1 ms")]
     Period,
+    /// The session holds as many timers as it may (S34a).
+    #[error("session `{session}` already holds {max} timers, its bound ([limits] session_timers): cancel some (or let them fire) before arming more, or raise the bound")]
+    TooMany {
+        /// The session.
+        session: String,
+        /// The bound.
+        max: usize,
+    },
+    /// The timer's item is larger than a timer may carry (S34a).
+    #[error("the timer's item is {bytes} bytes encoded, over the bound of {max} ([limits] timer_bytes): send a smaller item (a reference to the data, not the data), or raise the bound")]
+    ItemTooLarge {
+        /// The item's encoded size.
+        bytes: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A schedule that comes due more often than the bound allows (S34a).
+    #[error("the schedule comes due every {}, more often than the bound of every {} ([limits] timer_period): give a longer period, or raise the bound", humantime::format_duration(*period), humantime::format_duration(*min))]
+    PeriodTooShort {
+        /// The schedule's period.
+        period: Duration,
+        /// The shortest allowed.
+        min: Duration,
+    },
     /// The item cannot be stored.
     #[error("the timer's item cannot be stored: {0}")]
     Item(String),
@@ -131,6 +218,7 @@ impl From<StoreError> for TimerError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NoRecord { session } => TimerError::NoRecord { session },
+            StoreError::TooManyTimers { session, max } => TimerError::TooMany { session, max },
             e => TimerError::Store(e),
         }
     }
@@ -171,13 +259,20 @@ pub(crate) fn stored<I: serde::Serialize + serde::de::DeserializeOwned>(
 pub(crate) struct TimerLink<I> {
     pub(crate) store: std::sync::Arc<dyn crate::CheckpointStore<I>>,
     pub(crate) service: Option<service::Notify>,
+    /// What a timer may hold (S34a).
+    pub(crate) bounds: TimerBounds,
 }
 
 impl<I: 'static> TimerLink<I> {
     /// Arms `timer` for `session`, durably, and tells the service; its number.
+    /// Refused before anything is written when it is over a bound.
     pub(crate) async fn arm(&self, session: &str, timer: StoredTimer) -> Result<u64, TimerError> {
+        self.bounds.check(&timer, timer.armed_ms)?;
         let due_ms = timer.due_ms;
-        let n = self.store.arm_timer(session, timer).await?;
+        let n = self
+            .store
+            .arm_timer(session, timer, self.bounds.per_session)
+            .await?;
         if let Some(service) = &self.service {
             let _ = service.send(service::Command::Arm(crate::store::TimerRef {
                 due_ms,
