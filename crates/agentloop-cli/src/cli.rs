@@ -339,6 +339,34 @@ pub(crate) struct ServeFlags {
     /// Model calls in flight at once over every chat session [default: 8].
     #[arg(long, value_name = "N", requires = "model_url")]
     pub model_concurrency: Option<usize>,
+    /// Model server bounds (docs/operations.md, "Model server bounds"): the longest
+    /// wait for the model server to begin answering, per attempt [default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = duration, requires = "model_url")]
+    pub model_first_byte_timeout: Option<Duration>,
+    /// The longest a model call may take in all, retries included [default: 10m].
+    #[arg(long, value_name = "DURATION", value_parser = duration, requires = "model_url")]
+    pub model_call_timeout: Option<Duration>,
+    /// The longest silence mid-answer [default: 2m].
+    #[arg(long, value_name = "DURATION", value_parser = duration, requires = "model_url")]
+    pub model_idle_timeout: Option<Duration>,
+    /// The most bytes of one model response on the wire [default: 32 MiB].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..), requires = "model_url")]
+    pub model_max_response_bytes: Option<u64>,
+    /// The most bytes of an answer's text [default: 1 MiB].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..), requires = "model_url")]
+    pub model_max_text_bytes: Option<u64>,
+    /// The most tool calls in one answer [default: 128].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), requires = "model_url")]
+    pub model_max_tool_calls: Option<u64>,
+    /// The most bytes of one tool call's name and arguments [default: 1 MiB].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..), requires = "model_url")]
+    pub model_max_tool_argument_bytes: Option<u64>,
+    /// The most bytes of one line of the model's stream [default: 4 MiB].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..), requires = "model_url")]
+    pub model_max_line_bytes: Option<u64>,
+    /// The most bytes of a model error body read (and shown) [default: 4 KiB].
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..), requires = "model_url")]
+    pub model_max_error_body_bytes: Option<u64>,
     /// Export traces (spans of sessions, turns, steps, model and tool calls, with
     /// OpenTelemetry's GenAI attributes) to the OTLP/HTTP collector at URL, e.g.
     /// http://127.0.0.1:4318 (docs/models.md, "Traces"). Off unless set.

@@ -90,6 +90,7 @@ fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider
     };
     let mut b = agentloop_openai::Provider::builder(url.clone(), model.clone())
         .max_concurrency(flags.model_concurrency.unwrap_or(8));
+    b = model_bounds(b, flags);
     b = match (&flags.model_key_env, &flags.model_key_file) {
         (Some(var), _) => b.api_key_from_env(var).map_err(|e| e.to_string())?,
         (None, Some(file)) => b.api_key_from_file(file).map_err(|e| e.to_string())?,
@@ -101,6 +102,42 @@ fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider
     let provider = b.build().map_err(|e| format!("--model-url: {e}"))?;
     tracing::info!(url = %url, model = %model, "serving agent kind `chat`");
     Ok(Some(provider))
+}
+
+/// The model server bounds the flags set (issue 52); the others keep their defaults.
+fn model_bounds(
+    mut b: agentloop_openai::ProviderBuilder,
+    flags: &ServeFlags,
+) -> agentloop_openai::ProviderBuilder {
+    let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    if let Some(t) = flags.model_first_byte_timeout {
+        b = b.first_byte_timeout(t);
+    }
+    if let Some(t) = flags.model_call_timeout {
+        b = b.call_timeout(t);
+    }
+    if let Some(t) = flags.model_idle_timeout {
+        b = b.idle_timeout(t);
+    }
+    if let Some(n) = flags.model_max_response_bytes {
+        b = b.max_response_bytes(n);
+    }
+    if let Some(n) = flags.model_max_text_bytes {
+        b = b.max_text_bytes(size(n));
+    }
+    if let Some(n) = flags.model_max_tool_calls {
+        b = b.max_tool_calls(size(n));
+    }
+    if let Some(n) = flags.model_max_tool_argument_bytes {
+        b = b.max_tool_argument_bytes(size(n));
+    }
+    if let Some(n) = flags.model_max_line_bytes {
+        b = b.max_line_bytes(size(n));
+    }
+    if let Some(n) = flags.model_max_error_body_bytes {
+        b = b.max_error_body_bytes(size(n));
+    }
+    b
 }
 
 /// A `chat` session's agent: its spawn configuration may set `{"system": "…"}`.

@@ -76,7 +76,7 @@ impl Default for Bounds {
             max_tool_calls: 128,
             max_tool_argument_bytes: 1 << 20,
             max_line_bytes: 4 << 20,
-            max_error_body_bytes: 8 << 10,
+            max_error_body_bytes: 4 << 10,
         }
     }
 }
@@ -344,7 +344,7 @@ impl ProviderBuilder {
         self
     }
 
-    /// The most bytes of an error answer's body that are read (default 8 KiB): the
+    /// The most bytes of an error answer's body that are read (default 4 KiB): the
     /// message of [`crate::ModelError::Status`] holds at most these, and says how
     /// long the body was when it was cut.
     pub fn max_error_body_bytes(mut self, bytes: usize) -> Self {

@@ -195,7 +195,7 @@ async fn a_line_that_never_ends_fails_at_the_line_bound_quickly() {
 
 /// A 50 MB error body (the old client read it whole, logged it whole at WARN and put
 /// it in the session's failure: 300 MB of log, two 50 MB events) is read up to
-/// `max_error_body_bytes` (default 8 KiB): the failure says the status, the start of
+/// `max_error_body_bytes` (default 4 KiB): the failure says the status, the start of
 /// the body, that it was truncated and how long it was.
 #[tokio::test]
 async fn a_50_mb_error_body_is_read_to_its_bound_and_said_truncated() {
@@ -210,12 +210,12 @@ async fn a_50_mb_error_body_is_read_to_its_bound_and_said_truncated() {
     );
     assert!(
         why.contains(&format!(
-            "truncated: the first 8192 bytes of {len} were read"
+            "truncated: the first 4096 bytes of {len} were read"
         )) && why.contains("max_error_body_bytes")
             && why.contains("--model-max-error-body-bytes"),
         "{why}"
     );
-    assert!(why.len() < 8192 + 1024, "{} bytes", why.len());
+    assert!(why.len() < 4096 + 1024, "{} bytes", why.len());
     // The server could hand the connection little more than the socket buffers hold.
     let sent = fake.body_bytes.load(Ordering::SeqCst);
     assert!(

@@ -493,3 +493,28 @@ pub fn stop(job: Job) -> String {
     assert!(status.success(), "{out}");
     out
 }
+
+/// `agentloop serve --listen 127.0.0.1:0 ARGS...` under an address-space cap of
+/// `bytes`, as [`Job::serve_capped`], with `RUST_LOG=info` and its log (stderr)
+/// written to the file `log` (issue 52: a test bounds the log's size).
+pub fn serve_capped_logged(dir: &Path, bytes: u64, args: &[&str], log: &Path) -> Job {
+    let args = [&["--listen", "127.0.0.1:0"], args].concat();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    command.arg("serve").env("RUST_LOG", "info");
+    // SAFETY: setrlimit(2) is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes as libc::rlim_t,
+                rlim_max: bytes as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let file = std::fs::File::create(log).expect("the log file");
+    Job::spawn(command, dir, &args, Stdio::from(file))
+}
