@@ -387,6 +387,12 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
             .header_read_timeout
             .unwrap_or(defaults.header_read_timeout),
         write_timeout: config.http.write_timeout.unwrap_or(defaults.write_timeout),
+        max_connections_per_peer: config.http.max_connections_per_peer,
+        idle_timeout: config.http.idle_timeout.unwrap_or(defaults.idle_timeout),
+        shutdown_write_timeout: config
+            .http
+            .shutdown_write_timeout
+            .unwrap_or(defaults.shutdown_write_timeout),
         tls,
     };
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();

@@ -8,8 +8,17 @@
 //! closed (`tokio-io-timeout` around the socket), so it holds no stream slot, no
 //! subscription and no shutdown.
 //!
-//! This file only accepts connections and hands them to hyper (hyper-util's tower
-//! adapter, its graceful-shutdown watcher); routing and everything else is the router's.
+//! Issue 52: a TLS connection that sends nothing after its handshake, an HTTP/2
+//! connection with no stream open, a response whose client takes nothing (an HTTP/2
+//! stream whose window stays shut: its socket never blocks) and a connection that writes
+//! nothing during the shutdown are closed ([`conn`]); at the connection cap a peer keeps
+//! no more than an equal share while others wait ([`peers`]).
+//!
+//! This file only accepts connections, admits them and hands them to hyper; routing and
+//! everything else is the router's.
+
+mod conn;
+mod peers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+
+use conn::{Bounds, Closed, Conn, ConnService, Watched};
+use peers::{Peers, Refused};
 
 /// Connections served at once by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
@@ -28,18 +37,42 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a write to a client may make no progress by default.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may stay open with no request in flight by default.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a connection may write nothing once the shutdown began, by default.
+pub const DEFAULT_SHUTDOWN_WRITE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The connection-level bounds of [`serve`], and its TLS.
 #[derive(Clone, Debug)]
 pub struct ServeOptions {
-    /// Connections at once; one more is closed at once.
+    /// Connections at once; one more is closed at once, unless its peer holds fewer
+    /// than the peer holding the most: then it takes one of that peer's places (an
+    /// idle connection first), so no peer keeps more than an equal share while others
+    /// wait (issue 52).
     pub max_connections: usize,
+    /// Connections one peer (an IPv4 address, an IPv6 /64) may hold at once; one more
+    /// from it is closed at once. `None`: `max_connections` (the fairness at the cap
+    /// still applies).
+    pub max_connections_per_peer: Option<usize>,
     /// How long a request's headers may take to arrive (also between keep-alive
-    /// requests); the connection is closed after it.
+    /// requests); the connection is closed after it. A TLS connection must finish its
+    /// handshake within it, then start its first request (an HTTP/2 client: open a
+    /// stream) within it again.
     pub header_read_timeout: Duration,
-    /// How long a write to the client may make no progress (its socket buffer stays
-    /// full); the connection is closed after it.
+    /// How long the client may take no data: a write to the socket that makes no
+    /// progress, or a response (an event stream on HTTP/2 whose flow-control window
+    /// stays shut) whose next frame the client does not take; the connection is closed
+    /// after it.
     pub write_timeout: Duration,
+    /// How long a connection may stay open with no request in flight (HTTP/2 with no
+    /// stream open, HTTP/1.1 between requests); it is closed after it. HTTP/2
+    /// connections are also pinged after this long without a frame, and closed when
+    /// the ping is not answered within `write_timeout`.
+    pub idle_timeout: Duration,
+    /// Once the shutdown began, a connection that writes nothing for this long (a
+    /// client that stopped reading its event stream) is closed instead of holding the
+    /// shutdown.
+    pub shutdown_write_timeout: Duration,
     /// Terminate TLS with this configuration (S43, [`crate::tls::server_config`]):
     /// every connection is a TLS one, served over HTTP/2 or HTTP/1.1 as the client's
     /// ALPN chooses. `None`: plain HTTP/1.1.
@@ -50,29 +83,55 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_peer: None,
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             write_timeout: DEFAULT_WRITE_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            shutdown_write_timeout: DEFAULT_SHUTDOWN_WRITE_TIMEOUT,
             tls: None,
         }
     }
 }
 
+/// What every connection task shares.
+struct Shared {
+    options: ServeOptions,
+    handshake_failures: Throttle,
+    closed: Throttle,
+}
+
 /// Serves `app` on `listener` under `options` until `shutdown` resolves; then stops
-/// accepting and waits for the connections in flight to finish (bound that wait with a
-/// timeout: a stream that never ends keeps it open).
+/// accepting, asks every connection to finish (HTTP/1.1 after its current request,
+/// HTTP/2 with a GOAWAY) and waits for them; a connection that writes nothing for
+/// `shutdown_write_timeout` meanwhile is closed, so a stalled client does not hold the
+/// shutdown. (Bound that wait with a timeout still: a stream that keeps writing keeps
+/// its connection open.)
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     options: ServeOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let peers = Peers::new(
+        options.max_connections,
+        options
+            .max_connections_per_peer
+            .unwrap_or(options.max_connections),
+    );
+    let clock = conn::Clock::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Every connection task holds a sender; all gone = all connections closed.
+    let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let shared = Arc::new(Shared {
+        options,
+        handshake_failures: Throttle::default(),
+        closed: Throttle::default(),
+    });
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut last_refusal_logged: Option<Instant> = None;
+    let refusals = Throttle::default();
+    let evictions = Throttle::default();
     let mut last_accept_logged: Option<Instant> = None;
     let mut accept_failures = 0u64;
-    let handshake_failures: Arc<Throttle> = Arc::default();
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -93,94 +152,158 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            drop(stream);
-            // At most one line a second: a flood must not become a flood of logs.
-            if last_refusal_logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                last_refusal_logged = Some(Instant::now());
-                tracing::warn!(
-                    max_connections = options.max_connections,
+        let conn = Conn::new(clock);
+        let ticket = match peers.admit(peer.ip(), conn.clone()) {
+            Ok(t) => t,
+            Err(why) => {
+                drop(stream);
+                // At most one line a second: a flood must not become a flood of logs.
+                if let Some(count) = refusals.note() {
+                    let o = &shared.options;
+                    match why {
+                        Refused::Full => tracing::warn!(
+                            max_connections = o.max_connections,
+                            %peer,
+                            closed = count,
+                            "connection bound reached: closing new connections until some end ([http] max_connections)"
+                        ),
+                        Refused::PeerFull => tracing::warn!(
+                            max_connections_per_peer = o.max_connections_per_peer.unwrap_or(o.max_connections),
+                            %peer,
+                            closed = count,
+                            "a peer holds all the connections it may: closing its new ones until some end ([http] max_connections_per_peer)"
+                        ),
+                    }
+                }
+                continue;
+            }
+        };
+        if ticket.evicted_another {
+            if let Some(count) = evictions.note() {
+                tracing::info!(
+                    max_connections = shared.options.max_connections,
                     %peer,
-                    "connection bound reached: closing new connections until some end ([http] max_connections)"
+                    evicted = count,
+                    "connection bound reached: closed a connection of the peer holding the most to make room for another peer ([http] max_connections)"
                 );
             }
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let mut stream = tokio_io_timeout::TimeoutStream::new(stream);
-        stream.set_write_timeout(Some(options.write_timeout));
-        let service = TowerToHyperService::new(app.clone());
-        if let Some(tls) = &options.tls {
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.clone());
-            let watcher = graceful.watcher();
-            let header_read_timeout = options.header_read_timeout;
-            let failures = handshake_failures.clone();
-            tokio::spawn(async move {
-                serve_tls(
-                    acceptor,
-                    Box::pin(stream),
-                    peer,
-                    service,
-                    header_read_timeout,
-                    watcher,
-                    &failures,
-                )
-                .await;
-                drop(permit);
-            });
-            continue;
         }
-        let connection = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(options.header_read_timeout)
-            .serve_connection(TokioIo::new(Box::pin(stream)), service);
-        let connection = graceful.watch(connection);
+        let _ = stream.set_nodelay(true);
+        let stream = Watched::new(stream, conn.clone(), shared.options.write_timeout);
+        let service = ConnService::new(app.clone(), conn.clone());
+        let shared = shared.clone();
+        let stop = stop_rx.clone();
+        let alive = alive_tx.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                let timed_out = std::error::Error::source(&e)
-                    .and_then(|s| s.downcast_ref::<std::io::Error>())
-                    .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
-                match timed_out {
-                    true => {
-                        tracing::info!(%peer, "closed a connection that stopped reading ([http] write_timeout)")
-                    }
-                    false => tracing::debug!(%peer, error = %e, "connection ended with an error"),
+            match &shared.options.tls {
+                Some(tls) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls.clone());
+                    serve_tls(acceptor, stream, peer, service, &conn, &shared, stop).await;
+                }
+                None => {
+                    let o = &shared.options;
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(o.header_read_timeout)
+                        .serve_connection(TokioIo::new(stream), service);
+                    let ended = conn::drive(connection, &conn, bounds(o), stop).await;
+                    report(peer, ended, &shared);
                 }
             }
-            drop(permit);
+            drop(ticket);
+            drop(alive);
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let _ = stop_tx.send(true);
+    drop(alive_tx);
+    let _ = alive_rx.recv().await;
+}
+
+fn bounds(o: &ServeOptions) -> Bounds {
+    Bounds {
+        first_request: o.header_read_timeout,
+        idle: o.idle_timeout,
+        write: o.write_timeout,
+        shutdown_write: o.shutdown_write_timeout,
+    }
+}
+
+/// Logs how a connection ended when the server closed it for a bound (at most one line
+/// a second for the lot, with the count since).
+fn report(
+    peer: std::net::SocketAddr,
+    (why, error): (Closed, Option<Box<dyn std::error::Error + Send + Sync>>),
+    shared: &Shared,
+) {
+    let timed_out = error.as_deref().is_some_and(|e| {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        while let Some(s) = source {
+            if s.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            {
+                return true;
+            }
+            source = s.source();
+        }
+        false
+    });
+    let what = match (why, timed_out) {
+        (Closed::Ended, true) | (Closed::Stalled, _) => {
+            "closed a connection whose client took no data ([http] write_timeout: it stopped reading, or an HTTP/2 stream's window stayed shut)"
+        }
+        (Closed::Idle, _) => {
+            "closed a connection that sent no request in time ([http] header_read_timeout for the first, idle_timeout after)"
+        }
+        (Closed::Shutdown, _) => {
+            "closed a connection that wrote nothing during the shutdown ([http] shutdown_write_timeout)"
+        }
+        (Closed::Evicted, _) => {
+            "closed a connection to give its place to another peer ([http] max_connections)"
+        }
+        (Closed::Ended, false) => {
+            if let Some(e) = error {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+            return;
+        }
+    };
+    if let Some(count) = shared.closed.note() {
+        tracing::info!(%peer, closed = count, "{what}");
+    }
 }
 
 /// One TLS connection (S43): the handshake, bounded by `header_read_timeout` like a
-/// request's headers, then HTTP/2 or HTTP/1.1 as the client's ALPN chose, watched for
-/// the graceful shutdown.
+/// request's headers, then HTTP/2 or HTTP/1.1 as the client's ALPN chose, under the
+/// same bounds as a plain connection: the first request must start within
+/// `header_read_timeout`, an idle one closes after `idle_timeout`, HTTP/2 pings.
 async fn serve_tls<S>(
     acceptor: tokio_rustls::TlsAcceptor,
     stream: S,
     peer: std::net::SocketAddr,
-    service: TowerToHyperService<Router>,
-    header_read_timeout: Duration,
-    watcher: hyper_util::server::graceful::Watcher,
-    failures: &Throttle,
+    service: ConnService,
+    conn: &Conn,
+    shared: &Shared,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let tls = match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
+    let o = &shared.options;
+    let tls = match tokio::time::timeout(o.header_read_timeout, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             // A client that does not speak TLS, or distrusts the certificate: its own
             // side shows why. At most one line a second, with the count since: a
             // scanner must not become a flood of logs.
-            if let Some(count) = failures.note() {
+            if let Some(count) = shared.handshake_failures.note() {
                 tracing::warn!(%peer, error = %e, failed = count, "TLS handshakes failed (a client speaking plain HTTP to a TLS port, or one that does not trust the certificate)");
             }
             return;
         }
         Err(_) => {
-            tracing::info!(%peer, "closed a connection whose TLS handshake did not finish in time ([http] header_read_timeout)");
+            if let Some(count) = shared.closed.note() {
+                tracing::info!(%peer, closed = count, "closed a connection whose TLS handshake did not finish in time ([http] header_read_timeout)");
+            }
             return;
         }
     };
@@ -189,12 +312,15 @@ async fn serve_tls<S>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(o.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(o.idle_timeout)
+        .keep_alive_timeout(o.write_timeout);
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-    if let Err(e) = watcher.watch(connection.into_owned()).await {
-        tracing::debug!(%peer, error = %e, "TLS connection ended with an error");
-    }
+    let ended = conn::drive(connection, conn, bounds(o), stop).await;
+    report(peer, ended, shared);
 }
 
 /// Counts events and says when to log them: at most once a second, with how many
