@@ -260,8 +260,8 @@ impl ProviderBuilder {
         self
     }
 
-    /// Retries of a request answered 429 or 5xx, or that could not connect (default
-    /// 5). A `Retry-After` (seconds or an HTTP date) sets the wait; otherwise it
+    /// Retries of a request answered 429 or 5xx, that could not connect, or whose
+    /// server did not begin to answer within the first-byte timeout (default 5). A `Retry-After` (seconds or an HTTP date) sets the wait; otherwise it
     /// doubles from the backoff up to the maximum.
     pub fn retries(mut self, max: u32, backoff: Duration, max_backoff: Duration) -> Self {
         self.max_retries = max;
