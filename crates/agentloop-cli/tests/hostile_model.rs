@@ -2,8 +2,8 @@
 //! the server run under a 4 GiB address-space cap with its log (RUST_LOG=info) in a
 //! file. The model server is a loopback TCP server of the test's own, answering every
 //! request with the attack the test sets: a tool call at index 1 000 000 000, endless
-//! tool-call arguments, endless tokens (read by a watcher), a 50 MB error body, or
-//! nothing at all. Each time: the chat session fails with a clear message naming the
+//! tool-call arguments, endless tokens (read by a watcher), a 50 MB error body, a
+//! 1 MiB malformed chunk, or nothing at all. Each time: the chat session fails with a clear message naming the
 //! setting that raises the bound, the server survives (`/healthz` answers, a new chat
 //! session gets its answer once the model behaves, SIGTERM ends it cleanly), and its
 //! log stays small.
@@ -37,6 +37,8 @@ enum Model {
     ErrorBody(usize),
     /// The request is read and nothing is ever answered.
     Silent,
+    /// A 1 MiB chunk that is not JSON.
+    Malformed,
 }
 
 /// A hostile model server on loopback: every request gets the current mode's answer.
@@ -159,6 +161,11 @@ fn answer(conn: TcpStream, mode: &Mutex<Model>, requests: &Mutex<usize>) {
             }
             r
         }
+        Model::Malformed => {
+            let c = format!("data: {{{}\n\n", "w".repeat(1 << 20));
+            conn.write_all(SSE_HEAD.as_bytes())
+                .and_then(|_| conn.write_all(c.as_bytes()))
+        }
         Model::Silent => {
             // Held until the client goes away.
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
@@ -273,7 +280,7 @@ fn small_log(log: &Path) {
         String::from_utf8_lossy(&text[..text.len().min(4096)])
     );
     let text = String::from_utf8_lossy(&text);
-    for run in ["x", "y", "z"] {
+    for run in ["x", "y", "z", "w"] {
         assert!(
             !text.contains(&run.repeat(8 << 10)),
             "8 KiB of the model's `{run}`s in the log"
@@ -389,6 +396,25 @@ fn a_50_mb_error_body_is_truncated_in_the_failure_and_the_log() {
     small_log(&log);
 }
 
+/// A 1 MiB chunk that is not JSON was logged whole at ERROR. Now the failure quotes
+/// its first 120 characters, and nothing logs more.
+#[test]
+fn a_huge_malformed_chunk_is_quoted_short_in_the_failure_and_the_log() {
+    let dir = TempDir::new("hostile-malformed");
+    let model = Hostile::start(Model::Malformed);
+    let (url, job, log) = serve(&dir, &model, &[]);
+    let run = chat(&url, "malformed", false);
+    assert!(
+        run.ended.contains("sent a malformed chunk") && run.ended.contains("{wwww"),
+        "{}",
+        &run.ended[..run.ended.len().min(2048)]
+    );
+    assert!(run.ended.len() < 2048, "{} bytes", run.ended.len());
+    survives(&url, &model, "after");
+    stop(job);
+    small_log(&log);
+}
+
 /// Model servers that accept and never answer held every `--model-concurrency` permit
 /// forever. Now each call ends at its deadline: four sessions on two permits all fail
 /// within a few seconds, and the permits come back.
@@ -428,17 +454,17 @@ fn silent_model_servers_release_their_permits_at_the_deadlines() {
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert!(model.requests() >= 4, "{}", model.requests());
     survives(&url, &model, "after");
-    let metrics = agent()
-        .get(&format!("{url}/metrics"))
-        .call()
-        .expect("metrics")
-        .body_mut()
-        .read_to_string()
-        .expect("text");
-    assert!(
-        metrics.contains(r#"agentloop_model_calls_in_flight{provider="fake",model="fake"} 0"#),
-        "{metrics}"
-    );
+    // The supervisor restarts the failed sessions: their turns call the (now
+    // well-behaved) model again. Once they are done, no permit is held.
+    let in_flight = r#"agentloop_model_calls_in_flight{provider="fake",model="fake"} 0"#;
+    common::wait_for("every model permit back", 10, || {
+        agent()
+            .get(&format!("{url}/metrics"))
+            .call()
+            .ok()
+            .and_then(|mut r| r.body_mut().read_to_string().ok())
+            .is_some_and(|m| m.contains(in_flight))
+    });
     stop(job);
     small_log(&log);
     let text = std::fs::read_to_string(&log).expect("the log");
