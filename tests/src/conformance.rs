@@ -840,7 +840,10 @@ pub async fn kept_events(store: &Store) {
         .await
         .expect("write");
     append(store, 3, &[3, 5], 32, 100).await.expect("append");
-    let k = store.read_events("events", 1).await.expect("read");
+    let k = store
+        .read_events("events", 1, usize::MAX)
+        .await
+        .expect("read");
     assert_eq!(seqs(&k), vec![2, 3, 5], "the events after 1, in order");
     assert_eq!(k.events[2].body, b"{\"n\":5}".to_vec(), "the body as given");
     assert_eq!((k.last, k.reserved), (5, 32), "the mark is set as asked");
@@ -868,7 +871,10 @@ pub async fn kept_events(store: &Store) {
         Err(StoreError::Fenced { .. }) => {}
         other => panic!("an older owner stays fenced, got {other:?}"),
     }
-    let k = store.read_events("events", 0).await.expect("read");
+    let k = store
+        .read_events("events", 0, usize::MAX)
+        .await
+        .expect("read");
     assert_eq!(
         seqs(&k),
         vec![3, 5, 6, 7],
@@ -878,7 +884,12 @@ pub async fn kept_events(store: &Store) {
     // A clean exit's delete keeps them; an explicit delete removes them.
     assert!(store.delete("events").await.expect("delete"));
     assert_eq!(
-        seqs(&store.read_events("events", 0).await.expect("read")),
+        seqs(
+            &store
+                .read_events("events", 0, usize::MAX)
+                .await
+                .expect("read")
+        ),
         vec![3, 5, 6, 7]
     );
     assert!(
@@ -895,7 +906,10 @@ pub async fn kept_events(store: &Store) {
         "the events existed"
     );
     assert_eq!(
-        store.read_events("events", 0).await.expect("read"),
+        store
+            .read_events("events", 0, usize::MAX)
+            .await
+            .expect("read"),
         agentloop::store::KeptEvents::default()
     );
 }

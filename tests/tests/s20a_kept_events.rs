@@ -99,7 +99,10 @@ async fn a_subscriber_after_n_gets_what_memory_no_longer_holds_from_the_store() 
     assert_eq!(mid.as_slice(), &live[3..], "after 3: the rest, in order");
     assert!(lagged(&late).is_empty());
     // Kept in the store with their numbers.
-    let kept = store.read_events("kept", 0).await.expect("read");
+    let kept = store
+        .read_events("kept", 0, usize::MAX)
+        .await
+        .expect("read");
     assert_eq!(
         kept.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
         live.iter().map(|e| e.seq).collect::<Vec<_>>(),
@@ -139,7 +142,7 @@ async fn the_next_incarnation_continues_after_the_kept_events_without_a_gap() {
     within("exit", h.wait()).await;
     let first = collect(first).await;
     let ended = first.last().expect("Ended").seq;
-    let kept = store.read_events("again", 0).await.unwrap();
+    let kept = store.read_events("again", 0, usize::MAX).await.unwrap();
     assert_eq!(
         kept.reserved, ended,
         "the last append lowers the mark to Ended's number"
@@ -197,7 +200,7 @@ async fn retention_trims_and_a_subscriber_behind_it_is_told_what_it_missed() {
             )
             .await;
     }
-    let kept = store.read_events("trim", 0).await.unwrap();
+    let kept = store.read_events("trim", 0, usize::MAX).await.unwrap();
     assert!(
         kept.events.len() < 5 + 40,
         "trimmed: {} kept",
@@ -322,7 +325,7 @@ async fn retention_by_age_trims_what_is_older() {
     probe
         .until("turn 0 done", |n| matches!(n, Notice::TurnDone { turn: 0 }))
         .await;
-    let first = store.read_events("aged", 0).await.unwrap();
+    let first = store.read_events("aged", 0, usize::MAX).await.unwrap();
     assert!(!first.events.is_empty());
     tokio::time::sleep(std::time::Duration::from_millis(120)).await;
     h.push(item(2)).await.unwrap();
@@ -337,7 +340,7 @@ async fn retention_by_age_trims_what_is_older() {
         .find(|e| matches!(e.event, SessionEvent::TurnStarted { .. }) && e.seq > 1)
         .expect("turn 1")
         .seq;
-    let kept = store.read_events("aged", 0).await.unwrap();
+    let kept = store.read_events("aged", 0, usize::MAX).await.unwrap();
     assert!(
         kept.events.iter().all(|e| e.seq >= turn_1_started - 1),
         "turn 0's events are older than 40 ms and trimmed: {:?}",

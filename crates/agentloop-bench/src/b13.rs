@@ -120,7 +120,7 @@ pub async fn run() {
         }
     }
     let kept_events = store
-        .read_events("b13-kept", 0)
+        .read_events("b13-kept", 0, usize::MAX)
         .await
         .expect("reading the kept events");
     for (h, _) in [kept, plain] {

@@ -881,7 +881,7 @@ fn lifecycle(status: &SessionStatus) -> &'static str {
 fn events(dir: &Path, id: &str, after: u64, json: bool) -> Result<String, Failure> {
     let backend = open(dir)?;
     let kept = backend
-        .read_events(id, after)
+        .read_events(id, after, usize::MAX)
         .map_err(|e| Failure::Error(e.to_string()))?;
     drop(backend);
     let mut out = String::new();

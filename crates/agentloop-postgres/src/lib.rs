@@ -475,8 +475,12 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         &self,
         session: &str,
         after: u64,
+        max: usize,
     ) -> BoxFuture<'static, Result<agentloop::store::KeptEvents, StoreError>> {
-        let f = self.call(session, Request::ReadEvents(session.to_string(), after));
+        let f = self.call(
+            session,
+            Request::ReadEvents(session.to_string(), after, max),
+        );
         expect!(f, Answer::Events(e) => e)
     }
 

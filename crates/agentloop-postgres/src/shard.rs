@@ -47,7 +47,7 @@ pub(crate) enum Request {
         epoch: u64,
         append: table::events::EventAppend,
     },
-    ReadEvents(String, u64),
+    ReadEvents(String, u64, usize),
     ArmTimer(String, table::timers::StoredTimer, usize),
     CancelTimer(String, u64),
     ChangeTimer(String, table::timers::TimerChange),
@@ -96,7 +96,7 @@ impl Request {
             | Request::Delete(id)
             | Request::Purge(id)
             | Request::History(id, _)
-            | Request::ReadEvents(id, _)
+            | Request::ReadEvents(id, ..)
             | Request::ArmTimer(id, ..)
             | Request::CancelTimer(id, _)
             | Request::ChangeTimer(id, _)
@@ -463,8 +463,8 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         Request::AppendEvents { id, epoch, append } => {
             table::events::append_events(rows, &id, epoch, append).map(|()| Answer::Done)
         }
-        Request::ReadEvents(id, after) => {
-            table::events::read_events(rows, &id, after).map(Answer::Events)
+        Request::ReadEvents(id, after, max) => {
+            table::events::read_events(rows, &id, after, max).map(Answer::Events)
         }
         Request::ArmTimer(id, timer, max) => {
             table::timers::arm(rows, &id, timer, max).map(Answer::Armed)

@@ -413,8 +413,15 @@ pub fn append_events(
     Ok(())
 }
 
-/// The kept events of `id` numbered after `after`, ascending.
-pub fn read_events(t: &impl Table, id: &str, after: u64) -> Result<KeptEvents, StoreError> {
+/// The kept events of `id` numbered after `after`, ascending: whole pages, until at
+/// least `max` events are read (a replay reads a page at a time, never all a session
+/// keeps at once: issue 52). `last` and `reserved` are the session's whatever `max`.
+pub fn read_events(
+    t: &impl Table,
+    id: &str,
+    after: u64,
+    max: usize,
+) -> Result<KeptEvents, StoreError> {
     super::check_id(id)?;
     let (pages, reserved) = pages(t, id)?;
     let mut out = KeptEvents {
@@ -423,6 +430,9 @@ pub fn read_events(t: &impl Table, id: &str, after: u64) -> Result<KeptEvents, S
         events: Vec::new(),
     };
     for (k, _) in pages.iter().filter(|(_, p)| p.last > after) {
+        if out.events.len() >= max {
+            break;
+        }
         let Some(bytes) = t.get(k)? else { continue };
         let events = decode_page(id, &bytes)?;
         out.events
@@ -482,7 +492,7 @@ mod tests {
         let mut t = Map::default();
         append_events(&mut t, "s", 0, append(vec![ev(1, 10), ev(2, 10)], 10, 10)).unwrap();
         append_events(&mut t, "s", 0, append(vec![ev(4, 20)], 10, 20)).unwrap();
-        let r = read_events(&t, "s", 1).unwrap();
+        let r = read_events(&t, "s", 1, usize::MAX).unwrap();
         assert_eq!(
             r.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
             vec![2, 4]
@@ -491,14 +501,14 @@ mod tests {
         assert_eq!(r.events[1].body, b"{\"n\":4}".to_vec());
         // The count: the oldest page goes once the newer ones hold enough.
         append_events(&mut t, "s", 0, append(vec![ev(5, 30), ev(6, 30)], 3, 30)).unwrap();
-        let r = read_events(&t, "s", 0).unwrap();
+        let r = read_events(&t, "s", 0, usize::MAX).unwrap();
         assert_eq!(
             r.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
             vec![4, 5, 6]
         );
         // The age: everything older than a second at the next append.
         append_events(&mut t, "s", 0, append(vec![ev(7, 1_500)], 100, 1_500)).unwrap();
-        let r = read_events(&t, "s", 0).unwrap();
+        let r = read_events(&t, "s", 0, usize::MAX).unwrap();
         assert_eq!(r.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![7]);
     }
 
@@ -512,17 +522,20 @@ mod tests {
         a.reserved = 50;
         append_events(&mut t, "s", 0, a).unwrap();
         assert_eq!(
-            read_events(&t, "s", 0).unwrap().reserved,
+            read_events(&t, "s", 0, usize::MAX).unwrap().reserved,
             50,
             "lowered at the end"
         );
         let mut a = append(vec![ev(1, 2)], 10, 2);
         a.fresh = true;
         append_events(&mut t, "s", 0, a).unwrap();
-        let r = read_events(&t, "s", 0).unwrap();
+        let r = read_events(&t, "s", 0, usize::MAX).unwrap();
         assert_eq!((r.reserved, r.events.len()), (0, 1));
         assert_eq!(remove_all(&mut t, "s").unwrap(), 1, "the page; no mark");
-        assert_eq!(read_events(&t, "s", 0).unwrap(), KeptEvents::default());
+        assert_eq!(
+            read_events(&t, "s", 0, usize::MAX).unwrap(),
+            KeptEvents::default()
+        );
     }
 
     #[test]

@@ -84,9 +84,10 @@ impl<E> EventCodec<E> {
 /// Hands the keeper to the store's next group commit (store, id and epoch bound in;
 /// `true`: start one now).
 pub(crate) type RideFn = Box<dyn Fn(Arc<dyn EventRider>, bool) + Send + Sync>;
-/// Reads the session's kept events after a number.
+/// Reads the session's kept events after a number, whole pages until at least this
+/// many.
 pub(crate) type ReadFn =
-    Box<dyn Fn(u64) -> BoxFuture<'static, Result<KeptEvents, StoreError>> + Send + Sync>;
+    Box<dyn Fn(u64, usize) -> BoxFuture<'static, Result<KeptEvents, StoreError>> + Send + Sync>;
 
 /// Pending events that start a group commit of their own instead of waiting for the
 /// next one (bounded memory and bounded loss in a long turn that writes nothing else).
@@ -406,6 +407,53 @@ impl<E: Clone + Send + 'static> Keeper<E> {
     }
 }
 
+/// Kept events a replay reads from the store at once (whole pages, so a little more):
+/// what one subscriber's replay holds in memory, whatever the session keeps (issue 52).
+pub const REPLAY_PAGE: usize = 512;
+
+/// A replay from the store of the kept events numbered in `(after, upto]` that
+/// `filter` takes, a page ([`REPLAY_PAGE`]) at a time: each page is read when the
+/// stream has taken the one before. `unwritten` (the keeper's events not written yet,
+/// the newest) join the last page. See [`replay_from_store`] for the rest.
+pub(crate) fn replay_pages<E: Clone + Send + 'static>(
+    read: Arc<ReadFn>,
+    codec: EventCodec<E>,
+    unwritten: Vec<Sequenced<E>>,
+    after: u64,
+    upto: u64,
+    final_ended: bool,
+    filter: super::EventFilter,
+) -> super::stream::Backfill<E> {
+    let page = read(after, REPLAY_PAGE);
+    Box::pin(async move {
+        let kept = match page.await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(error = %e, "a subscriber's replay could not read the kept events: it is told it missed them");
+                Default::default()
+            }
+        };
+        // A full page may be followed by more: this page ends at its last event, and
+        // the next one is read after it.
+        let page_upto = match kept.events.last() {
+            Some(last) if kept.events.len() >= REPLAY_PAGE && last.seq < upto => last.seq,
+            _ => upto,
+        };
+        let (now, later): (Vec<_>, Vec<_>) =
+            unwritten.into_iter().partition(|e| e.seq <= page_upto);
+        let events = replay_from_store(&codec, kept, now, after, page_upto, final_ended, |e| {
+            filter.accepts(e)
+        });
+        // The next page is read when the stream has taken this one, not before.
+        let next = (page_upto < upto).then(|| {
+            super::stream::BackfillNext(Box::pin(async move {
+                replay_pages(read, codec, later, page_upto, upto, final_ended, filter).await
+            }) as super::stream::Backfill<E>)
+        });
+        (events, next)
+    })
+}
+
 /// What a replay from the store adds before the live part of a stream: the kept and
 /// unwritten events numbered in `(after, upto]` that `accepts` takes, in order, with a
 /// [`SessionEvent::Lagged`] where numbers are missing (events lost before they were
@@ -499,6 +547,82 @@ mod tests {
         }
     }
 
+    /// Issue 52: a replay reads the store a page at a time, each read asked for
+    /// [`REPLAY_PAGE`] events and answered with at most that many (here: one event a
+    /// "page", so exactly), the next page read only once the stream took the one
+    /// before; the subscriber gets every event in order, a gap as `Lagged`, and the
+    /// unwritten events last. 64 reconnects from 0 to a session keeping a million
+    /// events held a million decoded events each before.
+    #[tokio::test]
+    async fn a_replay_reads_the_store_a_page_at_a_time() {
+        let codec = EventCodec::<u32>::json();
+        // Kept: 1..=2000 but 700 (lost before it was written); unwritten: 2001, 2002.
+        let all: Vec<u64> = (1..=2000).filter(|s| *s != 700).collect();
+        let store = Arc::new(kept(&codec, &all));
+        let reads: Arc<parking_lot::Mutex<Vec<(u64, usize, usize)>>> = Arc::default();
+        let (r, st) = (reads.clone(), store.clone());
+        let read: ReadFn = Box::new(move |after, max| {
+            let events: Vec<_> = st
+                .events
+                .iter()
+                .filter(|e| e.seq > after)
+                .take(max)
+                .cloned()
+                .collect();
+            r.lock().push((after, max, events.len()));
+            let page = KeptEvents {
+                events,
+                last: st.last,
+                reserved: 0,
+            };
+            Box::pin(async move { Ok(page) })
+        });
+        let unwritten: Vec<Sequenced<u32>> = [2001, 2002]
+            .into_iter()
+            .map(|seq| Sequenced {
+                seq,
+                event: SessionEvent::Agent {
+                    turn: 1,
+                    event: seq as u32,
+                },
+            })
+            .collect();
+        let mut stream = super::super::EventStream::from_store(replay_pages(
+            Arc::new(read),
+            codec,
+            unwritten,
+            0,
+            2002,
+            false,
+            super::super::EventFilter::all(),
+        ));
+        let first = stream.next_sequenced().await.expect("the first event");
+        assert_eq!(first.seq, 1);
+        assert_eq!(
+            reads.lock().len(),
+            1,
+            "one page read before the first event"
+        );
+        let mut seen = vec![first];
+        while let Some(e) = stream.next_sequenced().await {
+            seen.push(e);
+        }
+        let reads = reads.lock().clone();
+        assert!(reads.len() >= 2000 / REPLAY_PAGE, "{reads:?}");
+        for (after, max, got) in &reads {
+            assert_eq!(*max, REPLAY_PAGE, "after {after}");
+            assert!(*got <= REPLAY_PAGE, "after {after}: {got}");
+        }
+        let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
+        let want: Vec<u64> = (1..=2002).collect();
+        assert_eq!(seqs, want, "every number once, in order");
+        assert!(
+            matches!(seen[699].event, SessionEvent::Lagged { missed: 1 }),
+            "the lost event is told: {:?}",
+            seen[699]
+        );
+    }
+
     /// Every append's mark and numbers.
     type Log = Arc<parking_lot::Mutex<Vec<(u64, Vec<u64>)>>>;
 
@@ -528,7 +652,7 @@ mod tests {
                     }
                 }
             }),
-            Box::new(|_| Box::pin(async { Ok(KeptEvents::default()) })),
+            Box::new(|_, _| Box::pin(async { Ok(KeptEvents::default()) })),
             false,
             0,
         );

@@ -26,8 +26,11 @@ pub struct EventStream<E> {
     pub(super) catch_up: Option<CatchUp<E>>,
     /// Events taken by the last catch-up, read before the channel.
     pub(super) pending: VecDeque<Sequenced<E>>,
-    /// What a replay reads from the store before the rest (S20a): polled first.
+    /// What a replay reads from the store before the rest (S20a): polled first, a
+    /// page at a time.
     pub(super) backfill: Option<Backfill<E>>,
+    /// The page the last backfill read, read before anything else.
+    pub(super) backfilled: VecDeque<Sequenced<E>>,
 }
 
 /// Takes what a lagging stream missed from the replay buffer and stops its lag; with
@@ -35,8 +38,14 @@ pub struct EventStream<E> {
 pub(super) type CatchUp<E> =
     Box<dyn Fn(&TerminalSlot) -> (Vec<Sequenced<E>>, Option<Backfill<E>>) + Send + Sync>;
 
-/// What a stream reads from the store before the rest (S20a).
-pub(super) type Backfill<E> = futures::future::BoxFuture<'static, Vec<Sequenced<E>>>;
+/// What a stream reads from the store before the rest (S20a): one page of events, and
+/// the read of the next page when there is more (issue 52: a replay from the start of
+/// a session that keeps a million events holds one page in memory, not the million).
+pub(crate) type Backfill<E> =
+    futures::future::BoxFuture<'static, (Vec<Sequenced<E>>, Option<BackfillNext<E>>)>;
+
+/// The read of a replay's next page.
+pub(crate) struct BackfillNext<E>(pub(crate) Backfill<E>);
 
 impl<E> EventStream<E> {
     /// A stream fed by a relay of another node's stream (issue 18): its events in
@@ -51,6 +60,7 @@ impl<E> EventStream<E> {
             catch_up: None,
             pending: VecDeque::new(),
             backfill: None,
+            backfilled: VecDeque::new(),
         }
     }
 
@@ -62,6 +72,15 @@ impl<E> EventStream<E> {
             let _ = tx.try_send(e);
         }
         EventStream::relayed(rx)
+    }
+
+    /// A stream of what `backfill` reads from the store, page by page, then `None`
+    /// (the kept events of a session that ended, S20a).
+    pub(crate) fn from_store(backfill: Backfill<E>) -> Self {
+        let (_, rx) = mpsc::channel(1);
+        let mut stream = EventStream::relayed(rx);
+        stream.backfill = Some(backfill);
+        stream
     }
 
     /// The next event, or `None` once `Ended` was returned.
@@ -78,14 +97,20 @@ impl<E> EventStream<E> {
         if self.finished {
             return Poll::Ready(None);
         }
-        if let Some(backfill) = self.backfill.as_mut() {
+        // A replay from the store comes first, a page at a time: the next page is read
+        // once this one is taken.
+        loop {
+            if let Some(ev) = self.backfilled.pop_front() {
+                return Poll::Ready(Some(ev));
+            }
+            let Some(backfill) = self.backfill.as_mut() else {
+                break;
+            };
             match backfill.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(events) => {
-                    self.backfill = None;
-                    for e in events.into_iter().rev() {
-                        self.pending.push_front(e);
-                    }
+                Poll::Ready((events, next)) => {
+                    self.backfill = next.map(|n| n.0);
+                    self.backfilled.extend(events);
                 }
             }
         }

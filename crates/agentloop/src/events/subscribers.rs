@@ -4,7 +4,7 @@
 //! it must not decide anything about turns or stops.
 
 use super::filter::EventFilter;
-use super::keeper::{replay_from_store, Keeper};
+use super::keeper::Keeper;
 use super::seq::EventSeq;
 use super::slot::{InflightGuard, TerminalSlot};
 use super::stream::{CatchUp, EventStream};
@@ -329,6 +329,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             catch_up,
             pending: VecDeque::new(),
             backfill,
+            backfilled: VecDeque::new(),
         }
     }
 
@@ -596,18 +597,13 @@ fn backfill_from_store<E: Clone + Send + 'static>(
 ) -> Option<super::stream::Backfill<E>> {
     let read = keeper.reader()?;
     let unwritten = keeper.unwritten();
-    let keeper = keeper.clone();
-    let read = read(after);
-    Some(Box::pin(async move {
-        let kept = match read.await {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::warn!(error = %e, "a subscriber's replay could not read the kept events: it is told it missed them");
-                Default::default()
-            }
-        };
-        replay_from_store(keeper.codec(), kept, unwritten, after, upto, false, |e| {
-            filter.accepts(e)
-        })
-    }))
+    Some(super::keeper::replay_pages(
+        read,
+        keeper.codec().clone(),
+        unwritten,
+        after,
+        upto,
+        false,
+        filter,
+    ))
 }

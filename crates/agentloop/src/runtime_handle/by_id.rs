@@ -277,7 +277,13 @@ where
     ) -> Option<EventStream<E>> {
         let store = self.store.as_ref()?;
         let codec = self.supervisor.event_codec()?;
-        let kept = match store.read_events(id, 0).await {
+        // The last kept event alone (its number first, then its page), never all of
+        // them at once (issue 52): the rest is read a page at a time as it is sent.
+        let read_last = async {
+            let last = store.read_events(id, u64::MAX, 0).await?.last;
+            store.read_events(id, last.saturating_sub(1), 1).await
+        };
+        let kept = match read_last.await {
             Ok(k) => k,
             Err(e) => {
                 tracing::warn!(session = %id, error = %e, "the kept events could not be read");
@@ -296,16 +302,20 @@ where
             return Some(EventStream::of(vec![ended]));
         }
         let upto = ended.seq;
-        let events = crate::events::keeper::replay_from_store(
-            &codec,
-            kept,
-            Vec::new(),
-            after,
-            upto,
-            true,
-            |e| filter.accepts(e),
-        );
-        Some(EventStream::of(events))
+        let (store, session) = (store.clone(), id.to_string());
+        let read: crate::events::keeper::ReadFn =
+            Box::new(move |after, max| store.read_events(&session, after, max));
+        Some(EventStream::from_store(
+            crate::events::keeper::replay_pages(
+                std::sync::Arc::new(read),
+                codec,
+                Vec::new(),
+                after,
+                upto,
+                true,
+                filter,
+            ),
+        ))
     }
 
     async fn subscribe_routed(

@@ -239,7 +239,7 @@ async fn start_keeper<A: Agent>(
     let fresh = loaded && !core.durable.record_stale;
     let seq = &core.shared.event_seq;
     if !fresh {
-        match store.read_events(&id, u64::MAX).await {
+        match store.read_events(&id, u64::MAX, 0).await {
             Ok(k) => seq.continue_from(k.last.max(k.reserved)),
             Err(e) => {
                 tracing::warn!(error = %e, "the kept events' reserved mark could not be read: numbering continues after the record's")
@@ -251,7 +251,7 @@ async fn start_keeper<A: Agent>(
     let after = seq.last();
     keeper.start(
         Box::new(move |rider, wake| s1.ride_events(&id, epoch, rider, wake)),
-        Box::new(move |after| s2.read_events(&id2, after)),
+        Box::new(move |after, max| s2.read_events(&id2, after, max)),
         fresh,
         after,
     );

@@ -641,11 +641,12 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         &self,
         session: &str,
         after: u64,
+        max: usize,
     ) -> BoxFuture<'static, Result<crate::store::KeptEvents, StoreError>> {
         let (tx, rx) = oneshot::channel();
         let key = session.to_string();
         self.committer.read(
-            move |engine| engine.read_events(&key, after),
+            move |engine| engine.read_events(&key, after, max),
             Answer::oneshot(tx),
         );
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })

@@ -460,10 +460,11 @@ impl Backend {
         }
     }
 
-    /// The kept events of session `id` numbered after `after` (S20a). Blocks.
-    pub fn read_events(&self, id: &str, after: u64) -> Result<KeptEvents, StoreError> {
+    /// The kept events of session `id` numbered after `after` (S20a), whole pages
+    /// until at least `max` are read. Blocks.
+    pub fn read_events(&self, id: &str, after: u64, max: usize) -> Result<KeptEvents, StoreError> {
         let view = crate::store::wave::Wave::new(self);
-        agentloop_core::table::events::read_events(&view, id, after)
+        agentloop_core::table::events::read_events(&view, id, after, max)
     }
 
     /// Session `id`'s timers, by number (S39). Blocks.

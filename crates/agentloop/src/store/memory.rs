@@ -272,8 +272,10 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         &self,
         session: &str,
         after: u64,
+        max: usize,
     ) -> BoxFuture<'static, Result<crate::store::KeptEvents, StoreError>> {
-        let r = agentloop_core::table::events::read_events(&*self.entries.lock(), session, after);
+        let r =
+            agentloop_core::table::events::read_events(&*self.entries.lock(), session, after, max);
         Box::pin(ready(r))
     }
 

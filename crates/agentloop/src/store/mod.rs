@@ -191,8 +191,9 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         &self,
         session: &str,
         after: u64,
+        max: usize,
     ) -> BoxFuture<'static, Result<KeptEvents, StoreError>> {
-        let _ = (session, after);
+        let _ = (session, after, max);
         Box::pin(std::future::ready(Ok(KeptEvents::default())))
     }
 
