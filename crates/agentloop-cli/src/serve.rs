@@ -393,6 +393,10 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
             .http
             .shutdown_write_timeout
             .unwrap_or(defaults.shutdown_write_timeout),
+        max_header_bytes: config
+            .http
+            .max_header_bytes
+            .unwrap_or(defaults.max_header_bytes),
         tls,
     };
     let (close_tx, close_rx) = tokio::sync::oneshot::channel::<()>();

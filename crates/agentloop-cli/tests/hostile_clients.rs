@@ -485,3 +485,124 @@ async fn a_stalled_event_stream_does_not_hold_the_shutdown() {
     );
     drop(stalled);
 }
+
+/// Sends `head` (a request's head, without its final blank line) on a new connection
+/// and reads the answer: (status line, headers, body).
+async fn raw_answer(to: SocketAddr, head: &[u8]) -> (String, String, Vec<u8>) {
+    let mut c = TcpStream::connect(to).await.expect("connect");
+    let _ = c.write_all(head).await;
+    let _ = c.write_all(b"\r\n\r\n").await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut got)).await;
+    let split = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(got.len());
+    let head = String::from_utf8_lossy(&got[..split]).to_string();
+    let body = got.get(split + 4..).unwrap_or_default().to_vec();
+    let (status, headers) = head.split_once("\r\n").unwrap_or((&head, ""));
+    (status.to_string(), headers.to_ascii_lowercase(), body)
+}
+
+/// Finding 5 (low): a request hyper cannot take (a URI over 64 KiB: 414; a head over
+/// `[http] max_header_bytes`: 431; a header it cannot parse: 400) is answered with a
+/// JSON error and a stable code like every other error (on 401895f: empty bodies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_hyper_refuses_get_json_errors() {
+    let dir = TempDir::new("hostile-json-errors");
+    // A head bound above hyper's URI bound (64 KiB), so that both answers show.
+    config(&dir.0, "[http]\nmax_header_bytes = 200000\n");
+    let mut job = Job::serve_capped(&dir.0, CAP, &[]);
+    let to = addr(&mut job);
+    let long_uri = format!(
+        "GET /sessions/{} HTTP/1.1\r\nHost: 127.0.0.1",
+        "a".repeat(70_000)
+    );
+    let huge_headers = format!(
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}",
+        "b".repeat(500_000)
+    );
+    for (head, status, code) in [
+        (long_uri.as_bytes(), "HTTP/1.1 414", "uri_too_long"),
+        (huge_headers.as_bytes(), "HTTP/1.1 431", "headers_too_large"),
+        (
+            &b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\x01: x"[..],
+            "HTTP/1.1 400",
+            "bad_request",
+        ),
+    ] {
+        let (line, headers, body) = raw_answer(to, head).await;
+        assert!(line.starts_with(status), "{line} (wanted {status})");
+        assert!(
+            headers.contains("content-type: application/json"),
+            "{headers}"
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_else(|e| {
+            panic!(
+                "{line}: not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&body)
+            )
+        });
+        assert_eq!(v["code"], code, "{v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        if code == "headers_too_large" {
+            assert!(
+                v["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("200000 bytes")),
+                "{v}"
+            );
+        }
+    }
+    // The server still answers.
+    assert_eq!(get_from("127.0.0.1", to, "/healthz").await, Some(200));
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}
+
+/// Finding 5 (low): requests for a foreign `Host` on a server without a token are
+/// refused (403 `forbidden_host`) and logged at most once a second with their count,
+/// the name cut to an excerpt: 300 requests with a 60 KB `Host` make a few lines, not
+/// 18 MB of log (on 401895f: one line per request with the whole header).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_host_refusals_are_logged_throttled_and_cut() {
+    let dir = TempDir::new("hostile-host-log");
+    let log = dir.0.join("stderr.log");
+    let mut job = Job::command(
+        &dir.0,
+        "serve",
+        &["--listen", "127.0.0.1:0"],
+        std::fs::File::create(&log).expect("the log file").into(),
+    );
+    let to = addr(&mut job);
+    let host = format!("{}.example", "h".repeat(60_000));
+    for i in 0..300 {
+        let head = format!("GET /sessions HTTP/1.1\r\nHost: {host}\r\nConnection: close");
+        let (line, _, body) = raw_answer(to, head.as_bytes()).await;
+        assert!(line.starts_with("HTTP/1.1 403"), "request {i}: {line}");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(v["code"], "forbidden_host");
+        assert!(
+            v["message"].as_str().is_some_and(|m| m.len() < 1_000),
+            "the message carries the whole name: {} bytes",
+            body.len()
+        );
+    }
+    job.signal(libc::SIGTERM);
+    let (status, out) = tokio::task::spawn_blocking(move || job.finish())
+        .await
+        .expect("the job");
+    assert!(status.success(), "{out}");
+    let text = std::fs::read_to_string(&log).expect("the log");
+    let lines = text.lines().filter(|l| l.contains("foreign Host")).count();
+    assert!(
+        (1..=10).contains(&lines),
+        "{lines} lines about foreign Hosts for 300 requests"
+    );
+    assert!(
+        text.len() < 64 * 1024,
+        "{} bytes of log for 300 refused requests",
+        text.len()
+    );
+}

@@ -92,6 +92,27 @@ impl ApiError {
     }
 }
 
+/// At most this many characters of a client's input go into a log line or a message.
+pub(crate) const EXCERPT_CHARS: usize = 100;
+
+/// `text` from a client as a log line or a message may carry it (issue 52): its first
+/// [`EXCERPT_CHARS`] characters, control characters escaped, and how long it was when
+/// cut. A 60 KB `Host` is 100 characters of log, not 60 KB.
+pub(crate) fn excerpt(text: &str) -> String {
+    let mut out: String = text
+        .chars()
+        .take(EXCERPT_CHARS)
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect();
+    if text.chars().nth(EXCERPT_CHARS).is_some() {
+        out.push_str(&format!("… ({} bytes)", text.len()));
+    }
+    out
+}
+
 /// `Retry-After` in whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(d: std::time::Duration) -> u64 {
     d.as_millis().div_ceil(1000).max(1) as u64

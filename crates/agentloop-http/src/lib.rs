@@ -314,7 +314,7 @@ fn access_log() -> tower_http::trace::TraceLayer<
                 target: "agentloop_http::access",
                 "request",
                 method = %req.method(),
-                path = %req.uri().path(),
+                path = %error::excerpt(req.uri().path()),
             )
         })
         .on_response(

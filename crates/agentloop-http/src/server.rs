@@ -28,7 +28,7 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use conn::{Bounds, Closed, Conn, ConnService, Watched};
+use conn::{Bounds, Closed, Conn, ConnService, JsonErrors, Watched};
 use peers::{Peers, Refused};
 
 /// Connections served at once by default.
@@ -37,6 +37,8 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a write to a client may make no progress by default.
 pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head (request line and headers) read by default.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// How long a connection may stay open with no request in flight by default.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a connection may write nothing once the shutdown began, by default.
@@ -73,6 +75,11 @@ pub struct ServeOptions {
     /// client that stopped reading its event stream) is closed instead of holding the
     /// shutdown.
     pub shutdown_write_timeout: Duration,
+    /// The largest request head (its request line and headers, in bytes) read; over it
+    /// the answer is 431 `headers_too_large` (JSON) and the connection is closed. Over
+    /// HTTP/2 it bounds the header list (the HTTP/2 layer's own 431 over it). At least
+    /// 8 KiB is read.
+    pub max_header_bytes: usize,
     /// Terminate TLS with this configuration (S43, [`crate::tls::server_config`]):
     /// every connection is a TLS one, served over HTTP/2 or HTTP/1.1 as the client's
     /// ALPN chooses. `None`: plain HTTP/1.1.
@@ -88,6 +95,7 @@ impl Default for ServeOptions {
             write_timeout: DEFAULT_WRITE_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             shutdown_write_timeout: DEFAULT_SHUTDOWN_WRITE_TIMEOUT,
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
             tls: None,
         }
     }
@@ -205,7 +213,12 @@ pub async fn serve(
                     let connection = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(o.header_read_timeout)
-                        .serve_connection(TokioIo::new(stream), service);
+                        .max_header_size(head_bytes(o))
+                        .max_buf_size(buf_size(o))
+                        .serve_connection(
+                            TokioIo::new(JsonErrors::new(stream, conn.clone(), head_bytes(o))),
+                            service,
+                        );
                     let ended = conn::drive(connection, &conn, bounds(o), stop).await;
                     report(peer, ended, &shared);
                 }
@@ -218,6 +231,17 @@ pub async fn serve(
     let _ = stop_tx.send(true);
     drop(alive_tx);
     let _ = alive_rx.recv().await;
+}
+
+/// The request head bound: at least 8 KiB (hyper's smallest read buffer).
+fn head_bytes(o: &ServeOptions) -> usize {
+    o.max_header_bytes.max(8192)
+}
+
+/// hyper's read buffer over plain HTTP/1.1: its default (about 400 KB), or more when the
+/// head bound needs it.
+fn buf_size(o: &ServeOptions) -> usize {
+    (8192 + 4096 * 100).max(head_bytes(o).saturating_add(8192))
 }
 
 fn bounds(o: &ServeOptions) -> Bounds {
@@ -312,13 +336,17 @@ async fn serve_tls<S>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(o.header_read_timeout);
+        .header_read_timeout(o.header_read_timeout)
+        // hyper-util's builder has no head bound of its own: its read buffer is it.
+        .max_buf_size(head_bytes(o));
     builder
         .http2()
+        .max_header_list_size(u32::try_from(head_bytes(o)).unwrap_or(u32::MAX))
         .timer(TokioTimer::new())
         .keep_alive_interval(o.idle_timeout)
         .keep_alive_timeout(o.write_timeout);
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+    let io = JsonErrors::new(tls, service.conn().clone(), head_bytes(o));
+    let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     let ended = conn::drive(connection, conn, bounds(o), stop).await;
     report(peer, ended, shared);
 }
@@ -326,13 +354,20 @@ async fn serve_tls<S>(
 /// Counts events and says when to log them: at most once a second, with how many
 /// happened since the last line.
 #[derive(Default)]
-struct Throttle {
+pub(crate) struct Throttle {
     state: parking_lot::Mutex<(Option<Instant>, u64)>,
 }
 
 impl Throttle {
+    /// A throttle that has logged nothing yet (for a `static`).
+    pub(crate) const fn new() -> Self {
+        Throttle {
+            state: parking_lot::const_mutex((None, 0)),
+        }
+    }
+
     /// Counts one; `Some(count)` when a line is due (the count since the last one).
-    fn note(&self) -> Option<u64> {
+    pub(crate) fn note(&self) -> Option<u64> {
         let mut s = self.state.lock();
         s.1 += 1;
         if s.0.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {

@@ -234,6 +234,11 @@ impl ConnService {
             conn,
         }
     }
+
+    /// The connection it serves.
+    pub(crate) fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
 }
 
 impl hyper::service::Service<hyper::Request<Incoming>> for ConnService {
@@ -474,6 +479,176 @@ where
                 }
             }
             () = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+/// hyper's own answers to a request it cannot parse (400, 414, 431) carry no body
+/// (issue 52, S34a: every error is JSON with a stable code). This wrapper, between
+/// hyper and the socket (above TLS), recognises such an answer (an empty-bodied 400,
+/// 414 or 431 head written while no request is in flight on the connection: hyper's,
+/// since the router's own errors have bodies) and writes the same status with a JSON
+/// body instead. hyper closes the connection after it either way. It hands hyper one
+/// buffer per write (no vectored writes), so an answer is seen whole.
+pub(crate) struct JsonErrors<S> {
+    io: S,
+    conn: Arc<Conn>,
+    /// The request head bound, for the 431's message.
+    max_header_bytes: usize,
+    /// The answer being written instead: its bytes, how many went out, and the length
+    /// of hyper's buffer to report once they all did.
+    replacing: Option<(Vec<u8>, usize, usize)>,
+}
+
+impl<S> JsonErrors<S> {
+    pub(crate) fn new(io: S, conn: Arc<Conn>, max_header_bytes: usize) -> Self {
+        JsonErrors {
+            io,
+            conn,
+            max_header_bytes,
+            replacing: None,
+        }
+    }
+}
+
+/// The JSON answer for hyper's automatic answer `head`, if it is one.
+pub(crate) fn json_error_for(head: &[u8], max_header_bytes: usize) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(head).ok()?;
+    if !text.ends_with("\r\n\r\n")
+        || !text
+            .to_ascii_lowercase()
+            .contains("\r\ncontent-length: 0\r\n")
+    {
+        return None;
+    }
+    let (status, code, message) = match text.get(..13)? {
+        "HTTP/1.1 400 " => (
+            "400 Bad Request",
+            "bad_request",
+            "the request is not valid HTTP/1.1 (its request line or a header cannot be parsed); fix the client",
+        ),
+        "HTTP/1.1 414 " => (
+            "414 URI Too Long",
+            "uri_too_long",
+            "the request's URI is longer than this server reads (64 KiB); send the data in a body",
+        ),
+        "HTTP/1.1 431 " => (
+            "431 Request Header Fields Too Large",
+            "headers_too_large",
+            "",
+        ),
+        _ => return None,
+    };
+    let message = match message {
+        "" => format!(
+            "the request's head (request line and headers) is larger than this server reads \
+             ({max_header_bytes} bytes, [http] max_header_bytes), or has more than 100 headers; \
+             send fewer or shorter headers"
+        ),
+        m => m.to_string(),
+    };
+    let body = serde_json::json!({"code": code, "message": message}).to_string();
+    Some(
+        format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for JsonErrors<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if this.replacing.is_none() && !this.conn.busy() {
+            if let Some(json) = json_error_for(buf, this.max_header_bytes) {
+                this.replacing = Some((json, 0, buf.len()));
+            }
+        }
+        let Some((bytes, written, reported)) = &mut this.replacing else {
+            return Pin::new(&mut this.io).poll_write(cx, buf);
+        };
+        while *written < bytes.len() {
+            match Pin::new(&mut this.io).poll_write(cx, &bytes[*written..]) {
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                Poll::Ready(Ok(n)) => *written += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let reported = *reported;
+        this.replacing = None;
+        Poll::Ready(Ok(reported))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hypers_empty_error_answers_become_json_and_nothing_else_does() {
+        let hyper_431 =
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: Sat, 28 Nov 2026 22:00:00 GMT\r\n\r\n";
+        let json = json_error_for(hyper_431, 65_536).expect("replaced");
+        let text = String::from_utf8(json).unwrap();
+        assert!(text.starts_with("HTTP/1.1 431 "), "{text}");
+        let body = text.split("\r\n\r\n").nth(1).unwrap();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["code"], "headers_too_large");
+        assert!(
+            v["message"].as_str().unwrap().contains("65536 bytes"),
+            "{v}"
+        );
+        assert!(text.contains(&format!("content-length: {}\r\n", body.len())));
+        for (head, code) in [
+            (
+                &b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n\r\n"[..],
+                "uri_too_long",
+            ),
+            (
+                b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n",
+                "bad_request",
+            ),
+        ] {
+            let text = String::from_utf8(json_error_for(head, 65_536).unwrap()).unwrap();
+            assert!(text.contains(code), "{text}");
+        }
+        // The router's answers (a body, another status, a partial head) go through.
+        for other in [
+            &b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n{\"code\":1}"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n",
+        ] {
+            assert!(json_error_for(other, 65_536).is_none());
         }
     }
 }

@@ -347,6 +347,8 @@ pub struct HttpConfig {
     pub idle_timeout: Option<Duration>,
     /// How long a connection may write nothing once the shutdown began (issue 52).
     pub shutdown_write_timeout: Option<Duration>,
+    /// The largest request head (request line and headers), in bytes (issue 52).
+    pub max_header_bytes: Option<usize>,
     /// How long a request's headers may take to arrive (S34a).
     pub header_read_timeout: Option<Duration>,
     /// How long a whole request body may take to arrive (S34a).
@@ -376,6 +378,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_connections_per_peer", &self.max_connections_per_peer)
             .field("idle_timeout", &self.idle_timeout)
             .field("shutdown_write_timeout", &self.shutdown_write_timeout)
+            .field("max_header_bytes", &self.max_header_bytes)
             .field("header_read_timeout", &self.header_read_timeout)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("write_timeout", &self.write_timeout)
@@ -457,6 +460,7 @@ struct RawHttp {
     max_connections_per_peer: Option<i64>,
     idle_timeout: Option<String>,
     shutdown_write_timeout: Option<String>,
+    max_header_bytes: Option<i64>,
     header_read_timeout: Option<String>,
     body_read_timeout: Option<String>,
     write_timeout: Option<String>,
@@ -591,6 +595,7 @@ impl RuntimeConfig {
                 "http.shutdown_write_timeout",
                 h.shutdown_write_timeout,
             )?,
+            max_header_bytes: positive("http.max_header_bytes", h.max_header_bytes)?,
             header_read_timeout: io_timeout("http.header_read_timeout", h.header_read_timeout)?,
             body_read_timeout: io_timeout("http.body_read_timeout", h.body_read_timeout)?,
             write_timeout: io_timeout("http.write_timeout", h.write_timeout)?,
