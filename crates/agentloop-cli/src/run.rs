@@ -107,9 +107,11 @@ impl AgentConfig {
             model_ms: Option<u64>,
             tool_ms: Option<u64>,
         }
+        // The message in JSON's terms, never the Rust type's name (S34a).
         let p: Partial = serde_json::from_slice(bytes).map_err(|e| {
             format!(
-                "not a simulated agent configuration ({e}): send {{\"rounds\": n, \"model_ms\": ms, \"tool_ms\": ms}}, each optional"
+                "not a simulated agent configuration ({}): send {{\"rounds\": n, \"model_ms\": ms, \"tool_ms\": ms}}, each optional",
+                agentloop_http::plain_serde_message(&e.to_string())
             )
         })?;
         let d = AgentConfig::default();

@@ -46,8 +46,8 @@ macro_rules! say {
 fn token(flags: &ServeFlags) -> Result<Option<String>, String> {
     if let Some(path) = &flags.token_file {
         warn_if_others_read(path, "the token file");
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
+        let text = agentloop::operator_file::read_text(path, "the token file (--token-file)")
+            .map_err(|e| e.to_string())?;
         let first = text.lines().next().unwrap_or("").trim_end_matches('\r');
         return Ok(Some(first.to_string()));
     }
@@ -93,7 +93,7 @@ fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider
     b = model_bounds(b, flags);
     b = match (&flags.model_key_env, &flags.model_key_file) {
         (Some(var), _) => b.api_key_from_env(var).map_err(|e| e.to_string())?,
-        (None, Some(file)) => b.api_key_from_file(file).map_err(|e| e.to_string())?,
+        (None, Some(file)) => b.api_key(model_key(file)?),
         (None, None) if std::env::var_os("OPENAI_API_KEY").is_some() => b
             .api_key_from_env("OPENAI_API_KEY")
             .map_err(|e| e.to_string())?,
@@ -102,6 +102,22 @@ fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider
     let provider = b.build().map_err(|e| format!("--model-url: {e}"))?;
     tracing::info!(url = %url, model = %model, "serving agent kind `chat`");
     Ok(Some(provider))
+}
+
+/// The API key in `--model-key-file` (its first line, trimmed), read with a size bound
+/// (issue 52).
+fn model_key(file: &std::path::Path) -> Result<String, String> {
+    let text =
+        agentloop::operator_file::read_text(file, "the model API key file (--model-key-file)")
+            .map_err(|e| e.to_string())?;
+    let key = text.lines().next().unwrap_or("").trim().to_string();
+    if key.is_empty() {
+        return Err(format!(
+            "the model API key file (--model-key-file) {} is empty: put the key on its first line",
+            file.display()
+        ));
+    }
+    Ok(key)
 }
 
 /// The model server bounds the flags set (issue 52); the others keep their defaults.
@@ -155,7 +171,10 @@ fn chat_agent(
         return Ok(agent);
     }
     let c: ChatConfig = serde_json::from_slice(config).map_err(|e| {
-        format!("not a chat agent configuration ({e}): send {{\"system\": \"instructions\"}}, or nothing")
+        format!(
+            "not a chat agent configuration ({}): send {{\"system\": \"instructions\"}}, or nothing",
+            agentloop_http::plain_serde_message(&e.to_string())
+        )
     })?;
     if let Some(s) = c.system {
         agent = agent.system(s);

@@ -606,3 +606,110 @@ async fn foreign_host_refusals_are_logged_throttled_and_cut() {
         text.len()
     );
 }
+
+/// `agentloop serve ARGS` under the address-space cap, run to its exit: (success,
+/// stdout and stderr).
+fn serve_to_exit(dir: &Path, args: &[&str]) -> (bool, String) {
+    use std::os::unix::process::CommandExt as _;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"));
+    command
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(args)
+        .current_dir(dir);
+    // SAFETY: setrlimit(2) is async-signal-safe; the closure allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: CAP as libc::rlim_t,
+                rlim_max: CAP as libc::rlim_t,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = command.output().expect("agentloop serve runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Finding 5 (low): operator files are read with a size bound: `/dev/zero` as the
+/// token file, the TLS certificate or key, the configuration or the model API key file
+/// stops the start at once with the file and its flag named (on 401895f: the process
+/// grew until it aborted).
+#[test]
+fn endless_operator_files_stop_the_start_naming_the_file_and_flag() {
+    let dir = TempDir::new("hostile-operator-files");
+    let ca = common::TestCa::new(&dir.0, "files");
+    let (cert, key) = ca.issue("front", &["localhost"]);
+    let (cert, key) = (cert.to_str().unwrap(), key.to_str().unwrap());
+    for (args, flag) in [
+        (vec!["--token-file", "/dev/zero"], "--token-file"),
+        (
+            vec!["--tls-cert", "/dev/zero", "--tls-key", key],
+            "--tls-cert",
+        ),
+        (
+            vec!["--tls-cert", cert, "--tls-key", "/dev/zero"],
+            "--tls-key",
+        ),
+        (vec!["--config", "/dev/zero"], "--config"),
+        (
+            vec![
+                "--model-url",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                "m",
+                "--model-key-file",
+                "/dev/zero",
+            ],
+            "--model-key-file",
+        ),
+    ] {
+        let started = Instant::now();
+        let (ok, out) = serve_to_exit(&dir.0, &args);
+        assert!(!ok, "{args:?} started:\n{out}");
+        assert!(
+            out.contains("/dev/zero") && out.contains(flag) && out.contains("larger than"),
+            "{args:?}: the error does not name the file, its flag and why:\n{out}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// Finding 5 (low): no error names a Rust type: a spawn whose agent configuration is
+/// not an object says so in JSON's terms (on 401895f: `expected struct Partial`).
+#[test]
+fn agent_configuration_errors_name_no_rust_type() {
+    let dir = TempDir::new("hostile-type-names");
+    let mut job = Job::serve(&dir.0, &[]);
+    let url = common::base(&mut job);
+    for config in [serde_json::json!(5), serde_json::json!({"rounds": "many"})] {
+        let mut r = common::agent()
+            .post(&format!("{url}/sessions"))
+            .header("content-type", "application/json")
+            .send(serde_json::json!({"id": "t", "kind": "sim", "config": config}).to_string())
+            .expect("spawn");
+        let v: serde_json::Value = r.body_mut().read_json().expect("JSON");
+        assert_eq!(v["code"], "bad_request", "{v}");
+        let m = v["message"].as_str().unwrap_or_default();
+        for rust in ["Partial", "struct", "usize", "u64", "Option<"] {
+            assert!(!m.contains(rust), "`{rust}` in {m:?}");
+        }
+        assert!(m.contains("expected"), "{m}");
+    }
+    job.signal(libc::SIGTERM);
+    let (status, out) = job.finish();
+    assert!(status.success(), "{out}");
+}

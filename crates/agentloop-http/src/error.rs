@@ -92,6 +92,14 @@ impl ApiError {
     }
 }
 
+/// serde's message for JSON that does not fit a type, in JSON's terms (S34a: `expected
+/// struct Partial` becomes `expected an object`, `expected u64` a whole number): for an
+/// embedder that parses a client's JSON itself (the agent configurations of `agentloop
+/// serve`).
+pub fn plain_serde_message(message: &str) -> String {
+    crate::sessions::clean_serde_message(message)
+}
+
 /// At most this many characters of a client's input go into a log line or a message.
 pub(crate) const EXCERPT_CHARS: usize = 100;
 

@@ -64,7 +64,7 @@ use axum::{Json, Router};
 
 use agentloop::RuntimeHandle;
 
-pub use error::ApiError;
+pub use error::{plain_serde_message, ApiError};
 pub use events::KEEP_ALIVE;
 pub use idempotency::{DEFAULT_IDEMPOTENCY_KEYS, DEFAULT_IDEMPOTENCY_TTL, MAX_KEY_LEN};
 pub use limits::{DEFAULT_MAX_EVENT_STREAMS, DEFAULT_MAX_REQUESTS};

@@ -31,8 +31,10 @@ pub enum TlsError {
 /// A server configuration from the certificate chain in `cert` and the key in `key`
 /// (PEM), offering HTTP/2 and HTTP/1.1.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsError> {
-    let chain = agentloop::tls::certificates(cert, "the TLS certificate")?;
-    let private = agentloop::tls::private_key(key, "the TLS private key")?;
+    let chain =
+        agentloop::tls::certificates(cert, "the TLS certificate (--tls-cert or [http] tls_cert)")?;
+    let private =
+        agentloop::tls::private_key(key, "the TLS private key (--tls-key or [http] tls_key)")?;
     let pair = |reason: String| TlsError::Pair {
         cert: cert.to_path_buf(),
         key: key.to_path_buf(),

@@ -111,6 +111,7 @@ pub mod exit;
 pub use agentloop_core::{event_log, ids, interrupt};
 pub mod liveness;
 pub mod metrics;
+pub mod operator_file;
 pub mod options;
 pub mod push;
 pub mod runtime;

@@ -39,8 +39,9 @@ pub fn certificates(
         reason,
         hint: "pass a PEM file of certificates (-----BEGIN CERTIFICATE-----)",
     };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(e.to_string()))?
+    // Read whole, with a size bound (issue 52: `/dev/zero` made the start abort).
+    let bytes = crate::operator_file::read(path, what).map_err(|e| bad(e.to_string()))?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(e.to_string()))?;
     if certs.is_empty() {
@@ -51,13 +52,16 @@ pub fn certificates(
 
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn private_key(path: &Path, what: &'static str) -> Result<PrivateKeyDer<'static>, PemError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| PemError {
+    let bad = |reason: String| PemError {
         path: path.to_path_buf(),
         what,
-        // The error names the PEM section, never the key's bytes.
-        reason: e.to_string(),
+        reason,
         hint: "pass the PEM file of the certificate's private key (PKCS#8, PKCS#1 or SEC1)",
-    })
+    };
+    // Read whole, with a size bound (issue 52).
+    let bytes = crate::operator_file::read(path, what).map_err(|e| bad(e.to_string()))?;
+    // The error names the PEM section, never the key's bytes.
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| bad(e.to_string()))
 }
 
 /// The CAs of a PEM file as a root store (what a peer's certificate must chain to).

@@ -534,9 +534,14 @@ impl RuntimeConfig {
     /// Reads and validates a configuration file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        // With a size bound (issue 52: `--config /dev/zero` made the start abort).
+        let text = crate::operator_file::read_text(
+            path,
+            "the configuration file (--config, or ./agentloop.toml)",
+        )
+        .map_err(|e| ConfigError::Io {
             path: path.to_path_buf(),
-            source,
+            source: std::io::Error::other(e.to_string()),
         })?;
         Self::parse(&text, Some(path.to_path_buf())).map_err(|e| match e {
             // These name the file already.
