@@ -494,3 +494,61 @@ async fn a_session_started_alone_takes_its_initial_items_first() {
     assert_eq!(exit.counters.items_delivered, 3);
     assert_eq!(ledger.lock().delivered_ids(), vec![1, 2, 3]);
 }
+
+/// S7, S34a (issue 52): delayed preempts whose turn ends before their delay are
+/// answered `TargetEnded` at the turn's end, and their timers go with the turn. Before,
+/// each kept its timer (a task holding the preempt and its answer) for its whole delay,
+/// up to 24 h: 80 000 pushes kept 57 MB. Paused clock: the acks come without the clock
+/// reaching the delay, and no timer task outlives the turn.
+#[tokio::test(start_paused = true)]
+async fn s7_delayed_preempts_go_with_their_turn() {
+    let (h, gate, mut probe) = running("s7-delay-gone", SimAgent::new(steps(2))).await;
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let start = tokio::time::Instant::now();
+    let day = Duration::from_secs(24 * 3600);
+    let acks: Vec<_> = (0..100)
+        .map(|i| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                h.push_with(
+                    item(100 + i),
+                    PushOptions::preempt(Preempt::any_safe_point().delay(day)),
+                )
+                .await
+            })
+        })
+        .collect();
+    within("the pushes to arrive", async {
+        while h.inspect().await.unwrap().buffered < 100 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // Turn 0 finishes long before the delay; the next turn takes the 100 items.
+    gate.open(2);
+    let _ = probe.turn_begins(1).await;
+    for ack in acks {
+        let ack = within("ack", ack).await.unwrap().unwrap();
+        assert_eq!(ack, PreemptAck::TargetEnded { turn: 0 });
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(3600),
+        "answered at the turn's end, not after the delay: {:?}",
+        start.elapsed()
+    );
+    tokio::task::yield_now().await;
+    let after = tasks();
+    assert!(
+        after < before + 10,
+        "the delayed preempts' timers went with their turn: {before} tasks before, {after} after"
+    );
+    gate.open_all();
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.counters.turns_preempted, 0, "no later turn canceled");
+}

@@ -92,8 +92,23 @@ pub(super) async fn perform<A: Agent>(
         Effect::Timer { after, event } => {
             // ractor's timer: a task that sends after `after`; the session may have
             // exited meanwhile, and then the send fails and the timer has nothing to do.
+            // A delayed preempt's is kept, to cancel when its turn ends.
+            let preempt = match &event {
+                crate::session::core::Timed::PreemptDue { id, .. } => Some(*id),
+                _ => None,
+            };
             let msg = InternalMsg::Due(event);
-            drop(myself.send_after(after, move || internal::<A>(msg)));
+            let timer = myself.send_after(after, move || internal::<A>(msg));
+            if let Some(id) = preempt {
+                state.preempt_timers.insert(id, timer.abort_handle());
+            }
+        }
+        Effect::CancelTimers { ids } => {
+            for id in ids {
+                if let Some(t) = state.preempt_timers.remove(&id) {
+                    t.abort();
+                }
+            }
         }
         Effect::Poll => {
             let Some(store) = state.store.clone() else {

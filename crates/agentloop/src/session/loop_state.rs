@@ -30,6 +30,9 @@ pub(crate) struct LoopState<A: Agent> {
     )>,
     /// The running turn's task (aborted if the actor dies).
     pub(super) turn_task: Option<tokio::task::AbortHandle>,
+    /// Delayed preempts' timers by number (S7): canceled when their turn ends, and
+    /// when the actor ends (issue 52).
+    pub(super) preempt_timers: std::collections::HashMap<u64, tokio::task::AbortHandle>,
     /// The exit state from the moment the teardown computed it until it is published,
     /// so an actor killed mid-teardown still hands every item back.
     pub(super) final_exit: Option<Box<ExitState<A::Item>>>,
@@ -54,6 +57,9 @@ impl<A: Agent> Drop for LoopState<A> {
             return;
         }
         if let Some(t) = &self.turn_task {
+            t.abort();
+        }
+        for (_, t) in self.preempt_timers.drain() {
             t.abort();
         }
         // Pushes waiting for a write were accepted: they are in the exit state, and

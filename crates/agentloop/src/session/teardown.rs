@@ -75,6 +75,10 @@ pub(super) async fn teardown<A: Agent>(
             unhandled = summary.unhandled, interrupted = summary.interrupted, "session ended");
         run_end_hooks(&state.end_hooks, state.hook_timeout, &summary).await;
     }
+    // A delayed preempt's timer outlives no session (issue 52).
+    for (_, t) in state.preempt_timers.drain() {
+        t.abort();
+    }
     if let Some(exit) = state.final_exit.take() {
         state.published = true;
         state.core.shared.fire_stopped();

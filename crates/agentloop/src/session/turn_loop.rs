@@ -98,6 +98,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             subscribers: args.subscribers,
             writes: VecDeque::new(),
             turn_task: None,
+            preempt_timers: Default::default(),
             final_exit: None,
             published: false,
             effects: Vec::new(),
@@ -188,7 +189,12 @@ async fn handle_msg<A: Agent>(
                 epoch,
                 watched: state.subscribers.watched(),
             },
-            InternalMsg::Due(timed) => Event::from(timed),
+            InternalMsg::Due(timed) => {
+                if let crate::session::core::Timed::PreemptDue { id, .. } = &timed {
+                    state.preempt_timers.remove(id);
+                }
+                Event::from(timed)
+            }
             InternalMsg::Written { seq, result } => {
                 while state.writes.front().is_some_and(|(s, _)| *s <= seq) {
                     state.writes.pop_front();

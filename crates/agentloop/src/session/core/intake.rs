@@ -253,26 +253,37 @@ impl<A: Agent> Core<A> {
             return;
         };
         let mut reply = reply.map(|r| PendingAck::new(r, turn));
-        let current = self.turn.as_ref().filter(|t| t.index == turn);
+        let current = self.turn.as_ref().filter(|t| t.index == turn).is_some();
         match (current, p.delay) {
-            (Some(_), Some(delay)) => {
+            (true, Some(delay)) => {
                 if early {
                     if let Some(r) = reply.take() {
                         r.answer(PreemptAck::Scheduled { turn });
                     }
                 }
+                // The preempt waits in its turn, the timer carries its number only: a
+                // turn that ends first answers it and cancels the timer (issue 52).
+                self.last_timer += 1;
+                let id = self.last_timer;
+                if let Some(t) = self.turn.as_mut() {
+                    t.delayed.push(super::DelayedPreempt {
+                        id,
+                        preempt: Preempt { delay: None, ..p },
+                        reply,
+                    });
+                }
                 fx.push(Effect::Timer {
                     after: delay,
                     event: Timed::PreemptDue {
                         turn,
-                        preempt: Preempt { delay: None, ..p },
-                        reply,
+                        id,
+                        _item: std::marker::PhantomData,
                     },
                 })
             }
-            (Some(_), None) => self.submit_preempt(turn, p, reply, early, now),
+            (true, None) => self.submit_preempt(turn, p, reply, early, now),
             // The target ended while the push waited for its write.
-            (None, _) => {
+            (false, _) => {
                 if let Some(r) = reply {
                     r.answer(PreemptAck::TargetEnded { turn });
                 }
@@ -324,21 +335,21 @@ impl<A: Agent> Core<A> {
         }
     }
 
-    pub(super) fn on_preempt_due(
-        &mut self,
-        turn: u64,
-        preempt: Preempt,
-        reply: Option<PendingAck<A::Item>>,
-        now: Instant,
-    ) {
-        if self.exited || self.turn.as_ref().is_none_or(|t| t.index != turn) {
-            // S7: a delayed preempt whose target has ended does nothing.
+    pub(super) fn on_preempt_due(&mut self, turn: u64, id: u64, now: Instant) {
+        // S7: a delayed preempt whose target has ended does nothing (the turn's end
+        // answered it and canceled its timer; this one fired meanwhile).
+        let Some(t) = self
+            .turn
+            .as_mut()
+            .filter(|t| t.index == turn && !self.exited)
+        else {
             tracing::debug!(turn, "delayed preempt found its target ended");
-            if let Some(r) = reply {
-                r.answer(PreemptAck::TargetEnded { turn });
-            }
             return;
-        }
-        self.submit_preempt(turn, preempt, reply, false, now);
+        };
+        let Some(at) = t.delayed.iter().position(|d| d.id == id) else {
+            return;
+        };
+        let d = t.delayed.swap_remove(at);
+        self.submit_preempt(turn, d.preempt, d.reply, false, now);
     }
 }

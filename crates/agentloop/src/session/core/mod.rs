@@ -95,12 +95,8 @@ pub(crate) enum Event<A: Agent> {
     /// The running turn recorded a state at a safe point, or its plan changed stored
     /// entries (S16a).
     TurnProgress { turn: u64 },
-    /// A delayed preempt is due (S7).
-    PreemptDue {
-        turn: u64,
-        preempt: Preempt,
-        reply: Option<PendingAck<A::Item>>,
-    },
+    /// Delayed preempt `id` of turn `turn` is due (S7).
+    PreemptDue { turn: u64, id: u64 },
     /// An idle timer fired (S11 `until_idle_for`).
     IdleDue { epoch: u64 },
     /// The sleep timer fired (S39); `watched`: somebody is subscribed.
@@ -123,11 +119,13 @@ pub(crate) enum Event<A: Agent> {
 /// A timer's event.
 #[allow(clippy::enum_variant_names)] // each is an event that is *due*
 pub(crate) enum Timed<I> {
-    /// A delayed preempt.
+    /// Delayed preempt `id` of turn `turn` (the preempt itself waits in its turn,
+    /// [`ActiveTurn::delayed`]).
     PreemptDue {
         turn: u64,
-        preempt: Preempt,
-        reply: Option<PendingAck<I>>,
+        id: u64,
+        #[doc(hidden)]
+        _item: std::marker::PhantomData<fn() -> I>,
     },
     /// Idle long enough?
     IdleDue { epoch: u64 },
@@ -153,15 +151,7 @@ impl<I> Timed<I> {
 impl<A: Agent> From<Timed<A::Item>> for Event<A> {
     fn from(timed: Timed<A::Item>) -> Self {
         match timed {
-            Timed::PreemptDue {
-                turn,
-                preempt,
-                reply,
-            } => Event::PreemptDue {
-                turn,
-                preempt,
-                reply,
-            },
+            Timed::PreemptDue { turn, id, .. } => Event::PreemptDue { turn, id },
             Timed::IdleDue { epoch } => Event::IdleDue { epoch },
             // The shell says whether somebody is subscribed (`turn_loop.rs`).
             Timed::SleepDue { epoch } => Event::SleepDue {
@@ -210,6 +200,9 @@ pub(crate) enum Effect<A: Agent> {
         after: Duration,
         event: Timed<A::Item>,
     },
+    /// Cancel these delayed preempts' timers (their turn ended: issue 52, a timer
+    /// held for its whole delay, up to 24 h, after its turn).
+    CancelTimers { ids: Vec<u64> },
     /// Read the record's status and report `Polled`.
     Poll,
     /// Tell turn `turn`'s task whether its end is durable, so it sends `TurnEnded`.
@@ -249,6 +242,17 @@ pub(crate) struct ActiveTurn<A: Agent> {
     pub(crate) is_resume: bool,
     /// The turn task waits on it before sending `TurnEnded` (`sync` and `turn`).
     pub(crate) durable_tx: Option<DurableTx>,
+    /// Delayed preempts aimed at this turn, waiting for their timers (S7); answered
+    /// `TargetEnded` and their timers canceled when the turn ends.
+    pub(crate) delayed: Vec<DelayedPreempt<A::Item>>,
+}
+
+/// A delayed preempt waiting for its timer (S7).
+pub(crate) struct DelayedPreempt<I> {
+    /// Its timer's number.
+    pub(crate) id: u64,
+    pub(crate) preempt: Preempt,
+    pub(crate) reply: Option<PendingAck<I>>,
 }
 
 /// How the session is going to end, decided when a turn ends it.
@@ -350,6 +354,8 @@ pub(crate) struct Core<A: Agent> {
     pub(crate) progress_hook: Option<ProgressHook>,
     /// The idempotency keys of accepted pushes (S34a); allocated at the first.
     pub(crate) keys: Option<Box<crate::session::keys::Keys>>,
+    /// The last delayed preempt's timer number.
+    pub(crate) last_timer: u64,
 }
 
 /// Called with a turn's index when it progressed (see [`TurnHooks`]).
@@ -391,6 +397,7 @@ impl<A: Agent> Core<A> {
             history_at_exit: None,
             progress_hook: None,
             keys: None,
+            last_timer: 0,
         }
     }
 
@@ -431,11 +438,7 @@ impl<A: Agent> Core<A> {
                 Event::Checkpoint { reply } => self.on_checkpoint(reply, fx),
                 Event::TurnFinished { turn } => self.on_turn_finished(turn, fx),
                 Event::TurnProgress { turn } => self.on_turn_progress(turn, fx),
-                Event::PreemptDue {
-                    turn,
-                    preempt,
-                    reply,
-                } => self.on_preempt_due(turn, preempt, reply, now),
+                Event::PreemptDue { turn, id } => self.on_preempt_due(turn, id, now),
                 Event::IdleDue { epoch } => self.on_idle_due(epoch),
                 Event::SleepDue { epoch, watched } => self.on_sleep_due(epoch, watched, fx),
                 Event::SleepRefused => self.on_sleep_refused(),

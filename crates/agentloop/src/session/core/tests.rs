@@ -276,6 +276,9 @@ impl Harness {
                 let _ = reply.send(result);
             }
             Effect::Timer { event, .. } => self.timers.push_back(event),
+            Effect::CancelTimers { ids } => self
+                .timers
+                .retain(|t| !matches!(t, super::Timed::PreemptDue { id, .. } if ids.contains(id))),
             Effect::Poll => {
                 let status = futures::executor::block_on(self.store.load_stored(ID))
                     .ok()

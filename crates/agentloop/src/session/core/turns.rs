@@ -178,6 +178,7 @@ impl<A: Agent> Core<A> {
             control: control.clone(),
             is_resume,
             durable_tx,
+            delayed: Vec::new(),
         });
         fx.push(Effect::StartTurn {
             index,
@@ -226,6 +227,17 @@ impl<A: Agent> Core<A> {
         let Some(mut active) = self.turn.take() else {
             return;
         };
+        // S7: delayed preempts still waiting for this turn find it ended: answered
+        // now, their timers canceled (not held for their whole delay, issue 52).
+        if !active.delayed.is_empty() {
+            let ids = active.delayed.iter().map(|d| d.id).collect();
+            for d in active.delayed.drain(..) {
+                if let Some(r) = d.reply {
+                    r.answer(crate::push::PreemptAck::TargetEnded { turn });
+                }
+            }
+            fx.push(Effect::CancelTimers { ids });
+        }
         // The task waits for it only when the turn ran (a plan that aborted or
         // consumed nothing sends its event at once).
         let durable_tx = active.durable_tx.take();
