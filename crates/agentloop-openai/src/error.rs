@@ -92,7 +92,9 @@ pub enum ModelError {
         status: u16,
         /// Retries made.
         retries: u32,
-        /// The server's message.
+        /// The server's message: the body's `error.message` when the body is whole
+        /// JSON, else its text; on one line, at most the provider's
+        /// `max_error_body_bytes` of it, and said truncated when it was cut.
         message: String,
     },
     /// The server could not be reached.
@@ -179,4 +181,78 @@ pub enum ModelError {
         /// The bound.
         max: usize,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deadlines, silence, cuts, connect errors, 429 and 5xx are worth calling again;
+    /// a bound, a malformed chunk or another 4xx would come back the same. No message
+    /// names a Rust type.
+    #[test]
+    fn retryable_kinds_and_messages_without_type_names() {
+        let p = || "m".to_string();
+        let t = Duration::from_millis(300);
+        let cases = [
+            (
+                ModelError::FirstByte {
+                    provider: p(),
+                    timeout: t,
+                    retries: 2,
+                },
+                true,
+            ),
+            (
+                ModelError::Deadline {
+                    provider: p(),
+                    timeout: t,
+                },
+                true,
+            ),
+            (
+                ModelError::Status {
+                    provider: p(),
+                    status: 503,
+                    retries: 5,
+                    message: "busy".into(),
+                },
+                true,
+            ),
+            (
+                ModelError::Status {
+                    provider: p(),
+                    status: 400,
+                    retries: 0,
+                    message: "bad".into(),
+                },
+                false,
+            ),
+            (
+                ModelError::TooLarge {
+                    provider: p(),
+                    what: "the answer's text",
+                    limit: 10,
+                    setting: "max_text_bytes",
+                    flag: "max-text-bytes",
+                },
+                false,
+            ),
+            (
+                ModelError::TooManyToolCalls {
+                    provider: p(),
+                    index: 1_000_000_000,
+                    max: 128,
+                },
+                false,
+            ),
+        ];
+        for (e, retryable) in cases {
+            assert_eq!(e.retryable(), retryable, "{e}");
+            let text = e.to_string();
+            for name in ["ModelError", "Provider::", "Duration", "{", "}"] {
+                assert!(!text.contains(name), "{text}");
+            }
+        }
+    }
 }

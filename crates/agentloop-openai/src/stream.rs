@@ -414,25 +414,25 @@ async fn status_error(provider: &Provider, mut r: reqwest::Response, retries: u3
     let deadline = tokio::time::Instant::now() + p.bounds.first_byte_timeout;
     let mut body: Vec<u8> = Vec::new();
     // Why the body is not whole, if it is not.
-    let mut cut: Option<&'static str> = None;
+    let mut cut: Option<Cut> = None;
     loop {
         match tokio::time::timeout_at(deadline, r.chunk()).await {
             Ok(Ok(Some(c))) => {
                 let room = max - body.len();
                 if c.len() > room {
                     body.extend_from_slice(&c[..room]);
-                    cut = Some("bound");
+                    cut = Some(Cut::Bound);
                     break;
                 }
                 body.extend_from_slice(&c);
             }
             Ok(Ok(None)) => break,
             Ok(Err(_)) => {
-                cut = Some("broke");
+                cut = Some(Cut::Broke);
                 break;
             }
             Err(_) => {
-                cut = Some("slow");
+                cut = Some(Cut::Slow);
                 break;
             }
         }
@@ -458,14 +458,14 @@ async fn status_error(provider: &Provider, mut r: reqwest::Response, retries: u3
     }
     match cut {
         None => {}
-        Some("bound") => {
+        Some(Cut::Bound) => {
             let of = length.map_or_else(|| "a longer body".to_string(), |n| format!("{n}"));
             message.push_str(&format!(
                 " [truncated: the first {max} bytes of {of} were read; the provider's `max_error_body_bytes` setting (serve: --model-max-error-body-bytes) raises the bound]"
             ));
         }
-        Some("broke") => message.push_str(" [truncated: the body broke off]"),
-        Some(_) => message.push_str(&format!(
+        Some(Cut::Broke) => message.push_str(" [truncated: the body broke off]"),
+        Some(Cut::Slow) => message.push_str(&format!(
             " [truncated: the rest of the body did not come within {:?}]",
             p.bounds.first_byte_timeout
         )),
@@ -476,6 +476,16 @@ async fn status_error(provider: &Provider, mut r: reqwest::Response, retries: u3
         retries,
         message,
     }
+}
+
+/// Why an error body was not read whole.
+enum Cut {
+    /// It was longer than `max_error_body_bytes`.
+    Bound,
+    /// The connection broke.
+    Broke,
+    /// The rest did not come within the first-byte timeout.
+    Slow,
 }
 
 fn too_large(
