@@ -34,6 +34,11 @@ pub(crate) enum Failure {
     Error(String),
 }
 
+/// The live heap is counted for the memory budget (`[limits] memory`, issue 52).
+#[global_allocator]
+static ALLOC: agentloop::memory::CountingAlloc<std::alloc::System> =
+    agentloop::memory::CountingAlloc::new(std::alloc::System);
+
 fn main() -> ExitCode {
     // clap prints help and the version (exit 0) and usage errors: one line saying what
     // was wrong, the usage line, a hint to --help (exit 2).

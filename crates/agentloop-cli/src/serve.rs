@@ -217,6 +217,7 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
         max_replay: Some(config.limits.replay),
         max_duration: Some(config.limits.duration),
         access_log: config.http.access_log,
+        memory_budget: config.limits.memory_budget(),
         ..HttpOptions::default()
     };
     agentloop_http::check_bind(addr, &options)?;
@@ -437,6 +438,14 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     );
     for (id, why) in &start.skipped {
         say!("agentloop: not resumed: {id}: {why}");
+    }
+    match options.memory_budget {
+        Some(b) => say!(
+            "agentloop: memory budget {} MiB ([limits] memory; the process holds {} MiB now): over it, new work gets 503 over_memory",
+            b.limit >> 20,
+            agentloop::memory::used() >> 20
+        ),
+        None => say!("agentloop: no memory budget (the machine's memory could not be read; set [limits] memory)"),
     }
     say!(
         "agentloop: serving on {scheme}://{bound} ({}; data {place}{}, pid {}); Ctrl+C or SIGTERM shuts down gracefully",

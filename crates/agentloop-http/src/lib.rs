@@ -46,6 +46,7 @@ mod events;
 mod full;
 mod idempotency;
 mod limits;
+mod memory;
 mod metrics;
 pub mod openapi;
 pub mod same_machine;
@@ -120,6 +121,10 @@ pub struct HttpOptions {
     /// status, latency; never the query, which may carry a token) through
     /// `tower_http::trace`. Off by default.
     pub access_log: bool,
+    /// The process's memory budget (S34a, issue 52): over it, a request that brings
+    /// new work (spawn, push, fork, answer, timer, a new event stream) gets 503
+    /// `over_memory` with `Retry-After` before its body is read. `None`: no budget.
+    pub memory_budget: Option<agentloop::memory::MemoryBudget>,
     /// Readings `/metrics` adds at every scrape, beside the runtime's (e.g. a model
     /// provider's token usage: `agentloop_openai::Provider::register_metrics`).
     pub metrics_extra: Option<MetricsHook>,
@@ -228,7 +233,7 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
     // lists every route served, and no other.
     use openapi::Documented as _;
     use sessions::{control, push, read, spawn, stored, stream, timers};
-    let mut app = Router::new()
+    let app = Router::new()
         .documented::<__path_page, _, _>(page)
         .documented::<__path_healthz, _, _>(healthz)
         .documented::<__path_readyz, _, _>(readyz::<I, E>)
@@ -272,8 +277,14 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(full::FullSessions::default()),
             full::order_pushes,
-        ))
-        .with_state(state);
+        ));
+    // Outside the body's read: work over the memory budget is refused before its body
+    // is read (issue 52).
+    let app = match options.memory_budget {
+        Some(budget) => app.layer(axum::middleware::from_fn_with_state(budget, memory::gate)),
+        None => app,
+    };
+    let mut app = app.with_state(state);
     // Without a token there is nothing to check: no layer at all (a push's latency is
     // a figure, B8).
     match options.token {

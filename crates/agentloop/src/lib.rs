@@ -110,6 +110,7 @@ pub mod events;
 pub mod exit;
 pub use agentloop_core::{event_log, ids, interrupt};
 pub mod liveness;
+pub mod memory;
 pub mod metrics;
 pub mod operator_file;
 pub mod options;

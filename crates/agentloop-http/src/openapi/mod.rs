@@ -29,7 +29,7 @@ pub(crate) const PUBLIC_PATHS: [&str; 4] = ["/", "/healthz", "/readyz", "/openap
 pub(crate) const PROBES: [&str; 2] = ["/healthz", "/readyz"];
 
 /// Every error `code` the server answers with (the `ErrorCode` schema's values).
-pub const ERROR_CODES: [&str; 25] = [
+pub const ERROR_CODES: [&str; 29] = [
     "bad_request",
     "unauthorized",
     "forbidden_host",
@@ -46,10 +46,14 @@ pub const ERROR_CODES: [&str; 25] = [
     "not_forwardable",
     "not_a_node",
     "too_large",
+    "uri_too_long",
+    "headers_too_large",
     "json_required",
     "too_many",
     "too_many_sessions",
+    "too_many_timers",
     "session_full",
+    "over_memory",
     "internal",
     "owner_unreachable",
     "draining",

@@ -62,14 +62,25 @@ pub enum ErrorCode {
     NotANode,
     /// 413: the body is over the limit.
     TooLarge,
+    /// 414: the request line is longer than the server reads.
+    UriTooLong,
+    /// 431: the request head is over `[http] max_header_bytes`; the connection is
+    /// closed.
+    HeadersTooLarge,
     /// 415: (no token) a `POST` that is not JSON and has no `X-Agentloop-Client`.
     JsonRequired,
     /// 429: requests in flight or event streams at their bound.
     TooMany,
     /// 429: the server runs as many sessions as it may; `Retry-After`.
     TooManySessions,
+    /// 429: the session holds `[limits] session_timers` timers; nothing armed;
+    /// `Retry-After`.
+    TooManyTimers,
     /// 429: the session holds all it may; nothing accepted; `Retry-After`.
     SessionFull,
+    /// 503: the server holds more memory than its budget (`[limits] memory`); nothing
+    /// new accepted; `Retry-After`.
+    OverMemory,
     /// 500: the store failed; the message names it.
     Internal,
     /// 502: (cluster) the node that runs the session could not be reached.

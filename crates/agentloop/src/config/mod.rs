@@ -261,9 +261,21 @@ pub struct LimitsConfig {
     /// The shortest period of a schedule (`timer_period`, default 1 s): a shorter one
     /// is refused (HTTP 400 `bad_request`).
     pub timer_period: Duration,
+    /// The memory the whole process may hold before new work is refused (`memory`,
+    /// bytes; unset: half of what the machine, its cgroup or `ulimit -v` allows):
+    /// over it, spawns, pushes, timers and new event streams get HTTP 503
+    /// `over_memory` with `Retry-After` (issue 52).
+    pub memory: Option<usize>,
 }
 
 impl LimitsConfig {
+    /// The process's memory budget these limits set (`memory`, or the default).
+    pub fn memory_budget(&self) -> Option<crate::memory::MemoryBudget> {
+        self.memory
+            .map(crate::memory::MemoryBudget::new)
+            .or_else(crate::memory::MemoryBudget::auto)
+    }
+
     /// The supervisor's bounds these limits set.
     pub fn session_limits(&self) -> crate::supervisor::SessionLimits {
         crate::supervisor::SessionLimits {
@@ -317,6 +329,7 @@ impl Default for LimitsConfig {
             session_timers: DEFAULT_SESSION_TIMERS,
             timer_bytes: DEFAULT_TIMER_BYTES,
             timer_period: DEFAULT_TIMER_PERIOD,
+            memory: None,
         }
     }
 }
@@ -445,6 +458,7 @@ struct RawLimits {
     session_timers: Option<i64>,
     timer_bytes: Option<i64>,
     timer_period: Option<String>,
+    memory: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -654,6 +668,9 @@ impl RuntimeConfig {
         }
         if let Some(n) = positive("limits.timer_bytes", l.timer_bytes)? {
             c.limits.timer_bytes = n;
+        }
+        if let Some(n) = positive("limits.memory", l.memory)? {
+            c.limits.memory = Some(n);
         }
         if let Some(v) = l.timer_period {
             let allowed = "a duration above 0 and at most 24h";

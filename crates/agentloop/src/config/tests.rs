@@ -9,7 +9,7 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
     let c = RuntimeConfig::from_toml_str(
         "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n\
          sessions = 7\nsession_items = 8\nsession_bytes = 9\nsession_timers = 10\n\
-         timer_bytes = 11\ntimer_period = \"5s\"\n",
+         timer_bytes = 11\ntimer_period = \"5s\"\nmemory = 12\n",
     )
     .unwrap();
     assert_eq!(
@@ -25,6 +25,7 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
             session_timers: 10,
             timer_bytes: 11,
             timer_period: Duration::from_secs(5),
+            memory: Some(12),
         }
     );
     for bad in [
@@ -32,6 +33,7 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
         "[limits]\nreplay = -1",
         "[limits]\nsessions = 0",
         "[limits]\nsession_timers = 0",
+        "[limits]\nmemory = 0",
         "[limits]\ntimer_period = \"0s\"",
         "[limits]\nsession_items = -3",
         "[limits]\nsim_step = \"25h\"",
