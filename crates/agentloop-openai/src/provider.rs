@@ -236,12 +236,17 @@ impl ProviderBuilder {
         Ok(self)
     }
 
-    /// The API key from a file (its first line, trimmed).
+    /// The API key from a file (its first line, trimmed), read with a size bound
+    /// (`agentloop::operator_file`: a file of more than 1 MiB, or an endless one such
+    /// as `/dev/zero`, is refused, issue 52). Blocks: call it before the runtime runs,
+    /// or off its workers.
     pub fn api_key_from_file(mut self, path: &Path) -> Result<Self, ProviderError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ProviderError::KeyFile {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let text = agentloop::operator_file::read_text(path, "the model API key file").map_err(
+            |e| ProviderError::KeyFile {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            },
+        )?;
         let key = text.lines().next().unwrap_or("").trim().to_string();
         if key.is_empty() {
             return Err(ProviderError::KeyFile {
@@ -456,6 +461,19 @@ pub(crate) fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Durati
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 52: an endless key file (`/dev/zero`) is refused with what to do, not
+    /// read until the process runs out of memory.
+    #[test]
+    fn an_endless_key_file_is_refused() {
+        let e = Provider::builder("http://127.0.0.1:1/v1", "m")
+            .api_key_from_file(Path::new("/dev/zero"))
+            .err()
+            .expect("refused");
+        let text = e.to_string();
+        assert!(text.contains("/dev/zero"), "{text}");
+        assert!(text.contains("larger than"), "{text}");
+    }
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {

@@ -413,9 +413,10 @@ pub fn append_events(
     Ok(())
 }
 
-/// The kept events of `id` numbered after `after`, ascending: whole pages, until at
-/// least `max` events are read (a replay reads a page at a time, never all a session
-/// keeps at once: issue 52). `last` and `reserved` are the session's whatever `max`.
+/// The kept events of `id` numbered after `after`, ascending: whole pages, until
+/// their bodies come to at least `max` bytes (a replay reads about a megabyte at a
+/// time, never all a session keeps at once: issue 52; `usize::MAX`: all of them).
+/// `last` and `reserved` are the session's whatever `max`.
 pub fn read_events(
     t: &impl Table,
     id: &str,
@@ -429,14 +430,17 @@ pub fn read_events(
         last: pages.last().map_or(0, |(_, p)| p.last),
         events: Vec::new(),
     };
+    let mut read = 0usize;
     for (k, _) in pages.iter().filter(|(_, p)| p.last > after) {
-        if out.events.len() >= max {
+        if read >= max {
             break;
         }
         let Some(bytes) = t.get(k)? else { continue };
         let events = decode_page(id, &bytes)?;
-        out.events
-            .extend(events.into_iter().filter(|e| e.seq > after));
+        for e in events.into_iter().filter(|e| e.seq > after) {
+            read = read.saturating_add(e.body.len().max(1));
+            out.events.push(e);
+        }
     }
     Ok(out)
 }

@@ -407,24 +407,36 @@ impl<E: Clone + Send + 'static> Keeper<E> {
     }
 }
 
-/// Kept events a replay reads from the store at once (whole pages, so a little more):
-/// what one subscriber's replay holds in memory, whatever the session keeps (issue 52).
-pub const REPLAY_PAGE: usize = 512;
+/// The bytes of kept events a replay reads from the store at once (whole pages, so a
+/// little more): what one subscriber's replay holds in memory, whatever the session
+/// keeps (issue 52).
+pub const REPLAY_PAGE: usize = 1 << 20;
 
-/// A replay from the store of the kept events numbered in `(after, upto]` that
-/// `filter` takes, a page ([`REPLAY_PAGE`]) at a time: each page is read when the
-/// stream has taken the one before. `unwritten` (the keeper's events not written yet,
-/// the newest) join the last page. See [`replay_from_store`] for the rest.
+/// Where a replay from the store reads, and what it keeps.
+pub(crate) struct ReplaySource<E> {
+    /// Reads the session's kept events.
+    pub(crate) read: Arc<ReadFn>,
+    pub(crate) codec: EventCodec<E>,
+    /// What the subscriber takes.
+    pub(crate) filter: super::EventFilter,
+    /// The session ended for good: its last `Ended` is news (see
+    /// [`replay_from_store`]).
+    pub(crate) final_ended: bool,
+    /// The bytes of one page ([`REPLAY_PAGE`], but in tests).
+    pub(crate) page_bytes: usize,
+}
+
+/// A replay from the store of the kept events numbered in `(after, upto]` that the
+/// source's filter takes, a page at a time: each page is read when the stream has
+/// taken the one before. `unwritten` (the keeper's events not written yet, the newest)
+/// join the last page. See [`replay_from_store`] for the rest.
 pub(crate) fn replay_pages<E: Clone + Send + 'static>(
-    read: Arc<ReadFn>,
-    codec: EventCodec<E>,
+    src: ReplaySource<E>,
     unwritten: Vec<Sequenced<E>>,
     after: u64,
     upto: u64,
-    final_ended: bool,
-    filter: super::EventFilter,
 ) -> super::stream::Backfill<E> {
-    let page = read(after, REPLAY_PAGE);
+    let page = (src.read)(after, src.page_bytes);
     Box::pin(async move {
         let kept = match page.await {
             Ok(k) => k,
@@ -435,19 +447,27 @@ pub(crate) fn replay_pages<E: Clone + Send + 'static>(
         };
         // A full page may be followed by more: this page ends at its last event, and
         // the next one is read after it.
+        let read_bytes: usize = kept.events.iter().map(|e| e.body.len().max(1)).sum();
         let page_upto = match kept.events.last() {
-            Some(last) if kept.events.len() >= REPLAY_PAGE && last.seq < upto => last.seq,
+            Some(last) if read_bytes >= src.page_bytes && last.seq < upto => last.seq,
             _ => upto,
         };
         let (now, later): (Vec<_>, Vec<_>) =
             unwritten.into_iter().partition(|e| e.seq <= page_upto);
-        let events = replay_from_store(&codec, kept, now, after, page_upto, final_ended, |e| {
-            filter.accepts(e)
-        });
+        let filter = &src.filter;
+        let events = replay_from_store(
+            &src.codec,
+            kept,
+            now,
+            after,
+            page_upto,
+            src.final_ended,
+            |e| filter.accepts(e),
+        );
         // The next page is read when the stream has taken this one, not before.
         let next = (page_upto < upto).then(|| {
             super::stream::BackfillNext(Box::pin(async move {
-                replay_pages(read, codec, later, page_upto, upto, final_ended, filter).await
+                replay_pages(src, later, page_upto, upto).await
             }) as super::stream::Backfill<E>)
         });
         (events, next)
@@ -547,29 +567,38 @@ mod tests {
         }
     }
 
-    /// Issue 52: a replay reads the store a page at a time, each read asked for
-    /// [`REPLAY_PAGE`] events and answered with at most that many (here: one event a
-    /// "page", so exactly), the next page read only once the stream took the one
-    /// before; the subscriber gets every event in order, a gap as `Lagged`, and the
-    /// unwritten events last. 64 reconnects from 0 to a session keeping a million
-    /// events held a million decoded events each before.
+    /// Issue 52: a replay reads the store a page at a time, each read asked for a
+    /// page's bytes and answered with about that much (here a "page" of the fake store
+    /// is one event, so at most the bytes asked for plus one event), the next page read
+    /// only once the stream took the one before; the subscriber gets every event in
+    /// order, a gap as `Lagged`, and the unwritten events last. 64 reconnects from 0 to
+    /// a session keeping a million events held a million decoded events each before.
     #[tokio::test]
     async fn a_replay_reads_the_store_a_page_at_a_time() {
+        const PAGE: usize = 3_000;
         let codec = EventCodec::<u32>::json();
         // Kept: 1..=2000 but 700 (lost before it was written); unwritten: 2001, 2002.
         let all: Vec<u64> = (1..=2000).filter(|s| *s != 700).collect();
         let store = Arc::new(kept(&codec, &all));
+        let total: usize = store.events.iter().map(|e| e.body.len()).sum();
+        let biggest = store.events.iter().map(|e| e.body.len()).max().unwrap();
         let reads: Arc<parking_lot::Mutex<Vec<(u64, usize, usize)>>> = Arc::default();
         let (r, st) = (reads.clone(), store.clone());
         let read: ReadFn = Box::new(move |after, max| {
+            let mut bytes = 0;
             let events: Vec<_> = st
                 .events
                 .iter()
                 .filter(|e| e.seq > after)
-                .take(max)
+                .take_while(|e| {
+                    let more = bytes < max;
+                    bytes += e.body.len();
+                    more
+                })
                 .cloned()
                 .collect();
-            r.lock().push((after, max, events.len()));
+            let got = events.iter().map(|e| e.body.len()).sum();
+            r.lock().push((after, max, got));
             let page = KeptEvents {
                 events,
                 last: st.last,
@@ -587,15 +616,15 @@ mod tests {
                 },
             })
             .collect();
-        let mut stream = super::super::EventStream::from_store(replay_pages(
-            Arc::new(read),
+        let src = ReplaySource {
+            read: Arc::new(read),
             codec,
-            unwritten,
-            0,
-            2002,
-            false,
-            super::super::EventFilter::all(),
-        ));
+            filter: super::super::EventFilter::all(),
+            final_ended: false,
+            page_bytes: PAGE,
+        };
+        let mut stream =
+            super::super::EventStream::from_store(replay_pages(src, unwritten, 0, 2002));
         let first = stream.next_sequenced().await.expect("the first event");
         assert_eq!(first.seq, 1);
         assert_eq!(
@@ -608,10 +637,10 @@ mod tests {
             seen.push(e);
         }
         let reads = reads.lock().clone();
-        assert!(reads.len() >= 2000 / REPLAY_PAGE, "{reads:?}");
+        assert!(reads.len() >= total / (PAGE + biggest), "{reads:?}");
         for (after, max, got) in &reads {
-            assert_eq!(*max, REPLAY_PAGE, "after {after}");
-            assert!(*got <= REPLAY_PAGE, "after {after}: {got}");
+            assert_eq!(*max, PAGE, "after {after}");
+            assert!(*got <= PAGE + biggest, "after {after}: {got} bytes read");
         }
         let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
         let want: Vec<u64> = (1..=2002).collect();

@@ -597,13 +597,12 @@ fn backfill_from_store<E: Clone + Send + 'static>(
 ) -> Option<super::stream::Backfill<E>> {
     let read = keeper.reader()?;
     let unwritten = keeper.unwritten();
-    Some(super::keeper::replay_pages(
+    let src = super::keeper::ReplaySource {
         read,
-        keeper.codec().clone(),
-        unwritten,
-        after,
-        upto,
-        false,
+        codec: keeper.codec().clone(),
         filter,
-    ))
+        final_ended: false,
+        page_bytes: super::keeper::REPLAY_PAGE,
+    };
+    Some(super::keeper::replay_pages(src, unwritten, after, upto))
 }

@@ -305,16 +305,15 @@ where
         let (store, session) = (store.clone(), id.to_string());
         let read: crate::events::keeper::ReadFn =
             Box::new(move |after, max| store.read_events(&session, after, max));
+        let src = crate::events::keeper::ReplaySource {
+            read: std::sync::Arc::new(read),
+            codec,
+            filter,
+            final_ended: true,
+            page_bytes: crate::events::keeper::REPLAY_PAGE,
+        };
         Some(EventStream::from_store(
-            crate::events::keeper::replay_pages(
-                std::sync::Arc::new(read),
-                codec,
-                Vec::new(),
-                after,
-                upto,
-                true,
-                filter,
-            ),
+            crate::events::keeper::replay_pages(src, Vec::new(), after, upto),
         ))
     }
 

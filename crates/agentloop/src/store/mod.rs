@@ -100,6 +100,29 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         statuses: Option<Vec<StatusKind>>,
     ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>>;
 
+    /// One page of records as stored, in id order: those whose id comes after `after`
+    /// (from the first when `None`), at most `limit`; corrupt ones are listed with their
+    /// error, as [`list_stored`](Self::list_stored) lists them. A page costs what it
+    /// returns (issue 52): every built-in store seeks to `after` in its ordered keys and
+    /// reads only the page's records (`table::list_page`). The default, for a store
+    /// that wraps another, cuts the page from a whole listing.
+    fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        let after = after.map(str::to_string);
+        let listed = self.list_stored(None);
+        Box::pin(async move {
+            Ok(listed
+                .await?
+                .into_iter()
+                .filter(|e| after.as_ref().is_none_or(|a| e.session_id > *a))
+                .take(limit)
+                .collect())
+        })
+    }
+
     /// Atomically sets the status to `to` if it is one of `from` (S19, S24).
     fn cas_status(
         &self,
@@ -185,8 +208,10 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         }
     }
 
-    /// The kept events of `session` numbered after `after` (S20a). The default, for a
-    /// store that keeps none, answers none.
+    /// The kept events of `session` numbered after `after` (S20a), whole pages until
+    /// their bodies come to at least `max` bytes (`usize::MAX`: all; a replay reads a
+    /// page at a time, issue 52). The default, for a store that keeps none, answers
+    /// none.
     fn read_events(
         &self,
         session: &str,
