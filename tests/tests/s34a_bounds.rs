@@ -277,3 +277,196 @@ async fn idempotency_keys_live_with_the_record() {
     let second = within("exit", h.wait()).await;
     assert_eq!(second.counters.items_accepted, 1, "only the new key's item");
 }
+
+/// What [`LosesAnswers`] does with a write.
+const ANSWERS: u8 = 0;
+/// The write lands (durable) and its answer never comes back: a process killed
+/// between its write and its answers.
+const LOSES: u8 = 1;
+/// Nothing lands: the process is gone.
+const DEAD: u8 = 2;
+
+/// A memory store that can lose the answers to writes that landed (S16a: a `sync` push
+/// is answered after the write holding it, so a SIGKILL between the two leaves the
+/// item durable and the client without an answer), then stop landing anything.
+struct LosesAnswers {
+    inner: Arc<MemoryStore<SimItem>>,
+    mode: std::sync::atomic::AtomicU8,
+}
+
+impl CheckpointStore<SimItem> for LosesAnswers {
+    fn load_stored<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<Option<agentloop::store::Stored>, agentloop::StoreError>,
+    > {
+        self.inner.load_stored(id)
+    }
+    fn write(
+        &self,
+        w: agentloop::store::RecordWrite,
+    ) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {
+        match self.mode.load(std::sync::atomic::Ordering::SeqCst) {
+            ANSWERS => self.inner.write(w),
+            mode => {
+                // Issued (applied) now, in call order; answered never.
+                let landed = (mode == LOSES).then(|| self.inner.write(w));
+                Box::pin(async move {
+                    if let Some(landed) = landed {
+                        let _ = landed.await;
+                    }
+                    std::future::pending().await
+                })
+            }
+        }
+    }
+    fn delete(
+        &self,
+        id: &str,
+    ) -> futures::future::BoxFuture<'static, Result<bool, agentloop::StoreError>> {
+        match self.mode.load(std::sync::atomic::Ordering::SeqCst) {
+            ANSWERS => self.inner.delete(id),
+            _ => Box::pin(std::future::pending()),
+        }
+    }
+    fn list_stored(
+        &self,
+        s: Option<Vec<agentloop::StatusKind>>,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<Vec<agentloop::store::StoredEntry>, agentloop::StoreError>,
+    > {
+        self.inner.list_stored(s)
+    }
+    fn cas_status(
+        &self,
+        id: &str,
+        from: Vec<agentloop::StatusKind>,
+        to: agentloop::SessionStatus,
+    ) -> futures::future::BoxFuture<'static, Result<agentloop::CasOutcome, agentloop::StoreError>>
+    {
+        self.inner.cas_status(id, from, to)
+    }
+    fn flush(&self) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn beat(
+        &self,
+        i: &str,
+        t: u64,
+    ) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {
+        self.inner.beat(i, t)
+    }
+    fn heartbeat(
+        &self,
+        i: &str,
+    ) -> futures::future::BoxFuture<'static, Result<Option<u64>, agentloop::StoreError>> {
+        self.inner.heartbeat(i)
+    }
+}
+
+/// S34a (issue 52): a client that lost the answers to more keyed pushes than the
+/// session keeps answered keys for (65 > 64: durable, never answered, a SIGKILL) and
+/// retries them oldest first after the restart gets a duplicate for every one, and
+/// every item is delivered exactly once: no retry makes room by dropping the key of
+/// another lost push (before, retry 1 found key 1 dropped by push 65, was delivered
+/// again and dropped key 2, and so on: all 65 twice).
+#[tokio::test(start_paused = true)]
+async fn more_lost_keyed_pushes_than_the_window_are_each_a_duplicate_after_a_restart() {
+    use agentloop::{Durability, PreemptAck, PushOptions};
+    let lost = agentloop::session::KEPT_KEYS as u64 + 1;
+    let memory = Arc::new(MemoryStore::<SimItem>::new());
+    let store = Arc::new(LosesAnswers {
+        inner: memory.clone(),
+        mode: std::sync::atomic::AtomicU8::new(ANSWERS),
+    });
+    let spec = || {
+        SessionSpec::new("lost", "default")
+            .persistent(true)
+            .kind("sim")
+            .durability(Durability::Sync)
+    };
+    let keyed = |i: u64| PushOptions::new().idempotency_key(format!("key-{i}"), i);
+    let dyn_store: Arc<dyn CheckpointStore<SimItem>> = store.clone();
+    let h: Handle = SessionHandle::spawn(
+        spec(),
+        Arc::new(SimAgent::new(steps(1)).with_step_gate(Gate::new())),
+        Some(dyn_store),
+    )
+    .await
+    .unwrap();
+    // Every push's write lands; no answer comes back.
+    store.mode.store(LOSES, std::sync::atomic::Ordering::SeqCst);
+    let pushes: Vec<_> = (1..=lost)
+        .map(|i| {
+            let h = h.clone();
+            async move { h.push_with(item(i), keyed(i)).await }
+        })
+        .collect();
+    let unanswered = tokio::spawn(futures::future::join_all(pushes));
+    within("every push's write landed", async {
+        loop {
+            let held = memory
+                .get("lost")
+                .map_or(0, |r| r.unhandled_items.len() + r.interrupted_items.len());
+            if held as u64 == lost {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    assert!(!unanswered.is_finished(), "no push was answered");
+    // SIGKILL: the process is gone; a new one resumes the record.
+    store.mode.store(DEAD, std::sync::atomic::Ordering::SeqCst);
+    let gate = Gate::new();
+    let (tx, mut probe) = probe();
+    let dyn_store: Arc<dyn CheckpointStore<SimItem>> = memory.clone();
+    let h: Handle = SessionHandle::spawn(
+        spec(),
+        Arc::new(
+            SimAgent::new(steps(1))
+                .with_step_gate(gate.clone())
+                .with_probe(tx),
+        ),
+        Some(dyn_store),
+    )
+    .await
+    .unwrap();
+    // The client retries every lost push, oldest first.
+    let mut delivered_again = Vec::new();
+    for i in 1..=lost {
+        match h.push_with(item(i), keyed(i)).await {
+            Ok(PreemptAck::Duplicate) => {}
+            other => delivered_again.push((i, format!("{other:?}"))),
+        }
+    }
+    assert!(
+        delivered_again.is_empty(),
+        "{} of {lost} retries were not duplicates: {delivered_again:?}",
+        delivered_again.len()
+    );
+    gate.open_all();
+    h.stop(StopOptions::drain()).await.unwrap();
+    let exit = within("exit", h.wait()).await;
+    assert_eq!(exit.counters.items_accepted, 0, "no retry was accepted");
+    let mut times: HashMap<u64, usize> = HashMap::new();
+    for n in probe.drain() {
+        if let Notice::TurnBegin { items, .. } = n {
+            for id in items {
+                *times.entry(id).or_default() += 1;
+            }
+        }
+    }
+    for i in 1..=lost {
+        assert_eq!(
+            times.get(&i),
+            Some(&1),
+            "item {i} delivered once: {times:?}"
+        );
+    }
+    assert_eq!(times.len() as u64, lost, "{times:?}");
+}

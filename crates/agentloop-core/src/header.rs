@@ -74,8 +74,9 @@ pub struct RecordHeader {
     /// record; `None` in records written before they were kept (the runtime's
     /// defaults apply).
     pub settings: Option<crate::settings::SessionSettings>,
-    /// The idempotency keys of the last pushes accepted with one (S34a, at most
-    /// [`crate::keys::KEPT_KEYS`]), written with their items: a retry after a
+    /// The idempotency keys of pushes accepted with one (S34a: the last
+    /// [`crate::keys::KEPT_KEYS`] answered ones and every unanswered one, at most
+    /// [`crate::keys::UNANSWERED_KEYS`]), written with their items: a retry after a
     /// restart is recognised and delivers nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub idempotency_keys: Vec<crate::keys::KeptKey>,

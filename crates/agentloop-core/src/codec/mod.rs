@@ -275,6 +275,7 @@ mod tests {
                             .map(|i| crate::keys::KeptKey {
                                 key: format!("key-{i}-{hb}"),
                                 fingerprint: hb.wrapping_mul(i + 1),
+                                unanswered: (i + hb) % 2 == 1,
                             })
                             .collect(),
                         journal: (v % 3 == 1).then_some(crate::steps::JournalMark {

@@ -39,7 +39,7 @@ pub use config::{
 };
 pub use fork::ForkError;
 pub use handle::{BoundClient, SessionHandle};
-pub use keys::{KeptKey, KEPT_KEYS};
+pub use keys::{KeptKey, KEPT_KEYS, UNANSWERED_KEYS};
 pub use messages::{PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
 pub use settings::{RestartPolicy, SessionSettings};
 pub(crate) use spec::RunContext;

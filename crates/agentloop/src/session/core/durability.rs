@@ -579,6 +579,11 @@ impl<A: Agent> Core<A> {
                 .stale_write
                 .is_some_and(|(s, delete)| s == seq && delete);
         }
+        // S34a: the pushes this write held are answered below (whatever its result):
+        // their keys count as answered from the next write on.
+        if let Some(keys) = self.keys.as_mut() {
+            keys.written(seq);
+        }
         // Timer changes this write held: done, or handed to the next write.
         let (answered, later): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.durable.timers_in_flight)

@@ -85,7 +85,13 @@ impl<A: Agent> Core<A> {
                 .map_or(Seen::New, |k| k.judge(key, *fingerprint));
             if seen != Seen::New {
                 let result = match seen {
-                    Seen::Again => Ok(PreemptAck::Duplicate),
+                    Seen::Again => {
+                        // Answered now: the key need not outlive the window any more.
+                        if let Some(keys) = self.keys.as_mut() {
+                            keys.retried(key);
+                        }
+                        Ok(PreemptAck::Duplicate)
+                    }
                     _ => Err(PushError::KeyReused { item }),
                 };
                 if let Some(reply) = reply {
@@ -118,9 +124,6 @@ impl<A: Agent> Core<A> {
             }
             return;
         }
-        if let Some((key, fingerprint)) = options.idempotency.take() {
-            self.keys.get_or_insert_default().keep(key, fingerprint);
-        }
         // S39: a timer's fire is written at once, its removal (or move) with its item.
         let fire = match options.timer.take() {
             Some(change) if self.persists() => {
@@ -129,6 +132,24 @@ impl<A: Agent> Core<A> {
             }
             _ => false,
         };
+        let written = self.syncs() || fire;
+        // The number `write_live` gives the write below.
+        let next_write = self.durable.seq + 1;
+        if let Some((key, fingerprint)) = options.idempotency.take() {
+            // A push answered after its write keeps its key unanswered until that
+            // write (the next one) completes: a crash between them loses the answer,
+            // and the key must outlive the window of answered ones for the retry.
+            let write = written.then_some(next_write);
+            let dropped = self
+                .keys
+                .get_or_insert_default()
+                .keep(key, fingerprint, write);
+            if dropped > 0 {
+                tracing::warn!(session = %self.config.id, dropped,
+                    max = crate::session::keys::UNANSWERED_KEYS,
+                    "idempotency keys of unanswered pushes dropped (over the bound): a retry of those pushes would deliver them again");
+            }
+        }
         self.await_input = false;
         self.counters.items_accepted += 1;
         self.idle_epoch += 1;
@@ -139,10 +160,11 @@ impl<A: Agent> Core<A> {
             .as_ref()
             .filter(|t| t.control.phase() != Phase::Ended)
             .map(|t| t.index);
-        if self.syncs() || fire {
+        if written {
             // S16a: answered (and its preempt applied) once the write holding it is
             // flushed.
             let seq = self.write_live(fx);
+            debug_assert_eq!(seq, next_write, "the keys name the write that holds them");
             self.durable.answer_push_after(
                 seq,
                 reply,
