@@ -607,6 +607,112 @@ pub async fn list_filters_by_status(store: &Store) {
     assert!(ids.contains(&"list-a"));
 }
 
+/// What a listing says of a record, to compare a page with the whole listing: its id
+/// and the record as stored, or its error.
+fn listed(e: &agentloop::store::StoredEntry) -> (String, String) {
+    let what = match &e.record {
+        Ok(r) => format!("ok {r:?}"),
+        Err(err) => format!("error {err}"),
+    };
+    (e.session_id.clone(), what)
+}
+
+/// Pages of records (issue 52): in id order after an id, at most `limit`, each page
+/// what the whole listing says of its records; walking the pages lists every record
+/// once; an `after` that is not stored starts after where it would be; a deleted
+/// record leaves the pages.
+pub async fn pages_list_in_id_order(store: &Store) {
+    for id in ["pg-e", "pg-a", "pg-d", "pg-b", "pg-c"] {
+        let mut r = SessionRecord::<SimItem>::new(id, "sim", 1);
+        r.status = SessionStatus::Stopped;
+        r.unhandled_items = vec![item(1), item(2)];
+        store.save(r).await.expect("save");
+    }
+    let all: Vec<(String, String)> = store
+        .list_stored(None)
+        .await
+        .expect("list_stored")
+        .iter()
+        .map(listed)
+        .collect();
+    // Every page of 2, from the first: the whole listing, in order, once.
+    let mut walked: Vec<(String, String)> = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .list_page(after.as_deref(), 2)
+            .await
+            .expect("list_page");
+        assert!(
+            page.len() <= 2,
+            "a page holds at most `limit`: {}",
+            page.len()
+        );
+        let Some(last) = page.last() else { break };
+        after = Some(last.session_id.clone());
+        walked.extend(page.iter().map(listed));
+        assert!(
+            walked.len() <= all.len(),
+            "the pages list more than the store holds"
+        );
+    }
+    assert_eq!(walked, all, "the pages, walked, are the whole listing");
+    let ids = |page: &[agentloop::store::StoredEntry]| -> Vec<String> {
+        page.iter().map(|e| e.session_id.clone()).collect()
+    };
+    let page = store.list_page(Some("pg-a"), 3).await.expect("list_page");
+    assert_eq!(ids(&page), ["pg-b", "pg-c", "pg-d"]);
+    let page = store.list_page(Some("pg-bb"), 1).await.expect("list_page");
+    assert_eq!(ids(&page), ["pg-c"], "after an id that is not stored");
+    assert!(store
+        .list_page(None, 0)
+        .await
+        .expect("list_page")
+        .is_empty());
+    let first = store.list_page(None, 1).await.expect("list_page");
+    assert_eq!(ids(&first), [all[0].0.clone()]);
+    let last = &all[all.len() - 1].0;
+    assert!(store
+        .list_page(Some(last), 10)
+        .await
+        .expect("list_page")
+        .is_empty());
+    assert!(store.delete("pg-c").await.expect("delete"));
+    let page = store.list_page(Some("pg-b"), 1).await.expect("list_page");
+    assert_eq!(ids(&page), ["pg-d"], "a deleted record leaves the pages");
+    for id in ["pg-a", "pg-b", "pg-d", "pg-e"] {
+        store.delete(id).await.expect("delete");
+    }
+}
+
+/// A record that does not read (`id`, damaged by the caller as a broken disk would) is
+/// listed on its page with its error, as the whole listing lists it (issue 52).
+pub async fn a_corrupt_record_is_listed_on_its_page(store: &Store, id: &str) {
+    let all = store.list_stored(None).await.expect("list_stored");
+    let at = all
+        .iter()
+        .position(|e| e.session_id == id)
+        .unwrap_or_else(|| panic!("`{id}` is not listed at all"));
+    assert!(
+        all[at].record.is_err(),
+        "`{id}` is not corrupt: {:?}",
+        all[at]
+    );
+    let after = at.checked_sub(1).map(|i| all[i].session_id.clone());
+    let page = store
+        .list_page(after.as_deref(), 2)
+        .await
+        .expect("a page with a corrupt record is listed, not refused");
+    assert_eq!(
+        page.iter().map(listed).collect::<Vec<_>>(),
+        all[at..(at + 2).min(all.len())]
+            .iter()
+            .map(listed)
+            .collect::<Vec<_>>(),
+        "the page lists the corrupt record with its error, and goes on after it"
+    );
+}
+
 /// A header that names an entry the record does not hold is `Corrupt` on load, naming
 /// the session.
 pub async fn a_header_naming_a_missing_entry_is_corrupt(store: &Store) {
@@ -1059,6 +1165,7 @@ pub async fn run_all(store: Store) {
     status_compare_and_swap(&store).await;
     delete_removes_everything(&store).await;
     list_filters_by_status(&store).await;
+    pages_list_in_id_order(&store).await;
     a_header_naming_a_missing_entry_is_corrupt(&store).await;
     invalid_ids_are_refused(&store).await;
     heartbeats(&store).await;

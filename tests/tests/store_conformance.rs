@@ -12,10 +12,18 @@ use agentloop_tests::TempDir;
 
 #[tokio::test]
 async fn s15_memory_store_conforms() {
-    let store: Store = Arc::new(MemoryStore::<SimItem>::new());
+    let memory = Arc::new(MemoryStore::<SimItem>::new());
+    let store: Store = memory.clone();
     run_all(store.clone()).await;
     agentloop_tests::conformance::shared_membership(&store).await;
+    memory.put_raw(&agentloop_core::table::header_key(CORRUPT), GARBAGE);
+    agentloop_tests::conformance::a_corrupt_record_is_listed_on_its_page(&store, CORRUPT).await;
 }
+
+/// A record whose head does not decode, planted by the engine tests below (issue 52: a
+/// page lists it with its error).
+const CORRUPT: &str = "list-bb-corrupt";
+const GARBAGE: &[u8] = b"ALCK\x02\x00garbage";
 
 /// The suite through the checkpoint actor on `engine`, then a restart: what it wrote is
 /// still there.
@@ -36,6 +44,22 @@ async fn conforms_on(engine: Engine) {
     assert_eq!(incr.version, 6);
     let whole = store.load("whole").await.unwrap().expect("a record");
     assert_eq!(agentloop_tests::ids(&whole.interrupted_items), vec![4, 1]);
+    client.close().await.unwrap();
+    // A head that does not decode, as a broken disk would leave it: listed on its page.
+    let path = dir.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let b = agentloop::store::Backend::open(&path, engine).unwrap();
+        b.put_raw(&agentloop_core::table::header_key(CORRUPT), GARBAGE)
+            .unwrap();
+        b.flush().unwrap();
+    })
+    .await
+    .unwrap();
+    let client = CheckpointActor::<SimItem>::spawn_engine(dir.path(), engine)
+        .await
+        .unwrap();
+    let store: Store = Arc::new(client.clone());
+    agentloop_tests::conformance::a_corrupt_record_is_listed_on_its_page(&store, CORRUPT).await;
     client.close().await.unwrap();
 }
 
@@ -216,6 +240,19 @@ fn s15_postgres_store_conforms() {
         .expect("connect");
         run_all(Arc::new(first.clone())).await;
         agentloop_tests::conformance::shared_membership(&(Arc::new(first.clone()) as Store)).await;
+        first
+            .put_raw(
+                CORRUPT,
+                &agentloop_core::table::header_key(CORRUPT),
+                GARBAGE,
+            )
+            .await
+            .expect("a raw row");
+        agentloop_tests::conformance::a_corrupt_record_is_listed_on_its_page(
+            &(Arc::new(first.clone()) as Store),
+            CORRUPT,
+        )
+        .await;
 
         let second = PostgresStore::<SimItem>::connect(PostgresOptions {
             url: url.clone(),

@@ -302,6 +302,22 @@ macro_rules! expect {
     };
 }
 
+impl<I> PostgresStore<I> {
+    /// Stores raw bytes under a raw key of session `session`'s rows, bypassing every
+    /// check: for tests that damage records (a head that does not decode), as
+    /// `SledBackend::put_raw` does for sled.
+    pub fn put_raw(
+        &self,
+        session: &str,
+        key: &[u8],
+        value: &[u8],
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let request = Request::PutRaw(session.to_string(), key.to_vec(), value.to_vec());
+        let f = self.call(session, request);
+        expect!(f, Answer::Done => ())
+    }
+}
+
 impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
     fn load_stored<'a>(
         &'a self,
@@ -332,6 +348,17 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         statuses: Option<Vec<StatusKind>>,
     ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
         let f = self.call("", Request::List(statuses));
+        expect!(f, Answer::Listed(l) => l)
+    }
+
+    fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        // One shard asks: every shard's connection reaches the same table, and the
+        // heads' index pages it in id order (`shard::page`).
+        let f = self.call("", Request::Page(after.map(str::to_string), limit));
         expect!(f, Answer::Listed(l) => l)
     }
 

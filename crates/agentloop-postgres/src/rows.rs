@@ -78,6 +78,14 @@ impl Table for SessionRows {
         Ok(self.range(prefix).map(|(k, _)| k.clone()).collect())
     }
 
+    fn first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .rows
+            .range::<[u8], _>((Bound::Included(from), Bound::Unbounded))
+            .next()
+            .map(|(k, _)| k.clone()))
+    }
+
     fn keys_in_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<Vec<u8>>, StoreError> {
         Ok(self
             .rows

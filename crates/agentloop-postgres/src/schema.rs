@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! agentloop_entries   (session text, key bytea, value bytea)   one row per table entry
-//!                     (+ a partial index on the timers' due-time keys, S39)
+//!                     (+ a partial index on the timers' due-time keys, S39, and
+//!                     one on the records' heads, for pages of records, issue 52)
 //! agentloop_instances (instance text, beat_ms bigint)          one heartbeat per instance
 //! agentloop_runs      (instance text, runs text)               what each instance can run
 //!                                                               (S40: kinds and versions, JSON)
@@ -24,6 +25,9 @@ CREATE TABLE IF NOT EXISTS agentloop_entries (
 );
 CREATE INDEX IF NOT EXISTS agentloop_due_timers ON agentloop_entries (key)
     WHERE get_byte(key, 0) = 3;
+CREATE INDEX IF NOT EXISTS agentloop_heads ON agentloop_entries (key)
+    WHERE get_byte(key, 0) > 4 AND length(key) = octet_length(session) + 2
+        AND get_byte(key, length(key) - 1) = 104;
 CREATE TABLE IF NOT EXISTS agentloop_instances (
     instance text PRIMARY KEY,
     beat_ms bigint NOT NULL
@@ -66,6 +70,21 @@ WHERE e.session = gone.session AND e.key = gone.key";
 /// what a list groups.
 pub(crate) const LIST_ROWS: &str = "
 SELECT key, value FROM agentloop_entries WHERE get_byte(key, 0) NOT IN (1, 2, 3, 4) ORDER BY key";
+
+/// The sessions of one page of records, in id order: the heads (`<id> 0x00 'h'`: one
+/// per record, the partial index [`CREATE`] makes) from key `$1` on, at most `$2`. A
+/// head's key order is its id's order (bytes, whatever the database's collation).
+pub(crate) const PAGE_HEADS: &str = "
+SELECT session FROM agentloop_entries
+WHERE get_byte(key, 0) > 4 AND length(key) = octet_length(session) + 2
+    AND get_byte(key, length(key) - 1) = 104 AND key >= $1
+ORDER BY key LIMIT $2";
+
+/// The live-record rows of the sessions `$1` (history, kept events and timers, whose
+/// keys start below any id, excluded): what a page reads of its records.
+pub(crate) const PAGE_ROWS: &str = "
+SELECT session, key, value FROM agentloop_entries
+WHERE session = ANY($1::text[]) AND key >= '\\x20'::bytea";
 
 /// The due-time index of every session's timers (S39), earliest first (keys only; the
 /// partial index [`CREATE`] makes keeps the scan to them).

@@ -54,6 +54,10 @@ pub(crate) enum Request {
     Timers(String),
     DueTimers,
     List(Option<Vec<StatusKind>>),
+    /// One page of records in id order: after this id, at most this many (issue 52).
+    Page(Option<String>, usize),
+    /// Store raw bytes under a raw key of a session, bypassing every check (tests).
+    PutRaw(String, Vec<u8>, Vec<u8>),
     Beat(String, u64),
     Heartbeat(String),
     Instances,
@@ -105,6 +109,8 @@ impl Request {
             | Request::Cas { id, .. } => Some(id),
             Request::Write(w) => Some(w.session_id()),
             Request::List(_)
+            | Request::Page(..)
+            | Request::PutRaw(..)
             | Request::DueTimers
             | Request::Beat(..)
             | Request::Heartbeat(_)
@@ -130,7 +136,8 @@ impl Request {
             Request::ChangeTimer(..) => "change a timer of",
             Request::Timers(_) => "read the timers of",
             Request::DueTimers => "read the due timers",
-            Request::List(_) => "list",
+            Request::List(_) | Request::Page(..) => "list",
+            Request::PutRaw(..) => "save",
             Request::Beat(..) => "renew the heartbeat",
             Request::Heartbeat(_) => "read the heartbeat",
             Request::Instances => "list the instances",
@@ -353,11 +360,84 @@ async fn alone(conn: &mut Connection, op: Op) {
                 });
                 table::list(scan, std::iter::empty(), statuses.as_deref()).map(Answer::Listed)
             }
+            Request::PutRaw(session, key, value) => {
+                let (session, key, value) = (vec![session], vec![key], vec![value]);
+                client
+                    .execute(schema::PUT_ROWS, &[&session, &key, &value])
+                    .await
+                    .map_err(db)?;
+                Ok(Answer::Done)
+            }
+            Request::Page(after, limit) => page(client, after.as_deref(), limit)
+                .await
+                .map_err(db)
+                .map(Answer::Listed),
             _ => Err(StoreError::Closed),
         }
     }
     .await;
     let _ = op.reply.send(answer);
+}
+
+/// One page of records in id order after `after`, at most `limit` (issue 52): the
+/// page's sessions from the heads' index (a seek and `limit` index entries, whatever
+/// the table holds), then only their live-record rows, each record read by the shared
+/// table code as a load reads it (a corrupt one listed with its error). Every shard's
+/// connection reaches the same table, so one query is the whole store's page.
+async fn page(
+    client: &Client,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredEntry>, tokio_postgres::Error> {
+    // From the first key past every key of `after` (`<after> 0x01`), or from the
+    // first id byte. An `after` with a NUL (no id has one) comes after the same ids as
+    // its part before the NUL.
+    let from: Vec<u8> = match after {
+        Some(a) => {
+            let a = a.split('\0').next().unwrap_or_default();
+            let mut k = a.as_bytes().to_vec();
+            k.push(1);
+            k
+        }
+        None => vec![0x20],
+    };
+    let limit_rows = i64::try_from(limit).unwrap_or(i64::MAX);
+    let ids: Vec<String> = client
+        .query(schema::PAGE_HEADS, &[&from, &limit_rows])
+        .await?
+        .into_iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|id| after.is_none_or(|a| id.as_str() > a))
+        .collect();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tables: HashMap<String, SessionRows> = HashMap::with_capacity(ids.len());
+    for row in client.query(schema::PAGE_ROWS, &[&ids]).await? {
+        let session: String = row.get(0);
+        let key: Vec<u8> = row.get(1);
+        let value: Vec<u8> = row.get(2);
+        tables
+            .entry(session)
+            .or_default()
+            .insert_read(key, Some(Payload::from(value)));
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let rows = tables.remove(&id).unwrap_or_default();
+        match table::read(&rows, &id) {
+            Ok(Some(record)) => out.push(StoredEntry {
+                session_id: id,
+                record: Ok(record),
+            }),
+            Ok(None) => {}
+            Err(e) => out.push(StoredEntry {
+                session_id: id,
+                record: Err(e),
+            }),
+        }
+    }
+    Ok(out)
 }
 
 /// Runs a batch of session requests in one transaction.
@@ -475,6 +555,8 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         }
         Request::Timers(id) => table::timers::list(rows, &id).map(Answer::Timers),
         Request::List(_)
+        | Request::Page(..)
+        | Request::PutRaw(..)
         | Request::DueTimers
         | Request::Beat(..)
         | Request::Heartbeat(_)

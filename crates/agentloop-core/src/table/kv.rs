@@ -45,8 +45,18 @@ pub trait Table {
             .filter(|k| k.as_slice() >= from && k.as_slice() <= to)
             .collect())
     }
+    /// The first key at or after `from`, if any: where a page of records starts
+    /// (`super::list_page` seeks one session at a time, so a page reads what it lists
+    /// and nothing before or between). An engine answers from its ordered index.
+    fn first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// A format-1 record's bytes.
     fn format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(None)
+    }
+    /// The first session id after `after` (from the start when `None`) that has a
+    /// format-1 record, if any. The default, for a table without format-1 records,
+    /// answers none (as [`Table::format1_get`] does).
+    fn format1_next_after(&self, _after: Option<&str>) -> Result<Option<String>, StoreError> {
         Ok(None)
     }
     /// Stores a format-1 record's bytes (a status change in place).
@@ -85,6 +95,13 @@ pub(crate) mod tests_support {
                 .filter(|k| k.starts_with(prefix))
                 .cloned()
                 .collect())
+        }
+        fn first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            Ok(self
+                .0
+                .range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
+                .next()
+                .map(|(k, _)| k.clone()))
         }
         fn entries_with_prefix(
             &self,

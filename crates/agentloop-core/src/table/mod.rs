@@ -914,5 +914,88 @@ pub fn list(
     Ok(out)
 }
 
+/// The smallest byte a session id starts with: an id holds no control character (S32),
+/// so every key of a live record sorts at or above it, and the checkpoint-history,
+/// kept-event and timer keys (marked `0x01` to `0x04`) sort below it.
+const FIRST_ID_BYTE: u8 = 0x20;
+
+/// One page of records in id order: those whose id comes after `after` (from the first
+/// when `None`), at most `limit`, each read as [`read`] reads it (a corrupt one is
+/// listed with its error, as [`list`] lists it). It seeks one session at a time
+/// ([`Table::first_key_from`], [`Table::format1_next_after`]) and reads only the
+/// records it lists, so a page costs what it returns (issue 52: a seek and one record
+/// per row), however many records the table holds.
+pub fn list_page(
+    t: &impl Table,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<StoredEntry>, StoreError> {
+    let mut out: Vec<StoredEntry> = Vec::with_capacity(limit.min(1024));
+    let mut from = match after {
+        Some(a) => past(a),
+        None => vec![FIRST_ID_BYTE],
+    };
+    let mut next = next_id(t, &mut from, after)?;
+    let mut next_format1 = t.format1_next_after(after)?;
+    while out.len() < limit {
+        let id = match (&next, &next_format1) {
+            (None, None) => break,
+            (Some(a), Some(b)) => a.min(b).clone(),
+            (Some(a), None) => a.clone(),
+            (None, Some(b)) => b.clone(),
+        };
+        if next.as_deref() == Some(id.as_str()) {
+            from = past(&id);
+            next = next_id(t, &mut from, Some(&id))?;
+        }
+        if next_format1.as_deref() == Some(id.as_str()) {
+            next_format1 = t.format1_next_after(Some(&id))?;
+        }
+        match read(t, &id) {
+            Ok(Some(record)) => out.push(StoredEntry {
+                session_id: id,
+                record: Ok(record),
+            }),
+            Ok(None) => {}
+            Err(e) => out.push(StoredEntry {
+                session_id: id,
+                record: Err(e),
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// The first key past every key of session `id` (they are `id`, `0x00`, …; an id that
+/// extends `id` goes on with a byte above `0x01`).
+fn past(id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(id.len() + 1);
+    k.extend_from_slice(id.as_bytes());
+    k.push(1);
+    k
+}
+
+/// The session of the first record key at or after `from` whose id comes after
+/// `after`, moving `from` past the keys it skips (each skip moves it forward).
+fn next_id(
+    t: &impl Table,
+    from: &mut Vec<u8>,
+    after: Option<&str>,
+) -> Result<Option<String>, StoreError> {
+    loop {
+        let Some(key) = t.first_key_from(from)? else {
+            return Ok(None);
+        };
+        match parse_key(&key) {
+            Some((id, _)) if after.is_none_or(|a| id > a) => return Ok(Some(id.to_string())),
+            Some((id, _)) => *from = past(id),
+            None => {
+                *from = key;
+                from.push(0);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

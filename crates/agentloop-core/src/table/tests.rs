@@ -7,16 +7,28 @@ use crate::record::RecordHeader;
 use crate::write::{RecordWrite, WriteCondition};
 use std::ops::Bound;
 
-/// A plain ordered map as the table, counting the reads that scan.
+/// A plain ordered map as the table, counting the reads that scan (and the point reads
+/// and seeks, for the pages of `list_page`).
 #[derive(Default)]
 struct Map {
     rows: BTreeMap<Vec<u8>, Payload>,
     scans: std::cell::Cell<usize>,
+    gets: std::cell::Cell<usize>,
+    seeks: std::cell::Cell<usize>,
 }
 
 impl Table for Map {
     fn get(&self, key: &[u8]) -> Result<Option<Payload>, StoreError> {
+        self.gets.set(self.gets.get() + 1);
         Ok(self.rows.get(key).cloned())
+    }
+    fn first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.seeks.set(self.seeks.get() + 1);
+        Ok(self
+            .rows
+            .range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
+            .next()
+            .map(|(k, _)| k.clone()))
     }
     fn put(&mut self, key: Vec<u8>, value: Payload) {
         self.rows.insert(key, value);
@@ -624,4 +636,82 @@ fn s1b_append_journal_keeps_the_header_and_is_fenced() {
         ),
         Err(StoreError::Final { .. })
     ));
+}
+
+/// Issue 52: a page of records costs what it returns. Among 20 000 records (and a
+/// session's kept events, which sort before every record), a page of 10 after an id
+/// seeks 11 times and reads 10 heads, and scans nothing; it lists what the whole
+/// listing lists for those ids, a corrupt head with its error included.
+#[test]
+fn a_page_of_records_reads_only_the_records_it_lists() {
+    let mut t = Map::default();
+    for n in 0..20_000u64 {
+        let id = format!("s{n:05}");
+        let w = RecordWrite {
+            header: header(&id),
+            ..write(
+                vec![ItemChange::Put(1, p(b"one"))],
+                StateChange::Keep,
+                false,
+            )
+        };
+        super::write(&mut t, w).unwrap();
+    }
+    // A head that does not decode, between two records; kept events of one session.
+    t.rows.insert(header_key("s00010a"), p(b"garbage"));
+    for n in 0..1_000u32 {
+        let mut k = vec![events::EVENTS_MARK];
+        k.extend_from_slice(b"s00001\0");
+        k.extend_from_slice(&n.to_be_bytes());
+        t.rows.insert(k, p(b"event"));
+    }
+    let scan = || t.rows.iter().map(|(k, v)| Ok((k.clone(), v.clone())));
+    let all = list(scan(), std::iter::empty(), None).unwrap();
+    assert_eq!(all.len(), 20_001);
+
+    let (gets, seeks, scans) = (t.gets.get(), t.seeks.get(), t.scans.get());
+    let page = list_page(&t, Some("s00005"), 10).unwrap();
+    let ids: Vec<&str> = page.iter().map(|e| e.session_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "s00006", "s00007", "s00008", "s00009", "s00010", "s00010a", "s00011", "s00012",
+            "s00013", "s00014"
+        ]
+    );
+    assert_eq!(t.gets.get() - gets, 10, "one head read per record listed");
+    assert_eq!(
+        t.seeks.get() - seeks,
+        11,
+        "one seek per record, and one to end"
+    );
+    assert_eq!(t.scans.get() - scans, 0, "no scan");
+    for e in &page {
+        let whole = all.iter().find(|a| a.session_id == e.session_id).unwrap();
+        match (&e.record, &whole.record) {
+            (Ok(a), Ok(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}")),
+            (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string()),
+            (a, b) => panic!("`{}`: the page has {a:?}, the listing {b:?}", e.session_id),
+        }
+    }
+    assert!(
+        page[5].record.is_err(),
+        "the corrupt head is listed with its error"
+    );
+
+    // From the start (the kept events before it are not read), to the end, and none.
+    let (gets, seeks) = (t.gets.get(), t.seeks.get());
+    let first = list_page(&t, None, 3).unwrap();
+    let ids: Vec<&str> = first.iter().map(|e| e.session_id.as_str()).collect();
+    assert_eq!(ids, ["s00000", "s00001", "s00002"]);
+    assert_eq!((t.gets.get() - gets, t.seeks.get() - seeks), (3, 4));
+    let last = list_page(&t, Some("s19998"), 10).unwrap();
+    assert_eq!(last.len(), 1);
+    assert_eq!(last[0].session_id, "s19999");
+    assert!(list_page(&t, Some("s19999"), 10).unwrap().is_empty());
+    assert!(list_page(&t, None, 0).unwrap().is_empty());
+    // An `after` that is no id (a control character) still pages in id order.
+    let odd = list_page(&t, Some("s00003\0h"), 2).unwrap();
+    let ids: Vec<&str> = odd.iter().map(|e| e.session_id.as_str()).collect();
+    assert_eq!(ids, ["s00004", "s00005"]);
 }

@@ -752,6 +752,17 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         self.ask(|reply| CheckpointMsg::List { statuses, reply })
     }
 
+    fn list_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<StoredEntry>, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        self.committer
+            .list_page(after.map(str::to_string), limit, Answer::oneshot(tx));
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
     fn cas_status(
         &self,
         session_id: &str,

@@ -99,6 +99,18 @@ impl Base for FjallBackend {
     fn base_format1_get(&self, _id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(None)
     }
+    fn base_first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.sessions.range(from..).next() {
+            None => Ok(None),
+            Some(g) => g
+                .key()
+                .map(|k| Some(k.to_vec()))
+                .map_err(|e| backend_err("list", "", e)),
+        }
+    }
+    fn base_format1_next_after(&self, _after: Option<&str>) -> Result<Option<String>, StoreError> {
+        Ok(None)
+    }
 }
 
 /// Removes what an interrupted creation of a fjall database left in `dir`.
@@ -216,6 +228,14 @@ impl FjallBackend {
         self.db
             .persist(mode(self.durability))
             .map_err(|e| backend_err("flush", "", e))
+    }
+
+    /// Stores raw bytes under a raw key of the `sessions` keyspace, bypassing every
+    /// check: for tests that damage records (as `SledBackend::put_raw`). Blocks.
+    pub fn put_raw(&self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let mut batch = self.db.batch();
+        batch.insert(&self.sessions, key, value);
+        batch.commit().map_err(|e| backend_err("save", "", e))
     }
 
     /// Persists the journal with an fsync, whatever the level (a clean close). Blocks.

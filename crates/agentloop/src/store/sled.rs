@@ -99,6 +99,32 @@ impl Base for SledBackend {
             .map(|v| v.map(|b| b.to_vec()))
             .map_err(|e| backend_err("load", id, e))
     }
+    fn base_first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.sessions.range(from..).keys().next() {
+            None => Ok(None),
+            Some(k) => k
+                .map(|k| Some(k.to_vec()))
+                .map_err(|e| backend_err("list", "", e)),
+        }
+    }
+    fn base_format1_next_after(&self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        use std::ops::Bound;
+        let from = match after {
+            Some(a) => Bound::Excluded(a.as_bytes()),
+            None => Bound::Unbounded,
+        };
+        match self
+            .records
+            .range::<&[u8], _>((from, Bound::Unbounded))
+            .keys()
+            .next()
+        {
+            None => Ok(None),
+            Some(k) => k
+                .map(|k| Some(String::from_utf8_lossy(&k).into_owned()))
+                .map_err(|e| backend_err("list", "", e)),
+        }
+    }
 }
 
 /// sled's page cache, in bytes (sled's own default is 1 GiB, which a node with a

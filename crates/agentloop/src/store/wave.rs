@@ -156,6 +156,10 @@ pub trait Base {
     /// Every `(key, value)` of the sessions table from `from` to `to`, both included, in
     /// order.
     fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<(Vec<u8>, Payload)>, StoreError>;
+    /// The first key of the sessions table at or after `from`, if any (a seek).
+    fn base_first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// The first id after `after` (from the start when `None`) with a format-1 record.
+    fn base_format1_next_after(&self, after: Option<&str>) -> Result<Option<String>, StoreError>;
 }
 
 /// What a wave leaves for its backend to commit atomically.
@@ -257,11 +261,54 @@ impl<B: Base> Table for Wave<'_, B> {
             .map(|(k, _)| k)
             .collect())
     }
+    fn first_key_from(&self, from: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        // The engine's first key not removed by the wave, against the wave's first put.
+        let mut at = from.to_vec();
+        let base = loop {
+            match self.base.base_first_key_from(&at)? {
+                Some(k) if matches!(self.staged.sessions.get(&k), Some(None)) => {
+                    at = k;
+                    at.push(0);
+                }
+                other => break other,
+            }
+        };
+        let staged = self
+            .staged
+            .sessions
+            .range::<[u8], _>((Bound::Included(from), Bound::Unbounded))
+            .find(|(_, v)| v.is_some())
+            .map(|(k, _)| k.clone());
+        Ok(match (base, staged) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
     fn format1_get(&self, id: &str) -> Result<Option<Vec<u8>>, StoreError> {
         if let Some(v) = self.staged.format1.get(id) {
             return Ok(v.clone());
         }
         self.base.base_format1_get(id)
+    }
+    fn format1_next_after(&self, after: Option<&str>) -> Result<Option<String>, StoreError> {
+        let mut at = after.map(str::to_string);
+        let base = loop {
+            match self.base.base_format1_next_after(at.as_deref())? {
+                Some(id) if matches!(self.staged.format1.get(&id), Some(None)) => at = Some(id),
+                other => break other,
+            }
+        };
+        let staged = self
+            .staged
+            .format1
+            .iter()
+            .filter(|(id, v)| v.is_some() && after.is_none_or(|a| id.as_str() > a))
+            .map(|(id, _)| id.clone())
+            .min();
+        Ok(match (base, staged) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
     fn format1_put(&mut self, id: &str, bytes: Vec<u8>) {
         self.staged.format1.insert(id.to_string(), Some(bytes));

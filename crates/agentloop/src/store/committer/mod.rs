@@ -94,13 +94,21 @@ enum Job {
     /// A listing: runs once every operation queued before it is applied (on the
     /// blocking pool: a scan must not hold the writes behind it).
     List {
-        statuses: Option<Vec<StatusKind>>,
+        what: Listing,
         answer: Answer<Vec<StoredEntry>>,
     },
     /// Finish everything queued before it, refuse what follows, release the engine.
     Close { answer: Answer<()> },
     /// Nothing: wakes the thread so that the riders waiting are committed.
     Wake,
+}
+
+/// What a listing reads.
+pub(crate) enum Listing {
+    /// Every record, optionally only those of these statuses.
+    All(Option<Vec<StatusKind>>),
+    /// One page in id order (`table::list_page`): after this id, at most this many.
+    Page(Option<String>, usize),
 }
 
 /// Operations that wait for the next group commit instead of starting one (S20a: a
@@ -337,7 +345,24 @@ impl Committer {
         statuses: Option<Vec<StatusKind>>,
         answer: Answer<Vec<StoredEntry>>,
     ) {
-        self.send(Job::List { statuses, answer });
+        self.send(Job::List {
+            what: Listing::All(statuses),
+            answer,
+        });
+    }
+
+    /// Queues the listing of one page in id order (it sees every operation queued
+    /// before it, like [`Committer::list`]), reading only the page's records.
+    pub(crate) fn list_page(
+        self: &Arc<Self>,
+        after: Option<String>,
+        limit: usize,
+        answer: Answer<Vec<StoredEntry>>,
+    ) {
+        self.send(Job::List {
+            what: Listing::Page(after, limit),
+            answer,
+        });
     }
 
     /// Closes the store: what was queued before is finished and answered, later
@@ -543,12 +568,17 @@ impl Committer {
                     ops.push(op);
                     waiters.push(waiter);
                 }
-                Job::List { statuses, answer } => {
+                Job::List { what, answer } => {
                     // Sees every operation before it: apply them first.
                     self.apply(&engine, &mut ops, &mut waiters, &mut writes);
                     let engine = engine.clone();
                     self.runtime.spawn_blocking(move || {
-                        let r = engine.list(statuses.as_deref());
+                        let r = match what {
+                            Listing::All(statuses) => engine.list(statuses.as_deref()),
+                            Listing::Page(after, limit) => {
+                                engine.list_page(after.as_deref(), limit)
+                            }
+                        };
                         drop(engine);
                         answer.send(r);
                     });
