@@ -24,6 +24,20 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// What a listing says of a live session.
+fn summary<I, E>(e: &super::registry::Entry<I, E>) -> SessionSummary
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    SessionSummary {
+        id: e.spec.id.clone(),
+        kind: e.spec.kind.clone(),
+        version: e.handle.agent_version(),
+        restarts: e.restarted,
+    }
+}
+
 /// The supervisor actor, with the directory it shares with its handles.
 pub(crate) struct SessionSupervisor<I, E> {
     pub(super) directory: Arc<Directory<I, E>>,
@@ -51,7 +65,7 @@ where
             heartbeat: args.heartbeat,
             metrics: args.metrics,
             limits: args.limits,
-            sessions: HashMap::new(),
+            sessions: Default::default(),
             by_actor: HashMap::new(),
             stopping: false,
             directory: self.directory.clone(),
@@ -298,17 +312,20 @@ where
                 let _ = reply.send(refused);
             }
             SupervisorMsg::List { reply } => {
-                let mut v: Vec<SessionSummary> = st
+                let v: Vec<SessionSummary> =
+                    st.sessions.page(None, usize::MAX).map(summary).collect();
+                let _ = reply.send(v);
+            }
+            SupervisorMsg::ListPage {
+                after,
+                limit,
+                reply,
+            } => {
+                let v: Vec<SessionSummary> = st
                     .sessions
-                    .values()
-                    .map(|e| SessionSummary {
-                        id: e.spec.id.clone(),
-                        kind: e.spec.kind.clone(),
-                        version: e.handle.agent_version(),
-                        restarts: e.restarted,
-                    })
+                    .page(after.as_deref(), limit)
+                    .map(summary)
                     .collect();
-                v.sort_by(|a, b| a.id.cmp(&b.id));
                 let _ = reply.send(v);
             }
         }

@@ -583,4 +583,19 @@ where
             .await
             .unwrap_or_default()
     }
+
+    /// One page of [`SupervisorHandle::list`]: the live sessions whose id comes after
+    /// `after` (from the first when `None`), in id order, at most `limit`. It costs what
+    /// it returns (the supervisor keeps its ids in order), however many sessions live
+    /// (issue 52).
+    pub async fn list_page(&self, after: Option<&str>, limit: usize) -> Vec<SessionSummary> {
+        let after = after.map(str::to_string);
+        self.ask(|reply| SupervisorMsg::ListPage {
+            after,
+            limit,
+            reply,
+        })
+        .await
+        .unwrap_or_default()
+    }
 }

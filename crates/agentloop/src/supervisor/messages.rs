@@ -138,6 +138,16 @@ pub enum SupervisorMsg<I, E> {
         /// Where to answer.
         reply: RpcReplyPort<Vec<SessionSummary>>,
     },
+    /// List one page of the live sessions in id order: those after `after`, at most
+    /// `limit` (issue 52: a page costs what it returns).
+    ListPage {
+        /// Start after this id (from the first when `None`).
+        after: Option<String>,
+        /// The most sessions on the page.
+        limit: usize,
+        /// Where to answer.
+        reply: RpcReplyPort<Vec<SessionSummary>>,
+    },
     /// Attach a client by id (S22): bound (its disconnect before a detach cancels the
     /// session's work, Immediate) or an observer (events only).
     Attach {

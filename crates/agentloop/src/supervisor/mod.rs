@@ -32,6 +32,7 @@ mod directory;
 mod error;
 mod handle;
 mod kind;
+mod live;
 mod messages;
 mod registry;
 mod routing;

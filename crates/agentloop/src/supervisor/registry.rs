@@ -93,7 +93,7 @@ pub(crate) struct SupervisorState<I, E> {
     pub(super) heartbeat: Duration,
     pub(super) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
     pub(super) limits: SessionLimits,
-    pub(super) sessions: HashMap<String, Entry<I, E>>,
+    pub(super) sessions: super::live::Live<Entry<I, E>>,
     pub(super) by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
     pub(super) stopping: bool,
