@@ -43,9 +43,14 @@ pub(crate) async fn list<I: Item, E: Ev>(
             "limit {limit} is out of range: 1 to {MAX_PAGE}"
         )));
     }
+    // One page, in id order, after `after` (S34a: an answer is bounded), costing what
+    // it returns (issue 52): `limit + 1` stored records and `limit + 1` live sessions
+    // after `after` hold the page's first `limit + 1` ids, whichever side each is on,
+    // so the merge knows whether more follow.
+    let after = page.after.as_deref();
     let mut rows: BTreeMap<String, Value> = BTreeMap::new();
     if let Some(store) = st.runtime.store() {
-        for entry in store.list_stored(None).await? {
+        for entry in store.list_page(after, limit + 1).await? {
             let row = match &entry.record {
                 Ok(stored) => json!({
                     "id": entry.session_id,
@@ -72,7 +77,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
             rows.insert(entry.session_id.clone(), row);
         }
     }
-    for s in st.runtime.supervisor().list().await {
+    for s in st.runtime.supervisor().list_page(after, limit + 1).await {
         let row = rows.entry(s.id.clone()).or_insert_with(
             || json!({"id": s.id, "kind": s.kind, "version": s.version, "live": true, "status": null, "restarts": 0}),
         );
@@ -83,9 +88,8 @@ pub(crate) async fn list<I: Item, E: Ev>(
         row["version"] = json!(s.version);
         row["restarts"] = json!(s.restarts);
     }
-    // One page, in id order, after `after` (S34a: an answer is bounded).
-    let mut rest = rows.into_iter().filter(|(id, _)| match &page.after {
-        Some(after) => id > after,
+    let mut rest = rows.into_iter().filter(|(id, _)| match after {
+        Some(after) => id.as_str() > after,
         None => true,
     });
     let out: Vec<(String, Value)> = rest.by_ref().take(limit).collect();
