@@ -47,7 +47,7 @@ pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, Ap
     let timeout = b
         .timeout
         .as_deref()
-        .map(|t| duration("timeout", t, max))
+        .map(|t| duration("timeout", t, max, super::LIMITS_DURATION))
         .transpose()?;
     let mode = b.mode.as_deref().unwrap_or("graceful");
     let misplaced = |field: &str| {
@@ -83,7 +83,7 @@ pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, Ap
             let d = b.idle_for.as_deref().ok_or_else(|| {
                 ApiError::bad_request("the `idle` stop mode needs `idle_for`, e.g. \"30s\"")
             })?;
-            StopOptions::until_idle_for(duration("idle_for", d, max)?)
+            StopOptions::until_idle_for(duration("idle_for", d, max, super::LIMITS_DURATION)?)
         }
         m @ ("immediate" | "drain" | "bare") => {
             if timeout.is_some() {
@@ -193,7 +193,7 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
     use agentloop::cluster::migrate::MigrateError;
     let b = body(raw)?;
     let timeout = match &b.timeout {
-        Some(t) => duration("timeout", t, st.max_duration)?,
+        Some(t) => duration("timeout", t, st.max_duration, super::LIMITS_DURATION)?,
         None => Duration::from_secs(5),
     };
     match st.runtime.migrate(&id, &b.to, timeout).await {

@@ -209,7 +209,24 @@ fn optional_body<T: DeserializeOwned + Default>(
 
 /// A request's duration `text` for `option`: positive and at most `max` (the server's
 /// `[limits] duration`, S34a).
-fn duration(option: &str, text: &str, max: Duration) -> Result<Duration, ApiError> {
+/// A bound as an operator wrote it: whole days as days (`3650 days`, not humantime's
+/// `9years 11months 27days 21h 50m 24s`), whole hours as hours, else humantime's.
+fn bound_text(d: Duration) -> String {
+    let s = d.as_secs();
+    match (d.subsec_nanos(), s) {
+        (0, s) if s >= 86_400 && s % 86_400 == 0 => format!("{} days", s / 86_400),
+        (0, s) if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        _ => humantime::format_duration(d).to_string(),
+    }
+}
+
+/// The bound of a request's durations: `[limits] duration` (S34a).
+pub(super) const LIMITS_DURATION: &str = "its [limits] duration";
+
+/// `text` as a duration for `option`, positive and at most `max`; `bound` names where
+/// `max` comes from in the refusal (issue 52: a timer's `in`, bounded by ten years,
+/// was refused naming `[limits] duration`).
+fn duration(option: &str, text: &str, max: Duration, bound: &str) -> Result<Duration, ApiError> {
     let d = humantime::parse_duration(text).map_err(|e| {
         ApiError::bad_request(format!(
             "{option} `{text}` is not a duration ({e}); write e.g. \"5s\""
@@ -222,8 +239,8 @@ fn duration(option: &str, text: &str, max: Duration) -> Result<Duration, ApiErro
     }
     if d > max {
         return Err(ApiError::bad_request(format!(
-            "{option} `{text}` is longer than this server allows: at most {} (its [limits] duration)",
-            humantime::format_duration(max)
+            "{option} `{text}` is longer than this server allows: at most {} ({bound})",
+            bound_text(max)
         )));
     }
     Ok(d)
@@ -232,6 +249,34 @@ fn duration(option: &str, text: &str, max: Duration) -> Result<Duration, ApiErro
 #[cfg(test)]
 mod message_tests {
     use super::*;
+
+    /// Issue 52: a refused duration names the bound that refused it, and the bound it
+    /// states is the one enforced.
+    #[test]
+    fn a_duration_refusal_names_the_bound_that_refused_it() {
+        let e = duration(
+            "in",
+            "20years",
+            Duration::from_secs(3650 * 86_400),
+            "the furthest a timer is armed",
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("the furthest a timer is armed"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("[limits] duration"), "{}", e.message);
+        assert!(e.message.contains("at most 3650 days"), "{}", e.message);
+        let e = duration("timeout", "2h", Duration::from_secs(3600), LIMITS_DURATION).unwrap_err();
+        assert!(
+            e.message.contains("at most 1h ([limits] duration)")
+                || e.message.contains("at most 1h (its [limits] duration)"),
+            "{}",
+            e.message
+        );
+        assert!(duration("timeout", "1h", Duration::from_secs(3600), LIMITS_DURATION).is_ok());
+    }
     use serde::Deserialize;
 
     #[derive(Debug, Deserialize)]

@@ -77,10 +77,15 @@ pub(super) fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError
         .map_err(|e| ApiError::bad_request(format!("preempt: {e}")))?;
     let mut p = Preempt::at(at);
     if let Some(t) = b.timeout {
-        p = p.timeout(duration("preempt timeout", &t, max)?);
+        p = p.timeout(duration(
+            "preempt timeout",
+            &t,
+            max,
+            super::LIMITS_DURATION,
+        )?);
     }
     if let Some(d) = b.delay {
-        p = p.delay(duration("preempt delay", &d, max)?);
+        p = p.delay(duration("preempt delay", &d, max, super::LIMITS_DURATION)?);
     }
     p.validate()
         .map_err(|e| ApiError::bad_request(format!("preempt: {e}")))?;

@@ -116,7 +116,8 @@ pub(crate) async fn arm<I: Item, E: Ev>(
         }
         (None, Some(d), None) => {
             // A timer may be far off (not bounded by `max_duration`, which bounds waits).
-            let when = SystemTime::now() + duration("in", &d, TEN_YEARS)?;
+            let when =
+                SystemTime::now() + duration("in", &d, TEN_YEARS, "the furthest a timer is armed")?;
             st.runtime.wake_at(&id, when, item).await?
         }
         (None, None, Some(s)) => {
