@@ -17,17 +17,7 @@ const CAP: u64 = 3 << 30;
 const BUDGET: u64 = 160 << 20;
 
 fn post(url: &str, body: &Value) -> (u16, Option<String>, Value) {
-    let mut r = agent().post(url).send_json(body).expect("POST");
-    let status = r.status().as_u16();
-    let retry = r
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    (
-        status,
-        retry,
-        r.body_mut().read_json().unwrap_or(Value::Null),
-    )
+    common::post_json(url, body)
 }
 
 /// Pushes items of `size` bytes into `id` until one is refused; how many were accepted

@@ -21,17 +21,7 @@ use serde_json::{json, Value};
 const CAP: u64 = 4 << 30;
 
 fn post(url: &str, body: &Value) -> (u16, Option<String>, Value) {
-    let mut r = agent().post(url).send_json(body).expect("POST");
-    let status = r.status().as_u16();
-    let retry = r
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    (
-        status,
-        retry,
-        r.body_mut().read_json().unwrap_or(Value::Null),
-    )
+    common::post_json(url, body)
 }
 
 fn get(url: &str) -> (u16, Value) {

@@ -90,20 +90,7 @@ impl Job {
         let args = [&["--listen", "127.0.0.1:0"], args].concat();
         let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
         command.arg("serve");
-        // SAFETY: setrlimit(2) is async-signal-safe; the closure allocates nothing.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            command.pre_exec(move || {
-                let limit = libc::rlimit {
-                    rlim_cur: bytes as libc::rlim_t,
-                    rlim_max: bytes as libc::rlim_t,
-                };
-                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        cap_address_space(&mut command, bytes);
         Job::spawn(command, dir, &args, Stdio::inherit())
     }
 
@@ -501,6 +488,13 @@ pub fn serve_capped_logged(dir: &Path, bytes: u64, args: &[&str], log: &Path) ->
     let args = [&["--listen", "127.0.0.1:0"], args].concat();
     let mut command = Command::new(env!("CARGO_BIN_EXE_agentloop"));
     command.arg("serve").env("RUST_LOG", "info");
+    cap_address_space(&mut command, bytes);
+    let file = std::fs::File::create(log).expect("the log file");
+    Job::spawn(command, dir, &args, Stdio::from(file))
+}
+
+/// Runs `command` under an address-space cap of `bytes` (`ulimit -v`, RLIMIT_AS).
+fn cap_address_space(command: &mut Command, bytes: u64) {
     // SAFETY: setrlimit(2) is async-signal-safe; the closure allocates nothing.
     unsafe {
         use std::os::unix::process::CommandExt;
@@ -515,6 +509,20 @@ pub fn serve_capped_logged(dir: &Path, bytes: u64, args: &[&str], log: &Path) ->
             Ok(())
         });
     }
-    let file = std::fs::File::create(log).expect("the log file");
-    Job::spawn(command, dir, &args, Stdio::from(file))
+}
+
+/// `POST url` with a JSON body: the status, `Retry-After` if any, and the JSON answer
+/// (`null` when there is none).
+pub fn post_json(url: &str, body: &serde_json::Value) -> (u16, Option<String>, serde_json::Value) {
+    let mut r = agent().post(url).send_json(body).expect("POST");
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (
+        status,
+        retry,
+        r.body_mut().read_json().unwrap_or(serde_json::Value::Null),
+    )
 }
