@@ -206,6 +206,8 @@ pub(crate) async fn serve(flags: ServeFlags) -> Result<bool, String> {
     let addr: SocketAddr = listen.parse().map_err(|e| {
         format!("--listen `{listen}` is not an address ({e}); write e.g. 127.0.0.1:7420")
     })?;
+    // Every replay from the store shares one pace (issue 52).
+    agentloop::events::set_replay_rate(config.limits.replay_rate);
     let mut options = HttpOptions {
         body_limit: config.http.body_limit,
         body_read_timeout: config.http.body_read_timeout,

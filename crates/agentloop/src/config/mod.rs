@@ -266,6 +266,10 @@ pub struct LimitsConfig {
     /// over it, spawns, pushes, timers and new event streams get HTTP 503
     /// `over_memory` with `Retry-After` (issue 52).
     pub memory: Option<usize>,
+    /// The pace of every replay from the store together, in events a second
+    /// (`replay_rate`, default 100 000; issue 52): clients catching up from the start
+    /// share it, and the rest of the machine keeps what is left.
+    pub replay_rate: u64,
 }
 
 impl LimitsConfig {
@@ -307,6 +311,9 @@ pub const DEFAULT_TIMER_BYTES: usize = 64 << 10;
 /// `[limits] timer_period` by default.
 pub const DEFAULT_TIMER_PERIOD: Duration = Duration::from_secs(1);
 
+/// `[limits] replay_rate` by default.
+pub const DEFAULT_REPLAY_RATE: u64 = 100_000;
+
 /// `[limits] sim_rounds` by default.
 pub const DEFAULT_SIM_ROUNDS: usize = 1_000;
 /// `[limits] sim_step` by default.
@@ -330,6 +337,7 @@ impl Default for LimitsConfig {
             timer_bytes: DEFAULT_TIMER_BYTES,
             timer_period: DEFAULT_TIMER_PERIOD,
             memory: None,
+            replay_rate: DEFAULT_REPLAY_RATE,
         }
     }
 }
@@ -459,6 +467,7 @@ struct RawLimits {
     timer_bytes: Option<i64>,
     timer_period: Option<String>,
     memory: Option<i64>,
+    replay_rate: Option<i64>,
 }
 
 #[derive(Deserialize, Default)]
@@ -671,6 +680,9 @@ impl RuntimeConfig {
         }
         if let Some(n) = positive("limits.memory", l.memory)? {
             c.limits.memory = Some(n);
+        }
+        if let Some(n) = positive("limits.replay_rate", l.replay_rate)? {
+            c.limits.replay_rate = n as u64;
         }
         if let Some(v) = l.timer_period {
             let allowed = "a duration above 0 and at most 24h";

@@ -9,7 +9,7 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
     let c = RuntimeConfig::from_toml_str(
         "[limits]\nsim_rounds = 5\nsim_step = \"2s\"\nreplay = 64\nduration = \"1h\"\n\
          sessions = 7\nsession_items = 8\nsession_bytes = 9\nsession_timers = 10\n\
-         timer_bytes = 11\ntimer_period = \"5s\"\nmemory = 12\n",
+         timer_bytes = 11\ntimer_period = \"5s\"\nmemory = 12\nreplay_rate = 13\n",
     )
     .unwrap();
     assert_eq!(
@@ -26,6 +26,7 @@ fn limits_parse_with_defaults_and_refuse_what_is_out_of_range() {
             timer_bytes: 11,
             timer_period: Duration::from_secs(5),
             memory: Some(12),
+            replay_rate: 13,
         }
     );
     for bad in [

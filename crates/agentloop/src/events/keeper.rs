@@ -426,10 +426,63 @@ pub(crate) struct ReplaySource<E> {
     pub(crate) page_bytes: usize,
 }
 
+/// The pace of every replay from the store together, in events a second (0: no
+/// pace): set once by the operator ([`set_replay_rate`], `[limits] replay_rate`).
+static REPLAY_RATE: AtomicU64 = AtomicU64::new(0);
+/// When the replays' pace lets the next chunk go, in ns after [`pace_origin`].
+static REPLAY_NEXT_NS: AtomicU64 = AtomicU64::new(0);
+
+fn pace_origin() -> tokio::time::Instant {
+    static ORIGIN: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    *ORIGIN.get_or_init(tokio::time::Instant::now)
+}
+
+/// Paces every replay from the store of this process together at `events_per_second`
+/// (0: as fast as they go; issue 52: four clients replaying from the start as fast as
+/// they can took both cores of a server, and another client's p99 went to ten times
+/// its idle value). A replay's chunks take turns on one timeline, each waiting for its
+/// share: the replays share the rate, and the rest of the machine keeps what is left.
+pub fn set_replay_rate(events_per_second: u64) {
+    REPLAY_RATE.store(events_per_second, Ordering::Relaxed);
+}
+
+/// Waits for `events`' turn under the replay pace.
+async fn paced(events: usize) {
+    let rate = REPLAY_RATE.load(Ordering::Relaxed);
+    if rate == 0 || events == 0 {
+        return;
+    }
+    let cost = (events as u64).saturating_mul(1_000_000_000) / rate;
+    let now = u64::try_from(pace_origin().elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let mut next = REPLAY_NEXT_NS.load(Ordering::Relaxed);
+    let start = loop {
+        let start = next.max(now);
+        match REPLAY_NEXT_NS.compare_exchange_weak(
+            next,
+            start.saturating_add(cost),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => break start,
+            Err(seen) => next = seen,
+        }
+    };
+    if start > now {
+        tokio::time::sleep_until(pace_origin() + std::time::Duration::from_nanos(start)).await;
+    }
+}
+
+/// Kept events decoded at once by a replay: the longest a replay holds a worker
+/// without yielding (issue 52: a page of 6 000 events decoded in one go held a worker
+/// for 25 to 50 ms, and four clients replaying from 0 took other clients' p99 to ten
+/// times its idle value).
+pub(crate) const DECODE_CHUNK: usize = 256;
+
 /// A replay from the store of the kept events numbered in `(after, upto]` that the
 /// source's filter takes, a page at a time: each page is read when the stream has
-/// taken the one before. `unwritten` (the keeper's events not written yet, the newest)
-/// join the last page. See [`replay_from_store`] for the rest.
+/// taken the one before, and decoded [`DECODE_CHUNK`] events at a time, yielding
+/// between chunks. `unwritten` (the keeper's events not written yet, the newest) join
+/// the last page. See [`replay_from_store`] for the rest.
 pub(crate) fn replay_pages<E: Clone + Send + 'static>(
     src: ReplaySource<E>,
     unwritten: Vec<Sequenced<E>>,
@@ -452,26 +505,75 @@ pub(crate) fn replay_pages<E: Clone + Send + 'static>(
             Some(last) if read_bytes >= src.page_bytes && last.seq < upto => last.seq,
             _ => upto,
         };
-        let (now, later): (Vec<_>, Vec<_>) =
-            unwritten.into_iter().partition(|e| e.seq <= page_upto);
-        let filter = &src.filter;
-        let events = replay_from_store(
-            &src.codec,
-            kept,
-            now,
+        let cut = Cut {
             after,
             page_upto,
-            src.final_ended,
-            |e| filter.accepts(e),
-        );
-        // The next page is read when the stream has taken this one, not before.
-        let next = (page_upto < upto).then(|| {
-            super::stream::BackfillNext(Box::pin(async move {
-                replay_pages(src, later, page_upto, upto).await
-            }) as super::stream::Backfill<E>)
-        });
-        (events, next)
+            upto,
+        };
+        paced(kept.events.len().min(DECODE_CHUNK)).await;
+        decode_chunk(src, kept.events, unwritten, cut)
     })
+}
+
+/// Where a replay is: after `after`, in a page that ends at `page_upto`, of a replay
+/// that ends at `upto`.
+#[derive(Clone, Copy)]
+struct Cut {
+    after: u64,
+    page_upto: u64,
+    upto: u64,
+}
+
+/// Decodes the first [`DECODE_CHUNK`] of `raw` (events of the page being replayed) and
+/// says what comes next: the rest of the page (after a yield), the next page, or
+/// nothing.
+fn decode_chunk<E: Clone + Send + 'static>(
+    src: ReplaySource<E>,
+    mut raw: Vec<crate::store::KeptEvent>,
+    unwritten: Vec<Sequenced<E>>,
+    cut: Cut,
+) -> (Vec<Sequenced<E>>, Option<super::stream::BackfillNext<E>>) {
+    let rest = raw.split_off(raw.len().min(DECODE_CHUNK));
+    let chunk_upto = match (rest.is_empty(), raw.last()) {
+        (false, Some(last)) => last.seq,
+        _ => cut.page_upto,
+    };
+    let (now, later): (Vec<_>, Vec<_>) = unwritten.into_iter().partition(|e| e.seq <= chunk_upto);
+    let filter = &src.filter;
+    let chunk = KeptEvents {
+        events: raw,
+        ..Default::default()
+    };
+    let events = replay_from_store(
+        &src.codec,
+        chunk,
+        now,
+        cut.after,
+        chunk_upto,
+        // Only the replay's last event can be the final `Ended`.
+        src.final_ended && chunk_upto == cut.upto,
+        |e| filter.accepts(e),
+    );
+    let next: Option<super::stream::Backfill<E>> = if chunk_upto < cut.page_upto {
+        // The rest of this page, once others had the worker.
+        let cut = Cut {
+            after: chunk_upto,
+            ..cut
+        };
+        Some(Box::pin(async move {
+            tokio::task::yield_now().await;
+            paced(rest.len().min(DECODE_CHUNK)).await;
+            decode_chunk(src, rest, later, cut)
+        }))
+    } else if cut.page_upto < cut.upto {
+        // The next page is read when the stream has taken this one, not before.
+        Some(Box::pin(async move {
+            replay_pages(src, later, cut.page_upto, cut.upto).await
+        }))
+    } else {
+        None
+    };
+    (events, next.map(super::stream::BackfillNext))
 }
 
 /// What a replay from the store adds before the live part of a stream: the kept and

@@ -55,7 +55,7 @@ mod stream;
 mod subscribers;
 
 pub use filter::EventFilter;
-pub use keeper::EventCodec;
+pub use keeper::{set_replay_rate, EventCodec};
 pub(crate) use seq::EventSeq;
 pub use stream::EventStream;
 pub(crate) use subscribers::Subscribers;
