@@ -241,12 +241,13 @@ impl ProviderBuilder {
     /// as `/dev/zero`, is refused, issue 52). Blocks: call it before the runtime runs,
     /// or off its workers.
     pub fn api_key_from_file(mut self, path: &Path) -> Result<Self, ProviderError> {
-        let text = agentloop::operator_file::read_text(path, "the model API key file").map_err(
-            |e| ProviderError::KeyFile {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            },
-        )?;
+        let text =
+            agentloop::operator_file::read_text(path, "the model API key file").map_err(|e| {
+                ProviderError::KeyFile {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                }
+            })?;
         let key = text.lines().next().unwrap_or("").trim().to_string();
         if key.is_empty() {
             return Err(ProviderError::KeyFile {
