@@ -83,7 +83,7 @@ sessions = 32
 session_timers = 16
 timer_bytes = 65536
 timer_period = "1s"
-replay_rate = 5000
+replay_rate = 2500
 "#;
 
 type Https = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
