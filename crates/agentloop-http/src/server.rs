@@ -11,8 +11,8 @@
 //! Issue 52: a TLS connection that sends nothing after its handshake, an HTTP/2
 //! connection with no stream open, a response whose client takes nothing (an HTTP/2
 //! stream whose window stays shut: its socket never blocks) and a connection that writes
-//! nothing during the shutdown are closed ([`conn`]); at the connection cap a peer keeps
-//! no more than an equal share while others wait ([`peers`]).
+//! nothing during the shutdown are closed (`server/conn.rs`); at the connection cap a peer keeps
+//! no more than an equal share while others wait (`server/peers.rs`).
 //!
 //! This file only accepts connections, admits them and hands them to hyper; routing and
 //! everything else is the router's.
