@@ -534,8 +534,11 @@ fn decode_chunk<E: Clone + Send + 'static>(
     cut: Cut,
 ) -> (Vec<Sequenced<E>>, Option<super::stream::BackfillNext<E>>) {
     let rest = raw.split_off(raw.len().min(DECODE_CHUNK));
+    // A chunk ends at its last event, but never past the page's end: events the page
+    // read beyond it (the replay buffer holds them, or they are the next page's) are
+    // not this replay's to send.
     let chunk_upto = match (rest.is_empty(), raw.last()) {
-        (false, Some(last)) => last.seq,
+        (false, Some(last)) if last.seq < cut.page_upto => last.seq,
         _ => cut.page_upto,
     };
     let (now, later): (Vec<_>, Vec<_>) = unwritten.into_iter().partition(|e| e.seq <= chunk_upto);
@@ -747,6 +750,40 @@ mod tests {
         let seqs: Vec<u64> = seen.iter().map(|e| e.seq).collect();
         let want: Vec<u64> = (1..=2002).collect();
         assert_eq!(seqs, want, "every number once, in order");
+        // A replay that ends before the store's last event (the replay buffer holds
+        // the rest) sends nothing past its end, whatever the pages it reads hold.
+        let (st, codec) = (store.clone(), EventCodec::<u32>::json());
+        let read: ReadFn = Box::new(move |after, _max| {
+            let page = KeptEvents {
+                events: st
+                    .events
+                    .iter()
+                    .filter(|e| e.seq > after)
+                    .cloned()
+                    .collect(),
+                last: st.last,
+                reserved: 0,
+            };
+            Box::pin(async move { Ok(page) })
+        });
+        let src = ReplaySource {
+            read: Arc::new(read),
+            codec,
+            filter: super::super::EventFilter::all(),
+            final_ended: false,
+            page_bytes: PAGE,
+        };
+        let mut stream =
+            super::super::EventStream::from_store(replay_pages(src, Vec::new(), 0, 1500));
+        let mut seqs = Vec::new();
+        while let Some(e) = stream.next_sequenced().await {
+            seqs.push(e.seq);
+        }
+        assert_eq!(
+            seqs,
+            (1..=1500).collect::<Vec<u64>>(),
+            "up to the replay's end only"
+        );
         assert!(
             matches!(seen[699].event, SessionEvent::Lagged { missed: 1 }),
             "the lost event is told: {:?}",
