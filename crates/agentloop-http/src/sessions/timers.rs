@@ -3,10 +3,10 @@
 //! durable before it is answered; the runtime fires them.
 
 use super::id::SessionId;
+use super::parse::{off_worker, JsonBytes, OFF_WORKER_AT};
 use super::{body, duration, from_json_text, AppState, Ev, Item};
 use crate::ApiError;
 use agentloop::{Schedule, Timer, TimerError};
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -98,11 +98,18 @@ fn view<I: Item>(t: Timer<I>) -> Value {
 pub(crate) async fn arm<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
-    raw: Result<Json<TimerBody>, JsonRejection>,
+    JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
-    let b = body(raw)?;
-    let item: I =
-        from_json_text(b.item.get()).map_err(|e| ApiError::bad_request(format!("item: {e}")))?;
+    // A timer's item may be up to `[limits] timer_bytes` (64 KiB): a large body is
+    // parsed on the blocking pool, as a push's is (the soak: a timer storm of 60 kB
+    // items held the workers every other client waits on).
+    let (b, item) = off_worker(bytes.len(), move || {
+        let b: TimerBody = body(Json::from_bytes(&bytes))?;
+        let item: I = from_json_text(b.item.get())
+            .map_err(|e| ApiError::bad_request(format!("item: {e}")))?;
+        Ok((b, item))
+    })
+    .await?;
     let n = match (b.at_ms, b.in_, b.schedule) {
         (Some(at), None, None) => {
             let when = SystemTime::UNIX_EPOCH + Duration::from_millis(at);
@@ -133,13 +140,13 @@ pub(crate) async fn arm<I: Item, E: Ev>(
     };
     // The new timer alone (issue 52: listing every timer at each arm made arming
     // cost all the session held).
-    let timer = st
-        .runtime
-        .timer(&id, n)
-        .await?
-        .map(view)
-        .unwrap_or_else(|| json!({ "id": n }));
-    Ok((StatusCode::CREATED, Json(timer)).into_response())
+    let timer = st.runtime.timer(&id, n).await?;
+    let body = off_worker(bytes_hint(timer.is_some()), move || {
+        let v = timer.map(view).unwrap_or_else(|| json!({ "id": n }));
+        serde_json::to_vec(&v).map_err(unwritable)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, json_bytes(body)).into_response())
 }
 
 #[utoipa::path(
@@ -155,13 +162,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
 ) -> Result<Response, ApiError> {
-    let timers: Vec<Value> = st
-        .runtime
-        .timers(&id)
-        .await?
-        .into_iter()
-        .map(view)
-        .collect();
+    let timers = st.runtime.timers(&id).await?;
     // No timers and no session, live or stored: 404, as `history` answers (an empty
     // list would tell a client with a mistyped id that all is well).
     if timers.is_empty()
@@ -174,7 +175,45 @@ pub(crate) async fn list<I: Item, E: Ev>(
             format!("no session `{id}` runs here and none is stored; list them with GET /sessions"),
         ));
     }
-    Ok(Json(json!({ "timers": timers })).into_response())
+    // Up to `[limits] session_timers` items of up to `timer_bytes` each (16 MiB by
+    // default): written out on the blocking pool, never on a worker.
+    let body = off_worker(bytes_hint(!timers.is_empty()), move || {
+        let timers: Vec<Value> = timers.into_iter().map(view).collect();
+        serde_json::to_vec(&json!({ "timers": timers })).map_err(unwritable)
+    })
+    .await?;
+    Ok(json_bytes(body).into_response())
+}
+
+/// What [`off_worker`] is told of a response holding timers: any timer's item may be
+/// as large as `[limits] timer_bytes`, so one with any is written off the worker.
+fn bytes_hint(any_timer: bool) -> usize {
+    if any_timer {
+        OFF_WORKER_AT
+    } else {
+        0
+    }
+}
+
+/// A view that could not be written as JSON (a JSON value always can: a bug).
+fn unwritable(e: serde_json::Error) -> ApiError {
+    tracing::error!(error = %e, "a timer's view could not be written as JSON");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        format!("the server could not write the timers as JSON ({e}); report this as a bug"),
+    )
+}
+
+/// A JSON response of bytes already written.
+fn json_bytes(body: Vec<u8>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
 }
 
 #[utoipa::path(

@@ -475,8 +475,9 @@ async fn paced(events: usize) {
 /// Kept events decoded at once by a replay: the longest a replay holds a worker
 /// without yielding (issue 52: a page of 6 000 events decoded in one go held a worker
 /// for 25 to 50 ms, and four clients replaying from 0 took other clients' p99 to ten
-/// times its idle value).
-pub(crate) const DECODE_CHUNK: usize = 256;
+/// times its idle value; chunks of 256 still took a replay-only soak's p99 to 2.6-2.9x
+/// idle, chunks of 32 to 1.5-1.7x).
+pub(crate) const DECODE_CHUNK: usize = 32;
 
 /// A replay from the store of the kept events numbered in `(after, upto]` that the
 /// source's filter takes, a page at a time: each page is read when the stream has
