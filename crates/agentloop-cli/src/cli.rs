@@ -324,6 +324,11 @@ pub(crate) struct ServeFlags {
     /// The model kind `chat` calls, e.g. llama3.2 or gpt-4o-mini.
     #[arg(long, value_name = "NAME", requires = "model_url")]
     pub model: Option<String>,
+    /// The model server's provider name in /metrics (label `provider`), traces
+    /// (`gen_ai.provider.name`), logs and errors, e.g. ollama or vllm [default: openai,
+    /// the API it speaks; azure.ai.openai for Azure OpenAI] (docs/models.md).
+    #[arg(long, value_name = "NAME", requires = "model_url", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub model_provider: Option<String>,
     /// The API key's environment variable (default: OPENAI_API_KEY when it is set;
     /// local servers need none).
     #[arg(

@@ -91,6 +91,9 @@ fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider
     let mut b = agentloop_openai::Provider::builder(url.clone(), model.clone())
         .max_concurrency(flags.model_concurrency.unwrap_or(8));
     b = model_bounds(b, flags);
+    if let Some(name) = &flags.model_provider {
+        b = b.name(name.clone());
+    }
     b = match (&flags.model_key_env, &flags.model_key_file) {
         (Some(var), _) => b.api_key_from_env(var).map_err(|e| e.to_string())?,
         (None, Some(file)) => b.api_key(model_key(file)?),
@@ -100,7 +103,7 @@ fn chat_provider(flags: &ServeFlags) -> Result<Option<agentloop_openai::Provider
         (None, None) => b,
     };
     let provider = b.build().map_err(|e| format!("--model-url: {e}"))?;
-    tracing::info!(url = %url, model = %model, "serving agent kind `chat`");
+    tracing::info!(url = %url, model = %model, provider = %provider.name(), "serving agent kind `chat`");
     Ok(Some(provider))
 }
 

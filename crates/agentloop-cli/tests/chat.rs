@@ -186,10 +186,10 @@ fn serve_with_a_model_streams_tokens_and_carries_the_conversation_across_a_sigki
         .read_to_string()
         .expect("text");
     for line in [
-        r#"agentloop_model_tokens_total{provider="fake",model="fake",kind="prompt"} 5"#,
-        r#"agentloop_model_tokens_total{provider="fake",model="fake",kind="completion"} 3"#,
-        r#"agentloop_model_calls_total{provider="fake",model="fake"} 1"#,
-        r#"agentloop_model_calls_in_flight{provider="fake",model="fake"} 0"#,
+        r#"agentloop_model_tokens_total{provider="openai",model="fake",kind="prompt"} 5"#,
+        r#"agentloop_model_tokens_total{provider="openai",model="fake",kind="completion"} 3"#,
+        r#"agentloop_model_calls_total{provider="openai",model="fake"} 1"#,
+        r#"agentloop_model_calls_in_flight{provider="openai",model="fake"} 0"#,
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
@@ -339,7 +339,7 @@ fn spans_with_genai_attributes_are_exported_over_otlp() {
     for (k, v) in [
         ("gen_ai.operation.name", "chat"),
         ("gen_ai.request.model", "fake"),
-        ("gen_ai.provider.name", "fake"),
+        ("gen_ai.provider.name", "openai"),
         ("gen_ai.usage.input_tokens", "5"),
         ("gen_ai.usage.output_tokens", "3"),
         ("gen_ai.response.finish_reasons", "stop"),

@@ -456,7 +456,7 @@ fn silent_model_servers_release_their_permits_at_the_deadlines() {
     survives(&url, &model, "after");
     // The supervisor restarts the failed sessions: their turns call the (now
     // well-behaved) model again. Once they are done, no permit is held.
-    let in_flight = r#"agentloop_model_calls_in_flight{provider="fake",model="fake"} 0"#;
+    let in_flight = r#"agentloop_model_calls_in_flight{provider="openai",model="fake"} 0"#;
     common::wait_for("every model permit back", 10, || {
         agent()
             .get(&format!("{url}/metrics"))

@@ -28,5 +28,5 @@ pub use agent::{ChatAgent, ChatInput};
 pub use conversation::{Conversation, ConversationBound, Message, Role, ToolCall};
 pub use error::{ModelError, ProviderError};
 pub use events::{ChatEvent, Usage};
-pub use provider::{Provider, ProviderBuilder};
+pub use provider::{default_provider_name, Provider, ProviderBuilder};
 pub use tools::{ToolKey, Tools};

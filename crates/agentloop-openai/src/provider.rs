@@ -114,7 +114,9 @@ impl Provider {
         }
     }
 
-    /// Its name (in errors, logs and metrics): the builder's, else the model's.
+    /// Its provider name (in errors, logs, metrics and traces, as
+    /// `gen_ai.provider.name`): the builder's, else [`default_provider_name`] of its
+    /// URL (`openai`), never the model's.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -215,13 +217,17 @@ pub struct ProviderBuilder {
 }
 
 impl ProviderBuilder {
-    /// Its name in errors, logs and metrics (default: the model).
+    /// Its provider name in errors, logs, metrics (label `provider`) and traces
+    /// (`gen_ai.provider.name`), e.g. `ollama` or `vllm` (`agentloop serve
+    /// --model-provider`). Default: [`default_provider_name`] of the URL, `openai` for
+    /// the OpenAI-compatible API; a blank name is no name.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
     }
 
-    /// The API key (sent as a bearer token). Local servers (Ollama) need none.
+    /// The API key (sent as a bearer token, trimmed). Local servers (Ollama) need
+    /// none: without a key, or with an empty one, no `Authorization` header is sent.
     pub fn api_key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self
@@ -401,7 +407,11 @@ impl ProviderBuilder {
             .connect_timeout(self.connect_timeout)
             .build()
             .map_err(|e| ProviderError::Client(e.to_string()))?;
-        let name = self.name.unwrap_or_else(|| self.model.clone());
+        // A blank name is no name.
+        let name = match self.name.as_deref().map(str::trim) {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => default_provider_name(&url).to_string(),
+        };
         Ok(Provider {
             inner: Arc::new(Inner {
                 name,
@@ -409,7 +419,12 @@ impl ProviderBuilder {
                 base_url: url,
                 model: self.model,
                 http,
-                key: self.key.filter(|k| !k.is_empty()),
+                // An empty key is no key: no `Authorization: Bearer ` with nothing
+                // after it (a proxy answered that with a 500, issue 53).
+                key: self
+                    .key
+                    .map(|k| k.trim().to_string())
+                    .filter(|k| !k.is_empty()),
                 limit: Arc::new(Semaphore::new(self.max_concurrency)),
                 max_concurrency: self.max_concurrency,
                 stream_restarts: self.stream_restarts,
@@ -424,6 +439,25 @@ impl ProviderBuilder {
                 calls: AtomicU64::new(0),
             }),
         })
+    }
+}
+
+/// The provider name a provider at `base_url` has unless the builder names one, as
+/// OpenTelemetry's GenAI conventions spell it (`gen_ai.provider.name`):
+/// `azure.ai.openai` for Azure OpenAI (a host under `openai.azure.com`), else `openai`:
+/// the chat-completions API this client speaks is OpenAI's, whoever serves it (the
+/// OpenAI API itself, Ollama, vLLM, llama.cpp). Never the model's name; name the
+/// server with [`ProviderBuilder::name`] (`--model-provider`).
+pub fn default_provider_name(base_url: &str) -> &'static str {
+    let host = reqwest::Url::parse(base_url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
+        .unwrap_or_default();
+    let host = host.trim_end_matches('.');
+    if host == "openai.azure.com" || host.ends_with(".openai.azure.com") {
+        "azure.ai.openai"
+    } else {
+        "openai"
     }
 }
 
@@ -514,6 +548,62 @@ mod tests {
             e.to_string().contains("AGENTLOOP_TEST_SURELY_UNSET_VAR"),
             "{e}"
         );
+    }
+
+    /// Issue 53: the provider's name is `openai` (the GenAI conventions' name of the
+    /// API this client speaks) or the builder's, never the model's.
+    #[test]
+    fn the_provider_name_is_the_apis_or_the_builders_never_the_models() {
+        for (url, name) in [
+            ("https://api.openai.com/v1", "openai"),
+            ("https://API.OpenAI.com./v1/", "openai"),
+            ("http://127.0.0.1:11434/v1", "openai"),
+            ("http://localhost:8000/v1", "openai"),
+            ("http://[::1]:8000/v1", "openai"),
+            (
+                "https://me.openai.azure.com/openai/deployments/d",
+                "azure.ai.openai",
+            ),
+            ("https://openai.azure.com.example.org/v1", "openai"),
+            ("not a url", "openai"),
+        ] {
+            assert_eq!(default_provider_name(url), name, "{url}");
+        }
+        let p = Provider::builder("http://127.0.0.1:11434/v1", "llama3.2")
+            .build()
+            .unwrap();
+        assert_eq!(p.name(), "openai");
+        let p = Provider::builder("https://api.openai.com/v1", "gpt-4o-mini")
+            .build()
+            .unwrap();
+        assert_eq!(p.name(), "openai");
+        let p = Provider::builder("http://127.0.0.1:11434/v1", "llama3.2")
+            .name(" ollama ")
+            .build()
+            .unwrap();
+        assert_eq!(p.name(), "ollama");
+        let p = Provider::builder("http://x", "m")
+            .name("  ")
+            .build()
+            .unwrap();
+        assert_eq!(p.name(), "openai");
+    }
+
+    /// Issue 53: an empty or blank key is no key (no `Authorization` header).
+    #[test]
+    fn an_empty_key_is_no_key() {
+        for key in ["", "  ", "\n"] {
+            let p = Provider::builder("http://x", "m")
+                .api_key(key)
+                .build()
+                .unwrap();
+            assert!(p.inner.key.is_none(), "{key:?}");
+        }
+        let p = Provider::builder("http://x", "m")
+            .api_key(" sk-1\n")
+            .build()
+            .unwrap();
+        assert_eq!(p.inner.key.as_deref(), Some("sk-1"));
     }
 
     #[test]

@@ -101,8 +101,9 @@ impl Job {
         Job::spawn(cmd, dir, args, stderr)
     }
 
-    /// Starts `command` (the binary and its subcommand) with `--data-dir DIR/data ARGS...`.
-    fn spawn(mut command: Command, dir: &Path, args: &[&str], stderr: Stdio) -> Job {
+    /// Starts `command` (the binary and its subcommand, with what environment the test
+    /// sets) with `--data-dir DIR/data ARGS...`.
+    pub fn spawn(mut command: Command, dir: &Path, args: &[&str], stderr: Stdio) -> Job {
         let mut child = command
             .args(["--data-dir", dir.join("data").to_str().unwrap()])
             .args(args)
