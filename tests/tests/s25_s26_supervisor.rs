@@ -18,8 +18,8 @@ use parking_lot::Mutex;
 type Sup = SupervisorHandle<SimItem, SimEvent>;
 
 /// A "sim" kind whose config byte picks a fault: 0 none, 1 one panic at turn 0 step 1,
-/// 2 a panic on every turn, 3 one agent error at turn 0 step 1. The ledger of every
-/// incarnation is collected.
+/// 2 a panic on every turn, 3 one agent error at turn 0 step 1, 4 a permanent agent
+/// error on every turn. The ledger of every incarnation is collected.
 fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem, SimEvent> {
     // "Once" faults fire in the first incarnation only (each incarnation is a new agent).
     let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -31,6 +31,7 @@ fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem
             1 if first => agent.with_fault(Some(0), 1, Fault::Panic, true),
             2 => agent.with_fault(None, 1, Fault::Panic, false),
             3 if first => agent.with_fault(Some(0), 1, Fault::Fail, true),
+            4 => agent.with_fault(None, 1, Fault::FailPermanent, false),
             1 | 3 => agent,
             other => return Err(format!("unknown fault byte {other}")),
         };
@@ -364,6 +365,60 @@ async fn s26_transient_restarts_only_after_a_panic() {
         1,
         "an agent error is not restarted under Transient"
     );
+}
+
+/// Issue 53: a permanent agent error is never restarted, whatever the policy: the
+/// session ends `Failed` at once, its `Ended` says the failure was permanent, and its
+/// record says so.
+#[tokio::test(start_paused = true)]
+async fn s26_a_permanent_agent_error_is_not_restarted() {
+    let ledgers = Arc::new(Mutex::new(Vec::new()));
+    let mem = Arc::new(MemoryStore::<SimItem>::new());
+    let mut args = kinds(ledgers.clone());
+    args.store = Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>);
+    let sup = Sup::start(args).await.unwrap();
+    sup.spawn(
+        SessionSpec::new("refused", "sim")
+            .config(vec![4])
+            .persistent(true)
+            .restart(RestartPolicy::Permanent),
+    )
+    .await
+    .unwrap();
+    let mut events = sup.subscribe("refused", EventFilter::all()).await.unwrap();
+    sup.push("refused", item(1)).await.unwrap();
+    let mut ended = Vec::new();
+    within("the end", async {
+        while let Some(ev) = events.next().await {
+            if let SessionEvent::Ended(s) = ev {
+                ended.push(s);
+            }
+        }
+    })
+    .await;
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert!(
+        matches!(ended[0].reason, ExitReason::Failed(_)),
+        "{ended:?}"
+    );
+    assert_eq!(
+        ended[0].failure,
+        Some(agentloop::FailureKind::AgentPermanent)
+    );
+    within("the session to leave", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // Let a restart, if one were (wrongly) made, start.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(sup.list().await.is_empty(), "not running again");
+    assert_eq!(ledgers.lock().len(), 1, "one incarnation, no restart");
+    match mem.get("refused").map(|r| r.status) {
+        Some(SessionStatus::Failed(e)) => assert!(e.contains("permanent"), "{e}"),
+        other => panic!("expected a Failed record, got {other:?}"),
+    }
 }
 
 /// A store whose loads of sessions named `slow…` wait for a gate; everything else goes

@@ -152,7 +152,8 @@ where
                 async move { cx.emit(E::from(ev)).await }
             });
             let reply = tokio::select! {
-                r = call => r.map_err(|e| AgentError::failed(e.to_string()))?,
+                // A 4xx refusal or an undecodable answer is permanent (no restart).
+                r = call => r.map_err(crate::ModelError::into_agent_error)?,
                 _ = cx.cancel_requested(SafePoint::AfterModelCall) => {
                     // Dropped the stream; the safe point captures the cancel.
                     cx.safe_point(SafePoint::AfterModelCall, &conv)?;

@@ -78,6 +78,41 @@ impl ModelError {
     }
 }
 
+impl ModelError {
+    /// Whether the failure is permanent, so the session's agent fails with
+    /// [`agentloop::AgentError::Permanent`] and is never restarted (S26): a 4xx
+    /// refusal other than 408 (timeout), 409 (conflict), 425 (too early) and 429 (rate
+    /// limit), which would come back the same (a bad key, a model that does not
+    /// exist, a request the server cannot take), an answer that cannot be decoded
+    /// (malformed), or one past the provider's bounds. Everything else (5xx, 408, 409,
+    /// 425, 429, connection errors, broken streams, timeouts) is transient.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ModelError::Status { status, .. } => {
+                (400..500).contains(status) && !matches!(status, 408 | 409 | 425 | 429)
+            }
+            ModelError::Malformed { .. }
+            | ModelError::TooLarge { .. }
+            | ModelError::TooManyToolCalls { .. } => true,
+            ModelError::Connect { .. }
+            | ModelError::StreamCut { .. }
+            | ModelError::Idle { .. }
+            | ModelError::FirstByte { .. }
+            | ModelError::Deadline { .. } => false,
+        }
+    }
+
+    /// This failure as the agent's error: permanent or transient by
+    /// [`ModelError::is_permanent`].
+    pub fn into_agent_error(self) -> agentloop::AgentError {
+        if self.is_permanent() {
+            agentloop::AgentError::permanent(self.to_string())
+        } else {
+            agentloop::AgentError::failed(self.to_string())
+        }
+    }
+}
+
 /// A model call failed (after the retries its provider allows).
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -254,5 +289,41 @@ mod tests {
                 assert!(!text.contains(name), "{text}");
             }
         }
+    }
+
+    /// Issue 53: a 4xx refusal (but 408/409/425/429) and an undecodable answer are
+    /// permanent failures of the agent (never restarted); 5xx, rate limits, timeouts
+    /// and broken connections are transient.
+    #[test]
+    fn permanent_and_transient_model_errors() {
+        let status = |status| ModelError::Status {
+            provider: "m".into(),
+            status,
+            retries: 0,
+            message: "no".into(),
+        };
+        for s in [400, 401, 403, 404, 422] {
+            assert!(status(s).is_permanent(), "{s}");
+            assert!(status(s).into_agent_error().is_permanent(), "{s}");
+        }
+        for s in [408, 409, 425, 429, 500, 502, 503] {
+            assert!(!status(s).is_permanent(), "{s}");
+            assert!(!status(s).into_agent_error().is_permanent(), "{s}");
+        }
+        let malformed = ModelError::Malformed {
+            provider: "m".into(),
+            reason: "x".into(),
+        };
+        assert!(malformed.into_agent_error().is_permanent());
+        let connect = ModelError::Connect {
+            provider: "m".into(),
+            reason: "refused".into(),
+        };
+        assert!(!connect.into_agent_error().is_permanent());
+        let idle = ModelError::Idle {
+            provider: "m".into(),
+            idle: Duration::from_secs(1),
+        };
+        assert!(!idle.is_permanent());
     }
 }

@@ -154,8 +154,10 @@ impl Script {
 /// A fault to inject.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Fault {
-    /// Return `AgentError::Failed`.
+    /// Return `AgentError::Failed` (a transient failure).
     Fail,
+    /// Return `AgentError::Permanent` (a permanent failure: never restarted).
+    FailPermanent,
     /// Panic.
     Panic,
     /// End the turn with a business interrupt (S4).
@@ -581,6 +583,12 @@ impl Agent for SimAgent {
                 Some(Fault::Fail) => {
                     return Err(AgentError::failed(format!(
                         "simulated failure at turn {} step {i}",
+                        turn.index
+                    )))
+                }
+                Some(Fault::FailPermanent) => {
+                    return Err(AgentError::permanent(format!(
+                        "simulated permanent failure at turn {} step {i}",
                         turn.index
                     )))
                 }

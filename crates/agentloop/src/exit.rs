@@ -34,8 +34,11 @@ pub enum ExitReason {
 /// so a supervisor's restart policy reads it instead of parsing error text (S26).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FailureKind {
-    /// The agent returned an error (from `plan` or `run_turn`).
+    /// The agent returned a transient error (from `plan` or `run_turn`).
     Agent,
+    /// The agent returned a permanent error ([`crate::AgentError::Permanent`]): no
+    /// restart policy restarts it, the session ends `Failed` at once (S26).
+    AgentPermanent,
     /// Agent code panicked.
     Panic,
     /// The session's stored record could not be used (load error, corrupt, refused).
@@ -115,6 +118,7 @@ impl<I> ExitState<I> {
         ExitSummary {
             session_id: self.session_id.clone(),
             reason: self.reason.clone(),
+            failure: self.failure,
             stop_cause: self.stop_cause.clone(),
             unhandled: self.unhandled_items.len(),
             interrupted: self.interrupted_items.len(),
@@ -132,6 +136,11 @@ pub struct ExitSummary {
     pub session_id: String,
     /// The mechanism of the end.
     pub reason: ExitReason,
+    /// For a `Failed` end, what kind of failure it was
+    /// ([`FailureKind::AgentPermanent`]: permanent, never restarted). Absent in
+    /// summaries written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureKind>,
     /// The business reason.
     pub stop_cause: Option<String>,
     /// How many items were left unhandled.

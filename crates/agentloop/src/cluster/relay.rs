@@ -288,6 +288,7 @@ mod tests {
             event: SessionEvent::Ended(ExitSummary {
                 session_id: "s".into(),
                 reason: ExitReason::Completed,
+                failure: None,
                 stop_cause: Some("done".into()),
                 unhandled: 0,
                 interrupted: 0,

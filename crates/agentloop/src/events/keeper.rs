@@ -842,6 +842,7 @@ mod tests {
             &SessionEvent::Ended(crate::exit::ExitSummary {
                 session_id: "k".into(),
                 reason: crate::exit::ExitReason::Completed,
+                failure: None,
                 stop_cause: None,
                 unhandled: 0,
                 interrupted: 0,

@@ -150,7 +150,14 @@ impl<A: Agent> TurnTask<A> {
                             format!("plan panicked: {}", panic_message(p)),
                             FailureKind::Panic,
                         )),
-                        Ok(Err(e)) => Err((format!("plan failed: {e}"), FailureKind::Agent)),
+                        Ok(Err(e)) => {
+                            let kind = if e.is_permanent() {
+                                FailureKind::AgentPermanent
+                            } else {
+                                FailureKind::Agent
+                            };
+                            Err((format!("plan failed: {e}"), kind))
+                        }
                         // Which offered entry each returned item is (checked, when the
                         // session persists: an item that cannot be stored fails the plan).
                         Ok(Ok(plan)) => ledger::split_plan(

@@ -40,6 +40,10 @@ pub(crate) enum RestartDecision {
     /// A failure of the session's own record (refused or unreadable): a restart would
     /// not fix it, and the record stays as it was (S18).
     Unrecoverable,
+    /// The agent failed permanently ([`FailureKind::AgentPermanent`]): a restart would
+    /// fail the same way, so none is made whatever the policy; the session ends
+    /// `Failed` at once, and its record says so.
+    Permanent,
     /// The policy would restart it, but the budget is spent: the session stays failed.
     BudgetSpent,
 }
@@ -54,6 +58,9 @@ pub(crate) fn decide(
     restarts: &mut VecDeque<Instant>,
     now: Instant,
 ) -> RestartDecision {
+    if kind == FailureKind::AgentPermanent {
+        return RestartDecision::Permanent;
+    }
     let wants = match policy {
         RestartPolicy::Permanent => true,
         RestartPolicy::Transient => matches!(kind, FailureKind::Panic | FailureKind::Internal),
@@ -104,6 +111,9 @@ mod tests {
             (Never, Panic, RestartDecision::NotWanted),
             (Permanent, Record, RestartDecision::Unrecoverable),
             (Transient, Record, RestartDecision::NotWanted),
+            (Permanent, AgentPermanent, RestartDecision::Permanent),
+            (Transient, AgentPermanent, RestartDecision::Permanent),
+            (Never, AgentPermanent, RestartDecision::Permanent),
         ];
         for (policy, kind, expected) in table {
             let mut restarts = VecDeque::new();

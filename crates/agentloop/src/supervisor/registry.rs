@@ -395,7 +395,13 @@ where
             // A record failure leaves the record as it was (S18); any other failure
             // that is not restarted is final, and the record says so (S26).
             if kind != FailureKind::Record && entry.spec.persist {
-                self.mark_failed(id, &error).await;
+                if decision == RestartDecision::Permanent {
+                    // The record says the failure was permanent (never restarted).
+                    self.mark_failed(id, &format!("permanent failure, not restarted: {error}"))
+                        .await;
+                } else {
+                    self.mark_failed(id, &error).await;
+                }
             }
             self.publish_end(&entry.spec, entry.restarted, exit);
             return false;

@@ -735,7 +735,10 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                 timed_out: st.active.is_some_and(|c| c.timed_out),
                 agent_error: match &run {
                     // The agent's own error, not the `Canceled` it propagated.
-                    RunEnd::Returned(Err(crate::agent::AgentError::Failed(e))) => Some(e.clone()),
+                    RunEnd::Returned(Err(
+                        crate::agent::AgentError::Failed(e)
+                        | crate::agent::AgentError::Permanent(e),
+                    )) => Some(e.clone()),
                     RunEnd::Panicked(msg) => Some(format!("agent panicked: {msg}")),
                     _ => None,
                 },
@@ -748,6 +751,9 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
         let mut failure = match (&cut, &run) {
             (Some(_), _) if st.by_stop || st.by_preempt => None,
             (Some(_), _) => Some(FailureKind::Internal),
+            (None, RunEnd::Returned(Err(e))) if e.is_permanent() => {
+                Some(FailureKind::AgentPermanent)
+            }
             (None, RunEnd::Returned(Err(_))) => Some(FailureKind::Agent),
             (None, RunEnd::Panicked(_)) => Some(FailureKind::Panic),
             (None, RunEnd::Killed) => Some(FailureKind::Internal),
@@ -775,9 +781,12 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
                     "agent returned Canceled ({c}) while no cancel was pending"
                 ))
             }
-            (None, RunEnd::Returned(Err(crate::agent::AgentError::Failed(e)))) => {
-                TurnEnd::Failed(e)
-            }
+            (
+                None,
+                RunEnd::Returned(Err(
+                    crate::agent::AgentError::Failed(e) | crate::agent::AgentError::Permanent(e),
+                )),
+            ) => TurnEnd::Failed(e),
             (None, RunEnd::Panicked(msg)) => TurnEnd::Failed(format!("agent panicked: {msg}")),
             (None, RunEnd::Killed) => unreachable_killed(),
         };
