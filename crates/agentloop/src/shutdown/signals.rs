@@ -25,8 +25,11 @@ impl std::fmt::Display for Signal {
 }
 
 /// Listens for SIGINT and SIGTERM from now on: the first starts the shutdown, the
-/// second skips to force; later ones are ignored. `on_signal` is told of each one (a
-/// CLI prints a line). Fails only when the signal handlers cannot be installed.
+/// second skips to force; later ones are ignored. `on_signal` is told of each one: it
+/// is where the program says so to its user (a CLI prints a line). Each one is also
+/// logged, at INFO, for a log file: a program that says it and logs at WARN (the
+/// `agentloop` binary's default) shows it once, not twice (issue 53). Fails only when
+/// the signal handlers cannot be installed.
 pub fn listen(
     shutdown: ShutdownHandle,
     on_signal: impl Fn(Signal, usize) + Send + 'static,
@@ -61,13 +64,13 @@ pub fn listen(
             on_signal(sig, count);
             match count {
                 1 => {
-                    tracing::warn!(signal = %sig, "signal received: shutting down (send it again to force)");
+                    tracing::info!(signal = %sig, "signal received: shutting down (send it again to force)");
                 }
                 2 => {
-                    tracing::warn!(signal = %sig, "second signal: skipping to force");
+                    tracing::info!(signal = %sig, "second signal: skipping to force");
                 }
                 _ => {
-                    tracing::warn!(signal = %sig, "shutdown already forced; waiting for it to finish")
+                    tracing::info!(signal = %sig, "shutdown already forced; waiting for it to finish")
                 }
             }
         }
