@@ -382,7 +382,9 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     )
 }
 
-/// The live page, with headers that keep it from being framed, sniffed or leaking its
+/// The live page.
+///
+/// The page (HTML), with headers that keep it from being framed, sniffed or leaking its
 /// URL (which may carry the token) to other sites (S34a).
 #[utoipa::path(
     get, path = "/", operation_id = "page", tag = "probes",
@@ -405,6 +407,7 @@ async fn page() -> impl IntoResponse {
     )
 }
 
+/// Liveness probe.
 #[utoipa::path(
     get, path = "/healthz", operation_id = "healthz", tag = "probes",
     responses((status = 200, description = "The process is up", body = crate::openapi::schemas::Health))
@@ -413,6 +416,7 @@ async fn healthz() -> impl IntoResponse {
     Json(serde_json::json!({ "status": "up" }))
 }
 
+/// Readiness probe.
 #[utoipa::path(
     get, path = "/readyz", operation_id = "readyz", tag = "probes",
     responses((status = 200, description = "It accepts work", body = crate::openapi::schemas::Ready),

@@ -28,6 +28,7 @@ use crate::{wire, ApiError};
 /// The OpenMetrics text format's content type.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Metrics (OpenMetrics text).
 #[utoipa::path(
     get, path = "/metrics", operation_id = "metrics", tag = "probes",
     responses((status = 200, description = "OpenMetrics text: turns, pushes, steps, checkpoints, sessions (docs/http.md, Metrics)", content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String),

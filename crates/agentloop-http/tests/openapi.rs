@@ -181,9 +181,11 @@ fn every_error_code_and_event_kind_the_source_can_produce_is_documented() {
         .as_array()
         .expect("StreamEvent is a oneOf")
         .iter()
-        .flat_map(|v| v["properties"]["event"]["enum"].as_array().cloned())
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
+        .filter_map(|v| {
+            v["properties"]["event"]["const"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect();
     let listed: BTreeSet<String> = agentloop_http::openapi::EVENT_KINDS
         .into_iter()
@@ -578,4 +580,162 @@ async fn answers_of_every_route_match_the_document() {
         &json!({"code": "not_live", "message": "retry", "retry_after_ms": 500}),
     );
     rt.shutdown().await.unwrap();
+}
+
+/// The routes `auth.rs` passes without a token even when one is configured.
+const PUBLIC: [&str; 4] = ["/", "/healthz", "/readyz", "/openapi.json"];
+
+/// Issue 53: every operation has a `summary` (what generators name and document a
+/// method by, and Redocly's `operation-summary` asks for), the document has `servers`,
+/// the public routes say `security: []` and every other route takes the bearer or
+/// nothing (`[{"bearer": []}, {}]`: a server may run without a token, and a client
+/// generated from the one document must work with it).
+#[test]
+fn every_operation_has_a_summary_and_says_which_token_it_takes() {
+    let doc = document();
+    let servers = doc["servers"].as_array().expect("servers");
+    assert!(!servers.is_empty());
+    let first = servers[0]["url"].as_str().expect("a server url");
+    assert!(
+        first.starts_with("http://") && !first.contains('{'),
+        "servers[0] is the URL generators default to: a literal absolute one ({first})"
+    );
+    assert_eq!(
+        doc["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    let optional = json!([{"bearer": []}, {}]);
+    for (method, path) in operations() {
+        let op = &doc["paths"][&path][&method];
+        let summary = op["summary"].as_str().unwrap_or("");
+        assert!(
+            !summary.trim().is_empty() && !summary.contains('\n') && summary.len() <= 60,
+            "{method} {path}: a one-line summary, not {summary:?}"
+        );
+        if PUBLIC.contains(&path.as_str()) {
+            assert_eq!(op["security"], json!([]), "{method} {path} is public");
+        } else {
+            assert_eq!(
+                op["security"], optional,
+                "{method} {path}: the bearer, or nothing where no token is configured"
+            );
+        }
+    }
+}
+
+/// What the document says of the token is what a server with one checks: every route
+/// whose `security` is not `[]` answers 401 without the token, no public one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_security_is_what_a_server_with_a_token_checks() {
+    let rt = runtime().await;
+    let app = agentloop_http::router(
+        &rt,
+        agentloop_http::HttpOptions {
+            token: Some("s3cr3t-0p3n4p1".into()),
+            ..Default::default()
+        },
+    );
+    for (method, path) in operations() {
+        let public = document()["paths"][&path][&method]["security"] == json!([]);
+        let concrete = path
+            .replace("{id}", "s-openapi")
+            .replace("{turn}", "1")
+            .replace("{timer}", "1");
+        let body = (method == "post").then(|| json!({}));
+        let (status, v) = call(&app, &method.to_ascii_uppercase(), &concrete, body).await;
+        if public {
+            assert!(
+                status.is_success(),
+                "{method} {path} is documented public, yet answers {status} {v}"
+            );
+        } else {
+            assert_eq!(
+                (status, code(&v)),
+                (StatusCode::UNAUTHORIZED, "unauthorized"),
+                "{method} {path} is documented as taking the token"
+            );
+        }
+    }
+    rt.shutdown().await.unwrap();
+}
+
+/// Issue 53: the event stream's schema is a oneOf of one envelope per event as
+/// SSE-aware generators read `text/event-stream` (hey-api lost the event's name with
+/// the old `enum` of one value): `event` a `const`, `data` a reference to the event's
+/// own schema, `id` the event's number (`not_live`: `retry` instead).
+#[test]
+fn each_event_of_the_stream_names_its_data_schema() {
+    let doc = document();
+    let media = &doc["paths"]["/sessions/{id}/events"]["get"]["responses"]["200"]["content"]
+        ["text/event-stream"];
+    assert_eq!(
+        media["schema"]["$ref"], "#/components/schemas/StreamEvent",
+        "{media}"
+    );
+    let members = doc["components"]["schemas"]["StreamEvent"]["oneOf"]
+        .as_array()
+        .expect("StreamEvent is a oneOf");
+    let mut names = BTreeSet::new();
+    for m in members {
+        let props = &m["properties"];
+        let name = props["event"]["const"]
+            .as_str()
+            .unwrap_or_else(|| panic!("an event whose name is not a const: {m}"));
+        assert!(props["event"].get("enum").is_none(), "{m}");
+        assert!(names.insert(name.to_string()), "{name} twice");
+        let data = props["data"]["$ref"]
+            .as_str()
+            .unwrap_or_else(|| panic!("`{name}`'s data names no schema: {m}"));
+        let schema = data
+            .strip_prefix("#/components/schemas/")
+            .expect("a schema");
+        assert!(doc["components"]["schemas"].get(schema).is_some(), "{data}");
+        assert_eq!(m["required"], json!(["data", "event"]), "{name}");
+        let line = if name == "not_live" { "retry" } else { "id" };
+        assert!(props.get(line).is_some(), "`{name}` has no `{line}`: {m}");
+    }
+    let listed: BTreeSet<String> = agentloop_http::openapi::EVENT_KINDS
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(names, listed);
+}
+
+/// Issue 53: no schema is named as one of its properties (`Timers.timers`): the
+/// Python openapi-python-client generates binds the model's snake-case name as a
+/// local in `from_dict` beside each property's, so such a model fails `mypy --strict`.
+#[test]
+fn no_schema_is_named_as_one_of_its_properties() {
+    fn snake(name: &str) -> String {
+        let mut out = String::new();
+        for (i, c) in name.chars().enumerate() {
+            if c.is_ascii_uppercase() && i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        }
+        out
+    }
+    fn properties(schema: &Value, out: &mut BTreeSet<String>) {
+        if let Some(p) = schema["properties"].as_object() {
+            out.extend(p.keys().cloned());
+        }
+        for key in ["oneOf", "anyOf", "allOf"] {
+            for member in schema[key].as_array().into_iter().flatten() {
+                properties(member, out);
+            }
+        }
+    }
+    let doc = document();
+    let schemas = doc["components"]["schemas"].as_object().expect("schemas");
+    let mut collisions = Vec::new();
+    for (name, schema) in schemas {
+        let mut props = BTreeSet::new();
+        properties(schema, &mut props);
+        if props.contains(&snake(name)) {
+            collisions.push(name.clone());
+        }
+    }
+    assert!(collisions.is_empty(), "named as a property: {collisions:?}");
+    assert!(schemas.contains_key("TimerList"));
 }

@@ -123,16 +123,46 @@ pub const EVENT_KINDS: [&str; 10] = [
 struct ApiDoc;
 
 /// Adds what the layers around the routes may answer (the loopback guard, the request
-/// bound, the token, the body bounds) and the bearer scheme.
+/// bound, the token, the body bounds), the bearer scheme and who needs it, the
+/// `servers`, and the event stream's shape as generators read it.
+///
+/// # The token is optional in the document
+///
+/// A server runs with a token (`--token`, `[http] token`: every route but the public
+/// ones needs it) or without one (loopback only, nothing needs it), and it serves one
+/// document either way: `docs/openapi.json` is that document, checked in and held equal
+/// to the served one, and a client generated from it must work with both servers. So
+/// a route that takes the token says `security: [{"bearer": []}, {}]`: the bearer, or
+/// nothing (the empty requirement), which generators read as "authentication is
+/// optional" (openapi-python-client then takes a plain `Client` as well as an
+/// `AuthenticatedClient`). A mandatory bearer would make every generated client demand
+/// a token that a server without one neither needs nor checks. The public routes
+/// ([`PUBLIC_PATHS`], which `auth.rs` passes without a token even when one is
+/// configured) say `security: []`: no token, ever. The 401 each token route documents
+/// says it is answered only with a token configured.
 struct Guards;
 
 impl Modify for Guards {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::SecurityRequirement;
+        doc.servers = Some(servers());
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The server's token (`agentloop serve --token`, `[http] token`), \
+                         needed only when one is configured; `GET /sessions/{id}/events` \
+                         also takes it as `?access_token=` (browsers' `EventSource`)",
+                    ))
+                    .build(),
+            ),
         );
+        if let Some(RefOr::T(stream)) = components.schemas.get_mut("StreamEvent") {
+            sse_envelopes(stream);
+        }
         for (path, item) in doc.paths.paths.iter_mut() {
             let public = PUBLIC_PATHS.contains(&path.as_str());
             for (method, op) in [
@@ -160,6 +190,8 @@ impl Modify for Guards {
                     );
                 }
                 if public {
+                    // No token, even with one configured.
+                    op.security = Some(Vec::new());
                     continue;
                 }
                 add(
@@ -179,11 +211,117 @@ impl Modify for Guards {
                          `X-Agentloop-Client` header",
                     );
                 }
-                op.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
-                    "bearer",
-                    Vec::<String>::new(),
-                )]);
+                // The bearer, or nothing: a server without a token needs none (see
+                // above).
+                op.security = Some(vec![
+                    SecurityRequirement::new("bearer", Vec::<String>::new()),
+                    SecurityRequirement::default(),
+                ]);
             }
+        }
+    }
+}
+
+/// The document's `servers`.
+///
+/// First a plain absolute URL, `agentloop serve`'s default address: generators take
+/// `servers[0].url` as the client's default base URL, and copy it as it is (hey-api's
+/// `baseUrl`, openapi-generator's `basePath`), so it must be a literal URL a client can
+/// call, not a template with `{variables}` that some of them leave unexpanded or a
+/// relative `/` that a non-browser client cannot resolve. Then `/`, the server that
+/// served this document (a relative URL resolves against where `/openapi.json` was
+/// fetched): right for a browser client on the live page, and for any address
+/// `--listen` picks. openapi-python-client ignores `servers` (its `Client` takes a
+/// `base_url`).
+fn servers() -> Vec<utoipa::openapi::Server> {
+    use utoipa::openapi::ServerBuilder;
+    vec![
+        ServerBuilder::new()
+            .url("http://127.0.0.1:7420")
+            .description(Some(
+                "`agentloop serve` on its default address (`--listen` changes it)",
+            ))
+            .build(),
+        ServerBuilder::new()
+            .url("/")
+            .description(Some(
+                "The server that served this document (relative to `/openapi.json`)",
+            ))
+            .build(),
+    ]
+}
+
+/// Makes each member of the `StreamEvent` oneOf the envelope of one Server-Sent Event
+/// as SSE-aware generators read a `text/event-stream` schema (one object per event
+/// with the fields `id`, `event`, `data`, `retry`): its `event` is a `const` (the
+/// event's name, which a generator turns into the literal that tells the events apart;
+/// an `enum` of one value loses it in some), its `data` references the event's own
+/// schema (sent as JSON on the `data:` line), and `id` is the event's number (its
+/// `id:` line, what `Last-Event-ID` resumes after). `not_live` has no `id` and carries
+/// `retry` (its `retry:` line). utoipa 6 has no `const`: it is written as a keyword
+/// beside the schema's others.
+fn sse_envelopes(stream: &mut utoipa::openapi::schema::Schema) {
+    use utoipa::openapi::schema::{Object, ObjectBuilder, Schema, Type};
+    let Schema::OneOf(one_of) = stream else {
+        return;
+    };
+    one_of.description = Some(
+        "One Server-Sent Event of `GET /sessions/{id}/events`: its `event:` line is \
+         `event`, its `data:` line is `data` as JSON, its `id:` line is `id`."
+            .into(),
+    );
+    for member in one_of.items.iter_mut() {
+        let RefOr::T(Schema::Object(envelope)) = member else {
+            continue;
+        };
+        let Some(RefOr::T(Schema::Object(event))) = envelope.properties.get_mut("event") else {
+            continue;
+        };
+        let Some(name) = event
+            .enum_values
+            .take()
+            .and_then(|values| values.into_iter().next())
+        else {
+            continue;
+        };
+        let not_live = name.as_str() == Some("not_live");
+        let mut constant: Object = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some("The event's name (its `event:` line)"))
+            .build();
+        constant
+            .extensions
+            .get_or_insert_with(Default::default)
+            .insert("const".into(), name);
+        *event = constant;
+        if not_live {
+            envelope.properties.insert(
+                "retry".into(),
+                RefOr::T(Schema::Object(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(0))
+                        .description(Some(
+                            "When to reconnect, in ms (its `retry:` line; the same as \
+                             `data.retry_after_ms`)",
+                        ))
+                        .build(),
+                )),
+            );
+        } else {
+            envelope.properties.insert(
+                "id".into(),
+                RefOr::T(Schema::Object(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .pattern(Some("^[0-9]+$"))
+                        .description(Some(
+                            "The event's number (its `id:` line): send it back as \
+                             `Last-Event-ID` to resume after it",
+                        ))
+                        .build(),
+                )),
+            );
         }
     }
 }
@@ -226,7 +364,10 @@ pub fn document_json() -> &'static str {
     })
 }
 
-/// The OpenAPI 3.1 document of this server's routes.
+/// This OpenAPI document.
+///
+/// The OpenAPI 3.1 document of this server's routes (no token needed: it is the
+/// contract, not a session's data).
 #[utoipa::path(
     get,
     path = "/openapi.json",

@@ -361,8 +361,10 @@ pub enum Phase {
     Running,
 }
 
-/// `DELETE /sessions/{id}`.
+/// `DELETE /sessions/{id}`. (Named `SessionDeleted`: a schema named as one of its
+/// properties, `Deleted.deleted`, makes generated Python fail `mypy --strict`.)
 #[derive(ToSchema, Serialize)]
+#[schema(as = SessionDeleted)]
 pub struct Deleted {
     /// The session's id.
     pub id: String,
@@ -406,8 +408,9 @@ pub enum PreemptKind {
     Duplicate,
 }
 
-/// `POST /sessions/{id}/stop` (202).
+/// `POST /sessions/{id}/stop` (202). (Not `Stopping`: see `SessionDeleted`.)
 #[derive(ToSchema, Serialize)]
+#[schema(as = SessionStopping)]
 pub struct Stopping {
     /// The session's id.
     pub id: String,
@@ -415,8 +418,9 @@ pub struct Stopping {
     pub stopping: bool,
 }
 
-/// `POST /sessions/{id}/detach`.
+/// `POST /sessions/{id}/detach`. (Not `Detached`: see `SessionDeleted`.)
 #[derive(ToSchema, Serialize)]
+#[schema(as = SessionDetached)]
 pub struct Detached {
     /// The session's id.
     pub id: String,
@@ -446,8 +450,9 @@ pub struct Canceled {
     pub status: StatusName,
 }
 
-/// `POST /sessions/{id}/resume`.
+/// `POST /sessions/{id}/resume`. (Not `Resumed`: see `SessionDeleted`.)
 #[derive(ToSchema, Serialize)]
+#[schema(as = SessionResumed)]
 pub struct Resumed {
     /// The session's id.
     pub id: String,
@@ -494,8 +499,9 @@ pub struct Timer {
     pub armed_ms: u64,
 }
 
-/// `GET /sessions/{id}/timers`.
+/// `GET /sessions/{id}/timers`. (Not `Timers`: see `SessionDeleted`.)
 #[derive(ToSchema, Serialize)]
+#[schema(as = TimerList)]
 pub struct Timers {
     /// By number.
     pub timers: Vec<Timer>,

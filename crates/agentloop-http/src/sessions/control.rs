@@ -112,6 +112,7 @@ pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, Ap
     Ok(o)
 }
 
+/// Stop a session.
 #[utoipa::path(
     post, path = "/sessions/{id}/stop", operation_id = "stop_session", tag = "sessions",
     params(super::id::SessionId),
@@ -140,6 +141,8 @@ pub(crate) async fn stop<I: Item, E: Ev>(
         .into_response())
 }
 
+/// Detach a session.
+///
 /// `POST /sessions/{id}/detach` (S23): the session goes on in the background and its
 /// record is finalized when it drains. Refused (409) for a session without a store.
 #[utoipa::path(
@@ -172,6 +175,8 @@ pub(crate) struct MoveBody {
     timeout: Option<String>,
 }
 
+/// Move a session to another node.
+///
 /// `POST /sessions/{id}/move` (issue 18, S38): a planned move of a session this node
 /// runs to node `to` (a cluster node only). Pushes sent here meanwhile are queued and
 /// delivered there in order.
@@ -216,6 +221,8 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
     }
 }
 
+/// Cancel a session.
+///
 /// `POST /sessions/{id}/cancel` (S24).
 #[utoipa::path(
     post, path = "/sessions/{id}/cancel", operation_id = "cancel_session", tag = "sessions",
@@ -245,6 +252,7 @@ pub(crate) struct ResumeBody {
     answer: Value,
 }
 
+/// Answer an interrupt and resume.
 #[utoipa::path(
     post, path = "/sessions/{id}/resume", operation_id = "resume_session", tag = "sessions",
     params(super::id::SessionId),

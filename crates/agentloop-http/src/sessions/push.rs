@@ -92,6 +92,7 @@ pub(super) fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError
     Ok(p)
 }
 
+/// Push an item to a session.
 #[utoipa::path(
     post, path = "/sessions/{id}/items", operation_id = "push_item", tag = "sessions",
     params(super::id::SessionId, ("Idempotency-Key" = Option<String>, Header, description = "1 to 256 bytes: a retry with the same key delivers nothing again and gets the first answer")),

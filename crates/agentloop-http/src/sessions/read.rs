@@ -13,6 +13,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
+/// List sessions.
+///
 /// `GET /sessions`: the live sessions and the stored records, merged by id, each
 /// marked `live`, with its stored `status` (`null` when nothing is stored) and its
 /// `state`: `live` (it runs here), `sleeping` (S39: its record says it sleeps and it
@@ -151,6 +153,8 @@ pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
     }
 }
 
+/// Read a session.
+///
 /// `GET /sessions/{id}`: the stored record through the runtime's redaction (S24), with
 /// `live`, `presence` (`live`, `sleeping` or `stored`; the view's `state` is the
 /// agent's state, S24) and, while the session runs here,

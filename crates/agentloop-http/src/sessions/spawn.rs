@@ -69,6 +69,7 @@ pub(crate) enum EventsBody {
     },
 }
 
+/// Spawn a session.
 #[utoipa::path(
     post, path = "/sessions", operation_id = "spawn_session", tag = "sessions",
     request_body = SpawnBody,

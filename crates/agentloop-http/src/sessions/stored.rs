@@ -10,6 +10,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
+/// List a session's kept checkpoints.
+///
 /// `GET /sessions/{id}/history`: the kept turn-end checkpoints, oldest first.
 #[utoipa::path(
     get, path = "/sessions/{id}/history", operation_id = "list_history", tag = "history",
@@ -35,6 +37,8 @@ pub(crate) async fn history<I: Item, E: Ev>(
     Ok(Json(json!(list)))
 }
 
+/// Read a kept checkpoint.
+///
 /// `GET /sessions/{id}/history/{turn}`: that checkpoint's view (redacted).
 #[utoipa::path(
     get, path = "/sessions/{id}/history/{turn}", operation_id = "get_checkpoint", tag = "history",
@@ -65,6 +69,8 @@ pub(crate) async fn checkpoint<I: Item, E: Ev>(
     }
 }
 
+/// Delete a stored session.
+///
 /// `DELETE /sessions/{id}`: the record and its history. 409 while the session runs.
 #[utoipa::path(
     delete, path = "/sessions/{id}", operation_id = "delete_session", tag = "sessions",
@@ -106,6 +112,8 @@ pub(crate) struct ForkBody {
 /// The most checkpoints a fork over HTTP may ask to keep.
 const MAX_FORK_HISTORY: usize = 1_000;
 
+/// Fork a new session from a checkpoint.
+///
 /// `POST /sessions/{id}/history/{turn}/fork` with `{"id": "<new id>", "history": n?}`:
 /// starts a new persistent session from that kept checkpoint (S16b,
 /// `SupervisorHandle::fork`), with the source's kind, configuration and settings as

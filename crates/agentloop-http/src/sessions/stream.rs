@@ -10,13 +10,15 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::response::Response;
 
+/// Follow a session's events (Server-Sent Events).
+///
 /// `GET /sessions/{id}/events`.
 #[utoipa::path(
     get, path = "/sessions/{id}/events", operation_id = "stream_events", tag = "events",
     params(super::id::SessionId,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event number"),
         ("access_token" = Option<String>, Query, description = "The bearer token, for browsers' EventSource (prefer the header)")),
-    responses((status = 200, description = "Server-Sent Events, each `id: <number>`, `event: <kind>`, `data: <JSON>` as `StreamEvent` (`event` and `data`); the stream starts with `retry: 1000` and closes after `ended`. A session stored but not live yet answers one `not_live` event with `retry:`.", content_type = "text/event-stream", body = crate::openapi::schemas::StreamEvent),
+    responses((status = 200, description = "Server-Sent Events, each `id: <number>`, `event: <kind>`, `data: <JSON>`: one `StreamEvent` per event (`id`, `event` and `data`, whose schema the event's name picks); the stream starts with `retry: 1000` and closes after `ended`. A session stored but not live yet answers one `not_live` event with `retry:`.", content_type = "text/event-stream", body = crate::openapi::schemas::StreamEvent),
         (status = 400, description = "`bad_request`: a `Last-Event-ID` that is not a number, an invalid id", body = crate::openapi::schemas::ErrorBody),
         (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
         (status = 409, description = "`wrong_state`: stored, not running", body = crate::openapi::schemas::ErrorBody),

@@ -83,6 +83,7 @@ fn view<I: Item>(t: Timer<I>) -> Value {
     })
 }
 
+/// Arm a timer or a schedule.
 #[utoipa::path(
     post, path = "/sessions/{id}/timers", operation_id = "arm_timer", tag = "timers",
     params(super::id::SessionId),
@@ -149,6 +150,7 @@ pub(crate) async fn arm<I: Item, E: Ev>(
     Ok((StatusCode::CREATED, json_bytes(body)).into_response())
 }
 
+/// List a session's timers.
 #[utoipa::path(
     get, path = "/sessions/{id}/timers", operation_id = "list_timers", tag = "timers",
     params(super::id::SessionId),
@@ -216,6 +218,7 @@ fn json_bytes(body: Vec<u8>) -> impl IntoResponse {
     )
 }
 
+/// Cancel a timer.
 #[utoipa::path(
     delete, path = "/sessions/{id}/timers/{timer}", operation_id = "cancel_timer", tag = "timers",
     params(super::id::SessionId, ("timer" = u64, Path, description = "The timer's number")),
