@@ -62,7 +62,7 @@ pub const ERROR_CODES: [&str; 29] = [
 ];
 
 /// Every `event:` kind of `GET /sessions/{id}/events` (the `StreamEvent` schema's).
-pub const EVENT_KINDS: [&str; 10] = [
+pub const EVENT_KINDS: [&str; 11] = [
     "turn_started",
     "agent",
     "step_started",
@@ -72,6 +72,7 @@ pub const EVENT_KINDS: [&str; 10] = [
     "stop_requested",
     "lagged",
     "ended",
+    "restarting",
     "not_live",
 ];
 

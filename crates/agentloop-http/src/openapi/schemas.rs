@@ -528,8 +528,12 @@ pub enum StreamEvent {
     StopRequested(StopRequested),
     /// Events this stream missed (numbered as the last of them).
     Lagged(Lagged),
-    /// The session ended; the stream closes after it.
+    /// The session ended and nothing of it will run again; the stream closes after it.
     Ended(Ended),
+    /// The session failed and its supervisor starts it again (issue 53): the last event
+    /// of this incarnation's stream, which closes after it; reconnect with
+    /// `Last-Event-ID` (an `EventSource` does) to follow the next one.
+    Restarting(Restarting),
     /// (the only event of a stream for a session stored but not live yet) retry after
     /// `retry_after_ms`.
     NotLive(ErrorBody),
@@ -694,6 +698,17 @@ pub struct StopRequested {
 pub struct Lagged {
     /// How many events this stream missed.
     pub missed: u64,
+}
+
+/// `restarting`.
+#[derive(ToSchema, Serialize)]
+pub struct Restarting {
+    /// Which restart this is within the session's life (1 for the first).
+    pub attempt: u32,
+    /// In how many milliseconds the new incarnation starts (0: at once).
+    pub after_ms: u64,
+    /// Why the incarnation failed.
+    pub error: String,
 }
 
 /// `ended`.
