@@ -162,7 +162,8 @@ async fn the_http_front_terminates_tls_and_speaks_http2() {
         "{e}"
     );
 
-    // Plain HTTP to the TLS port gets no HTTP answer.
+    // Plain HTTP to the TLS port is not served (it is answered 400 tls_required:
+    // tls_plain_http.rs).
     let plain = url.replace("https://localhost", "127.0.0.1");
     let answered = std::net::TcpStream::connect(&plain).and_then(|mut s| {
         use std::io::{Read as _, Write as _};

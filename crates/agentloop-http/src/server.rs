@@ -14,11 +14,16 @@
 //! nothing during the shutdown are closed (`server/conn.rs`); at the connection cap a peer keeps
 //! no more than an equal share while others wait (`server/peers.rs`).
 //!
+//! Issue 53: on the TLS port, a connection that begins in plain text is answered `400
+//! tls_required` when it is an HTTP/1 request ("use https://HOST:PORT/"), not with a
+//! TLS alert that curl calls HTTP/0.9 (`server/plain.rs`).
+//!
 //! This file only accepts connections, admits them and hands them to hyper; routing and
 //! everything else is the router's.
 
 mod conn;
 mod peers;
+mod plain;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -82,7 +87,9 @@ pub struct ServeOptions {
     pub max_header_bytes: usize,
     /// Terminate TLS with this configuration (S43, [`crate::tls::server_config`]):
     /// every connection is a TLS one, served over HTTP/2 or HTTP/1.1 as the client's
-    /// ALPN chooses. `None`: plain HTTP/1.1.
+    /// ALPN chooses; a plain HTTP/1 request on it is answered `400 tls_required`
+    /// ("this port speaks TLS: use https://HOST:PORT/") and closed. `None`: plain
+    /// HTTP/1.1.
     pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
@@ -106,6 +113,8 @@ struct Shared {
     options: ServeOptions,
     handshake_failures: Throttle,
     closed: Throttle,
+    /// Plain HTTP requests answered `400 tls_required` on the TLS port.
+    plain_http: Throttle,
 }
 
 /// Serves `app` on `listener` under `options` until `shutdown` resolves; then stops
@@ -134,6 +143,7 @@ pub async fn serve(
         options,
         handshake_failures: Throttle::default(),
         closed: Throttle::default(),
+        plain_http: Throttle::default(),
     });
     let mut shutdown = std::pin::pin!(shutdown);
     let refusals = Throttle::default();
@@ -197,7 +207,6 @@ pub async fn serve(
             }
         }
         let _ = stream.set_nodelay(true);
-        let stream = Watched::new(stream, conn.clone(), shared.options.write_timeout);
         let service = ConnService::new(app.clone(), conn.clone());
         let shared = shared.clone();
         let stop = stop_rx.clone();
@@ -210,6 +219,7 @@ pub async fn serve(
                 }
                 None => {
                     let o = &shared.options;
+                    let stream = Watched::new(stream, conn.clone(), o.write_timeout);
                     let connection = hyper::server::conn::http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(o.header_read_timeout)
@@ -301,19 +311,43 @@ fn report(
 /// request's headers, then HTTP/2 or HTTP/1.1 as the client's ALPN chose, under the
 /// same bounds as a plain connection: the first request must start within
 /// `header_read_timeout`, an idle one closes after `idle_timeout`, HTTP/2 pings.
-async fn serve_tls<S>(
+///
+/// A connection that begins in plain text instead (issue 53, `server/plain.rs`) is
+/// answered `400 tls_required` when it is an HTTP/1 request, and closed.
+async fn serve_tls(
     acceptor: tokio_rustls::TlsAcceptor,
-    stream: S,
+    stream: tokio::net::TcpStream,
     peer: std::net::SocketAddr,
     service: ConnService,
-    conn: &Conn,
+    conn: &Arc<Conn>,
     shared: &Shared,
     stop: tokio::sync::watch::Receiver<bool>,
-) where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
+) {
     let o = &shared.options;
-    let tls = match tokio::time::timeout(o.header_read_timeout, acceptor.accept(stream)).await {
+    // The first byte and the handshake share one deadline.
+    let deadline = tokio::time::Instant::now() + o.header_read_timeout;
+    match plain::first(&stream, deadline).await {
+        plain::First::Tls => {}
+        plain::First::Gone => return,
+        plain::First::TimedOut => {
+            if let Some(count) = shared.closed.note() {
+                tracing::info!(%peer, closed = count, "closed a connection whose TLS handshake did not finish in time ([http] header_read_timeout)");
+            }
+            return;
+        }
+        plain::First::Plain => {
+            if plain::answer(stream, deadline, o.write_timeout).await {
+                if let Some(count) = shared.plain_http.note() {
+                    tracing::info!(%peer, answered = count, "answered plain HTTP on the TLS port with 400 tls_required (the client must use https://)");
+                }
+            } else if let Some(count) = shared.handshake_failures.note() {
+                tracing::warn!(%peer, failed = count, "TLS handshakes failed (a client sent plain text that is not an HTTP request to the TLS port)");
+            }
+            return;
+        }
+    }
+    let stream = Watched::new(stream, conn.clone(), o.write_timeout);
+    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
             // A client that does not speak TLS, or distrusts the certificate: its own
