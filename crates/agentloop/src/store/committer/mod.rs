@@ -7,7 +7,10 @@
 //! through its oneshot. Reads of a session with operations queued join the queue, so
 //! they see those operations; a load whose record is all in its head (format 3, no
 //! loose entries) is read on the caller's thread, and other reads go to the engine on
-//! the blocking pool.
+//! the blocking pool. A read there and the apply of a wave exclude each other
+//! (`Committer::applying`): a read of several keys (a head, then the loose entries it
+//! names) sees the engine between two waves, never halfway through one. The flush is
+//! outside that exclusion: no read waits behind a flush.
 //!
 //! The thread is a tokio blocking-pool thread held for as long as work is queued (one
 //! at a time per store: a queue that was empty starts it, it returns once the queue has
@@ -158,6 +161,17 @@ pub struct Committer {
     unflushed: AtomicBool,
     /// Riders waiting for the next wave.
     riders: parking_lot::Mutex<Vec<Box<dyn Rider>>>,
+    /// Held shared by each read on the blocking pool ([`Committer::read`]) and
+    /// exclusive by the committer's thread while it applies a wave (not while it
+    /// flushes). An engine read of a record takes several calls (its head, then the
+    /// loose entries the head names), and neither engine's calls see one snapshot: a
+    /// wave applied between them (an item delivered: its entry removed, the head
+    /// rewritten) made a load answer a head naming an entry that was gone ("the
+    /// header names item entry N, which is missing"; the power-cut test's reads of live
+    /// sessions, S31a). Listings do not take it (a scan must not hold the writes behind
+    /// it): a listed record's head is one key, but its loose entries may be of the next
+    /// wave; a record read whole for its items is a load.
+    applying: Arc<parking_lot::RwLock<()>>,
 }
 
 /// The committer's queue.
@@ -228,6 +242,7 @@ impl Committer {
             counters: Counters::default(),
             unflushed: AtomicBool::new(false),
             riders: parking_lot::Mutex::new(Vec::new()),
+            applying: Arc::new(parking_lot::RwLock::new(())),
         }))
     }
 
@@ -307,7 +322,8 @@ impl Committer {
         self.read(move |engine| engine.load(&key), answer);
     }
 
-    /// Runs a read that needs no ordering on the blocking pool.
+    /// Runs a read that needs no ordering on the blocking pool, between two waves
+    /// (never while one is applied: see `applying`).
     pub(crate) fn read<T: Send + 'static>(
         &self,
         read: impl FnOnce(&Backend) -> Result<T, StoreError> + Send + 'static,
@@ -316,8 +332,12 @@ impl Committer {
         let Some(engine) = self.engine.read().clone() else {
             return answer.send(Err(StoreError::Closed));
         };
+        let applying = self.applying.clone();
         self.runtime.spawn_blocking(move || {
-            let r = read(&engine);
+            let r = {
+                let _between_waves = applying.read();
+                read(&engine)
+            };
             // Released before answering: once the store's close is answered nothing
             // holds the engine (its directory lock).
             drop(engine);
@@ -644,6 +664,8 @@ impl Committer {
         c.max_wave.fetch_max(n, Ordering::Relaxed);
         let keys: Vec<Option<String>> = ops.iter().map(|o| key_of(o).map(str::to_owned)).collect();
         let results = timed(&self.metrics, RuntimeMetrics::checkpoint_applied, || {
+            // No read on the blocking pool sees the wave halfway (see `applying`).
+            let _applying = self.applying.write();
             engine.apply_unflushed(ops)
         });
         // Applied: reads of these sessions may go to the engine again.
