@@ -134,19 +134,27 @@ struct ApiDoc;
 /// document either way: `docs/openapi.json` is that document, checked in and held equal
 /// to the served one, and a client generated from it must work with both servers. So
 /// a route that takes the token says `security: [{"bearer": []}, {}]`: the bearer, or
-/// nothing (the empty requirement), which generators read as "authentication is
-/// optional" (openapi-python-client then takes a plain `Client` as well as an
-/// `AuthenticatedClient`). A mandatory bearer would make every generated client demand
-/// a token that a server without one neither needs nor checks. The public routes
-/// ([`PUBLIC_PATHS`], which `auth.rs` passes without a token even when one is
-/// configured) say `security: []`: no token, ever. The 401 each token route documents
-/// says it is answered only with a token configured.
+/// nothing (the empty requirement), OpenAPI's "authentication is optional". A
+/// mandatory bearer made every generated client demand a token that a server without
+/// one neither needs nor checks. It is said once, at the document's root, and every
+/// operation but the public ones inherits it: the same meaning as saying it on each
+/// operation, and what openapi-python-client (0.29) reads as optional, since it types an
+/// operation's `client` as `AuthenticatedClient` whenever the operation's own
+/// `security` is non-empty, even with `{}` in it, and as `AuthenticatedClient | Client`
+/// otherwise. The public routes ([`PUBLIC_PATHS`], which `auth.rs` passes without a
+/// token even when one is configured) say `security: []`: no token, ever. The 401 each
+/// token route documents says it is answered only with a token configured.
 struct Guards;
 
 impl Modify for Guards {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::SecurityRequirement;
         doc.servers = Some(servers());
+        // The bearer, or nothing: a server without a token needs none (see above).
+        doc.security = Some(vec![
+            SecurityRequirement::new("bearer", Vec::<String>::new()),
+            SecurityRequirement::default(),
+        ]);
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "bearer",
@@ -212,12 +220,6 @@ impl Modify for Guards {
                          `X-Agentloop-Client` header",
                     );
                 }
-                // The bearer, or nothing: a server without a token needs none (see
-                // above).
-                op.security = Some(vec![
-                    SecurityRequirement::new("bearer", Vec::<String>::new()),
-                    SecurityRequirement::default(),
-                ]);
             }
         }
     }
