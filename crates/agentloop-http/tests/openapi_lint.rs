@@ -4,9 +4,10 @@
 //! operation (`[]` on the public routes), `servers`, valid OpenAPI 3.1.
 //!
 //! The linter is Redocly's CLI, pinned, installed with npm into the target directory
-//! the first time (`target/npm-tools/redocly-<version>`, one bundled package, a few
-//! seconds) and run from there after: the test needs only `node` and `npm` on `PATH`,
-//! and fails (never skips) without them.
+//! (`target/npm-tools/redocly-<version>`, one bundled package, a few seconds) by
+//! `scripts/test-deps`, which the README's test command (`scripts/test`) runs first: the
+//! test itself reaches no network. Without it (or without `node`) the test fails, never
+//! skips, and says what to run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -42,7 +43,7 @@ fn runs(program: &str) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// The CLI's entry point, installed if it is not yet.
+/// The CLI's entry point, as `scripts/test-deps` installed it.
 fn redocly() -> PathBuf {
     let dir = tools_dir();
     let bin = dir.join("node_modules/.bin/redocly");
@@ -51,28 +52,11 @@ fn redocly() -> PathBuf {
         "the OpenAPI lint test runs Redocly's CLI on Node.js: install nodejs and npm \
          (e.g. `apt-get install nodejs npm`) and put them on PATH"
     );
-    if bin.exists() {
-        return bin;
-    }
     assert!(
-        runs("npm"),
-        "the OpenAPI lint test installs Redocly's CLI with npm: install nodejs and npm \
-         (e.g. `apt-get install nodejs npm`) and put them on PATH"
-    );
-    std::fs::create_dir_all(&dir).expect("create the npm tools directory");
-    let out = Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--prefix"])
-        .arg(&dir)
-        .arg(REDOCLY)
-        .output()
-        .expect("run npm");
-    assert!(
-        out.status.success() && bin.exists(),
-        "`npm install --prefix {} {REDOCLY}` failed ({}):\n{}\n{}",
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        bin.exists(),
+        "Redocly's CLI ({REDOCLY}) is not installed at {}: run `scripts/test-deps` (it \
+         installs it there with npm; the README's `scripts/test` runs it first)",
+        bin.display()
     );
     bin
 }
