@@ -29,6 +29,7 @@ fn kinds(evs: &[SessionEvent<SimEvent>]) -> Vec<String> {
             SessionEvent::TurnEnded { turn, .. } => format!("end{turn}"),
             SessionEvent::StopRequested { .. } => "stop".into(),
             SessionEvent::Ended(_) => "Ended".into(),
+            SessionEvent::Restarting { attempt, .. } => format!("restarting{attempt}"),
             SessionEvent::Lagged { missed } => format!("lagged{missed}"),
             SessionEvent::StepStarted { key, .. } => format!("stepstart{}", key.occurrence),
             SessionEvent::StepFinished { key, .. } => format!("stepend{}", key.occurrence),
@@ -435,13 +436,17 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
         )
         .await
         .unwrap();
-    // The first incarnation fails its first turn; its stream ends with its `Ended`.
+    // The first incarnation fails its first turn; its stream ends with `Restarting`,
+    // not `Ended`: the session runs again (issue 53).
     let mut seen = Vec::new();
     while let Some(ev) = within("the first incarnation's events", first_events.next()).await {
         seen.push(ev);
     }
     assert!(
-        matches!(seen.last(), Some(SessionEvent::Ended(s)) if matches!(s.reason, ExitReason::Failed(_))),
+        matches!(
+            seen.last(),
+            Some(SessionEvent::Restarting { attempt: 1, .. })
+        ),
         "{:?}",
         kinds_of(&seen)
     );

@@ -303,20 +303,36 @@ async fn s26_budget_spent_ends_failed_and_never_does_not_restart() {
     )
     .await
     .unwrap();
+    // Follow the incarnations: a stream may start after its incarnation ended (then
+    // it yields nothing), so the order is checked by
+    // `s26_restarting_not_ended_while_the_session_runs_again`.
+    let mut lasts = Vec::new();
     within("the budget to be spent", async {
         while !sup.list().await.is_empty() {
-            // Follow the incarnations: each one's stream ends with Ended.
             if let Ok(mut events) = sup.subscribe("doomed", EventFilter::all()).await {
+                let mut last = None;
                 while let Some(ev) = events.next().await {
-                    if let SessionEvent::Ended(s) = ev {
-                        assert!(matches!(s.reason, ExitReason::Failed(_)), "{s:?}");
-                    }
+                    last = Some(ev);
                 }
+                lasts.extend(last);
             }
             tokio::task::yield_now().await;
         }
     })
     .await;
+    for (i, last) in lasts.iter().enumerate() {
+        match last {
+            SessionEvent::Ended(s) => {
+                assert_eq!(i + 1, lasts.len(), "Ended only at the end: {lasts:?}");
+                assert!(matches!(s.reason, ExitReason::Failed(_)), "{s:?}");
+            }
+            SessionEvent::Restarting { attempt, error, .. } => {
+                assert!((1..=2).contains(attempt), "{lasts:?}");
+                assert!(error.contains("panicked"), "{error}");
+            }
+            other => panic!("each stream ends with Ended or Restarting: {other:?}"),
+        }
+    }
     match mem.get("doomed").map(|r| r.status) {
         Some(SessionStatus::Failed(e)) => assert!(e.contains("panicked"), "{e}"),
         other => panic!("expected a Failed record, got {other:?}"),
@@ -365,6 +381,72 @@ async fn s26_transient_restarts_only_after_a_panic() {
         1,
         "an agent error is not restarted under Transient"
     );
+}
+
+/// Issue 53, "`ended` means ended": an incarnation the supervisor restarts ends its
+/// subscribers' stream with `Restarting { attempt, .. }`, never `Ended`; the session
+/// sends `Ended` once, when nothing runs again (here: past the budget of 2).
+#[tokio::test(start_paused = true)]
+async fn s26_restarting_not_ended_while_the_session_runs_again() {
+    let gate = agentloop_sim::Gate::new();
+    let mut args = kinds(Arc::new(Mutex::new(Vec::new())));
+    let g = gate.clone();
+    args.kinds.insert(
+        "gated".into(),
+        agent_kind("gated", move |_: &[u8]| {
+            Ok(SimAgent::new(steps(2))
+                .with_step_gate(g.clone())
+                .with_fault(None, 1, Fault::Panic, false))
+        }),
+    );
+    let sup = Sup::start(args).await.unwrap();
+    sup.spawn(SessionSpec::new("again", "gated").initial_items(vec![item(1)]))
+        .await
+        .unwrap();
+    let mut lasts = Vec::new();
+    for incarnation in 0..3u32 {
+        within("the incarnation", async {
+            while sup.list().await.first().map(|s| s.restarts) != Some(incarnation) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        // The incarnation waits at its first step's gate: subscribed before it fails.
+        let mut events = sup.subscribe("again", EventFilter::all()).await.unwrap();
+        gate.open(2);
+        let mut last = None;
+        within("the stream's end", async {
+            while let Some(ev) = events.next().await {
+                last = Some(ev);
+            }
+        })
+        .await;
+        lasts.push(last.expect("a last event"));
+    }
+    match &lasts[..] {
+        [SessionEvent::Restarting {
+            attempt: 1,
+            error: e1,
+            after_ms: 0,
+        }, SessionEvent::Restarting {
+            attempt: 2,
+            error: e2,
+            ..
+        }, SessionEvent::Ended(end)] => {
+            assert!(
+                e1.contains("panicked") && e2.contains("panicked"),
+                "{lasts:?}"
+            );
+            assert!(matches!(end.reason, ExitReason::Failed(_)), "{end:?}");
+        }
+        other => panic!("Restarting twice, then Ended: {other:?}"),
+    }
+    within("the session to leave", async {
+        while !sup.list().await.is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
 }
 
 /// Issue 53: a permanent agent error is never restarted, whatever the policy: the

@@ -3,7 +3,10 @@
 //! `wire`; agent events and questions through the runtime's redaction); `Last-Event-ID`
 //! resumes after that number from the session's replay buffer (a `lagged` event first
 //! when some are gone); keep-alive comments every 15 s; the last event is `ended` with
-//! the exit reason (`{"kind": "shutdown"}` when the server is going away). A session that
+//! the exit reason (`{"kind": "shutdown"}` when the server is going away), sent only when
+//! nothing of the session runs again: an incarnation its supervisor restarts ends its
+//! stream with `restarting` `{attempt, after_ms, error}` instead, and the client's
+//! reconnect with `Last-Event-ID` follows the new one (S26, issue 53). A session that
 //! is stored but not live yet answers one `not_live` event with SSE's `retry:` (issue
 //! 28). This module only shapes events; subscribing is the supervisor's.
 
@@ -89,6 +92,14 @@ pub(crate) fn event_json<E: Serialize>(
                 "checkpoint": wire::checkpoint(&x.checkpoint),
             }),
         ),
+        SessionEvent::Restarting {
+            attempt,
+            after_ms,
+            error,
+        } => (
+            "restarting",
+            json!({"attempt": attempt, "after_ms": after_ms, "error": error}),
+        ),
         SessionEvent::Lagged { missed } => ("lagged", json!({"missed": missed})),
     }
 }
@@ -129,8 +140,10 @@ where
                 .id(s.seq.to_string())
                 .event(name)
                 .data(data.to_string());
-            // After `ended` nothing follows: close the stream.
-            let next = (name != "ended").then_some((events, slot));
+            // After `ended` nothing follows: close the stream. After `restarting` this
+            // incarnation's stream ends too: the client's reconnect (SSE `retry:`,
+            // with `Last-Event-ID`) follows the restarted incarnation.
+            let next = (name != "ended" && name != "restarting").then_some((events, slot));
             Some((Ok(ev), next))
         }
     });

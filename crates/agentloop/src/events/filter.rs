@@ -85,7 +85,9 @@ impl EventFilter {
             SessionEvent::TurnEnded { .. } => self.turn_ended,
             SessionEvent::StopRequested { .. } => self.stop_requested,
             SessionEvent::StepStarted { .. } | SessionEvent::StepFinished { .. } => self.steps,
-            SessionEvent::Ended(_) | SessionEvent::Lagged { .. } => true,
+            SessionEvent::Ended(_)
+            | SessionEvent::Restarting { .. }
+            | SessionEvent::Lagged { .. } => true,
         }
     }
 }

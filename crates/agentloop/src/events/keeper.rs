@@ -212,8 +212,8 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         {
             tracing::warn!(seq, error = %why, "an event could not be encoded to be kept: a subscriber that replays it from the store is told it missed it");
         }
-        if let SessionEvent::Ended(_) = event {
-            // The session's last append: written now, and the mark lowered to it.
+        if let SessionEvent::Ended(_) | SessionEvent::Restarting { .. } = event {
+            // The incarnation's last append: written now, and the mark lowered to it.
             st.ended = Some(seq);
             st.wake = true;
         }

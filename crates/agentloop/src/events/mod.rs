@@ -148,8 +148,23 @@ pub enum SessionEvent<E> {
         /// The cause it carried, if any.
         cause: Option<String>,
     },
-    /// The session ended. Always the last event.
+    /// The session ended and nothing of it will run again (it completed, was stopped,
+    /// or failed for good: a permanent error, its policy, or its restart budget spent).
+    /// Always the last event.
     Ended(ExitSummary),
+    /// The incarnation failed and its supervisor starts it again (S26, issue 53):
+    /// sent instead of [`SessionEvent::Ended`], as the last event of this
+    /// incarnation's stream, which ends after it. Subscribe again after its number
+    /// (`subscribe_after`; over HTTP, the SSE client's reconnect with
+    /// `Last-Event-ID` does it) to follow the new incarnation: the sequence goes on.
+    Restarting {
+        /// Which restart this is within the session's life (1 for the first).
+        attempt: u32,
+        /// In how many milliseconds the new incarnation starts (0: at once).
+        after_ms: u64,
+        /// Why the incarnation failed.
+        error: String,
+    },
     /// A stream that asked to start after a sequence number the replay buffer no longer
     /// holds: `missed` events are gone. Only ever the first event of such a stream; its
     /// number is the last one missed, so a client that records numbers resumes after
@@ -158,6 +173,45 @@ pub enum SessionEvent<E> {
         /// How many events the stream cannot replay.
         missed: u64,
     },
+}
+
+/// How an incarnation's streams end: `Ended` with its summary, or, when its
+/// supervisor starts it again, `Restarting` (the summary then stays with the
+/// supervisor and the exit state).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Last {
+    pub(crate) summary: ExitSummary,
+    pub(crate) restarting: Option<Restart>,
+}
+
+/// What [`SessionEvent::Restarting`] says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Restart {
+    pub(crate) attempt: u32,
+    pub(crate) after_ms: u64,
+    pub(crate) error: String,
+}
+
+impl Last {
+    /// An end for good.
+    pub(crate) fn ended(summary: ExitSummary) -> Self {
+        Last {
+            summary,
+            restarting: None,
+        }
+    }
+
+    /// The event the streams end with.
+    pub(crate) fn event<E>(&self) -> SessionEvent<E> {
+        match &self.restarting {
+            None => SessionEvent::Ended(self.summary.clone()),
+            Some(r) => SessionEvent::Restarting {
+                attempt: r.attempt,
+                after_ms: r.after_ms,
+                error: r.error.clone(),
+            },
+        }
+    }
 }
 
 /// An event with its place in the session's sequence.

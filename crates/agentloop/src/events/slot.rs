@@ -9,14 +9,14 @@ use std::sync::Arc;
 use futures::task::AtomicWaker;
 use parking_lot::Mutex;
 
-use crate::exit::ExitSummary;
+use super::Last;
 
 /// The per-subscriber slot that carries `Ended` without using buffer capacity, and the
 /// count of final turn events still being delivered to that subscriber.
 #[derive(Default)]
 pub(crate) struct TerminalSlot {
-    /// `Ended`'s number and summary.
-    pub(super) summary: Mutex<Option<(u64, ExitSummary)>>,
+    /// `Ended`'s (or `Restarting`'s) number and what it says.
+    pub(super) summary: Mutex<Option<(u64, Last)>>,
     pub(super) waker: AtomicWaker,
     /// Final turn events sent after the turn reported its end and not delivered yet.
     /// `Ended` waits for them, so it is always last (backpressure subscribers only).
@@ -27,12 +27,12 @@ pub(crate) struct TerminalSlot {
 }
 
 impl TerminalSlot {
-    pub(super) fn set(&self, ended: (u64, ExitSummary)) {
+    pub(super) fn set(&self, ended: (u64, Last)) {
         *self.summary.lock() = Some(ended);
         self.waker.wake();
     }
 
-    pub(super) fn get(&self) -> Option<(u64, ExitSummary)> {
+    pub(super) fn get(&self) -> Option<(u64, Last)> {
         self.summary.lock().clone()
     }
 }

@@ -118,7 +118,10 @@ impl<E> EventStream<E> {
         let Some(slot) = self.slot.as_ref() else {
             return match self.rx.poll_recv(cx) {
                 Poll::Ready(Some(ev)) => {
-                    self.finished = matches!(ev.event, SessionEvent::Ended(_));
+                    self.finished = matches!(
+                        ev.event,
+                        SessionEvent::Ended(_) | SessionEvent::Restarting { .. }
+                    );
                     Poll::Ready(Some(ev))
                 }
                 Poll::Ready(None) => {
@@ -155,7 +158,7 @@ impl<E> EventStream<E> {
         // Register the waker before checking the slot so a concurrent `set` (or the last
         // in-flight final event) is not missed.
         slot.waker.register(cx.waker());
-        if let Some((seq, summary)) = slot.get() {
+        if let Some((seq, last)) = slot.get() {
             if slot.inflight.load(Ordering::Acquire) > 0 {
                 // A turn's final events are still on their way (the subscriber freed
                 // capacity; the sender will queue them): `Ended` waits behind them.
@@ -170,7 +173,7 @@ impl<E> EventStream<E> {
             self.finished = true;
             return Poll::Ready(Some(Sequenced {
                 seq,
-                event: SessionEvent::Ended(summary),
+                event: last.event(),
             }));
         }
         Poll::Pending

@@ -8,6 +8,7 @@ use super::keeper::Keeper;
 use super::seq::EventSeq;
 use super::slot::{InflightGuard, TerminalSlot};
 use super::stream::{CatchUp, EventStream};
+use super::Last;
 use super::{Sequenced, SessionEvent};
 use crate::exit::ExitSummary;
 use parking_lot::{Mutex, RwLock};
@@ -76,10 +77,10 @@ pub(crate) struct Subscribers<E> {
 #[derive(Default)]
 pub(super) struct EndState {
     /// `Ended`, numbered: the streams have it (or get it when they subscribe).
-    pub(super) ended: Option<(u64, ExitSummary)>,
+    pub(super) ended: Option<(u64, Last)>,
     /// `Ended` asked for while turn tasks hold it back: numbered and sent when the
     /// last hold goes, so it is numbered after their events (issue 28).
-    pub(super) pending: Option<ExitSummary>,
+    pub(super) pending: Option<Last>,
     /// Turn tasks between reporting their end and queuing `TurnEnded` (which waits
     /// for its write): `Ended` reaches the streams only when none is left.
     pub(super) holds: usize,
@@ -104,10 +105,10 @@ impl<E: Clone + Send + 'static> Drop for EndHold<E> {
             let mut st = subs.ended.lock();
             st.holds -= 1;
             match (st.holds, st.pending.take()) {
-                (0, Some(summary)) => {
-                    let e = (subs.seq.next(), summary);
+                (0, Some(last)) => {
+                    let e = (subs.seq.next(), last);
                     if let Some(k) = &subs.keeper {
-                        k.keep(e.0, &SessionEvent::Ended(e.1.clone()));
+                        k.keep(e.0, &e.1.event());
                     }
                     st.ended = Some(e.clone());
                     Some(e)
@@ -209,9 +210,9 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
         if !watched {
             let mut st = self.ended.lock();
             if st.ended.is_none() && st.pending.is_none() {
-                let e = (self.seq.next(), summary);
+                let e = (self.seq.next(), Last::ended(summary));
                 if let Some(k) = &self.keeper {
-                    k.keep(e.0, &SessionEvent::Ended(e.1.clone()));
+                    k.keep(e.0, &e.1.event());
                 }
                 st.ended = Some(e);
             }
@@ -530,7 +531,9 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// While a turn task holds it back ([`Subscribers::hold_end`]), `Ended` is numbered
     /// and reaches the streams when the last hold is dropped: it is the last event and
     /// has the highest number.
-    pub(crate) fn end(&self, summary: ExitSummary) {
+    /// `last` says whether the streams end with `Ended` or, for an incarnation its
+    /// supervisor starts again, `Restarting` (S26).
+    pub(crate) fn end(&self, last: Last) {
         let _publish = self.publish.lock();
         let ended = {
             let mut st = self.ended.lock();
@@ -538,12 +541,12 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
                 return;
             }
             if st.holds > 0 {
-                st.pending = Some(summary);
+                st.pending = Some(last);
                 return;
             }
-            let e = (self.seq.next(), summary);
+            let e = (self.seq.next(), last);
             if let Some(k) = &self.keeper {
-                k.keep(e.0, &SessionEvent::Ended(e.1.clone()));
+                k.keep(e.0, &e.1.event());
             }
             st.ended = Some(e.clone());
             e
@@ -568,7 +571,7 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     }
 
     /// Writes `Ended` into every stream's terminal slot and empties the registry.
-    pub(super) fn close_streams(&self, ended: (u64, ExitSummary)) {
+    pub(super) fn close_streams(&self, ended: (u64, Last)) {
         let list = std::mem::take(&mut *self.list.write());
         for s in list.iter() {
             s.slot.set(ended.clone());

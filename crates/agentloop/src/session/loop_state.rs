@@ -46,6 +46,8 @@ pub(crate) struct LoopState<A: Agent> {
     pub(super) span: tracing::Span,
     /// Where turns are counted (S35).
     pub(super) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
+    /// Its supervisor's restart decision (S26): `Restarting` instead of `Ended`.
+    pub(super) restart_oracle: Option<Arc<crate::supervisor::RestartOracle>>,
 }
 
 impl<A: Agent> Drop for LoopState<A> {
@@ -71,9 +73,24 @@ impl<A: Agent> Drop for LoopState<A> {
             Some(exit) => *exit,
             None => self.core.salvage(),
         };
-        self.subscribers.end(exit.summary());
+        self.subscribers.end(self.last(exit.summary()));
         self.core.shared.fire_stopped();
         self.core.shared.publish_exit(exit);
+    }
+}
+
+impl<A: Agent> LoopState<A> {
+    /// How the streams end: `Restarting` when the supervisor starts the session again
+    /// (S26, issue 53), else `Ended`.
+    pub(super) fn last(&self, summary: crate::session::ExitSummary) -> crate::events::Last {
+        let restarting = self
+            .restart_oracle
+            .as_ref()
+            .and_then(|o| o.foresee(&summary));
+        crate::events::Last {
+            summary,
+            restarting,
+        }
     }
 }
 

@@ -139,6 +139,10 @@ pub(crate) struct RunContext {
     /// The version a failed incarnation ran, for a restart from the items it handed
     /// back (no record read): the restart runs it again while it is registered.
     pub(crate) restart_version: Option<u32>,
+    /// Its supervisor's restart decision, asked by the teardown so that an
+    /// incarnation that will be started again ends its streams with `Restarting`, not
+    /// `Ended` (S26); `None` for a session started alone.
+    pub(crate) restart_oracle: Option<Arc<crate::supervisor::RestartOracle>>,
 }
 
 impl Default for RunContext {
@@ -154,6 +158,7 @@ impl Default for RunContext {
             idle_after: None,
             agent_version: agentloop_core::header::FIRST_VERSION,
             restart_version: None,
+            restart_oracle: None,
         }
     }
 }

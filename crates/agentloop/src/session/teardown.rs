@@ -79,13 +79,17 @@ pub(super) async fn teardown<A: Agent>(
     for (_, t) in state.preempt_timers.drain() {
         t.abort();
     }
+    // `Ended` only when nothing of the session runs again; `Restarting` when its
+    // supervisor starts it again (S26). Decided before the exit is published, which
+    // lets the supervisor act (it reads the same decision).
+    let last = (!asleep).then(|| state.last(summary));
     if let Some(exit) = state.final_exit.take() {
         state.published = true;
         state.core.shared.fire_stopped();
         state.core.shared.publish_exit(*exit);
     }
-    if !asleep {
-        state.subscribers.end(summary);
+    if let Some(last) = last {
+        state.subscribers.end(last);
     }
     // Process what is already queued (pushes become late, with their items handed
     // back), then stop; later sends are refused with the message handed back.

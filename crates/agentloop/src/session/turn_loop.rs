@@ -106,6 +106,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
             hook_timeout: config.hook_timeout,
             span,
             metrics: config.run.metrics,
+            restart_oracle: config.run.restart_oracle,
         })
     }
 

@@ -68,6 +68,7 @@ where
             sessions: Default::default(),
             by_actor: HashMap::new(),
             stopping: false,
+            stopping_flag: Default::default(),
             directory: self.directory.clone(),
             watchers: Vec::new(),
             sleeping: Default::default(),
@@ -233,7 +234,7 @@ where
             }
             SupervisorMsg::Internal(SupervisorInternal(InternalMsg::CloseGate { reply })) => {
                 st.directory.close_gate();
-                st.stopping = true;
+                st.set_stopping();
                 // A session asleep (or falling asleep) counts for nothing in the grace
                 // (S39): its record is written and it runs nothing.
                 let mut sessions: Vec<GateMember<I, E>> = st
@@ -269,7 +270,7 @@ where
                 });
             }
             SupervisorMsg::StopAll { options, reply } => {
-                st.stopping = true;
+                st.set_stopping();
                 let handles: Vec<SessionHandle<I, E>> =
                     st.sessions.values().map(|e| e.handle.clone()).collect();
                 tokio::spawn(async move {
@@ -344,7 +345,7 @@ where
         _myself: ActorRef<Self::Msg>,
         st: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        st.stopping = true;
+        st.set_stopping();
         let ids: Vec<String> = st.sessions.keys().cloned().collect();
         for id in ids {
             let Some(entry) = st.sessions.remove(&id) else {

@@ -85,6 +85,88 @@ pub(crate) fn decide(
     RestartDecision::Restart
 }
 
+/// One incarnation's view of its supervisor's restart decision, asked by the
+/// incarnation's teardown before it ends its streams (S26, issue 53: "`ended` means
+/// ended"): when the supervisor will start the session again, the streams end with
+/// `Restarting` instead of `Ended`. The decision is made once, here, with the
+/// incarnation's policy, the supervisor's budget and the restarts its predecessors
+/// used; the supervisor then acts on it ([`RestartOracle::verdict`]), so what the
+/// subscribers were told and what happens never differ. (Should the restart itself
+/// fail to start, the session stays failed: its subscribers, told `Restarting`, find
+/// it failed when they subscribe again.)
+pub(crate) struct RestartOracle {
+    policy: RestartPolicy,
+    budget: RestartBudget,
+    /// The times of the restarts before this incarnation (set at its start).
+    pub(super) restarts: parking_lot::Mutex<VecDeque<Instant>>,
+    /// How many restarts led to this incarnation.
+    pub(super) restarted: std::sync::atomic::AtomicU32,
+    /// The supervisor is stopping: nothing restarts.
+    stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The decision, once made, with the restart times it counts.
+    verdict: parking_lot::Mutex<Option<(RestartDecision, VecDeque<Instant>)>>,
+}
+
+impl RestartOracle {
+    pub(super) fn new(
+        policy: RestartPolicy,
+        budget: RestartBudget,
+        stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
+        RestartOracle {
+            policy,
+            budget,
+            restarts: Default::default(),
+            restarted: Default::default(),
+            stopping,
+            verdict: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// Decides (once) what becomes of the incarnation that ends with `summary`, and
+    /// says what `Restarting` carries when it restarts. `None`: it ends for good
+    /// (not failed, a failure that is not restarted, the budget spent, the supervisor
+    /// stopping, or asleep).
+    pub(crate) fn foresee(
+        &self,
+        summary: &crate::session::ExitSummary,
+    ) -> Option<crate::events::Restart> {
+        use std::sync::atomic::Ordering;
+        let crate::session::ExitReason::Failed(error) = &summary.reason else {
+            return None;
+        };
+        if self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        let kind = summary.failure.unwrap_or(FailureKind::Internal);
+        let (decision, _) = self.decide_once(kind);
+        (decision == RestartDecision::Restart).then(|| crate::events::Restart {
+            attempt: self.restarted.load(Ordering::Acquire) + 1,
+            after_ms: 0,
+            error: error.clone(),
+        })
+    }
+
+    /// The decision for a failure of `kind`, with the restart times it counts: made
+    /// by the first to ask (the teardown or the supervisor), the same for the other.
+    pub(super) fn decide_once(&self, kind: FailureKind) -> (RestartDecision, VecDeque<Instant>) {
+        let mut verdict = self.verdict.lock();
+        if let Some(v) = &*verdict {
+            return v.clone();
+        }
+        let mut restarts = self.restarts.lock().clone();
+        let d = decide(
+            self.policy,
+            kind,
+            &self.budget,
+            &mut restarts,
+            Instant::now(),
+        );
+        *verdict = Some((d, restarts.clone()));
+        (d, restarts)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,6 +43,7 @@ pub use crate::session::RestartPolicy;
 pub use crate::session::SessionSpec;
 pub use args::{SessionLimits, SupervisorArgs};
 pub use budget::RestartBudget;
+pub(crate) use budget::RestartOracle;
 pub use error::{RoutedPushError, SupervisorError};
 pub use handle::SupervisorHandle;
 pub use kind::{agent_kind, agent_kind_version, AgentKind};

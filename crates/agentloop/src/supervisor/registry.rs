@@ -97,6 +97,8 @@ pub(crate) struct SupervisorState<I, E> {
     pub(super) by_actor: HashMap<ActorId, String>,
     /// Set by `StopAll`: no restarts, no new sessions.
     pub(super) stopping: bool,
+    /// `stopping`, shared with the incarnations' restart oracles (nothing restarts).
+    pub(super) stopping_flag: Arc<std::sync::atomic::AtomicBool>,
     /// The live incarnations by id, the gate and the push counters, shared with every
     /// handle (by-id pushes read it without a message to this actor).
     pub(super) directory: Arc<Directory<I, E>>,
@@ -111,6 +113,13 @@ where
     I: Clone + Send + Sync + 'static,
     E: Clone + Send + Sync + 'static,
 {
+    /// Stops restarts and new sessions (`StopAll`, the shutdown's gate, the actor's end).
+    pub(super) fn set_stopping(&mut self) {
+        self.stopping = true;
+        self.stopping_flag
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
     /// What one start of `spec`'s session takes: the spec's options, under this
     /// supervisor's instance name, heartbeat, metrics and buffer limits.
     pub(super) fn incarnation(&self, spec: &SessionSpec<I>, load_record: bool) -> SessionSpec<I> {
@@ -138,6 +147,11 @@ where
             idle_after: self.directory.idle_after(),
             agent_version: run.run.agent_version,
             restart_version: run.run.restart_version,
+            restart_oracle: Some(Arc::new(super::RestartOracle::new(
+                spec.restart,
+                self.budget,
+                self.stopping_flag.clone(),
+            ))),
         };
         run
     }
@@ -248,6 +262,12 @@ where
         lineage: Lineage,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
         let (start, spec) = self.prepare(myself, spec, load_record)?;
+        if let Some(oracle) = &start.spec.run.restart_oracle {
+            *oracle.restarts.lock() = lineage.restarts.clone();
+            oracle
+                .restarted
+                .store(lineage.restarted, std::sync::atomic::Ordering::Release);
+        }
         let handle = start.start().await?;
         Ok(self.register(spec, handle, seed, lineage))
     }
@@ -282,6 +302,8 @@ where
         // subscribe to the new incarnation.
         run.preloaded = spec.preloaded.take();
         spec.subscribe = None;
+        // The registry reads the decision the incarnation's teardown made (S26).
+        spec.run.restart_oracle = run.run.restart_oracle.clone();
         let start = Prepared {
             kind,
             spec: run,
@@ -377,13 +399,27 @@ where
         // The kind was decided where the failure happened (never parsed from text).
         let kind = exit.failure.unwrap_or(FailureKind::Internal);
         let mut restarts = entry.restarts;
-        let decision = decide(
-            entry.spec.restart,
-            kind,
-            &self.budget,
-            &mut restarts,
-            Instant::now(),
-        );
+        // The incarnation's teardown asked already when it ended its streams
+        // (`Restarting` or `Ended`): what its subscribers were told is what happens.
+        let foreseen = entry
+            .spec
+            .run
+            .restart_oracle
+            .as_ref()
+            .map(|o| o.decide_once(kind));
+        let decision = match foreseen {
+            Some((decision, counted)) => {
+                restarts = counted;
+                decision
+            }
+            None => decide(
+                entry.spec.restart,
+                kind,
+                &self.budget,
+                &mut restarts,
+                Instant::now(),
+            ),
+        };
         if decision != RestartDecision::Restart {
             if decision == RestartDecision::BudgetSpent {
                 tracing::error!(
