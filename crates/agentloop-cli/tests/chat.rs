@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{agent, free_addr, Job, TempDir};
+use common::{agent, Job, TempDir};
 use serde_json::{json, Value};
 
 /// The requests the fake model server received (their bodies).
@@ -111,16 +111,29 @@ fn push_and_read_tokens(url: &str, id: &str, text: &str) -> Vec<String> {
     reader.join().expect("the reader")
 }
 
+/// The URL a server started on port 0 serves on, from its start line.
+fn served_url(job: &mut Job) -> String {
+    let line = job.wait_for("serving on http://");
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    format!("http://{addr}")
+}
+
 #[test]
 fn serve_with_a_model_streams_tokens_and_carries_the_conversation_across_a_sigkill() {
     let dir = TempDir::new("chat");
     let seen: Seen = Arc::default();
     let model_url = start_model(seen.clone());
-    let addr = free_addr();
-    let url = format!("http://{addr}");
     let args = ["--model-url", model_url.as_str(), "--model", "fake"];
-    let mut job = Job::serve_at(&dir.0, &addr, &args);
-    job.wait_for("serving on http://");
+    // Port 0 the first time (an address picked beforehand may be taken by another
+    // test's connection before the server binds it: "Address already in use"); the
+    // restart below takes the address this server had.
+    let mut job = Job::serve(&dir.0, &args);
+    let url = served_url(&mut job);
+    let addr = url.trim_start_matches("http://").to_string();
     let r = agent()
         .post(&format!("{url}/sessions"))
         .send_json(json!({"id": "c1", "kind": "chat", "persistent": true,
@@ -296,11 +309,8 @@ fn spans_with_genai_attributes_are_exported_over_otlp() {
     let seen: Seen = Arc::default();
     let model_url = start_model(seen);
     let (otlp, spans) = start_otlp();
-    let addr = free_addr();
-    let url = format!("http://{addr}");
-    let mut job = Job::serve_at(
+    let mut job = Job::serve(
         &dir.0,
-        &addr,
         &[
             "--model-url",
             model_url.as_str(),
@@ -310,7 +320,7 @@ fn spans_with_genai_attributes_are_exported_over_otlp() {
             otlp.as_str(),
         ],
     );
-    job.wait_for("serving on http://");
+    let url = served_url(&mut job);
     let r = agent()
         .post(&format!("{url}/sessions"))
         .send_json(json!({"id": "t1", "kind": "chat"}))

@@ -184,7 +184,7 @@ fn endless(conn: &mut TcpStream, first: &str, more: &str) -> std::io::Result<()>
 
 /// What a chat session's event stream said about one turn.
 struct Run {
-    /// The `ended` event's data.
+    /// The data of the event that ended the stream: `ended`, or `restarting`.
     ended: String,
     /// Bytes the watcher read.
     bytes: usize,
@@ -238,7 +238,11 @@ fn chat(url: &str, id: &str, until_turn_end: bool) -> Run {
                         run.ended = d.to_string();
                         break;
                     }
-                    "ended" => {
+                    // A failed turn ends the stream with `ended` when nothing will run
+                    // again (a permanent failure, the budget spent), or with
+                    // `restarting` when the supervisor starts the session again (a
+                    // transient one, issue 53): either carries the failure.
+                    "ended" | "restarting" => {
                         run.ended = d.to_string();
                         break;
                     }

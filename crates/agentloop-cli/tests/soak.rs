@@ -1063,6 +1063,13 @@ async fn watch_chat(c: Ctx, mut s: Tls) {
             Ok(Ok(n)) if n > 0 => {
                 bytes += n as u64;
                 text.extend_from_slice(&buf[..n]);
+                // A transient failure ends the stream with `restarting` (the session
+                // runs again, issue 53), a permanent one with `ended`.
+                if holds(&text, b"event: restarting") {
+                    c.tally.bump("chat: restarting");
+                    c.tally.most("chat: watcher max bytes", bytes);
+                    return;
+                }
                 if let Some(at) = text.windows(12).position(|w| w == b"event: ended") {
                     // The data line may come in the next read.
                     if !holds(&text[at..], b"\n\n") {
