@@ -226,9 +226,31 @@ pub fn number(s: &str) -> u64 {
 
 /// A loopback address with a port that was free a moment ago (for a server that must
 /// come back on the same address after a restart).
+///
+/// The port is picked below the kernel's ephemeral range (`ip_local_port_range`, from
+/// 32768 by default), not by binding port 0: a port from that range, released again,
+/// may be given to another test's outgoing connection as its local port before the
+/// server binds it ("Address already in use", seen in a full test run). Below the
+/// range, only another pick like this one could take it.
 pub fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("its address").to_string()
+    static PICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id()).rotate_left(32);
+    for _ in 0..1000 {
+        let n = PICKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // splitmix64 of the seed and the pick's number: ports spread over the range.
+        let mut z = seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let port = 20_000 + (z % 12_000) as u16;
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().expect("its address").to_string();
+        }
+    }
+    panic!("no free port between 20000 and 31999 on 127.0.0.1 after 1000 tries")
 }
 
 /// An HTTP client that answers every status (tests look at it) and gives up after 20 s.
