@@ -428,6 +428,14 @@ where
                     "restart budget spent; the session stays failed"
                 );
             }
+            if decision == RestartDecision::Permanent {
+                // Whatever the session still held is not run again: said at ERROR.
+                tracing::error!(
+                    session = id,
+                    %error,
+                    "the agent failed permanently; the session is not restarted and stays failed"
+                );
+            }
             // A record failure leaves the record as it was (S18); any other failure
             // that is not restarted is final, and the record says so (S26).
             if kind != FailureKind::Record && entry.spec.persist {
