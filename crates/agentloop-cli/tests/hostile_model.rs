@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -91,24 +91,7 @@ const SSE_HEAD: &str =
 /// says. Writes fail once the client went away: the attack ends there.
 fn answer(conn: TcpStream, mode: &Mutex<Model>, requests: &Mutex<usize>) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone the socket"));
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    if reader.read_exact(&mut body).is_err() {
+    if common::read_request(&mut reader).is_none() {
         return;
     }
     *requests.lock().expect("requests") += 1;

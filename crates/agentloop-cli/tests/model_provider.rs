@@ -8,16 +8,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use common::{agent, base, stop, Job, TempDir, SECRET_MARKER};
+use common::{agent, base, stop, Headers, Job, TempDir, SECRET_MARKER};
 use serde_json::json;
-
-/// The headers of one request, names lowercased, in the order they came.
-type Headers = Vec<(String, String)>;
 
 /// A model server on loopback that records each request's headers and answers "fine".
 struct Recorder {
@@ -51,33 +48,9 @@ impl Recorder {
 /// streams a short answer.
 fn answer(conn: TcpStream, seen: &Mutex<Vec<Headers>>) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone the socket"));
-    let mut headers = Headers::new();
-    let mut length = 0usize;
-    let mut first = true;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if std::mem::take(&mut first) {
-            continue; // the request line
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
-            if k == "content-length" {
-                length = v.parse().unwrap_or(0);
-            }
-            headers.push((k, v));
-        }
-    }
-    let mut body = vec![0; length];
-    if reader.read_exact(&mut body).is_err() {
+    let Some((headers, _body)) = common::read_request(&mut reader) else {
         return;
-    }
+    };
     seen.lock().expect("seen").push(headers);
     let chunk = |delta: serde_json::Value, finish: Option<&str>| {
         let v = json!({"id": "c", "object": "chat.completion.chunk", "created": 0,

@@ -37,7 +37,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -476,24 +476,7 @@ const SSE_HEAD: &str =
 /// server went away, and the attack ends there.
 fn answer_model(conn: std::net::TcpStream, next: &AtomicU64, tally: &Tally) {
     let mut reader = BufReader::new(conn.try_clone().expect("clone the socket"));
-    let mut length = 0usize;
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 {
-            return;
-        }
-        let line = line.trim_end();
-        if line.is_empty() {
-            break;
-        }
-        if let Some((k, v)) = line.split_once(':') {
-            if k.eq_ignore_ascii_case("content-length") {
-                length = v.trim().parse().unwrap_or(0);
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    if reader.read_exact(&mut body).is_err() {
+    if common::read_request(&mut reader).is_none() {
         return;
     }
     let mode = MODES[next.fetch_add(1, Ordering::Relaxed) as usize % MODES.len()];

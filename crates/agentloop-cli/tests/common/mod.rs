@@ -224,6 +224,41 @@ pub fn number(s: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{s:?} is not a number"))
 }
 
+/// A request's headers: names in lower case, in order.
+pub type Headers = Vec<(String, String)>;
+
+/// One HTTP/1.1 request read off a fake server's connection: its headers (names in
+/// lower case, in order) and its `content-length` body; `None` if the client went away
+/// first. The fake model servers of the process tests read their requests with it.
+pub fn read_request(reader: &mut impl BufRead) -> Option<(Headers, Vec<u8>)> {
+    let mut headers = Vec::new();
+    let mut length = 0usize;
+    let mut first = true;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+            return None;
+        }
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if std::mem::take(&mut first) {
+            continue; // the request line
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+            if k == "content-length" {
+                length = v.parse().unwrap_or(0);
+            }
+            headers.push((k, v));
+        }
+    }
+    let mut body = vec![0; length];
+    std::io::Read::read_exact(reader, &mut body).ok()?;
+    Some((headers, body))
+}
+
 /// A loopback address with a port that was free a moment ago (for a server that must
 /// come back on the same address after a restart).
 ///
