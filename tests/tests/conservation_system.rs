@@ -1026,4 +1026,26 @@ mod found {
             ],
         );
     }
+
+    /// S24 + S26: a cancel that reached a session as its turn panicked flipped the
+    /// record `Canceled`, and the supervisor restarted the session anyway: the restart
+    /// delivered the item the `Canceled` record kept (found by CI, 2026-11-29).
+    #[test]
+    fn cancel_during_a_failure_is_not_restarted() {
+        let mut p = plan(true, false);
+        p.restart = true;
+        p.panics = 2;
+        p.plan_limit = Some(1);
+        p.sleepy = true;
+        check(
+            vec![p],
+            vec![
+                Op::Wait { ms: 10 },
+                Op::Push { s: 0 },
+                Op::Cancel { s: 0 },
+                Op::Shutdown(ShutdownKind::Drain { grace_ms: 31 }),
+                Op::Push { s: 0 },
+            ],
+        );
+    }
 }

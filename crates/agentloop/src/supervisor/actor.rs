@@ -227,6 +227,14 @@ where
                     true => st.live(&myself, &id).await,
                     false => st.sessions.get(&id).map(|e| e.handle.clone()),
                 };
+                // Before the cancel's task runs: an incarnation that fails meanwhile is
+                // not restarted (S24, S26; found by conservation_system).
+                if let Some(entry) = st.sessions.get_mut(&id) {
+                    entry.canceled = true;
+                    if let Some(oracle) = &entry.spec.run.restart_oracle {
+                        oracle.cancel();
+                    }
+                }
                 let store = st.store.clone();
                 tokio::spawn(async move {
                     let _ = reply.send(cancel(store, live, id).await);

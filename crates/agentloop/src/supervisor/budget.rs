@@ -103,6 +103,8 @@ pub(crate) struct RestartOracle {
     pub(super) restarted: std::sync::atomic::AtomicU32,
     /// The supervisor is stopping: nothing restarts.
     stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The session was canceled (S24): nothing of it runs again.
+    canceled: std::sync::atomic::AtomicBool,
     /// The decision, once made, with the restart times it counts.
     verdict: parking_lot::Mutex<Option<(RestartDecision, VecDeque<Instant>)>>,
 }
@@ -119,8 +121,16 @@ impl RestartOracle {
             restarts: Default::default(),
             restarted: Default::default(),
             stopping,
+            canceled: Default::default(),
             verdict: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The session was canceled (S24): if it fails now, it is not restarted and its
+    /// streams end with `Ended` (a cancel is final, S26).
+    pub(super) fn cancel(&self) {
+        self.canceled
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Decides (once) what becomes of the incarnation that ends with `summary`, and
@@ -135,7 +145,7 @@ impl RestartOracle {
         let crate::session::ExitReason::Failed(error) = &summary.reason else {
             return None;
         };
-        if self.stopping.load(Ordering::Acquire) {
+        if self.stopping.load(Ordering::Acquire) || self.canceled.load(Ordering::Acquire) {
             return None;
         }
         let kind = summary.failure.unwrap_or(FailureKind::Internal);

@@ -71,6 +71,9 @@ pub(super) struct Entry<I, E> {
     pub(super) restarted: u32,
     /// Detached (S23): a restarted incarnation is detached again.
     pub(super) detached: bool,
+    /// Canceled (S24): the session is not restarted, whatever its policy (a cancel
+    /// that reaches an incarnation as it fails must not see it run again).
+    pub(super) canceled: bool,
 }
 
 /// What an incarnation inherits from the ones before it: a new session has none.
@@ -357,6 +360,7 @@ where
                 restarts: lineage.restarts,
                 restarted: lineage.restarted,
                 detached: lineage.detached,
+                canceled: false,
             },
         );
         handle
@@ -393,6 +397,13 @@ where
             return false;
         };
         if self.stopping {
+            self.publish_end(&entry.spec, entry.restarted, exit);
+            return false;
+        }
+        if entry.canceled {
+            // The cancel's own task makes the record `Canceled` (S24); a cancel is
+            // final, so the failure is not restarted (S26).
+            tracing::info!(session = id, %error, "a canceled session failed; it is not restarted");
             self.publish_end(&entry.spec, entry.restarted, exit);
             return false;
         }
