@@ -147,7 +147,7 @@ where
             rounds += 1;
             conv.truncate(self.bound);
             let specs = self.tools.specs();
-            let call = crate::stream::call(&self.provider, &conv, specs, |ev| {
+            let call = crate::stream::call(&self.provider, cx.session_id(), &conv, specs, |ev| {
                 let cx = &cx;
                 async move { cx.emit(E::from(ev)).await }
             });
@@ -207,22 +207,42 @@ where
         let ran = std::sync::atomic::AtomicBool::new(false);
         let tools = &self.tools;
         // S42: OpenTelemetry's GenAI span of a tool call (its durable step's span is a
-        // child of it).
+        // child of it); a failed call's status is ERROR with `error.type`.
         let span = tracing::info_span!(
             "execute_tool",
             otel.name = %format!("execute_tool {}", call.name),
+            otel.status_code = tracing::field::Empty,
             gen_ai.operation.name = "execute_tool",
+            gen_ai.conversation.id = %cx.session_id(),
             gen_ai.tool.name = %call.name,
             gen_ai.tool.call.id = %call.id,
             gen_ai.tool.type = "function",
+            error.type = tracing::field::Empty,
         );
-        let outcome: ToolOutcome = cx
+        let outcome = cx
             .step(&name, |key| {
                 ran.store(true, std::sync::atomic::Ordering::Relaxed);
                 async move { tools.run(call, ToolKey(key.to_string())).await }
             })
-            .instrument(span)
-            .await?;
+            .instrument(span.clone())
+            .await;
+        let failed = match &outcome {
+            Ok(o) if o.ok => None,
+            // The model reads the failure; the span says what kind it was.
+            Ok(_) if !tools.has(&call.name) => Some("unknown_tool"),
+            Ok(_) => Some("tool_error"),
+            // The step itself failed: the variant's name.
+            Err(agentloop::StepFailed::Canceled(_)) => Some("canceled"),
+            Err(agentloop::StepFailed::Refused { .. }) => Some("refused"),
+            Err(agentloop::StepFailed::Encode { .. }) => Some("encode"),
+            Err(agentloop::StepFailed::Decode { .. }) => Some("decode"),
+            Err(agentloop::StepFailed::NotDurable { .. }) => Some("not_durable"),
+        };
+        if let Some(kind) = failed {
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", kind);
+        }
+        let outcome: ToolOutcome = outcome?;
         Ok((outcome, !ran.load(std::sync::atomic::Ordering::Relaxed)))
     }
 }

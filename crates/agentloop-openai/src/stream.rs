@@ -174,10 +174,13 @@ enum Broke {
 /// Calls the model with `conv` and `tools`, handing each event to `emit` as it
 /// arrives. Holds one of the provider's permits from the request to the stream's end.
 /// The call is a span `chat <model>` with OpenTelemetry's GenAI attributes (S42): the
-/// operation, the provider, the model, and when it ends the token usage and the finish
-/// reason (or the error).
+/// operation, the provider (`--model-provider`), the model, the server's host and port,
+/// the conversation (the session `conversation`), and when it ends the token usage
+/// (ints) and the finish reasons (a string array), or the error (status `ERROR`,
+/// `error.type` from [`error_type`]).
 pub(crate) async fn call<F, Fut>(
     provider: &Provider,
+    conversation: &str,
     conv: &Conversation,
     tools: &[serde_json::Value],
     emit: F,
@@ -187,18 +190,22 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     use tracing::Instrument as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
     let p = &provider.inner;
+    let (host, port) = server_address(&p.base_url);
     let span = tracing::info_span!(
         "chat",
         otel.name = %format!("chat {}", p.model),
         otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
         gen_ai.operation.name = "chat",
         gen_ai.provider.name = %p.name,
         gen_ai.request.model = %p.model,
-        server.address = %p.base_url,
+        gen_ai.conversation.id = %conversation,
+        server.address = %host,
+        server.port = port,
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
-        gen_ai.response.finish_reasons = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
     let out = call_inner(provider, conv, tools, emit)
@@ -206,15 +213,52 @@ where
         .await;
     match &out {
         Ok(r) => {
-            span.record("gen_ai.usage.input_tokens", r.usage.prompt_tokens);
-            span.record("gen_ai.usage.output_tokens", r.usage.completion_tokens);
-            span.record("gen_ai.response.finish_reasons", r.finish_reason.as_str());
+            // i64, not u64: tracing-opentelemetry exports a u64 field as a string.
+            let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            span.record("gen_ai.usage.input_tokens", int(r.usage.prompt_tokens));
+            span.record("gen_ai.usage.output_tokens", int(r.usage.completion_tokens));
+            // A string array, as the conventions type it (a tracing field cannot be one).
+            let reasons = if r.finish_reason.is_empty() {
+                Vec::new()
+            } else {
+                vec![opentelemetry::StringValue::from(r.finish_reason.clone())]
+            };
+            span.set_attribute(
+                "gen_ai.response.finish_reasons",
+                opentelemetry::Value::Array(opentelemetry::Array::String(reasons)),
+            );
         }
         Err(e) => {
-            span.record("error.type", e.kind());
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", error_type(e).as_str());
         }
     }
     out
+}
+
+/// The host and port of a provider's base URL (`server.address`, `server.port`): the
+/// URL's port, else its scheme's (80, 443); a URL that does not parse is all host.
+fn server_address(base_url: &str) -> (String, Option<i64>) {
+    match reqwest::Url::parse(base_url) {
+        Ok(u) => (
+            u.host_str().unwrap_or_default().to_string(),
+            u.port_or_known_default().map(i64::from),
+        ),
+        Err(_) => (base_url.to_string(), None),
+    }
+}
+
+/// A failed model call's `error.type`, low-cardinality as the conventions want it: the
+/// HTTP status of a refusal (`429`, `500`), `timeout` for a deadline or a silence,
+/// else the error's kind (`connect`, `stream_cut`, `malformed`, ...).
+pub(crate) fn error_type(e: &ModelError) -> String {
+    match e {
+        ModelError::Status { status, .. } => status.to_string(),
+        ModelError::Idle { .. } | ModelError::FirstByte { .. } | ModelError::Deadline { .. } => {
+            "timeout".to_string()
+        }
+        other => other.kind().to_string(),
+    }
 }
 
 async fn call_inner<F, Fut>(
@@ -665,4 +709,44 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod span_tests {
+    use super::*;
+
+    /// Issue 53: `server.address` is the host alone, `server.port` beside it.
+    #[test]
+    fn the_server_is_a_host_and_a_port() {
+        assert_eq!(
+            server_address("http://127.0.0.1:8000/v1"),
+            ("127.0.0.1".to_string(), Some(8000))
+        );
+        assert_eq!(
+            server_address("https://api.openai.com/v1"),
+            ("api.openai.com".to_string(), Some(443))
+        );
+    }
+
+    /// Issue 53: a failed call's `error.type` is low-cardinality.
+    #[test]
+    fn the_error_type_is_the_status_or_a_class() {
+        let status = ModelError::Status {
+            provider: "p".into(),
+            status: 429,
+            retries: 2,
+            message: "slow down".into(),
+        };
+        assert_eq!(error_type(&status), "429");
+        let deadline = ModelError::Deadline {
+            provider: "p".into(),
+            timeout: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(error_type(&deadline), "timeout");
+        let connect = ModelError::Connect {
+            provider: "p".into(),
+            reason: "refused".into(),
+        };
+        assert_eq!(error_type(&connect), "connect");
+    }
 }
