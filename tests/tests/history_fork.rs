@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use agentloop::store::history::{HistoryAnswer, HistoryQuery};
+use agentloop::store::SessionStatus;
 use agentloop::{
     CheckpointStore, Durability, ForkError, MemoryStore, SessionHandle, SessionSpec, SpawnError,
     StopOptions,
@@ -65,7 +66,9 @@ async fn turns(store: &MemoryStore<SimItem>, id: &str) -> Vec<u64> {
 }
 
 /// Five turns with a history of 3: exactly the last three turn ends are kept, each
-/// with what waited after it; they outlive the clean exit's delete of the live record.
+/// with what waited after it; they outlive the clean exit, which leaves a final record
+/// that says how the session ended and holds nothing to resume (S26a, in place of
+/// S16's delete).
 #[tokio::test(start_paused = true)]
 async fn history_keeps_exactly_n_and_outlives_the_clean_exit() {
     let store = Arc::new(MemoryStore::<SimItem>::new());
@@ -76,10 +79,15 @@ async fn history_keeps_exactly_n_and_outlives_the_clean_exit() {
         .await;
     h.stop(StopOptions::drain()).await.unwrap();
     within("exit", h.wait()).await;
+    let end = store
+        .get("hist")
+        .expect("a session that keeps history keeps a final record at its clean end (S26a)");
+    assert_eq!(end.status, SessionStatus::Stopped, "it ended by a stop");
     assert!(
-        store.get("hist").is_none(),
-        "a clean exit deletes the live record (S16)"
+        end.unhandled_items.is_empty() && end.interrupted_items.is_empty(),
+        "nothing is left to resume: {end:?}"
     );
+    assert!(end.state.is_none(), "no state is kept");
     assert_eq!(
         turns(&store, "hist").await,
         vec![2, 3, 4],

@@ -25,6 +25,7 @@ pub mod interrupt;
 pub mod keys;
 pub mod lease;
 pub mod ledger;
+pub mod lifecycle;
 pub mod placement;
 pub mod plan;
 pub mod rebalance;

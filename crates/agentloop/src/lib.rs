@@ -108,7 +108,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod exit;
-pub use agentloop_core::{event_log, ids, interrupt};
+pub use agentloop_core::{event_log, ids, interrupt, lifecycle};
 pub mod liveness;
 pub mod memory;
 pub mod metrics;
@@ -224,4 +224,4 @@ pub use supervisor::{
 pub use timers::{Schedule, Timer, TimerBounds, TimerError};
 pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
 pub use versions::{AgentVersions, DeployPlan, Migration, VersionError};
-pub use view::{Part, Redaction, SessionView, StepView, StepsView, TimerView};
+pub use view::{Kept, Part, Redaction, SessionLife, SessionView, StepView, StepsView, TimerView};

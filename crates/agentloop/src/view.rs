@@ -245,6 +245,28 @@ pub struct SessionView {
     pub asleep: bool,
 }
 
+/// Where a session stands and what is kept of it (S26a): what every door shows of a
+/// session, judged once ([`crate::lifecycle::judge`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SessionLife {
+    /// Its lifecycle: `running`, `sleeping`, `stopped`, `interrupted`, `completed`,
+    /// `canceled` or `failed`.
+    pub lifecycle: crate::lifecycle::Lifecycle,
+    /// What the store keeps of it.
+    pub kept: Kept,
+}
+
+/// What the store keeps of a session (S26a).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Kept {
+    /// Its record (S15).
+    pub record: bool,
+    /// How many turn-end checkpoints its history keeps (S16b).
+    pub history: usize,
+    /// The highest number of its kept events (S20a); 0 when none are kept.
+    pub events: u64,
+}
+
 /// A durable timer as a client sees it (S39).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TimerView {

@@ -126,6 +126,8 @@ pub struct Ready {
 pub enum StatusName {
     /// It runs (or its record says it does).
     Running,
+    /// It sleeps (S39): its record holds it; a push or a timer wakes it.
+    Sleeping,
     /// It stopped and can run again.
     Stopped,
     /// A turn stopped on an interrupt.
@@ -186,9 +188,9 @@ pub struct SessionRow {
     pub presence: Presence,
     /// The same as `presence` (kept for older clients).
     pub state: Presence,
-    /// The stored record's status; `null` when nothing is stored; `unreadable` for a
-    /// record that does not decode.
-    pub status: Option<RowStatus>,
+    /// Where it stands (S26a), judged the same at every door from what runs and what
+    /// is stored; `unreadable` for a record that does not decode.
+    pub status: RowStatus,
     /// How often the supervisor restarted it (`null` when it is not live).
     pub restarts: Option<u64>,
     /// Why the record does not decode (with `status: unreadable`).
@@ -202,6 +204,8 @@ pub struct SessionRow {
 pub enum RowStatus {
     /// See `StatusName`.
     Running,
+    /// See `StatusName`.
+    Sleeping,
     /// See `StatusName`.
     Stopped,
     /// See `StatusName`.
@@ -219,7 +223,7 @@ pub enum RowStatus {
 /// The S24 view of a session (`GET /sessions/{id}`) or of a kept checkpoint (`GET
 /// /sessions/{id}/history/{turn}`): every payload as JSON through the server's
 /// redaction. A session that runs here and was never written has only `session_id`,
-/// `status: null`, `live`, `presence` and `run`.
+/// `status`, `live`, `presence`, `kept` and `run`.
 #[derive(ToSchema, Serialize)]
 pub struct SessionView {
     /// The session's id.
@@ -280,6 +284,20 @@ pub struct SessionView {
     /// (`GET /sessions/{id}` only, while it runs here) what it does.
     #[schema(nullable = false)]
     pub run: Option<RunView>,
+    /// (`GET /sessions/{id}` only) what the store keeps of it (S26a).
+    #[schema(nullable = false)]
+    pub kept: Option<Kept>,
+}
+
+/// What the store keeps of a session (S26a): a session is known while any of it is.
+#[derive(ToSchema, Serialize)]
+pub struct Kept {
+    /// Its record.
+    pub record: bool,
+    /// How many turn-end checkpoints its history keeps (`GET /sessions/{id}/history`).
+    pub history: u64,
+    /// The highest number of its kept events (`GET /sessions/{id}/events`); 0: none.
+    pub events: u64,
 }
 
 /// A stored interrupt.
@@ -526,7 +544,8 @@ pub enum StreamEvent {
     TurnEnded(TurnEnded),
     /// A stop was requested.
     StopRequested(StopRequested),
-    /// Events this stream missed (numbered as the last of them).
+    /// Events this stream missed (numbered as the last of them), exactly or at most
+    /// (`upper_bound`).
     Lagged(Lagged),
     /// The session ended and nothing of it will run again; the stream closes after it.
     Ended(Ended),
@@ -696,8 +715,17 @@ pub struct StopRequested {
 /// `lagged`.
 #[derive(ToSchema, Serialize)]
 pub struct Lagged {
-    /// How many events this stream missed.
+    /// How many numbers this stream skips here: the numbers after the client's last
+    /// id up to this event's id (it is numbered as the last of them). Each number
+    /// that was given to an event is an event the stream cannot replay.
     pub missed: u64,
+    /// `false`: every one of the `missed` numbers was an event, so exactly `missed`
+    /// events were lost. `true`: some may never have been given to an event (a server
+    /// crashed holding numbers it had reserved ahead, S20a; those it gave and did not
+    /// write are among them), so at most `missed` were lost. Either way the stream
+    /// goes on after this event's id; a client that needs every event reloads the
+    /// state it derives from them.
+    pub upper_bound: bool,
 }
 
 /// `restarting`.

@@ -3,7 +3,8 @@
 
 use super::id::SessionId;
 use super::{clean_serde_message, AppState, Ev, Item};
-use crate::{wire, ApiError};
+use crate::ApiError;
+use agentloop::lifecycle::Lifecycle;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
@@ -16,14 +17,17 @@ use std::collections::BTreeMap;
 /// List sessions.
 ///
 /// `GET /sessions`: the live sessions and the stored records, merged by id, each
-/// marked `live`, with its stored `status` (`null` when nothing is stored) and its
+/// marked `live`, with its `status` judged once for every door (S26a: `running`,
+/// `sleeping`, `stopped`, `interrupted`, `completed`, `canceled`, `failed`) and its
 /// `state`: `live` (it runs here), `sleeping` (S39: its record says it sleeps and it
-/// does not run) or `stored`.
+/// does not run) or `stored`. A session that ended cleanly and keeps history or events
+/// keeps a final record, so it stays listed until it is deleted. `?status=` filters by
+/// status (several separated by commas).
 #[utoipa::path(
     get, path = "/sessions", operation_id = "list_sessions", tag = "sessions",
     params(ListPage),
     responses((status = 200, description = "Live sessions and stored records merged by id, in id order; a `Link: <...>; rel=\"next\"` header when more follow", body = Vec<crate::openapi::schemas::SessionRow>),
-        (status = 400, description = "`bad_request`: a bad `limit` or query", body = crate::openapi::schemas::ErrorBody),
+        (status = 400, description = "`bad_request`: a bad `limit`, `status` or query", body = crate::openapi::schemas::ErrorBody),
         (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
 )]
 pub(crate) async fn list<I: Item, E: Ev>(
@@ -34,7 +38,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
         Ok(axum::extract::Query(p)) => p,
         Err(e) => {
             return Err(ApiError::bad_request(format!(
-                "the query is not what GET /sessions takes ({}): use ?limit=N (1 to {MAX_PAGE}) and ?after=ID",
+                "the query is not what GET /sessions takes ({}): use ?limit=N (1 to {MAX_PAGE}), ?after=ID and ?status=S1,S2",
                 clean_serde_message(&e.body_text())
             )))
         }
@@ -45,25 +49,115 @@ pub(crate) async fn list<I: Item, E: Ev>(
             "limit {limit} is out of range: 1 to {MAX_PAGE}"
         )));
     }
+    let wanted = match page.status.as_deref() {
+        None | Some("") => None,
+        Some(names) => Some(
+            names
+                .split(',')
+                .map(|n| {
+                    Lifecycle::parse(n.trim()).ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "`{n}` is not a session status: use ?status= with one or more of {}, separated by commas",
+                            Lifecycle::ALL.map(Lifecycle::as_str).join(", ")
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    // With a filter, pages of ids are read until one fills or a bounded scan ends
+    // (S34a: an answer costs what it returns, at most `SCAN_PAGES` pages of ids); the
+    // `Link` then continues after the last id read.
+    let mut after = page.after.clone();
+    let mut out: Vec<(String, Value)> = Vec::new();
+    // Where the next page starts, when more may follow.
+    let mut next_after: Option<String> = None;
+    for _ in 0..SCAN_PAGES {
+        let (rows, page_more, last) = one_page(&st, after.as_deref(), limit).await?;
+        let mut full_before_page_end = false;
+        for (id, row) in rows {
+            let keep = match &wanted {
+                None => true,
+                Some(w) => row["status"]
+                    .as_str()
+                    .and_then(Lifecycle::parse)
+                    .is_some_and(|l| w.contains(&l)),
+            };
+            if !keep {
+                continue;
+            }
+            if out.len() < limit {
+                out.push((id, row));
+            } else {
+                full_before_page_end = true;
+                break;
+            }
+        }
+        if full_before_page_end {
+            next_after = out.last().map(|(id, _)| id.clone());
+            break;
+        }
+        if !page_more {
+            next_after = None;
+            break;
+        }
+        // More ids follow this page: continue after its last one (the next request
+        // does, when this one is full or its scan is spent).
+        next_after = last.clone();
+        if out.len() >= limit || wanted.is_none() {
+            break;
+        }
+        after = last;
+    }
+    let mut response = Json(out.iter().map(|(_, v)| v).collect::<Vec<_>>()).into_response();
+    if let Some(next_after) = next_after {
+        let mut next = format!("</sessions?limit={limit}&after={}", url_escape(&next_after));
+        if let Some(status) = page.status.as_deref().filter(|s| !s.is_empty()) {
+            next.push_str(&format!("&status={}", url_escape(status)));
+        }
+        next.push_str(">; rel=\"next\"");
+        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
+            response.headers_mut().insert(axum::http::header::LINK, v);
+        }
+    }
+    Ok(response)
+}
+
+/// How many pages of ids one filtered `GET /sessions` reads at most.
+const SCAN_PAGES: usize = 8;
+
+/// One page of rows in id order after `after`, live sessions and stored records merged
+/// by id, each with the status every door shows (S26a); whether more follow, and the
+/// last id of the page.
+async fn one_page<I: Item, E: Ev>(
+    st: &AppState<I, E>,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<(Vec<(String, Value)>, bool, Option<String>), ApiError> {
     // One page, in id order, after `after` (S34a: an answer is bounded), costing what
     // it returns (issue 52): `limit + 1` stored records and `limit + 1` live sessions
     // after `after` hold the page's first `limit + 1` ids, whichever side each is on,
     // so the merge knows whether more follow.
-    let after = page.after.as_deref();
     let mut rows: BTreeMap<String, Value> = BTreeMap::new();
+    let mut statuses: BTreeMap<String, (agentloop::store::SessionStatus, bool)> = BTreeMap::new();
     if let Some(store) = st.runtime.store() {
         for entry in store.list_page(after, limit + 1).await? {
             let row = match &entry.record {
-                Ok(stored) => json!({
-                    "id": entry.session_id,
-                    "kind": kind_of(stored),
-                    "version": agentloop::versions::version_of(stored),
-                    "live": false,
-                    "state": if asleep(stored) { "sleeping" } else { "stored" },
-                    "presence": if asleep(stored) { "sleeping" } else { "stored" },
-                    "status": wire::status(stored.status()),
-                    "restarts": null,
-                }),
+                Ok(stored) => {
+                    statuses.insert(
+                        entry.session_id.clone(),
+                        (stored.status().clone(), asleep(stored)),
+                    );
+                    json!({
+                        "id": entry.session_id,
+                        "kind": kind_of(stored),
+                        "version": agentloop::versions::version_of(stored),
+                        "live": false,
+                        "state": if asleep(stored) { "sleeping" } else { "stored" },
+                        "presence": if asleep(stored) { "sleeping" } else { "stored" },
+                        "restarts": null,
+                    })
+                }
                 Err(e) => json!({
                     "id": entry.session_id,
                     "kind": null,
@@ -81,7 +175,7 @@ pub(crate) async fn list<I: Item, E: Ev>(
     }
     for s in st.runtime.supervisor().list_page(after, limit + 1).await {
         let row = rows.entry(s.id.clone()).or_insert_with(
-            || json!({"id": s.id, "kind": s.kind, "version": s.version, "live": true, "status": null, "restarts": 0}),
+            || json!({"id": s.id, "kind": s.kind, "version": s.version, "live": true, "restarts": 0}),
         );
         row["live"] = json!(true);
         row["state"] = json!("live");
@@ -90,23 +184,28 @@ pub(crate) async fn list<I: Item, E: Ev>(
         row["version"] = json!(s.version);
         row["restarts"] = json!(s.restarts);
     }
+    // One judgement of the status for every row (S26a).
+    for (id, row) in rows.iter_mut() {
+        if row.get("status").is_some() {
+            continue; // unreadable
+        }
+        let record = statuses.get(id);
+        let lifecycle = agentloop::lifecycle::judge(agentloop::lifecycle::Facts {
+            live: row["live"] == json!(true),
+            record: record.map(|(s, _)| s),
+            asleep: record.is_some_and(|(_, a)| *a),
+            kept_beyond_record: false,
+        });
+        row["status"] = json!(lifecycle.map(Lifecycle::as_str));
+    }
     let mut rest = rows.into_iter().filter(|(id, _)| match after {
         Some(after) => id.as_str() > after,
         None => true,
     });
     let out: Vec<(String, Value)> = rest.by_ref().take(limit).collect();
     let more = rest.next().is_some();
-    let mut response = Json(out.iter().map(|(_, v)| v).collect::<Vec<_>>()).into_response();
-    if let (true, Some((last, _))) = (more, out.last()) {
-        let next = format!(
-            "</sessions?limit={limit}&after={}>; rel=\"next\"",
-            url_escape(last)
-        );
-        if let Ok(v) = axum::http::HeaderValue::from_str(&next) {
-            response.headers_mut().insert(axum::http::header::LINK, v);
-        }
-    }
-    Ok(response)
+    let last = out.last().map(|(id, _)| id.clone());
+    Ok((out, more, last))
 }
 
 /// Sessions on one page of `GET /sessions` unless `?limit=` says otherwise.
@@ -124,6 +223,10 @@ pub(crate) struct ListPage {
     limit: Option<usize>,
     /// Start after this id (the `Link` header's `next` has it).
     after: Option<String>,
+    /// Only sessions of these statuses, separated by commas: `running`, `sleeping`,
+    /// `stopped`, `interrupted`, `completed`, `canceled`, `failed` (S26a).
+    #[param(example = "stopped,completed")]
+    status: Option<String>,
 }
 
 /// `s` with every byte but unreserved URL characters percent-encoded.
@@ -156,44 +259,45 @@ pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 /// Read a session.
 ///
 /// `GET /sessions/{id}`: the stored record through the runtime's redaction (S24), with
-/// `live`, `presence` (`live`, `sleeping` or `stored`; the view's `state` is the
-/// agent's state, S24) and, while the session runs here,
-/// what it is doing. A sleeping session is answered from its record, which holds
+/// its `status` judged once for every door (S26a), `kept` (its record, history and
+/// kept events), `live`, `presence` (`live`, `sleeping` or `stored`; the view's
+/// `state` is the agent's state, S24) and, while the session runs here,
+/// what it is doing. 404 only when nothing of the session runs or is kept. A sleeping session is answered from its record, which holds
 /// everything it is, without waking it (S39).
 #[utoipa::path(
     get, path = "/sessions/{id}", operation_id = "get_session", tag = "sessions",
     params(super::id::SessionId),
     responses((status = 200, description = "The S24 view through the redaction, with what the live session does", body = crate::openapi::schemas::SessionView),
         (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: neither live nor stored", body = crate::openapi::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing of it runs or is kept (no record, history or events)", body = crate::openapi::schemas::ErrorBody),
         (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
 )]
 pub(crate) async fn get_one<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
     SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
+    // One judgement for every door (S26a): unknown only when nothing runs or is kept.
+    let Some(life) = st.runtime.life(&id).await? else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_session",
+            format!(
+                "no session `{id}` runs here and nothing of it is kept (no record, history or events); list them with GET /sessions"
+            ),
+        ));
+    };
     let view = st.runtime.view(&id).await?;
-    let sleeping = view
-        .as_ref()
-        .is_some_and(|v| v.asleep && v.status == "Running")
-        && !st.runtime.supervisor().is_live(&id);
-    let live = match sleeping {
-        true => None,
-        false => st.runtime.supervisor().inspect(&id).await.ok(),
+    let sleeping = life.lifecycle == Lifecycle::Sleeping;
+    let live = match life.lifecycle {
+        Lifecycle::Running => st.runtime.supervisor().inspect(&id).await.ok(),
+        _ => None,
     };
-    let mut out = match (&view, &live) {
-        (None, None) => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_session",
-                format!(
-                    "no session `{id}` runs here and none is stored; list them with GET /sessions"
-                ),
-            ))
-        }
-        (Some(v), _) => view_json(v),
-        (None, Some(_)) => json!({"session_id": id, "status": null}),
+    let mut out = match &view {
+        Some(v) => view_json(v),
+        None => json!({"session_id": id}),
     };
+    out["status"] = json!(life.lifecycle.as_str());
+    out["kept"] = json!(life.kept);
     out["live"] = json!(live.is_some());
     out["presence"] = json!(match (&live, sleeping) {
         (Some(_), _) => "live",

@@ -146,6 +146,43 @@ where
         Ok(Some(view))
     }
 
+    /// Where session `id` stands and what is kept of it (S26a), judged once for every
+    /// door: whether it runs here, its record's status, and its checkpoint history and
+    /// kept events. `None` when nothing of it runs or is kept (the only "unknown").
+    pub async fn life(&self, id: &str) -> Result<Option<crate::view::SessionLife>, StoreError> {
+        let live = self.supervisor.is_live(id);
+        let mut kept = crate::view::Kept::default();
+        let mut status = None;
+        let mut asleep = false;
+        if let Some(store) = &self.store {
+            match store.load_stored(id).await? {
+                Some(crate::store::Stored::Current(r)) => {
+                    asleep = r.header.asleep;
+                    status = Some(r.header.status);
+                }
+                Some(old @ crate::store::Stored::Format1(_)) => status = Some(old.status().clone()),
+                None => {}
+            }
+            kept.record = status.is_some();
+            // A store without history or kept events answers none.
+            kept.history = match store
+                .history(id, crate::store::history::HistoryQuery::List)
+                .await
+            {
+                Ok(crate::store::history::HistoryAnswer::List(l)) => l.len(),
+                _ => 0,
+            };
+            kept.events = store.read_events(id, u64::MAX, 0).await?.last;
+        }
+        let lifecycle = crate::lifecycle::judge(crate::lifecycle::Facts {
+            live,
+            record: status.as_ref(),
+            asleep,
+            kept_beyond_record: kept.history > 0 || kept.events > 0,
+        });
+        Ok(lifecycle.map(|lifecycle| crate::view::SessionLife { lifecycle, kept }))
+    }
+
     async fn record_view(
         &self,
         store: &dyn CheckpointStore<I>,

@@ -31,6 +31,14 @@ pub(super) async fn teardown<A: Agent>(
         (crate::session::core::FinalAction::Delete, Some(store)) => {
             store.delete(&state.core.config.id).await
         }
+        (crate::session::core::FinalAction::End { write }, Some(store)) => {
+            // The delete first (its items, state, journal and timers), then the final
+            // record in its place (S26a).
+            match store.delete(&state.core.config.id).await {
+                Ok(existed) => store.write((**write).clone()).await.map(|()| existed),
+                Err(e) => Err(e),
+            }
+        }
         _ => Ok(false),
     };
     let checkpoint = match (&last, state.final_exit.as_deref()) {

@@ -42,6 +42,14 @@ pub(crate) enum FinalAction {
     },
     /// Delete it (S16's clean end).
     Delete,
+    /// Delete what it held, then write this final record in its place (S26a): a clean
+    /// end of a session whose checkpoint history or kept events remain, so every door
+    /// still lists it with its status. The write holds no item, no state and no
+    /// journal, and is made only where no record is stored.
+    End {
+        /// The final record (`Stopped` after a stop, else `Completed`).
+        write: Box<RecordWrite>,
+    },
 }
 
 /// Which final write it is (for what a refusal means).
@@ -78,10 +86,13 @@ impl FinalAction {
             }
             (FinalAction::Delete, Ok(true)) => CheckpointOutcome::Deleted,
             (FinalAction::Delete, Ok(false)) => CheckpointOutcome::NotAttempted,
-            (FinalAction::Delete, Err(e)) => {
+            (FinalAction::Delete | FinalAction::End { .. }, Err(e)) => {
                 tracing::error!(error = %e, "deleting the stale record failed");
                 CheckpointOutcome::Failed(e.to_string())
             }
+            // Nothing to resume is kept: the record that says how it ended is no
+            // checkpoint.
+            (FinalAction::End { .. }, Ok(_)) => CheckpointOutcome::Deleted,
         }
     }
 }
@@ -177,7 +188,7 @@ impl<A: Agent> Core<A> {
             // A carried state is kept like work left: a stopped conversation goes on
             // from it when the session is spawned again.
             if !(caused_by_stop && (left || carries || shutdown) && !self.stop.skip_checkpoint) {
-                return FinalAction::Delete;
+                return self.clean_end(caused_by_stop);
             }
             // A business interrupt waits for its answer, also during a shutdown:
             // `Stopped`, which `Runtime::start` never resumes by itself.
@@ -240,6 +251,37 @@ impl<A: Agent> Core<A> {
         FinalAction::Write {
             write: Box::new(write),
             kind,
+        }
+    }
+
+    /// S16's clean end: the record is deleted, unless the session's checkpoint history
+    /// or kept events remain (S26a): then a final record without items, state or
+    /// journal takes its place, `Stopped` after a stop and `Completed` otherwise, so
+    /// the session stays listed with how it ended until it is deleted.
+    fn clean_end(&mut self, caused_by_stop: bool) -> FinalAction {
+        let keeps_more = self.config.history > 0 || self.config.settings.events.is_some();
+        if !keeps_more {
+            return FinalAction::Delete;
+        }
+        let status = match caused_by_stop {
+            true => SessionStatus::Stopped,
+            false => SessionStatus::Completed,
+        };
+        let mut write = self.record_write(
+            status,
+            None,
+            super::durability::JournalPart::none(),
+            WriteCondition::Absent,
+            true,
+        );
+        // What it held is not kept (a clean end or a skip): the record says how it
+        // ended, nothing more. Its timers went with the delete before it.
+        write.items.clear();
+        write.timers.clear();
+        write.header.interrupt = None;
+        write.header.awaiting_answer = false;
+        FinalAction::End {
+            write: Box::new(write),
         }
     }
 

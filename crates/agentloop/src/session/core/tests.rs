@@ -316,6 +316,10 @@ impl Harness {
                             .map(|()| true)
                     }
                     FinalAction::Delete => futures::executor::block_on(self.store.delete(ID)),
+                    FinalAction::End { write } => futures::executor::block_on(async {
+                        let existed = self.store.delete(ID).await?;
+                        self.store.write((**write).clone()).await.map(|()| existed)
+                    }),
                     _ => Ok(false),
                 };
                 let outcome = plan.last.outcome(result);
