@@ -789,7 +789,6 @@ async fn a_stopped_session_stays_listed_and_shows_its_past_and_checkpoints() {
 /// ran and stopped before the page was opened is listed, not running, and selecting it
 /// shows its past turns from its kept events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the server to list ended sessions (issue 53: status and kept in GET /sessions); run with --ignored once it does"]
 async fn a_session_that_stopped_before_the_page_opened_is_listed_with_its_past() {
     let driver = start_driver();
     let dir = tempfile::tempdir().unwrap();
