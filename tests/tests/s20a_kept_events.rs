@@ -348,3 +348,144 @@ async fn retention_by_age_trims_what_is_older() {
     );
     assert!(kept.events.iter().any(|e| e.seq > turn_1_started));
 }
+
+/// The keeper's slack for the events the actor numbers without waiting, and the
+/// fewest numbers it reserves ahead (`events/keeper.rs` `SLACK`, `MIN_BLOCK`: twice the
+/// slack and room for a few events).
+const SLACK: u64 = 64;
+const MIN_BLOCK: u64 = 2 * SLACK + 32;
+
+/// S20a (2026-11-28, issue 53 point 3): after a crash the next incarnation numbers after
+/// the killed one's reserved mark, and a subscriber after the last number it saw gets
+/// the kept events, then one `Lagged` for the numbers between the last kept event and
+/// the mark, which says it is an upper bound (some of them were reserved and never
+/// given) and counts no more than the killed incarnation reserved ahead at its pace
+/// (a few events a turn: [`MIN_BLOCK`]), not a 1024-number block. The crash is the
+/// store as it was mid-life, copied into a new store, on which the session is spawned
+/// again (what a SIGKILL leaves); the memory store writes every event at once, so
+/// every number in the gap was reserved and never given.
+#[tokio::test(start_paused = true)]
+async fn a_lagged_across_a_crash_is_an_upper_bound_near_what_could_be_lost() {
+    let store = Arc::new(MemoryStore::<SimItem>::new());
+    let (tx, mut probe) = probe();
+    let h = SessionHandle::spawn(
+        spec("crash", 1_000).replay(4),
+        Arc::new(SimAgent::new(steps(2)).with_probe(tx)),
+        Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("spawn");
+    let mut live = h.subscribe();
+    for turn in 0..3u64 {
+        h.push(item(turn + 1)).await.unwrap();
+        probe
+            .until(
+                "turn done",
+                |n| matches!(n, Notice::TurnDone { turn: t } if *t == turn),
+            )
+            .await;
+    }
+    let kept = store.read_events("crash", 0, usize::MAX).await.unwrap();
+    let last_kept = kept.last;
+    assert!(
+        kept.reserved > last_kept && kept.reserved <= last_kept + MIN_BLOCK,
+        "reserved ahead at the pace of a few events a turn: {} after {last_kept}",
+        kept.reserved
+    );
+    // The client saw the first turn's events.
+    let seen = take(&mut live, 3).await;
+    let last_seen = seen.last().expect("events").seq;
+    // The crash: the store as it is now, alive again without the process.
+    let copy = Arc::new(MemoryStore::<SimItem>::new());
+    for (k, v) in store.raw_entries() {
+        copy.put_raw(&k, &v);
+    }
+    h.stop(StopOptions::bare()).await.unwrap();
+    within("exit", h.wait()).await;
+
+    let (tx, _probe2) = agentloop_tests::probe();
+    let h2 = SessionHandle::spawn(
+        spec("crash", 1_000).replay(4),
+        Arc::new(SimAgent::new(steps(2)).with_probe(tx)),
+        Some(copy.clone() as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("respawn after the crash");
+    let mut after = h2.subscribe_after(last_seen, 256, EventFilter::all());
+    h2.push(item(10)).await.unwrap();
+    let mut got = Vec::new();
+    let mut bound = None;
+    while let Some(e) = within("events", after.next_sequenced()).await {
+        if let SessionEvent::Lagged { .. } = e.event {
+            bound = Some(after.lagged_upper_bound());
+        }
+        let past = e.seq > kept.reserved;
+        got.push(e);
+        if past {
+            break;
+        }
+    }
+    h2.stop(StopOptions::bare()).await.unwrap();
+    within("exit", h2.wait()).await;
+    let kept_events: Vec<u64> = kept
+        .events
+        .iter()
+        .map(|e| e.seq)
+        .filter(|s| *s > last_seen)
+        .collect();
+    assert_eq!(
+        got.iter()
+            .map(|e| e.seq)
+            .take(kept_events.len())
+            .collect::<Vec<_>>(),
+        kept_events,
+        "the kept events after the last one seen come first: {got:?}"
+    );
+    assert_eq!(
+        lagged(&got),
+        vec![(kept.reserved, kept.reserved - last_kept)],
+        "one Lagged for the numbers between the last kept event and the mark: {got:?}"
+    );
+    assert_eq!(
+        bound,
+        Some(true),
+        "the Lagged says its count is an upper bound"
+    );
+    assert!(
+        kept.reserved - last_kept <= MIN_BLOCK,
+        "and counts no more than was reserved ahead at this pace"
+    );
+    assert_eq!(
+        got.last().map(|e| e.seq),
+        Some(kept.reserved + 1),
+        "the next incarnation numbers right after the mark: {got:?}"
+    );
+    // A later subscriber from 0 (a replay of the store from its start) reports the
+    // same gap the same way: the crash note is kept.
+    let copy2 = Arc::new(MemoryStore::<SimItem>::new());
+    for (k, v) in copy.raw_entries() {
+        copy2.put_raw(&k, &v);
+    }
+    let (tx, _probe3) = agentloop_tests::probe();
+    let h3 = SessionHandle::spawn(
+        spec("crash", 1_000).replay(4),
+        Arc::new(SimAgent::new(steps(2)).with_probe(tx)),
+        Some(copy2 as Arc<dyn CheckpointStore<SimItem>>),
+    )
+    .await
+    .expect("respawn");
+    let mut from_zero = h3.subscribe_after(0, 1024, EventFilter::all());
+    h3.stop(StopOptions::bare()).await.unwrap();
+    within("exit", h3.wait()).await;
+    let mut lags = Vec::new();
+    while let Some(e) = within("events", from_zero.next_sequenced()).await {
+        if let SessionEvent::Lagged { missed } = e.event {
+            lags.push((e.seq, missed, from_zero.lagged_upper_bound()));
+        }
+    }
+    assert_eq!(
+        lags,
+        vec![(kept.reserved, kept.reserved - last_kept, true)],
+        "the gap a crash left is an upper bound in every later replay"
+    );
+}

@@ -7,6 +7,9 @@
 //! processes), and a reconnecting client gets every event after its last id in order,
 //! each once, with a `lagged { missed }` exactly where numbers are missing (events the
 //! killed process gave but did not write, or numbers it reserved), never a silent gap.
+//! A `lagged` across a SIGKILL says its count is an upper bound (`upper_bound: true`:
+//! some of the numbers may never have been given), and the count stays near what the
+//! killed process could have lost, far under its old 1024-number reservation block.
 
 mod common;
 
@@ -97,6 +100,58 @@ fn agentloop(dir: &Path, args: &[&str]) -> (bool, String) {
     }
 }
 
+/// The keeper's slack for the events the actor numbers without waiting
+/// (`events/keeper.rs` `SLACK`).
+const SLACK: u64 = 64;
+
+/// The most numbers a killed process can leave between its last kept event and the
+/// next process's first, for a session that gives at most `per_write` events between
+/// two of the store's group commits: the block it reserves ahead at that pace
+/// (`Keeper::block`: twice the slack and four times the pace).
+fn reservation_bound(per_write: u64) -> u64 {
+    2 * SLACK + 4 * per_write
+}
+
+/// The most events a turn gave in `events` (from a `turn_started` to its
+/// `turn_ended`), and at least one.
+fn most_per_turn(events: &[Sse]) -> u64 {
+    let (mut most, mut n) = (1, 0);
+    for e in events {
+        match e.name.as_str() {
+            "turn_started" => n = 1,
+            "turn_ended" => {
+                most = most.max(n + 1);
+                n = 0;
+            }
+            _ => n += 1,
+        }
+    }
+    most
+}
+
+/// Every `lagged` after a SIGKILL: an upper bound (the killed process's reserved
+/// numbers may never have been given), and no more than the numbers it could have
+/// reserved ahead of its last kept event at the session's pace: each turn's end is a
+/// write (`sync`) and so are the pushes, so a group commit follows every turn; four
+/// turns' events between two of them leaves room for a loaded machine.
+fn check_lagged_after_kill(events: &[Sse], per_turn: u64) {
+    let bound = reservation_bound(4 * per_turn);
+    for e in events.iter().filter(|e| e.name == "lagged") {
+        assert_eq!(
+            e.data["upper_bound"],
+            json!(true),
+            "a lagged across a SIGKILL says it counts at most: {e:?}"
+        );
+        let missed = e.data["missed"].as_u64().expect("missed");
+        assert!(
+            missed <= bound,
+            "a lagged across a SIGKILL counts at most the {bound} numbers the killed process \
+             could have reserved ahead at this pace ({per_turn} events a turn), not a \
+             whole reservation block: {e:?}"
+        );
+    }
+}
+
 fn serve(dir: &Path, addr: &str) -> Job {
     let mut job = Job::serve_at(dir, addr, &[]);
     job.wait_for("serving on http://");
@@ -118,6 +173,7 @@ fn a_stream_survives_a_sigkill_and_a_restart() {
     let mut last = 0;
     let mut ids = 1..;
     let mut given = 0;
+    let mut per_turn = 1;
     for round in 0..3 {
         let job = serve(&dir.0, &addr);
         if last == 0 {
@@ -133,11 +189,16 @@ fn a_stream_survives_a_sigkill_and_a_restart() {
         let before = reader.join().expect("the reader");
         let missed = check_gap_free(last, &before);
         // After a SIGKILL the next process numbers after the reservation: what the
-        // killed one reserved and did not write is reported, never skipped.
+        // killed one reserved and did not write is reported, never skipped, and said
+        // to be an upper bound, near what could have been lost.
         assert!(
             round == 0 || missed > 0,
             "a lagged after the kill: {before:?}"
         );
+        per_turn = per_turn.max(most_per_turn(&before));
+        if round > 0 {
+            check_lagged_after_kill(&before, per_turn);
+        }
         record(&mut seen, &before);
         given += before.len();
         last = before.iter().filter_map(|e| e.id).max().unwrap_or(last);
@@ -162,7 +223,10 @@ fn a_stream_survives_a_sigkill_and_a_restart() {
         check_gap_free(last, &after) > 0,
         "a lagged after the kill: {after:?}"
     );
+    check_lagged_after_kill(&after, per_turn.max(most_per_turn(&after)));
     check_gap_free(0, &all);
+    // From 0, every gap a replay reports is one a SIGKILL left: each an upper bound.
+    check_lagged_after_kill(&all, per_turn.max(most_per_turn(&all)));
     record(&mut seen, &after);
     record(&mut seen, &all);
     assert!(

@@ -32,10 +32,12 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// `Last-Event-ID`, and gets what it missed from the store (S20a).
 pub const RETRY: Duration = Duration::from_secs(1);
 
-/// The SSE name and the JSON of one event, as a client may see it.
+/// The SSE name and the JSON of one event, as a client may see it; `upper_bound`:
+/// a `lagged`'s count is an upper bound ([`EventStream::lagged_upper_bound`]).
 pub(crate) fn event_json<E: Serialize>(
     ev: &SessionEvent<E>,
     redaction: &Redaction,
+    upper_bound: bool,
 ) -> (&'static str, Value) {
     match ev {
         SessionEvent::TurnStarted {
@@ -100,7 +102,10 @@ pub(crate) fn event_json<E: Serialize>(
             "restarting",
             json!({"attempt": attempt, "after_ms": after_ms, "error": error}),
         ),
-        SessionEvent::Lagged { missed } => ("lagged", json!({"missed": missed})),
+        SessionEvent::Lagged { missed } => (
+            "lagged",
+            json!({"missed": missed, "upper_bound": upper_bound}),
+        ),
     }
 }
 
@@ -135,7 +140,7 @@ where
             // push p99 from 4-25 ms to 0.6-1.2 s on two cores).
             tokio::task::consume_budget().await;
             let s = events.next_sequenced().await?;
-            let (name, data) = event_json(&s.event, &redaction);
+            let (name, data) = event_json(&s.event, &redaction, events.lagged_upper_bound());
             let ev = Event::default()
                 .id(s.seq.to_string())
                 .event(name)

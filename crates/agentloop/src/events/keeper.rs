@@ -18,6 +18,21 @@
 //! ([`Keeper::gate`]). When the session ends, its last append lowers the mark to
 //! `Ended`'s number, so a graceful restart continues without a gap.
 //!
+//! **What a crash costs a subscriber** (S20a, 2026-11-28: "`missed` is what may have
+//! been handed out"). After a SIGKILL the next incarnation numbers after the stored
+//! mark, and the numbers between the last kept event and the mark are of two kinds:
+//! numbers the killed process gave to events it did not write (lost), and numbers it
+//! reserved and never gave. Nothing durable tells them apart (telling them apart would
+//! take a store write per event), so the new incarnation keeps a *crash note*
+//! ([`Keeper::after_crash`]): a kept `Lagged { missed }` numbered with the stored mark,
+//! never delivered live, saying that the `missed` numbers up to it may include
+//! numbers never given. A replay that reports a gap covering a note's numbers says its
+//! count is an upper bound (`EventStream::lagged_upper_bound`, the SSE `lagged`'s
+//! `upper_bound`), and a gap without a note is exact. The reservation is sized to the
+//! session's pace ([`Keeper::block`]): a session that gives a few events between two
+//! writes reserves a few ([`MIN_BLOCK`]) numbers ahead, not [`RESERVE_BLOCK`], so the
+//! upper bound after a crash is close to what could really have been lost.
+//!
 //! It owns the pending events and the append in flight; it decides nothing about what
 //! is kept (the store trims by the session's retention) and never touches a record.
 
@@ -34,12 +49,18 @@ use crate::store::{EventAppend, EventRider, KeptEvents, StoreError};
 use agentloop_core::event_log::Retention;
 use agentloop_core::table::events::PageBuilder;
 
-/// How many numbers a keeper reserves ahead.
+/// The most numbers a keeper reserves ahead (a session that gives hundreds of events
+/// between two writes: a long turn streaming tokens).
 pub const RESERVE_BLOCK: u64 = 1024;
 
 /// Numbers the actor may give without waiting (a stop's `StopRequested`, `Ended`) past
 /// the point where turn events wait for a reservation.
 const SLACK: u64 = 64;
+
+/// The fewest numbers a keeper reserves ahead: the actor's [`SLACK`] twice (a new
+/// reservation is asked half a block ahead, before turn events reach the slack) and
+/// room for a few events.
+pub const MIN_BLOCK: u64 = 2 * SLACK + 32;
 
 /// How a session's events are written to and read from the store: JSON by default
 /// ([`EventCodec::json`]).
@@ -135,6 +156,10 @@ struct State {
     /// Appends refused in a row by a store error (a turn waiting for a reservation
     /// backs off by them).
     failures: u32,
+    /// The session's pace: the most events one append carried lately (each append
+    /// rides one group commit), decaying by a quarter an append. Sizes the block
+    /// reserved ahead ([`Keeper::block`]).
+    pace: u64,
 }
 
 /// The keeper as the store sees it: what waits, taken when the store writes it.
@@ -168,6 +193,7 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                 stopped: false,
                 finished: false,
                 failures: 0,
+                pace: 0,
             }),
             durable: AtomicU64::new(0),
             reserved: tokio::sync::Notify::new(),
@@ -183,10 +209,44 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         st.read = Some(Arc::new(read));
         st.fresh = fresh;
         self.durable.store(after, Ordering::Release);
-        st.asked = after + RESERVE_BLOCK;
+        st.asked = after + Self::block(&st);
         st.next_mark = st.asked;
         st.wake = true;
         self.request(st);
+    }
+
+    /// How many numbers to reserve ahead at the session's pace: enough that the events
+    /// of two group commits and the actor's slack fit in half a block (so turn events
+    /// do not wait for a reservation, which rides the next group commit), and no more:
+    /// after a crash, the numbers reserved and not written are reported as possibly
+    /// missed (an upper bound), so a block sized to the pace keeps that bound close to
+    /// what could have been lost ([`MIN_BLOCK`] to [`RESERVE_BLOCK`]).
+    fn block(st: &State) -> u64 {
+        (2 * SLACK + 4 * st.pace).clamp(MIN_BLOCK, RESERVE_BLOCK)
+    }
+
+    /// The previous incarnation left `reserved` above its last kept event `last_kept`
+    /// (it crashed, or lost its record to another owner, before its last append):
+    /// keeps a crash note, a `Lagged { missed }` numbered `reserved` covering the
+    /// numbers after `last_kept`, so that every replay across them, from this
+    /// incarnation or a later one, says its count is an upper bound (see the module
+    /// doc). Call before [`Keeper::start`]; the next incarnation numbers after
+    /// `reserved`, so the note takes no number an event could have.
+    pub(crate) fn after_crash(&self, last_kept: u64, reserved: u64) {
+        if reserved <= last_kept {
+            return;
+        }
+        let mut st = self.state.lock();
+        let note = SessionEvent::<E>::Lagged {
+            missed: reserved - last_kept,
+        };
+        let encode = self.codec.encode;
+        if let Err(why) = st
+            .pending
+            .push_with(reserved, crate::store::now_ms(), |w| encode(&note, w))
+        {
+            tracing::warn!(error = %why, "a crash note could not be encoded: a replay across the crash reports its gap as exact");
+        }
     }
 
     /// Reads the session's kept events after `after` (for a subscriber's replay).
@@ -220,10 +280,11 @@ impl<E: Clone + Send + 'static> Keeper<E> {
         if st.pending.len() >= WAKE_AT {
             st.wake = true;
         }
-        if st.ended.is_none() && !st.finished && seq + RESERVE_BLOCK / 2 > st.asked {
+        let block = Self::block(&st);
+        if st.ended.is_none() && !st.finished && seq + block / 2 > st.asked {
             // Ahead of need: durable with the next group commit, long before the
             // numbers reach it.
-            st.asked = seq + RESERVE_BLOCK;
+            st.asked = seq + block;
             st.next_mark = st.asked;
         }
         self.request(st);
@@ -273,7 +334,7 @@ impl<E: Clone + Send + 'static> Keeper<E> {
                     return;
                 }
                 if next + SLACK > st.asked {
-                    st.asked = next + RESERVE_BLOCK;
+                    st.asked = next + Self::block(&st);
                     st.next_mark = st.asked;
                 }
                 st.wake = true;
@@ -315,6 +376,7 @@ impl<E: Clone + Send + 'static> Keeper<E> {
             return None;
         }
         let page = std::mem::take(&mut st.pending);
+        st.pace = (page.len() as u64).max(st.pace - st.pace / 4);
         let mark = match st.ended.take() {
             // The session's last append: the mark is exactly `Ended`'s number, so the
             // next incarnation continues after it without a gap; no mark after it.
@@ -533,7 +595,7 @@ fn decode_chunk<E: Clone + Send + 'static>(
     mut raw: Vec<crate::store::KeptEvent>,
     unwritten: Vec<Sequenced<E>>,
     cut: Cut,
-) -> (Vec<Sequenced<E>>, Option<super::stream::BackfillNext<E>>) {
+) -> super::stream::Replayed<E> {
     let rest = raw.split_off(raw.len().min(DECODE_CHUNK));
     // A chunk ends at its last event, but never past the page's end: events the page
     // read beyond it (the replay buffer holds them, or they are the next page's) are
@@ -548,7 +610,7 @@ fn decode_chunk<E: Clone + Send + 'static>(
         events: raw,
         ..Default::default()
     };
-    let events = replay_from_store(
+    let (events, bounds) = replay_from_store(
         &src.codec,
         chunk,
         now,
@@ -577,7 +639,11 @@ fn decode_chunk<E: Clone + Send + 'static>(
     } else {
         None
     };
-    (events, next.map(super::stream::BackfillNext))
+    super::stream::Replayed {
+        events,
+        bounds,
+        next: next.map(super::stream::BackfillNext),
+    }
 }
 
 /// What a replay from the store adds before the live part of a stream: the kept and
@@ -585,7 +651,10 @@ fn decode_chunk<E: Clone + Send + 'static>(
 /// [`SessionEvent::Lagged`] where numbers are missing (events lost before they were
 /// written, or no longer kept). `Ended` events of earlier incarnations are history,
 /// not news: they are skipped without counting as missed, but for the last one of a
-/// session that ended for good (`final_ended`, and it is numbered `upto`).
+/// session that ended for good (`final_ended`, and it is numbered `upto`). A kept
+/// `Lagged` is a crash note ([`Keeper::after_crash`]), not an event: a `Lagged` whose
+/// numbers meet a note's counts an upper bound, and its number is in the second
+/// vector.
 pub(crate) fn replay_from_store<E: Clone>(
     codec: &EventCodec<E>,
     kept: KeptEvents,
@@ -594,16 +663,22 @@ pub(crate) fn replay_from_store<E: Clone>(
     upto: u64,
     final_ended: bool,
     accepts: impl Fn(&SessionEvent<E>) -> bool,
-) -> Vec<Sequenced<E>> {
+) -> (Vec<Sequenced<E>>, Vec<u64>) {
     let mut all: BTreeMap<u64, Option<SessionEvent<E>>> = BTreeMap::new();
+    // The crash notes: the numbers `(first, last)` that may include ones never given.
+    let mut notes: Vec<(u64, u64)> = Vec::new();
+    let mut take = |seq: u64, e: SessionEvent<E>| match e {
+        SessionEvent::Lagged { missed } => notes.push((seq + 1 - missed.min(seq), seq)),
+        e => {
+            all.insert(seq, Some(e));
+        }
+    };
     for k in kept.events {
         if k.seq <= after || k.seq > upto {
             continue;
         }
         match codec.decode(&k.body) {
-            Ok(e) => {
-                all.insert(k.seq, Some(e));
-            }
+            Ok(e) => take(k.seq, e),
             Err(why) => {
                 tracing::warn!(seq = k.seq, error = %why, "a kept event does not decode: the subscriber is told it missed it");
             }
@@ -611,18 +686,27 @@ pub(crate) fn replay_from_store<E: Clone>(
     }
     for e in unwritten {
         if e.seq > after && e.seq <= upto {
-            all.insert(e.seq, Some(e.event));
+            take(e.seq, e.event);
         }
     }
     let mut out = Vec::new();
+    let mut bounds = Vec::new();
+    let mut gap = |out: &mut Vec<Sequenced<E>>, first: u64, last: u64| {
+        if notes.iter().any(|(a, b)| *a <= last && first <= *b) {
+            bounds.push(last);
+        }
+        out.push(Sequenced {
+            seq: last,
+            event: SessionEvent::Lagged {
+                missed: last + 1 - first,
+            },
+        });
+    };
     let mut next = after + 1;
     for (seq, event) in all {
         let Some(event) = event else { continue };
         if seq > next {
-            out.push(Sequenced {
-                seq: seq - 1,
-                event: SessionEvent::Lagged { missed: seq - next },
-            });
+            gap(&mut out, next, seq - 1);
         }
         next = seq + 1;
         if matches!(event, SessionEvent::Ended(_)) && !(final_ended && seq == upto) {
@@ -633,14 +717,9 @@ pub(crate) fn replay_from_store<E: Clone>(
         }
     }
     if upto >= next {
-        out.push(Sequenced {
-            seq: upto,
-            event: SessionEvent::Lagged {
-                missed: upto + 1 - next,
-            },
-        });
+        gap(&mut out, next, upto);
     }
-    out
+    (out, bounds)
 }
 
 #[cfg(test)]
@@ -831,11 +910,7 @@ mod tests {
     #[test]
     fn the_last_append_lowers_the_mark_to_ended_and_nothing_raises_it_after() {
         let (keeper, log, _) = recorded();
-        assert_eq!(
-            log.lock()[0].0,
-            RESERVE_BLOCK,
-            "reserved ahead at the start"
-        );
+        assert_eq!(log.lock()[0].0, MIN_BLOCK, "reserved ahead at the start");
         keeper.keep(1, &SessionEvent::Agent { turn: 0, event: 1 });
         keeper.keep(
             2,
@@ -906,7 +981,7 @@ mod tests {
             seq: 9,
             event: SessionEvent::Agent { turn: 1, event: 9 },
         }];
-        let out = replay_from_store(
+        let (out, bounds) = replay_from_store(
             &codec,
             kept(&codec, &[2, 3, 6]),
             unwritten,
@@ -934,5 +1009,185 @@ mod tests {
                 (10, Some(1))
             ]
         );
+        assert!(bounds.is_empty(), "no crash note: every count is exact");
+    }
+
+    /// S20a (2026-11-28): a crash note (a kept `Lagged`, numbered with the killed
+    /// incarnation's reserved mark) is not an event: a gap that meets its numbers is
+    /// reported as an upper bound, from the store or from the keeper's unwritten
+    /// events, also when the gap is split across replay chunks, and a gap elsewhere
+    /// stays exact.
+    #[test]
+    fn a_gap_over_a_crash_note_is_an_upper_bound_and_others_are_exact() {
+        let codec = EventCodec::<u32>::json();
+        let note = |seq: u64, missed: u64| {
+            let mut body = Vec::new();
+            (codec.encode)(&SessionEvent::Lagged { missed }, &mut body).unwrap();
+            crate::store::KeptEvent {
+                seq,
+                at_ms: 0,
+                body,
+            }
+        };
+        // Kept 1..=5 and 8 (6, 7 lost to a failed append), a crash after 8 with the
+        // mark at 40 (note), the next incarnation from 41.
+        let mut store = kept(&codec, &[1, 2, 3, 4, 5, 8, 41, 42]);
+        store.events.insert(6, note(40, 32));
+        let shape = |(out, bounds): (Vec<Sequenced<u32>>, Vec<u64>)| -> Vec<(u64, u64, bool)> {
+            out.iter()
+                .filter_map(|e| match e.event {
+                    SessionEvent::Lagged { missed } => {
+                        Some((e.seq, missed, bounds.contains(&e.seq)))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let all = replay_from_store(&codec, store.clone(), Vec::new(), 0, 42, false, |_| true);
+        assert_eq!(
+            all.0.iter().filter(|e| e.seq >= 9 && e.seq <= 40).count(),
+            1,
+            "the note is not replayed as an event, only the gap's Lagged: {:?}",
+            all.0
+        );
+        assert_eq!(shape(all), vec![(7, 2, false), (40, 32, true)]);
+        // The note still unwritten (the new incarnation's first page), and the replay
+        // ending on it.
+        let unwritten = vec![Sequenced {
+            seq: 40,
+            event: SessionEvent::Lagged { missed: 32 },
+        }];
+        let upto_note = KeptEvents {
+            events: store.events[..6].to_vec(),
+            ..Default::default()
+        };
+        let tail = replay_from_store(&codec, upto_note, unwritten, 5, 40, false, |_| true);
+        assert_eq!(shape(tail), vec![(7, 2, false), (40, 32, true)]);
+        // A chunk that ends at 8 and the next one that starts after it.
+        let first = KeptEvents {
+            events: store.events[..6].to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(
+            shape(replay_from_store(
+                &codec,
+                first,
+                Vec::new(),
+                0,
+                8,
+                false,
+                |_| true
+            )),
+            vec![(7, 2, false)]
+        );
+        let second = KeptEvents {
+            events: store.events[6..].to_vec(),
+            ..Default::default()
+        };
+        assert_eq!(
+            shape(replay_from_store(
+                &codec,
+                second,
+                Vec::new(),
+                8,
+                42,
+                false,
+                |_| true
+            )),
+            vec![(40, 32, true)]
+        );
+        // After the gap, nothing of it.
+        assert_eq!(
+            shape(replay_from_store(
+                &codec,
+                store,
+                Vec::new(),
+                40,
+                42,
+                false,
+                |_| true
+            )),
+            vec![]
+        );
+    }
+
+    /// The keeper keeps a crash note only when the killed incarnation left its mark
+    /// above its last kept event, numbered with the mark, ahead of everything else.
+    #[test]
+    fn a_crash_note_is_kept_first_with_the_mark_as_its_number() {
+        let keeper = Keeper::new(EventCodec::<u32>::json(), Retention::default());
+        keeper.after_crash(300, 300);
+        assert!(keeper.unwritten().is_empty(), "a graceful end: no note");
+        keeper.after_crash(300, 1324);
+        let notes = keeper.unwritten();
+        assert_eq!(notes.len(), 1);
+        assert_eq!(notes[0].seq, 1324);
+        assert!(matches!(
+            notes[0].event,
+            SessionEvent::Lagged { missed: 1024 }
+        ));
+    }
+
+    /// The block reserved ahead follows the session's pace: a few events a group
+    /// commit reserve [`MIN_BLOCK`] ahead, hundreds [`RESERVE_BLOCK`] at most; and at
+    /// a steady pace a turn never waits for a reservation (the next one rides the
+    /// next group commit, half a block ahead).
+    #[test]
+    fn the_block_reserved_ahead_follows_the_pace() {
+        let keeper = Keeper::new(EventCodec::<u32>::json(), Retention::default());
+        let waiting: Arc<parking_lot::Mutex<Option<Arc<dyn EventRider>>>> = Arc::default();
+        let w = waiting.clone();
+        keeper.start(
+            Box::new(move |rider: Arc<dyn EventRider>, _wake| *w.lock() = Some(rider)),
+            Box::new(|_, _| Box::pin(async { Ok(KeptEvents::default()) })),
+            false,
+            0,
+        );
+        // A group commit: the store takes what waits and answers.
+        let commit = || {
+            let rider = waiting.lock().take();
+            if let Some((append, _, done)) = rider.and_then(|r| r.take()) {
+                done.send(Ok(()));
+                return append.reserved;
+            }
+            0
+        };
+        assert_eq!(commit(), MIN_BLOCK, "a new session reserves little");
+        let durable = || keeper.durable.load(Ordering::Acquire);
+        let mut seq = 0;
+        let mut keep = |n: u64, steady: bool| {
+            for _ in 0..n {
+                seq += 1;
+                keeper.keep(seq, &SessionEvent::Agent { turn: 0, event: 1 });
+                if steady {
+                    assert!(seq + SLACK <= durable(), "no wait at {seq}: {}", durable());
+                }
+            }
+            seq
+        };
+        // Five events between two group commits: the mark stays within MIN_BLOCK.
+        for _ in 0..100 {
+            let seq = keep(5, true);
+            commit();
+            assert!(durable() <= seq + MIN_BLOCK, "tight: {seq} {}", durable());
+        }
+        // A hundred: the block grows with the pace (the first two such turns may wait
+        // for a reservation: the mark written at the first one's end was asked at the
+        // old pace), and then no event waits.
+        for _ in 0..2 {
+            keep(100, false);
+            commit();
+        }
+        for _ in 0..20 {
+            let seq = keep(100, true);
+            commit();
+            assert!(durable() <= seq + 2 * SLACK + 4 * 100);
+        }
+        // Hundreds: at most RESERVE_BLOCK.
+        for _ in 0..5 {
+            keep(400, false);
+            commit();
+        }
+        assert_eq!(Keeper::<u32>::block(&keeper.state.lock()), RESERVE_BLOCK);
     }
 }

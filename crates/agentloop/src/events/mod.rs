@@ -34,7 +34,9 @@
 //!   allocates at its first event: an idle session pays nothing for it (B2).
 //! * A session that keeps its events in the store (S20a, `keeper`) answers what the
 //!   replay buffer no longer holds from the store, for a new subscriber after `n` and
-//!   for a lagging one catching up, with a `Lagged` where numbers are missing.
+//!   for a lagging one catching up, with a `Lagged` where numbers are missing: an
+//!   upper bound where a crash left numbers reserved and maybe never given
+//!   ([`EventStream::lagged_upper_bound`]), exact elsewhere.
 //!
 //! It must not decide anything about turns or stops. Its rooms: `seq` (the numbers),
 //! `filter`, `subscribers` (the registry and replay buffer), `keeper` (events kept in
@@ -168,9 +170,12 @@ pub enum SessionEvent<E> {
     /// A stream that asked to start after a sequence number the replay buffer no longer
     /// holds: `missed` events are gone. Only ever the first event of such a stream; its
     /// number is the last one missed, so a client that records numbers resumes after
-    /// it.
+    /// it. A replay from the store (S20a) sends one at each gap; across a crash some of
+    /// the numbers may never have been given to an event, and
+    /// [`EventStream::lagged_upper_bound`] says the count is then an upper bound.
     Lagged {
-        /// How many events the stream cannot replay.
+        /// How many numbers the stream skips here (all of them events, or at most, see
+        /// above).
         missed: u64,
     },
 }

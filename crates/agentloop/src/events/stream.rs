@@ -31,6 +31,12 @@ pub struct EventStream<E> {
     pub(super) backfill: Option<Backfill<E>>,
     /// The page the last backfill read, read before anything else.
     pub(super) backfilled: VecDeque<Sequenced<E>>,
+    /// The numbers of the `Lagged` events in `backfilled` whose count is an upper
+    /// bound (S20a: their numbers may include ones a crashed process reserved and
+    /// never gave).
+    pub(super) bounds: Vec<u64>,
+    /// Whether the last `Lagged` returned counts an upper bound.
+    pub(super) upper_bound: bool,
 }
 
 /// Takes what a lagging stream missed from the replay buffer and stops its lag; with
@@ -41,8 +47,17 @@ pub(super) type CatchUp<E> =
 /// What a stream reads from the store before the rest (S20a): one page of events, and
 /// the read of the next page when there is more (issue 52: a replay from the start of
 /// a session that keeps a million events holds one page in memory, not the million).
-pub(crate) type Backfill<E> =
-    futures::future::BoxFuture<'static, (Vec<Sequenced<E>>, Option<BackfillNext<E>>)>;
+pub(crate) type Backfill<E> = futures::future::BoxFuture<'static, Replayed<E>>;
+
+/// One page of a replay from the store.
+pub(crate) struct Replayed<E> {
+    /// Its events, in order.
+    pub(crate) events: Vec<Sequenced<E>>,
+    /// The numbers of its `Lagged` events whose count is an upper bound.
+    pub(crate) bounds: Vec<u64>,
+    /// The read of the next page, when there is more.
+    pub(crate) next: Option<BackfillNext<E>>,
+}
 
 /// The read of a replay's next page.
 pub(crate) struct BackfillNext<E>(pub(crate) Backfill<E>);
@@ -61,6 +76,8 @@ impl<E> EventStream<E> {
             pending: VecDeque::new(),
             backfill: None,
             backfilled: VecDeque::new(),
+            bounds: Vec::new(),
+            upper_bound: false,
         }
     }
 
@@ -93,6 +110,16 @@ impl<E> EventStream<E> {
         std::future::poll_fn(|cx| self.poll_event(cx)).await
     }
 
+    /// Whether the last [`SessionEvent::Lagged`] this stream returned counts an upper
+    /// bound (S20a): some of its `missed` numbers may never have been given to an
+    /// event (a process crashed holding numbers it had reserved ahead; the numbers it
+    /// gave and did not write are among them, and nothing durable says how many), so
+    /// at most `missed` events were lost. `false`: exactly `missed` events were lost.
+    /// A stream relayed from another node does not know and says `true`.
+    pub fn lagged_upper_bound(&self) -> bool {
+        self.upper_bound
+    }
+
     pub(super) fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sequenced<E>>> {
         if self.finished {
             return Poll::Ready(None);
@@ -101,19 +128,49 @@ impl<E> EventStream<E> {
         // once this one is taken.
         loop {
             if let Some(ev) = self.backfilled.pop_front() {
+                if let SessionEvent::Lagged { .. } = ev.event {
+                    self.upper_bound = match self.bounds.iter().position(|b| *b == ev.seq) {
+                        Some(i) => {
+                            self.bounds.swap_remove(i);
+                            true
+                        }
+                        None => false,
+                    };
+                }
                 return Poll::Ready(Some(ev));
             }
-            let Some(backfill) = self.backfill.as_mut() else {
-                break;
-            };
-            match backfill.as_mut().poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready((events, next)) => {
-                    self.backfill = next.map(|n| n.0);
-                    self.backfilled.extend(events);
+            if let Some(backfill) = self.backfill.as_mut() {
+                match backfill.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(page) => {
+                        self.backfill = page.next.map(|n| n.0);
+                        self.backfilled.extend(page.events);
+                        self.bounds.extend(page.bounds);
+                    }
                 }
+                continue;
             }
+            let polled = self.poll_local(cx);
+            if self.backfill.is_some() {
+                // A catch-up reads the store first.
+                continue;
+            }
+            if let Poll::Ready(Some(Sequenced {
+                event: SessionEvent::Lagged { .. },
+                ..
+            })) = &polled
+            {
+                // Counted from the replay buffer: exact. Relayed from another node:
+                // not known here.
+                self.upper_bound = self.slot.is_none();
+            }
+            return polled;
         }
+    }
+
+    /// [`EventStream::poll_event`] past the replay from the store: the channel, what a
+    /// catch-up took from the replay buffer, and `Ended` from the slot.
+    fn poll_local(&mut self, cx: &mut Context<'_>) -> Poll<Option<Sequenced<E>>> {
         // Fields borrowed apart: no Arc clone on this path (every event polls it).
         let Some(slot) = self.slot.as_ref() else {
             return match self.rx.poll_recv(cx) {
@@ -146,9 +203,10 @@ impl<E> EventStream<E> {
                 let (events, backfill) = catch_up(slot);
                 self.pending.extend(events);
                 if let Some(backfill) = backfill {
-                    // What the buffer no longer holds comes from the store first.
+                    // What the buffer no longer holds comes from the store first
+                    // (`poll_event` polls it next).
                     self.backfill = Some(backfill);
-                    return self.poll_event(cx);
+                    return Poll::Pending;
                 }
                 if let Some(ev) = self.pending.pop_front() {
                     return Poll::Ready(Some(ev));

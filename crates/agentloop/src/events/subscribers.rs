@@ -331,6 +331,8 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
             pending: VecDeque::new(),
             backfill,
             backfilled: VecDeque::new(),
+            bounds: Vec::new(),
+            upper_bound: false,
         }
     }
 

@@ -247,7 +247,11 @@ async fn start_keeper<A: Agent>(
     let seq = &core.shared.event_seq;
     if !fresh {
         match store.read_events(&id, u64::MAX, 0).await {
-            Ok(k) => seq.continue_from(k.last.max(k.reserved)),
+            Ok(k) => {
+                seq.continue_from(k.last.max(k.reserved));
+                // S20a: the numbers between them may include ones never given.
+                keeper.after_crash(k.last, k.reserved);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the kept events' reserved mark could not be read: numbering continues after the record's")
             }
