@@ -365,6 +365,28 @@ pub struct RunView {
     pub preempted: usize,
     /// A stop was committed.
     pub stop_committed: bool,
+    /// Its restart policy, budget and how much of the budget is used (S26): whether
+    /// a failure now would be restarted.
+    #[schema(nullable = false)]
+    pub restarts: Option<RestartUse>,
+}
+
+/// A live session's restart budget and its use (S26).
+#[derive(ToSchema, Serialize)]
+pub struct RestartUse {
+    /// When it is restarted: `permanent` (after any failure but a permanent one),
+    /// `transient` (after a panic or an internal error) or `never`. A permanent agent
+    /// error is never restarted.
+    pub policy: String,
+    /// Restarts within the budget's window so far.
+    pub used: u32,
+    /// Restarts the budget allows within its window; past it the session ends
+    /// `failed`.
+    pub limit: u32,
+    /// The window, in seconds.
+    pub window_s: u64,
+    /// Restarts since it was spawned, whatever the window.
+    pub total: u32,
 }
 
 /// A live session's phase.

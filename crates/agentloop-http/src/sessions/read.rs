@@ -316,6 +316,9 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
             "preempted": info.preempted,
             "stop_committed": info.stop_committed,
         });
+        if let Some(r) = st.runtime.supervisor().restart_use(&id).await {
+            out["run"]["restarts"] = json!(r);
+        }
     }
     Ok(Json(out))
 }

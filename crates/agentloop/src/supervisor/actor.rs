@@ -292,6 +292,22 @@ where
                     let _ = reply.send(exits);
                 });
             }
+            SupervisorMsg::Internal(SupervisorInternal(InternalMsg::RestartUse { id, reply })) => {
+                let budget = st.budget;
+                let now = tokio::time::Instant::now();
+                let used = st.sessions.get(&id).map(|e| super::messages::RestartUse {
+                    policy: e.spec.restart,
+                    used: e
+                        .restarts
+                        .iter()
+                        .filter(|t| now.duration_since(**t) <= budget.window)
+                        .count() as u32,
+                    limit: budget.max_restarts,
+                    window_s: budget.window.as_secs(),
+                    total: e.restarted,
+                });
+                let _ = reply.send(used);
+            }
             SupervisorMsg::Internal(SupervisorInternal(InternalMsg::Counts { reply })) => {
                 let falling = st
                     .sessions

@@ -553,6 +553,15 @@ where
             .is_ok()
     }
 
+    /// A live session's restart policy, budget and how much of it is used (S26);
+    /// `None` when no session of that id runs here.
+    pub async fn restart_use(&self, id: &str) -> Option<super::messages::RestartUse> {
+        let id = id.to_string();
+        self.ask(|reply| InternalMsg::RestartUse { id, reply }.into())
+            .await
+            .flatten()
+    }
+
     /// How many sessions it holds, live and asleep (S39); cheap however many sleep.
     pub async fn counts(&self) -> super::messages::SessionsByState {
         self.ask(|reply| InternalMsg::Counts { reply }.into())

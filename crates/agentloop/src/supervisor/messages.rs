@@ -27,6 +27,22 @@ pub struct SessionSummary {
     pub restarts: u32,
 }
 
+/// A live session's restart budget and how much of it is used (S26): what a client
+/// needs to tell whether a failure will be restarted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RestartUse {
+    /// When it is restarted: `permanent`, `transient` or `never`.
+    pub policy: crate::session::RestartPolicy,
+    /// Restarts within the budget's window so far.
+    pub used: u32,
+    /// Restarts the budget allows within its window.
+    pub limit: u32,
+    /// The window, in seconds.
+    pub window_s: u64,
+    /// Restarts since it was spawned, whatever the window.
+    pub total: u32,
+}
+
 /// How many sessions a supervisor holds, by state (S39): cheap to read however many
 /// sleep, for gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -228,6 +244,13 @@ pub(crate) enum InternalMsg<I, E> {
     RecordContext {
         /// Where to answer.
         reply: RpcReplyPort<RecordContext<I>>,
+    },
+    /// A live session's restart budget and its use (S26, issue 53).
+    RestartUse {
+        /// The session.
+        id: String,
+        /// Where to answer (`None`: no session of that id runs here).
+        reply: RpcReplyPort<Option<RestartUse>>,
     },
     /// How many sessions it holds, live and asleep (S39).
     Counts {

@@ -49,6 +49,6 @@ pub use handle::SupervisorHandle;
 pub use kind::{agent_kind, agent_kind_version, AgentKind};
 pub(crate) use messages::GateMember;
 pub use messages::{
-    AttachMode, Attachment, BatchSpawn, SessionEnd, SessionSummary, SessionsByState,
+    AttachMode, Attachment, BatchSpawn, RestartUse, SessionEnd, SessionSummary, SessionsByState,
     SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
 };
