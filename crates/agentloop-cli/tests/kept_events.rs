@@ -104,12 +104,15 @@ fn agentloop(dir: &Path, args: &[&str]) -> (bool, String) {
 /// (`events/keeper.rs` `SLACK`).
 const SLACK: u64 = 64;
 
+/// The fewest numbers a keeper reserves ahead (`events/keeper.rs` `MIN_BLOCK`).
+const MIN_BLOCK: u64 = 2 * SLACK + 32;
+
 /// The most numbers a killed process can leave between its last kept event and the
 /// next process's first, for a session that gives at most `per_write` events between
 /// two of the store's group commits: the block it reserves ahead at that pace
-/// (`Keeper::block`: twice the slack and four times the pace).
+/// (`Keeper::block`: twice the slack and four times the pace, at least `MIN_BLOCK`).
 fn reservation_bound(per_write: u64) -> u64 {
-    2 * SLACK + 4 * per_write
+    (2 * SLACK + 4 * per_write).max(MIN_BLOCK)
 }
 
 /// The most events a turn gave in `events` (from a `turn_started` to its

@@ -105,6 +105,12 @@ fn an_ended_session_stays_known_with_one_status_at_every_door() {
         let (code, v) = get(&format!("{url}/sessions/kept/history"));
         code == 200 && v.as_array().is_some_and(|a| !a.is_empty())
     });
+    // A timer of `kept`, due later: its clean end removes it with its final record.
+    let (status, _, v) = post_json(
+        &format!("{url}/sessions/kept/timers"),
+        &json!({"item": {"id": 9, "text": "later"}, "in": "1h"}),
+    );
+    assert_eq!(status, 201, "arm: {v}");
     for id in ["kept", "bare"] {
         let (status, _, v) = post_json(
             &format!("{url}/sessions/{id}/stop"),
@@ -117,6 +123,13 @@ fn an_ended_session_stays_known_with_one_status_at_every_door() {
     assert_eq!(view["kept"]["record"], json!(true), "{view}");
     assert!(view["kept"]["history"].as_u64().unwrap_or(0) >= 1, "{view}");
     assert!(view["kept"]["events"].as_u64().unwrap_or(0) > 0, "{view}");
+    assert_eq!(
+        view["timers"],
+        json!([]),
+        "no timer outlives a clean end: {view}"
+    );
+    let (code, timers) = get(&format!("{url}/sessions/kept/timers"));
+    assert_eq!((code, timers), (200, json!({"timers": []})));
     wait_for("bare to be unknown", 30, || {
         get(&format!("{url}/sessions/bare")).0 == 404
     });

@@ -149,7 +149,28 @@ fn fifty_sessions_under_load_survive_a_sigterm_and_a_restart() {
             .count();
         let stored = rows.as_array().unwrap().len();
         if live == 0 {
-            assert_eq!(stored, 0, "a drained session leaves no record: {rows}");
+            // S26a: a drained session that keeps its events (the default over HTTP)
+            // keeps a final record saying it stopped, with nothing left to resume.
+            assert_eq!(
+                stored, SESSIONS,
+                "every drained session stays listed: {rows}"
+            );
+            for row in rows.as_array().unwrap() {
+                assert_eq!(row["status"], json!("stopped"), "{row}");
+                let id = row["id"].as_str().expect("an id");
+                let mut r = agent()
+                    .get(&format!("{u}/sessions/{id}"))
+                    .call()
+                    .expect("get");
+                let v: Value = r.body_mut().read_json().expect("JSON");
+                assert_eq!(
+                    v["unhandled_items"],
+                    json!([]),
+                    "a drain leaves nothing: {v}"
+                );
+                assert_eq!(v["interrupted_items"], json!([]), "{v}");
+                assert!(v["state"].is_null(), "{v}");
+            }
             break;
         }
         assert!(

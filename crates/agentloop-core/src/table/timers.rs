@@ -62,6 +62,10 @@ pub enum TimerChange {
         /// Its next due time (`None`: it does not recur).
         next_due_ms: Option<u64>,
     },
+    /// Every timer of the session is removed: it ended, and nothing may push into it
+    /// (S26a: the final record of a clean end, written in place of S16's delete, which
+    /// removed them).
+    RemoveAll,
 }
 
 /// The prefix of `id`'s timer keys.
@@ -249,6 +253,9 @@ pub fn apply(t: &mut impl Table, id: &str, changes: Vec<TimerChange>) -> Result<
                     _ => t.remove(timer_key(id, timer)),
                 }
             }
+            TimerChange::RemoveAll => {
+                remove_all(t, id)?;
+            }
         }
     }
     Ok(())
@@ -386,5 +393,18 @@ mod tests {
         // Armed by a record write.
         apply(&mut t, "a", vec![TimerChange::Arm(timer(5, None))]).unwrap();
         assert_eq!(due_index(&t).unwrap()[0].due_ms, 5);
+    }
+
+    #[test]
+    fn a_final_record_removes_every_timer_of_its_session_only() {
+        let mut t = MapTable::default();
+        arm(&mut t, "a", timer(10, None), 8).unwrap();
+        arm(&mut t, "a", timer(20, Some(Repeat::Every { ms: 100 })), 8).unwrap();
+        arm(&mut t, "b", timer(30, None), 8).unwrap();
+        apply(&mut t, "a", vec![TimerChange::RemoveAll]).unwrap();
+        assert!(list(&t, "a").unwrap().is_empty());
+        let due = due_index(&t).unwrap();
+        assert_eq!(due.len(), 1, "only b's timer is due: {due:?}");
+        assert_eq!(due[0].session, "b");
     }
 }

@@ -32,12 +32,8 @@ pub(super) async fn teardown<A: Agent>(
             store.delete(&state.core.config.id).await
         }
         (crate::session::core::FinalAction::End { write }, Some(store)) => {
-            // The delete first (its items, state, journal and timers), then the final
-            // record in its place (S26a).
-            match store.delete(&state.core.config.id).await {
-                Ok(existed) => store.write((**write).clone()).await.map(|()| existed),
-                Err(e) => Err(e),
-            }
+            // One whole write: the final record in place of what it held (S26a).
+            store.write((**write).clone()).await.map(|()| true)
         }
         _ => Ok(false),
     };

@@ -42,10 +42,11 @@ pub(crate) enum FinalAction {
     },
     /// Delete it (S16's clean end).
     Delete,
-    /// Delete what it held, then write this final record in its place (S26a): a clean
-    /// end of a session whose checkpoint history or kept events remain, so every door
-    /// still lists it with its status. The write holds no item, no state and no
-    /// journal, and is made only where no record is stored.
+    /// Write this final record in place of what it held (S26a): a clean end of a
+    /// session whose checkpoint history or kept events remain, so every door still
+    /// lists it with its status. One write, the whole record: no item, no state, no
+    /// journal, every timer removed; never over a final record (a cancel that landed
+    /// first stays).
     End {
         /// The final record (`Stopped` after a stop, else `Completed`).
         write: Box<RecordWrite>,
@@ -71,6 +72,10 @@ impl FinalAction {
             (FinalAction::Nothing, _) => CheckpointOutcome::NotAttempted,
             (FinalAction::Refused(why), _) => CheckpointOutcome::Failed(why.clone()),
             (FinalAction::Write { .. }, Ok(_)) => CheckpointOutcome::Saved,
+            (FinalAction::End { .. }, Err(StoreError::Final { status, .. })) => {
+                tracing::info!(%status, "the record is already final; the clean end leaves it");
+                CheckpointOutcome::NotAttempted
+            }
             (FinalAction::Write { kind, .. }, Err(StoreError::Final { status, .. })) => {
                 // A cancel (or a finalizer) that landed first wins (S24); its items stay
                 // in the exit state.
@@ -271,13 +276,13 @@ impl<A: Agent> Core<A> {
             status,
             None,
             super::durability::JournalPart::none(),
-            WriteCondition::Absent,
+            WriteCondition::NotFinal,
             true,
         );
         // What it held is not kept (a clean end or a skip): the record says how it
-        // ended, nothing more. Its timers went with the delete before it.
+        // ended, nothing more, and no timer pushes into it.
         write.items.clear();
-        write.timers.clear();
+        write.timers = vec![crate::store::TimerChange::RemoveAll];
         write.header.interrupt = None;
         write.header.awaiting_answer = false;
         FinalAction::End {
