@@ -49,6 +49,10 @@ struct Gate {
 #[derive(Debug, Default)]
 pub(crate) struct FullSessions {
     gates: parking_lot::Mutex<HashMap<String, Arc<Gate>>>,
+    /// How many gates there are, read without the lock: while no session is full (the
+    /// usual case) a push passes without copying its id or taking the lock (B8). A push
+    /// that reads 0 as a gate is made passes ungated once, which the gate allows.
+    count: AtomicUsize,
 }
 
 /// A waiting push's place; gives it back on drop (also when the client goes away).
@@ -93,6 +97,7 @@ impl FullSessions {
                 waiting: AtomicUsize::new(0),
             })
         });
+        self.count.store(gates.len(), Ordering::Release);
     }
 
     /// Opens `id` again (its session took a push), unless another gate replaced `gate`.
@@ -101,7 +106,21 @@ impl FullSessions {
         if gates.get(id).is_some_and(|g| Arc::ptr_eq(g, gate)) {
             gates.remove(id);
         }
+        self.count.store(gates.len(), Ordering::Release);
     }
+
+    /// Whether any session is full (a gate exists).
+    fn any(&self) -> bool {
+        self.count.load(Ordering::Acquire) > 0
+    }
+}
+
+/// The session's id as the client wrote it (percent-encoded or not, one client writes
+/// it the same way each time): the push route's one parameter.
+fn push_id(uri: &axum::http::Uri) -> Option<&str> {
+    uri.path()
+        .strip_prefix("/sessions/")?
+        .strip_suffix("/items")
 }
 
 /// The middleware: a push to a session with a gate waits its turn; every push's answer
@@ -111,20 +130,26 @@ pub(crate) async fn order_pushes(
     req: Request,
     next: Next,
 ) -> Response {
-    // The session's id as the client wrote it (percent-encoded or not, one client
-    // writes it the same way each time): the route's one parameter.
-    let id = req
+    let is_push = req
         .extensions()
         .get::<MatchedPath>()
-        .filter(|p| p.as_str() == PUSH_ROUTE)
-        .and_then(|_| {
-            req.uri()
-                .path()
-                .strip_prefix("/sessions/")?
-                .strip_suffix("/items")
-                .map(str::to_owned)
-        });
-    let Some(id) = id else {
+        .is_some_and(|p| p.as_str() == PUSH_ROUTE);
+    if !is_push {
+        return next.run(req).await;
+    }
+    if !full.any() {
+        // No session is full: no id copied, no lock taken; a refusal as full makes
+        // this push's session the first gate.
+        let uri = req.uri().clone();
+        let response = next.run(req).await;
+        if is_full(&response) {
+            if let Some(id) = push_id(&uri) {
+                full.close(id);
+            }
+        }
+        return response;
+    }
+    let Some(id) = push_id(req.uri()).map(str::to_owned) else {
         return next.run(req).await;
     };
     let Some(gate) = full.gate(&id) else {
