@@ -883,7 +883,32 @@ pub async fn checkpoint_history(store: &Store) {
         HistoryAnswer::List(l) => assert_eq!(l.len(), 3, "history outlives the delete"),
         other => panic!("{other:?}"),
     }
+    // S26a: a session whose history remains is known without its record: listed once
+    // on a page of kept sessions; records alone are not on it.
+    let kept = store.list_kept_page(None, 10_000).await.expect("kept page");
+    assert_eq!(kept.iter().filter(|k| *k == id).count(), 1, "{kept:?}");
+    assert!(
+        !kept.iter().any(|k| k == "incr"),
+        "a record alone: {kept:?}"
+    );
+    assert_eq!(
+        store
+            .list_kept_page(Some("his"), 1)
+            .await
+            .expect("kept page"),
+        vec![id.to_string()],
+        "paged after an id"
+    );
     assert!(store.purge(id).await.expect("purge"), "history existed");
+    assert!(
+        !store
+            .list_kept_page(None, 10_000)
+            .await
+            .expect("kept page")
+            .iter()
+            .any(|k| k == id),
+        "nothing kept after a purge"
+    );
     match store
         .history(id, HistoryQuery::List)
         .await
@@ -1007,9 +1032,26 @@ pub async fn kept_events(store: &Store) {
             .all(|e| e.session_id != "events"),
         "kept events are not a record"
     );
+    assert_eq!(
+        store
+            .list_kept_page(Some("event"), 1)
+            .await
+            .expect("kept page"),
+        vec!["events".to_string()],
+        "S26a: a session whose events remain is on a page of kept sessions"
+    );
     assert!(
         store.purge("events").await.expect("purge"),
         "the events existed"
+    );
+    assert!(
+        !store
+            .list_kept_page(None, 10_000)
+            .await
+            .expect("kept page")
+            .iter()
+            .any(|k| k == "events"),
+        "nothing kept after a purge"
     );
     assert_eq!(
         store

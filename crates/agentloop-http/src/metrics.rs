@@ -7,6 +7,10 @@
 //!   (S39: held as a hash of their id, their records on disk), and stored records
 //!   by status (`running`, `stopped`, `interrupted`, `completed`, `canceled`, `failed`,
 //!   `unreadable`); listing the records costs one store scan per scrape.
+//! - `agentloop_sessions_known{status}`: every session known at every door (S26a: it
+//!   runs, or its record, checkpoint history or kept events remain) by the status
+//!   `GET /sessions` shows it with (`agentloop::lifecycle::judge`), `unreadable` for a
+//!   record that does not decode; one more store scan per scrape for the kept ones.
 //! - `agentloop_sessions_by_version{kind,version}`: stored sessions not finished yet
 //!   by agent kind and the version that wrote their record (S40): what a deploy must
 //!   still run or migrate.
@@ -24,6 +28,10 @@ use prometheus_client::registry::Registry;
 
 use crate::sessions::{AppState, Ev, Item};
 use crate::{wire, ApiError};
+
+/// Ids on one page of kept sessions a scrape reads (S26a); it reads pages until one
+/// is short.
+const KEPT_PAGE: usize = 10_000;
 
 /// The OpenMetrics text format's content type.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -44,6 +52,31 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
         None => Vec::new(),
     };
     let draining = st.runtime.shutdown_handle().is_started().await;
+    let live: std::collections::BTreeSet<String> = st
+        .runtime
+        .supervisor()
+        .list()
+        .await
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    // S26a: the sessions kept only as history or events (no record), page by page.
+    let mut kept_only: Vec<String> = Vec::new();
+    if let Some(store) = st.runtime.store() {
+        let mut after: Option<String> = None;
+        loop {
+            let page = store.list_kept_page(after.as_deref(), KEPT_PAGE).await?;
+            let done = page.len() < KEPT_PAGE;
+            after = page.last().cloned();
+            kept_only.extend(page);
+            if done {
+                break;
+            }
+        }
+        let recorded: std::collections::BTreeSet<&str> =
+            stored.iter().map(|e| e.session_id.as_str()).collect();
+        kept_only.retain(|id| !recorded.contains(id.as_str()));
+    }
 
     let mut registry = Registry::default();
     st.runtime.metrics().register(&mut registry);
@@ -65,6 +98,50 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
         "agentloop_sessions",
         "Sessions live in this process (status=live), asleep (status=sleeping, S39), and stored records by status",
         sessions,
+    );
+    // S26a: every session known, with the status every door shows (the one judgement).
+    let known = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    for l in agentloop::lifecycle::Lifecycle::ALL {
+        let _ = known.get_or_create(&vec![("status", l.as_str())]);
+    }
+    let judge = |facts: agentloop::lifecycle::Facts<'_>| {
+        if let Some(l) = agentloop::lifecycle::judge(facts) {
+            known.get_or_create(&vec![("status", l.as_str())]).inc();
+        }
+    };
+    for entry in &stored {
+        match &entry.record {
+            Ok(record) => judge(agentloop::lifecycle::Facts {
+                live: live.contains(&entry.session_id),
+                record: Some(record.status()),
+                asleep: crate::sessions::read::asleep(record),
+                kept_beyond_record: false,
+            }),
+            Err(_) => {
+                known.get_or_create(&vec![("status", "unreadable")]).inc();
+            }
+        }
+    }
+    let recorded: std::collections::BTreeSet<&str> =
+        stored.iter().map(|e| e.session_id.as_str()).collect();
+    // Live without a record (not persistent, or its first write not landed yet).
+    for _ in live.iter().filter(|id| !recorded.contains(id.as_str())) {
+        judge(agentloop::lifecycle::Facts {
+            live: true,
+            ..Default::default()
+        });
+    }
+    for id in &kept_only {
+        judge(agentloop::lifecycle::Facts {
+            live: live.contains(id),
+            kept_beyond_record: true,
+            ..Default::default()
+        });
+    }
+    registry.register(
+        "agentloop_sessions_known",
+        "Every session known at every door (S26a: running here or elsewhere, or its record, checkpoint history or kept events remain) by the status GET /sessions shows",
+        known,
     );
     // S40: which versions of each kind the stored sessions that may still run need.
     let by_version = Family::<Vec<(&'static str, String)>, Gauge>::default();

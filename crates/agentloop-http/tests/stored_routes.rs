@@ -772,3 +772,174 @@ async fn a_kept_checkpoint_forks_into_a_new_session() {
     );
     rt.stop(agentloop::StopOptions::immediate()).await.unwrap();
 }
+
+/// `GET /metrics` as text.
+async fn metrics_text(app: &Router) -> String {
+    let req = Request::builder()
+        .uri("/metrics")
+        .body(Body::empty())
+        .unwrap();
+    let resp = send(app, req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// S26a (issue 53.1): a session whose record is gone while its checkpoint history and
+/// kept events remain (a build before S26a deleted a clean end's record, as
+/// `CheckpointStore::delete` still does) is known at every door: listed `completed`
+/// (kind `null`) in id order among the recorded and live ones, on the right page, by
+/// the status filter, at the get, and counted by `/metrics`'s one judgement; a delete
+/// removes it from all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_kept_only_as_history_and_events_is_listed_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = stored_runtime(dir.path(), Ledgers::default()).await;
+    let app = router(&rt, HttpOptions::default());
+    for (id, persistent) in [("a-runs", false), ("b-kept", true), ("c-stops", true)] {
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/sessions",
+            Some(if persistent {
+                json!({"id": id, "kind": "sim", "persistent": true, "history": 3})
+            } else {
+                json!({"id": id, "kind": "sim"})
+            }),
+        )
+        .await;
+        assert_eq!(s, StatusCode::CREATED, "{id}: {v}");
+    }
+    for id in ["b-kept", "c-stops"] {
+        let (s, v) = call(
+            &app,
+            "POST",
+            &format!("/sessions/{id}/items"),
+            push_body(1, "x"),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        eventually("a kept checkpoint", || async {
+            call(&app, "GET", &format!("/sessions/{id}/history"), None)
+                .await
+                .1
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+        })
+        .await;
+        let (s, v) = call(
+            &app,
+            "POST",
+            &format!("/sessions/{id}/stop"),
+            Some(json!({"mode": "graceful"})),
+        )
+        .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+        eventually("the stop", || async {
+            let (_, v) = call(&app, "GET", &format!("/sessions/{id}"), None).await;
+            v["status"] == "stopped" && v["live"] == false
+        })
+        .await;
+    }
+    // Its record deleted as S16's clean end did before S26a: history and events stay.
+    let store = rt.store().expect("a store");
+    assert!(store.delete("b-kept").await.expect("delete"));
+    assert!(store.load_stored("b-kept").await.expect("load").is_none());
+
+    let (s, rows) = call(&app, "GET", "/sessions", None).await;
+    assert_eq!(s, StatusCode::OK, "{rows}");
+    let ids: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a-runs", "b-kept", "c-stops"], "{rows}");
+    let kept = &rows[1];
+    assert_eq!(kept["status"], "completed", "{kept}");
+    assert_eq!(kept["kind"], Value::Null, "{kept}");
+    assert_eq!(kept["live"], false, "{kept}");
+    assert_eq!(rows[0]["status"], "running");
+    assert_eq!(rows[2]["status"], "stopped");
+    // Pages of one: each id once, in order, the kept one on its own page.
+    let mut paged = Vec::new();
+    let mut uri = "/sessions?limit=1".to_string();
+    for _ in 0..5 {
+        let req = Request::builder().uri(&uri).body(Body::empty()).unwrap();
+        let resp = send(&app, req).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let link = resp
+            .headers()
+            .get("link")
+            .map(|l| l.to_str().unwrap().to_string());
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let page: Value = serde_json::from_slice(&bytes).unwrap();
+        paged.extend(
+            page.as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["id"].as_str().unwrap().to_string()),
+        );
+        match link {
+            Some(l) => uri = l[1..l.find('>').unwrap()].to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(paged, ["a-runs", "b-kept", "c-stops"]);
+    let (_, completed) = call(&app, "GET", "/sessions?status=completed", None).await;
+    assert_eq!(completed.as_array().unwrap().len(), 1, "{completed}");
+    assert_eq!(completed[0]["id"], "b-kept");
+    let (_, stopped) = call(&app, "GET", "/sessions?status=stopped", None).await;
+    assert_eq!(stopped.as_array().unwrap().len(), 1, "{stopped}");
+    assert_eq!(stopped[0]["id"], "c-stops");
+    let (s, v) = call(&app, "GET", "/sessions/b-kept", None).await;
+    assert_eq!(
+        (s, v["status"].clone()),
+        (StatusCode::OK, json!("completed")),
+        "{v}"
+    );
+    assert_eq!(v["kept"]["record"], false, "{v}");
+    // The metrics judge the same way.
+    let text = metrics_text(&app).await;
+    assert_eq!(
+        sample(&text, "agentloop_sessions_known{status=\"running\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "agentloop_sessions_known{status=\"completed\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "agentloop_sessions_known{status=\"stopped\"}"),
+        1.0
+    );
+    assert_eq!(
+        sample(&text, "agentloop_sessions_known{status=\"failed\"}"),
+        0.0
+    );
+
+    // A delete removes what is kept: unknown at every door.
+    let (s, v) = call(&app, "DELETE", "/sessions/b-kept", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        call(&app, "GET", "/sessions/b-kept", None).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (_, rows) = call(&app, "GET", "/sessions", None).await;
+    assert!(
+        rows.as_array().unwrap().iter().all(|r| r["id"] != "b-kept"),
+        "{rows}"
+    );
+    let text = metrics_text(&app).await;
+    assert_eq!(
+        sample(&text, "agentloop_sessions_known{status=\"completed\"}"),
+        0.0
+    );
+    rt.shutdown().await.unwrap();
+}

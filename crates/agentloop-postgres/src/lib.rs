@@ -362,6 +362,15 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         expect!(f, Answer::Listed(l) => l)
     }
 
+    fn list_kept_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<String>, StoreError>> {
+        let f = self.call("", Request::Kept(after.map(str::to_string), limit));
+        expect!(f, Answer::Ids(l) => l)
+    }
+
     fn cas_status(
         &self,
         session_id: &str,

@@ -4,7 +4,8 @@
 //! ```text
 //! agentloop_entries   (session text, key bytea, value bytea)   one row per table entry
 //!                     (+ a partial index on the timers' due-time keys, S39, and
-//!                     one on the records' heads, for pages of records, issue 52)
+//!                     one on the records' heads, for pages of records, issue 52,
+//!                     and one on the sessions that keep history or events, S26a)
 //! agentloop_instances (instance text, beat_ms bigint)          one heartbeat per instance
 //! agentloop_runs      (instance text, runs text)               what each instance can run
 //!                                                               (S40: kinds and versions, JSON)
@@ -28,6 +29,8 @@ CREATE INDEX IF NOT EXISTS agentloop_due_timers ON agentloop_entries (key)
 CREATE INDEX IF NOT EXISTS agentloop_heads ON agentloop_entries (key)
     WHERE get_byte(key, 0) > 4 AND length(key) = octet_length(session) + 2
         AND get_byte(key, length(key) - 1) = 104;
+CREATE INDEX IF NOT EXISTS agentloop_kept ON agentloop_entries ((session COLLATE \"C\"))
+    WHERE get_byte(key, 0) IN (1, 2);
 CREATE TABLE IF NOT EXISTS agentloop_instances (
     instance text PRIMARY KEY,
     beat_ms bigint NOT NULL
@@ -85,6 +88,23 @@ ORDER BY key LIMIT $2";
 pub(crate) const PAGE_ROWS: &str = "
 SELECT session, key, value FROM agentloop_entries
 WHERE session = ANY($1::text[]) AND key >= '\\x20'::bytea";
+
+/// One page of the sessions that keep checkpoint history or events (S26a; keys marked
+/// 1 and 2), in id order (byte order: `COLLATE "C"`) after `$1`, at most `$2`: a loose
+/// scan of the partial index [`CREATE`] makes, one seek per session listed however many
+/// entries each keeps.
+pub(crate) const KEPT_PAGE: &str = r#"
+WITH RECURSIVE ids(s) AS (
+    (SELECT session COLLATE "C" FROM agentloop_entries
+        WHERE get_byte(key, 0) IN (1, 2) AND session COLLATE "C" > $1
+        ORDER BY session COLLATE "C" LIMIT 1)
+    UNION ALL
+    SELECT (SELECT session COLLATE "C" FROM agentloop_entries
+        WHERE get_byte(key, 0) IN (1, 2) AND session COLLATE "C" > ids.s
+        ORDER BY session COLLATE "C" LIMIT 1)
+    FROM ids WHERE ids.s IS NOT NULL
+)
+SELECT s FROM ids WHERE s IS NOT NULL LIMIT $2"#;
 
 /// The due-time index of every session's timers (S39), earliest first (keys only; the
 /// partial index [`CREATE`] makes keeps the scan to them).

@@ -56,6 +56,8 @@ pub(crate) enum Request {
     List(Option<Vec<StatusKind>>),
     /// One page of records in id order: after this id, at most this many (issue 52).
     Page(Option<String>, usize),
+    /// One page of the sessions that keep history or events, in id order (S26a).
+    Kept(Option<String>, usize),
     /// Store raw bytes under a raw key of a session, bypassing every check (tests).
     PutRaw(String, Vec<u8>, Vec<u8>),
     Beat(String, u64),
@@ -81,6 +83,7 @@ pub(crate) enum Answer {
     Timers(Vec<(u64, table::timers::StoredTimer)>),
     Due(Vec<agentloop_core::timers::TimerRef>),
     Listed(Vec<StoredEntry>),
+    Ids(Vec<String>),
     Beat(Option<u64>),
     Instances(Vec<(String, u64)>),
     Advertised(Vec<(String, String)>),
@@ -110,6 +113,7 @@ impl Request {
             Request::Write(w) => Some(w.session_id()),
             Request::List(_)
             | Request::Page(..)
+            | Request::Kept(..)
             | Request::PutRaw(..)
             | Request::DueTimers
             | Request::Beat(..)
@@ -136,7 +140,7 @@ impl Request {
             Request::ChangeTimer(..) => "change a timer of",
             Request::Timers(_) => "read the timers of",
             Request::DueTimers => "read the due timers",
-            Request::List(_) | Request::Page(..) => "list",
+            Request::List(_) | Request::Page(..) | Request::Kept(..) => "list",
             Request::PutRaw(..) => "save",
             Request::Beat(..) => "renew the heartbeat",
             Request::Heartbeat(_) => "read the heartbeat",
@@ -372,6 +376,20 @@ async fn alone(conn: &mut Connection, op: Op) {
                 .await
                 .map_err(db)
                 .map(Answer::Listed),
+            Request::Kept(after, limit) => {
+                // An `after` with a NUL (no id has one, and PostgreSQL's text holds
+                // none) comes after the same ids as its part before the NUL.
+                let after = after
+                    .as_deref()
+                    .map(|a| a.split('\0').next().unwrap_or_default())
+                    .unwrap_or_default();
+                let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+                client
+                    .query(schema::KEPT_PAGE, &[&after, &limit])
+                    .await
+                    .map_err(db)
+                    .map(|rows| Answer::Ids(rows.into_iter().map(|r| r.get(0)).collect()))
+            }
             _ => Err(StoreError::Closed),
         }
     }
@@ -556,6 +574,7 @@ fn apply(rows: &mut SessionRows, request: Request) -> Result<Answer, StoreError>
         Request::Timers(id) => table::timers::list(rows, &id).map(Answer::Timers),
         Request::List(_)
         | Request::Page(..)
+        | Request::Kept(..)
         | Request::PutRaw(..)
         | Request::DueTimers
         | Request::Beat(..)

@@ -966,6 +966,75 @@ pub fn list_page(
     Ok(out)
 }
 
+/// One page of the sessions that keep checkpoint history (S16b) or events (S20a), in
+/// id order: their ids after `after` (from the first when `None`), at most `limit`,
+/// whether or not a record of them remains (S26a: a session is known while anything of
+/// it is kept; the caller merges this page with [`list_page`]'s). It seeks one session
+/// at a time in each keyspace ([`Table::first_key_from`]), so a page costs what it
+/// returns, however many entries each session keeps.
+pub fn kept_page(
+    t: &impl Table,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StoreError> {
+    let marks = [crate::history::HISTORY_MARK, events::EVENTS_MARK];
+    let mut next: Vec<Option<String>> = marks
+        .iter()
+        .map(|m| next_kept(t, *m, after))
+        .collect::<Result<_, _>>()?;
+    let mut out: Vec<String> = Vec::with_capacity(limit.min(1024));
+    while out.len() < limit {
+        let Some(id) = next.iter().flatten().min().cloned() else {
+            break;
+        };
+        for (i, mark) in marks.iter().enumerate() {
+            if next[i].as_deref() == Some(id.as_str()) {
+                next[i] = next_kept(t, *mark, Some(&id))?;
+            }
+        }
+        out.push(id);
+    }
+    Ok(out)
+}
+
+/// The first session after `after` with a key in the keyspace marked `mark`
+/// (`mark`, id, `0x00`, …).
+fn next_kept(t: &impl Table, mark: u8, after: Option<&str>) -> Result<Option<String>, StoreError> {
+    let mut from = vec![mark];
+    match after {
+        // Past every key of `after` in this keyspace; an `after` that is no id (a NUL
+        // in it) comes after the same ids as its part before the NUL.
+        Some(a) => {
+            from.extend_from_slice(a.split('\0').next().unwrap_or_default().as_bytes());
+            from.push(1);
+        }
+        None => from.push(FIRST_ID_BYTE),
+    }
+    loop {
+        let Some(key) = t.first_key_from(&from)? else {
+            return Ok(None);
+        };
+        if key.first() != Some(&mark) {
+            return Ok(None);
+        }
+        let rest = &key[1..];
+        let Some(end) = rest.iter().position(|b| *b == 0) else {
+            // No id's key (nothing writes one): step over it.
+            from = key;
+            from.push(0);
+            continue;
+        };
+        match std::str::from_utf8(&rest[..end]) {
+            Ok(id) if after.is_none_or(|a| id > a) => return Ok(Some(id.to_string())),
+            // Past every key of this id (`mark`, id, `0x00`, …).
+            _ => {
+                from = key[..1 + end].to_vec();
+                from.push(1);
+            }
+        }
+    }
+}
+
 /// The first key past every key of session `id` (they are `id`, `0x00`, …; an id that
 /// extends `id` goes on with a byte above `0x01`).
 fn past(id: &str) -> Vec<u8> {

@@ -715,3 +715,66 @@ fn a_page_of_records_reads_only_the_records_it_lists() {
     let ids: Vec<&str> = odd.iter().map(|e| e.session_id.as_str()).collect();
     assert_eq!(ids, ["s00004", "s00005"]);
 }
+
+/// S26a: a session is known while its history or kept events remain, with or without
+/// a record. `kept_page` pages those ids in order, each once whatever it keeps, seeking
+/// one session at a time (one seek per keyspace per id, and one per keyspace to end),
+/// scanning nothing, and steps over ids that extend another and over an `after` that
+/// is no id.
+#[test]
+fn a_page_of_kept_sessions_lists_each_id_once_in_order() {
+    let mut t = Map::default();
+    // Records only: not kept beyond their record, never in this page.
+    for n in 0..100u64 {
+        let id = format!("r{n:03}");
+        let w = RecordWrite {
+            header: header(&id),
+            ..write(
+                vec![ItemChange::Put(1, p(b"one"))],
+                StateChange::Keep,
+                false,
+            )
+        };
+        super::write(&mut t, w).unwrap();
+    }
+    let event_key = |id: &str, n: u32| {
+        let mut k = events::events_prefix(id);
+        k.extend_from_slice(&n.to_be_bytes());
+        k
+    };
+    // History only, events only, both, an id extending another, many entries each.
+    for turn in 0..50u64 {
+        t.rows
+            .insert(crate::history::history_key("h1", turn), p(b"snap"));
+        t.rows
+            .insert(crate::history::history_key("both", turn), p(b"snap"));
+    }
+    for n in 0..500u32 {
+        t.rows.insert(event_key("e1", n), p(b"event"));
+        t.rows.insert(event_key("both", n), p(b"event"));
+        t.rows.insert(event_key("e1x", n), p(b"event"));
+    }
+    let (seeks, scans) = (t.seeks.get(), t.scans.get());
+    let all = kept_page(&t, None, 100).unwrap();
+    assert_eq!(all, ["both", "e1", "e1x", "h1"]);
+    assert_eq!(t.scans.get() - scans, 0, "no scan");
+    assert!(
+        t.seeks.get() - seeks <= 2 + 2 * 4,
+        "a seek per keyspace per id and one to end, not one per entry: {}",
+        t.seeks.get() - seeks
+    );
+    assert_eq!(kept_page(&t, None, 2).unwrap(), ["both", "e1"]);
+    assert_eq!(kept_page(&t, Some("e1"), 10).unwrap(), ["e1x", "h1"]);
+    assert_eq!(kept_page(&t, Some("both\0x"), 1).unwrap(), ["e1"]);
+    assert!(kept_page(&t, Some("h1"), 10).unwrap().is_empty());
+    assert!(kept_page(&t, None, 0).unwrap().is_empty());
+    // A session's history removed: listed for its events alone; both removed: gone.
+    for turn in 0..50u64 {
+        t.rows.remove(&crate::history::history_key("h1", turn));
+    }
+    assert_eq!(
+        kept_page(&t, Some("e1x"), 10).unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(kept_page(&t, None, 10).unwrap(), ["both", "e1", "e1x"]);
+}

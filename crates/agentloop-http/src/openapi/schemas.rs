@@ -178,7 +178,8 @@ pub struct Spawned {
 pub struct SessionRow {
     /// The session's id.
     pub id: String,
-    /// Its agent kind (`null` for a record that does not decode).
+    /// Its agent kind (`null` for a record that does not decode, or a session kept
+    /// only as checkpoint history or events, S26a).
     pub kind: Option<String>,
     /// The version of its kind (S40): the stored record's or the one it runs.
     pub version: Option<u32>,

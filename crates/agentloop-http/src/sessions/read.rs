@@ -21,8 +21,9 @@ use std::collections::BTreeMap;
 /// `sleeping`, `stopped`, `interrupted`, `completed`, `canceled`, `failed`) and its
 /// `state`: `live` (it runs here), `sleeping` (S39: its record says it sleeps and it
 /// does not run) or `stored`. A session that ended cleanly and keeps history or events
-/// keeps a final record, so it stays listed until it is deleted. `?status=` filters by
-/// status (several separated by commas).
+/// keeps a final record, so it stays listed until it is deleted; one whose record is
+/// gone while its history or events remain is listed `completed`, its kind `null`.
+/// `?status=` filters by status (several separated by commas).
 #[utoipa::path(
     get, path = "/sessions", operation_id = "list_sessions", tag = "sessions",
     params(ListPage),
@@ -126,8 +127,8 @@ pub(crate) async fn list<I: Item, E: Ev>(
 /// How many pages of ids one filtered `GET /sessions` reads at most.
 const SCAN_PAGES: usize = 8;
 
-/// One page of rows in id order after `after`, live sessions and stored records merged
-/// by id, each with the status every door shows (S26a); whether more follow, and the
+/// One page of rows in id order after `after`, live sessions, stored records and the
+/// sessions kept only as history or events merged by id, each with the status every door shows (S26a); whether more follow, and the
 /// last id of the page.
 async fn one_page<I: Item, E: Ev>(
     st: &AppState<I, E>,
@@ -135,11 +136,12 @@ async fn one_page<I: Item, E: Ev>(
     limit: usize,
 ) -> Result<(Vec<(String, Value)>, bool, Option<String>), ApiError> {
     // One page, in id order, after `after` (S34a: an answer is bounded), costing what
-    // it returns (issue 52): `limit + 1` stored records and `limit + 1` live sessions
-    // after `after` hold the page's first `limit + 1` ids, whichever side each is on,
-    // so the merge knows whether more follow.
+    // it returns (issue 52): `limit + 1` stored records, `limit + 1` kept sessions and
+    // `limit + 1` live sessions after `after` hold the page's first `limit + 1` ids,
+    // whichever side each is on, so the merge knows whether more follow.
     let mut rows: BTreeMap<String, Value> = BTreeMap::new();
     let mut statuses: BTreeMap<String, (agentloop::store::SessionStatus, bool)> = BTreeMap::new();
+    let mut kept_only: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     if let Some(store) = st.runtime.store() {
         for entry in store.list_page(after, limit + 1).await? {
             let row = match &entry.record {
@@ -172,6 +174,23 @@ async fn one_page<I: Item, E: Ev>(
             };
             rows.insert(entry.session_id.clone(), row);
         }
+        // S26a: a session whose record is gone but whose history or events remain
+        // (deleted by a build before S26a, or by `CheckpointStore::delete`) is known
+        // too: its first `limit + 1` ids after `after` join the merge.
+        for id in store.list_kept_page(after, limit + 1).await? {
+            rows.entry(id.clone()).or_insert_with(|| {
+                kept_only.insert(id.clone());
+                json!({
+                    "id": id,
+                    "kind": null,
+                    "version": null,
+                    "live": false,
+                    "state": "stored",
+                    "presence": "stored",
+                    "restarts": null,
+                })
+            });
+        }
     }
     for s in st.runtime.supervisor().list_page(after, limit + 1).await {
         let row = rows.entry(s.id.clone()).or_insert_with(
@@ -194,7 +213,7 @@ async fn one_page<I: Item, E: Ev>(
             live: row["live"] == json!(true),
             record: record.map(|(s, _)| s),
             asleep: record.is_some_and(|(_, a)| *a),
-            kept_beyond_record: false,
+            kept_beyond_record: kept_only.contains(id),
         });
         row["status"] = json!(lifecycle.map(Lifecycle::as_str));
     }
@@ -244,7 +263,7 @@ pub(super) fn url_escape(s: &str) -> String {
 }
 
 /// Whether a record says its session sleeps (S39).
-pub(super) fn asleep(stored: &agentloop::store::Stored) -> bool {
+pub(crate) fn asleep(stored: &agentloop::store::Stored) -> bool {
     matches!(stored, agentloop::store::Stored::Current(r)
         if r.header.asleep && r.header.status == agentloop::store::SessionStatus::Running)
 }

@@ -763,6 +763,17 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
     }
 
+    fn list_kept_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<String>, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        self.committer
+            .kept_page(after.map(str::to_string), limit, Answer::oneshot(tx));
+        Box::pin(async move { rx.await.map_err(|_| StoreError::Closed)? })
+    }
+
     fn cas_status(
         &self,
         session_id: &str,

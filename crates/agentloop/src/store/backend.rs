@@ -528,6 +528,12 @@ impl Backend {
         crate::store::table::list_page(&crate::store::wave::Wave::new(self), after, limit)
     }
 
+    /// One page of the sessions that keep history or events, in id order after
+    /// `after`, at most `limit` (`table::kept_page`, S26a). Blocks.
+    pub fn kept_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError> {
+        crate::store::table::kept_page(&crate::store::wave::Wave::new(self), after, limit)
+    }
+
     /// Every key and value stored for a session, named, undecoded (see
     /// [`SledBackend::raw_entries`]). Blocks.
     pub fn raw_entries(&self, id: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {

@@ -390,6 +390,14 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         Box::pin(ready(r))
     }
 
+    fn list_kept_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<String>, StoreError>> {
+        Box::pin(ready(table::kept_page(&*self.entries.lock(), after, limit)))
+    }
+
     fn cas_status(
         &self,
         session_id: &str,

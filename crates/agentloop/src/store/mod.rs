@@ -123,6 +123,21 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         })
     }
 
+    /// One page of the sessions that keep checkpoint history (S16b) or events (S20a), in
+    /// id order: their ids after `after` (from the first when `None`), at most `limit`,
+    /// whether or not their record remains (S26a: a session is known while anything of
+    /// it is kept). A listing merges this page with [`list_page`](Self::list_page)'s.
+    /// Every built-in store seeks one session at a time (`table::kept_page`), so a page
+    /// costs what it returns. The default is a store that keeps neither: none.
+    fn list_kept_page(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> BoxFuture<'static, Result<Vec<String>, StoreError>> {
+        let _ = (after, limit);
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
+
     /// Atomically sets the status to `to` if it is one of `from` (S19, S24).
     fn cas_status(
         &self,

@@ -100,6 +100,13 @@ enum Job {
         what: Listing,
         answer: Answer<Vec<StoredEntry>>,
     },
+    /// The ids of one page of sessions that keep history or events
+    /// (`table::kept_page`, S26a): runs as a listing does.
+    Kept {
+        after: Option<String>,
+        limit: usize,
+        answer: Answer<Vec<String>>,
+    },
     /// Finish everything queued before it, refuse what follows, release the engine.
     Close { answer: Answer<()> },
     /// Nothing: wakes the thread so that the riders waiting are committed.
@@ -202,6 +209,7 @@ impl std::fmt::Debug for Job {
         f.write_str(match self {
             Job::Op { .. } => "Op",
             Job::List { .. } => "List",
+            Job::Kept { .. } => "Kept",
             Job::Close { .. } => "Close",
             Job::Wake => "Wake",
         })
@@ -381,6 +389,21 @@ impl Committer {
     ) {
         self.send(Job::List {
             what: Listing::Page(after, limit),
+            answer,
+        });
+    }
+
+    /// Queues the listing of one page of the sessions that keep history or events
+    /// (S26a; it sees every operation queued before it, like [`Committer::list`]).
+    pub(crate) fn kept_page(
+        self: &Arc<Self>,
+        after: Option<String>,
+        limit: usize,
+        answer: Answer<Vec<String>>,
+    ) {
+        self.send(Job::Kept {
+            after,
+            limit,
             answer,
         });
     }
@@ -599,6 +622,19 @@ impl Committer {
                                 engine.list_page(after.as_deref(), limit)
                             }
                         };
+                        drop(engine);
+                        answer.send(r);
+                    });
+                }
+                Job::Kept {
+                    after,
+                    limit,
+                    answer,
+                } => {
+                    self.apply(&engine, &mut ops, &mut waiters, &mut writes);
+                    let engine = engine.clone();
+                    self.runtime.spawn_blocking(move || {
+                        let r = engine.kept_page(after.as_deref(), limit);
                         drop(engine);
                         answer.send(r);
                     });
