@@ -188,6 +188,9 @@ impl CheckpointStore<SimItem> for PausableBeats {
                 .collect())
         })
     }
+    fn keeps_history(&self) -> bool {
+        self.inner.keeps_history()
+    }
     fn history(
         &self,
         id: &str,

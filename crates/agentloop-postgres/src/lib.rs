@@ -481,6 +481,10 @@ impl<I: 'static> CheckpointStore<I> for PostgresStore<I> {
         true
     }
 
+    fn keeps_history(&self) -> bool {
+        true
+    }
+
     fn append_events_then(
         &self,
         session: &str,

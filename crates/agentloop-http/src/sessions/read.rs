@@ -296,7 +296,7 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
     SessionId(id): SessionId,
 ) -> Result<Json<Value>, ApiError> {
     // One judgement for every door (S26a): unknown only when nothing runs or is kept.
-    let Some(life) = st.runtime.life(&id).await? else {
+    let Some((life, view)) = st.runtime.life_view(&id).await? else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_session",
@@ -305,7 +305,6 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
             ),
         ));
     };
-    let view = st.runtime.view(&id).await?;
     let sleeping = life.lifecycle == Lifecycle::Sleeping;
     let live = match life.lifecycle {
         Lifecycle::Running => st.runtime.supervisor().inspect(&id).await.ok(),

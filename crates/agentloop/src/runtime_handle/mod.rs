@@ -150,28 +150,62 @@ where
     /// door: whether it runs here, its record's status, and its checkpoint history and
     /// kept events. `None` when nothing of it runs or is kept (the only "unknown").
     pub async fn life(&self, id: &str) -> Result<Option<crate::view::SessionLife>, StoreError> {
+        Ok(self.life_and_view(id, false).await?.map(|(life, _)| life))
+    }
+
+    /// [`life`](Self::life) and [`view`](Self::view) of session `id` from one read of
+    /// its record (what `GET /sessions/{id}` answers): the view is `None` when no record
+    /// is stored. `None` when nothing of it runs or is kept.
+    pub async fn life_view(
+        &self,
+        id: &str,
+    ) -> Result<Option<(crate::view::SessionLife, Option<crate::view::SessionView>)>, StoreError>
+    {
+        self.life_and_view(id, true).await
+    }
+
+    async fn life_and_view(
+        &self,
+        id: &str,
+        with_view: bool,
+    ) -> Result<Option<(crate::view::SessionLife, Option<crate::view::SessionView>)>, StoreError>
+    {
         let live = self.supervisor.is_live(id);
         let mut kept = crate::view::Kept::default();
         let mut status = None;
         let mut asleep = false;
+        let mut view = None;
         if let Some(store) = &self.store {
-            match store.load_stored(id).await? {
+            let stored = store.load_stored(id).await?;
+            match &stored {
                 Some(crate::store::Stored::Current(r)) => {
                     asleep = r.header.asleep;
-                    status = Some(r.header.status);
+                    status = Some(r.header.status.clone());
                 }
                 Some(old @ crate::store::Stored::Format1(_)) => status = Some(old.status().clone()),
                 None => {}
             }
+            if with_view {
+                if let Some(stored) = stored {
+                    let mut v = self.view_of(stored)?;
+                    // S39: the session's timers, with their items through the redaction.
+                    v.timers =
+                        crate::view::timers_view(id, store.timers(id).await?, &self.redaction)?;
+                    view = Some(v);
+                }
+            }
             kept.record = status.is_some();
-            // A store without history or kept events answers none.
-            kept.history = match store
-                .history(id, crate::store::history::HistoryQuery::List)
-                .await
-            {
-                Ok(crate::store::history::HistoryAnswer::List(l)) => l.len(),
-                _ => 0,
-            };
+            // A store that keeps no history keeps none of this session; a failed read
+            // is an error, not "none kept".
+            if store.keeps_history() {
+                kept.history = match store
+                    .history(id, crate::store::history::HistoryQuery::List)
+                    .await?
+                {
+                    crate::store::history::HistoryAnswer::List(l) => l.len(),
+                    crate::store::history::HistoryAnswer::Load(_) => 0,
+                };
+            }
             kept.events = store.read_events(id, u64::MAX, 0).await?.last;
         }
         let lifecycle = crate::lifecycle::judge(crate::lifecycle::Facts {
@@ -180,7 +214,7 @@ where
             asleep,
             kept_beyond_record: kept.history > 0 || kept.events > 0,
         });
-        Ok(lifecycle.map(|lifecycle| crate::view::SessionLife { lifecycle, kept }))
+        Ok(lifecycle.map(|lifecycle| (crate::view::SessionLife { lifecycle, kept }, view)))
     }
 
     async fn record_view(
@@ -190,10 +224,18 @@ where
     ) -> Result<Option<crate::view::SessionView>, StoreError> {
         match store.load_stored(id).await? {
             None => Ok(None),
-            Some(crate::store::Stored::Current(r)) => {
-                crate::view::session_view(&r, &self.redaction).map(Some)
-            }
-            Some(old @ crate::store::Stored::Format1(_)) => {
+            Some(stored) => self.view_of(stored).map(Some),
+        }
+    }
+
+    /// The S24 view of a stored record through the runtime's redaction (no timers).
+    fn view_of(
+        &self,
+        stored: crate::store::Stored,
+    ) -> Result<crate::view::SessionView, StoreError> {
+        match stored {
+            crate::store::Stored::Current(r) => crate::view::session_view(&r, &self.redaction),
+            old @ crate::store::Stored::Format1(_) => {
                 // Format 1 is bincode: read it through the item type, then view it.
                 let rec = old.decode::<I>()?.into_record();
                 let write = rec.to_write(crate::store::WriteCondition::Always)?;
@@ -210,7 +252,7 @@ where
                     state: None,
                     journal: Vec::new(),
                 };
-                crate::view::session_view(&stored, &self.redaction).map(Some)
+                crate::view::session_view(&stored, &self.redaction)
             }
         }
     }

@@ -579,6 +579,10 @@ impl<I: 'static> CheckpointStore<I> for CheckpointClient<I> {
         true
     }
 
+    fn keeps_history(&self) -> bool {
+        true
+    }
+
     fn append_events_then(
         &self,
         session: &str,

@@ -275,6 +275,10 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         true
     }
 
+    fn keeps_history(&self) -> bool {
+        true
+    }
+
     fn append_events_then(
         &self,
         session: &str,

@@ -378,6 +378,12 @@ pub trait CheckpointStore<I>: Send + Sync + 'static {
         false
     }
 
+    /// Whether this store keeps checkpoint history (issue 13): a store that does not
+    /// refuses [`history`](Self::history) reads. The default keeps none.
+    fn keeps_history(&self) -> bool {
+        false
+    }
+
     /// Reads a session's checkpoint history (issue 13): the list of kept turn-end
     /// checkpoints, or one of them. The default is a store that keeps none: it refuses.
     fn history(
