@@ -900,15 +900,7 @@ pub async fn checkpoint_history(store: &Store) {
         "paged after an id"
     );
     assert!(store.purge(id).await.expect("purge"), "history existed");
-    assert!(
-        !store
-            .list_kept_page(None, 10_000)
-            .await
-            .expect("kept page")
-            .iter()
-            .any(|k| k == id),
-        "nothing kept after a purge"
-    );
+    assert!(!is_kept(store, id).await, "nothing kept after a purge");
     match store
         .history(id, HistoryQuery::List)
         .await
@@ -918,6 +910,16 @@ pub async fn checkpoint_history(store: &Store) {
         other => panic!("{other:?}"),
     }
     assert!(!store.purge(id).await.expect("purge"), "nothing left");
+}
+
+/// Whether `id` is on the store's first page of kept sessions (S26a).
+async fn is_kept(store: &Store, id: &str) -> bool {
+    store
+        .list_kept_page(None, 10_000)
+        .await
+        .expect("kept page")
+        .iter()
+        .any(|k| k == id)
 }
 
 /// Kept events (S20a): appended in pages, read after a number, trimmed by count, a new
@@ -1045,12 +1047,7 @@ pub async fn kept_events(store: &Store) {
         "the events existed"
     );
     assert!(
-        !store
-            .list_kept_page(None, 10_000)
-            .await
-            .expect("kept page")
-            .iter()
-            .any(|k| k == "events"),
+        !is_kept(store, "events").await,
         "nothing kept after a purge"
     );
     assert_eq!(

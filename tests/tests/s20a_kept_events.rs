@@ -350,7 +350,7 @@ async fn retention_by_age_trims_what_is_older() {
 }
 
 /// The keeper's slack for the events the actor numbers without waiting, and the
-/// fewest numbers it reserves ahead (`events/keeper.rs` `SLACK`, `MIN_BLOCK`: twice the
+/// fewest numbers it reserves ahead (`events/keeper/mod.rs` `SLACK`, `MIN_BLOCK`: twice the
 /// slack and room for a few events).
 const SLACK: u64 = 64;
 const MIN_BLOCK: u64 = 2 * SLACK + 32;

@@ -101,10 +101,10 @@ fn agentloop(dir: &Path, args: &[&str]) -> (bool, String) {
 }
 
 /// The keeper's slack for the events the actor numbers without waiting
-/// (`events/keeper.rs` `SLACK`).
+/// (`events/keeper/mod.rs` `SLACK`).
 const SLACK: u64 = 64;
 
-/// The fewest numbers a keeper reserves ahead (`events/keeper.rs` `MIN_BLOCK`).
+/// The fewest numbers a keeper reserves ahead (`events/keeper/mod.rs` `MIN_BLOCK`).
 const MIN_BLOCK: u64 = 2 * SLACK + 32;
 
 /// The most numbers a killed process can leave between its last kept event and the

@@ -2,7 +2,7 @@
 //! its events in the store ([`Retention`], one of the settings its record keeps). How
 //! the events are laid out, appended, trimmed and read is `table::events`; how a
 //! session numbers them and rides the store's group commits is the runtime's keeper
-//! (`agentloop` `events/keeper.rs`).
+//! (`agentloop` `events/keeper/mod.rs`).
 
 use serde::{Deserialize, Serialize};
 

@@ -97,8 +97,93 @@ impl ApiError {
 /// embedder that parses a client's JSON itself (the agent configurations of `agentloop
 /// serve`).
 pub fn plain_serde_message(message: &str) -> String {
-    crate::sessions::clean_serde_message(message)
+    clean_serde_message(message)
 }
+
+/// serde's message without the Rust types it names (S34a): `expected struct SimItem`
+/// becomes `expected an object`, `expected u64` a whole number, and axum's prefix goes.
+pub(crate) fn clean_serde_message(message: &str) -> String {
+    let mut m = message
+        .replace(
+            "Failed to deserialize the JSON body into the target type: ",
+            "",
+        )
+        .replace("Failed to parse the request body as JSON: ", "not JSON: ")
+        .replace("Failed to deserialize query string: ", "");
+    for (named, plain) in [
+        ("expected tuple struct ", "expected an array"),
+        ("expected unit struct ", "expected null"),
+        ("expected newtype struct ", "expected a value"),
+        ("expected struct ", "expected an object"),
+        ("expected enum ", "expected one of its named values"),
+    ] {
+        while let Some(at) = m.find(named) {
+            let rest = &m[at + named.len()..];
+            let name_len = rest
+                .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | ':' | '<' | '>')))
+                .unwrap_or(rest.len());
+            m = format!("{}{plain}{}", &m[..at], &rest[name_len..]);
+        }
+    }
+    for (ty, plain) in [
+        ("usize", "a whole number (0 or more)"),
+        ("u64", "a whole number (0 or more)"),
+        ("u32", "a whole number (0 or more)"),
+        ("u16", "a whole number (0 or more)"),
+        ("u8", "a whole number (0 or more)"),
+        ("i64", "a whole number"),
+        ("i32", "a whole number"),
+        ("f64", "a number"),
+        ("f32", "a number"),
+    ] {
+        for end in [" ", ",", ")", ""] {
+            let from = format!("expected {ty}{end}");
+            if end.is_empty() {
+                if m.ends_with(&from) {
+                    let cut = m.len() - from.len();
+                    m = format!("{}expected {plain}", &m[..cut]);
+                }
+            } else {
+                m = m.replace(&from, &format!("expected {plain}{end}"));
+            }
+        }
+    }
+    m
+}
+
+/// Every error `code` the server answers with (the OpenAPI document's `ErrorCode`
+/// schema lists these values; a test holds the two together).
+pub const ERROR_CODES: [&str; 29] = [
+    "bad_request",
+    "unauthorized",
+    "forbidden_host",
+    "unknown_session",
+    "unknown_checkpoint",
+    "unknown_timer",
+    "not_found",
+    "method_not_allowed",
+    "body_timeout",
+    "duplicate",
+    "wrong_state",
+    "idempotency_mismatch",
+    "version_unavailable",
+    "not_forwardable",
+    "not_a_node",
+    "too_large",
+    "uri_too_long",
+    "headers_too_large",
+    "json_required",
+    "too_many",
+    "too_many_sessions",
+    "too_many_timers",
+    "session_full",
+    "over_memory",
+    "internal",
+    "owner_unreachable",
+    "draining",
+    "not_live",
+    "unavailable",
+];
 
 /// At most this many characters of a client's input go into a log line or a message.
 pub(crate) const EXCERPT_CHARS: usize = 100;
@@ -129,7 +214,7 @@ pub fn retry_after_secs(d: std::time::Duration) -> u64 {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         debug_assert!(
-            crate::openapi::ERROR_CODES.contains(&self.code),
+            ERROR_CODES.contains(&self.code),
             "the error code `{}` is not in the OpenAPI document's ErrorCode",
             self.code
         );

@@ -20,6 +20,10 @@ pub const DEFAULT_MAX_REQUESTS: usize = 1024;
 /// otherwise.
 pub const DEFAULT_MAX_EVENT_STREAMS: usize = 256;
 
+/// The probes: they take no request slot (a slow client cannot fail them); the
+/// OpenAPI document documents their answers from this list.
+pub(crate) const PROBES: [&str; 2] = ["/healthz", "/readyz"];
+
 /// A counter with a ceiling; a [`Slot`] holds one unit until dropped.
 #[derive(Debug)]
 pub(crate) struct Gauge {
@@ -93,7 +97,7 @@ pub(crate) async fn bound_requests(
     req: Request,
     next: Next,
 ) -> Response {
-    if crate::openapi::PROBES.contains(&req.uri().path()) {
+    if PROBES.contains(&req.uri().path()) {
         return next.run(req).await;
     }
     match gauge.try_take() {

@@ -523,21 +523,7 @@ async fn metrics_count_turns_pushes_checkpoints_and_sessions() {
     })
     .await;
 
-    let req = Request::builder()
-        .uri("/metrics")
-        .body(Body::empty())
-        .unwrap();
-    let resp = send(&app, req).await;
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert!(resp.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("application/openmetrics-text"));
-    let bytes = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let text = metrics_text(&app).await;
     assert!(sample(&text, "agentloop_turns_total{outcome=\"completed\"}") >= 1.0);
     assert_eq!(
         sample(&text, "agentloop_pushes_total{result=\"accepted\"}"),
@@ -591,17 +577,7 @@ async fn metrics_count_restarts_and_show_the_shutdown_phases() {
             .0,
         StatusCode::OK
     );
-    let metrics = || async {
-        let req = Request::builder()
-            .uri("/metrics")
-            .body(Body::empty())
-            .unwrap();
-        let bytes = http_body_util::BodyExt::collect(send(&app, req).await.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
-        String::from_utf8(bytes.to_vec()).unwrap()
-    };
+    let metrics = || metrics_text(&app);
     eventually("a restart", || async {
         metrics()
             .await
@@ -696,15 +672,7 @@ async fn the_view_shows_a_cut_turns_durable_steps_and_metrics_count_them() {
     assert_eq!(step["finished"], true);
     assert_eq!(step["result"]["receipt"], "p/0/0/charge");
     assert_eq!(step["result"]["items"], "[redacted]", "{v}");
-    let req = Request::builder()
-        .uri("/metrics")
-        .body(Body::empty())
-        .unwrap();
-    let bytes = http_body_util::BodyExt::collect(send(&app, req).await.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let text = metrics_text(&app).await;
     // The supervisor restarts the failed session from its record (S26) until its
     // budget is spent: each restart replays the charge, none runs it again.
     assert_eq!(sample(&text, "agentloop_steps_total{result=\"ran\"}"), 1.0);
@@ -781,6 +749,10 @@ async fn metrics_text(app: &Router) -> String {
         .unwrap();
     let resp = send(app, req).await;
     assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
     let bytes = http_body_util::BodyExt::collect(resp.into_body())
         .await
         .unwrap()

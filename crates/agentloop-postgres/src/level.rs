@@ -26,7 +26,7 @@ fn refused(target: &str, why: String) -> StoreError {
 
 async fn show(client: &Client, target: &str, setting: &str) -> Result<String, StoreError> {
     let db = |e: tokio_postgres::Error| {
-        crate::shard::database_error(target, "read its settings", "", &e)
+        crate::error::database_error(target, "read its settings", "", &e)
     };
     let row = client
         .query_one(&format!("SHOW {setting}"), &[])
@@ -45,7 +45,7 @@ pub(crate) async fn apply(
         client
             .batch_execute(&format!("SET synchronous_commit = {value}"))
             .await
-            .map_err(|e| crate::shard::database_error(target, "set synchronous_commit", "", &e))
+            .map_err(|e| crate::error::database_error(target, "set synchronous_commit", "", &e))
     };
     match level {
         StoreDurability::Crash => set("off").await,

@@ -30,6 +30,7 @@
 //! # Ok(()) }
 //! ```
 
+mod error;
 mod level;
 mod rows;
 mod schema;
@@ -270,7 +271,9 @@ impl<I> PostgresStore<I> {
 
 async fn create_tables(conn: &mut Connection) -> Result<(), StoreError> {
     let target = conn.target().to_string();
-    let db = |e: tokio_postgres::Error| shard::database_error(&target, "create its tables", "", &e);
+    let db = |e: tokio_postgres::Error| {
+        crate::error::database_error(&target, "create its tables", "", &e)
+    };
     let client = conn.client().await?;
     let tx = client.transaction().await.map_err(db)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&schema::CREATE_LOCK])

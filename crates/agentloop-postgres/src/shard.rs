@@ -152,34 +152,6 @@ impl Request {
     }
 }
 
-/// The error for a failed database call, naming the server and PostgreSQL's own
-/// message (its `DbError` when there is one: the useful part).
-pub(crate) fn database_error(
-    target: &str,
-    operation: &'static str,
-    session: &str,
-    e: &tokio_postgres::Error,
-) -> StoreError {
-    let said = match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            let mut s = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(inner) = source {
-                s.push_str(": ");
-                s.push_str(&inner.to_string());
-                source = inner.source();
-            }
-            s
-        }
-    };
-    StoreError::Database {
-        operation,
-        session: session.to_string(),
-        message: format!("PostgreSQL at {target}: {said}"),
-    }
-}
-
 /// A connection that reconnects when it was lost.
 pub(crate) struct Connection {
     config: Config,
@@ -213,7 +185,9 @@ impl Connection {
     /// The connected client, reconnecting when the last one closed.
     pub(crate) async fn client(&mut self) -> Result<&mut Client, StoreError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
-            let failed = |e: tokio_postgres::Error| database_error(&self.target, "connect", "", &e);
+            let failed = |e: tokio_postgres::Error| {
+                crate::error::database_error(&self.target, "connect", "", &e)
+            };
             let lost = |target: String| {
                 move |e: tokio_postgres::Error| {
                     tracing::warn!(server = %target, error = %e, "connection to PostgreSQL lost; the next request reconnects");
@@ -299,7 +273,8 @@ async fn alone(conn: &mut Connection, op: Op) {
     let target = conn.target().to_string();
     let answer = async {
         let client = conn.client().await?;
-        let db = |e: tokio_postgres::Error| database_error(&target, operation, "", &e);
+        let db =
+            |e: tokio_postgres::Error| crate::error::database_error(&target, operation, "", &e);
         match op.request {
             Request::Flush => Ok(Answer::Done),
             Request::Beat(instance, now_ms) => {
@@ -473,7 +448,7 @@ async fn sessions(conn: &mut Connection, batch: Vec<Op>) {
         .any(|op| matches!(op.request, Request::History(..) | Request::ReadEvents(..)));
     let mut replies = Vec::with_capacity(batch.len());
     let result: Result<(), StoreError> = async {
-        let db = |e: tokio_postgres::Error| database_error(&target, "save", "", &e);
+        let db = |e: tokio_postgres::Error| crate::error::database_error(&target, "save", "", &e);
         let client = conn.client().await?;
         let tx = client.transaction().await.map_err(db)?;
         tx.execute(schema::LOCK_SESSIONS, &[&ids])

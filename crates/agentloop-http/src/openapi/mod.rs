@@ -25,41 +25,7 @@ use utoipa::{Modify, OpenApi};
 /// The routes without a token: the probes, the page and this document.
 pub(crate) const PUBLIC_PATHS: [&str; 4] = ["/", "/healthz", "/readyz", "/openapi.json"];
 
-/// The probes: they take no request slot (a slow client cannot fail them).
-pub(crate) const PROBES: [&str; 2] = ["/healthz", "/readyz"];
-
-/// Every error `code` the server answers with (the `ErrorCode` schema's values).
-pub const ERROR_CODES: [&str; 29] = [
-    "bad_request",
-    "unauthorized",
-    "forbidden_host",
-    "unknown_session",
-    "unknown_checkpoint",
-    "unknown_timer",
-    "not_found",
-    "method_not_allowed",
-    "body_timeout",
-    "duplicate",
-    "wrong_state",
-    "idempotency_mismatch",
-    "version_unavailable",
-    "not_forwardable",
-    "not_a_node",
-    "too_large",
-    "uri_too_long",
-    "headers_too_large",
-    "json_required",
-    "too_many",
-    "too_many_sessions",
-    "too_many_timers",
-    "session_full",
-    "over_memory",
-    "internal",
-    "owner_unreachable",
-    "draining",
-    "not_live",
-    "unavailable",
-];
+pub use crate::error::ERROR_CODES;
 
 /// Every `event:` kind of `GET /sessions/{id}/events` (the `StreamEvent` schema's).
 pub const EVENT_KINDS: [&str; 11] = [
@@ -192,7 +158,7 @@ impl Modify for Guards {
                     "`forbidden_host`: (no token) the `Host` is not a loopback name",
                 );
                 // Every route but the probes takes a request slot.
-                if !PROBES.contains(&path.as_str()) {
+                if !crate::limits::PROBES.contains(&path.as_str()) {
                     add(
                         "429",
                         "`too_many`: requests in flight or event streams at their bound",

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use agentloop::RuntimeHandle;
 
+pub(crate) use crate::error::clean_serde_message;
 use crate::idempotency::Idempotency;
 use crate::limits::Gauge;
 use crate::ApiError;
@@ -144,57 +145,6 @@ pub(crate) fn from_json_text<T: DeserializeOwned>(text: &str) -> Result<T, Strin
             p => format!("{p}: {inner}"),
         }
     })
-}
-
-/// serde's message without the Rust types it names (S34a): `expected struct SimItem`
-/// becomes `expected an object`, `expected u64` a whole number, and axum's prefix goes.
-pub(crate) fn clean_serde_message(message: &str) -> String {
-    let mut m = message
-        .replace(
-            "Failed to deserialize the JSON body into the target type: ",
-            "",
-        )
-        .replace("Failed to parse the request body as JSON: ", "not JSON: ")
-        .replace("Failed to deserialize query string: ", "");
-    for (named, plain) in [
-        ("expected tuple struct ", "expected an array"),
-        ("expected unit struct ", "expected null"),
-        ("expected newtype struct ", "expected a value"),
-        ("expected struct ", "expected an object"),
-        ("expected enum ", "expected one of its named values"),
-    ] {
-        while let Some(at) = m.find(named) {
-            let rest = &m[at + named.len()..];
-            let name_len = rest
-                .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | ':' | '<' | '>')))
-                .unwrap_or(rest.len());
-            m = format!("{}{plain}{}", &m[..at], &rest[name_len..]);
-        }
-    }
-    for (ty, plain) in [
-        ("usize", "a whole number (0 or more)"),
-        ("u64", "a whole number (0 or more)"),
-        ("u32", "a whole number (0 or more)"),
-        ("u16", "a whole number (0 or more)"),
-        ("u8", "a whole number (0 or more)"),
-        ("i64", "a whole number"),
-        ("i32", "a whole number"),
-        ("f64", "a number"),
-        ("f32", "a number"),
-    ] {
-        for end in [" ", ",", ")", ""] {
-            let from = format!("expected {ty}{end}");
-            if end.is_empty() {
-                if m.ends_with(&from) {
-                    let cut = m.len() - from.len();
-                    m = format!("{}expected {plain}", &m[..cut]);
-                }
-            } else {
-                m = m.replace(&from, &format!("expected {plain}{end}"));
-            }
-        }
-    }
-    m
 }
 
 /// A body that may be empty (no content type): its default then.

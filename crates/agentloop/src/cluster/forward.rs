@@ -336,7 +336,7 @@ pub struct Forwarded {
 
 impl Forwarded {
     /// The options of `options` that cross nodes.
-    pub fn of<I>(options: &crate::PushOptions<I>) -> Self {
+    pub fn of<I>(options: &crate::options::PushOptions<I>) -> Self {
         Forwarded {
             preempt: options.preempt,
             answer_at_acceptance: options.answer_at_acceptance,
@@ -346,10 +346,10 @@ impl Forwarded {
     }
 
     /// The push options they stand for on the owner.
-    pub fn to_options<I>(&self) -> crate::PushOptions<I> {
+    pub fn to_options<I>(&self) -> crate::options::PushOptions<I> {
         let mut o = match self.preempt {
-            Some(p) => crate::PushOptions::preempt(p),
-            None => crate::PushOptions::new(),
+            Some(p) => crate::options::PushOptions::preempt(p),
+            None => crate::options::PushOptions::new(),
         };
         o.answer_at_acceptance = self.answer_at_acceptance;
         o.idempotency = self.idempotency.clone();

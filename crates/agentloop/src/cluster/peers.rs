@@ -145,9 +145,11 @@ where
         &self,
         session: String,
         after: Option<u64>,
-        filter: crate::EventFilter,
-    ) -> BoxFuture<'static, Result<crate::EventStream<E>, crate::cluster::forward::ControlOutcome>>
-    {
+        filter: crate::events::EventFilter,
+    ) -> BoxFuture<
+        'static,
+        Result<crate::events::EventStream<E>, crate::cluster::forward::ControlOutcome>,
+    > {
         use crate::cluster::forward::{ControlOutcome, PushAnswer, Request};
         use crate::cluster::relay::{pump, Ask};
         let peers = self.others();

@@ -9,6 +9,7 @@
 
 mod by_id;
 mod moves;
+pub(crate) mod timer_service;
 mod timers;
 
 use std::sync::Arc;
@@ -47,16 +48,15 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) node: bool,
     /// Where arms and cancels of durable timers are told to the timer service (set
     /// once it started, S39).
-    pub(crate) timer_service: Arc<
-        std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::timers::service::Command>>,
-    >,
+    pub(crate) timer_service:
+        Arc<std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<crate::timers::Command>>>,
     /// The clock timers are armed and fired by.
-    pub(crate) timer_clock: crate::timers::service::Clock,
+    pub(crate) timer_clock: crate::timers::Clock,
     /// What a durable timer may hold (S34a, `[limits]`).
     pub(crate) timer_bounds: crate::timers::TimerBounds,
     /// The agent kinds the supervisor runs, by name, with their versions (S40): which
     /// stored records this runtime can run.
-    pub(crate) kinds: Arc<crate::runtime::Kinds<I, E>>,
+    pub(crate) kinds: Arc<crate::versions::Kinds<I, E>>,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {
@@ -120,7 +120,13 @@ where
         &self,
         id: &str,
         answer: I,
-    ) -> Result<(crate::SessionHandle<I, E>, crate::EventStream<E>), crate::AnswerError<I>> {
+    ) -> Result<
+        (
+            crate::session::SessionHandle<I, E>,
+            crate::events::EventStream<E>,
+        ),
+        crate::session::AnswerError<I>,
+    > {
         self.supervisor
             .resume_with_answer(
                 id,
@@ -306,7 +312,7 @@ where
         turn: u64,
         to: &str,
         history: usize,
-    ) -> Result<crate::SessionHandle<I, E>, crate::ForkError> {
+    ) -> Result<crate::session::SessionHandle<I, E>, crate::session::ForkError> {
         self.supervisor
             .fork(from, turn, to, self.durability, history)
             .await
@@ -314,7 +320,7 @@ where
 
     /// Deletes stored session `id`: its record, its checkpoint history and its kept events (S20a). Refused
     /// while it runs (stop it first); resolves to whether anything was stored.
-    pub async fn delete(&self, id: &str) -> Result<bool, crate::SupervisorError> {
+    pub async fn delete(&self, id: &str) -> Result<bool, crate::supervisor::SupervisorError> {
         self.supervisor.delete(id).await
     }
 

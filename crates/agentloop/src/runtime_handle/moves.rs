@@ -129,7 +129,8 @@ where
                 rec.header.owner
             ));
         }
-        let spec = crate::SessionSpec::resuming(rec, self.durability, self.lease_timeout, false);
+        let spec =
+            crate::session::SessionSpec::resuming(rec, self.durability, self.lease_timeout, false);
         self.supervisor
             .spawn(spec)
             .await

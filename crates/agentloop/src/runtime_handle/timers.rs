@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::Repeat;
-use crate::timers::service::Command;
+use crate::timers::Command;
 use crate::timers::{Schedule, Timer, TimerError};
 
 impl<I, E> RuntimeHandle<I, E>
@@ -86,7 +86,7 @@ where
         // is one message, no I/O); one not running here must be stored.
         match self.supervisor.checkpoint(id).await {
             Ok(()) => {}
-            Err(crate::SupervisorError::UnknownSession(_)) => {
+            Err(crate::supervisor::SupervisorError::UnknownSession(_)) => {
                 if store.load_stored(id).await?.is_none() {
                     return Err(TimerError::NoRecord {
                         session: id.to_string(),

@@ -118,7 +118,7 @@ where
         store: Option<Arc<dyn CheckpointStore<I>>>,
         answer: I,
         capacity: usize,
-    ) -> Result<(Self, EventStream<E>), crate::AnswerError<I>>
+    ) -> Result<(Self, EventStream<E>), crate::session::AnswerError<I>>
     where
         A: Agent<Item = I, Event = E>,
         I: serde::Serialize + serde::de::DeserializeOwned,
@@ -126,7 +126,7 @@ where
         let id = config.id.clone();
         let store = match store.filter(|_| config.persist) {
             Some(s) => s,
-            None => return Err(crate::AnswerError::NotPersistent { id, answer }),
+            None => return Err(crate::session::AnswerError::NotPersistent { id, answer }),
         };
         let record = crate::session::answer::claim_with_answer(
             &*store,
@@ -140,13 +140,13 @@ where
         config.subscribe = Some((capacity, EventFilter::all()));
         let handle = Self::spawn_inner(config, agent, Some(store), None, Some(record))
             .await
-            .map_err(|e| crate::AnswerError::Spawn {
+            .map_err(|e| crate::session::AnswerError::Spawn {
                 id: id.clone(),
                 reason: e.to_string(),
             })?;
         match handle.take_events_at_spawn() {
             Some(events) => Ok((handle, events)),
-            None => Err(crate::AnswerError::Spawn {
+            None => Err(crate::session::AnswerError::Spawn {
                 id,
                 reason: "the subscriber at spawn was not registered".into(),
             }),
@@ -164,7 +164,7 @@ where
         store: Option<Arc<dyn CheckpointStore<I>>>,
         from: &str,
         turn: u64,
-    ) -> Result<Self, crate::ForkError>
+    ) -> Result<Self, crate::session::ForkError>
     where
         A: Agent<Item = I, Event = E>,
         I: serde::Serialize + serde::de::DeserializeOwned,
@@ -172,7 +172,7 @@ where
         let id = config.id.clone();
         let store = match store.filter(|_| config.persist) {
             Some(s) => s,
-            None => return Err(crate::ForkError::NotPersistent(id)),
+            None => return Err(crate::session::ForkError::NotPersistent(id)),
         };
         // The fork runs with `config`: its record says so from the first write.
         let settings = config.recorded_settings();
@@ -180,7 +180,7 @@ where
             crate::session::fork::write_fork(&*store, from, turn, &id, |_| settings).await?;
         Self::spawn_inner(config, agent, Some(store), None, Some(record))
             .await
-            .map_err(|e| crate::ForkError::Spawn {
+            .map_err(|e| crate::session::ForkError::Spawn {
                 id,
                 reason: e.to_string(),
             })
@@ -214,7 +214,7 @@ where
                     config.history,
                     crate::store::history::MAX_HISTORY
                 ))
-            } else if !config.persist || config.durability == crate::Durability::Exit {
+            } else if !config.persist || config.durability == crate::session::Durability::Exit {
                 Some(
                     "a checkpoint history needs a persistent session whose turn ends are \
                      written: durability Turn or Sync"

@@ -127,7 +127,7 @@ pub(crate) struct RunContext {
     pub(crate) event_codec: Option<Arc<dyn std::any::Any + Send + Sync>>,
     /// Where the turns' durable timers are told to the runtime's timer service (S39);
     /// set by the supervisor from the runtime's.
-    pub(crate) timer_service: Option<crate::timers::service::Notify>,
+    pub(crate) timer_service: Option<crate::timers::Notify>,
     /// What its durable timers may hold (S34a).
     pub(crate) timer_bounds: crate::timers::TimerBounds,
     /// The runtime's default for [`SessionSpec::idle_after`] (S39); set by the

@@ -350,7 +350,7 @@ pub struct ShutdownHandle {
 
 impl ShutdownHandle {
     /// Starts a coordinator (unlinked).
-    pub async fn start<I, E>(args: CoordinatorArgs<I, E>) -> Result<Self, crate::SpawnError>
+    pub async fn start<I, E>(args: CoordinatorArgs<I, E>) -> Result<Self, crate::error::SpawnError>
     where
         I: Clone + Send + Sync + serde::Serialize + serde::de::DeserializeOwned + 'static,
         E: Clone + Send + Sync + 'static,
@@ -366,7 +366,7 @@ impl ShutdownHandle {
         };
         let (actor, _) = Actor::spawn(None, ShutdownCoordinator::<I, E>::default(), start)
             .await
-            .map_err(|e| crate::SpawnError::Actor {
+            .map_err(|e| crate::error::SpawnError::Actor {
                 id: "shutdown-coordinator".into(),
                 reason: e.to_string(),
             })?;

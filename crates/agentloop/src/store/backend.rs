@@ -1,7 +1,7 @@
 //! The embedded engines the checkpoint actor can own (issue 15): sled (the default) and
 //! fjall, chosen by [`Engine`] (`[store] engine` in agentloop.toml). This module only
 //! opens an engine and forwards the actor's blocking calls to it; the engines' own
-//! files (`sled.rs`, `fjall.rs`) are the only ones that touch them.
+//! files (`sled/`, `fjall.rs`) are the only ones that touch them.
 //!
 //! Opening says what is wrong with a directory for what it is (a file, no permission,
 //! held by another process, named by its pid from [`HOLDER_FILE`]) and checks which

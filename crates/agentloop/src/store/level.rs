@@ -2,7 +2,7 @@
 //!
 //! This file owns the level's vocabulary only: its names, parsing and the words the
 //! start line, `--help` and errors use. Each engine decides how it gives a level (sled:
-//! `sled.rs`, fjall: `fjall.rs`, PostgreSQL: `agentloop-postgres`); nothing here
+//! `sled/`, fjall: `fjall.rs`, PostgreSQL: `agentloop-postgres`); nothing here
 //! touches an engine.
 //!
 //! The level is the store's, not a record's: every write a store acknowledges survives

@@ -32,7 +32,7 @@ pub(crate) struct Directory<I, E> {
     /// The runtime's codec for kept events (an `EventCodec<E>`, S20a), once set.
     event_codec: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
     /// The runtime's timer service (S39), once it has one.
-    timer_service: std::sync::OnceLock<crate::timers::service::Notify>,
+    timer_service: std::sync::OnceLock<crate::timers::Notify>,
     /// The runtime's default `idle_after` (S39), once set.
     idle_after: std::sync::OnceLock<std::time::Duration>,
 }
@@ -50,12 +50,12 @@ impl<I, E> Directory<I, E> {
     }
 
     /// Where sessions tell the runtime's timer service of the timers their turns arm.
-    pub(crate) fn timer_service(&self) -> Option<crate::timers::service::Notify> {
+    pub(crate) fn timer_service(&self) -> Option<crate::timers::Notify> {
         self.timer_service.get().cloned()
     }
 
     /// Sets the runtime's timer service (the first one set stays).
-    pub(crate) fn set_timer_service(&self, notify: crate::timers::service::Notify) {
+    pub(crate) fn set_timer_service(&self, notify: crate::timers::Notify) {
         let _ = self.timer_service.set(notify);
     }
 

@@ -179,7 +179,7 @@ where
         answer: I,
         durability: Durability,
         capacity: usize,
-    ) -> Result<(SessionHandle<I, E>, EventStream<E>), crate::AnswerError<I>>
+    ) -> Result<(SessionHandle<I, E>, EventStream<E>), crate::session::AnswerError<I>>
     where
         I: serde::Serialize + serde::de::DeserializeOwned,
     {
@@ -187,14 +187,14 @@ where
             .ask(|reply| InternalMsg::RecordContext { reply }.into())
             .await
         else {
-            return Err(crate::AnswerError::Unavailable {
+            return Err(crate::session::AnswerError::Unavailable {
                 id: id.to_string(),
                 reason: "the session supervisor is gone; start the runtime again".into(),
                 answer,
             });
         };
         let Some(store) = ctx.store else {
-            return Err(crate::AnswerError::NotPersistent {
+            return Err(crate::session::AnswerError::NotPersistent {
                 id: id.to_string(),
                 answer,
             });
@@ -218,7 +218,7 @@ where
         spec.preloaded = Some(Box::new(record));
         self.spawn_subscribed(spec, capacity, EventFilter::all())
             .await
-            .map_err(|e| crate::AnswerError::Spawn {
+            .map_err(|e| crate::session::AnswerError::Spawn {
                 id: id.to_string(),
                 reason: e.to_string(),
             })
@@ -236,11 +236,11 @@ where
         to: &str,
         durability: Durability,
         history: usize,
-    ) -> Result<SessionHandle<I, E>, crate::ForkError>
+    ) -> Result<SessionHandle<I, E>, crate::session::ForkError>
     where
         I: serde::Serialize + serde::de::DeserializeOwned,
     {
-        let gone = || crate::ForkError::Spawn {
+        let gone = || crate::session::ForkError::Spawn {
             id: to.to_string(),
             reason: "the session supervisor is gone".into(),
         };
@@ -249,12 +249,12 @@ where
             .await
             .ok_or_else(gone)?;
         let Some(store) = ctx.store else {
-            return Err(crate::ForkError::NotPersistent(to.to_string()));
+            return Err(crate::session::ForkError::NotPersistent(to.to_string()));
         };
         // A fork is a new live session (issue 52: 64 227 forks ran against a bound of
         // 1 000): refused before anything is written when there is no room.
         if let Some(max) = ctx.full {
-            return Err(crate::ForkError::TooManySessions {
+            return Err(crate::session::ForkError::TooManySessions {
                 id: to.to_string(),
                 max,
             });
@@ -286,12 +286,12 @@ where
                     tracing::warn!(session = to, error = %e,
                         "a fork refused for the session bound could not remove its record; delete it, or spawn it to run it");
                 }
-                Err(crate::ForkError::TooManySessions {
+                Err(crate::session::ForkError::TooManySessions {
                     id: to.to_string(),
                     max,
                 })
             }
-            Err(e) => Err(crate::ForkError::Spawn {
+            Err(e) => Err(crate::session::ForkError::Spawn {
                 id: to.to_string(),
                 reason: e.to_string(),
             }),
@@ -393,7 +393,7 @@ where
     }
 
     /// Sets the codec sessions keep their events with (S20a), unless one was set.
-    pub(crate) fn set_timer_service(&self, notify: crate::timers::service::Notify) {
+    pub(crate) fn set_timer_service(&self, notify: crate::timers::Notify) {
         self.directory.set_timer_service(notify);
     }
 

@@ -1,7 +1,8 @@
 //! Durable timers and schedules (DESIGN S39): what a user arms
 //! ([`RuntimeHandle::wake_at`](crate::RuntimeHandle::wake_at),
 //! [`RuntimeHandle::schedule`](crate::RuntimeHandle::schedule)), lists and cancels, and
-//! (in `service`) the task that fires them: at its time a timer's item is pushed into
+//! the inbox of the task that fires them (`crate::runtime_handle::timer_service`, beside
+//! the runtime handle it pushes through): at its time a timer's item is pushed into
 //! its session, and the write that accepts the item removes the timer (or moves a
 //! recurring one to its next slot), so it fires once, across restarts too.
 //!
@@ -10,8 +11,6 @@
 //! by `croner`: see docs/semantics.md, S39). It never touches a store engine (the store
 //! keeps timers: `agentloop_core::table::timers`) and never decides what a session does
 //! with an item.
-
-pub(crate) mod service;
 
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
@@ -253,12 +252,54 @@ pub(crate) fn stored<I: serde::Serialize + serde::de::DeserializeOwned>(
     })
 }
 
+/// Where the service is told of arms and cancels.
+pub(crate) type Notify = tokio::sync::mpsc::UnboundedSender<Command>;
+
+/// What the service is told.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// A timer was armed (or moved): fire it at its due time.
+    Arm(crate::store::TimerRef),
+    /// A timer was canceled.
+    Disarm { session: String, id: u64 },
+}
+
+/// The wall clock in ms, advanced by tokio's clock from the start (a paused clock in a
+/// test moves it), never behind the system's.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock {
+    wall_ms: u64,
+    start: tokio::time::Instant,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Clock {
+            wall_ms: ms_of(SystemTime::now()),
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.wall_ms
+            .saturating_add(elapsed)
+            .max(ms_of(SystemTime::now()))
+    }
+
+    /// The tokio instant at which wall time `ms` is reached.
+    pub(crate) fn instant_of(&self, ms: u64) -> tokio::time::Instant {
+        let now = self.now_ms();
+        tokio::time::Instant::now() + Duration::from_millis(ms.saturating_sub(now))
+    }
+}
+
 /// Where a session's turns arm durable timers: its store, and the runtime's timer
 /// service when there is one (without one, a timer is stored and fired by the next
 /// runtime that starts on the store).
 pub(crate) struct TimerLink<I> {
-    pub(crate) store: std::sync::Arc<dyn crate::CheckpointStore<I>>,
-    pub(crate) service: Option<service::Notify>,
+    pub(crate) store: std::sync::Arc<dyn crate::store::CheckpointStore<I>>,
+    pub(crate) service: Option<Notify>,
     /// What a timer may hold (S34a).
     pub(crate) bounds: TimerBounds,
 }
@@ -274,7 +315,7 @@ impl<I: 'static> TimerLink<I> {
             .arm_timer(session, timer, self.bounds.per_session)
             .await?;
         if let Some(service) = &self.service {
-            let _ = service.send(service::Command::Arm(crate::store::TimerRef {
+            let _ = service.send(Command::Arm(crate::store::TimerRef {
                 due_ms,
                 session: session.to_string(),
                 id: n,

@@ -13,6 +13,9 @@ use crate::session::{SessionHandle, SessionSpec};
 use crate::store::{CheckpointStore, StoreError};
 use crate::supervisor::{AgentKind, SupervisorError};
 
+/// The agent kinds a runtime runs, by name, each with its versions (S40).
+pub(crate) type Kinds<I, E> = std::collections::HashMap<String, Arc<dyn AgentKind<I, E>>>;
+
 /// An agent kind registered at several versions ([`AgentKind`]s, one per version) and
 /// the migrations from each version to the next. Built by
 /// [`RuntimeBuilder::register_agent_version`](crate::RuntimeBuilder::register_agent_version)

@@ -25,6 +25,7 @@ pub(crate) use choose::{choose, plan_for};
 pub use dry_run::{dry_run, DeployPlan, PlannedSession, SessionFate};
 pub use error::VersionError;
 pub use kinds::AgentVersions;
+pub(crate) use kinds::Kinds;
 
 /// The versions of a kind, written for people: `1, 2`.
 pub(crate) fn list(versions: &std::collections::BTreeSet<u32>) -> String {
@@ -38,9 +39,7 @@ pub(crate) fn list(versions: &std::collections::BTreeSet<u32>) -> String {
 /// What a runtime with `kinds` can run (S40), as it advertises it to the other nodes:
 /// for each kind, its registered versions and every older version a chain of
 /// migrations leads from to the newest.
-pub(crate) fn runs_of<I: 'static, E: 'static>(
-    kinds: &crate::runtime::Kinds<I, E>,
-) -> agentloop_core::adopt::Runs {
+pub(crate) fn runs_of<I: 'static, E: 'static>(kinds: &Kinds<I, E>) -> agentloop_core::adopt::Runs {
     kinds
         .iter()
         .map(|(name, kind)| {

@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -28,9 +28,10 @@ use tokio::sync::{mpsc, Semaphore};
 use agentloop_core::timers::{TimerQueue, TimerRef};
 
 use crate::push::{PreemptAck, PushError};
+use crate::runtime_handle::RuntimeHandle;
 use crate::store::TimerChange;
 use crate::supervisor::RoutedPushError;
-use crate::RuntimeHandle;
+use crate::timers::{Clock, Command, Notify};
 
 /// How many timers fire at once (each is a push that waits for its write).
 const FIRING: usize = 512;
@@ -38,48 +39,6 @@ const FIRING: usize = 512;
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between retries.
 const RETRY_MAX: Duration = Duration::from_secs(60);
-
-/// Where the service is told of arms and cancels.
-pub(crate) type Notify = mpsc::UnboundedSender<Command>;
-
-/// What the service is told.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// A timer was armed (or moved): fire it at its due time.
-    Arm(TimerRef),
-    /// A timer was canceled.
-    Disarm { session: String, id: u64 },
-}
-
-/// The wall clock in ms, advanced by tokio's clock from the start (a paused clock in a
-/// test moves it), never behind the system's.
-#[derive(Clone, Copy)]
-pub(crate) struct Clock {
-    wall_ms: u64,
-    start: tokio::time::Instant,
-}
-
-impl Clock {
-    pub(crate) fn new() -> Self {
-        Clock {
-            wall_ms: super::ms_of(SystemTime::now()),
-            start: tokio::time::Instant::now(),
-        }
-    }
-
-    pub(crate) fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.wall_ms
-            .saturating_add(elapsed)
-            .max(super::ms_of(SystemTime::now()))
-    }
-
-    /// The tokio instant at which wall time `ms` is reached.
-    fn instant_of(&self, ms: u64) -> tokio::time::Instant {
-        let now = self.now_ms();
-        tokio::time::Instant::now() + Duration::from_millis(ms.saturating_sub(now))
-    }
-}
 
 /// What a fire came to.
 enum Fired {
@@ -266,13 +225,13 @@ where
     let next = stored
         .repeat
         .as_ref()
-        .and_then(|r| super::next_due(r, t.due_ms, now));
+        .and_then(|r| crate::timers::next_due(r, t.due_ms, now));
     let change = TimerChange::Fired {
         timer: t.id,
         due_ms: t.due_ms,
         next_due_ms: next,
     };
-    let mut options = crate::PushOptions::new();
+    let mut options = crate::options::PushOptions::new();
     options.answer_at_acceptance = true;
     // The same fire always carries the same key: a retry after its item was accepted is
     // answered as a duplicate and delivers nothing.
