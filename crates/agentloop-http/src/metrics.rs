@@ -52,14 +52,11 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
         None => Vec::new(),
     };
     let draining = st.runtime.shutdown_handle().is_started().await;
-    let live: std::collections::BTreeSet<String> = st
-        .runtime
-        .supervisor()
-        .list()
-        .await
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
+    // The ids stored with a record; a session's liveness is read from the supervisor's
+    // directory per id (no list of every live session is built for a scrape).
+    let recorded: std::collections::HashSet<&str> =
+        stored.iter().map(|e| e.session_id.as_str()).collect();
+    let supervisor = st.runtime.supervisor();
     // S26a: the sessions kept only as history or events (no record), page by page.
     let mut kept_only: Vec<String> = Vec::new();
     if let Some(store) = st.runtime.store() {
@@ -68,14 +65,14 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
             let page = store.list_kept_page(after.as_deref(), KEPT_PAGE).await?;
             let done = page.len() < KEPT_PAGE;
             after = page.last().cloned();
-            kept_only.extend(page);
+            kept_only.extend(
+                page.into_iter()
+                    .filter(|id| !recorded.contains(id.as_str())),
+            );
             if done {
                 break;
             }
         }
-        let recorded: std::collections::BTreeSet<&str> =
-            stored.iter().map(|e| e.session_id.as_str()).collect();
-        kept_only.retain(|id| !recorded.contains(id.as_str()));
     }
 
     let mut registry = Registry::default();
@@ -109,10 +106,13 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
             known.get_or_create(&vec![("status", l.as_str())]).inc();
         }
     };
+    let mut live_with_record = 0usize;
     for entry in &stored {
+        let live = supervisor.is_live(&entry.session_id);
+        live_with_record += usize::from(live);
         match &entry.record {
             Ok(record) => judge(agentloop::lifecycle::Facts {
-                live: live.contains(&entry.session_id),
+                live,
                 record: Some(record.status()),
                 asleep: crate::sessions::read::asleep(record),
                 kept_beyond_record: false,
@@ -122,22 +122,24 @@ pub(crate) async fn metrics<I: Item, E: Ev>(
             }
         }
     }
-    let recorded: std::collections::BTreeSet<&str> =
-        stored.iter().map(|e| e.session_id.as_str()).collect();
-    // Live without a record (not persistent, or its first write not landed yet).
-    for _ in live.iter().filter(|id| !recorded.contains(id.as_str())) {
-        judge(agentloop::lifecycle::Facts {
-            live: true,
-            ..Default::default()
-        });
-    }
     for id in &kept_only {
+        let live = supervisor.is_live(id);
+        live_with_record += usize::from(live);
         judge(agentloop::lifecycle::Facts {
-            live: live.contains(id),
+            live,
             kept_beyond_record: true,
             ..Default::default()
         });
     }
+    // Live with nothing stored (not persistent, or its first write not landed yet):
+    // running, whatever else is kept.
+    let unstored = counts.live.saturating_sub(live_with_record);
+    known
+        .get_or_create(&vec![(
+            "status",
+            agentloop::lifecycle::Lifecycle::Running.as_str(),
+        )])
+        .inc_by(unstored as i64);
     registry.register(
         "agentloop_sessions_known",
         "Every session known at every door (S26a: running here or elsewhere, or its record, checkpoint history or kept events remain) by the status GET /sessions shows",
