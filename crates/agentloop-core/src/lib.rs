@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod adopt;
+pub mod cancel;
 pub mod codec;
 pub mod durability;
 pub mod event_log;
@@ -36,6 +37,7 @@ pub mod steps;
 pub mod store_error;
 pub mod table;
 pub mod timers;
+pub mod turn;
 pub mod versions;
 pub mod write;
 

@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use agentloop_core::plan::{Plan, PlanInput};
+pub use agentloop_core::turn::AgentError;
 
-use crate::cancel::Canceled;
 use crate::turn::TurnCx;
 
 /// An agent: user code that plans and runs turns over pushed items.
@@ -131,56 +131,5 @@ impl WakeUp {
     /// When the timer is due.
     pub fn due(&self) -> std::time::SystemTime {
         crate::timers::at(self.timer.due_ms)
-    }
-}
-
-/// An error returned by agent code.
-///
-/// A failure is *transient* (calling again later may succeed: a server error, a rate
-/// limit, a timeout, a connection that broke) or *permanent* (it would come back the
-/// same: a refusal such as a model server's 401/403/404/422, a bad configuration, an
-/// answer that cannot be decoded). The supervisor restarts a session whose agent
-/// failed transiently, as its restart policy and budget allow; it never restarts one
-/// whose agent failed permanently, whatever its policy: the session ends `Failed` at
-/// once and its exit says [`FailureKind::AgentPermanent`](crate::FailureKind) (S26).
-/// [`AgentError::failed`] builds a transient failure (what every agent returned
-/// before the classification), [`AgentError::permanent`] a permanent one.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum AgentError {
-    /// A safe point reported a matching cancel; propagate it with `?`.
-    #[error(transparent)]
-    Canceled(#[from] Canceled),
-    /// The agent failed, transiently (a restart may succeed); the message says why (it
-    /// is kept in the exit state and in the session record).
-    #[error("agent failed: {0}")]
-    Failed(String),
-    /// The agent failed permanently: a restart would fail the same way, so none is
-    /// made. The message says why.
-    #[error("agent failed permanently: {0}")]
-    Permanent(String),
-}
-
-impl AgentError {
-    /// A transient failure with this message.
-    pub fn failed(msg: impl Into<String>) -> Self {
-        AgentError::Failed(msg.into())
-    }
-
-    /// A permanent failure with this message: the session is not restarted.
-    pub fn permanent(msg: impl Into<String>) -> Self {
-        AgentError::Permanent(msg.into())
-    }
-
-    /// Whether this is a permanent failure (never restarted).
-    pub fn is_permanent(&self) -> bool {
-        matches!(self, AgentError::Permanent(_))
-    }
-
-    /// The failure's message (`None` for a cancel).
-    pub fn message(&self) -> Option<&str> {
-        match self {
-            AgentError::Canceled(_) => None,
-            AgentError::Failed(m) | AgentError::Permanent(m) => Some(m),
-        }
     }
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelInfo;
 use crate::interrupt::InterruptInfo;
+pub use agentloop_core::turn::FailureKind;
 
 /// The mechanism by which a session ended (S13). The business reason is kept apart in
 /// [`ExitState::stop_cause`]; the checkpoint result in [`ExitState::checkpoint`].
@@ -28,23 +29,6 @@ pub enum ExitReason {
     /// push, by-id operation, subscription or due timer. A handle on this incarnation
     /// is spent (its pushes come back late); go through the runtime or supervisor by id.
     Asleep,
-}
-
-/// What kind of failure ended a `Failed` session: decided where the failure happened,
-/// so a supervisor's restart policy reads it instead of parsing error text (S26).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum FailureKind {
-    /// The agent returned a transient error (from `plan` or `run_turn`).
-    Agent,
-    /// The agent returned a permanent error ([`crate::AgentError::Permanent`]): no
-    /// restart policy restarts it, the session ends `Failed` at once (S26).
-    AgentPermanent,
-    /// Agent code panicked.
-    Panic,
-    /// The session's stored record could not be used (load error, corrupt, refused).
-    Record,
-    /// The runtime failed (a turn task or the session actor died unexpectedly).
-    Internal,
 }
 
 /// Whether a checkpoint was attempted at exit and how it went (S13, S16). Never folded

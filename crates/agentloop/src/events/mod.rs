@@ -44,10 +44,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cancel::{CancelInfo, CancelMode};
+use crate::cancel::CancelMode;
 use crate::exit::ExitSummary;
-use crate::interrupt::InterruptInfo;
 use agentloop_core::steps::StepKey;
+pub use agentloop_core::turn::TurnEnd;
 
 mod filter;
 pub(crate) mod keeper;
@@ -64,24 +64,6 @@ pub(crate) use subscribers::Subscribers;
 
 /// The default capacity of a subscriber's event buffer.
 pub const DEFAULT_EVENT_CAPACITY: usize = 256;
-
-/// How a turn ended, as reported by [`SessionEvent::TurnEnded`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TurnEnd {
-    /// The turn completed its work.
-    Completed,
-    /// A preemption ended the turn (S8); its items are offered to the next plan.
-    Preempted(CancelInfo),
-    /// A stop's cancel ended the turn.
-    Canceled(CancelInfo),
-    /// The agent ended the turn with a business interrupt (S4).
-    Interrupted(InterruptInfo),
-    /// The agent returned an error or panicked.
-    Failed(String),
-    /// The plan failed or a stop arrived while planning; the offered items went back to
-    /// the buffer in their original order (S6). No `TurnStarted` preceded this.
-    PlanAborted(String),
-}
 
 /// An event of a session's stream (S20). It crosses nodes as JSON when a node relays
 /// another node's stream (issue 18).

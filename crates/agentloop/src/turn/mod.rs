@@ -7,8 +7,10 @@
 
 pub mod context;
 pub(crate) mod control;
+mod hooks;
 pub mod steps;
 mod wake;
+pub(crate) mod writes;
 
 pub use context::{Step, TurnCx};
 pub use steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
