@@ -18,6 +18,7 @@
 
 pub mod actor;
 mod backend;
+mod client;
 pub mod committer;
 pub mod fjall;
 pub mod lease;
