@@ -17,8 +17,8 @@
 //! Run: `cargo run --example deploy_new_version`
 
 use agentloop::prelude::*;
+use agentloop::versions::Migration;
 use agentloop::versions::SessionFate;
-use agentloop::Migration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -166,7 +166,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     rt.shutdown().await?;
 
     // 2. The dry run of the deploy: version 2 and the migration from 1.
-    let store = agentloop::CheckpointActor::<String>::spawn(&dir).await?;
+    let store = agentloop::store::CheckpointActor::<String>::spawn(&dir).await?;
     let plan = builder(&dir, &[2], true, &tx).dry_run(&store).await?;
     store.close().await?;
     for s in &plan.sessions {

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use agentloop::{
-    agent_kind, ExitReason, RestartBudget, SessionSpec, StopOptions, SupervisorArgs,
-    SupervisorHandle,
+    supervisor::agent_kind, supervisor::RestartBudget, ExitReason, SessionSpec, StopOptions,
+    SupervisorArgs, SupervisorHandle,
 };
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -63,11 +63,11 @@ impl Actor for App {
                 store: None,
                 owner: None,
                 budget: RestartBudget::default(),
-                heartbeat: agentloop::DEFAULT_HEARTBEAT,
+                heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
                 metrics: None,
                 // What a session holds and how many run: bound them when callers
                 // are not trusted (S34a).
-                limits: agentloop::SessionLimits::UNBOUNDED,
+                limits: agentloop::supervisor::SessionLimits::UNBOUNDED,
             },
             myself.get_cell(),
         )

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use agentloop::config::RuntimeConfig;
 use agentloop::shutdown::listen_for_signals;
-use agentloop::{CleanupHook, Runtime, SessionSpec};
+use agentloop::{shutdown::CleanupHook, Runtime, SessionSpec};
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 
 #[tokio::main]

@@ -49,8 +49,8 @@ impl Agent for Researcher {
 /// A runtime on `dir` with the researcher registered; session ends go to `ends`.
 async fn start(
     dir: &std::path::Path,
-    ends: mpsc::UnboundedSender<agentloop::SessionEnd<String>>,
-) -> Result<(Runtime<String, String>, agentloop::StartReport), agentloop::RuntimeError> {
+    ends: mpsc::UnboundedSender<agentloop::supervisor::SessionEnd<String>>,
+) -> Result<(Runtime<String, String>, agentloop::runtime::StartReport), agentloop::RuntimeError> {
     Runtime::<String, String>::builder()
         .data_dir(dir)
         .register_agent("researcher", |_config: &[u8]| Ok(Researcher))

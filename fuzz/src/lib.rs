@@ -19,7 +19,7 @@
 
 use agentloop::store::codec::{decode_header, decode_state, encode_header, encode_state, payload};
 use agentloop::store::{ItemChange, Payload, StateChange, Stored, WriteCondition};
-use agentloop::{SessionRecord, SessionStatus, StoreError};
+use agentloop::{store::SessionRecord, store::SessionStatus, StoreError};
 use agentloop_core::table::{self, header_key, item_key, state_key};
 use agentloop_sim::{SimItem, SimState};
 

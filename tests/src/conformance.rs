@@ -12,7 +12,8 @@ use agentloop::store::{
     ItemChange, Payload, RecordHeader, RecordWrite, StateChange, Stored, WriteCondition,
 };
 use agentloop::{
-    CasOutcome, CheckpointStore, SessionRecord, SessionStatus, StatusKind, StoreError,
+    store::CasOutcome, store::SessionRecord, store::SessionStatus, store::StatusKind,
+    CheckpointStore, StoreError,
 };
 use agentloop_sim::{SimItem, SimState};
 

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 
 use agentloop::prelude::*;
 use agentloop::ractor::{call, cast};
-use agentloop::{agent_kind, RestartBudget, SupervisorArgs, SupervisorMsg, TurnLoopMsg};
+use agentloop::{
+    session::TurnLoopMsg, supervisor::agent_kind, supervisor::RestartBudget,
+    supervisor::SupervisorMsg, SupervisorArgs,
+};
 use agentloop_sim::{SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
 
@@ -22,7 +25,7 @@ async fn session_and_supervisor_messages_work_with_cast_and_call() {
         store: None,
         owner: None,
         budget: RestartBudget::default(),
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits: Default::default(),
     })

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    OptionsError, Preempt, PushError, PushOptions, SessionError, SessionHandle, SessionSpec,
-    SpawnError, StopOptions,
+    options::OptionsError, Preempt, PushError, PushOptions, SessionError, SessionHandle,
+    SessionSpec, SpawnError, StopOptions,
 };
 use agentloop_sim::{SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;

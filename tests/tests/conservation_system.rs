@@ -22,9 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt, PushError,
-    PushOptions, RestartBudget, RestartPolicy, RoutedPushError, Runtime, SafePoint, SessionEnd,
-    SessionSpec, ShutdownConfig, StopOptions,
+    config::ShutdownConfig, exit::CheckpointOutcome, supervisor::RestartBudget,
+    supervisor::RoutedPushError, supervisor::SessionEnd, CheckpointStore, Durability, ExitReason,
+    MemoryStore, Preempt, PushError, PushOptions, RestartPolicy, Runtime, SafePoint, SessionSpec,
+    StopOptions,
 };
 use agentloop_sim::{Fault, Ledger, PlanPolicy, Script, SimAgent, SimEvent, SimItem};
 use agentloop_tests::within;
@@ -332,7 +333,7 @@ async fn start(
     world: Arc<Mutex<World>>,
     shutdown: ShutdownConfig,
     ends: tokio::sync::mpsc::UnboundedSender<SessionEnd<SimItem>>,
-) -> Result<(Runtime<SimItem, SimEvent>, agentloop::StartReport), String> {
+) -> Result<(Runtime<SimItem, SimEvent>, agentloop::runtime::StartReport), String> {
     Runtime::<SimItem, SimEvent>::builder()
         .store(store as Arc<dyn CheckpointStore<SimItem>>)
         .restart_budget(RestartBudget {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use agentloop::{FailureKind, MemoryStore, StopOptions};
+use agentloop::{exit::FailureKind, MemoryStore, StopOptions};
 use agentloop_sim::{Fault, PlanPolicy, SimAgent};
 use agentloop_tests::*;
 

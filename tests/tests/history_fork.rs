@@ -7,8 +7,8 @@ use std::sync::Arc;
 use agentloop::store::history::{HistoryAnswer, HistoryQuery};
 use agentloop::store::SessionStatus;
 use agentloop::{
-    CheckpointStore, Durability, ForkError, MemoryStore, SessionHandle, SessionSpec, SpawnError,
-    StopOptions,
+    session::ForkError, CheckpointStore, Durability, MemoryStore, SessionHandle, SessionSpec,
+    SpawnError, StopOptions,
 };
 use agentloop_sim::{Fault, Notice, PlanPolicy, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;

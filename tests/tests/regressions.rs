@@ -403,7 +403,9 @@ async fn a_plan_that_consumes_nothing_waits_for_input() {
 /// cancel, so the next start resumed a canceled session.
 #[tokio::test(start_paused = true)]
 async fn s24_a_cancel_wins_over_the_sessions_own_later_writes() {
-    use agentloop::{CheckpointStore, MemoryStore, SessionRecord, SessionStatus, StatusKind};
+    use agentloop::{
+        store::SessionRecord, store::SessionStatus, store::StatusKind, CheckpointStore, MemoryStore,
+    };
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let mut rec = SessionRecord::new("raced", "sim", 0);
     rec.status = SessionStatus::Interrupted;
@@ -436,7 +438,7 @@ async fn s24_a_cancel_wins_over_the_sessions_own_later_writes() {
         )
         .await
         .unwrap();
-    assert!(matches!(swapped, agentloop::CasOutcome::Swapped(_)));
+    assert!(matches!(swapped, agentloop::store::CasOutcome::Swapped(_)));
     gate.open(1); // turn 0 completes: the session would rewrite its record now
     probe.at_step(1, 0).await;
     h.stop(StopOptions::immediate()).await.unwrap();

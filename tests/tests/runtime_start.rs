@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::{CheckpointOutcome, ExitReason, Runtime, SessionSpec, SessionStatus, StopOptions};
+use agentloop::{
+    exit::CheckpointOutcome, store::SessionStatus, ExitReason, Runtime, SessionSpec, StopOptions,
+};
 use agentloop_sim::{Gate, Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
 use parking_lot::Mutex;
@@ -124,7 +126,7 @@ async fn stopping_through_the_runtime_drops_no_queued_push() {
 async fn an_undecodable_record_is_logged_at_warn_with_its_id_and_reason() {
     use std::io::Write;
 
-    use agentloop::{CheckpointActor, CheckpointStore, SessionRecord};
+    use agentloop::{store::CheckpointActor, store::SessionRecord, CheckpointStore};
 
     #[derive(Clone, Default)]
     struct Capture(Arc<Mutex<Vec<u8>>>);
@@ -198,8 +200,8 @@ async fn an_undecodable_record_is_logged_at_warn_with_its_id_and_reason() {
 /// a crash, apart from sessions interrupted by a shutdown.
 #[tokio::test]
 async fn a_live_owner_is_named_with_its_lease_and_a_dead_ones_sessions_are_recovered() {
+    use agentloop::store::SessionRecord;
     use agentloop::store::{CheckpointStore, MemoryStore};
-    use agentloop::SessionRecord;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let mut crashed = SessionRecord::<SimItem>::new("crashed", "sim", 0);
     crashed.status = SessionStatus::Running;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    CancelMode, CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt,
-    PushOptions, SafePoint, SessionEvent, SessionSpec, StopOptions, TurnEnd,
+    cancel::CancelMode, exit::CheckpointOutcome, CheckpointStore, Durability, ExitReason,
+    MemoryStore, Preempt, PushOptions, SafePoint, SessionEvent, SessionSpec, StopOptions, TurnEnd,
 };
 use agentloop_sim::{CancelHandling, Fault, Gate, SimAgent, SimItem};
 use agentloop_tests::*;

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use agentloop::{
-    AnswerError, CheckpointStore, Durability, ExitReason, MemoryStore, Runtime, SessionEvent,
-    SessionHandle, SessionSpec, SessionStatus, StopOptions, TurnEnd,
+    session::AnswerError, store::SessionStatus, CheckpointStore, Durability, ExitReason,
+    MemoryStore, Runtime, SessionEvent, SessionHandle, SessionSpec, StopOptions, TurnEnd,
 };
 use agentloop_sim::{Fault, Gate, Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;

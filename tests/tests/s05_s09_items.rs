@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    AgentError, ExitReason, Plan, Preempt, PreemptAck, PushOptions, SafePoint, StopOptions,
-    TurnEnd, TurnPhase,
+    options::TurnPhase, AgentError, ExitReason, Plan, Preempt, PreemptAck, PushOptions, SafePoint,
+    StopOptions, TurnEnd,
 };
 use agentloop_sim::{Gate, PlanPolicy, SimAgent};
 use agentloop_tests::*;

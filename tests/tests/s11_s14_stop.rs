@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    Agent, AgentError, CancelMode, ExitReason, PushError, SafePoint, SessionHandle, SessionSpec,
-    StopOptions, Turn, TurnCx, TurnOutcome,
+    cancel::CancelMode, Agent, AgentError, ExitReason, PushError, SafePoint, SessionHandle,
+    SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_sim::{Gate, SimAgent, SimItem};
 use agentloop_tests::*;
@@ -205,7 +205,7 @@ async fn s11_skip_checkpoint_is_sticky_across_stops() {
     let exit = within("exit", h.wait()).await;
     assert!(matches!(exit.reason, ExitReason::Canceled(_)));
     assert_eq!(ids(&exit.unhandled_items), vec![2]);
-    assert_ne!(exit.checkpoint, agentloop::CheckpointOutcome::Saved);
+    assert_ne!(exit.checkpoint, agentloop::exit::CheckpointOutcome::Saved);
     assert!(store.get("skip").is_none(), "nothing persisted");
     assert_eq!(store.save_count(), 0);
 }
@@ -304,7 +304,10 @@ async fn s13_exit_state_fields_are_independent() {
     assert_eq!(exit.session_id, "exit-fields");
     assert_eq!(exit.reason, ExitReason::Completed);
     assert_eq!(exit.stop_cause.as_deref(), Some("done for today"));
-    assert_eq!(exit.checkpoint, agentloop::CheckpointOutcome::NotAttempted);
+    assert_eq!(
+        exit.checkpoint,
+        agentloop::exit::CheckpointOutcome::NotAttempted
+    );
     assert_eq!(exit.counters.items_accepted, 2);
     assert_eq!(exit.counters.items_delivered, 2);
     assert!(exit.counters.turns_completed >= 1);

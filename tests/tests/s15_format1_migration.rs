@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use agentloop::store::{SledBackend, Stored};
 use agentloop::{
-    CasOutcome, CheckpointActor, CheckpointStore, Durability, Runtime, SessionHandle, SessionSpec,
-    SessionStatus, StatusKind, StopOptions,
+    store::CasOutcome, store::CheckpointActor, store::SessionStatus, store::StatusKind,
+    CheckpointStore, Durability, Runtime, SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_sim::{Ledger, Notice, SimAgent, SimEvent, SimItem, SimState};
 use agentloop_tests::{ids, steps, within, TempDir};

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use agentloop::store::{codec, RecordHeader, SledBackend, Stored};
 use agentloop::{
-    CheckpointActor, CheckpointStore, Durability, Runtime, SessionHandle, SessionSpec,
-    SessionStatus, StopOptions,
+    store::CheckpointActor, store::SessionStatus, CheckpointStore, Durability, Runtime,
+    SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_core::table;
 use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem, SimState};

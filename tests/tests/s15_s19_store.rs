@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use agentloop::store::{codec, now_ms, ListEntry, RecordWrite, Stored, StoredEntry};
 use agentloop::{
-    CasOutcome, CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
-    ExitReason, MemoryStore, Plan, SessionRecord, SessionSpec, SessionStatus, StatusKind,
-    StopOptions, StoreError,
+    exit::CheckpointOutcome, store::CasOutcome, store::CheckpointActor, store::CheckpointClient,
+    store::SessionRecord, store::SessionStatus, store::StatusKind, CheckpointStore, Durability,
+    ExitReason, MemoryStore, Plan, SessionSpec, StopOptions, StoreError,
 };
 use agentloop_sim::{Fault, Notice, SimAgent, SimItem, SimState};
 use agentloop_tests::*;
@@ -734,7 +734,7 @@ async fn s19_instance_lease_renews_one_heartbeat() {
     let dir = TempDir::new("lease");
     let c = open(&dir).await;
     let store = dyn_store(&c);
-    let lease = agentloop::InstanceLease::start(store.clone(), Duration::from_secs(10))
+    let lease = agentloop::store::InstanceLease::start(store.clone(), Duration::from_secs(10))
         .await
         .unwrap();
     let first = store
@@ -750,7 +750,7 @@ async fn s19_instance_lease_renews_one_heartbeat() {
     assert!(store.heartbeat(lease.id()).await.unwrap().unwrap() >= first);
     assert_ne!(
         lease.id(),
-        agentloop::InstanceLease::new_id(),
+        agentloop::store::InstanceLease::new_id(),
         "ids are unique"
     );
     drop(lease);

@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use agentloop::store::codec::{self, PayloadStage};
 use agentloop::{
-    Agent, AgentError, CheckpointStore, Durability, ExitReason, FailureKind, PushError, Runtime,
-    SafePoint, SessionHandle, SessionSpec, SessionStatus, StopOptions, Turn, TurnCx, TurnOutcome,
+    exit::FailureKind, store::SessionStatus, Agent, AgentError, CheckpointStore, Durability,
+    ExitReason, PushError, Runtime, SafePoint, SessionHandle, SessionSpec, StopOptions, Turn,
+    TurnCx, TurnOutcome,
 };
 use agentloop_tests::{within, TempDir};
 use parking_lot::Mutex;
@@ -468,7 +469,7 @@ async fn s15a_every_kind_survives_a_restart_on_sled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15a_an_unstorable_push_is_handed_back_and_nothing_is_written() {
     let dir = TempDir::new("s15a-refuse");
-    let c = agentloop::CheckpointActor::<Item>::spawn(dir.path())
+    let c = agentloop::store::CheckpointActor::<Item>::spawn(dir.path())
         .await
         .unwrap();
     let store: Arc<dyn CheckpointStore<Item>> = Arc::new(c.clone());
@@ -521,7 +522,7 @@ async fn s15a_an_unstorable_push_is_handed_back_and_nothing_is_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s15a_an_unstorable_state_fails_the_turn_and_the_record_keeps_the_last_good_one() {
     let dir = TempDir::new("s15a-state");
-    let c = agentloop::CheckpointActor::<Item>::spawn(dir.path())
+    let c = agentloop::store::CheckpointActor::<Item>::spawn(dir.path())
         .await
         .unwrap();
     let store: Arc<dyn CheckpointStore<Item>> = Arc::new(c.clone());
@@ -584,7 +585,7 @@ async fn s15a_an_unstorable_answer_is_handed_back() {
     )
     .await;
     match r {
-        Err(e @ agentloop::AnswerError::NotStorable { .. }) => {
+        Err(e @ agentloop::session::AnswerError::NotStorable { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains("u128"), "names the reason: {msg}");
             assert_eq!(e.into_answer(), Some(bad));

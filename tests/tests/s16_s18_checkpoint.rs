@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use agentloop::{
-    CheckpointOutcome, ExitReason, MemoryStore, SessionRecord, SessionStatus, StopOptions,
+    exit::CheckpointOutcome, store::SessionRecord, store::SessionStatus, ExitReason, MemoryStore,
+    StopOptions,
 };
 use agentloop_sim::{Fault, Gate, SimAgent, SimItem, SimState};
 use agentloop_tests::*;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use agentloop::store::{RecordWrite, Stored, StoredEntry};
 use agentloop::{
-    CasOutcome, CheckpointStore, Durability, EventStream, MemoryStore, SessionEvent, SessionSpec,
-    SessionStatus, StatusKind, StopOptions, StoreError, TurnEnd,
+    store::CasOutcome, store::SessionStatus, store::StatusKind, CheckpointStore, Durability,
+    EventStream, MemoryStore, SessionEvent, SessionSpec, StopOptions, StoreError, TurnEnd,
 };
 use agentloop_sim::{Fault, PlanPolicy, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;

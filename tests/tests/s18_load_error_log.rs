@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use agentloop::{ExitReason, MemoryStore, SessionRecord};
+use agentloop::{store::SessionRecord, ExitReason, MemoryStore};
 use agentloop_sim::{SimAgent, SimItem};
 use agentloop_tests::*;
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use agentloop::store::MemoryStore;
 use agentloop::{
-    Agent, AgentError, CheckpointStore, Runtime, SessionRecord, SessionSpec, SessionStatus,
-    StepKey, StopOptions, Turn, TurnCx, TurnOutcome,
+    store::SessionRecord, store::SessionStatus, turn::StepKey, Agent, AgentError, CheckpointStore,
+    Runtime, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_core::steps::{JournalEntry, JournalMark, TurnJournal};
 use agentloop_sim::{SimEvent, SimItem};

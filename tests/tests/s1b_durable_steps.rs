@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use agentloop::store::MemoryStore;
 use agentloop::{
-    Agent, AgentError, Durability, ExitReason, SafePoint, SessionEvent, SessionHandle, SessionSpec,
-    StepKey, StepOutcome, StepPolicy, StopOptions, Turn, TurnCx, TurnOutcome,
+    turn::StepKey, turn::StepOutcome, Agent, AgentError, Durability, ExitReason, SafePoint,
+    SessionEvent, SessionHandle, SessionSpec, StepPolicy, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, Notify};
@@ -558,7 +558,7 @@ async fn s40_journaled_steps_stay_with_their_version_unless_a_migration_discards
     let before = after_crash.get(ID);
 
     let (second, _) = Stepper::new(service.clone(), program, Hold::No);
-    let deploy = |migration: agentloop::Migration| {
+    let deploy = |migration: agentloop::versions::Migration| {
         let agent = second.clone();
         agentloop::Runtime::<u64, ()>::builder()
             .store(after_crash.clone() as Arc<dyn agentloop::CheckpointStore<u64>>)
@@ -566,7 +566,9 @@ async fn s40_journaled_steps_stay_with_their_version_unless_a_migration_discards
             .register_migration("stepper", 1, migration)
             .start()
     };
-    let (rt, report) = deploy(agentloop::Migration::new()).await.expect("start");
+    let (rt, report) = deploy(agentloop::versions::Migration::new())
+        .await
+        .expect("start");
     assert!(report.resumed.is_empty(), "{report:?}");
     let why = &report.skipped[0].1;
     for part in [
@@ -585,7 +587,7 @@ async fn s40_journaled_steps_stay_with_their_version_unless_a_migration_discards
     );
     assert_eq!(service.total(), 2, "nothing ran");
 
-    let (rt, report) = deploy(agentloop::Migration::new().discard_journal())
+    let (rt, report) = deploy(agentloop::versions::Migration::new().discard_journal())
         .await
         .expect("start");
     assert_eq!(report.resumed, vec![ID.to_string()], "{report:?}");

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use agentloop::{
-    CheckpointStore, EventFilter, EventStream, MemoryStore, Sequenced, SessionEvent, SessionHandle,
-    SessionSpec, StopOptions,
+    events::Sequenced, CheckpointStore, EventFilter, EventStream, MemoryStore, SessionEvent,
+    SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_sim::{Notice, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;

@@ -235,7 +235,7 @@ async fn s21_teardown_order_and_isolated_bounded_hooks() {
         "the hanging hook was waited for up to its bound"
     );
     let exit = within("exit", h.wait()).await;
-    assert_eq!(exit.checkpoint, agentloop::CheckpointOutcome::Saved);
+    assert_eq!(exit.checkpoint, agentloop::exit::CheckpointOutcome::Saved);
 }
 
 /// Bad input: subscribing after the exit gets Ended at once, then None.
@@ -248,9 +248,9 @@ async fn s21_subscribe_after_exit_gets_ended_at_once() {
     assert_eq!(kinds(&evs), vec!["Ended"]);
 }
 
-fn resumable_record(id: &str) -> agentloop::SessionRecord<SimItem> {
-    let mut rec = agentloop::SessionRecord::new(id, "sim", 3);
-    rec.status = agentloop::SessionStatus::Interrupted;
+fn resumable_record(id: &str) -> agentloop::store::SessionRecord<SimItem> {
+    let mut rec = agentloop::store::SessionRecord::new(id, "sim", 3);
+    rec.status = agentloop::store::SessionStatus::Interrupted;
     rec.interrupted_items = vec![item(1)];
     rec
 }
@@ -268,7 +268,7 @@ async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
     let (g, t) = (gate.clone(), tx.clone());
     kinds.insert(
         "sim".to_string(),
-        agentloop::agent_kind("sim", move |_: &[u8]| {
+        agentloop::supervisor::agent_kind("sim", move |_: &[u8]| {
             Ok(SimAgent::new(steps(1))
                 .with_step_gate(g.clone())
                 .with_probe(t.clone()))
@@ -278,8 +278,8 @@ async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
         kinds,
         store: Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
         owner: Some("me".into()),
-        budget: agentloop::RestartBudget::default(),
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        budget: agentloop::supervisor::RestartBudget::default(),
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits: Default::default(),
     })
@@ -403,7 +403,7 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
     let mut kinds = std::collections::HashMap::new();
     kinds.insert(
         "sim".to_string(),
-        agentloop::agent_kind("sim", move |_: &[u8]| {
+        agentloop::supervisor::agent_kind("sim", move |_: &[u8]| {
             let tx = done_tx.clone();
             let agent = SimAgent::new(steps(3)).with_turn_hook(Arc::new(move |_, ids: &[u64]| {
                 let _ = tx.send(ids.to_vec());
@@ -419,8 +419,8 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
         kinds,
         store: None,
         owner: None,
-        budget: agentloop::RestartBudget::default(),
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        budget: agentloop::supervisor::RestartBudget::default(),
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits: Default::default(),
     })

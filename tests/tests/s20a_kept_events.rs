@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use agentloop::event_log::Retention;
 use agentloop::{
-    CheckpointStore, EventCodec, EventFilter, EventStream, MemoryStore, Sequenced, SessionEvent,
-    SessionHandle, SessionSpec, StopOptions,
+    events::EventCodec, events::Sequenced, CheckpointStore, EventFilter, EventStream, MemoryStore,
+    SessionEvent, SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_sim::{Notice, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;

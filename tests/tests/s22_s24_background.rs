@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    agent_kind, CheckpointOutcome, CheckpointStore, Durability, ExitReason, MemoryStore,
-    RestartBudget, RestartPolicy, SessionError, SessionSpec, SessionStatus, StatusKind,
-    SupervisorArgs, SupervisorHandle,
+    exit::CheckpointOutcome, store::SessionStatus, store::StatusKind, supervisor::agent_kind,
+    supervisor::RestartBudget, CheckpointStore, Durability, ExitReason, MemoryStore, RestartPolicy,
+    SessionError, SessionSpec, SupervisorArgs, SupervisorHandle,
 };
 use agentloop_sim::{Fault, Gate, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -107,7 +107,7 @@ async fn s22_bound_client_disconnect_cancels_only_before_detach() {
     drop(client);
     let exit = within("exit", h.wait()).await;
     assert!(
-        matches!(exit.reason, ExitReason::Canceled(i) if i.mode == agentloop::CancelMode::Immediate)
+        matches!(exit.reason, ExitReason::Canceled(i) if i.mode == agentloop::cancel::CancelMode::Immediate)
     );
     assert_eq!(exit.stop_cause.as_deref(), Some("client disconnected"));
 
@@ -150,7 +150,7 @@ fn supervisor_args(
         store: Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
         owner: Some("me".into()),
         budget: RestartBudget::default(),
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits: Default::default(),
     }
@@ -184,7 +184,7 @@ async fn s24_cancel_by_id_stops_a_background_run() {
     );
     assert_eq!(mem.get("c").unwrap().status, SessionStatus::Canceled);
 
-    let mut done = agentloop::SessionRecord::new("done", "sim", 1);
+    let mut done = agentloop::store::SessionRecord::new("done", "sim", 1);
     done.status = SessionStatus::Completed;
     mem.insert(done);
     assert_eq!(sup.cancel("done").await.unwrap(), SessionStatus::Completed);
@@ -266,7 +266,7 @@ impl PollForTest for SessionSpec<SimItem> {
 /// drop does not.
 #[tokio::test(start_paused = true)]
 async fn s22_attach_by_id_bound_and_observer() {
-    use agentloop::{AttachMode, EventFilter};
+    use agentloop::{supervisor::AttachMode, EventFilter};
     let mem = Arc::new(MemoryStore::<SimItem>::new());
     let gate = Gate::new();
     let sup = SupervisorHandle::start(supervisor_args(&mem, gate.clone()))
@@ -323,7 +323,7 @@ async fn s22_attach_by_id_bound_and_observer() {
 /// as the detach wrote them, and the next start would have offered them again.)
 #[tokio::test(start_paused = true)]
 async fn s23_exit_durability_record_follows_items_out_of_the_session() {
-    use agentloop::{Runtime, ShutdownConfig};
+    use agentloop::{config::ShutdownConfig, Runtime};
     use agentloop_sim::PlanPolicy;
 
     let mem = Arc::new(MemoryStore::<SimItem>::new());

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use agentloop::view::REDACTED;
-use agentloop::{CheckpointStore, MemoryStore, Part, Redaction, Runtime, SessionSpec, StopOptions};
+use agentloop::{
+    view::Part, view::Redaction, CheckpointStore, MemoryStore, Runtime, SessionSpec, StopOptions,
+};
 use agentloop_sim::{Fault, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
 use serde_json::json;

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    agent_kind, CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore, RestartBudget,
-    RestartPolicy, RoutedPushError, SessionEvent, SessionSpec, SessionStatus, StopOptions,
-    SupervisorArgs, SupervisorError, SupervisorHandle,
+    store::SessionStatus, supervisor::agent_kind, supervisor::RestartBudget,
+    supervisor::RoutedPushError, CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore,
+    RestartPolicy, SessionEvent, SessionSpec, StopOptions, SupervisorArgs, SupervisorError,
+    SupervisorHandle,
 };
 use agentloop_sim::{Fault, Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -48,7 +49,7 @@ fn kinds(ledgers: Arc<Mutex<Vec<Arc<Mutex<Ledger>>>>>) -> SupervisorArgs<SimItem
             max_restarts: 2,
             window: Duration::from_secs(60),
         },
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits: Default::default(),
     }
@@ -182,7 +183,7 @@ async fn s25_batch_spawn_answers_each_spec_in_order() {
 /// `SpawnBatch` message over the bound is refused whole with a typed error.
 #[tokio::test(start_paused = true)]
 async fn s25_batch_spawn_splits_long_lists_and_bounds_one_message() {
-    use agentloop::{SupervisorMsg, MAX_SPAWN_BATCH};
+    use agentloop::{supervisor::SupervisorMsg, supervisor::MAX_SPAWN_BATCH};
     let sup = Sup::start(kinds(Arc::new(Mutex::new(Vec::new()))))
         .await
         .unwrap();
@@ -485,7 +486,7 @@ async fn s26_a_permanent_agent_error_is_not_restarted() {
     );
     assert_eq!(
         ended[0].failure,
-        Some(agentloop::FailureKind::AgentPermanent)
+        Some(agentloop::exit::FailureKind::AgentPermanent)
     );
     within("the session to leave", async {
         while !sup.list().await.is_empty() {
@@ -540,7 +541,7 @@ impl CheckpointStore<SimItem> for SlowLoads {
     }
     fn list_stored(
         &self,
-        s: Option<Vec<agentloop::StatusKind>>,
+        s: Option<Vec<agentloop::store::StatusKind>>,
     ) -> futures::future::BoxFuture<
         'static,
         Result<Vec<agentloop::store::StoredEntry>, agentloop::StoreError>,
@@ -550,10 +551,12 @@ impl CheckpointStore<SimItem> for SlowLoads {
     fn cas_status(
         &self,
         id: &str,
-        from: Vec<agentloop::StatusKind>,
+        from: Vec<agentloop::store::StatusKind>,
         to: SessionStatus,
-    ) -> futures::future::BoxFuture<'static, Result<agentloop::CasOutcome, agentloop::StoreError>>
-    {
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<agentloop::store::CasOutcome, agentloop::StoreError>,
+    > {
         self.inner.cas_status(id, from, to)
     }
     fn flush(&self) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {

@@ -16,10 +16,11 @@ use agentloop::session::{SessionIdError, MAX_SESSION_ID_LEN};
 use agentloop::store::codec::{self, FORMAT_VERSION, MAGIC};
 use agentloop::store::{SledBackend, WriteCondition};
 use agentloop::{
-    CheckpointActor, CheckpointOutcome, CheckpointStore, ExitReason, FailureKind, MemoryStore,
-    OptionsError, Preempt, PushError, PushOptions, RoutedPushError, Runtime, RuntimeError,
-    SessionError, SessionHandle, SessionRecord, SessionSpec, SessionStatus, ShutdownConfig,
-    SpawnError, StatusKind, StopOptions, StoreError, SupervisorError, TurnLoopMsg,
+    config::ShutdownConfig, exit::CheckpointOutcome, exit::FailureKind, options::OptionsError,
+    session::TurnLoopMsg, store::CheckpointActor, store::SessionRecord, store::SessionStatus,
+    store::StatusKind, supervisor::RoutedPushError, CheckpointStore, ExitReason, MemoryStore,
+    Preempt, PushError, PushOptions, Runtime, RuntimeError, SessionError, SessionHandle,
+    SessionSpec, SpawnError, StopOptions, StoreError, SupervisorError,
 };
 use agentloop_core::table::{self, header_key};
 use agentloop_sim::{Gate, Ledger, Notice, SimAgent, SimEvent, SimItem, SimState};
@@ -976,7 +977,7 @@ async fn s32_pushes_to_unknown_sessions_hand_the_item_back() {
     is_unknown(
         sup.attach(
             "ghost",
-            agentloop::AttachMode::Bound,
+            agentloop::supervisor::AttachMode::Bound,
             agentloop::EventFilter::all(),
         )
         .await

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use agentloop::{
-    agent_kind, BufferBound, CheckpointStore, MemoryStore, PushError, RestartBudget,
-    RoutedPushError, SessionHandle, SessionLimits, SessionSpec, StopOptions, SupervisorArgs,
-    SupervisorError, SupervisorHandle,
+    session::BufferBound, supervisor::agent_kind, supervisor::RestartBudget,
+    supervisor::RoutedPushError, supervisor::SessionLimits, CheckpointStore, MemoryStore,
+    PushError, SessionHandle, SessionSpec, StopOptions, SupervisorArgs, SupervisorError,
+    SupervisorHandle,
 };
 use agentloop_sim::{Gate, Notice, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -121,7 +122,7 @@ fn sim_args(limits: SessionLimits) -> SupervisorArgs<SimItem, SimEvent> {
         store: None,
         owner: None,
         budget: RestartBudget::default(),
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits,
     }
@@ -138,7 +139,7 @@ async fn a_supervisor_bounds_its_sessions_and_their_buffers() {
             items: 2,
             bytes: usize::MAX,
         },
-        timers: agentloop::TimerBounds::UNBOUNDED,
+        timers: agentloop::timers::TimerBounds::UNBOUNDED,
     }))
     .await
     .unwrap();
@@ -193,7 +194,7 @@ async fn a_spec_bound_applies_under_the_supervisors_limits() {
             items: 3,
             bytes: usize::MAX,
         },
-        timers: agentloop::TimerBounds::UNBOUNDED,
+        timers: agentloop::timers::TimerBounds::UNBOUNDED,
     }))
     .await
     .unwrap();
@@ -333,7 +334,7 @@ impl CheckpointStore<SimItem> for LosesAnswers {
     }
     fn list_stored(
         &self,
-        s: Option<Vec<agentloop::StatusKind>>,
+        s: Option<Vec<agentloop::store::StatusKind>>,
     ) -> futures::future::BoxFuture<
         'static,
         Result<Vec<agentloop::store::StoredEntry>, agentloop::StoreError>,
@@ -343,10 +344,12 @@ impl CheckpointStore<SimItem> for LosesAnswers {
     fn cas_status(
         &self,
         id: &str,
-        from: Vec<agentloop::StatusKind>,
-        to: agentloop::SessionStatus,
-    ) -> futures::future::BoxFuture<'static, Result<agentloop::CasOutcome, agentloop::StoreError>>
-    {
+        from: Vec<agentloop::store::StatusKind>,
+        to: agentloop::store::SessionStatus,
+    ) -> futures::future::BoxFuture<
+        'static,
+        Result<agentloop::store::CasOutcome, agentloop::StoreError>,
+    > {
         self.inner.cas_status(id, from, to)
     }
     fn flush(&self) -> futures::future::BoxFuture<'static, Result<(), agentloop::StoreError>> {

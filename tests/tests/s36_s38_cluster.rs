@@ -13,8 +13,8 @@ use agentloop::cluster::placement;
 use agentloop::store::history::{HistoryAnswer, HistoryQuery};
 use agentloop::store::{MemoryStore, RecordWrite, Stored, StoredEntry};
 use agentloop::{
-    CasOutcome, CheckpointStore, Runtime, SessionRecord, SessionSpec, SessionStatus, StatusKind,
-    StopOptions, StoreError,
+    store::CasOutcome, store::SessionRecord, store::SessionStatus, store::StatusKind,
+    CheckpointStore, Runtime, SessionSpec, StopOptions, StoreError,
 };
 use agentloop_sim::{Gate, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -816,7 +816,7 @@ async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_agai
 async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
     use agentloop::cluster::peers::connect_in_process;
     use agentloop::options::PushOptions;
-    use agentloop::{EventFilter, EventStream, Sequenced, SessionEvent};
+    use agentloop::{events::Sequenced, EventFilter, EventStream, SessionEvent};
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     let a = node("a", store.clone(), turns.clone(), None).await;

@@ -490,8 +490,10 @@ async fn a_shutdown_during_a_wake_ends_it_cleanly() {
                 "accepted: delivered or saved ({kept:?})"
             );
         }
-        Err(agentloop::RoutedPushError::Push(agentloop::PushError::Late { item: back }))
-        | Err(agentloop::RoutedPushError::UnknownSession { item: back, .. }) => {
+        Err(agentloop::supervisor::RoutedPushError::Push(agentloop::PushError::Late {
+            item: back,
+        }))
+        | Err(agentloop::supervisor::RoutedPushError::UnknownSession { item: back, .. }) => {
             assert_eq!(back, item(5), "handed back");
         }
         Err(e) => panic!("{e}"),
@@ -510,10 +512,10 @@ async fn wakes_and_forks_count_against_the_session_bound() {
     let (rt, _) = builder(&ledgers, 1)
         .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
         .idle_after(IDLE)
-        .session_limits(agentloop::SessionLimits {
+        .session_limits(agentloop::supervisor::SessionLimits {
             max_sessions: 2,
-            buffer: agentloop::BufferBound::UNBOUNDED,
-            timers: agentloop::TimerBounds::UNBOUNDED,
+            buffer: agentloop::session::BufferBound::UNBOUNDED,
+            timers: agentloop::timers::TimerBounds::UNBOUNDED,
         })
         .start()
         .await
@@ -551,7 +553,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
             .expect("spawn");
     }
     match rt.supervisor().push("sleeper", item(2)).await {
-        Err(agentloop::RoutedPushError::NotLive {
+        Err(agentloop::supervisor::RoutedPushError::NotLive {
             item,
             why,
             retry_after,
@@ -569,7 +571,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
         .fork("sleeper", 1, "forked", Durability::Sync, 0)
         .await
     {
-        Err(e @ agentloop::ForkError::TooManySessions { .. }) => {
+        Err(e @ agentloop::session::ForkError::TooManySessions { .. }) => {
             assert!(e.to_string().contains("[limits] sessions"), "{e}");
             assert!(e.to_string().contains("nothing was written"), "{e}");
         }
@@ -589,7 +591,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
         loop {
             match rt.supervisor().push("sleeper", item(2)).await {
                 Ok(_) => break,
-                Err(agentloop::RoutedPushError::NotLive { .. }) => {
+                Err(agentloop::supervisor::RoutedPushError::NotLive { .. }) => {
                     tokio::time::sleep(Duration::from_millis(10)).await
                 }
                 Err(e) => panic!("{e}"),
@@ -607,7 +609,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
         rt.supervisor()
             .fork("sleeper", 1, "forked", Durability::Sync, 0)
             .await,
-        Err(agentloop::ForkError::TooManySessions { .. })
+        Err(agentloop::session::ForkError::TooManySessions { .. })
     ));
     rt.supervisor()
         .stop("a", StopOptions::immediate())
@@ -621,7 +623,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
                 .await
             {
                 Ok(_) => break,
-                Err(agentloop::ForkError::TooManySessions { .. }) => {
+                Err(agentloop::session::ForkError::TooManySessions { .. }) => {
                     tokio::time::sleep(Duration::from_millis(10)).await
                 }
                 Err(e) => panic!("{e}"),

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use agentloop::store::{Repeat, StoredTimer};
 use agentloop::{
-    CheckpointStore, Durability, MemoryStore, PushOptions, Runtime, Schedule, SessionSpec,
-    TimerError,
+    timers::TimerError, CheckpointStore, Durability, MemoryStore, PushOptions, Runtime, Schedule,
+    SessionSpec,
 };
 use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -747,10 +747,10 @@ async fn a_sessions_timers_are_bounded_in_count_size_and_period() {
         .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
         .flush_logs(None)
         .register_agent("sim", |_cfg: &[u8]| Ok(SimAgent::new(steps(1))))
-        .session_limits(agentloop::SessionLimits {
+        .session_limits(agentloop::supervisor::SessionLimits {
             max_sessions: usize::MAX,
-            buffer: agentloop::BufferBound::UNBOUNDED,
-            timers: agentloop::TimerBounds {
+            buffer: agentloop::session::BufferBound::UNBOUNDED,
+            timers: agentloop::timers::TimerBounds {
                 per_session: 2,
                 item_bytes: 200,
                 min_period: Duration::from_secs(2),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use agentloop::versions::SessionFate;
 use agentloop::{
-    Agent, AgentError, CheckpointStore, MemoryStore, Migration, Runtime, RuntimeBuilder,
+    versions::Migration, Agent, AgentError, CheckpointStore, MemoryStore, Runtime, RuntimeBuilder,
     SessionSpec, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_sim::{SimEvent, SimItem};
@@ -538,8 +538,8 @@ async fn s40_a_migrate_shutdown_hands_over_only_what_the_other_node_runs() {
     use agentloop::config::ShutdownConfig;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     // A session version 1 left on `b`.
-    let mut old = agentloop::SessionRecord::<SimItem>::new("old", "counter", 0);
-    old.status = agentloop::SessionStatus::Interrupted;
+    let mut old = agentloop::store::SessionRecord::<SimItem>::new("old", "counter", 0);
+    old.status = agentloop::store::SessionStatus::Interrupted;
     old.owner = Some("b".into());
     store.save(old).await.expect("save");
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -601,7 +601,7 @@ async fn s40_a_migrate_shutdown_hands_over_only_what_the_other_node_runs() {
     let new = store.load("new").await.unwrap().unwrap();
     assert_eq!(
         (new.status, new.owner.as_deref(), new.agent_version),
-        (agentloop::SessionStatus::Interrupted, Some("b"), 2),
+        (agentloop::store::SessionStatus::Interrupted, Some("b"), 2),
         "kept for a node that runs version 2"
     );
     a.shutdown().await.expect("a's shutdown");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use agentloop::store::{CheckpointStore, Engine, StoreDurability, StoreError};
-use agentloop::{CheckpointActor, MemoryStore};
+use agentloop::{store::CheckpointActor, MemoryStore};
 use agentloop_sim::SimItem;
 use agentloop_tests::conformance::{run_all, Store};
 use agentloop_tests::TempDir;
@@ -93,7 +93,7 @@ async fn s15b_sled_power_writes_blobs_durably() {
     let client = CheckpointActor::<SimItem>::spawn_engine(dir.path(), engine)
         .await
         .unwrap();
-    let mut r = agentloop::SessionRecord::<SimItem>::new("big", "sim", 0);
+    let mut r = agentloop::store::SessionRecord::<SimItem>::new("big", "sim", 0);
     r.unhandled_items = vec![SimItem::new(1, "x".repeat(600 * 1024))];
     client.save(r).await.expect("a blob-sized write at power");
     let blobs = std::fs::read_dir(dir.path().join("blobs"))
@@ -128,7 +128,7 @@ async fn engine_mismatch_is_refused_with_the_way_out() {
         let client = CheckpointActor::<SimItem>::spawn_engine(dir.path(), wrote)
             .await
             .unwrap();
-        let r = agentloop::SessionRecord::<SimItem>::new("kept", "sim", 0);
+        let r = agentloop::store::SessionRecord::<SimItem>::new("kept", "sim", 0);
         client.save(r).await.unwrap();
         client.close().await.unwrap();
         let err = match CheckpointActor::<SimItem>::spawn_engine(dir.path(), opened).await {
@@ -205,7 +205,7 @@ fn s15b_postgres_levels() {
         let server = LocalServer::start(&[setting]).expect("a local PostgreSQL server");
         let url = server.database("levels").expect("a database");
         let store = connect(url.clone(), StoreDurability::Power).expect(setting);
-        let r = agentloop::SessionRecord::<SimItem>::new("p", "sim", 0);
+        let r = agentloop::store::SessionRecord::<SimItem>::new("p", "sim", 0);
         rt.block_on(CheckpointStore::<SimItem>::save(&store, r))
             .expect("a write at power");
         connect(url, StoreDurability::Crash).expect("crash is never refused");
@@ -220,7 +220,7 @@ fn s15b_postgres_levels() {
 fn s15_postgres_store_conforms() {
     use agentloop::store::StoreDurability;
     use agentloop::store::{RecordHeader, RecordWrite, StateChange, WriteCondition};
-    use agentloop::{CasOutcome, SessionStatus, StatusKind};
+    use agentloop::{store::CasOutcome, store::SessionStatus, store::StatusKind};
     use agentloop_postgres::local_server::LocalServer;
     use agentloop_postgres::{PostgresOptions, PostgresStore};
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use agentloop::store::{codec, RecordWrite, Stored, StoredEntry, WriteCondition};
 use agentloop::{
-    CasOutcome, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt, PushOptions,
-    SessionRecord, SessionSpec, SessionStatus, StatusKind, StopOptions, StoreError,
+    store::CasOutcome, store::SessionRecord, store::SessionStatus, store::StatusKind,
+    CheckpointStore, Durability, ExitReason, MemoryStore, Preempt, PushOptions, SessionSpec,
+    StopOptions, StoreError,
 };
 use agentloop_sim::{Fault, Notice, SimAgent, SimItem, SimState};
 use agentloop_tests::*;
@@ -264,7 +265,7 @@ fn oversized_record_is_refused_at_encode() {
 async fn close_with_concurrent_writers() {
     let dir = TempDir::new("close");
     for round in 0..10u64 {
-        let c = agentloop::CheckpointActor::<SimItem>::spawn(dir.path())
+        let c = agentloop::store::CheckpointActor::<SimItem>::spawn(dir.path())
             .await
             .unwrap();
         let c2 = c.clone();

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, Durability,
-    SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
+    store::CheckpointActor, store::CheckpointClient, Agent, AgentError, CheckpointStore,
+    Durability, SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use tokio::sync::mpsc;
 
@@ -74,7 +74,7 @@ impl Agent for Stepper {
                     })
                     .unwrap_or_default();
                 h.session_id = "b10-raw".into();
-                h.status = agentloop::SessionStatus::Running;
+                h.status = agentloop::store::SessionStatus::Running;
                 let w = agentloop::store::RecordWrite {
                     header: h,
                     items: Vec::new(),
@@ -153,7 +153,7 @@ async fn store_only(
                 header: RecordHeader {
                     session_id: "b10-store".into(),
                     agent_kind: "stepper".into(),
-                    status: agentloop::SessionStatus::Running,
+                    status: agentloop::store::SessionStatus::Running,
                     turn_index: round as u64,
                     journal: Some(agentloop_core::steps::JournalMark {
                         turn: round as u64,

@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 
 use agentloop::event_log::Retention;
 use agentloop::{
-    Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, Durability, EventCodec,
-    EventStream, SessionEvent, SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
+    events::EventCodec, store::CheckpointActor, store::CheckpointClient, Agent, AgentError,
+    CheckpointStore, Durability, EventStream, SessionEvent, SessionHandle, SessionSpec,
+    StopOptions, Turn, TurnCx, TurnOutcome,
 };
 
 use crate::report::{print_table, ratio_line_max, summarize};

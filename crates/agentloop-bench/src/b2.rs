@@ -40,8 +40,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    agent_kind, AgentKind, ExitReason, RestartBudget, SessionHandle, SessionSpec, StopOptions,
-    SupervisorArgs, SupervisorHandle, MAX_SPAWN_BATCH,
+    supervisor::agent_kind, supervisor::AgentKind, supervisor::RestartBudget,
+    supervisor::MAX_SPAWN_BATCH, ExitReason, SessionHandle, SessionSpec, StopOptions,
+    SupervisorArgs, SupervisorHandle,
 };
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
@@ -222,7 +223,7 @@ async fn supervisor_side(n: usize, round: &str, batched: bool) -> SideRound {
         store: None,
         owner: None,
         budget: RestartBudget::default(),
-        heartbeat: agentloop::DEFAULT_HEARTBEAT,
+        heartbeat: agentloop::store::DEFAULT_HEARTBEAT,
         metrics: None,
         limits: Default::default(),
     })

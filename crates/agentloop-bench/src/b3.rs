@@ -40,8 +40,8 @@ use std::time::{Duration, Instant};
 
 use agentloop::store::{CheckpointStats, Engine, StoreDurability, Stored};
 use agentloop::{
-    CheckpointActor, CheckpointClient, CheckpointOutcome, CheckpointStore, Durability,
-    SessionHandle, SessionSpec, StopOptions,
+    exit::CheckpointOutcome, store::CheckpointActor, store::CheckpointClient, CheckpointStore,
+    Durability, SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_core::table;
 use agentloop_sim::{Gate, Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
@@ -399,8 +399,11 @@ async fn direct_saves_round(store: &Store, round: u64) -> (f64, u64) {
     let state = vec![0xA5u8; STATE_BYTES];
     let recs: Vec<_> = (0..SESSIONS)
         .map(|s| {
-            let mut r =
-                agentloop::SessionRecord::new(format!("b3-direct-r{round:04}-s{s:02}"), "sim", 0);
+            let mut r = agentloop::store::SessionRecord::new(
+                format!("b3-direct-r{round:04}-s{s:02}"),
+                "sim",
+                0,
+            );
             r.interrupted_items = vec![SimItem::new(s as u64, "b3")];
             r.state = Some(state.clone());
             r

@@ -62,9 +62,10 @@ use std::time::{Duration, Instant};
 
 use agentloop::store::{codec, CheckpointStats};
 use agentloop::{
-    Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, CleanupHook, Durability,
-    ExitReason, Runtime, SafePoint, SessionSpec, SessionStatus, ShutdownReport, Step, StopOptions,
-    Turn, TurnCx, TurnOutcome,
+    shutdown::CleanupHook, shutdown::ShutdownReport, store::CheckpointActor,
+    store::CheckpointClient, store::SessionStatus, turn::Step, Agent, AgentError, CheckpointStore,
+    Durability, ExitReason, Runtime, SafePoint, SessionSpec, StopOptions, Turn, TurnCx,
+    TurnOutcome,
 };
 use agentloop_sim::{Gate, Script, SimAgent, SimEvent, SimItem, SimState, SimStep};
 

@@ -49,8 +49,8 @@ use std::time::{Duration, Instant};
 use agentloop::store::codec;
 use agentloop::store::{RecordHeader, SledBackend, WriteCondition};
 use agentloop::{
-    CheckpointActor, CheckpointStore, ExitReason, Runtime, SessionRecord, SessionStatus,
-    StatusKind, StopOptions,
+    store::CheckpointActor, store::SessionRecord, store::SessionStatus, store::StatusKind,
+    CheckpointStore, ExitReason, Runtime, StopOptions,
 };
 use agentloop_core::table::{self, KeyKind};
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem, SimState, SimStep};

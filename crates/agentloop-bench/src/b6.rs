@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    CheckpointActor, CheckpointClient, CheckpointStore, Durability, SessionHandle, SessionSpec,
-    StopOptions,
+    store::CheckpointActor, store::CheckpointClient, CheckpointStore, Durability, SessionHandle,
+    SessionSpec, StopOptions,
 };
 use agentloop_sim::{Gate, Script, SimAgent, SimEvent, SimItem, SimStep};
 

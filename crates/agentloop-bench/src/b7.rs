@@ -32,9 +32,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentloop::{
-    Agent, AgentError, CheckpointActor, CheckpointClient, CheckpointStore, Durability,
-    InterruptInfo, SessionEvent, SessionHandle, SessionRecord, SessionSpec, StopOptions, Turn,
-    TurnCx, TurnOutcome,
+    store::CheckpointActor, store::CheckpointClient, store::SessionRecord, Agent, AgentError,
+    CheckpointStore, Durability, InterruptInfo, SessionEvent, SessionHandle, SessionSpec,
+    StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_sim::SimItem;
 

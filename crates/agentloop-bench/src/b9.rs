@@ -29,7 +29,9 @@ use std::path::Path;
 use std::time::Instant;
 
 use agentloop::store::{Engine, StoreDurability};
-use agentloop::{CheckpointActor, CheckpointClient, CheckpointStore, SessionRecord};
+use agentloop::{
+    store::CheckpointActor, store::CheckpointClient, store::SessionRecord, CheckpointStore,
+};
 use agentloop_sim::SimItem;
 
 use crate::raw::RawSled;

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::{CheckpointStore, Runtime, SessionSpec, StatusKind, StopOptions};
+use agentloop::{store::StatusKind, CheckpointStore, Runtime, SessionSpec, StopOptions};
 use agentloop_postgres::local_server::LocalServer;
 use agentloop_postgres::{PostgresOptions, PostgresStore};
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem, SimStep};

@@ -159,7 +159,8 @@ impl SimVersions {
         if self.sim_migrations {
             let newest = self.sim_versions.iter().copied().max().unwrap_or(1);
             for from in 1..newest {
-                builder = builder.register_migration("sim", from, agentloop::Migration::new());
+                builder =
+                    builder.register_migration("sim", from, agentloop::versions::Migration::new());
             }
         }
         builder

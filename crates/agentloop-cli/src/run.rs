@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use agentloop::config::RuntimeConfig;
 use agentloop::shutdown::{listen_for_signals, Signal};
 use agentloop::store::{Engine, StoreDurability};
-use agentloop::{PushError, RoutedPushError, Runtime, SessionSpec, StopOptions};
+use agentloop::{supervisor::RoutedPushError, PushError, Runtime, SessionSpec, StopOptions};
 use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 use serde::{Deserialize, Serialize};
 

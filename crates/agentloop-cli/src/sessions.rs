@@ -347,7 +347,7 @@ struct View {
     /// "2", or "1 (converted on the next write)".
     format: &'static str,
     /// The cut turn's durable steps (S1b).
-    steps: Option<agentloop::StepsView>,
+    steps: Option<agentloop::view::StepsView>,
     /// The record says the session sleeps (S39).
     asleep: bool,
     /// `state` is what the session carries between turns, not a cut turn's.
@@ -411,7 +411,7 @@ fn view(stored: &Stored) -> Result<View, StoreError> {
                 version: h.version,
                 lease_epoch: h.lease_epoch,
                 format: "2",
-                steps: agentloop::view::steps_view(r, &agentloop::Redaction::default())?,
+                steps: agentloop::view::steps_view(r, &agentloop::view::Redaction::default())?,
                 asleep: h.asleep,
                 state_carried: h.state_carried,
             })
@@ -579,7 +579,7 @@ fn show(
     id: &str,
     json: bool,
     raw: bool,
-    redaction: &agentloop::Redaction,
+    redaction: &agentloop::view::Redaction,
 ) -> Result<String, Failure> {
     let backend = open(dir)?;
     if raw {
@@ -933,7 +933,7 @@ fn timers(dir: &Path, id: &str, json: bool) -> Result<String, Failure> {
         .timers(id)
         .map_err(|e| Failure::Error(e.to_string()))?;
     drop(backend);
-    let views = agentloop::view::timers_view(id, timers, &agentloop::Redaction::none())
+    let views = agentloop::view::timers_view(id, timers, &agentloop::view::Redaction::none())
         .map_err(|e| Failure::Error(e.to_string()))?;
     let mut out = String::new();
     if views.is_empty() && !json {
@@ -1119,8 +1119,8 @@ fn import(
 
 /// The view as a client may see it (issue 13, 5): items, state and question through
 /// the configured redaction.
-fn redact(mut v: View, redaction: &agentloop::Redaction) -> View {
-    use agentloop::Part;
+fn redact(mut v: View, redaction: &agentloop::view::Redaction) -> View {
+    use agentloop::view::Part;
     if !redaction.is_active() {
         return v;
     }

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use agentloop::{PushError, RoutedPushError, SessionError, SupervisorError};
+use agentloop::{supervisor::RoutedPushError, PushError, SessionError, SupervisorError};
 
 /// An error answer: `{"code": "...", "message": "..."}` with its status.
 #[derive(Debug)]
@@ -252,8 +252,8 @@ impl From<SupervisorError> for ApiError {
             SupervisorError::UnknownSession(_) => (StatusCode::NOT_FOUND, "unknown_session"),
             // S40: the record's version does not run here (kept as it was).
             SupervisorError::Version(
-                agentloop::VersionError::Unavailable { .. }
-                | agentloop::VersionError::Migration { .. },
+                agentloop::versions::VersionError::Unavailable { .. }
+                | agentloop::versions::VersionError::Migration { .. },
             ) => (StatusCode::CONFLICT, "version_unavailable"),
             SupervisorError::ShuttingDown(_) => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
             // S34a: load, so 429 with when to retry.
@@ -350,9 +350,9 @@ impl<I> From<RoutedPushError<I>> for ApiError {
     }
 }
 
-impl<I> From<agentloop::AnswerError<I>> for ApiError {
-    fn from(e: agentloop::AnswerError<I>) -> Self {
-        use agentloop::AnswerError as A;
+impl<I> From<agentloop::session::AnswerError<I>> for ApiError {
+    fn from(e: agentloop::session::AnswerError<I>) -> Self {
+        use agentloop::session::AnswerError as A;
         let (status, code) = match &e {
             A::NotFound { .. } => (StatusCode::NOT_FOUND, "unknown_session"),
             A::NotPersistent { .. } | A::NotAwaiting { .. } => {

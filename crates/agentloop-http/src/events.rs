@@ -19,7 +19,7 @@ use futures_util::StreamExt as _;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use agentloop::{EventStream, Part, Redaction, SessionEvent};
+use agentloop::{view::Part, view::Redaction, EventStream, SessionEvent};
 
 use crate::limits::Slot;
 use crate::wire;

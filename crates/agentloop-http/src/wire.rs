@@ -6,8 +6,10 @@
 
 use serde_json::{json, Value};
 
-use agentloop::{CancelInfo, CancelMode, PreemptAck, SafePoint, SessionStatus, TurnEnd};
-use agentloop::{CheckpointOutcome, ExitReason};
+use agentloop::{
+    cancel::CancelInfo, cancel::CancelMode, store::SessionStatus, PreemptAck, SafePoint, TurnEnd,
+};
+use agentloop::{exit::CheckpointOutcome, ExitReason};
 
 /// A status's name: `running`, `stopped`, `interrupted`, `completed`, `canceled`,
 /// `failed`.

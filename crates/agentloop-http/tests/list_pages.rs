@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::store::MemoryStore;
-use agentloop::{CheckpointStore, Runtime, SessionRecord, SessionStatus};
+use agentloop::{store::SessionRecord, store::SessionStatus, CheckpointStore, Runtime};
 use agentloop_http::{router, HttpOptions};
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 use axum::body::Body;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::{Redaction, Runtime, StopOptions};
+use agentloop::{view::Redaction, Runtime, StopOptions};
 use agentloop_http::{router, HttpOptions};
 use agentloop_sim::{Fault, Ledger, Script, SimAgent, SimEvent, SimItem};
 use axum::body::Body;

@@ -232,11 +232,11 @@ where
             Ok(_) if !tools.has(&call.name) => Some("unknown_tool"),
             Ok(_) => Some("tool_error"),
             // The step itself failed: the variant's name.
-            Err(agentloop::StepFailed::Canceled(_)) => Some("canceled"),
-            Err(agentloop::StepFailed::Refused { .. }) => Some("refused"),
-            Err(agentloop::StepFailed::Encode { .. }) => Some("encode"),
-            Err(agentloop::StepFailed::Decode { .. }) => Some("decode"),
-            Err(agentloop::StepFailed::NotDurable { .. }) => Some("not_durable"),
+            Err(agentloop::turn::StepFailed::Canceled(_)) => Some("canceled"),
+            Err(agentloop::turn::StepFailed::Refused { .. }) => Some("refused"),
+            Err(agentloop::turn::StepFailed::Encode { .. }) => Some("encode"),
+            Err(agentloop::turn::StepFailed::Decode { .. }) => Some("decode"),
+            Err(agentloop::turn::StepFailed::NotDurable { .. }) => Some("not_durable"),
         };
         if let Some(kind) = failed {
             span.record("otel.status_code", "ERROR");

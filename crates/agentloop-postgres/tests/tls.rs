@@ -7,7 +7,7 @@
 
 #![cfg(feature = "local-server")]
 
-use agentloop::{CheckpointStore, SessionRecord};
+use agentloop::{store::SessionRecord, CheckpointStore};
 use agentloop_postgres::local_server::LocalServer;
 use agentloop_postgres::{PostgresOptions, PostgresStore};
 use agentloop_sim::SimItem;

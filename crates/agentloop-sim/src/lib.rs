@@ -23,7 +23,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::{Agent, AgentError, Plan, PlanInput, SafePoint, Step, Turn, TurnCx, TurnOutcome};
+use agentloop::{
+    turn::Step, Agent, AgentError, Plan, PlanInput, SafePoint, Turn, TurnCx, TurnOutcome,
+};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, Semaphore};

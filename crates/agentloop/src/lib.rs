@@ -90,10 +90,10 @@
 //! - [`StopOptions`], [`PushOptions`], [`Preempt`]: the options a stop or a push
 //!   carries; [`SessionEvent`]: the event stream; [`ExitState`]: how a session ended.
 //! - [`store`]: the checkpoint stores ([`MemoryStore`], sled through
-//!   [`CheckpointActor`]); [`view`]: what a client may see of a record (redaction).
+//!   [`store::CheckpointActor`]); [`view`]: what a client may see of a record (redaction).
 //! - [`prelude`]: the names most programs need, in one `use`.
 //! - [`ractor`]: the actor library agentloop runs on, re-exported so your own actors
-//!   use the same version; [`SupervisorMsg`] and [`TurnLoopMsg`] work with its
+//!   use the same version; [`supervisor::SupervisorMsg`] and [`session::TurnLoopMsg`] work with its
 //!   `cast!` / `call!` macros.
 //!
 //! The rule numbers in these docs (S1…) are listed with their one-line meaning in
@@ -130,7 +130,7 @@ pub mod versions;
 pub mod view;
 
 /// The actor library agentloop runs on (ractor), re-exported so that your own actors,
-/// and the `cast!` / `call!` macros you use on [`SupervisorMsg`] and [`TurnLoopMsg`],
+/// and the `cast!` / `call!` macros you use on [`supervisor::SupervisorMsg`] and [`session::TurnLoopMsg`],
 /// use the same version.
 pub use ractor;
 
@@ -193,35 +193,25 @@ pub mod prelude {
     pub use crate::supervisor::SupervisorHandle;
 }
 
-pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome, WakeUp};
-pub use cancel::{CancelInfo, CancelMode, CancelRequest, CancelState, Canceled, SafePoint};
+// The crate root names what a program needs (issue 54: about 40 names); everything else
+// is named by its module (`agentloop::store::SessionStatus`, `agentloop::supervisor::
+// AgentKind`, …).
+pub use agent::{Agent, AgentError, InterruptInfo, Plan, PlanInput, Turn, TurnOutcome};
+pub use cancel::{Canceled, SafePoint};
 pub use error::{SessionError, SpawnError};
-pub use events::{EventCodec, EventFilter, EventStream, Sequenced, SessionEvent, TurnEnd};
-pub use options::{OptionsError, Preempt, PushOptions, StopOptions, TurnPhase, TurnView};
-pub use push::BufferFull;
-pub use session::{
-    AnswerError, BufferBound, CheckpointOutcome, Durability, ExitCounters, ExitReason, ExitState,
-    ExitSummary, FailureKind, ForkError, PreemptAck, PushError, SessionHandle, SessionInfo, Step,
-    TurnCx, TurnLoopMsg,
-};
+pub use events::{EventFilter, EventStream, SessionEvent, TurnEnd};
+pub use exit::{ExitReason, ExitState};
+pub use options::{Preempt, PushOptions, StopOptions};
+pub use session::{Durability, PreemptAck, PushError, SessionHandle, SessionSpec};
+pub use turn::{Step, StepPolicy, TurnCx};
 /// The README's API tour, compiled as a doctest so it cannot drift from the API.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use config::{ConfigError, HttpConfig, RedactConfig, RuntimeConfig, ShutdownConfig};
-pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeHandle, StartReport};
-pub use shutdown::{CleanupHook, ShutdownHandle, ShutdownReport, ShutdownStrategy};
-pub use store::{
-    CasOutcome, CheckpointActor, CheckpointClient, CheckpointStore, InstanceLease, MemoryStore,
-    SessionRecord, SessionStatus, StatusKind, StoreError, DEFAULT_HEARTBEAT,
-};
-pub use supervisor::{
-    agent_kind, agent_kind_version, AgentKind, AttachMode, Attachment, BatchSpawn, RestartBudget,
-    RestartPolicy, RoutedPushError, SessionEnd, SessionLimits, SessionSpec, SubscribedSpawn,
-    SupervisorArgs, SupervisorError, SupervisorHandle, SupervisorMsg, MAX_SPAWN_BATCH,
-};
-pub use timers::{Schedule, Timer, TimerBounds, TimerError};
-pub use turn::steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};
-pub use versions::{AgentVersions, DeployPlan, Migration, VersionError};
-pub use view::{Kept, Part, Redaction, SessionLife, SessionView, StepView, StepsView, TimerView};
+pub use config::RuntimeConfig;
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeError, RuntimeHandle};
+pub use store::{CheckpointStore, MemoryStore, StoreError};
+pub use supervisor::{RestartPolicy, SupervisorArgs, SupervisorError, SupervisorHandle};
+pub use timers::Schedule;
+pub use view::SessionView;

@@ -184,7 +184,7 @@ pub struct Looker<'a> {
 
 /// Judges stored header `h` for a request that found no live session with its id.
 /// `owner_beat` is the owner's instance heartbeat, if the store has one; `orphaned` is
-/// whether the store proved the owner gone ([`crate::CheckpointStore::orphaned`]).
+/// whether the store proved the owner gone ([`crate::store::CheckpointStore::orphaned`]).
 pub fn judge(h: &RecordHeader, owner_beat: Option<u64>, orphaned: bool, at: Looker<'_>) -> Absence {
     let owner = h.owner.as_deref();
     let held = holder(

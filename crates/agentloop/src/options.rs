@@ -168,14 +168,14 @@ pub struct PushOptions<I> {
     /// dropped unprocessed.
     pub(crate) unprocessed: Option<crate::shared::UnprocessedPush<I>>,
     /// Answer the push once its item is accepted (durable under `sync`), with
-    /// [`crate::PreemptAck::Scheduled`] when its preempt still waits, instead of when
+    /// [`crate::session::PreemptAck::Scheduled`] when its preempt still waits, instead of when
     /// the cancel is submitted (S7). See [`PushOptions::answer_at_acceptance`].
     pub answer_at_acceptance: bool,
     /// An idempotency key and a fingerprint of what the push carries (S34a): a
     /// session that accepted a push with this key answers a retry
-    /// [`crate::PreemptAck::Duplicate`] and delivers nothing, also after a restart
+    /// [`crate::session::PreemptAck::Duplicate`] and delivers nothing, also after a restart
     /// (the record keeps its last keys); the same key with another fingerprint is
-    /// refused ([`crate::PushError::KeyReused`]).
+    /// refused ([`crate::session::PushError::KeyReused`]).
     pub idempotency: Option<(String, u64)>,
     /// Set by the runtime's timers (S39): the push is a durable timer's fire, so the
     /// write that accepts its item also removes the timer (or moves a recurring one to
@@ -246,7 +246,7 @@ impl<I> PushOptions<I> {
 
     /// Answers the push once its item is accepted (durable under `sync`), also when its
     /// preempt still waits for a delay or a planning target: the answer is then
-    /// [`crate::PreemptAck::Scheduled`], and the preempt's effect shows in the events
+    /// [`crate::session::PreemptAck::Scheduled`], and the preempt's effect shows in the events
     /// (S34a; the HTTP front asks for this, so no client waits out a delay).
     pub fn answer_at_acceptance(mut self) -> Self {
         self.answer_at_acceptance = true;

@@ -30,7 +30,7 @@ pub enum PreemptAck {
         turn: u64,
     },
     /// The item was accepted and the preempt waits (its delay, or its planning target
-    /// to start running): asked for with [`crate::PushOptions::answer_at_acceptance`]
+    /// to start running): asked for with [`crate::options::PushOptions::answer_at_acceptance`]
     /// (the HTTP front, S34a). What it does shows in the session's events: `Preempted`
     /// when the cancel lands, nothing when the target ends first.
     Scheduled {
@@ -65,7 +65,7 @@ pub enum PushError<I> {
         error: OptionsError,
     },
     /// The session holds as many items or bytes as its bound allows (S34a,
-    /// [`crate::BufferBound`]): nothing was accepted, the item is handed back; retry
+    /// [`crate::session::BufferBound`]): nothing was accepted, the item is handed back; retry
     /// once its turns have taken some.
     Full {
         /// The item, handed back.

@@ -1,7 +1,7 @@
 //! What clients read of a session (DESIGN S24; issue 13, 5): the client view of a
 //! stored record, and the redaction every client-facing read goes through.
 //!
-//! A [`Redaction`] is set on the runtime ([`crate::RuntimeBuilder::redact`], or the
+//! A [`Redaction`] is set on the runtime ([`crate::runtime::RuntimeBuilder::redact`], or the
 //! `[redact] fields` list of agentloop.toml, which the `agentloop sessions show` command
 //! applies too). It sees items, the agent state, an interrupt's question and agent
 //! events as JSON values (payloads are self-describing, so no item type is needed) and

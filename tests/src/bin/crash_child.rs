@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use agentloop::store::{Engine, StoreDurability};
 use agentloop::{
-    CheckpointActor, CheckpointStore, Durability, InstanceLease, SessionHandle, SessionSpec,
-    StopOptions,
+    store::CheckpointActor, store::InstanceLease, CheckpointStore, Durability, SessionHandle,
+    SessionSpec, StopOptions,
 };
 use agentloop_sim::{Script, SimAgent, SimItem, SimStep};
 

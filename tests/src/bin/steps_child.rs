@@ -29,9 +29,9 @@ use std::time::Duration;
 
 use agentloop::store::Engine;
 use agentloop::{
-    Agent, AgentError, CheckpointActor, CheckpointStore, Durability, ExitReason, InstanceLease,
-    SafePoint, SessionHandle, SessionSpec, StepOutcome, StepPolicy, StopOptions, Turn, TurnCx,
-    TurnOutcome,
+    store::CheckpointActor, store::InstanceLease, turn::StepOutcome, Agent, AgentError,
+    CheckpointStore, Durability, ExitReason, SafePoint, SessionHandle, SessionSpec, StepPolicy,
+    StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};

@@ -4,7 +4,7 @@
 use super::id::SessionId;
 use super::{body, duration, from_json_text, optional_body, AppState, Ev, Item};
 use crate::{wire, ApiError};
-use agentloop::{SessionStatus, StopOptions};
+use agentloop::{store::SessionStatus, StopOptions};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -325,9 +325,9 @@ pub(crate) async fn get_one<I: Item, E: Ev>(
     if let Some(info) = live {
         out["run"] = json!({
             "phase": match info.phase {
-                agentloop::TurnPhase::Idle => "idle",
-                agentloop::TurnPhase::Planning => "planning",
-                agentloop::TurnPhase::Running => "running",
+                agentloop::options::TurnPhase::Idle => "idle",
+                agentloop::options::TurnPhase::Planning => "planning",
+                agentloop::options::TurnPhase::Running => "running",
             },
             "turn_index": info.turn_index,
             "buffered": info.buffered,

@@ -159,8 +159,8 @@ pub(crate) async fn fork<I: Item, E: Ev>(
 }
 
 /// A refused fork, said with its status.
-fn fork_error(e: agentloop::ForkError) -> ApiError {
-    use agentloop::ForkError as F;
+fn fork_error(e: agentloop::session::ForkError) -> ApiError {
+    use agentloop::session::ForkError as F;
     let (status, code) = match &e {
         F::InvalidId(_) | F::NotPersistent(_) => (StatusCode::BAD_REQUEST, "bad_request"),
         F::UnknownCheckpoint { .. } => (StatusCode::NOT_FOUND, "unknown_checkpoint"),

@@ -6,7 +6,7 @@ use super::id::SessionId;
 use super::parse::{off_worker, JsonBytes, OFF_WORKER_AT};
 use super::{body, duration, from_json_text, AppState, Ev, Item};
 use crate::ApiError;
-use agentloop::{Schedule, Timer, TimerError};
+use agentloop::{timers::Timer, timers::TimerError, Schedule};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

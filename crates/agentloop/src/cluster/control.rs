@@ -1,7 +1,7 @@
-//! Stop and detach from any node (issue 18, S36): [`RuntimeHandle::stop_anywhere`](crate::RuntimeHandle::stop_anywhere) and
-//! [`RuntimeHandle::detach_anywhere`](crate::RuntimeHandle::detach_anywhere) act here when this runtime runs the session, and
+//! Stop and detach from any node (issue 18, S36): [`RuntimeHandle::stop_anywhere`](crate::runtime::RuntimeHandle::stop_anywhere) and
+//! [`RuntimeHandle::detach_anywhere`](crate::runtime::RuntimeHandle::detach_anywhere) act here when this runtime runs the session, and
 //! otherwise send the request to the node that does (through the installed forwarder);
-//! [`RuntimeHandle::control_here`](crate::RuntimeHandle::control_here) is what the receiving node runs. Options cross as
+//! [`RuntimeHandle::control_here`](crate::runtime::RuntimeHandle::control_here) is what the receiving node runs. Options cross as
 //! data ([`WireStop`](crate::cluster::forward::WireStop)); a stop whose cancel targets an unnamed safe-point set does not.
 
 use crate::supervisor::SupervisorError;

@@ -29,10 +29,10 @@ pub enum Request {
         item: serde_json::Value,
         /// The preempt, as data.
         preempt: Option<WirePreempt>,
-        /// Answer once the item is accepted ([`crate::PushOptions::answer_at_acceptance`]).
+        /// Answer once the item is accepted ([`crate::options::PushOptions::answer_at_acceptance`]).
         #[serde(default)]
         early: bool,
-        /// The idempotency key and fingerprint ([`crate::PushOptions::idempotency`]).
+        /// The idempotency key and fingerprint ([`crate::options::PushOptions::idempotency`]).
         #[serde(default)]
         idempotency: Option<(String, u64)>,
         /// A durable timer's fire (S39): the timer's change rides the write that
@@ -265,7 +265,7 @@ pub enum PushAnswer {
     Done,
     /// A relay of the session's events is open under this number.
     Subscribed(u64),
-    /// A relay's next events (JSON of [`crate::Sequenced`]), in order; `ended` once the
+    /// A relay's next events (JSON of [`crate::events::Sequenced`]), in order; `ended` once the
     /// last of them is `Ended` (the relay is closed then).
     Events {
         /// The events.
@@ -320,15 +320,15 @@ impl From<WireAck> for PreemptAck {
     }
 }
 
-/// The options of a push that cross nodes: everything of [`crate::PushOptions`] but a
+/// The options of a push that cross nodes: everything of [`crate::options::PushOptions`] but a
 /// strategy (S9 strategies are closures and stay on their node).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Forwarded {
     /// The static preempt.
     pub preempt: Option<Preempt>,
-    /// [`crate::PushOptions::answer_at_acceptance`].
+    /// [`crate::options::PushOptions::answer_at_acceptance`].
     pub answer_at_acceptance: bool,
-    /// [`crate::PushOptions::idempotency`].
+    /// [`crate::options::PushOptions::idempotency`].
     pub idempotency: Option<(String, u64)>,
     /// A durable timer's fire (S39), whose change rides the owner's write.
     pub timer: Option<crate::store::TimerChange>,
@@ -359,7 +359,7 @@ impl Forwarded {
 }
 
 /// How a runtime reaches the owner of a session it does not run: installed by a
-/// cluster node ([`crate::RuntimeHandle::set_forwarder`]).
+/// cluster node ([`crate::runtime::RuntimeHandle::set_forwarder`]).
 pub trait Forward<I, E>: Send + Sync + 'static {
     /// Pushes `item` to the owner of `session`, if another node owns it:
     /// `UnknownSession` when none does; `NotForwardable` when one does and the push is

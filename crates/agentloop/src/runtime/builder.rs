@@ -134,7 +134,7 @@ where
 
     /// Registers the migration of kind `name`'s records from version `from` to
     /// `from + 1` (S40): plain functions over the stored state, items and
-    /// configuration ([`crate::Migration`]). A record is migrated when its own version
+    /// configuration ([`crate::versions::Migration`]). A record is migrated when its own version
     /// is not registered and migrations chain from it to the newest registered
     /// version; the migrated record is checked (the new version reads its state, the
     /// item type reads its items) and written before the session runs. A migration
@@ -247,7 +247,7 @@ where
 
     /// Puts persistent sessions to sleep after `idle` without a turn, a buffered item
     /// or a subscriber (S39), unless their spec sets its own
-    /// ([`crate::SessionSpec::idle_after`]); off unless set. A sleeping session costs a
+    /// ([`crate::session::SessionSpec::idle_after`]); off unless set. A sleeping session costs a
     /// small entry in memory; its record holds the rest, and the next push, by-id
     /// operation, subscription or due timer wakes it. At start, sessions whose records
     /// say they sleep are registered asleep, not started (on a store this process holds
@@ -257,7 +257,7 @@ where
         self
     }
 
-    /// Sets the redaction every client-facing read goes through ([`RuntimeHandle::view`](crate::RuntimeHandle::view),
+    /// Sets the redaction every client-facing read goes through ([`RuntimeHandle::view`](crate::runtime::RuntimeHandle::view),
     /// and later the HTTP front): it sees items, states, questions and agent events as
     /// JSON and returns what clients may see. The stored records are never altered.
     pub fn redact(mut self, redaction: crate::view::Redaction) -> Self {
@@ -288,7 +288,7 @@ where
     }
 
     /// Lets sessions keep their events in the store (S20a), as JSON: a session spawned
-    /// with [`crate::SessionSpec::keep_events`] (every persistent session spawned over
+    /// with [`crate::session::SessionSpec::keep_events`] (every persistent session spawned over
     /// HTTP, and `agentloop serve`'s) and every session resumed from a record that
     /// kept them.
     pub fn keep_events(mut self) -> Self

@@ -228,7 +228,7 @@ where
     }
 
     /// Lets this runtime's sessions keep their events in the store as JSON (S20a; what
-    /// [`crate::RuntimeBuilder::keep_events`] does, for a runtime already built: the
+    /// [`crate::runtime::RuntimeBuilder::keep_events`] does, for a runtime already built: the
     /// HTTP front calls it). Sessions started before keep the codec they had.
     pub fn keep_events_as_json(&self)
     where
@@ -240,7 +240,7 @@ where
 
     /// Subscribes to session `id`'s events wherever it runs (issue 18, S36): here when
     /// this runtime runs it, else, on a cluster node, relayed from its owner (after
-    /// event `after` when given, like [`crate::SupervisorHandle::subscribe_after`]).
+    /// event `after` when given, like [`crate::supervisor::SupervisorHandle::subscribe_after`]).
     /// A relayed stream ends without `Ended` when its owner is lost: resubscribe
     /// after the last number seen. A session that is stored but not live yet is
     /// [`ControlError::NotLive`] (resubscribe after its `retry_after`), one stored but

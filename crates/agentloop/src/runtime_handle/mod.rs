@@ -1,7 +1,7 @@
 //! [`RuntimeHandle`]: a cheap, cloneable handle on a running runtime's sessions and
 //! store: the supervisor, the redacted client views (S24), history, resume with an
 //! answer, delete, and the shutdown handle. Front ends (the HTTP router, a service's
-//! own tasks) hold one; the [`crate::Runtime`] that owns the lease and the checkpoint
+//! own tasks) hold one; the [`crate::runtime::Runtime`] that owns the lease and the checkpoint
 //! actor dereferences to it.
 //!
 //! It only forwards to the supervisor and reads through the store's trait; it starts
@@ -113,7 +113,7 @@ where
     /// Answers the business interrupt of stored session `id` and resumes it under this
     /// runtime with its durability (S4): LangGraph's `Command(resume=…)`. The answer
     /// and this instance's claim are one durable write before the call returns; the
-    /// resumed turn gets the answer in [`crate::Turn::answer`]. Works after a restart:
+    /// resumed turn gets the answer in [`crate::agent::Turn::answer`]. Works after a restart:
     /// `Runtime::start` never resumes a session awaiting an answer by itself. Returns
     /// the handle and a stream attached before the session started.
     pub async fn resume_with_answer(

@@ -1,6 +1,6 @@
 //! The types a session's options are made of: its durability (S16a), its session-end
 //! hooks (S21) and its buffer bound (S34a). The options themselves are
-//! [`SessionSpec`](crate::SessionSpec)'s fields.
+//! [`SessionSpec`](crate::session::SessionSpec)'s fields.
 //!
 //! Session ids are validated in `crate::ids`; this module does not start anything.
 
@@ -13,14 +13,14 @@ use crate::session::ExitSummary;
 pub use crate::ids::{validate_session_id, SessionIdError, MAX_SESSION_ID_LEN};
 
 /// A session-end hook (S21): runs after the final checkpoint and before `Ended`, bounded
-/// by [`SessionSpec::hook_timeout`](crate::SessionSpec::hook_timeout) and isolated from the other hooks (a failing,
+/// by [`SessionSpec::hook_timeout`](crate::session::SessionSpec::hook_timeout) and isolated from the other hooks (a failing,
 /// panicking or hanging hook does not stop the next one).
 pub type EndHook = Arc<dyn Fn(ExitSummary) -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
 pub use agentloop_core::durability::Durability;
 
 /// How many items, and how many bytes of them, a session holds (waiting for a turn or
-/// in one) before it refuses a push with [`crate::PushError::Full`] (S34a). Bytes are
+/// in one) before it refuses a push with [`crate::session::PushError::Full`] (S34a). Bytes are
 /// the items' stored encoding, so the byte bound applies to persistent sessions; a
 /// session without a store is bounded by its item count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -105,12 +105,12 @@ where
     /// `crate::session::answer`): the answer and this owner's claim are written to the
     /// record in one durable write before anything starts, then the session is spawned
     /// on that record with a subscriber attached (so it sees the resumed turn's
-    /// `TurnStarted`). The resumed turn gets the answer in [`crate::Turn::answer`],
+    /// `TurnStarted`). The resumed turn gets the answer in [`crate::agent::Turn::answer`],
     /// beside its saved state and interrupted items, before any new item. Works after a
     /// process restart: the record is all it needs.
     ///
     /// Errors hand the answer back and leave the record unchanged, except
-    /// [`AnswerError::Spawn`](crate::AnswerError::Spawn) (the answer is on record; spawn
+    /// [`AnswerError::Spawn`](crate::session::AnswerError::Spawn) (the answer is on record; spawn
     /// the session again).
     pub async fn resume_with_answer<A>(
         config: SessionSpec<I>,
@@ -477,7 +477,7 @@ where
     /// Subscribes to the session's events with the session's default capacity (S20).
     /// After the exit the stream yields `Ended` at once. The stream never slows the
     /// session: when it falls behind by more than its capacity it gets
-    /// [`SessionEvent::Lagged`](crate::SessionEvent::Lagged) and catches up from the
+    /// [`SessionEvent::Lagged`](crate::events::SessionEvent::Lagged) and catches up from the
     /// replay buffer ([`SessionSpec::replay`]); use
     /// [`SessionHandle::subscribe_with_backpressure`] to see every event without one.
     pub fn subscribe(&self) -> EventStream<E> {
@@ -510,7 +510,7 @@ where
     /// [`EventStream::next_sequenced`]): the stream first yields, in order, the events
     /// numbered above `seq` that the session's replay buffer
     /// ([`SessionSpec::replay`]) still holds, preceded by
-    /// [`SessionEvent::Lagged`](crate::SessionEvent::Lagged) when some are gone, then
+    /// [`SessionEvent::Lagged`](crate::events::SessionEvent::Lagged) when some are gone, then
     /// continues live. `seq` 0 asks for everything still held.
     pub fn subscribe_after(
         &self,

@@ -1,7 +1,7 @@
 //! The TurnLoop's public message type and its replies (DESIGN S7, S11, S14, S25).
 //!
 //! Other actors can `cast!` and `call!` a session with these messages; most users go
-//! through [`crate::SessionHandle`] instead. This module only defines shapes; the
+//! through [`crate::session::SessionHandle`] instead. This module only defines shapes; the
 //! behaviour is in `turn_loop.rs`.
 
 use std::fmt;

@@ -1,7 +1,7 @@
 //! What a session is: [`SessionSpec`], the one description of a session's id, agent
 //! kind, configuration, persistence and options, for a session started alone
-//! ([`crate::SessionHandle::spawn`]) and for one a supervisor starts and restarts
-//! ([`crate::SupervisorHandle::spawn`]). Plain data built with chained setters; it
+//! ([`crate::session::SessionHandle::spawn`]) and for one a supervisor starts and restarts
+//! ([`crate::supervisor::SupervisorHandle::spawn`]). Plain data built with chained setters; it
 //! starts nothing.
 //!
 //! A per-session option is added here and nowhere else: the session reads it from the
@@ -55,12 +55,12 @@ pub struct SessionSpec<I> {
     /// a subscriber that asks for the events after a number gets them from the store
     /// when the replay buffer no longer holds them, after a restart, a crash, a move
     /// or a failover too. Needs a persistent session, a store that keeps events and
-    /// an event codec (the runtime's, [`crate::RuntimeBuilder::keep_events`], or
+    /// an event codec (the runtime's, [`crate::runtime::RuntimeBuilder::keep_events`], or
     /// [`SessionSpec::event_codec`]). `None` (the default): none kept.
     pub events: Option<agentloop_core::event_log::Retention>,
     /// How often the session re-reads its own record while detached, so a cancel
     /// written by another process is noticed (S24); `None`: the runtime's heartbeat
-    /// (a supervisor's [`SupervisorArgs::heartbeat`](crate::SupervisorArgs::heartbeat),
+    /// (a supervisor's [`SupervisorArgs::heartbeat`](crate::supervisor::SupervisorArgs::heartbeat),
     /// 10 s for a session started alone).
     pub poll_interval: Option<Duration>,
     /// The default capacity of each subscriber's event buffer.
@@ -83,7 +83,7 @@ pub struct SessionSpec<I> {
     /// How long the session stays idle (no turn, nothing buffered, nobody subscribed)
     /// before it goes to sleep (S39): its record is written, its actor exits, and the
     /// next push, by-id operation, subscription or due timer wakes it from the record.
-    /// `None`: the runtime's default ([`crate::RuntimeBuilder::idle_after`]; off unless
+    /// `None`: the runtime's default ([`crate::runtime::RuntimeBuilder::idle_after`]; off unless
     /// set). Only a persistent session sleeps. Kept in the record.
     pub idle_after: Option<Duration>,
     /// The stored record, when the spawner already read it (the runtime's resume, an
@@ -231,7 +231,7 @@ impl<I> SessionSpec<I> {
     }
 
     /// Keeps the last `capacity` events for subscribers that reconnect after a sequence
-    /// number ([`crate::SessionHandle::subscribe_after`]).
+    /// number ([`crate::session::SessionHandle::subscribe_after`]).
     pub fn replay(mut self, capacity: usize) -> Self {
         self.replay = capacity;
         self
@@ -246,7 +246,7 @@ impl<I> SessionSpec<I> {
 
     /// How this session's events (of type `E`) are written to the store when it keeps
     /// them; a supervisor's session takes the runtime's
-    /// ([`crate::RuntimeBuilder::keep_events`]) when it has none.
+    /// ([`crate::runtime::RuntimeBuilder::keep_events`]) when it has none.
     pub fn event_codec<E: 'static>(mut self, codec: crate::events::EventCodec<E>) -> Self {
         self.run.event_codec = Some(Arc::new(codec));
         self

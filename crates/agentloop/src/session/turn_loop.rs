@@ -27,7 +27,7 @@ use crate::shared::SessionShared;
 use crate::store::{CheckpointStore, LoadedRecord};
 
 /// The TurnLoop actor (one per session). Spawn it through
-/// [`crate::SessionHandle::spawn`] or [`crate::SessionHandle::spawn_linked`].
+/// [`crate::session::SessionHandle::spawn`] or [`crate::session::SessionHandle::spawn_linked`].
 pub(crate) struct TurnLoop<A: Agent>(PhantomData<fn() -> A>);
 
 impl<A: Agent> Default for TurnLoop<A> {

@@ -376,7 +376,7 @@ impl Backend {
     }
 
     /// Removes a session's record (every entry but its checkpoint history, as
-    /// [`crate::CheckpointStore::delete`]), durably; answers whether one was stored.
+    /// [`crate::store::CheckpointStore::delete`]), durably; answers whether one was stored.
     /// Blocks.
     pub fn delete(&self, id: &str) -> Result<bool, StoreError> {
         let op = WriteOp::Delete {

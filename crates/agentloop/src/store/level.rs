@@ -6,7 +6,7 @@
 //! touches an engine.
 //!
 //! The level is the store's, not a record's: every write a store acknowledges survives
-//! what its level says. It is distinct from a session's [`Durability`](crate::Durability)
+//! what its level says. It is distinct from a session's [`Durability`](crate::session::Durability)
 //! mode (`exit`, `turn`, `sync`: *when* a session writes its record).
 
 use std::fmt;

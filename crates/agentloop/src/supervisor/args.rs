@@ -21,7 +21,7 @@ pub struct SupervisorArgs<I, E> {
     pub budget: RestartBudget,
     /// The instance heartbeat: how often a detached session re-reads its record, so a
     /// cancel written by another process is noticed within one heartbeat (S24). The
-    /// runtime passes its own; [`DEFAULT_HEARTBEAT`](crate::DEFAULT_HEARTBEAT) otherwise.
+    /// runtime passes its own; [`DEFAULT_HEARTBEAT`](crate::store::DEFAULT_HEARTBEAT) otherwise.
     pub heartbeat: Duration,
     /// Where the supervisor and its sessions count turns, routed pushes and restarts
     /// (S35); `None` counts nothing.

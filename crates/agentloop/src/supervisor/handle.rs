@@ -499,7 +499,7 @@ where
     }
 
     /// Writes a live session's record now, answered once durable (see
-    /// [`SessionHandle::checkpoint`](crate::SessionHandle::checkpoint)).
+    /// [`SessionHandle::checkpoint`](crate::session::SessionHandle::checkpoint)).
     pub async fn checkpoint(&self, id: &str) -> Result<(), SupervisorError> {
         let id = id.to_string();
         self.request(|reply| SupervisorMsg::Checkpoint { id, reply })

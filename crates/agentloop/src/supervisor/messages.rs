@@ -314,7 +314,7 @@ pub(crate) struct ClosedGate<I, E> {
     pub owner: Option<String>,
     /// The supervisor's feed of session ends, opened with the gate: every one of
     /// `sessions` is reported on it when it leaves the registry (the one feed of ends
-    /// the shutdown and [`SupervisorHandle::session_ends`](crate::SupervisorHandle::session_ends)
+    /// the shutdown and [`SupervisorHandle::session_ends`](crate::supervisor::SupervisorHandle::session_ends)
     /// share).
     pub ends: mpsc::UnboundedReceiver<SessionEnd<I>>,
 }

@@ -1,6 +1,6 @@
 //! Durable timers and schedules (DESIGN S39): what a user arms
-//! ([`RuntimeHandle::wake_at`](crate::RuntimeHandle::wake_at),
-//! [`RuntimeHandle::schedule`](crate::RuntimeHandle::schedule)), lists and cancels, and
+//! ([`RuntimeHandle::wake_at`](crate::runtime::RuntimeHandle::wake_at),
+//! [`RuntimeHandle::schedule`](crate::runtime::RuntimeHandle::schedule)), lists and cancels, and
 //! the inbox of the task that fires them (`crate::runtime_handle::timer_service`, beside
 //! the runtime handle it pushes through): at its time a timer's item is pushed into
 //! its session, and the write that accepts the item removes the timer (or moves a

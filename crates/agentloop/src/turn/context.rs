@@ -163,7 +163,7 @@ impl<A: Agent> TurnCx<A> {
     /// Ends the turn with a business interrupt that asks `question` (S4), e.g. the
     /// tool call a human must approve: return this from `run_turn`. A persistent
     /// session keeps the question in its record and waits for an answer
-    /// (`resume_with_answer`); the resumed turn reads it in [`crate::Turn::answer`].
+    /// (`resume_with_answer`); the resumed turn reads it in [`crate::agent::Turn::answer`].
     pub fn ask(
         &self,
         reason: impl Into<String>,

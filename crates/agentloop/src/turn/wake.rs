@@ -30,7 +30,7 @@ impl<A: Agent> TurnCx<A> {
     }
 
     /// Arms a recurring timer of this session (S39; see
-    /// [`RuntimeHandle::schedule`](crate::RuntimeHandle::schedule)); a durable step
+    /// [`RuntimeHandle::schedule`](crate::runtime::RuntimeHandle::schedule)); a durable step
     /// like [`wake_at`](Self::wake_at).
     pub async fn schedule(&self, schedule: Schedule, item: A::Item) -> Result<u64, TimerError> {
         let repeat = schedule.repeat()?;
@@ -48,7 +48,7 @@ impl<A: Agent> TurnCx<A> {
     /// as the turn's last durable step (named `end_and_wake_at`): a turn that runs again
     /// after a crash is answered from its journal and arms nothing more. A timer that
     /// cannot be armed (the store refuses it) fails the turn with the reason. Listed
-    /// and canceled like any timer ([`RuntimeHandle::timers`](crate::RuntimeHandle::timers)).
+    /// and canceled like any timer ([`RuntimeHandle::timers`](crate::runtime::RuntimeHandle::timers)).
     ///
     /// Errors at once when the session cannot keep a timer (not persistent, or no store)
     /// or the item cannot be encoded: the message says which.

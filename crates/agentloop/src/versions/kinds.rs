@@ -18,8 +18,8 @@ pub(crate) type Kinds<I, E> = std::collections::HashMap<String, Arc<dyn AgentKin
 
 /// An agent kind registered at several versions ([`AgentKind`]s, one per version) and
 /// the migrations from each version to the next. Built by
-/// [`RuntimeBuilder::register_agent_version`](crate::RuntimeBuilder::register_agent_version)
-/// and [`RuntimeBuilder::register_migration`](crate::RuntimeBuilder::register_migration),
+/// [`RuntimeBuilder::register_agent_version`](crate::runtime::RuntimeBuilder::register_agent_version)
+/// and [`RuntimeBuilder::register_migration`](crate::runtime::RuntimeBuilder::register_migration),
 /// or by hand for a supervisor built alone.
 pub struct AgentVersions<I, E> {
     name: String,

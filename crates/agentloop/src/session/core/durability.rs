@@ -78,7 +78,7 @@ pub(crate) struct UnsyncedPush<I> {
     reply: Option<PushReply<I>>,
     preempt: Option<Preempt>,
     target: Option<u64>,
-    /// Answer at acceptance ([`crate::PushOptions::answer_at_acceptance`]).
+    /// Answer at acceptance ([`crate::options::PushOptions::answer_at_acceptance`]).
     early: bool,
 }
 

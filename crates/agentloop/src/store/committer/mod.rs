@@ -1,5 +1,5 @@
 //! The committer (S15c): one thread per store commits its writes. Writers (a session, a
-//! [`CheckpointClient`](crate::CheckpointClient)) queue their operations here and are
+//! [`CheckpointClient`](crate::store::CheckpointClient)) queue their operations here and are
 //! answered by the committer directly: when it wakes it takes everything queued (no
 //! timer, as Restate's log writer does), applies it as one engine batch in arrival
 //! order, makes it durable once, then answers every writer of the batch: a session
