@@ -85,7 +85,7 @@ impl<A: Agent> Debug for Turn<A> {
     }
 }
 
-pub use crate::interrupt::InterruptInfo;
+pub use agentloop_core::interrupt::InterruptInfo;
 
 /// How a turn ended from the agent's point of view.
 #[derive(Clone, Debug)]

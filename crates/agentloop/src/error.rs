@@ -2,8 +2,8 @@
 //! own type (`PushError`) because they hand the item back; store errors live in
 //! `store`; option errors in `options`.
 
-use crate::ids::SessionIdError;
 use crate::options::OptionsError;
+use agentloop_core::ids::SessionIdError;
 
 /// A session could not be spawned.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cancel::CancelInfo;
-use crate::interrupt::InterruptInfo;
+use agentloop_core::interrupt::InterruptInfo;
 pub use agentloop_core::turn::FailureKind;
 
 /// The mechanism by which a session ended (S13). The business reason is kept apart in

@@ -246,12 +246,12 @@ pub struct SessionView {
 }
 
 /// Where a session stands and what is kept of it (S26a): what every door shows of a
-/// session, judged once ([`crate::lifecycle::judge`]).
+/// session, judged once ([`agentloop_core::lifecycle::judge`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SessionLife {
     /// Its lifecycle: `running`, `sleeping`, `stopped`, `interrupted`, `completed`,
     /// `canceled` or `failed`.
-    pub lifecycle: crate::lifecycle::Lifecycle,
+    pub lifecycle: agentloop_core::lifecycle::Lifecycle,
     /// What the store keeps of it.
     pub kept: Kept,
 }

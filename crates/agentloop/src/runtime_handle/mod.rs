@@ -214,7 +214,7 @@ where
             }
             kept.events = store.read_events(id, u64::MAX, 0).await?.last;
         }
-        let lifecycle = crate::lifecycle::judge(crate::lifecycle::Facts {
+        let lifecycle = agentloop_core::lifecycle::judge(agentloop_core::lifecycle::Facts {
             live,
             record: status.as_ref(),
             asleep,

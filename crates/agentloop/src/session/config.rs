@@ -2,7 +2,7 @@
 //! hooks (S21) and its buffer bound (S34a). The options themselves are
 //! [`SessionSpec`](crate::session::SessionSpec)'s fields.
 //!
-//! Session ids are validated in `crate::ids`; this module does not start anything.
+//! Session ids are validated in `agentloop_core::ids`; this module does not start anything.
 
 use std::sync::Arc;
 
@@ -10,7 +10,7 @@ use futures::future::BoxFuture;
 
 use crate::session::ExitSummary;
 
-pub use crate::ids::{validate_session_id, SessionIdError, MAX_SESSION_ID_LEN};
+pub use agentloop_core::ids::{validate_session_id, SessionIdError, MAX_SESSION_ID_LEN};
 
 /// A session-end hook (S21): runs after the final checkpoint and before `Ended`, bounded
 /// by [`SessionSpec::hook_timeout`](crate::session::SessionSpec::hook_timeout) and isolated from the other hooks (a failing,

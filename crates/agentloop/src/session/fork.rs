@@ -80,7 +80,7 @@ pub(crate) async fn write_fork<I>(
 where
     I: serde::Serialize + serde::de::DeserializeOwned + 'static,
 {
-    crate::ids::validate_session_id(to)?;
+    agentloop_core::ids::validate_session_id(to)?;
     let store_err = |error| ForkError::Store {
         id: to.to_string(),
         error,

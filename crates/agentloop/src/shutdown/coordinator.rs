@@ -57,7 +57,9 @@ pub enum ShutdownMsg {
     Finished(Box<ShutdownReport>),
 }
 
-crate::local_message!(ShutdownMsg);
+// A local message (with the `cluster` feature ractor needs the impl; `local_message!`).
+#[cfg(feature = "cluster")]
+impl ractor::Message for ShutdownMsg {}
 
 /// What the coordinator is built with.
 pub struct CoordinatorArgs<I, E> {

@@ -1,6 +1,6 @@
 //! The CheckpointActor: owns an embedded store's lifecycle (sled by default, or fjall:
-//! `backend.rs`) and its committer (`committer.rs`, S15c), and answers the messages of
-//! actors that `call!` it (DESIGN §1, S15–S19).
+//! `backend.rs`) and its committer (`committer.rs`, S15c), and answers its lifecycle
+//! messages (`lifecycle.rs`; DESIGN §1, S15–S19).
 //!
 //! It is on no store operation's path: [`CheckpointClient`] (`client.rs`), the typed
 //! face sessions and callers use, is the one door to the store: it queues writes on
@@ -13,10 +13,9 @@
 
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef};
 use tokio::sync::oneshot;
 
 use crate::metrics::RuntimeMetrics;
@@ -24,51 +23,9 @@ use crate::store::backend::{Backend, Engine};
 use crate::store::committer::{Answer, Committer};
 use crate::store::StoreError;
 
-pub use super::client::CheckpointClient;
-
-type Reply<T> = RpcReplyPort<Result<T, StoreError>>;
-
-/// Counters of a store's committer (answer to [`CheckpointMsg::Stats`] and
-/// [`CheckpointClient::stats`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CheckpointStats {
-    /// Record writes received.
-    pub saves: u64,
-    /// Waves applied (a batch the committer took at once; a listing splits one).
-    pub waves: u64,
-    /// Operations applied, over all waves.
-    pub ops: u64,
-    /// The largest wave, in operations.
-    pub max_wave: u64,
-    /// Flushes run (each covers every write of its batch).
-    pub flushes: u64,
-    /// Bytes of payload (items and states) written.
-    pub bytes: u64,
-    /// Times the committer's thread was started because work arrived while it was not
-    /// running (each is a thread wake-up on the write path; fewer than `waves` when
-    /// writes came back while it lingered).
-    pub wakes: u64,
-}
-
-/// Messages of the checkpoint actor: its lifecycle. Store operations do not pass
-/// through it; they go to the committer through [`CheckpointClient`] (the one door to
-/// the store, S15c).
-pub enum CheckpointMsg {
-    /// Stop taking writes (they are answered `Closed`), finish every write already
-    /// taken (answered after its flush), release the engine and its directory lock,
-    /// answer, and stop.
-    Close {
-        /// Where to answer.
-        reply: Reply<()>,
-    },
-    /// Counters.
-    Stats {
-        /// Where to answer.
-        reply: RpcReplyPort<CheckpointStats>,
-    },
-}
-
-crate::local_message!(CheckpointMsg);
+use super::client::CheckpointClient;
+use super::lifecycle::stats;
+pub use super::lifecycle::{CheckpointMsg, CheckpointStats};
 
 /// The checkpoint actor. `I` is the item type of the clients it hands out; the actor
 /// itself moves encoded records only.
@@ -86,20 +43,6 @@ impl Drop for CheckpointState {
         if !self.committer.is_closed() {
             self.committer.close(Answer::new(|_| {}));
         }
-    }
-}
-
-/// Reads the counters.
-pub(super) fn stats(committer: &Committer) -> CheckpointStats {
-    let c = &committer.counters;
-    CheckpointStats {
-        saves: c.saves.load(Ordering::Relaxed),
-        waves: c.waves.load(Ordering::Relaxed),
-        ops: c.ops.load(Ordering::Relaxed),
-        max_wave: c.max_wave.load(Ordering::Relaxed),
-        flushes: c.flushes.load(Ordering::Relaxed),
-        bytes: c.bytes.load(Ordering::Relaxed),
-        wakes: c.wakes.load(Ordering::Relaxed),
     }
 }
 

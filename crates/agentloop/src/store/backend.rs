@@ -452,7 +452,7 @@ impl Backend {
     /// the caller's thread (docs/operations.md, "Reads"): neither engine makes a point
     /// read wait for a writer.
     pub fn load_from_head(&self, id: &str) -> Option<Result<Option<Stored>, StoreError>> {
-        if let Err(reason) = crate::ids::validate_session_id(id) {
+        if let Err(reason) = agentloop_core::ids::validate_session_id(id) {
             return Some(Err(StoreError::InvalidId {
                 id: id.to_string(),
                 reason,

@@ -14,14 +14,14 @@ use futures::future::BoxFuture;
 use ractor::ActorRef;
 use tokio::sync::oneshot;
 
-use crate::ids::validate_session_id;
-use crate::store::actor::{stats, CheckpointMsg, CheckpointStats};
 use crate::store::committer::{Answer, Committer, Waiter};
+use crate::store::lifecycle::{stats, CheckpointMsg, CheckpointStats};
 use crate::store::wave::{TimerOp, WriteOp};
 use crate::store::{
     CasOutcome, CheckpointStore, RecordWrite, SessionStatus, StatusKind, StoreError, Stored,
     StoredEntry,
 };
+use agentloop_core::ids::validate_session_id;
 
 fn check_id(id: &str) -> Result<(), StoreError> {
     validate_session_id(id).map_err(|reason| StoreError::InvalidId {

@@ -23,6 +23,7 @@ pub mod committer;
 pub mod fjall;
 pub mod lease;
 pub mod level;
+mod lifecycle;
 pub mod memory;
 mod offline;
 pub mod sled;
@@ -46,11 +47,13 @@ pub use self::fjall::FjallBackend;
 pub type FjallDurability = StoreDurability;
 pub use self::level::{StoreDurability, UnknownDurability, STORE_DURABILITIES};
 pub use self::sled::SledBackend;
-pub use actor::{CheckpointActor, CheckpointClient, CheckpointMsg, CheckpointStats};
+pub use actor::CheckpointActor;
 pub use agentloop_core::table::events::{EventAppend, KeptEvent, KeptEvents, PageBuilder};
 pub use agentloop_core::table::timers::{StoredTimer, TimerChange};
 pub use agentloop_core::timers::{Repeat, TimerRef};
+pub use client::CheckpointClient;
 pub use lease::{InstanceLease, DEFAULT_HEARTBEAT};
+pub use lifecycle::{CheckpointMsg, CheckpointStats};
 pub use memory::MemoryStore;
 pub use record::{
     Format1Record, ListEntry, LoadedItem, LoadedRecord, Payload, Placement, RecordHeader,
