@@ -18,6 +18,7 @@ pub mod adopt;
 pub mod cancel;
 pub mod codec;
 pub mod durability;
+pub mod duration_text;
 pub mod event_log;
 pub mod header;
 pub mod history;

@@ -220,7 +220,7 @@ pub fn judge(h: &RecordHeader, owner_beat: Option<u64>, orphaned: bool, at: Look
                 why: format!(
                     "it is stored as running on instance `{o}`, whose lease expires in {}; \
                      if that process is gone, this runtime recovers it then",
-                    crate::config::format_duration(left())
+                    agentloop_core::duration_text::format_duration(left())
                 ),
             },
             Some(o) => Absence::NotLive {

@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::events::TurnEnd;
+use agentloop_core::turn::TurnEnd;
 
 /// One label: `(name, value)`.
 type Label = Vec<(&'static str, &'static str)>;

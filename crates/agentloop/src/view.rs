@@ -233,7 +233,7 @@ pub struct SessionView {
     pub version: u64,
     /// The session's own settings (issue 28), restored when it resumes; `None` for a
     /// record written before they were kept.
-    pub settings: Option<crate::session::SessionSettings>,
+    pub settings: Option<agentloop_core::settings::SessionSettings>,
     /// The cut turn's durable steps (S1b), replayed when it runs again; `None` when it
     /// journaled none.
     pub steps: Option<StepsView>,

@@ -148,10 +148,4 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 /// Formats a duration the way the file writes it (`"30s"`, `"250ms"`).
-pub fn format_duration(d: Duration) -> String {
-    if d.subsec_millis() == 0 && d.as_secs() > 0 {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
-    }
-}
+pub use agentloop_core::duration_text::format_duration;

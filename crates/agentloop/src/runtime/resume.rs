@@ -151,9 +151,11 @@ where
                                      expires in {} (lease_timeout {}): if that process is \
                                      still running, it keeps the session; if it is gone, start \
                                      again after that and the session is recovered",
-                                    crate::config::format_duration(age),
-                                    crate::config::format_duration(left),
-                                    crate::config::format_duration(self.lease_timeout),
+                                    agentloop_core::duration_text::format_duration(age),
+                                    agentloop_core::duration_text::format_duration(left),
+                                    agentloop_core::duration_text::format_duration(
+                                        self.lease_timeout
+                                    ),
                                 ),
                             ));
                             continue;

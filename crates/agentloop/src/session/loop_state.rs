@@ -47,7 +47,7 @@ pub(crate) struct LoopState<A: Agent> {
     /// Where turns are counted (S35).
     pub(super) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
     /// Its supervisor's restart decision (S26): `Restarting` instead of `Ended`.
-    pub(super) restart_oracle: Option<Arc<crate::supervisor::RestartOracle>>,
+    pub(super) restart_oracle: Option<Arc<crate::session::restart::RestartOracle>>,
 }
 
 impl<A: Agent> Drop for LoopState<A> {

@@ -24,6 +24,7 @@ pub(crate) use load::judge_owner;
 mod loop_state;
 pub(crate) mod messages;
 use agentloop_core::settings;
+pub(crate) mod restart;
 mod spec;
 mod teardown;
 mod turn_loop;

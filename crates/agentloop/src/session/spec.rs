@@ -142,7 +142,7 @@ pub(crate) struct RunContext {
     /// Its supervisor's restart decision, asked by the teardown so that an
     /// incarnation that will be started again ends its streams with `Restarting`, not
     /// `Ended` (S26); `None` for a session started alone.
-    pub(crate) restart_oracle: Option<Arc<crate::supervisor::RestartOracle>>,
+    pub(crate) restart_oracle: Option<Arc<crate::session::restart::RestartOracle>>,
 }
 
 impl Default for RunContext {

@@ -2,8 +2,8 @@
 //! heartbeat and metrics) and the bounds it applies to its sessions (S34a). Plain
 //! data: nothing here runs.
 
-use super::budget::RestartBudget;
 use super::kind::AgentKind;
+use crate::session::restart::RestartBudget;
 use crate::store::CheckpointStore;
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -200,7 +200,7 @@ impl<I> fmt::Display for RoutedPushError<I> {
                 f,
                 "session `{id}` is stored but not live yet: {why}; push again in {}; the item \
                  is handed back",
-                crate::config::format_duration(*retry_after)
+                agentloop_core::duration_text::format_duration(*retry_after)
             ),
             RoutedPushError::NotRunning {
                 id, status, hint, ..

@@ -19,15 +19,14 @@
 //! session stays ended `Failed` (its record is marked `Failed`) and leaves the registry.
 //!
 //! One concept a room ([`SessionSpec`], what to spawn, is the session's own): `kind` (agent kinds),
-//! `args` (what a supervisor is built with and its bounds), `budget` (the restart
-//! budget and decision, pure), `messages`, `error`, `registry` (the sessions, their
+//! `args` (what a supervisor is built with and its bounds), the restart budget and
+//! decision (`crate::session::restart`, beside the policy it applies), `messages`, `error`, `registry` (the sessions, their
 //! admission, start, end and restart), `directory` (the live incarnations its handles
 //! read without a message), `routing` (a push routed through the actor), `actor` (the
 //! message loop) and `handle` (what callers use).
 
 mod actor;
 mod args;
-mod budget;
 mod directory;
 mod error;
 mod handle;
@@ -40,10 +39,10 @@ mod sleepers;
 
 pub use crate::session::RestartPolicy;
 
+pub use crate::session::restart::RestartBudget;
+pub(crate) use crate::session::restart::RestartOracle;
 pub use crate::session::SessionSpec;
 pub use args::{SessionLimits, SupervisorArgs};
-pub use budget::RestartBudget;
-pub(crate) use budget::RestartOracle;
 pub use error::{RoutedPushError, SupervisorError};
 pub use handle::SupervisorHandle;
 pub use kind::{agent_kind, agent_kind_version, AgentKind};

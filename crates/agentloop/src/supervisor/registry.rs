@@ -5,13 +5,13 @@
 //! Owned by the actor; nothing else changes it.
 
 use super::args::SessionLimits;
-use super::budget::{decide, RestartBudget, RestartDecision};
 use super::directory::Directory;
 use super::error::gone;
 use super::error::SupervisorError;
 use super::kind::AgentKind;
 use super::messages::{SessionEnd, SupervisorMsg};
 use crate::error::SessionError;
+use crate::session::restart::{decide, RestartBudget, RestartDecision};
 use crate::session::SessionSpec;
 use crate::session::{
     validate_session_id, Durability, ExitReason, ExitState, FailureKind, SessionHandle,

@@ -2,7 +2,9 @@
 //! function: at most `max_restarts` restarts within `window` (OTP's intensity and
 //! period), and, for an incarnation that failed, whether its policy, the kind of its
 //! failure and its budget let it restart. No I/O and no clock of its own (the caller
-//! passes `now`); the registry acts on the answer.
+//! passes `now`); the supervisor's registry acts on the answer, and the session asks it
+//! at its end whether it will be started again (`RestartOracle`). It lives beside the
+//! restart policy it applies, so a session names nothing of its supervisor.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -98,9 +100,9 @@ pub(crate) struct RestartOracle {
     policy: RestartPolicy,
     budget: RestartBudget,
     /// The times of the restarts before this incarnation (set at its start).
-    pub(super) restarts: parking_lot::Mutex<VecDeque<Instant>>,
+    pub(crate) restarts: parking_lot::Mutex<VecDeque<Instant>>,
     /// How many restarts led to this incarnation.
-    pub(super) restarted: std::sync::atomic::AtomicU32,
+    pub(crate) restarted: std::sync::atomic::AtomicU32,
     /// The supervisor is stopping: nothing restarts.
     stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The session was canceled (S24): nothing of it runs again.
@@ -110,7 +112,7 @@ pub(crate) struct RestartOracle {
 }
 
 impl RestartOracle {
-    pub(super) fn new(
+    pub(crate) fn new(
         policy: RestartPolicy,
         budget: RestartBudget,
         stopping: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -128,7 +130,7 @@ impl RestartOracle {
 
     /// The session was canceled (S24): if it fails now, it is not restarted and its
     /// streams end with `Ended` (a cancel is final, S26).
-    pub(super) fn cancel(&self) {
+    pub(crate) fn cancel(&self) {
         self.canceled
             .store(true, std::sync::atomic::Ordering::Release);
     }
@@ -159,7 +161,7 @@ impl RestartOracle {
 
     /// The decision for a failure of `kind`, with the restart times it counts: made
     /// by the first to ask (the teardown or the supervisor), the same for the other.
-    pub(super) fn decide_once(&self, kind: FailureKind) -> (RestartDecision, VecDeque<Instant>) {
+    pub(crate) fn decide_once(&self, kind: FailureKind) -> (RestartDecision, VecDeque<Instant>) {
         let mut verdict = self.verdict.lock();
         if let Some(v) = &*verdict {
             return v.clone();
