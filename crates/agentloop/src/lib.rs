@@ -101,7 +101,8 @@
 
 #![warn(missing_docs)]
 
-pub mod agent;
+/// The `Agent` trait and what crosses it (it lives with the turn: `turn::agent`).
+pub use turn::agent;
 pub mod cancel;
 pub mod cluster;
 pub mod config;

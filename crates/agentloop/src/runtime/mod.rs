@@ -15,7 +15,6 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::agent::Agent;
 use crate::cluster::adopt::{should_adopt, Membership, Sweeper};
 use crate::cluster::rebalance::{Rebalance, Rebalancer};
 use crate::config::{ConfigError, RuntimeConfig, ShutdownConfig};
@@ -35,6 +34,7 @@ use crate::store::{
 use crate::supervisor::{
     AgentKind, RestartBudget, SessionEnd, SessionSpec, SupervisorArgs, SupervisorHandle,
 };
+use crate::turn::agent::Agent;
 use tokio::sync::mpsc;
 
 use crate::store::Stored;

@@ -113,7 +113,7 @@ where
     /// Answers the business interrupt of stored session `id` and resumes it under this
     /// runtime with its durability (S4): LangGraph's `Command(resume=…)`. The answer
     /// and this instance's claim are one durable write before the call returns; the
-    /// resumed turn gets the answer in [`crate::agent::Turn::answer`]. Works after a restart:
+    /// resumed turn gets the answer in [`crate::turn::agent::Turn::answer`]. Works after a restart:
     /// `Runtime::start` never resumes a session awaiting an answer by itself. Returns
     /// the handle and a stream attached before the session started.
     pub async fn resume_with_answer(

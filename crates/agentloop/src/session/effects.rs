@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use crate::agent::Agent;
 use crate::events::SessionEvent;
 use crate::session::core::TurnWork;
 use crate::session::core::{Effect, StoreOp};
@@ -21,6 +20,7 @@ use crate::session::teardown::teardown;
 use crate::session::turn_task::TurnTask;
 use crate::store::committer::Answer;
 use crate::store::StoreError;
+use crate::turn::agent::Agent;
 use crate::turn::control::TurnControl;
 use crate::turn::TurnCx;
 

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use ractor::{Actor, ActorCell, ActorRef, MessagingErr, RpcReplyPort};
 use tokio::sync::oneshot;
 
-use crate::agent::Agent;
 use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream, Subscribers};
 use crate::options::{PushOptions, StopOptions};
@@ -20,6 +19,7 @@ use crate::session::{validate_session_id, ExitReason, ExitState, SessionSpec};
 use crate::shared::SessionShared;
 use crate::shared::UnprocessedPush;
 use crate::store::CheckpointStore;
+use crate::turn::agent::Agent;
 
 /// A handle on one session. Generic only over the item and event types, so sessions of
 /// different agent kinds can sit side by side.
@@ -105,7 +105,7 @@ where
     /// `crate::session::answer`): the answer and this owner's claim are written to the
     /// record in one durable write before anything starts, then the session is spawned
     /// on that record with a subscriber attached (so it sees the resumed turn's
-    /// `TurnStarted`). The resumed turn gets the answer in [`crate::agent::Turn::answer`],
+    /// `TurnStarted`). The resumed turn gets the answer in [`crate::turn::agent::Turn::answer`],
     /// beside its saved state and interrupted items, before any new item. Works after a
     /// process restart: the record is all it needs.
     ///

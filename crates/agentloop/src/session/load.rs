@@ -7,7 +7,6 @@
 //! kept in the core, which then ends the session without touching the record (S18).
 //! It never writes a record, except the delete or reopen of a finished one.
 
-use crate::agent::Agent;
 use crate::session::core::load::{check_resumable, finished, Finished};
 use crate::session::core::Core;
 use crate::session::SessionSpec;
@@ -16,6 +15,7 @@ use crate::store::transition::StatusChange;
 use crate::store::{
     codec, now_ms, CasOutcome, CheckpointStore, LoadedRecord, Payload, SessionStatus, StoreError,
 };
+use crate::turn::agent::Agent;
 
 /// Reads the record (or takes the one the spawner read) and seeds the core (S17).
 /// `config` is what is left of the session's configuration once the core took its

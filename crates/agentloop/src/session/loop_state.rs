@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use ractor::ActorRef;
 
-use crate::agent::Agent;
 use crate::events::Subscribers;
 use crate::exit::ExitState;
 use crate::session::core::{Core, Effect};
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
 use crate::store::{CheckpointStore, StoreError};
+use crate::turn::agent::Agent;
 
 /// The TurnLoop's state: the core and what performing its effects needs.
 pub(crate) struct LoopState<A: Agent> {

@@ -7,10 +7,10 @@
 
 use std::collections::HashMap;
 
-use crate::agent::Agent;
 use crate::session::core::ExitPlan;
 use crate::session::loop_state::{LoopState, Myself};
 use crate::store::StoreError;
+use crate::turn::agent::Agent;
 
 /// S21 teardown: final checkpoint → session-end hooks → `Ended` → stream close →
 /// actor exit (drain, so queued messages are answered).

@@ -15,7 +15,6 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::agent::Agent;
 use crate::events::Subscribers;
 use crate::session::core::{Core, CoreConfig, Effects, Event};
 use crate::session::effects::perform;
@@ -25,6 +24,7 @@ use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
 use crate::session::SessionSpec;
 use crate::shared::SessionShared;
 use crate::store::{CheckpointStore, LoadedRecord};
+use crate::turn::agent::Agent;
 
 /// The TurnLoop actor (one per session). Spawn it through
 /// [`crate::session::SessionHandle::spawn`] or [`crate::session::SessionHandle::spawn_linked`].

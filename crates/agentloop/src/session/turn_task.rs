@@ -15,15 +15,16 @@ use futures::FutureExt;
 use ractor::ActorRef;
 use tokio::time::Instant;
 
-use crate::agent::{Agent, AgentError, Turn, TurnOutcome, WakeUp};
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::exit::FailureKind;
 use crate::session::core::TurnWork;
 use crate::session::ledger;
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
 use crate::store::codec;
-use crate::turn::control::{RunEnd, TurnControl};
+use crate::turn::agent::{Agent, AgentError, Turn, TurnOutcome, WakeUp};
+use crate::turn::control::TurnControl;
 use crate::turn::TurnCx;
+use agentloop_core::turn::RunEnd;
 
 /// Everything a turn task needs.
 pub(crate) struct TurnTask<A: Agent> {
@@ -302,7 +303,7 @@ impl<A: Agent> TurnTask<A> {
                         continue;
                     }
                     r = &mut run => break match r {
-                        Ok(v) => RunEnd::Returned(v),
+                        Ok(v) => RunEnd::Returned(v.map(TurnOutcome::into_outcome)),
                         Err(p) => RunEnd::Panicked(panic_message(p)),
                     },
                 }

@@ -343,8 +343,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::{Agent, AgentError, Turn, TurnOutcome};
     use crate::session::{SessionHandle, SessionSpec, TurnCx};
+    use crate::turn::agent::{Agent, AgentError, Turn, TurnOutcome};
 
     struct Idle;
 

@@ -5,9 +5,9 @@
 //! [`crate::versions`]'s).
 
 use super::error::SupervisorError;
-use crate::agent::Agent;
 use crate::session::{SessionHandle, SessionSpec};
 use crate::store::{codec, CheckpointStore, StoreError};
+use crate::turn::agent::Agent;
 use crate::versions::Migration;
 use futures::future::BoxFuture;
 use ractor::ActorCell;

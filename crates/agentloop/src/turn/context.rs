@@ -5,15 +5,9 @@
 //! `turn/steps.rs`), and watch the stopped / preempted signals. It reads and writes the turn's control block and the session's shared
 //! state; it never talks to the actor directly.
 
-use std::sync::Arc;
-
-use tokio::sync::watch;
-
-use crate::agent::{Agent, AgentError, InterruptInfo, TurnOutcome};
 use crate::cancel::{Canceled, SafePoint};
-use crate::events::{SessionEvent, Subscribers};
-use crate::shared::SessionShared;
-use crate::turn::control::TurnControl;
+use crate::events::SessionEvent;
+use crate::turn::agent::{Agent, AgentError, InterruptInfo, TurnCx, TurnOutcome};
 
 /// The kind of step a turn is about to take (S1a).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,30 +16,6 @@ pub enum Step {
     ModelCall,
     /// A round of tool calls.
     ToolCalls,
-}
-
-/// The context of one running turn.
-pub struct TurnCx<A: Agent> {
-    pub(crate) turn: u64,
-    pub(crate) session: Arc<SessionShared<A::Item>>,
-    pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
-    pub(crate) subscribers: Arc<Subscribers<A::Event>>,
-    pub(crate) stopped: watch::Receiver<bool>,
-    /// The runtime's metrics (steps count into them), when the session has them.
-    pub(crate) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
-}
-
-impl<A: Agent> Clone for TurnCx<A> {
-    fn clone(&self) -> Self {
-        TurnCx {
-            turn: self.turn,
-            session: self.session.clone(),
-            control: self.control.clone(),
-            subscribers: self.subscribers.clone(),
-            stopped: self.stopped.clone(),
-            metrics: self.metrics.clone(),
-        }
-    }
 }
 
 impl<A: Agent> TurnCx<A> {
@@ -163,7 +133,7 @@ impl<A: Agent> TurnCx<A> {
     /// Ends the turn with a business interrupt that asks `question` (S4), e.g. the
     /// tool call a human must approve: return this from `run_turn`. A persistent
     /// session keeps the question in its record and waits for an answer
-    /// (`resume_with_answer`); the resumed turn reads it in [`crate::agent::Turn::answer`].
+    /// (`resume_with_answer`); the resumed turn reads it in [`crate::turn::agent::Turn::answer`].
     pub fn ask(
         &self,
         reason: impl Into<String>,

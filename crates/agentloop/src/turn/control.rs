@@ -24,7 +24,6 @@ use super::hooks::encode_with;
 pub(crate) use super::hooks::TurnHooks;
 pub(crate) use super::writes::{journal_puts, DirectJournal, LiveTurn, StepDurable, StepWrite};
 use super::writes::{log_unframed, no_write};
-use crate::agent::TurnOutcome;
 use crate::cancel::{CancelRequest, Canceled, SafePoint};
 use crate::events::TurnEnd;
 use crate::exit::FailureKind;
@@ -33,43 +32,11 @@ use agentloop_core::ledger::PlanSplit;
 use agentloop_core::steps::{
     Journal, JournalEntry, StepDecision, StepError, StepPolicy, TurnJournal,
 };
-use agentloop_core::turn::{AckAnswer, Effects, Outcome, Requeue, StepFinish, TurnMachine};
+use agentloop_core::turn::{AckAnswer, Effects, Outcome, Requeue, RunEnd, StepFinish, TurnMachine};
 
 pub(crate) use agentloop_core::turn::{
     is_carried, Ending, Origin, Phase, StateSnap, Submitted, LOADED_CARRIED_TAG,
 };
-
-/// How the agent's future ended.
-pub(crate) enum RunEnd<S> {
-    /// `run_turn` returned.
-    Returned(Result<TurnOutcome<S>, crate::agent::AgentError>),
-    /// `run_turn` panicked.
-    Panicked(String),
-    /// The future was dropped by an Immediate cancel.
-    Killed,
-}
-
-impl<S> RunEnd<S> {
-    /// What the machine classifies: a wake-up's timer was armed by the turn task before
-    /// the turn ended (its last durable step), so it is a completed turn.
-    fn into_core(self) -> agentloop_core::turn::RunEnd<S> {
-        use agentloop_core::turn::RunEnd as Core;
-        match self {
-            RunEnd::Returned(Ok(TurnOutcome::Completed | TurnOutcome::WakeAt(_))) => {
-                Core::Returned(Ok(Outcome::Completed))
-            }
-            RunEnd::Returned(Ok(TurnOutcome::CompletedWith { state })) => {
-                Core::Returned(Ok(Outcome::CompletedWith(state)))
-            }
-            RunEnd::Returned(Ok(TurnOutcome::Interrupted { info, state })) => {
-                Core::Returned(Ok(Outcome::Interrupted(info, state)))
-            }
-            RunEnd::Returned(Err(e)) => Core::Returned(Err(e)),
-            RunEnd::Panicked(msg) => Core::Panicked(msg),
-            RunEnd::Killed => Core::Killed,
-        }
-    }
-}
 
 /// The machine and the steps' waiters, under one lock.
 struct Locked<I, S> {
@@ -338,12 +305,11 @@ impl<I: Clone, S: Clone> TurnControl<I, S> {
     /// state a completed turn carries, is encoded first, outside the lock; steps still
     /// waiting for a write learn it will not come.
     pub(crate) fn finish(&self, run: RunEnd<S>) -> TurnEnd {
-        let run = run.into_core();
         let (interrupt_bytes, carried_bytes) = match &run {
-            agentloop_core::turn::RunEnd::Returned(Ok(Outcome::Interrupted(_, state))) => {
+            RunEnd::Returned(Ok(Outcome::Interrupted(_, state))) => {
                 (self.hooks.encode_state.map(|f| encode_with(f, state)), None)
             }
-            agentloop_core::turn::RunEnd::Returned(Ok(Outcome::CompletedWith(state))) => (
+            RunEnd::Returned(Ok(Outcome::CompletedWith(state))) => (
                 None,
                 self.hooks.encode_carried.map(|f| encode_with(f, state)),
             ),

@@ -5,6 +5,7 @@
 //! the event registry, never the actor; a turn tells the actor about itself through a
 //! callback the actor installs.
 
+pub mod agent;
 pub mod context;
 pub(crate) mod control;
 mod hooks;
@@ -12,5 +13,6 @@ pub mod steps;
 mod wake;
 pub(crate) mod writes;
 
-pub use context::{Step, TurnCx};
+pub use agent::TurnCx;
+pub use context::Step;
 pub use steps::{StepError, StepFailed, StepKey, StepOutcome, StepPolicy};

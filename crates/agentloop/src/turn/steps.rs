@@ -15,11 +15,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::agent::{Agent, AgentError};
 use crate::cancel::Canceled;
 use crate::events::SessionEvent;
 use crate::store::codec::payload;
-use crate::turn::context::TurnCx;
+use crate::turn::agent::TurnCx;
+use crate::turn::agent::{Agent, AgentError};
 use crate::turn::control::{StepDurable, StepWrite, TurnControl};
 pub use agentloop_core::steps::{StepDecision, StepError, StepKey, StepPolicy};
 

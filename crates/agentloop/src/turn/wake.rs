@@ -8,10 +8,10 @@
 
 use std::time::SystemTime;
 
-use crate::agent::{Agent, AgentError, TurnOutcome, WakeUp};
 use crate::store::{Repeat, StoredTimer};
 use crate::timers::{Schedule, TimerError};
-use crate::turn::context::TurnCx;
+use crate::turn::agent::TurnCx;
+use crate::turn::agent::{Agent, AgentError, TurnOutcome, WakeUp};
 
 impl<A: Agent> TurnCx<A> {
     /// Arms a durable timer of this session (S39): at `when` `item` is pushed into the

@@ -37,7 +37,6 @@ use std::collections::VecDeque;
 
 use tokio::time::Instant;
 
-use crate::agent::Agent;
 use crate::error::SessionError;
 use crate::options::Preempt;
 use crate::push::{PreemptAck, PushError, PushReply};
@@ -50,6 +49,7 @@ use crate::store::{
     now_ms, ItemChange, JournalChange, Payload, RecordHeader, RecordWrite, SessionStatus,
     StateChange, StoreError, WriteCondition,
 };
+use crate::turn::agent::Agent;
 use agentloop_core::steps::JournalMark;
 
 /// The journal's part of a write (S1b): the header's mark, the entry changes, and the

@@ -19,13 +19,13 @@
 //!
 //! This file never moves an item between places: it reads the placement.
 
-use crate::agent::Agent;
 use crate::cancel::CancelInfo;
 use crate::events::TurnEnd;
 use crate::exit::{CheckpointOutcome, ExitReason, ExitState, FailureKind};
 use crate::session::core::{Core, Effect, Effects, ExitPlan, PendingExit};
 use crate::session::ledger::TurnFate;
 use crate::store::{Payload, RecordWrite, SessionStatus, StoreError, WriteCondition};
+use crate::turn::agent::Agent;
 use crate::turn::control::{Ending, StateSnap};
 
 /// What the final checkpoint does with the record.

@@ -11,11 +11,11 @@
 
 use tokio::time::Instant;
 
-use crate::agent::Agent;
 use crate::options::{OptionsError, Preempt, PushOptions, TurnView};
 use crate::push::{PendingAck, PreemptAck, PushError, PushReply};
 use crate::session::core::{Core, Effect, Effects, Timed};
 use crate::store::codec;
+use crate::turn::agent::Agent;
 use crate::turn::control::{Origin, Phase, Submitted};
 
 impl<A: Agent> Core<A> {

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use crate::agent::Agent;
 use crate::liveness::{resumable, Resumable};
 use crate::session::core::{Answer, Core};
 use crate::store::{LoadedRecord, Payload, RecordHeader, SessionStatus, StoreError};
+use crate::turn::agent::Agent;
 use crate::turn::control::StateSnap;
 
 /// S19 for a session starting on a record: [`crate::liveness::resumable`]'s judgement

@@ -38,7 +38,6 @@ use std::time::Duration;
 use ractor::RpcReplyPort;
 use tokio::time::Instant;
 
-use crate::agent::Agent;
 use crate::cancel::CancelMode;
 use crate::error::SessionError;
 use crate::exit::{ExitCounters, ExitReason, ExitState, FailureKind};
@@ -49,6 +48,7 @@ use crate::session::ledger::Ledger;
 use crate::session::{Durability, SessionSpec};
 use crate::shared::SessionShared;
 use crate::store::{Payload, RecordWrite, StoreError};
+use crate::turn::agent::Agent;
 use crate::turn::control::{Phase, StateSnap, TurnControl};
 
 pub(crate) use durability::Durable;

@@ -13,11 +13,11 @@
 
 use std::time::Duration;
 
-use crate::agent::Agent;
 use crate::exit::{CheckpointOutcome, ExitReason, ExitState};
 use crate::session::core::durability::JournalPart;
 use crate::session::core::{Core, Effect, Effects, ExitPlan, FinalAction, StoreOp, Timed};
 use crate::store::{SessionStatus, WriteCondition};
+use crate::turn::agent::Agent;
 
 impl<A: Agent> Core<A> {
     /// How long this session waits idle before it sleeps, when it may sleep at all: a

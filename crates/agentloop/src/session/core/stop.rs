@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::agent::Agent;
 use crate::cancel::CancelRequest;
 use crate::error::SessionError;
 use crate::options::StopOptions;
 use crate::session::core::{Core, DetachReply, Effect, Effects, Event, StopReply, Timed};
 use crate::store::SessionStatus;
+use crate::turn::agent::Agent;
 use crate::turn::control::Origin;
 
 /// The combined effect of all stop requests so far.

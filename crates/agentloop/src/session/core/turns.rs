@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::agent::{Agent, PlanInput};
 use crate::events::TurnEnd;
 use crate::exit::{ExitReason, FailureKind};
 use crate::session::core::exit::pending;
@@ -19,6 +18,7 @@ use crate::session::core::{ActiveTurn, Core, Effect, Effects, StoreOp, Timed};
 use crate::session::ledger::{Offer, TurnFate};
 use crate::store::codec::{payload, PayloadError};
 use crate::store::Payload;
+use crate::turn::agent::{Agent, PlanInput};
 use crate::turn::control::{Ending, TurnControl, TurnHooks};
 
 /// Encodes an agent state, checked (the `sync` safe-point hook).

@@ -22,7 +22,6 @@ use proptest::prelude::*;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::agent::{Agent, AgentError, InterruptInfo, Plan, Turn, TurnOutcome};
 use crate::cancel::SafePoint;
 use crate::events::TurnEnd;
 use crate::exit::{CheckpointOutcome, ExitState};
@@ -34,8 +33,10 @@ use crate::session::ledger::split_plan;
 use crate::session::Durability;
 use crate::shared::SessionShared;
 use crate::store::{codec, CheckpointStore, MemoryStore, SessionStatus, StatusKind, StoreError};
-use crate::turn::control::{Phase, RunEnd, TurnControl};
+use crate::turn::agent::{Agent, AgentError, InterruptInfo, Plan, Turn, TurnOutcome};
+use crate::turn::control::{Phase, TurnControl};
 use crate::turn::TurnCx;
+use agentloop_core::turn::RunEnd;
 
 /// An agent that is never run: the harness plays its turn task.
 struct Scripted;
@@ -502,14 +503,17 @@ impl Harness {
                 let run = if t.control.must_kill() {
                     RunEnd::Killed
                 } else {
-                    RunEnd::Returned(match kind {
-                        0 | 1 => Ok(TurnOutcome::Completed),
-                        2 => Ok(TurnOutcome::Interrupted {
-                            info: InterruptInfo::new("approval"),
-                            state: 7,
-                        }),
-                        _ => Err(AgentError::failed("boom")),
-                    })
+                    RunEnd::Returned(
+                        match kind {
+                            0 | 1 => Ok(TurnOutcome::Completed),
+                            2 => Ok(TurnOutcome::Interrupted {
+                                info: InterruptInfo::new("approval"),
+                                state: 7,
+                            }),
+                            _ => Err(AgentError::failed("boom")),
+                        }
+                        .map(TurnOutcome::into_outcome),
+                    )
                 };
                 let end = t.control.finish(run);
                 if end == TurnEnd::Completed {

@@ -1,11 +1,15 @@
 //! The `Agent` trait and the values that cross it: plans, turns, outcomes, agent errors
-//! (DESIGN §2, S4, S5).
+//! (DESIGN §2, S4, S5), and the context a turn runs with ([`TurnCx`], whose methods
+//! live in `context.rs`, `steps.rs` and `wake.rs`). Published as `agentloop::agent`.
 //!
-//! This module owns the contract between user code and the runtime. It must not know
-//! about actors or stores: the TurnLoop calls these methods from a turn task it owns.
+//! This module owns the contract between user code and the runtime. The trait and the
+//! context name each other, so they live in one file of the turn's module. It must not
+//! know about actors or stores: the TurnLoop calls these methods from a turn task it
+//! owns.
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -13,7 +17,11 @@ use serde::Serialize;
 pub use agentloop_core::plan::{Plan, PlanInput};
 pub use agentloop_core::turn::AgentError;
 
-use crate::turn::TurnCx;
+use tokio::sync::watch;
+
+use crate::events::Subscribers;
+use crate::shared::SessionShared;
+use crate::turn::control::TurnControl;
 
 /// An agent: user code that plans and runs turns over pushed items.
 ///
@@ -127,9 +135,47 @@ pub struct WakeUp {
     pub(crate) timer: crate::store::StoredTimer,
 }
 
+impl<S> TurnOutcome<S> {
+    /// What the turn's state machine classifies (`agentloop_core::turn::Outcome`): a
+    /// wake-up's timer was armed by the turn task before the turn ended (its last
+    /// durable step), so it is a completed turn.
+    pub(crate) fn into_outcome(self) -> agentloop_core::turn::Outcome<S> {
+        use agentloop_core::turn::Outcome;
+        match self {
+            TurnOutcome::Completed | TurnOutcome::WakeAt(_) => Outcome::Completed,
+            TurnOutcome::CompletedWith { state } => Outcome::CompletedWith(state),
+            TurnOutcome::Interrupted { info, state } => Outcome::Interrupted(info, state),
+        }
+    }
+}
+
 impl WakeUp {
     /// When the timer is due.
     pub fn due(&self) -> std::time::SystemTime {
         crate::timers::at(self.timer.due_ms)
+    }
+}
+
+/// The context of one running turn.
+pub struct TurnCx<A: Agent> {
+    pub(crate) turn: u64,
+    pub(crate) session: Arc<SessionShared<A::Item>>,
+    pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
+    pub(crate) subscribers: Arc<Subscribers<A::Event>>,
+    pub(crate) stopped: watch::Receiver<bool>,
+    /// The runtime's metrics (steps count into them), when the session has them.
+    pub(crate) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
+}
+
+impl<A: Agent> Clone for TurnCx<A> {
+    fn clone(&self) -> Self {
+        TurnCx {
+            turn: self.turn,
+            session: self.session.clone(),
+            control: self.control.clone(),
+            subscribers: self.subscribers.clone(),
+            stopped: self.stopped.clone(),
+            metrics: self.metrics.clone(),
+        }
     }
 }
