@@ -127,7 +127,8 @@ pub mod timers;
 #[cfg(feature = "tls")]
 pub mod tls;
 pub mod turn;
-pub mod versions;
+/// Agent versions (DESIGN S40), kept with the kinds they version: `supervisor::versions`.
+pub use supervisor::versions;
 pub mod view;
 
 /// The actor library agentloop runs on (ractor), re-exported so that your own actors,

@@ -10,7 +10,7 @@ pub struct RuntimeBuilder<I, E> {
     data_dir: Option<PathBuf>,
     engine: Engine,
     store: Option<Arc<dyn CheckpointStore<I>>>,
-    kinds: HashMap<String, crate::versions::AgentVersions<I, E>>,
+    kinds: HashMap<String, crate::supervisor::versions::AgentVersions<I, E>>,
     budget: RestartBudget,
     heartbeat: Duration,
     lease_timeout: Duration,
@@ -103,7 +103,7 @@ where
         A: Agent<Item = I, Event = E>,
         F: Fn(&[u8]) -> Result<A, String> + Send + Sync + 'static,
     {
-        self.register_agent_version(name, crate::versions::FIRST_VERSION, factory)
+        self.register_agent_version(name, crate::supervisor::versions::FIRST_VERSION, factory)
     }
 
     /// Registers version `version` of an agent kind (S40), beside the versions already
@@ -127,14 +127,14 @@ where
         let kind = crate::supervisor::agent_kind_version(name.clone(), version, factory);
         self.kinds
             .entry(name.clone())
-            .or_insert_with(|| crate::versions::AgentVersions::new(name))
+            .or_insert_with(|| crate::supervisor::versions::AgentVersions::new(name))
             .insert_version(version, kind);
         self
     }
 
     /// Registers the migration of kind `name`'s records from version `from` to
     /// `from + 1` (S40): plain functions over the stored state, items and
-    /// configuration ([`crate::versions::Migration`]). A record is migrated when its own version
+    /// configuration ([`crate::supervisor::versions::Migration`]). A record is migrated when its own version
     /// is not registered and migrations chain from it to the newest registered
     /// version; the migrated record is checked (the new version reads its state, the
     /// item type reads its items) and written before the session runs. A migration
@@ -143,12 +143,12 @@ where
         mut self,
         name: impl Into<String>,
         from: u32,
-        migration: crate::versions::Migration,
+        migration: crate::supervisor::versions::Migration,
     ) -> Self {
         let name = name.into();
         self.kinds
             .entry(name.clone())
-            .or_insert_with(|| crate::versions::AgentVersions::new(name))
+            .or_insert_with(|| crate::supervisor::versions::AgentVersions::new(name))
             .insert_migration(from, migration);
         self
     }
@@ -160,7 +160,7 @@ where
     pub async fn dry_run(
         &self,
         store: &dyn CheckpointStore<I>,
-    ) -> Result<crate::versions::DeployPlan, crate::store::StoreError> {
+    ) -> Result<crate::supervisor::versions::DeployPlan, crate::store::StoreError> {
         Ok(self.plan_deploy(store.list_stored(None).await?))
     }
 
@@ -169,8 +169,8 @@ where
     pub fn plan_deploy(
         &self,
         entries: Vec<crate::store::StoredEntry>,
-    ) -> crate::versions::DeployPlan {
-        crate::versions::dry_run(entries, |name| {
+    ) -> crate::supervisor::versions::DeployPlan {
+        crate::supervisor::versions::dry_run(entries, |name| {
             self.kinds
                 .get(name)
                 .filter(|k| !k.is_empty())
@@ -464,7 +464,7 @@ where
         // S40: on a store other processes share, tell the others what this one runs
         // before resuming anything, so placement, adoption and moves respect it.
         if let (true, Some(store)) = (runtime.handle.sweeps, &runtime.handle.store) {
-            let runs = crate::versions::runs_of(&runtime.handle.kinds);
+            let runs = crate::supervisor::versions::runs_of(&runtime.handle.kinds);
             store.advertise(&runtime.handle.instance, &runs).await?;
         }
         let report = runtime.resume().await?;

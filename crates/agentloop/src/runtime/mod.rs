@@ -38,7 +38,7 @@ use crate::turn::agent::Agent;
 use tokio::sync::mpsc;
 
 use crate::store::Stored;
-use crate::versions::VersionPlan;
+use crate::supervisor::versions::VersionPlan;
 
 pub use crate::runtime_handle::RuntimeHandle;
 

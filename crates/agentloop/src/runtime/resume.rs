@@ -17,9 +17,9 @@ where
             Stored::Format1(f) => &f.agent_kind,
         };
         let kind = self.handle.kinds.get(kind)?;
-        Some(crate::versions::plan_for(
+        Some(crate::supervisor::versions::plan_for(
             &**kind,
-            crate::versions::version_of(stored),
+            crate::supervisor::versions::version_of(stored),
         ))
     }
 
@@ -28,11 +28,14 @@ where
         &self,
         entry: &crate::store::StoredEntry,
         why: String,
-    ) -> crate::versions::VersionError {
+    ) -> crate::supervisor::versions::VersionError {
         let (kind, version) = match &entry.record {
             Ok(stored) => match stored {
                 Stored::Current(r) => (r.header.agent_kind.clone(), r.header.agent_version),
-                Stored::Format1(f) => (f.agent_kind.clone(), crate::versions::FIRST_VERSION),
+                Stored::Format1(f) => (
+                    f.agent_kind.clone(),
+                    crate::supervisor::versions::FIRST_VERSION,
+                ),
             },
             Err(_) => (String::new(), 0),
         };
@@ -40,9 +43,9 @@ where
             .handle
             .kinds
             .get(&kind)
-            .map(|k| crate::versions::list(&k.versions()))
+            .map(|k| crate::supervisor::versions::list(&k.versions()))
             .unwrap_or_default();
-        crate::versions::VersionError::Unavailable {
+        crate::supervisor::versions::VersionError::Unavailable {
             session: entry.session_id.clone(),
             kind,
             version,

@@ -56,7 +56,7 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) timer_bounds: crate::timers::TimerBounds,
     /// The agent kinds the supervisor runs, by name, with their versions (S40): which
     /// stored records this runtime can run.
-    pub(crate) kinds: Arc<crate::versions::Kinds<I, E>>,
+    pub(crate) kinds: Arc<crate::supervisor::versions::Kinds<I, E>>,
 }
 
 impl<I, E> Clone for RuntimeHandle<I, E> {

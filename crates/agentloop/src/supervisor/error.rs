@@ -32,7 +32,7 @@ pub enum SupervisorError {
     /// The session's record was written by a version of its kind this runtime cannot
     /// run or could not migrate (S40); the record is kept.
     #[error(transparent)]
-    Version(#[from] crate::versions::VersionError),
+    Version(#[from] crate::supervisor::versions::VersionError),
     /// The kind's factory refused the configuration.
     #[error("agent kind `{kind}` refused its configuration: {reason}")]
     BadConfig {

@@ -2,13 +2,13 @@
 //! rebuilt from its record after a restart or a crash. A kind builds the agent from its
 //! serialized configuration and spawns the session; it never touches the registry.
 //! Each kind runs one version or several (S40; the versions and their migrations are
-//! [`crate::versions`]'s).
+//! [`crate::supervisor::versions`]'s).
 
 use super::error::SupervisorError;
 use crate::session::{SessionHandle, SessionSpec};
 use crate::store::{codec, CheckpointStore, StoreError};
+use crate::supervisor::versions::Migration;
 use crate::turn::agent::Agent;
-use crate::versions::Migration;
 use futures::future::BoxFuture;
 use ractor::ActorCell;
 use std::collections::BTreeSet;
@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// A registered agent kind: builds the agent from its serialized configuration and
 /// spawns its session. Implemented for closures by [`agent_kind`]; a kind with several
-/// versions is an [`AgentVersions`](crate::versions::AgentVersions).
+/// versions is an [`AgentVersions`](crate::supervisor::versions::AgentVersions).
 pub trait AgentKind<I, E>: Send + Sync + 'static {
     /// Builds the agent of the version the runtime chose for this start (S40: the
     /// record's version, or the newest for a new or migrated session) from

@@ -18,7 +18,8 @@
 //! while a session restarts are delivered to it, not bounced. Past the budget the
 //! session stays ended `Failed` (its record is marked `Failed`) and leaves the registry.
 //!
-//! One concept a room ([`SessionSpec`], what to spawn, is the session's own): `kind` (agent kinds),
+//! One concept a room ([`SessionSpec`], what to spawn, is the session's own): `kind` (agent kinds)
+//! and `versions` (the versions of each kind, S40, published as `agentloop::versions`),
 //! `args` (what a supervisor is built with and its bounds), the restart budget and
 //! decision (`crate::session::restart`, beside the policy it applies), `messages`, `error`, `registry` (the sessions, their
 //! admission, start, end and restart), `directory` (the live incarnations its handles
@@ -36,6 +37,7 @@ mod messages;
 mod registry;
 mod routing;
 mod sleepers;
+pub mod versions;
 
 pub use crate::session::RestartPolicy;
 

@@ -57,7 +57,7 @@ impl<I: 'static, E: 'static> Prepared<I, E> {
             return kind.spawn(spec, store, supervisor);
         }
         Box::pin(async move {
-            crate::versions::choose(&kind, &mut spec, store.as_ref()).await?;
+            crate::supervisor::versions::choose(&kind, &mut spec, store.as_ref()).await?;
             kind.spawn(spec, store, supervisor).await
         })
     }
