@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::moving::Moving;
+use crate::runtime_handle::moving::Moving;
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::{now_ms, RecordWrite, SessionStatus, StoreError, Stored};
 

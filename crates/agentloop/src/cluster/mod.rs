@@ -1,7 +1,9 @@
 //! Several nodes sharing one store (issue 18, S36–S38), as the runtime sees them: the
 //! routing trait a node installs for by-id work on sessions that run elsewhere
-//! ([`forward`]), what a stop or a control request crossing nodes may carry
-//! ([`control`]), a session's planned move ([`migrate`]), and the judgements — where a
+//! ([`forward`]) and what a stop or a control request crossing nodes may carry
+//! ([`control`]) — both kept by the runtime handle that calls them and re-exported
+//! here —, a session's planned move ([`migrate`], with the handle's `migrate`,
+//! `hand_over_all` and `resume_handed_over` in `moves.rs`), and the judgements — where a
 //! session should run ([`placement`]), which dead node's sessions to adopt ([`adopt`]),
 //! when and what to rebalance ([`rebalance`]) — which are plain code in
 //! `agentloop-core`, re-exported here; the event relays that carry a subscription
@@ -11,10 +13,9 @@
 //! ractor_cluster) is the `agentloop-cluster` crate's. Sessions, their records and claims are the session's
 //! and the store's business.
 
+pub use crate::runtime_handle::{control, forward};
 pub use agentloop_core::{adopt, placement, rebalance};
-pub mod control;
-pub mod forward;
 pub mod migrate;
-pub(crate) mod moving;
+mod moves;
 pub mod peers;
 pub mod relay;

@@ -12,10 +12,10 @@ use parking_lot::RwLock;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::forward::Forward;
-use crate::cluster::forward::Forwarded;
 use crate::cluster::relay::Relays;
 use crate::push::PreemptAck;
+use crate::runtime_handle::forward::Forward;
+use crate::runtime_handle::forward::Forwarded;
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::Stored;
 use crate::supervisor::RoutedPushError;
@@ -126,9 +126,9 @@ where
     fn control(
         &self,
         session: String,
-        op: crate::cluster::forward::Control,
-    ) -> BoxFuture<'static, crate::cluster::forward::ControlOutcome> {
-        use crate::cluster::forward::ControlOutcome;
+        op: crate::runtime_handle::forward::Control,
+    ) -> BoxFuture<'static, crate::runtime_handle::forward::ControlOutcome> {
+        use crate::runtime_handle::forward::ControlOutcome;
         let peers = self.others();
         Box::pin(async move {
             for (_, h, _) in peers {
@@ -148,10 +148,10 @@ where
         filter: crate::events::EventFilter,
     ) -> BoxFuture<
         'static,
-        Result<crate::events::EventStream<E>, crate::cluster::forward::ControlOutcome>,
+        Result<crate::events::EventStream<E>, crate::runtime_handle::forward::ControlOutcome>,
     > {
-        use crate::cluster::forward::{ControlOutcome, PushAnswer, Request};
         use crate::cluster::relay::{pump, Ask};
+        use crate::runtime_handle::forward::{ControlOutcome, PushAnswer, Request};
         let peers = self.others();
         Box::pin(async move {
             for (node, h, relays) in peers {

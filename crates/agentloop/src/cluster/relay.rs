@@ -25,8 +25,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cluster::forward::{PushAnswer, Request, RELAY_POLL};
 use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent, DEFAULT_EVENT_CAPACITY};
+use crate::runtime_handle::forward::{PushAnswer, Request, RELAY_POLL};
 use crate::runtime_handle::RuntimeHandle;
 use crate::supervisor::SupervisorError;
 

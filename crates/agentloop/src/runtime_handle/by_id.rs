@@ -1,17 +1,17 @@
 //! By-id work wherever a session runs (issue 18, S36; issue 28): pushes, stops,
 //! detaches and subscriptions go here when this runtime runs the session, else, on a
 //! cluster node, to its owner through the one routing trait,
-//! [`Forward`](crate::cluster::forward::Forward), that a node installs; a session that
+//! [`Forward`](crate::runtime_handle::forward::Forward), that a node installs; a session that
 //! is stored but not live is told apart from an unknown one (`crate::liveness`). It
 //! also serves what another node forwards here (`control_here`).
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::control::ControlError;
-use crate::cluster::forward::{Control, ControlOutcome, WireStop};
 use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent};
 use crate::options::StopOptions;
+use crate::runtime_handle::control::ControlError;
+use crate::runtime_handle::forward::{Control, ControlOutcome, WireStop};
 use crate::runtime_handle::RuntimeHandle;
 use crate::supervisor::SupervisorError;
 
@@ -53,7 +53,7 @@ where
             return self.supervisor.push_with(id, item, options).await;
         };
         let strategy = options.strategy.is_some();
-        let forwarded = crate::cluster::forward::Forwarded::of(&options);
+        let forwarded = crate::runtime_handle::forward::Forwarded::of(&options);
         // A session this node moved (or is moving): in line behind the move, then
         // wherever it runs now (here again, or its new owner).
         let gate = self.moving.gate(id);

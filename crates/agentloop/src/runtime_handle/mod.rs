@@ -5,10 +5,15 @@
 //! actor dereferences to it.
 //!
 //! It only forwards to the supervisor and reads through the store's trait; it starts
-//! and stops nothing (that is `runtime`).
+//! and stops nothing (that is `runtime`). It keeps the routing trait a node installs for
+//! sessions that run elsewhere (`forward`) and what a control request crossing nodes
+//! carries (`control`), both published under `agentloop::cluster`; the moves between
+//! nodes (`crate::cluster::migrate`) sit above it.
 
 mod by_id;
-mod moves;
+pub mod control;
+pub mod forward;
+pub(crate) mod moving;
 pub(crate) mod timer_service;
 mod timers;
 
@@ -33,10 +38,11 @@ pub struct RuntimeHandle<I, E> {
     pub(crate) metrics: Arc<crate::metrics::RuntimeMetrics>,
     /// How to reach the owner of a session another node runs (a cluster node installs
     /// it; issue 18).
-    pub(crate) forwarder: Arc<std::sync::OnceLock<Arc<dyn crate::cluster::forward::Forward<I, E>>>>,
+    pub(crate) forwarder:
+        Arc<std::sync::OnceLock<Arc<dyn crate::runtime_handle::forward::Forward<I, E>>>>,
     /// Sessions this node moved or is moving to another (issue 18, S38): pushes for
     /// them queue on the session's gate, in arrival order, and go to the new owner.
-    pub(crate) moving: crate::cluster::moving::Moving,
+    pub(crate) moving: crate::runtime_handle::moving::Moving,
     /// The lease timeout resumed sessions judge owners by (S19).
     pub(crate) lease_timeout: std::time::Duration,
     /// The runtime's heartbeat: how often it sweeps for records to recover.
@@ -101,7 +107,7 @@ where
 
     /// Installs how this runtime reaches sessions other nodes run (a cluster node does,
     /// once); `false` when one was already installed.
-    pub fn set_forwarder(&self, f: Arc<dyn crate::cluster::forward::Forward<I, E>>) -> bool {
+    pub fn set_forwarder(&self, f: Arc<dyn crate::runtime_handle::forward::Forward<I, E>>) -> bool {
         self.forwarder.set(f).is_ok()
     }
 

@@ -2,7 +2,7 @@
 //! [`RuntimeHandle::detach_anywhere`](crate::runtime::RuntimeHandle::detach_anywhere) act here when this runtime runs the session, and
 //! otherwise send the request to the node that does (through the installed forwarder);
 //! [`RuntimeHandle::control_here`](crate::runtime::RuntimeHandle::control_here) is what the receiving node runs. Options cross as
-//! data ([`WireStop`](crate::cluster::forward::WireStop)); a stop whose cancel targets an unnamed safe-point set does not.
+//! data ([`WireStop`](crate::runtime_handle::forward::WireStop)); a stop whose cancel targets an unnamed safe-point set does not.
 
 use crate::supervisor::SupervisorError;
 
@@ -32,7 +32,7 @@ pub enum ControlError {
     },
     /// A session is stored under this id but is not live yet (issue 28): retry after
     /// `retry_after`.
-    #[error("session `{session}` is stored but not live yet: {why}; retry in {}", crate::config::format_duration(*retry_after))]
+    #[error("session `{session}` is stored but not live yet: {why}; retry in {}", agentloop_core::duration_text::format_duration(*retry_after))]
     NotLive {
         /// The session.
         session: String,

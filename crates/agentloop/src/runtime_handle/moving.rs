@@ -58,7 +58,7 @@ impl Moving {
     }
 
     /// Closes a new gate for `id` until [`Moving::release`]: its pushes wait in line.
-    pub(super) fn hold(&self, id: &str) {
+    pub(crate) fn hold(&self, id: &str) {
         // A new gate (none is held for `id` yet): nobody holds it.
         if let Ok(guard) = self.begin(id).try_lock_owned() {
             self.held.lock().insert(id.to_string(), guard);
@@ -71,7 +71,7 @@ impl Moving {
     }
 
     /// Opens every held gate.
-    pub(super) fn release_all(&self) {
+    pub(crate) fn release_all(&self) {
         self.held.lock().clear();
     }
 }
