@@ -223,3 +223,43 @@ mod tests {
         }
     }
 }
+
+/// A timer as its session's key keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredTimer {
+    /// When it is due next, ms since the Unix epoch.
+    pub due_ms: u64,
+    /// The item it pushes, as the session's codec encoded it.
+    #[serde(with = "serde_bytes")]
+    pub item: Vec<u8>,
+    /// How it recurs (`None`: once).
+    pub repeat: Option<Repeat>,
+    /// When it was armed, ms since the Unix epoch.
+    pub armed_ms: u64,
+    /// How many times it fired.
+    pub fired: u64,
+}
+
+/// A change to a session's timers that rides a record write ([`crate::write::RecordWrite`]),
+/// so it is durable exactly when the record's change is. Serializable: a fire forwarded
+/// to the node that owns the session carries it (S39).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimerChange {
+    /// Arm a timer (its number is taken in the write).
+    Arm(StoredTimer),
+    /// Timer `timer`, due at `due_ms`, fired: its item is among this write's items.
+    /// A timer that recurs moves to `next_due_ms`; one that does not is removed. A timer
+    /// no longer stored (canceled after it fired) changes nothing.
+    Fired {
+        /// The timer's number.
+        timer: u64,
+        /// The due time it fired for.
+        due_ms: u64,
+        /// Its next due time (`None`: it does not recur).
+        next_due_ms: Option<u64>,
+    },
+    /// Every timer of the session is removed: it ended, and nothing may push into it
+    /// (S26a: the final record of a clean end, written in place of S16's delete, which
+    /// removed them).
+    RemoveAll,
+}

@@ -125,7 +125,7 @@ pub struct RecordWrite {
     /// Changes to the session's timers (S39), durable with this write: a timer armed
     /// by the turn, or one whose item this write accepts (its removal and the item's
     /// acceptance are one write, so it fires once).
-    pub timers: Vec<crate::table::timers::TimerChange>,
+    pub timers: Vec<crate::timers::TimerChange>,
 }
 
 impl RecordWrite {

@@ -14,11 +14,12 @@
 use std::collections::HashMap;
 
 use agentloop_core::header::Payload;
-use agentloop_core::history::{self, HistoryAnswer, HistoryQuery};
+use agentloop_core::history::{HistoryAnswer, HistoryQuery};
 use agentloop_core::record::{Stored, StoredEntry};
 use agentloop_core::status::{CasOutcome, SessionStatus, StatusKind};
 use agentloop_core::store_error::StoreError;
 use agentloop_core::table;
+use agentloop_core::table::history;
 use agentloop_core::write::RecordWrite;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::{Client, Config, NoTls};

@@ -33,6 +33,7 @@ use crate::codec::legacy;
 use crate::ids::validate_session_id;
 
 pub mod events;
+pub mod history;
 mod keys;
 pub(crate) mod kv;
 mod list;
@@ -508,7 +509,7 @@ pub fn write(t: &mut impl Table, w: RecordWrite) -> Result<(), StoreError> {
     if let Some(mark) = w.history {
         // The record as this write leaves it, read through its head (no prefix scan).
         if let Some(Stored::Current(now)) = read(t, &id)? {
-            crate::history::record(t, &id, mark, header.updated_at_ms, now)?;
+            history::record(t, &id, mark, header.updated_at_ms, now)?;
         }
     }
     // S39: the timers it arms or fired, in the same batch as the record.
@@ -645,7 +646,7 @@ pub fn cas(
 /// delete); whether any of them existed.
 pub fn purge(t: &mut impl Table, id: &str) -> Result<bool, StoreError> {
     let record = delete(t, id)?;
-    let history = crate::history::purge(t, id)?;
+    let history = history::purge(t, id)?;
     // Its kept events (S20a) go with it.
     let events = events::remove_all(t, id)?;
     Ok(record || history > 0 || events > 0)

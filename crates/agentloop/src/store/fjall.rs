@@ -189,7 +189,7 @@ impl FjallBackend {
         id: &str,
         query: crate::store::history::HistoryQuery,
     ) -> Result<crate::store::history::HistoryAnswer, StoreError> {
-        crate::store::history::read(&Wave::new(self), id, query)
+        agentloop_core::table::history::read(&Wave::new(self), id, query)
     }
 
     /// Every record (corrupt ones listed with their error), optionally filtered by

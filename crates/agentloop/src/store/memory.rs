@@ -459,7 +459,7 @@ impl<I: 'static> CheckpointStore<I> for MemoryStore<I> {
         session_id: &str,
         query: crate::store::history::HistoryQuery,
     ) -> BoxFuture<'static, Result<crate::store::history::HistoryAnswer, StoreError>> {
-        let r = crate::store::history::read(&*self.entries.lock(), session_id, query);
+        let r = agentloop_core::table::history::read(&*self.entries.lock(), session_id, query);
         Box::pin(ready(r))
     }
 

@@ -185,7 +185,7 @@ impl SledBackend {
         id: &str,
         query: crate::store::history::HistoryQuery,
     ) -> Result<crate::store::history::HistoryAnswer, StoreError> {
-        crate::store::history::read(&Wave::new(self), id, query)
+        agentloop_core::table::history::read(&Wave::new(self), id, query)
     }
 
     /// Every key and value stored for a session (format 2 entries, then a format-1
