@@ -11,7 +11,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::ApiError;
+use crate::error::ApiError;
 
 /// Constant-time comparison of the presented and the expected token (the length is not
 /// secret).

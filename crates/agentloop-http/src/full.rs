@@ -20,8 +20,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
+use crate::error::ApiError;
 use crate::error::ErrorCode;
-use crate::ApiError;
 
 /// How long a full session is left alone between two tries of the pushes waiting for it.
 pub const HOLD: Duration = Duration::from_millis(50);

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::ApiError;
+use crate::error::ApiError;
 
 /// Keys remembered at most (the oldest are forgotten first).
 pub const DEFAULT_IDEMPOTENCY_KEYS: usize = 100_000;

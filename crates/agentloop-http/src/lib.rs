@@ -49,19 +49,20 @@ mod limits;
 mod memory;
 mod metrics;
 pub mod openapi;
+mod options;
+mod probes;
 pub mod same_machine;
+mod schemas;
 pub mod server;
 mod sessions;
 pub mod tls;
 mod wire;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderValue};
-use axum::response::{Html, IntoResponse};
-use axum::{Json, Router};
+use axum::Router;
 
 use agentloop::RuntimeHandle;
 
@@ -69,140 +70,13 @@ pub use error::{plain_serde_message, ApiError};
 pub use events::KEEP_ALIVE;
 pub use idempotency::{DEFAULT_IDEMPOTENCY_KEYS, DEFAULT_IDEMPOTENCY_TTL, MAX_KEY_LEN};
 pub use limits::{DEFAULT_MAX_EVENT_STREAMS, DEFAULT_MAX_REQUESTS};
+pub use options::{
+    check_bind, check_token, HttpOptions, MetricsHook, DEFAULT_BODY_LIMIT,
+    DEFAULT_BODY_READ_TIMEOUT, MIN_TOKEN_LEN,
+};
 pub use sessions::{Ev as HttpEvent, Item as HttpItem, DEFAULT_REPLAY};
 
 use sessions::{AppState, Ev, Item};
-
-/// The largest request body accepted unless [`HttpOptions::body_limit`] says otherwise.
-pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
-
-/// How long a request body may take to arrive unless [`HttpOptions::body_read_timeout`]
-/// says otherwise.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The live page (static HTML and JavaScript, no build step).
-const PAGE: &str = include_str!("../assets/index.html");
-
-/// How the router is bounded and guarded. `Default` is loopback use: no token, the
-/// default bounds, no CORS.
-#[derive(Clone, Default)]
-pub struct HttpOptions {
-    /// The largest request body accepted, in bytes (413 above it). `None`:
-    /// [`DEFAULT_BODY_LIMIT`].
-    pub body_limit: Option<usize>,
-    /// How long a whole request body may take to arrive (408 `body_timeout` after it;
-    /// S34a). `None`: [`DEFAULT_BODY_READ_TIMEOUT`].
-    pub body_read_timeout: Option<Duration>,
-    /// The bearer token every route but `/healthz`, `/readyz`, the page and
-    /// `/openapi.json` requires
-    /// (`Authorization: Bearer <token>`, compared in constant time; 401 without it or
-    /// with another). `None`: no authentication, so serve on loopback only
-    /// ([`check_bind`]).
-    pub token: Option<String>,
-    /// Requests in flight at once (429 above it). `None`: [`DEFAULT_MAX_REQUESTS`].
-    pub max_requests: Option<usize>,
-    /// Event streams open at once (429 above it). `None`:
-    /// [`DEFAULT_MAX_EVENT_STREAMS`].
-    pub max_event_streams: Option<usize>,
-    /// Origins allowed to call from a browser page served elsewhere (CORS). Empty: no
-    /// CORS headers at all, so browsers allow same-origin calls only.
-    pub cors_origins: Vec<String>,
-    /// Idempotency keys remembered at most. `None`: [`DEFAULT_IDEMPOTENCY_KEYS`].
-    pub idempotency_keys: Option<usize>,
-    /// How long an idempotency key is remembered. `None`: [`DEFAULT_IDEMPOTENCY_TTL`].
-    pub idempotency_ttl: Option<Duration>,
-    /// The largest replay buffer a spawn may ask for (400 above it; S34a). `None`:
-    /// [`agentloop::config::DEFAULT_MAX_REPLAY`].
-    pub max_replay: Option<usize>,
-    /// The longest duration a request may carry (timeouts, delays, idle; 400 above it;
-    /// S34a). `None`: [`agentloop::config::DEFAULT_MAX_DURATION`].
-    pub max_duration: Option<Duration>,
-    /// Log every request at INFO (target `agentloop_http::access`: method, path,
-    /// status, latency; never the query, which may carry a token) through
-    /// `tower_http::trace`. Off by default.
-    pub access_log: bool,
-    /// The process's memory budget (S34a, issue 52): over it, a request that brings
-    /// new work (spawn, push, fork, answer, timer, a new event stream) gets 503
-    /// `over_memory` with `Retry-After` before its body is read. `None`: no budget.
-    pub memory_budget: Option<agentloop::memory::MemoryBudget>,
-    /// Readings `/metrics` adds at every scrape, beside the runtime's (e.g. a model
-    /// provider's token usage: `agentloop_openai::Provider::register_metrics`).
-    pub metrics_extra: Option<MetricsHook>,
-}
-
-/// Registers readings on the registry `/metrics` encodes (called at every scrape; it
-/// must not block).
-pub type MetricsHook =
-    Arc<dyn Fn(&mut prometheus_client::registry::Registry) + Send + Sync + 'static>;
-
-impl std::fmt::Debug for HttpOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpOptions")
-            .field("body_limit", &self.body_limit)
-            .field("body_read_timeout", &self.body_read_timeout)
-            .field("token", &self.token.as_ref().map(|_| "<set>"))
-            .field("max_requests", &self.max_requests)
-            .field("max_event_streams", &self.max_event_streams)
-            .field("cors_origins", &self.cors_origins)
-            .field("idempotency_keys", &self.idempotency_keys)
-            .field("idempotency_ttl", &self.idempotency_ttl)
-            .field("max_replay", &self.max_replay)
-            .field("max_duration", &self.max_duration)
-            .field("access_log", &self.access_log)
-            .field(
-                "metrics_extra",
-                &self.metrics_extra.as_ref().map(|_| "<set>"),
-            )
-            .finish()
-    }
-}
-
-/// The shortest bearer token accepted (S34a): a short one is guessed.
-pub const MIN_TOKEN_LEN: usize = 16;
-
-/// Whether `token` may guard the server (S34a): not empty or blank, at least
-/// [`MIN_TOKEN_LEN`] characters, no whitespace or control characters (a header cannot
-/// carry them).
-pub fn check_token(token: &str) -> Result<(), String> {
-    if token.trim().is_empty() {
-        return Err(
-            "the bearer token is empty: set a secret of at least 16 characters (e.g. \
-                    `openssl rand -hex 24`), or leave it unset to serve on loopback only"
-                .into(),
-        );
-    }
-    if token.chars().count() < MIN_TOKEN_LEN {
-        return Err(format!(
-            "the bearer token is {} characters long: use at least {MIN_TOKEN_LEN} (e.g. \
-             `openssl rand -hex 24`)",
-            token.chars().count()
-        ));
-    }
-    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(
-            "the bearer token contains whitespace or control characters, which an \
-                    Authorization header cannot carry: use letters, digits and punctuation"
-                .into(),
-        );
-    }
-    Ok(())
-}
-
-/// Whether the router may listen on `addr`: a token, when set, passes [`check_token`];
-/// without one only a loopback address (anyone who reaches the port could drive every
-/// session).
-pub fn check_bind(addr: std::net::SocketAddr, options: &HttpOptions) -> Result<(), String> {
-    if let Some(t) = &options.token {
-        check_token(t)?;
-    }
-    if options.token.is_none() && !addr.ip().is_loopback() {
-        return Err(format!(
-            "refusing to listen on {addr} without a token: set a bearer token (config or \
-             environment) to serve beyond this machine, or listen on 127.0.0.1"
-        ));
-    }
-    Ok(())
-}
 
 /// The router for `runtime`'s sessions (a `&Runtime` works too: it dereferences to its
 /// handle). Items and answers are read from JSON (`I: Deserialize`), events written as
@@ -234,9 +108,9 @@ pub fn router<I: Item, E: Ev>(runtime: &RuntimeHandle<I, E>, options: HttpOption
     use openapi::Documented as _;
     use sessions::{control, push, read, spawn, stored, stream, timers};
     let app = Router::new()
-        .documented::<__path_page, _, _>(page)
-        .documented::<__path_healthz, _, _>(healthz)
-        .documented::<__path_readyz, _, _>(readyz::<I, E>)
+        .documented::<probes::__path_page, _, _>(probes::page)
+        .documented::<probes::__path_healthz, _, _>(probes::healthz)
+        .documented::<probes::__path_readyz, _, _>(probes::readyz::<I, E>)
         .documented::<metrics::__path_metrics, _, _>(metrics::metrics::<I, E>)
         .documented::<openapi::__path_openapi_json, _, _>(openapi::openapi_json)
         .documented::<spawn::__path_spawn, _, _>(spawn::spawn::<I, E>)
@@ -380,55 +254,4 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
         "method_not_allowed",
         format!("`{path}` does not take {method}; the routes and their methods are listed in docs/http.md"),
     )
-}
-
-/// The live page.
-///
-/// The page (HTML), with headers that keep it from being framed, sniffed or leaking its
-/// URL (which may carry the token) to other sites (S34a).
-#[utoipa::path(
-    get, path = "/", operation_id = "page", tag = "probes",
-    responses((status = 200, description = "The live page (HTML)", content_type = "text/html"))
-)]
-async fn page() -> impl IntoResponse {
-    (
-        [
-            (
-                header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' \
-                 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; frame-ancestors \
-                 'none'; base-uri 'none'; form-action 'none'",
-            ),
-            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-            (header::X_FRAME_OPTIONS, "DENY"),
-            (header::REFERRER_POLICY, "no-referrer"),
-        ],
-        Html(PAGE),
-    )
-}
-
-/// Liveness probe.
-#[utoipa::path(
-    get, path = "/healthz", operation_id = "healthz", tag = "probes",
-    responses((status = 200, description = "The process is up", body = crate::openapi::schemas::Health))
-)]
-async fn healthz() -> impl IntoResponse {
-    Json(serde_json::json!({ "status": "up" }))
-}
-
-/// Readiness probe.
-#[utoipa::path(
-    get, path = "/readyz", operation_id = "readyz", tag = "probes",
-    responses((status = 200, description = "It accepts work", body = crate::openapi::schemas::Ready),
-        (status = 503, description = "`draining`: the shutdown began", body = crate::openapi::schemas::ErrorBody))
-)]
-async fn readyz<I: Item, E: Ev>(
-    State(st): State<AppState<I, E>>,
-) -> Result<impl IntoResponse, ApiError> {
-    if st.runtime.shutdown_handle().is_started().await {
-        return Err(ApiError::draining(
-            "the runtime is shutting down and accepts no new work; send it elsewhere",
-        ));
-    }
-    Ok(Json(serde_json::json!({ "status": "ready" })))
 }

@@ -10,13 +10,13 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::ApiError;
+use crate::error::ApiError;
 
-/// Requests in flight the router serves at once unless [`crate::HttpOptions::max_requests`]
+/// Requests in flight the router serves at once unless [`crate::options::HttpOptions::max_requests`]
 /// says otherwise. An open event stream counts only against the stream bound.
 pub const DEFAULT_MAX_REQUESTS: usize = 1024;
 
-/// Event streams open at once unless [`crate::HttpOptions::max_event_streams`] says
+/// Event streams open at once unless [`crate::options::HttpOptions::max_event_streams`] says
 /// otherwise.
 pub const DEFAULT_MAX_EVENT_STREAMS: usize = 256;
 

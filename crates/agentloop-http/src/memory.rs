@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 
 use agentloop::memory::MemoryBudget;
 
-use crate::ApiError;
+use crate::error::ApiError;
 
 /// How long a refused request's body may take to be read and dropped.
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);

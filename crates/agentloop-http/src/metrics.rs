@@ -40,7 +40,7 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 #[utoipa::path(
     get, path = "/metrics", operation_id = "metrics", tag = "probes",
     responses((status = 200, description = "OpenMetrics text: turns, pushes, steps, checkpoints, sessions (docs/http.md, Metrics)", content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String),
-        (status = 500, description = "`internal`: the store could not be listed", body = crate::openapi::schemas::ErrorBody))
+        (status = 500, description = "`internal`: the store could not be listed", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn metrics<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

@@ -20,7 +20,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::excerpt;
-use crate::ApiError;
+use crate::error::ApiError;
 
 /// The header a non-JSON client may send instead of a JSON content type.
 pub const CLIENT_HEADER: &str = "x-agentloop-client";

@@ -8,8 +8,6 @@
 //! This module owns the document and the route helper; it does not decide what a route
 //! does (the handlers) or how it is guarded (the layers in `lib.rs`).
 
-pub(crate) mod schemas;
-
 use std::sync::OnceLock;
 
 use axum::handler::Handler;
@@ -54,9 +52,9 @@ pub const EVENT_KINDS: [&str; 11] = [
         license(name = "MIT OR Apache-2.0", identifier = "MIT OR Apache-2.0"),
     ),
     paths(
-        crate::page,
-        crate::healthz,
-        crate::readyz,
+        crate::probes::page,
+        crate::probes::healthz,
+        crate::probes::readyz,
         crate::metrics::metrics,
         openapi_json,
         crate::sessions::spawn::spawn,
@@ -77,7 +75,7 @@ pub const EVENT_KINDS: [&str; 11] = [
         crate::sessions::timers::list,
         crate::sessions::timers::cancel,
     ),
-    components(schemas(schemas::StreamEvent, schemas::ErrorCode)),
+    components(schemas(crate::schemas::StreamEvent, crate::schemas::ErrorCode)),
     modifiers(&Guards),
     tags(
         (name = "probes", description = "Health, readiness, metrics, this document, the page"),

@@ -22,7 +22,7 @@ use std::time::Duration;
 pub(crate) struct StopBody {
     /// `graceful` (default), `at`, `immediate`, `drain`, `bare` or `idle`.
     #[serde(default)]
-    #[schema(value_type = Option<crate::openapi::schemas::StopMode>)]
+    #[schema(value_type = Option<crate::schemas::StopMode>)]
     mode: Option<String>,
     /// For `graceful` and `at`: the cancel's timeout, e.g. `"5s"`; for `idle`: how long
     /// idle.
@@ -30,7 +30,7 @@ pub(crate) struct StopBody {
     timeout: Option<String>,
     /// For `at`: the safe points (`after_model_call`, `after_tool_calls`, `any`).
     #[serde(default)]
-    #[schema(value_type = Option<crate::openapi::schemas::SafePointName>)]
+    #[schema(value_type = Option<crate::schemas::SafePointName>)]
     at: Option<String>,
     /// For `idle`: how long the session must be idle before it exits.
     #[serde(default)]
@@ -117,12 +117,12 @@ pub(super) fn stop_options(b: StopBody, max: Duration) -> Result<StopOptions, Ap
     post, path = "/sessions/{id}/stop", operation_id = "stop_session", tag = "sessions",
     params(super::id::SessionId),
     request_body(content = Option<StopBody>, description = "Any stop option; no body is a graceful stop"),
-    responses((status = 202, description = "The stop is on its way", body = crate::openapi::schemas::Stopping),
-        (status = 400, description = "`bad_request`: an unknown mode, an option that does not apply, a zero duration", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`, `not_forwardable`", body = crate::openapi::schemas::ErrorBody),
-        (status = 502, description = "`owner_unreachable`", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`not_live` (`Retry-After`), `draining`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 202, description = "The stop is on its way", body = crate::schemas::Stopping),
+        (status = 400, description = "`bad_request`: an unknown mode, an option that does not apply, a zero duration", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`, `not_forwardable`", body = crate::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`", body = crate::schemas::ErrorBody),
+        (status = 503, description = "`not_live` (`Retry-After`), `draining`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn stop<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -148,12 +148,12 @@ pub(crate) async fn stop<I: Item, E: Ev>(
 #[utoipa::path(
     post, path = "/sessions/{id}/detach", operation_id = "detach_session", tag = "sessions",
     params(super::id::SessionId),
-    responses((status = 200, description = "It drains in the background and its record is finalized (S23)", body = crate::openapi::schemas::Detached),
-        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`: not persistent; `not_forwardable`", body = crate::openapi::schemas::ErrorBody),
-        (status = 502, description = "`owner_unreachable`", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`not_live` (`Retry-After`), `draining`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "It drains in the background and its record is finalized (S23)", body = crate::schemas::Detached),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: not persistent; `not_forwardable`", body = crate::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`", body = crate::schemas::ErrorBody),
+        (status = 503, description = "`not_live` (`Retry-After`), `draining`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn detach<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -184,11 +184,11 @@ pub(crate) struct MoveBody {
     post, path = "/sessions/{id}/move", operation_id = "move_session", tag = "sessions",
     params(super::id::SessionId),
     request_body = MoveBody,
-    responses((status = 200, description = "The node `to` runs it", body = crate::openapi::schemas::Moved),
-        (status = 400, description = "`bad_request`", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: not running here", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`not_a_node`, `wrong_state`: the lease hand-over was refused", body = crate::openapi::schemas::ErrorBody),
-        (status = 502, description = "`owner_unreachable`: `to` is not a joined node, or did not resume it", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "The node `to` runs it", body = crate::schemas::Moved),
+        (status = 400, description = "`bad_request`", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: not running here", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`not_a_node`, `wrong_state`: the lease hand-over was refused", body = crate::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`: `to` is not a joined node, or did not resume it", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn move_to<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -227,12 +227,12 @@ pub(crate) async fn move_to<I: Item, E: Ev>(
 #[utoipa::path(
     post, path = "/sessions/{id}/cancel", operation_id = "cancel_session", tag = "sessions",
     params(super::id::SessionId),
-    responses((status = 200, description = "Canceled (S24)", body = crate::openapi::schemas::Canceled),
-        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`draining`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "Canceled (S24)", body = crate::schemas::Canceled),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody),
+        (status = 503, description = "`draining`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn cancel<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -257,12 +257,12 @@ pub(crate) struct ResumeBody {
     post, path = "/sessions/{id}/resume", operation_id = "resume_session", tag = "sessions",
     params(super::id::SessionId),
     request_body = ResumeBody,
-    responses((status = 200, description = "The answer and the claim are one durable write; it runs again (S4)", body = crate::openapi::schemas::Resumed),
-        (status = 400, description = "`bad_request`: not an item, not storable, an unknown kind", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`: not awaiting an answer, answered already, running; `version_unavailable`", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`draining`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "The answer and the claim are one durable write; it runs again (S4)", body = crate::schemas::Resumed),
+        (status = 400, description = "`bad_request`: not an item, not storable, an unknown kind", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: not awaiting an answer, answered already, running; `version_unavailable`", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody),
+        (status = 503, description = "`draining`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn resume<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

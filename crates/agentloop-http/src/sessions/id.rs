@@ -1,7 +1,7 @@
 //! The session id in a route's path, checked before any handler runs (S32, S34a): an
 //! invalid id is a 400 on every route, never a 500 from the store, and never echoed.
 
-use crate::ApiError;
+use crate::error::ApiError;
 use axum::extract::Path;
 
 /// A session id taken from the path, checked before a handler runs (S32, S34a): one
@@ -11,7 +11,7 @@ use axum::extract::Path;
 #[into_params(names("id"), parameter_in = Path)]
 pub(crate) struct SessionId(
     /// The session's id.
-    #[param(value_type = crate::openapi::schemas::SessionIdText)]
+    #[param(value_type = crate::schemas::SessionIdText)]
     pub(crate) String,
 );
 

@@ -17,9 +17,9 @@ use serde::Serialize;
 use agentloop::RuntimeHandle;
 
 pub(crate) use crate::error::clean_serde_message;
+use crate::error::ApiError;
 use crate::idempotency::Idempotency;
 use crate::limits::Gauge;
-use crate::ApiError;
 
 pub(crate) mod control;
 mod id;
@@ -52,7 +52,7 @@ pub(crate) struct Shared<I, E> {
     /// The longest duration a request may carry (S34a).
     pub(crate) max_duration: Duration,
     /// Readings `/metrics` adds (see `HttpOptions::metrics_extra`).
-    pub(crate) metrics_extra: Option<crate::MetricsHook>,
+    pub(crate) metrics_extra: Option<crate::options::MetricsHook>,
 }
 
 impl<I: Item, E: Ev> Shared<I, E> {

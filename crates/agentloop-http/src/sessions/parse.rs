@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use bytes::Bytes;
 
 use super::{not_this_body, rejected};
-use crate::ApiError;
+use crate::error::ApiError;
 
 /// Bodies at least this large are parsed on the blocking pool, smaller ones in place
 /// (a thread hand-off costs more than parsing a few KiB).

@@ -62,7 +62,7 @@ pub(super) struct Pushed {
 #[serde(deny_unknown_fields)]
 pub(crate) struct PreemptBody {
     /// The safe point to cut the running turn at.
-    #[schema(value_type = crate::openapi::schemas::SafePointName)]
+    #[schema(value_type = crate::schemas::SafePointName)]
     at: String,
     /// How long to wait for it before cutting at once (e.g. `"5s"`).
     #[serde(default)]
@@ -97,14 +97,14 @@ pub(super) fn preempt(b: PreemptBody, max: Duration) -> Result<Preempt, ApiError
     post, path = "/sessions/{id}/items", operation_id = "push_item", tag = "sessions",
     params(super::id::SessionId, ("Idempotency-Key" = Option<String>, Header, description = "1 to 256 bytes: a retry with the same key delivers nothing again and gets the first answer")),
     request_body = PushBody,
-    responses((status = 200, description = "Accepted (durable under `sync`)", body = crate::openapi::schemas::Pushed),
-        (status = 400, description = "`bad_request`: not an item, not storable, a bad preempt, an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state` (also: stored but not running), `idempotency_mismatch`, `version_unavailable`, `not_forwardable`", body = crate::openapi::schemas::ErrorBody),
-        (status = 429, description = "`session_full` (`Retry-After`): nothing accepted; `too_many`", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody),
-        (status = 502, description = "`owner_unreachable`: the node that runs it could not be reached", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`draining`: not accepted; `not_live` (`Retry-After`): stored, not live yet, retry; `unavailable`: the body could not be parsed now, retry", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "Accepted (durable under `sync`)", body = crate::schemas::Pushed),
+        (status = 400, description = "`bad_request`: not an item, not storable, a bad preempt, an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state` (also: stored but not running), `idempotency_mismatch`, `version_unavailable`, `not_forwardable`", body = crate::schemas::ErrorBody),
+        (status = 429, description = "`session_full` (`Retry-After`): nothing accepted; `too_many`", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`: the node that runs it could not be reached", body = crate::schemas::ErrorBody),
+        (status = 503, description = "`draining`: not accepted; `not_live` (`Retry-After`): stored, not live yet, retry; `unavailable`: the body could not be parsed now, retry", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn push<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

@@ -3,7 +3,7 @@
 
 use super::id::SessionId;
 use super::{clean_serde_message, AppState, Ev, Item};
-use crate::ApiError;
+use crate::error::ApiError;
 use agentloop::lifecycle::Lifecycle;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -27,9 +27,9 @@ use std::collections::BTreeMap;
 #[utoipa::path(
     get, path = "/sessions", operation_id = "list_sessions", tag = "sessions",
     params(ListPage),
-    responses((status = 200, description = "Live sessions and stored records merged by id, in id order; a `Link: <...>; rel=\"next\"` header when more follow", body = Vec<crate::openapi::schemas::SessionRow>),
-        (status = 400, description = "`bad_request`: a bad `limit`, `status` or query", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "Live sessions and stored records merged by id, in id order; a `Link: <...>; rel=\"next\"` header when more follow", body = Vec<crate::schemas::SessionRow>),
+        (status = 400, description = "`bad_request`: a bad `limit`, `status` or query", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`: the store failed", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -286,10 +286,10 @@ pub(crate) fn kind_of(stored: &agentloop::store::Stored) -> &str {
 #[utoipa::path(
     get, path = "/sessions/{id}", operation_id = "get_session", tag = "sessions",
     params(super::id::SessionId),
-    responses((status = 200, description = "The S24 view through the redaction, with what the live session does", body = crate::openapi::schemas::SessionView),
-        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: nothing of it runs or is kept (no record, history or events)", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "The S24 view through the redaction, with what the live session does", body = crate::schemas::SessionView),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing of it runs or is kept (no record, history or events)", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`: the store failed", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn get_one<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

@@ -2,7 +2,7 @@
 //! one runtime call. It decides nothing the runtime decides.
 
 use super::{body, AppState, Ev, Item, DEFAULT_REPLAY};
-use crate::ApiError;
+use crate::error::ApiError;
 use agentloop::{Durability, SessionSpec};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -24,7 +24,7 @@ const MAX_KEPT_AGE_S: u64 = 365 * 24 * 3600;
 #[serde(deny_unknown_fields)]
 pub(crate) struct SpawnBody {
     /// The new session's id (1 to 128 bytes, no control characters).
-    #[schema(value_type = crate::openapi::schemas::SessionIdText)]
+    #[schema(value_type = crate::schemas::SessionIdText)]
     id: String,
     /// A registered agent kind (`sim` on `agentloop serve`).
     kind: String,
@@ -36,7 +36,7 @@ pub(crate) struct SpawnBody {
     persistent: bool,
     /// `sync` (the default), `turn` or `exit`.
     #[serde(default)]
-    #[schema(value_type = Option<crate::openapi::schemas::DurabilityName>)]
+    #[schema(value_type = Option<crate::schemas::DurabilityName>)]
     durability: Option<String>,
     /// Recent events kept for SSE clients that reconnect with `Last-Event-ID`.
     #[serde(default)]
@@ -73,11 +73,11 @@ pub(crate) enum EventsBody {
 #[utoipa::path(
     post, path = "/sessions", operation_id = "spawn_session", tag = "sessions",
     request_body = SpawnBody,
-    responses((status = 201, description = "Spawned", body = crate::openapi::schemas::Spawned),
-        (status = 400, description = "`bad_request`: a bad id, an unknown kind, a refused config, a bad durability, history without persistence", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`duplicate`: a session runs or is stored under the id; `version_unavailable` (S40)", body = crate::openapi::schemas::ErrorBody),
-        (status = 429, description = "`too_many_sessions` (`Retry-After`): the server runs as many sessions as it may; `too_many`", body = crate::openapi::schemas::ErrorBody),
-        (status = 503, description = "`draining`: the shutdown began", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 201, description = "Spawned", body = crate::schemas::Spawned),
+        (status = 400, description = "`bad_request`: a bad id, an unknown kind, a refused config, a bad durability, history without persistence", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`duplicate`: a session runs or is stored under the id; `version_unavailable` (S40)", body = crate::schemas::ErrorBody),
+        (status = 429, description = "`too_many_sessions` (`Retry-After`): the server runs as many sessions as it may; `too_many`", body = crate::schemas::ErrorBody),
+        (status = 503, description = "`draining`: the shutdown began", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn spawn<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

@@ -4,7 +4,7 @@
 use super::id::{checked_id, SessionId};
 use super::read::view_json;
 use super::{AppState, Ev, Item};
-use crate::ApiError;
+use crate::error::ApiError;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 #[utoipa::path(
     get, path = "/sessions/{id}/history", operation_id = "list_history", tag = "history",
     params(super::id::SessionId),
-    responses((status = 200, description = "Kept checkpoints, oldest first", body = Vec<crate::openapi::schemas::HistoryEntry>),
-        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "Kept checkpoints, oldest first", body = Vec<crate::schemas::HistoryEntry>),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn history<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -43,10 +43,10 @@ pub(crate) async fn history<I: Item, E: Ev>(
 #[utoipa::path(
     get, path = "/sessions/{id}/history/{turn}", operation_id = "get_checkpoint", tag = "history",
     params(super::id::SessionId, ("turn" = u64, Path, description = "The turn the checkpoint ended")),
-    responses((status = 200, description = "That checkpoint's view (redacted)", body = crate::openapi::schemas::SessionView),
-        (status = 400, description = "`bad_request`: an invalid id or turn", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_checkpoint`", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "That checkpoint's view (redacted)", body = crate::schemas::SessionView),
+        (status = 400, description = "`bad_request`: an invalid id or turn", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_checkpoint`", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn checkpoint<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -75,11 +75,11 @@ pub(crate) async fn checkpoint<I: Item, E: Ev>(
 #[utoipa::path(
     delete, path = "/sessions/{id}", operation_id = "delete_session", tag = "sessions",
     params(super::id::SessionId),
-    responses((status = 200, description = "The record, its history and its kept events are deleted", body = crate::openapi::schemas::Deleted),
-        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`: nothing stored", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`: it runs (stop it first)", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`: the store failed", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "The record, its history and its kept events are deleted", body = crate::schemas::Deleted),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`: nothing stored", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: it runs (stop it first)", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`: the store failed", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn delete<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -102,7 +102,7 @@ pub(crate) async fn delete<I: Item, E: Ev>(
 #[serde(deny_unknown_fields)]
 pub(crate) struct ForkBody {
     /// The new session's id.
-    #[schema(value_type = crate::openapi::schemas::SessionIdText)]
+    #[schema(value_type = crate::schemas::SessionIdText)]
     id: String,
     /// Checkpoints the new session keeps (default: none).
     #[serde(default)]
@@ -122,11 +122,11 @@ const MAX_FORK_HISTORY: usize = 1_000;
     post, path = "/sessions/{id}/history/{turn}/fork", operation_id = "fork_checkpoint", tag = "history",
     params(super::id::SessionId, ("turn" = u64, Path, description = "The turn the checkpoint ended")),
     request_body = ForkBody,
-    responses((status = 201, description = "A new persistent session from that checkpoint; it runs at once (S16b)", body = crate::openapi::schemas::Forked),
-        (status = 400, description = "`bad_request`: a bad id or body", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_checkpoint`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`duplicate`: a record exists under the new id", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 201, description = "A new persistent session from that checkpoint; it runs at once (S16b)", body = crate::schemas::Forked),
+        (status = 400, description = "`bad_request`: a bad id or body", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_checkpoint`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`duplicate`: a record exists under the new id", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn fork<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

@@ -3,8 +3,8 @@
 
 use super::id::SessionId;
 use super::{AppState, Ev, Item};
+use crate::error::ApiError;
 use crate::limits::too_many;
-use crate::ApiError;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
@@ -18,12 +18,12 @@ use axum::response::Response;
     params(super::id::SessionId,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event number"),
         ("access_token" = Option<String>, Query, description = "The bearer token, for browsers' EventSource (prefer the header)")),
-    responses((status = 200, description = "Server-Sent Events, each `id: <number>`, `event: <kind>`, `data: <JSON>`: one `StreamEvent` per event (`id`, `event` and `data`, whose schema the event's name picks); the stream starts with `retry: 1000` and closes after `ended`. A session stored but not live yet answers one `not_live` event with `retry:`.", content_type = "text/event-stream", body = crate::openapi::schemas::StreamEvent),
-        (status = 400, description = "`bad_request`: a `Last-Event-ID` that is not a number, an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`: stored, not running", body = crate::openapi::schemas::ErrorBody),
-        (status = 429, description = "`too_many`: event streams at their bound", body = crate::openapi::schemas::ErrorBody),
-        (status = 502, description = "`owner_unreachable`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "Server-Sent Events, each `id: <number>`, `event: <kind>`, `data: <JSON>`: one `StreamEvent` per event (`id`, `event` and `data`, whose schema the event's name picks); the stream starts with `retry: 1000` and closes after `ended`. A session stored but not live yet answers one `not_live` event with `retry:`.", content_type = "text/event-stream", body = crate::schemas::StreamEvent),
+        (status = 400, description = "`bad_request`: a `Last-Event-ID` that is not a number, an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: stored, not running", body = crate::schemas::ErrorBody),
+        (status = 429, description = "`too_many`: event streams at their bound", body = crate::schemas::ErrorBody),
+        (status = 502, description = "`owner_unreachable`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn events<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,

@@ -5,7 +5,7 @@
 use super::id::SessionId;
 use super::parse::{off_worker, JsonBytes, OFF_WORKER_AT};
 use super::{body, duration, from_json_text, AppState, Ev, Item};
-use crate::ApiError;
+use crate::error::ApiError;
 use agentloop::{timers::Timer, timers::TimerError, Schedule};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -88,13 +88,13 @@ fn view<I: Item>(t: Timer<I>) -> Value {
     post, path = "/sessions/{id}/timers", operation_id = "arm_timer", tag = "timers",
     params(super::id::SessionId),
     request_body = TimerBody,
-    responses((status = 201, description = "Durable before it is answered; at its time the item is pushed once (S39)", body = crate::openapi::schemas::Timer),
-        (status = 400, description = "`bad_request`: not an item, none or two of when, a cron expression that does not parse, a schedule more often than `[limits] timer_period`", body = crate::openapi::schemas::ErrorBody),
-        (status = 413, description = "`too_large`: the item is over `[limits] timer_bytes`", body = crate::openapi::schemas::ErrorBody),
-        (status = 429, description = "`too_many_timers`: the session holds `[limits] session_timers` timers; `Retry-After`", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`: not persistent, or exiting", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 201, description = "Durable before it is answered; at its time the item is pushed once (S39)", body = crate::schemas::Timer),
+        (status = 400, description = "`bad_request`: not an item, none or two of when, a cron expression that does not parse, a schedule more often than `[limits] timer_period`", body = crate::schemas::ErrorBody),
+        (status = 413, description = "`too_large`: the item is over `[limits] timer_bytes`", body = crate::schemas::ErrorBody),
+        (status = 429, description = "`too_many_timers`: the session holds `[limits] session_timers` timers; `Retry-After`", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`: not persistent, or exiting", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn arm<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -154,11 +154,11 @@ pub(crate) async fn arm<I: Item, E: Ev>(
 #[utoipa::path(
     get, path = "/sessions/{id}/timers", operation_id = "list_timers", tag = "timers",
     params(super::id::SessionId),
-    responses((status = 200, description = "Timers and schedules, by number", body = crate::openapi::schemas::Timers),
-        (status = 400, description = "`bad_request`: an invalid id", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+    responses((status = 200, description = "Timers and schedules, by number", body = crate::schemas::Timers),
+        (status = 400, description = "`bad_request`: an invalid id", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn list<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
@@ -223,10 +223,10 @@ fn json_bytes(body: Vec<u8>) -> impl IntoResponse {
     delete, path = "/sessions/{id}/timers/{timer}", operation_id = "cancel_timer", tag = "timers",
     params(super::id::SessionId, ("timer" = u64, Path, description = "The timer's number")),
     responses((status = 204, description = "Canceled, durably"),
-        (status = 400, description = "`bad_request`: an invalid id or number", body = crate::openapi::schemas::ErrorBody),
-        (status = 404, description = "`unknown_timer`: it fired, or was canceled; `unknown_session`", body = crate::openapi::schemas::ErrorBody),
-        (status = 409, description = "`wrong_state`", body = crate::openapi::schemas::ErrorBody),
-        (status = 500, description = "`internal`", body = crate::openapi::schemas::ErrorBody))
+        (status = 400, description = "`bad_request`: an invalid id or number", body = crate::schemas::ErrorBody),
+        (status = 404, description = "`unknown_timer`: it fired, or was canceled; `unknown_session`", body = crate::schemas::ErrorBody),
+        (status = 409, description = "`wrong_state`", body = crate::schemas::ErrorBody),
+        (status = 500, description = "`internal`", body = crate::schemas::ErrorBody))
 )]
 pub(crate) async fn cancel<I: Item, E: Ev>(
     State(st): State<AppState<I, E>>,
