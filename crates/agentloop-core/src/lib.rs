@@ -35,6 +35,7 @@ pub mod record;
 pub mod settings;
 pub mod status;
 pub mod steps;
+pub mod stop;
 pub mod store_error;
 pub mod table;
 pub mod timers;

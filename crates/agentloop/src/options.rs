@@ -408,6 +408,18 @@ impl StopOptions {
         self.idle_for.is_some()
     }
 
+    /// What the session's stop fold reads of these options (`agentloop_core::stop`).
+    pub(crate) fn request(&self) -> agentloop_core::stop::StopRequest {
+        agentloop_core::stop::StopRequest {
+            cancel: self.cancel,
+            drain: self.drain,
+            idle_for: self.idle_for,
+            skip_checkpoint: self.skip_checkpoint,
+            shutdown: self.shutdown,
+            canceled: self.canceled,
+        }
+    }
+
     /// Checks durations and safe-point sets (S12): zero durations are refused.
     pub fn validate(&self) -> Result<(), OptionsError> {
         if let Some(c) = &self.cancel {

@@ -3,7 +3,8 @@
 //! outside (a record canceled by id, another process's cancel seen by a poll or by a
 //! refused write).
 //!
-//! The combination rules are about stops themselves, independent of turns: a stop
+//! The combination rules are about stops themselves, independent of turns, and live in
+//! `agentloop_core::stop` (the session core folds each request's options in): a stop
 //! commits once and only escalates; `until_idle_for` does not commit and only the first
 //! one counts; `drain` is the weakest committing stop and any later non-drain stop
 //! overrides it; `skip_checkpoint`, `shutdown` and `canceled` are sticky. The first
@@ -12,76 +13,15 @@
 //! boundary (`Core::advance` does).
 
 use std::collections::VecDeque;
-use std::time::Duration;
-
 use tokio::time::Instant;
 
-use crate::cancel::CancelRequest;
 use crate::error::SessionError;
 use crate::options::StopOptions;
 use crate::session::core::{Core, DetachReply, Effect, Effects, Event, StopReply, Timed};
 use crate::store::SessionStatus;
 use crate::turn::agent::Agent;
 use crate::turn::control::Origin;
-
-/// The combined effect of all stop requests so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct StopState {
-    /// A non-idle stop has been accepted: new pushes are late from now on.
-    pub(crate) committed: bool,
-    /// Every committing stop so far was `drain`: finish every accepted item first.
-    pub(crate) drain: bool,
-    /// The first `until_idle_for` (S11: only the first one counts).
-    pub(crate) idle_for: Option<Duration>,
-    /// Sticky: once set by any stop, never cleared.
-    pub(crate) skip_checkpoint: bool,
-    /// Sticky: a shutdown stop was received.
-    pub(crate) shutdown: bool,
-    /// Sticky: the session was canceled by id; its record already says so.
-    pub(crate) canceled: bool,
-}
-
-/// What one stop request asks the loop to do now.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum StopEffect {
-    /// An idle-exit request: nothing to do but (re)arm the idle timer.
-    IdleOnly,
-    /// A committing stop.
-    Commit {
-        /// The cancel to submit to the running turn (ignored for drain).
-        cancel: Option<CancelRequest>,
-        /// This request is the one that committed the stop.
-        newly: bool,
-    },
-}
-
-impl StopState {
-    /// Folds one request in (S11, S12).
-    pub(crate) fn apply(&mut self, opts: &StopOptions) -> StopEffect {
-        self.skip_checkpoint |= opts.skip_checkpoint;
-        self.shutdown |= opts.shutdown;
-        self.canceled |= opts.canceled;
-        if opts.is_idle_only() {
-            if self.idle_for.is_none() && !self.committed {
-                self.idle_for = opts.idle_for;
-            }
-            return StopEffect::IdleOnly;
-        }
-        let newly = !self.committed;
-        // A drain that also asks for a cancel is a cancel: the stronger request wins.
-        let is_drain = opts.drain && opts.cancel.is_none();
-        if newly {
-            self.drain = is_drain;
-        } else if !is_drain {
-            self.drain = false;
-        }
-        self.committed = true;
-        StopEffect::Commit {
-            cancel: opts.cancel,
-            newly,
-        }
-    }
-}
+pub(crate) use agentloop_core::stop::{StopEffect, StopState};
 
 /// The stop a cancel by id (or any final `Canceled` status seen) applies: Immediate,
 /// cause `canceled`, and the record rewritten `Canceled` at exit (S24).
@@ -114,7 +54,7 @@ impl<A: Agent> Core<A> {
             return;
         }
         self.shared.offer_cause(options.cause.as_deref());
-        let effect = self.stop.apply(&options);
+        let effect = self.stop.apply(&options.request());
         fx.push(Effect::StopRequested {
             cancel: if options.is_idle_only() {
                 None
@@ -209,7 +149,9 @@ impl<A: Agent> Core<A> {
         // the next start (S18, S26) never replays them (S10).
         self.durable.record_stale = true;
         self.durable.answer_detach_after(seq, reply);
-        if let StopEffect::Commit { newly: true, .. } = self.stop.apply(&StopOptions::drain()) {
+        if let StopEffect::Commit { newly: true, .. } =
+            self.stop.apply(&StopOptions::drain().request())
+        {
             self.shared.fire_stopped();
         }
         fx.push(Effect::Timer {
@@ -256,12 +198,13 @@ impl<A: Agent> Core<A> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn s11_skip_checkpoint_is_sticky() {
         let mut s = StopState::default();
-        s.apply(&StopOptions::bare().skip_checkpoint());
-        s.apply(&StopOptions::immediate());
+        s.apply(&StopOptions::bare().skip_checkpoint().request());
+        s.apply(&StopOptions::immediate().request());
         assert!(s.skip_checkpoint);
     }
 
@@ -269,14 +212,14 @@ mod tests {
     fn s11_only_the_first_idle_request_counts_and_it_does_not_commit() {
         let mut s = StopState::default();
         assert_eq!(
-            s.apply(&StopOptions::until_idle_for(Duration::from_secs(3))),
+            s.apply(&StopOptions::until_idle_for(Duration::from_secs(3)).request()),
             StopEffect::IdleOnly
         );
-        s.apply(&StopOptions::until_idle_for(Duration::from_secs(9)));
+        s.apply(&StopOptions::until_idle_for(Duration::from_secs(9)).request());
         assert_eq!(s.idle_for, Some(Duration::from_secs(3)));
         assert!(!s.committed);
         assert!(matches!(
-            s.apply(&StopOptions::bare()),
+            s.apply(&StopOptions::bare().request()),
             StopEffect::Commit { newly: true, .. }
         ));
     }
@@ -284,16 +227,16 @@ mod tests {
     #[test]
     fn s11_drain_is_overridden_by_any_later_non_drain_stop() {
         let mut s = StopState::default();
-        s.apply(&StopOptions::drain());
+        s.apply(&StopOptions::drain().request());
         assert!(s.drain && s.committed);
-        s.apply(&StopOptions::drain());
+        s.apply(&StopOptions::drain().request());
         assert!(s.drain);
         assert!(matches!(
-            s.apply(&StopOptions::bare()),
+            s.apply(&StopOptions::bare().request()),
             StopEffect::Commit { newly: false, .. }
         ));
         assert!(!s.drain, "a bare stop after drain escalates");
-        s.apply(&StopOptions::drain());
+        s.apply(&StopOptions::drain().request());
         assert!(!s.drain, "a drain after a bare stop never de-escalates");
     }
 }
