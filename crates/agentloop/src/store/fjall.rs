@@ -31,6 +31,7 @@ use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use crate::store::level::StoreDurability;
 use crate::store::record::Payload;
 use crate::store::table;
+use crate::store::wave::backend_err;
 use crate::store::wave::{self, Base, OpResult, Staged, Wave, WriteOp};
 use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
 
@@ -49,14 +50,6 @@ pub struct FjallBackend {
     db: Database,
     sessions: Keyspace,
     instances: Keyspace,
-}
-
-fn backend_err(operation: &'static str, session: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        operation,
-        session: session.to_string(),
-        message: e.to_string(),
-    }
 }
 
 impl Base for FjallBackend {

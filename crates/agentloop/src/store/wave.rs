@@ -393,3 +393,17 @@ pub fn fail_unflushed(results: &mut [Result<OpResult, StoreError>], e: &StoreErr
         }
     }
 }
+
+/// An engine's error as a store error: which operation, on which session (empty: none
+/// in particular), and the engine's own words.
+pub(crate) fn backend_err(
+    operation: &'static str,
+    session: &str,
+    e: impl std::fmt::Display,
+) -> StoreError {
+    StoreError::Backend {
+        operation,
+        session: session.to_string(),
+        message: e.to_string(),
+    }
+}

@@ -35,6 +35,7 @@ use crate::store::level::StoreDurability;
 use crate::store::offline;
 use crate::store::record::Payload;
 use crate::store::table;
+use crate::store::wave::backend_err;
 use crate::store::wave::{self, Base, OpResult, Staged, Wave, WriteOp};
 use crate::store::write::RecordWrite;
 use crate::store::{StatusKind, StoreError, Stored, StoredEntry};
@@ -48,14 +49,6 @@ pub struct SledBackend {
     sessions: sled::Tree,
     records: sled::Tree,
     instances: sled::Tree,
-}
-
-fn backend_err(operation: &'static str, session: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend {
-        operation,
-        session: session.to_string(),
-        message: e.to_string(),
-    }
 }
 
 impl Base for SledBackend {
