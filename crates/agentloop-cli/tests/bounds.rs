@@ -7,14 +7,8 @@
 
 mod common;
 
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, get_status, post, stop, write_config, Job, TempDir};
 use serde_json::{json, Value};
-
-fn post(url: &str, body: Value) -> (u16, Value) {
-    let mut r = agent().post(url).send_json(body).expect("POST");
-    let status = r.status().as_u16();
-    (status, r.body_mut().read_json().unwrap_or(Value::Null))
-}
 
 fn refused(url: &str, body: Value, names: &str) {
     let (s, v) = post(url, body.clone());
@@ -27,11 +21,10 @@ fn refused(url: &str, body: Value, names: &str) {
 #[test]
 fn what_a_client_asks_for_is_bounded_by_the_servers_limits() {
     let dir = TempDir::new("bounds");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
+    write_config(
+        &dir.0,
         "[limits]\nsim_rounds = 50\nsim_step = \"2s\"\nreplay = 1000\nduration = \"1h\"\n",
-    )
-    .unwrap();
+    );
     let mut job = Job::serve(&dir.0, &[]);
     let url = base(&mut job);
     let sessions = format!("{url}/sessions");
@@ -98,12 +91,7 @@ fn what_a_client_asks_for_is_bounded_by_the_servers_limits() {
     // Nothing was accepted by a refused request, and the server still serves.
     let (s, v) = post(&items, json!({"item": {"id": 2, "text": "fine"}}));
     assert_eq!(s, 200, "{v}");
-    let mut r = agent()
-        .get(&format!("{url}/healthz"))
-        .call()
-        .expect("healthz");
-    assert_eq!(r.status().as_u16(), 200);
-    let _ = r.body_mut().read_to_string();
+    assert_eq!(get_status(&format!("{url}/healthz")), 200);
     let mut r = agent().get(&sessions).call().expect("list");
     let listed: Value = r.body_mut().read_json().unwrap();
     let ids: Vec<&str> = listed
@@ -113,9 +101,7 @@ fn what_a_client_asks_for_is_bounded_by_the_servers_limits() {
         .filter_map(|r| r["id"].as_str())
         .collect();
     assert_eq!(ids, ["ok"], "no refused spawn left a session");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// The defaults hold without a configuration file: the request that took the process
@@ -130,9 +116,7 @@ fn the_default_limits_refuse_a_billion_rounds() {
         json!({"id": "p", "kind": "sim", "config": {"rounds": 1_000_000_000u64}}),
         "1 to 1000",
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// S34a (issue 29): slowloris. Requests whose headers never finish are closed after
@@ -145,11 +129,10 @@ fn half_sent_requests_time_out_and_connections_are_bounded() {
     use std::net::TcpStream;
     use std::time::{Duration, Instant};
     let dir = TempDir::new("slowloris");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
+    write_config(
+        &dir.0,
         "[http]\nmax_connections = 8\nheader_read_timeout = \"1s\"\n",
-    )
-    .unwrap();
+    );
     let mut job = Job::serve(&dir.0, &[]);
     let url = base(&mut job);
     let addr = url.trim_start_matches("http://").to_string();
@@ -205,15 +188,8 @@ fn half_sent_requests_time_out_and_connections_are_bounded() {
         started.elapsed()
     );
     // Then the server answers again.
-    let mut r = agent()
-        .get(&format!("{url}/healthz"))
-        .call()
-        .expect("healthz");
-    assert_eq!(r.status().as_u16(), 200);
-    let _ = r.body_mut().read_to_string();
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    assert_eq!(get_status(&format!("{url}/healthz")), 200);
+    stop(job);
 }
 
 fn get_json(url: &str) -> Value {
@@ -240,11 +216,7 @@ fn a_client_that_stops_reading_events_never_slows_the_session() {
     use std::io::Read;
     use std::time::{Duration, Instant};
     let dir = TempDir::new("stalled-reader");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
-        "[http]\nwrite_timeout = \"1s\"\n",
-    )
-    .unwrap();
+    write_config(&dir.0, "[http]\nwrite_timeout = \"1s\"\n");
     let mut job = Job::serve(&dir.0, &[]);
     let url = base(&mut job);
     let addr = url.trim_start_matches("http://").to_string();
@@ -329,9 +301,7 @@ fn a_client_that_stops_reading_events_never_slows_the_session() {
     }
     std::thread::sleep(Duration::from_millis(500));
     let t = Instant::now();
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
     assert!(
         t.elapsed() < Duration::from_secs(8),
         "the shutdown waited on a stalled reader: {:?}",
@@ -347,11 +317,10 @@ fn a_slow_body_times_out() {
     use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     let dir = TempDir::new("slow-body");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
+    write_config(
+        &dir.0,
         "[http]\nbody_read_timeout = \"1s\"\nmax_requests = 4\n",
-    )
-    .unwrap();
+    );
     let mut job = Job::serve(&dir.0, &[]);
     let url = base(&mut job);
     let addr = url.trim_start_matches("http://").to_string();
@@ -372,12 +341,7 @@ fn a_slow_body_times_out() {
     let started = Instant::now();
     // Every request slot is held by a slow body, the probes still answer.
     std::thread::sleep(Duration::from_millis(200));
-    let mut r = agent()
-        .get(&format!("{url}/healthz"))
-        .call()
-        .expect("healthz");
-    assert_eq!(r.status().as_u16(), 200);
-    let _ = r.body_mut().read_to_string();
+    assert_eq!(get_status(&format!("{url}/healthz")), 200);
     for c in &mut slow {
         // A byte now and then: still slower than the timeout allows in all.
         let _ = c.write_all(&body[3..4]);
@@ -403,9 +367,7 @@ fn a_slow_body_times_out() {
     assert_eq!(s, 201, "{v}");
     let listed = get_json(&format!("{url}/sessions"));
     assert!(!listed.to_string().contains("\"slow\""), "{listed}");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// S34a (issue 29): the sessions a server runs and what each holds are bounded by
@@ -415,12 +377,11 @@ fn a_slow_body_times_out() {
 #[test]
 fn sessions_and_what_each_holds_are_bounded_and_listed_by_page() {
     let dir = TempDir::new("session-bounds");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
-        // A short grace: the minute-long turn is cut at the SIGTERM.
+    // A short grace: the minute-long turn is cut at the SIGTERM.
+    write_config(
+        &dir.0,
         "[limits]\nsessions = 3\nsession_items = 2\n[shutdown]\ngrace = \"1s\"\n",
-    )
-    .unwrap();
+    );
     let mut job = Job::serve(&dir.0, &[]);
     let url = base(&mut job);
     let sessions = format!("{url}/sessions");
@@ -504,15 +465,8 @@ fn sessions_and_what_each_holds_are_bounded_and_listed_by_page() {
     assert!(r.headers().get("link").is_none(), "the last page");
     let page: Value = r.body_mut().read_json().unwrap();
     assert_eq!(page.as_array().unwrap().len(), 1, "{page}");
-    let mut r = agent()
-        .get(&format!("{sessions}?limit=0"))
-        .call()
-        .expect("list");
-    assert_eq!(r.status().as_u16(), 400);
-    let _ = r.body_mut().read_to_string();
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    assert_eq!(get_status(&format!("{sessions}?limit=0")), 400);
+    stop(job);
 }
 
 /// S34a (issue 29): `[http] access_log = true` logs every answered request at INFO on
@@ -521,7 +475,7 @@ fn sessions_and_what_each_holds_are_bounded_and_listed_by_page() {
 #[test]
 fn the_access_log_names_each_request_and_never_its_query() {
     let dir = TempDir::new("access-log");
-    std::fs::write(dir.0.join("agentloop.toml"), "[http]\naccess_log = true\n").unwrap();
+    write_config(&dir.0, "[http]\naccess_log = true\n");
     let log = dir.0.join("stderr.log");
     let mut job = Job::command(
         &dir.0,
@@ -530,22 +484,18 @@ fn the_access_log_names_each_request_and_never_its_query() {
         std::fs::File::create(&log).unwrap().into(),
     );
     let url = base(&mut job);
-    let mut r = agent()
-        .get(&format!(
+    assert_eq!(
+        get_status(&format!(
             "{url}/no-such-route?access_token=sekrit-query-value"
-        ))
-        .call()
-        .expect("GET");
-    assert_eq!(r.status().as_u16(), 404);
-    let _ = r.body_mut().read_to_string();
+        )),
+        404
+    );
     let (s, _) = post(
         &format!("{url}/sessions"),
         json!({"id": "logged", "kind": "sim"}),
     );
     assert_eq!(s, 201);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
     let text = std::fs::read_to_string(&log).unwrap();
     let line = |path: &str, status: &str| {
         text.lines().any(|l| {

@@ -2,18 +2,11 @@
 //! command, suggestions for typos, usage errors that exit 2 with one line saying what
 //! was wrong, durations in flags as humantime's.
 
-use std::process::{Command, Output};
+mod common;
 
-fn agentloop(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentloop"))
-        .args(args)
-        .output()
-        .expect("run the agentloop binary")
-}
+use std::process::Command;
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use common::{agentloop, text};
 
 #[test]
 fn version_and_help_pages() {

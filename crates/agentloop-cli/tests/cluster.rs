@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop_postgres::local_server::LocalServer;
-use common::{agent, base, delivered, open_events, stop, wait_for, Job, TempDir};
+use common::{agent, base, delivered, open_events, spawn_sim, stop, wait_for, Job, TempDir};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -196,22 +196,20 @@ fn start_node(dir: &std::path::Path, db: &str, n: usize, log: &std::path::Path) 
     start_node_with(dir, db, n, log, &[])
 }
 
-/// [`start_node`] with more flags and its log (stderr) written to `stderr`.
-fn start_node_logged(
+/// Node `n`'s directory (created) and its `serve` flags: PostgreSQL `db`, its name,
+/// its item log `log`, then `extra`.
+fn node_args(
     dir: &std::path::Path,
     db: &str,
     n: usize,
     log: &std::path::Path,
     extra: &[&str],
-    stderr: &std::path::Path,
-) -> (Job, String) {
+) -> (std::path::PathBuf, Vec<String>) {
     let node_dir = dir.join(format!("n{n}"));
     std::fs::create_dir_all(&node_dir).unwrap();
     let name = format!("n{n}");
     let args = [
         &[
-            "--listen",
-            "127.0.0.1:0",
             "--postgres",
             db,
             // The test server runs with fsync = off: it gives crash only (S15b).
@@ -224,7 +222,27 @@ fn start_node_logged(
         ][..],
         extra,
     ]
-    .concat();
+    .concat()
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    (node_dir, args)
+}
+
+/// [`start_node`] with more flags and its log (stderr) written to `stderr`.
+fn start_node_logged(
+    dir: &std::path::Path,
+    db: &str,
+    n: usize,
+    log: &std::path::Path,
+    extra: &[&str],
+    stderr: &std::path::Path,
+) -> (Job, String) {
+    let (node_dir, args) = node_args(dir, db, n, log, extra);
+    let args: Vec<&str> = ["--listen", "127.0.0.1:0"]
+        .into_iter()
+        .chain(args.iter().map(String::as_str))
+        .collect();
     let file = std::fs::File::create(stderr).expect("a log file");
     let mut job = Job::command(&node_dir, "serve", &args, file.into());
     let url = base(&mut job);
@@ -239,24 +257,8 @@ fn start_node_with(
     log: &std::path::Path,
     extra: &[&str],
 ) -> (Job, String) {
-    let node_dir = dir.join(format!("n{n}"));
-    std::fs::create_dir_all(&node_dir).unwrap();
-    let name = format!("n{n}");
-    let args = [
-        &[
-            "--postgres",
-            db,
-            // The test server runs with fsync = off: it gives crash only (S15b).
-            "--durability",
-            "crash",
-            "--node",
-            &name,
-            "--item-log",
-            log.to_str().unwrap(),
-        ][..],
-        extra,
-    ]
-    .concat();
+    let (node_dir, args) = node_args(dir, db, n, log, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut job = Job::serve(&node_dir, &args);
     let url = base(&mut job);
     (job, url)
@@ -279,18 +281,10 @@ fn a_killed_nodes_sessions_continue_on_the_survivors_and_nothing_is_lost() {
         urls.push(url);
     }
     for s in 0..SESSIONS {
-        let mut r = agent()
-            .post(&format!("{}/sessions", urls[s % NODES]))
-            .send_json(
-                json!({"id": format!("s{s}"), "kind": "sim", "persistent": true,
-                              "config": {"rounds": 1, "model_ms": 15, "tool_ms": 15}}),
-            )
-            .expect("spawn");
-        assert_eq!(
-            r.status().as_u16(),
-            201,
-            "{}",
-            r.body_mut().read_to_string().unwrap()
+        spawn_sim(
+            &urls[s % NODES],
+            &format!("s{s}"),
+            json!({"rounds": 1, "model_ms": 15, "tool_ms": 15}),
         );
     }
 
@@ -376,12 +370,11 @@ fn a_node_stopped_past_its_lease_is_fenced_when_it_continues() {
     let (survivor, url1) = start(1);
     let ids: Vec<String> = (0..6).map(|s| format!("f{s}")).collect();
     for id in &ids {
-        let r = agent()
-            .post(&format!("{url0}/sessions"))
-            .send_json(json!({"id": id, "kind": "sim", "persistent": true,
-                              "config": {"rounds": 1, "model_ms": 300, "tool_ms": 300}}))
-            .expect("spawn");
-        assert_eq!(r.status().as_u16(), 201);
+        spawn_sim(
+            &url0,
+            id,
+            json!({"rounds": 1, "model_ms": 300, "tool_ms": 300}),
+        );
         let r = agent()
             .post(&format!("{url0}/sessions/{id}/items"))
             .send_json(json!({"item": {"id": 1, "text": "before the pause"}}))
@@ -494,14 +487,11 @@ fn a_rolling_restart_of_three_nodes_under_load_loses_nothing() {
         urls.push(url);
     }
     for s in 0..SESSIONS {
-        let r = agent()
-            .post(&format!("{}/sessions", urls[s % NODES]))
-            .send_json(
-                json!({"id": format!("s{s}"), "kind": "sim", "persistent": true,
-                              "config": {"rounds": 1, "model_ms": 15, "tool_ms": 15}}),
-            )
-            .expect("spawn");
-        assert_eq!(r.status().as_u16(), 201);
+        spawn_sim(
+            &urls[s % NODES],
+            &format!("s{s}"),
+            json!({"rounds": 1, "model_ms": 15, "tool_ms": 15}),
+        );
     }
     let urls = Arc::new(Mutex::new(urls));
     let load = Load::start(urls.clone());
@@ -610,17 +600,20 @@ impl JoinedPair {
 }
 
 /// Spawns a persistent session of the simulated agent on the node at `url`.
-fn spawn_sim(url: &str, id: &str, config: Value) {
-    let mut r = agent()
-        .post(&format!("{url}/sessions"))
-        .send_json(json!({"id": id, "kind": "sim", "persistent": true, "config": config}))
-        .expect("spawn");
-    assert_eq!(
-        r.status().as_u16(),
-        201,
-        "{}",
-        r.body_mut().read_to_string().unwrap()
-    );
+/// Waits (at most 30 s) until a push to `session` through `url` is accepted: the node
+/// reaches the session's owner (the nodes joined).
+fn wait_joined(url: &str, session: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent()
+        .post(&format!("{url}/sessions/{session}/items"))
+        .send_json(json!({"item": {"id": 1, "text": "joined?"}}))
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+        != 200
+    {
+        assert!(Instant::now() < deadline, "the nodes never joined");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn free_port() -> u16 {
@@ -838,17 +831,7 @@ fn a_planned_move_over_http_delivers_every_push_once_in_order() {
         json!({"rounds": 5, "model_ms": 10, "tool_ms": 10}),
     );
     // Wait until n1 reaches n0 (a push through n1 is forwarded): the nodes joined.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while agent()
-        .post(&format!("{url1}/sessions/busy/items"))
-        .send_json(json!({"item": {"id": 1, "text": "joined?"}}))
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-        != 200
-    {
-        assert!(Instant::now() < deadline, "the nodes never joined");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_joined(&url1, "busy");
     let pusher = {
         let url0 = url0.clone();
         std::thread::spawn(move || {
@@ -1029,17 +1012,7 @@ fn a_stream_follows_a_session_across_a_move_and_a_failover_via_another_node() {
         "fol",
         json!({"rounds": 2, "model_ms": 10, "tool_ms": 10}),
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while agent()
-        .post(&format!("{url1}/sessions/fol/items"))
-        .send_json(json!({"item": {"id": 1, "text": "joined?"}}))
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-        != 200
-    {
-        assert!(Instant::now() < deadline, "the nodes never joined");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_joined(&url1, "fol");
     let push_any = |id: u64| {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut said = String::new();

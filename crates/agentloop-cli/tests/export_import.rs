@@ -3,7 +3,7 @@
 //! and kept; a corrupt record stops an export.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use agentloop::store::history::HistoryMark;
@@ -12,38 +12,9 @@ use agentloop_core::table::header_key;
 use agentloop_sim::SimItem;
 use serde_json::Value;
 
-/// A temporary directory, removed when dropped.
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!(
-            "agentloop-cli-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn sub(&self, name: &str) -> String {
-        self.0.join(name).to_string_lossy().into_owned()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn items(ids: &[u64]) -> Vec<SimItem> {
-    ids.iter()
-        .map(|&i| SimItem::new(i, format!("message {i}")))
-        .collect()
-}
+use common::{fails_saying as fails, ok, sim_items as items, TempDir};
 
 /// Sessions of every shape on sled: items in both places and a state, a failed one,
 /// one with kept checkpoints, one whose record is gone but whose history stays.
@@ -144,30 +115,6 @@ fn agentloop(args: &[&str], stdin: Option<&str>) -> Output {
     }
     drop(pipe);
     child.wait_with_output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{}\nstderr:\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-fn fails(out: &Output, code: i32, needle: &str) {
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "stderr:\n{err}");
-    assert!(
-        err.contains(needle),
-        "stderr should contain {needle:?}:\n{err}"
-    );
 }
 
 fn json(s: &str) -> Value {

@@ -20,16 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Job, TempDir};
+use common::{stop, write_config, Job, TempDir};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 
 /// 4 GiB of address space: a server that let a client grow it without bound aborts.
 const CAP: u64 = 4 << 30;
-
-fn config(dir: &Path, text: &str) {
-    std::fs::write(dir.join("agentloop.toml"), text).expect("the config");
-}
 
 /// The address a serve job printed (`serving on http(s)://ADDR`).
 fn addr(job: &mut Job) -> SocketAddr {
@@ -160,7 +156,7 @@ async fn tls_connections_that_send_nothing_are_closed() {
     let dir = TempDir::new("hostile-tls-idle");
     let ca = common::TestCa::new(&dir.0, "idle");
     let (cert, key) = ca.issue("front", &["localhost", "127.0.0.1"]);
-    config(
+    write_config(
         &dir.0,
         "[http]\nmax_connections = 6\nheader_read_timeout = \"1s\"\nidle_timeout = \"1s\"\n",
     );
@@ -218,9 +214,7 @@ async fn tls_connections_that_send_nothing_are_closed() {
         "{}",
         String::from_utf8_lossy(&got)
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// Finding 2 (medium): a slowloris peer that reconnects as soon as its sockets close
@@ -230,7 +224,7 @@ async fn tls_connections_that_send_nothing_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnecting_slowloris_does_not_keep_another_peer_out() {
     let dir = TempDir::new("hostile-slowloris");
-    config(
+    write_config(
         &dir.0,
         "[http]\nmax_connections = 12\nheader_read_timeout = \"2s\"\n",
     );
@@ -289,9 +283,7 @@ async fn a_reconnecting_slowloris_does_not_keep_another_peer_out() {
         answered, 30,
         "requests of another peer failed while a slowloris held the connections: {refused:?}"
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
 }
 
 /// Finding 2, the bound per peer: with `[http] max_connections_per_peer` a peer holds at
@@ -300,7 +292,7 @@ async fn a_reconnecting_slowloris_does_not_keep_another_peer_out() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_holds_at_most_its_configured_connections() {
     let dir = TempDir::new("hostile-per-peer");
-    config(
+    write_config(
         &dir.0,
         "[http]\nmax_connections_per_peer = 3\nheader_read_timeout = \"5s\"\n",
     );
@@ -330,9 +322,7 @@ async fn a_peer_holds_at_most_its_configured_connections() {
             "the first three are still served"
         );
     }
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// Finding 3 (medium): HTTP/2 event streams whose flow-control window is 0 (the client
@@ -345,7 +335,7 @@ async fn http2_streams_with_a_shut_window_release_their_slots() {
     let dir = TempDir::new("hostile-h2-window");
     let ca = common::TestCa::new(&dir.0, "window");
     let (cert, key) = ca.issue("front", &["localhost", "127.0.0.1"]);
-    config(
+    write_config(
         &dir.0,
         "[http]\nwrite_timeout = \"1s\"\nmax_event_streams = 4\n",
     );
@@ -420,9 +410,7 @@ async fn http2_streams_with_a_shut_window_release_their_slots() {
     }
     assert_eq!(status, 200, "the slots were not released");
     drop(streams);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// Finding 4 (medium): a shutdown with an event stream whose client stopped reading
@@ -432,7 +420,7 @@ async fn http2_streams_with_a_shut_window_release_their_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_event_stream_does_not_hold_the_shutdown() {
     let dir = TempDir::new("hostile-stalled-shutdown");
-    config(&dir.0, "[http]\nwrite_timeout = \"30s\"\n");
+    write_config(&dir.0, "[http]\nwrite_timeout = \"30s\"\n");
     let mut job = Job::serve_capped(&dir.0, CAP, &[]);
     let to = addr(&mut job);
     let url = format!("http://{to}");
@@ -511,7 +499,7 @@ async fn raw_answer(to: SocketAddr, head: &[u8]) -> (String, String, Vec<u8>) {
 async fn requests_hyper_refuses_get_json_errors() {
     let dir = TempDir::new("hostile-json-errors");
     // A head bound above hyper's URI bound (64 KiB), so that both answers show.
-    config(&dir.0, "[http]\nmax_header_bytes = 200000\n");
+    write_config(&dir.0, "[http]\nmax_header_bytes = 200000\n");
     let mut job = Job::serve_capped(&dir.0, CAP, &[]);
     let to = addr(&mut job);
     let long_uri = format!(
@@ -556,9 +544,7 @@ async fn requests_hyper_refuses_get_json_errors() {
     }
     // The server still answers.
     assert_eq!(get_from("127.0.0.1", to, "/healthz").await, Some(200));
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// Finding 5 (low): requests for a foreign `Host` on a server without a token are
@@ -709,7 +695,5 @@ fn agent_configuration_errors_name_no_rust_type() {
         }
         assert!(m.contains("expected"), "{m}");
     }
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }

@@ -293,13 +293,32 @@ fn serve(
     (url, job, log)
 }
 
+/// A fresh directory named after `tag`, the hostile model in `mode`, and the capped
+/// server on it with `flags`: the directory, the model, the URL, the job and the log.
+fn start(
+    tag: &str,
+    mode: Model,
+    flags: &[&str],
+) -> (TempDir, Hostile, String, common::Job, std::path::PathBuf) {
+    let dir = TempDir::new(tag);
+    let model = Hostile::start(mode);
+    let (url, job, log) = serve(&dir, &model, flags);
+    (dir, model, url, job, log)
+}
+
+/// A test's end: the server still serves a good model after it, stops cleanly, and
+/// its log stayed small.
+fn ends_well(url: &str, model: &Hostile, job: common::Job, log: &Path) {
+    survives(url, model, "after");
+    stop(job);
+    small_log(log);
+}
+
 /// A tool call at index 1 000 000 000 grew a vector to that length: the server
 /// aborted. Now the session fails naming `--model-max-tool-calls`.
 #[test]
 fn a_tool_call_at_a_huge_index_fails_the_session_not_the_server() {
-    let dir = TempDir::new("hostile-index");
-    let model = Hostile::start(Model::HugeIndex);
-    let (url, job, log) = serve(&dir, &model, &[]);
+    let (_dir, model, url, job, log) = start("hostile-index", Model::HugeIndex, &[]);
     let run = chat(&url, "index", false);
     assert!(
         run.ended.contains("failed")
@@ -308,18 +327,18 @@ fn a_tool_call_at_a_huge_index_fails_the_session_not_the_server() {
         "{}",
         run.ended
     );
-    survives(&url, &model, "after");
-    stop(job);
-    small_log(&log);
+    ends_well(&url, &model, job, &log);
 }
 
 /// Tool-call arguments that never end (+100 MB/s kept) fail the session at the
 /// argument bound.
 #[test]
 fn endless_tool_call_arguments_fail_the_session_at_their_bound() {
-    let dir = TempDir::new("hostile-args");
-    let model = Hostile::start(Model::EndlessArguments);
-    let (url, job, log) = serve(&dir, &model, &["--model-max-tool-argument-bytes", "262144"]);
+    let (_dir, model, url, job, log) = start(
+        "hostile-args",
+        Model::EndlessArguments,
+        &["--model-max-tool-argument-bytes", "262144"],
+    );
     let run = chat(&url, "args", false);
     assert!(
         run.ended
@@ -328,18 +347,14 @@ fn endless_tool_call_arguments_fail_the_session_at_their_bound() {
         "{}",
         run.ended
     );
-    survives(&url, &model, "after");
-    stop(job);
-    small_log(&log);
+    ends_well(&url, &model, job, &log);
 }
 
 /// Tokens that never end, one watcher reading them: the session fails at the text
 /// bound (default 1 MiB), and the watcher read about that much.
 #[test]
 fn endless_tokens_fail_the_session_at_the_text_bound() {
-    let dir = TempDir::new("hostile-tokens");
-    let model = Hostile::start(Model::EndlessTokens);
-    let (url, job, log) = serve(&dir, &model, &[]);
+    let (_dir, model, url, job, log) = start("hostile-tokens", Model::EndlessTokens, &[]);
     let began = Instant::now();
     let run = chat(&url, "tokens", false);
     assert!(
@@ -353,19 +368,15 @@ fn endless_tokens_fail_the_session_at_the_text_bound() {
     assert!(text <= 1 << 20, "{text} bytes of tokens");
     assert!(run.bytes < 8 << 20, "the watcher read {} bytes", run.bytes);
     assert!(began.elapsed() < Duration::from_secs(20));
-    survives(&url, &model, "after");
-    stop(job);
-    small_log(&log);
+    ends_well(&url, &model, job, &log);
 }
 
 /// A 50 MB error body became 300 MB of log and two 50 MB events. Now 4 KiB of it is
 /// read, and the failure says it was truncated and how long it was.
 #[test]
 fn a_50_mb_error_body_is_truncated_in_the_failure_and_the_log() {
-    let dir = TempDir::new("hostile-body");
     let len = 50 << 20;
-    let model = Hostile::start(Model::ErrorBody(len));
-    let (url, job, log) = serve(&dir, &model, &[]);
+    let (_dir, model, url, job, log) = start("hostile-body", Model::ErrorBody(len), &[]);
     let run = chat(&url, "body", false);
     assert!(
         run.ended.contains("answered HTTP 400")
@@ -378,18 +389,14 @@ fn a_50_mb_error_body_is_truncated_in_the_failure_and_the_log() {
     );
     assert!(run.ended.len() < 8 << 10, "{} bytes", run.ended.len());
     assert!(run.bytes < 64 << 10, "the watcher read {} bytes", run.bytes);
-    survives(&url, &model, "after");
-    stop(job);
-    small_log(&log);
+    ends_well(&url, &model, job, &log);
 }
 
 /// A 1 MiB chunk that is not JSON was logged whole at ERROR. Now the failure quotes
 /// its first 120 characters, and nothing logs more.
 #[test]
 fn a_huge_malformed_chunk_is_quoted_short_in_the_failure_and_the_log() {
-    let dir = TempDir::new("hostile-malformed");
-    let model = Hostile::start(Model::Malformed);
-    let (url, job, log) = serve(&dir, &model, &[]);
+    let (_dir, model, url, job, log) = start("hostile-malformed", Model::Malformed, &[]);
     let run = chat(&url, "malformed", false);
     assert!(
         run.ended.contains("sent a malformed chunk") && run.ended.contains("{wwww"),
@@ -397,9 +404,7 @@ fn a_huge_malformed_chunk_is_quoted_short_in_the_failure_and_the_log() {
         &run.ended[..run.ended.len().min(2048)]
     );
     assert!(run.ended.len() < 2048, "{} bytes", run.ended.len());
-    survives(&url, &model, "after");
-    stop(job);
-    small_log(&log);
+    ends_well(&url, &model, job, &log);
 }
 
 /// Model servers that accept and never answer held every `--model-concurrency` permit

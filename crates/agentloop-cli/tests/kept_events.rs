@@ -25,16 +25,11 @@ use serde_json::{json, Value};
 /// Spawns a persistent session over HTTP (it keeps its events by default) with slow
 /// turns (several events each).
 fn spawn_session(url: &str, id: &str) {
-    let mut r = agent()
-        .post(&format!("{url}/sessions"))
-        .send_json(
-            json!({"id": id, "kind": "sim", "persistent": true, "replay": 8,
+    common::spawn(
+        url,
+        json!({"id": id, "kind": "sim", "persistent": true, "replay": 8,
                "config": {"rounds": 2, "model_ms": 15, "tool_ms": 15}}),
-        )
-        .expect("POST /sessions");
-    let status = r.status().as_u16();
-    let v: Value = r.body_mut().read_json().unwrap_or(Value::Null);
-    assert_eq!(status, 201, "{v}");
+    );
 }
 
 /// Pushes item `id` until it is accepted (the server may be restarting).
@@ -303,9 +298,7 @@ fn a_stream_from_zero_after_a_graceful_restart_has_no_gap() {
         ended - 1,
         "every event of the first process but its ended"
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
 }
 
 /// A session that ended answers a reconnect with its kept events and `ended` (it was a
@@ -330,9 +323,7 @@ fn an_ended_session_answers_a_reconnect_from_its_kept_events() {
         .join()
         .unwrap();
     assert_eq!(again.as_slice(), &live[3..], "the rest, then ended");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
 
     let data = dir.0.join("data");
     let data = data.to_str().unwrap();
@@ -364,9 +355,7 @@ fn an_ended_session_answers_a_reconnect_from_its_kept_events() {
         .join()
         .unwrap();
     assert_eq!(again, live, "all of it from the store");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
     let deleted = agentloop(&dir.0, &["sessions", "delete", "k3", "--data-dir", data]);
     assert!(deleted.0, "{}", deleted.1);
     let listed = agentloop(&dir.0, &["sessions", "events", "k3", "--data-dir", data]);
@@ -394,9 +383,7 @@ fn watch_follows_a_session_across_a_restart() {
     for id in 1..=3 {
         push(&url, "k4", id);
     }
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
     let job = serve(&dir.0, &addr);
     for id in 4..=6 {
         push(&url, "k4", id);
@@ -425,7 +412,5 @@ fn watch_follows_a_session_across_a_restart() {
         2,
         "the shutdown's ended, then the session's: {out}"
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
 }

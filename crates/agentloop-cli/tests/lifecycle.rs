@@ -8,14 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{agent, base, post_json, wait_for, Job, TempDir};
+use common::{agent, base, get, post_json, wait_for, Job, TempDir};
 use serde_json::{json, Value};
-
-fn get(url: &str) -> (u16, Value) {
-    let mut r = agent().get(url).call().expect("GET");
-    let status = r.status().as_u16();
-    (status, r.body_mut().read_json().unwrap_or(Value::Null))
-}
 
 fn list(url: &str, query: &str) -> Vec<Value> {
     let (status, v) = get(&format!("{url}/sessions{query}"));

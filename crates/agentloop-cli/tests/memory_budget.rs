@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, stop, write_config, Job, TempDir};
 use serde_json::{json, Value};
 
 /// The address-space cap the server runs under.
@@ -39,11 +39,7 @@ fn fill(url: &str, id: &str, size: usize, most: usize) -> (usize, (u16, Option<S
 #[test]
 fn the_process_memory_budget_refuses_new_work_and_lets_it_in_again() {
     let dir = TempDir::new("memory-budget");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
-        format!("[limits]\nmemory = {BUDGET}\n"),
-    )
-    .unwrap();
+    write_config(&dir.0, &format!("[limits]\nmemory = {BUDGET}\n"));
     let mut job = Job::serve_capped(&dir.0, CAP, &[]);
     let line = job.wait_for("memory budget");
     assert!(line.contains("memory budget 160 MiB"), "{line}");
@@ -105,7 +101,5 @@ fn the_process_memory_budget_refuses_new_work_and_lets_it_in_again() {
         job.child.try_wait().unwrap().is_none(),
         "the server is alive"
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }

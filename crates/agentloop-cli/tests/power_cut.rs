@@ -58,7 +58,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::{agent, free_addr, Job, Sse, TempDir};
+use common::{agent, free_addr, write_config, Job, Sse, TempDir};
 use serde_json::{json, Value};
 
 /// What the LazyFS build and a mount need, as Debian names it.
@@ -1062,11 +1062,10 @@ impl Run {
         let pg = (engine == "postgres").then(|| {
             // A restarted server is a new instance: the killed one's sessions are
             // recovered when its lease runs out.
-            std::fs::write(
-                dir.0.join("agentloop.toml"),
+            write_config(
+                &dir.0,
                 "[supervisor]\nheartbeat = \"200ms\"\nlease_timeout = \"1s\"\n",
-            )
-            .unwrap();
+            );
             Pg::init(&fs.mnt, &dir.0.join("pg-outside"))
         });
         let stderr_path = dir.0.join("serve.stderr");

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{agent, free_addr, open_events, Job, TempDir};
+use common::{agent, free_addr, open_events, spawn_sim, stop, write_config, Job, TempDir};
 use serde_json::{json, Value};
 
 /// How one push went: when it was accepted and how many `503 not_live` it met first.
@@ -70,14 +70,7 @@ fn push_until_accepted(url: &str, session: &str, id: u64) -> Pushed {
 }
 
 fn spawn_session(url: &str, id: &str) {
-    let mut r = agent()
-        .post(&format!("{url}/sessions"))
-        .send_json(json!({"id": id, "kind": "sim", "persistent": true,
-               "config": {"rounds": 1, "model_ms": 30, "tool_ms": 30}}))
-        .expect("POST /sessions");
-    let status = r.status().as_u16();
-    let v: Value = r.body_mut().read_json().unwrap_or(Value::Null);
-    assert_eq!(status, 201, "{v}");
+    spawn_sim(url, id, json!({"rounds": 1, "model_ms": 30, "tool_ms": 30}));
 }
 
 /// Waits (at most 60 s) until the turns in `logs` delivered every id in `ids`.
@@ -237,9 +230,7 @@ fn sigkill_and_restart_at_once(tag: &str, engine: &[&str]) {
         );
     }
     wait_delivered(&[&log1, &log2], &acked);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    let out = stop(job);
     assert!(!out.contains("not resumed"), "{out}");
     check_deliveries(&log1, &log2, &acked);
 }
@@ -265,11 +256,10 @@ fn postgres_one_runtime_recovers_after_the_lease_and_answers_not_live_meanwhile(
     let pg = LocalServer::start(&["fsync=off"]).expect("a local PostgreSQL server");
     let db = pg.database("restart").expect("a database");
     let dir = TempDir::new("restart-pg");
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
+    write_config(
+        &dir.0,
         "[supervisor]\nheartbeat = \"200ms\"\nlease_timeout = \"3s\"\n",
-    )
-    .unwrap();
+    );
     let addr = free_addr();
     let url = format!("http://{addr}");
     let (log1, log2) = (dir.0.join("turns-1.log"), dir.0.join("turns-2.log"));
@@ -328,9 +318,7 @@ fn postgres_one_runtime_recovers_after_the_lease_and_answers_not_live_meanwhile(
         acked.push(id);
     }
     wait_delivered(&[&log1, &log2], &acked);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
     check_deliveries(&log1, &log2, &acked);
     // The server is gone for good: watch still waits for it (its `ended` said
     // `shutdown`), until it is stopped.
@@ -422,7 +410,5 @@ fn an_event_stream_reconnecting_across_sigterm_and_a_restart_misses_nothing() {
         "the resumed session's turns: {rest:?}"
     );
     assert_eq!(rest.last().map(|e| e.name.as_str()), Some("ended"));
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }

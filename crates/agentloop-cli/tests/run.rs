@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{number, row, Job, TempDir};
+use common::{number, row, write_config, Job, TempDir};
 
 #[test]
 fn sigterm_shuts_down_gracefully_and_the_next_run_resumes() {
@@ -174,11 +174,10 @@ fn sigterm_then_resume(engine: &[&str], store: &str) {
 fn a_second_sigint_skips_to_force() {
     let dir = TempDir::new("sigint");
     // A long grace and safe points 30 s apart: only force can end these sessions soon.
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
+    write_config(
+        &dir.0,
         "[shutdown]\ngrace = \"120s\"\nforce_timeout = \"5s\"\n",
-    )
-    .unwrap();
+    );
     let mut job = Job::start(
         &dir.0,
         &[

@@ -14,7 +14,7 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, get, stop, write_config, Job, TempDir};
 use serde_json::{json, Value};
 
 /// The address-space cap the servers run under.
@@ -22,12 +22,6 @@ const CAP: u64 = 4 << 30;
 
 fn post(url: &str, body: &Value) -> (u16, Option<String>, Value) {
     common::post_json(url, body)
-}
-
-fn get(url: &str) -> (u16, Value) {
-    let mut r = agent().get(url).call().expect("GET");
-    let status = r.status().as_u16();
-    (status, r.body_mut().read_json().unwrap_or(Value::Null))
 }
 
 fn alive(job: &mut Job, url: &str) {
@@ -134,15 +128,13 @@ fn a_sessions_timers_are_bounded_in_count_size_and_period() {
         &json!({"item": {"id": 999, "text": "z"}, "in": "1h"}),
     );
     assert_eq!(s, 201, "{v}");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 #[test]
 fn forks_count_against_the_session_limit() {
     let dir = TempDir::new("fork-bounds");
-    std::fs::write(dir.0.join("agentloop.toml"), "[limits]\nsessions = 3\n").unwrap();
+    write_config(&dir.0, "[limits]\nsessions = 3\n");
     let mut job = Job::serve_capped(&dir.0, CAP, &[]);
     let url = base(&mut job);
     let sessions = format!("{url}/sessions");
@@ -202,9 +194,7 @@ fn forks_count_against_the_session_limit() {
     assert!(s == 200 || s == 202, "{v}");
     common::wait_for("the fork once a place is free", 30, || fork("f3").0 == 201);
     alive(&mut job, &url);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// Opens `GET path` with `Last-Event-ID: 0` and reads only the response head: the
@@ -305,7 +295,5 @@ fn a_replay_storm_holds_a_page_per_client_not_every_kept_event() {
         events.iter().take(5).collect::<Vec<_>>()
     );
     common::check_gap_free(0, &events);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }

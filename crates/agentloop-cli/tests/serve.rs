@@ -8,20 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{agent, base, open_events, Job, TempDir};
+use common::{agent, base, get, open_events, post, stop, write_config, Job, TempDir};
 use serde_json::{json, Value};
-
-fn get(url: &str) -> (u16, Value) {
-    let mut r = agent().get(url).call().expect("GET");
-    let status = r.status().as_u16();
-    (status, r.body_mut().read_json().unwrap_or(Value::Null))
-}
-
-fn post(url: &str, body: Value) -> (u16, Value) {
-    let mut r = agent().post(url).send_json(body).expect("POST");
-    let status = r.status().as_u16();
-    (status, r.body_mut().read_json().unwrap_or(Value::Null))
-}
 
 /// S15b: with no configuration, `serve` writes at `power` on sled, and its start line
 /// says so; `--durability crash` and `--engine fjall` are said too.
@@ -120,9 +108,7 @@ fn serve_drains_on_sigterm_and_the_next_serve_resumes() {
         assert!(Instant::now() < deadline, "the drain did not end: {v}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 #[test]
@@ -311,9 +297,7 @@ fn live_commands_drive_a_token_protected_server() {
         "{err}"
     );
 
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// S34a (issue 29): a token is never empty or short, from any source (flag, environment,
@@ -355,7 +339,7 @@ fn a_token_is_never_empty_or_short_from_any_source() {
     );
     let conf = dir.0.join("conf");
     std::fs::create_dir_all(&conf).unwrap();
-    std::fs::write(conf.join("agentloop.toml"), "[http]\ntoken = \"tiny\"\n").unwrap();
+    write_config(&conf, "[http]\ntoken = \"tiny\"\n");
     refused(serve(&[], None, &conf), "at least 16");
     // An empty AGENTLOOP_TOKEN is no token: beyond loopback that is refused.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentloop"))
@@ -380,9 +364,7 @@ fn a_token_is_never_empty_or_short_from_any_source() {
         .call()
         .expect("GET");
     assert_eq!(r.status().as_u16(), 200);
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 
     // On the command line it works, with a warning on stderr.
     let (child, _stdout) = serve_piped(&data, &["--token", secret], &[]);

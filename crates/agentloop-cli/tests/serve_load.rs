@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{agent, base, Job, TempDir};
+use common::{agent, base, spawn_sim, stop, Job, TempDir};
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 
@@ -50,18 +50,11 @@ fn fifty_sessions_under_load_survive_a_sigterm_and_a_restart() {
     let mut job = Job::serve(&dir.0, &args);
     let url = Arc::new(Mutex::new(base(&mut job)));
     for s in 0..SESSIONS {
-        let mut r = agent()
-            .post(&format!("{}/sessions", url.lock()))
-            .send_json(
-                json!({"id": format!("s{s}"), "kind": "sim", "persistent": true,
-                              "config": {"rounds": 1, "model_ms": 3, "tool_ms": 3}}),
-            )
-            .expect("spawn");
-        assert_eq!(
-            r.status().as_u16(),
-            201,
-            "{}",
-            r.body_mut().read_to_string().unwrap()
+        let url = url.lock().clone();
+        spawn_sim(
+            &url,
+            &format!("s{s}"),
+            json!({"rounds": 1, "model_ms": 3, "tool_ms": 3}),
         );
     }
 
@@ -108,9 +101,7 @@ fn fifty_sessions_under_load_survive_a_sigterm_and_a_restart() {
     std::thread::sleep(Duration::from_secs(5));
     let before = acked.lock().len();
     assert!(before > 0, "no push was acknowledged before the signal");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
     // Restart on the same directory: every session resumes; clients move to it.
     let mut job = Job::serve(&dir.0, &args);
     let line = job.wait_for("agentloop: resumed");
@@ -179,9 +170,7 @@ fn fifty_sessions_under_load_survive_a_sigterm_and_a_restart() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 
     // The audit.
     let text = std::fs::read_to_string(&log).expect("the item log");

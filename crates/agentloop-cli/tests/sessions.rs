@@ -1,8 +1,8 @@
 //! `agentloop sessions list|show` against a real sled data directory (DESIGN §9, issue 3
 //! item 7): runs the built binary on records written through `SledBackend`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use agentloop::store::{SessionRecord, SessionStatus, SledBackend, WriteCondition};
 use agentloop_core::table::header_key;
@@ -12,35 +12,9 @@ use serde_json::Value;
 /// 2026-11-22 03:15:38 UTC.
 const UPDATED_MS: u64 = 1_795_317_338_000;
 
-/// A temporary directory, removed when dropped.
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let p = std::env::temp_dir().join(format!(
-            "agentloop-cli-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn items(ids: &[u64]) -> Vec<SimItem> {
-    ids.iter()
-        .map(|&i| SimItem::new(i, format!("message {i}")))
-        .collect()
-}
+use common::{agentloop, fails_saying, ok, sim_items as items, text, TempDir};
 
 /// Writes four good records and one corrupt one, then closes the database.
 fn populate(dir: &Path) {
@@ -85,35 +59,9 @@ fn populate(dir: &Path) {
     drop(backend); // releases sled's lock on the directory
 }
 
-fn agentloop(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_agentloop"))
-        .args(args)
-        .output()
-        .expect("run the agentloop binary")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "stdout:\n{}\nstderr:\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
+/// [`fails_saying`], and nothing on stdout.
 fn fails(out: &Output, code: i32, needle: &str) {
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "stderr:\n{err}");
-    assert!(
-        err.contains(needle),
-        "stderr should contain {needle:?}:\n{err}"
-    );
+    fails_saying(out, code, needle);
     assert!(out.stdout.is_empty(), "stdout: {}", text(&out.stdout));
 }
 

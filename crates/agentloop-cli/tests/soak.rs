@@ -1112,11 +1112,7 @@ fn every_door_at_once_keeps_latency_memory_and_every_acknowledged_item() {
     let dir = TempDir::new("soak");
     let ca = common::TestCa::new(&dir.0, "soak");
     let (cert, key) = ca.issue("front", &["localhost", "127.0.0.1"]);
-    std::fs::write(
-        dir.0.join("agentloop.toml"),
-        format!("{CONFIG}memory = {BUDGET}\n"),
-    )
-    .unwrap();
+    common::write_config(&dir.0, &format!("{CONFIG}memory = {BUDGET}\n"));
     let tally = Arc::new(Tally::default());
     let model = hostile_model(tally.clone());
     let log = dir.0.join("turns.log");
@@ -1457,9 +1453,7 @@ fn every_door_at_once_keeps_latency_memory_and_every_acknowledged_item() {
     for what in ["tls idle: held max ms", "h2 shut window: held max ms"] {
         assert!(t(what) < 5_000, "{what}: {}", t(what));
     }
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    common::stop(job);
 }
 
 /// The id of the replay session's last event, from its view's events (a stream after

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{Job, TempDir};
+use common::{stop, Job, TempDir};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
@@ -178,9 +178,7 @@ async fn the_http_front_terminates_tls_and_speaks_http2() {
         "plain HTTP must not be served on the TLS port"
     );
 
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }
 
 /// Beyond loopback the bearer token is still required over TLS; with it the API
@@ -251,9 +249,7 @@ async fn tls_beyond_loopback_still_requires_the_token() {
         serde_json::from_str::<serde_json::Value>(&checked_in).expect("JSON"),
         "docs/openapi.json is the served document"
     );
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    let out = stop(job);
     assert!(!out.contains(token), "the token never shows in the output");
 }
 
@@ -321,9 +317,7 @@ fn a_token_file_others_can_read_is_warned_about() {
         std::fs::File::create(&log).unwrap().into(),
     );
     job.wait_for("serving on http://");
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    let out = stop(job);
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(
         said.contains("the token file can be read by other users") && said.contains("chmod 600"),
@@ -398,7 +392,5 @@ async fn the_configuration_files_tls_table_turns_https_on() {
     .await
     .expect("healthz over TLS");
     assert_eq!((status, version), (200, hyper::Version::HTTP_2));
-    job.signal(libc::SIGTERM);
-    let (status, out) = job.finish();
-    assert!(status.success(), "{out}");
+    stop(job);
 }

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{agent, base, delivered, stop, wait_for, Job, TempDir};
+use common::{agent, base, delivered, spawn_sim, stop, wait_for, Job, TempDir};
 use serde_json::{json, Value};
 
 /// `agentloop sessions ARGS... --data-dir DIR/data`: (exit code, stdout, stderr).
@@ -47,18 +47,9 @@ fn row(url: &str, id: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Spawns the persistent `sim` session `id` of one quick round.
 fn spawn(url: &str, id: &str) {
-    let mut r = agent()
-        .post(&format!("{url}/sessions"))
-        .send_json(json!({"id": id, "kind": "sim", "persistent": true,
-                          "config": {"rounds": 1, "model_ms": 1, "tool_ms": 1}}))
-        .expect("spawn");
-    assert_eq!(
-        r.status().as_u16(),
-        201,
-        "{}",
-        r.body_mut().read_to_string().unwrap()
-    );
+    spawn_sim(url, id, json!({"rounds": 1, "model_ms": 1, "tool_ms": 1}));
 }
 
 fn push(url: &str, id: &str, item: u64) {

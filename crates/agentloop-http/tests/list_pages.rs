@@ -4,15 +4,12 @@
 //! pages keep their shape, their order and their `Link` to the next.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use agentloop::store::MemoryStore;
 use agentloop::{store::SessionRecord, store::SessionStatus, CheckpointStore, Runtime};
 use agentloop_http::{router, HttpOptions};
-use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
+use agentloop_sim::{SimEvent, SimItem};
+use axum::http::StatusCode;
 use serde_json::{json, Value};
 
 mod common;
@@ -20,14 +17,13 @@ use common::*;
 
 /// A page's rows (id, live) and its `Link` header.
 async fn page(app: &axum::Router, uri: &str) -> (Vec<(String, bool)>, Option<String>) {
-    let req = Request::builder().uri(uri).body(Body::empty()).unwrap();
-    let resp = send(app, req).await;
+    let resp = get(app, uri).await;
     assert_eq!(resp.status(), StatusCode::OK, "{uri}");
     let link = resp
         .headers()
         .get("link")
         .map(|v| v.to_str().unwrap().to_string());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let (_, bytes) = status_body(resp).await;
     let rows: Value = serde_json::from_slice(&bytes).unwrap();
     let rows = rows
         .as_array()
@@ -52,13 +48,7 @@ async fn a_page_of_sessions_reads_only_the_records_it_lists() {
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let (rt, _) = Runtime::<SimItem, SimEvent>::builder()
         .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
-        .register_agent("sim", |_cfg: &[u8]| {
-            Ok(SimAgent::new(Script::react(
-                1,
-                Duration::ZERO,
-                Duration::ZERO,
-            )))
-        })
+        .register_agent("sim", |_cfg: &[u8]| Ok(react_agent()))
         .flush_logs(None)
         .start()
         .await
@@ -71,13 +61,7 @@ async fn a_page_of_sessions_reads_only_the_records_it_lists() {
     let app = router(&rt, HttpOptions::default());
     // Two live sessions between stored ids.
     for id in ["s00004a", "s00006a"] {
-        let (s, v) = call(
-            &app,
-            "POST",
-            "/sessions",
-            Some(json!({"id": id, "kind": "sim"})),
-        )
-        .await;
+        let (s, v) = spawn(&app, json!({"id": id, "kind": "sim"})).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
     }
 

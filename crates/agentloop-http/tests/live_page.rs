@@ -107,8 +107,47 @@ fn shots() -> PathBuf {
 }
 
 async fn screenshot(c: &Client, name: &str) {
+    screenshot_in(shots(), c, name).await;
+}
+
+/// Writes a screenshot of the page to `dir/name`.
+async fn screenshot_in(dir: PathBuf, c: &Client, name: &str) {
     let png = c.screenshot().await.expect("a screenshot");
-    std::fs::write(shots().join(name), png).expect("write the screenshot");
+    std::fs::write(dir.join(name), png).expect("write the screenshot");
+}
+
+/// Clicks the element at `css` (found once: not one the page re-renders).
+async fn click(c: &Client, css: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Types `text` into the element at `css`.
+async fn type_into(c: &Client, css: &str, text: &str) {
+    c.find(Locator::Css(css))
+        .await
+        .unwrap()
+        .send_keys(text)
+        .await
+        .unwrap();
+}
+
+/// A browser session on the page at `base`, loaded.
+async fn open_page(driver: &Driver, base: &str) -> Client {
+    let c = connect(driver).await;
+    c.goto(&format!("{base}/")).await.expect("the page loads");
+    c
+}
+
+/// Closes the browser, stops the server's task and the runtime: a test's end.
+async fn finish<T>(c: Client, server: tokio::task::JoinHandle<T>, rt: Rt) {
+    c.close().await.expect("close the browser");
+    server.abort();
+    rt.stop(StopOptions::immediate()).await.unwrap();
 }
 
 /// Clicks the element at `css`, finding it again when the page re-rendered it between
@@ -145,51 +184,57 @@ async fn wait_text(c: &Client, css: &str, what: &str, check: impl Fn(&str) -> bo
     panic!("{what}: `{css}` reads {last:?} (screenshot target/live-page/failure.png)");
 }
 
-/// A runtime on `dir` with kind `sim`: one model call and one tool call of 20 ms a turn.
-async fn sim_runtime(dir: &std::path::Path) -> Rt {
+/// A runtime on `dir` with one agent kind, `kind`, whose agents `factory` builds.
+async fn runtime_with<A, F>(dir: &std::path::Path, kind: &str, factory: F) -> Rt
+where
+    A: agentloop::Agent<Item = agentloop_sim::SimItem, Event = agentloop_sim::SimEvent>,
+    F: Fn(&[u8]) -> Result<A, String> + Send + Sync + 'static,
+{
     let (rt, _) = Rt::builder()
         .data_dir(dir)
         .flush_logs(None)
-        .register_agent("sim", |_cfg: &[u8]| {
-            Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
-                1,
-                Duration::from_millis(20),
-                Duration::from_millis(20),
-            )))
-        })
+        .register_agent(kind, factory)
         .start()
         .await
         .unwrap();
     rt
 }
 
+/// A runtime on `dir` with kind `sim`: one model call and one tool call of 20 ms a turn.
+async fn sim_runtime(dir: &std::path::Path) -> Rt {
+    runtime_with(dir, "sim", |_cfg: &[u8]| {
+        Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
+            1,
+            Duration::from_millis(20),
+            Duration::from_millis(20),
+        )))
+    })
+    .await
+}
+
 /// Spawns a persistent `sim` session `id` (through a router of its own, without a
 /// token), for the page to find.
 async fn spawn_persistent(rt: &Rt, id: &str) {
     let direct = router(rt, HttpOptions::default());
-    let (s, v) = call(
+    spawn_api(
         &direct,
-        "POST",
-        "/sessions",
-        Some(json!({"id": id, "kind": "sim", "persistent": true})),
+        json!({"id": id, "kind": "sim", "persistent": true}),
     )
     .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
+}
+
+/// Selects the session in `row` (its event stream opens) and pushes `text` from the page.
+async fn select_and_push(c: &Client, row: &str, id: &str, text: &str) {
+    click_fresh(c, row).await;
+    wait_text(c, "#selected-id", "the session is selected", |t| t == id).await;
+    type_into(c, "#push-text", text).await;
+    click(c, "#push").await;
 }
 
 /// Selects the session in `row` (its event stream opens), pushes `text` from the
 /// page, and waits for that turn's events; returns the event log's text.
 async fn push_from_page(c: &Client, row: &str, id: &str, text: &str) -> String {
-    click_fresh(c, row).await;
-    wait_text(c, "#selected-id", "the session is selected", |t| t == id).await;
-    let input = c.find(Locator::Css("#push-text")).await.unwrap();
-    input.send_keys(text).await.unwrap();
-    c.find(Locator::Css("#push"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    select_and_push(c, row, id, text).await;
     wait_text(c, "#events", "the pushed message's turn appears", |t| {
         t.contains("turn_started") && t.contains("turn_ended")
     })
@@ -201,16 +246,11 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     let driver = start_driver();
     let dir = tempfile::tempdir().unwrap();
     let rt = sim_runtime(dir.path()).await;
-    let app = router(&rt, HttpOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let base = format!("http://{addr}");
+    let (base, server, _api) = serve(&rt).await;
     // A persistent session to find on the page (its record shows its status).
     spawn_persistent(&rt, "demo").await;
 
-    let c = connect(&driver).await;
-    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let c = open_page(&driver, &base).await;
     let row = r#"#sessions tr[data-id="demo"]"#;
     wait_text(&c, row, "the session is listed", |t| t.contains("demo")).await;
     screenshot(&c, "1-loaded.png").await;
@@ -221,12 +261,7 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     screenshot(&c, "2-events.png").await;
 
     // Cancel from the page: the stream ends, the status turns canceled, not live.
-    c.find(Locator::Css("#cancel"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#cancel").await;
     wait_text(&c, "#events", "the stream ends with ended", |t| {
         t.contains("ended")
     })
@@ -247,9 +282,7 @@ async fn the_live_page_lists_streams_pushes_and_cancels() {
     .await;
     screenshot(&c, "3-canceled.png").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }
 
 /// A fake OpenAI-compatible model server: asked a question (no tool result yet), it
@@ -295,9 +328,7 @@ async fn start_model() -> String {
                 .unwrap()
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, _server) = serve_loopback(app).await;
     format!("http://{addr}/v1")
 }
 
@@ -345,57 +376,26 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
         "Looks up an order.",
         |a: Lookup, _key| async move { Ok::<_, String>(format!("{} ships tomorrow", a.order)) },
     );
-    let (rt, _) = Rt::builder()
-        .data_dir(dir.path())
-        .flush_logs(None)
-        .register_agent("chat", move |_cfg: &[u8]| {
+    let rt =
+        runtime_with(dir.path(), "chat", move |_cfg: &[u8]| {
             Ok(agentloop_openai::ChatAgent::<agentloop_sim::SimItem, agentloop_sim::SimEvent>::new(
-                provider.clone(),
-            )
-            .tools(tools.clone()))
+            provider.clone(),
+        )
+        .tools(tools.clone()))
         })
-        .start()
-        .await
-        .unwrap();
-    let app = router(&rt, HttpOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
-    let base = format!("http://{addr}");
-    let direct = router(&rt, HttpOptions::default());
-    let (s, v) = call(
+        .await;
+    let (base, server, direct) = serve(&rt).await;
+    spawn_api(
         &direct,
-        "POST",
-        "/sessions",
-        Some(
-            json!({"id": "chat", "kind": "chat", "persistent": true, "durability": "sync",
+        json!({"id": "chat", "kind": "chat", "persistent": true, "durability": "sync",
                     "history": 2}),
-        ),
     )
     .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
 
-    let c = connect(&driver).await;
-    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let c = open_page(&driver, &base).await;
     let row = r#"#sessions tr[data-id="chat"]"#;
     wait_text(&c, row, "the session is listed", |t| t.contains("chat")).await;
-    click_fresh(&c, row).await;
-    wait_text(&c, "#selected-id", "the session is selected", |t| {
-        t == "chat"
-    })
-    .await;
-    c.find(Locator::Css("#push-text"))
-        .await
-        .unwrap()
-        .send_keys("where is #42?")
-        .await
-        .unwrap();
-    c.find(Locator::Css("#push"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    select_and_push(&c, row, "chat", "where is #42?").await;
 
     // Streaming: the first tokens show before the last one arrived.
     let partial = wait_text(&c, "#stream", "the first tokens show", |t| {
@@ -479,9 +479,7 @@ async fn the_inspector_shows_tokens_streaming_and_a_step_in_the_timeline() {
     .await;
     screenshot(&c, "6-forked.png").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }
 
 /// The live page over TLS with a token (S43), as it is served in production: the
@@ -562,9 +560,7 @@ async fn the_live_page_works_over_tls_with_a_token() {
     push_from_page(&c, row, "secure", "hello over TLS").await;
     screenshot(&c, "tls-2-events.png").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }
 
 // ---- issue 53 point 4: the inspector shows a session's whole life ----------------
@@ -577,8 +573,7 @@ fn shots_dir() -> PathBuf {
 }
 
 async fn screenshot_to(c: &Client, name: &str) {
-    let png = c.screenshot().await.expect("a screenshot");
-    std::fs::write(shots_dir().join(name), png).expect("write the screenshot");
+    screenshot_in(shots_dir(), c, name).await;
 }
 
 /// The event log's lines.
@@ -648,10 +643,7 @@ async fn serve(
     tokio::task::JoinHandle<std::io::Result<()>>,
     axum::Router,
 ) {
-    let app = router(rt, HttpOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let (addr, server) = serve_loopback(router(rt, HttpOptions::default())).await;
     (
         format!("http://{addr}"),
         server,
@@ -659,15 +651,16 @@ async fn serve(
     )
 }
 
+/// Pushes item `n` of `text` to session `id` through the API; it is accepted.
 async fn push_api(app: &axum::Router, id: &str, n: u64, text: &str) {
-    let (s, v) = call(
-        app,
-        "POST",
-        &format!("/sessions/{id}/items"),
-        Some(json!({"item": {"id": n, "text": text}})),
-    )
-    .await;
+    let (s, v) = push(app, id, n, text).await;
     assert_eq!(s.as_u16(), 200, "{v}");
+}
+
+/// Spawns a session through the API from `body`; it is created.
+async fn spawn_api(app: &axum::Router, body: serde_json::Value) {
+    let (s, v) = spawn(app, body).await;
+    assert_eq!(s.as_u16(), 201, "{v}");
 }
 
 /// A session that ran two turns and stopped while the page watched stays listed; its
@@ -680,14 +673,11 @@ async fn a_stopped_session_stays_listed_and_shows_its_past_and_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
     let rt = sim_runtime(dir.path()).await;
     let (base, server, app) = serve(&rt).await;
-    let (s, v) = call(
+    spawn_api(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "past", "kind": "sim", "persistent": true, "history": 4})),
+        json!({"id": "past", "kind": "sim", "persistent": true, "history": 4}),
     )
     .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
     push_api(&app, "past", 1, "first").await;
     wait_api(&app, "/sessions/past", "turn 0 ends", |v| {
         v["turn_index"] == 1
@@ -699,8 +689,7 @@ async fn a_stopped_session_stays_listed_and_shows_its_past_and_checkpoints() {
     })
     .await;
 
-    let c = connect(&driver).await;
-    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let c = open_page(&driver, &base).await;
     let row = r#"#sessions tr[data-id="past"]"#;
     wait_text(&c, row, "the session is listed", |t| t.contains("past")).await;
     click_fresh(&c, row).await;
@@ -779,9 +768,7 @@ async fn a_stopped_session_stays_listed_and_shows_its_past_and_checkpoints() {
     }
     screenshot_to(&c, "2-stopped-replayed.png").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }
 
 /// With the server's listing of ended sessions (issue 53: every session whose record,
@@ -794,14 +781,11 @@ async fn a_session_that_stopped_before_the_page_opened_is_listed_with_its_past()
     let dir = tempfile::tempdir().unwrap();
     let rt = sim_runtime(dir.path()).await;
     let (base, server, app) = serve(&rt).await;
-    let (s, v) = call(
+    spawn_api(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "gone", "kind": "sim", "persistent": true})),
+        json!({"id": "gone", "kind": "sim", "persistent": true}),
     )
     .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
     push_api(&app, "gone", 1, "first").await;
     wait_api(&app, "/sessions/gone", "turn 0 ends", |v| {
         v["turn_index"] == 1
@@ -815,8 +799,7 @@ async fn a_session_that_stopped_before_the_page_opened_is_listed_with_its_past()
     })
     .await;
 
-    let c = connect(&driver).await;
-    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let c = open_page(&driver, &base).await;
     let row = r#"#sessions tr[data-id="gone"]"#;
     wait_text(&c, row, "the ended session is listed", |t| {
         t.contains("gone")
@@ -837,9 +820,7 @@ async fn a_session_that_stopped_before_the_page_opened_is_listed_with_its_past()
     }
     screenshot_to(&c, "4-listed-after-stop.png").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }
 
 /// The spawn form sends persistence, durability, history and a config (a chat's system
@@ -851,26 +832,16 @@ async fn the_spawn_form_sends_settings_and_a_timer_is_canceled_from_the_page() {
     let dir = tempfile::tempdir().unwrap();
     let configs: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Default::default();
     let seen = configs.clone();
-    let (rt, _) = Rt::builder()
-        .data_dir(dir.path())
-        .flush_logs(None)
-        .register_agent("chat", move |cfg: &[u8]| {
-            seen.lock()
-                .unwrap()
-                .push(serde_json::from_slice(cfg).unwrap_or(serde_json::Value::Null));
-            Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
-                1,
-                Duration::ZERO,
-                Duration::ZERO,
-            )))
-        })
-        .start()
-        .await
-        .unwrap();
+    let rt = runtime_with(dir.path(), "chat", move |cfg: &[u8]| {
+        seen.lock()
+            .unwrap()
+            .push(serde_json::from_slice(cfg).unwrap_or(serde_json::Value::Null));
+        Ok(react_agent())
+    })
+    .await;
     let (base, server, app) = serve(&rt).await;
 
-    let c = connect(&driver).await;
-    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let c = open_page(&driver, &base).await;
     wait_text(&c, "#sessions", "the list loads", |t| {
         t.contains("no sessions")
     })
@@ -878,18 +849,8 @@ async fn the_spawn_form_sends_settings_and_a_timer_is_canceled_from_the_page() {
     let kind = c.find(Locator::Css("#new-kind")).await.unwrap();
     kind.clear().await.unwrap();
     kind.send_keys("chat").await.unwrap();
-    c.find(Locator::Css("#new-id"))
-        .await
-        .unwrap()
-        .send_keys("formed")
-        .await
-        .unwrap();
-    c.find(Locator::Css("#new-persistent"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&c, "#new-id", "formed").await;
+    click(&c, "#new-persistent").await;
     c.execute(
         "const d = document.getElementById('new-durability'); d.value = 'turn'; \
          d.dispatchEvent(new Event('change'));",
@@ -897,27 +858,12 @@ async fn the_spawn_form_sends_settings_and_a_timer_is_canceled_from_the_page() {
     )
     .await
     .unwrap();
-    c.find(Locator::Css("#new-history"))
-        .await
-        .unwrap()
-        .send_keys("3")
-        .await
-        .unwrap();
-    c.find(Locator::Css("#new-system"))
-        .await
-        .unwrap()
-        .send_keys("Be brief.")
-        .await
-        .unwrap();
+    type_into(&c, "#new-history", "3").await;
+    type_into(&c, "#new-system", "Be brief.").await;
     let config = c.find(Locator::Css("#new-config")).await.unwrap();
     // Not JSON: refused on the page, nothing spawned.
     config.send_keys("{\"temperature\": ").await.unwrap();
-    c.find(Locator::Css("#spawn"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#spawn").await;
     wait_text(&c, "#error", "the config is refused", |t| {
         t.contains("config is not JSON")
     })
@@ -926,12 +872,7 @@ async fn the_spawn_form_sends_settings_and_a_timer_is_canceled_from_the_page() {
     assert_eq!(s.as_u16(), 404, "nothing was spawned");
     config.send_keys("0.5}").await.unwrap();
     screenshot_to(&c, "5-spawn-form.png").await;
-    c.find(Locator::Css("#spawn"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#spawn").await;
     wait_text(&c, "#selected-id", "the new session is selected", |t| {
         t == "formed"
     })
@@ -975,9 +916,7 @@ async fn the_spawn_form_sends_settings_and_a_timer_is_canceled_from_the_page() {
     .await;
     wait_text(&c, "#timers", "the page shows no timer", |t| t == "none").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }
 
 /// An interrupted session shows its question; the answer typed into the page resumes it
@@ -987,44 +926,31 @@ async fn an_interrupt_shows_its_question_and_the_page_answers_it() {
     let driver = start_driver();
     let dir = tempfile::tempdir().unwrap();
     let built = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (rt, _) = Rt::builder()
-        .data_dir(dir.path())
-        .flush_logs(None)
-        .register_agent("asks", move |_cfg: &[u8]| {
-            let a = agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
-                1,
-                Duration::ZERO,
-                Duration::ZERO,
-            ));
-            // The first agent asks at turn 0; the one resumed with the answer does not.
-            Ok(
-                if built.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                    a.with_fault(Some(0), 0, agentloop_sim::Fault::Interrupt, true)
-                } else {
-                    a
-                },
-            )
-        })
-        .start()
-        .await
-        .unwrap();
+    let rt = runtime_with(dir.path(), "asks", move |_cfg: &[u8]| {
+        let a = react_agent();
+        // The first agent asks at turn 0; the one resumed with the answer does not.
+        Ok(
+            if built.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                a.with_fault(Some(0), 0, agentloop_sim::Fault::Interrupt, true)
+            } else {
+                a
+            },
+        )
+    })
+    .await;
     let (base, server, app) = serve(&rt).await;
-    let (s, v) = call(
+    spawn_api(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "ask", "kind": "asks", "persistent": true})),
+        json!({"id": "ask", "kind": "asks", "persistent": true}),
     )
     .await;
-    assert_eq!(s.as_u16(), 201, "{v}");
     push_api(&app, "ask", 1, "may I?").await;
     wait_api(&app, "/sessions/ask", "the interrupt", |v| {
         v["interrupt"]["awaiting_answer"] == true && v["live"] == false
     })
     .await;
 
-    let c = connect(&driver).await;
-    c.goto(&format!("{base}/")).await.expect("the page loads");
+    let c = open_page(&driver, &base).await;
     let row = r#"#sessions tr[data-id="ask"]"#;
     wait_text(&c, row, "the session is listed", |t| t.contains("ask")).await;
     click_fresh(&c, row).await;
@@ -1040,19 +966,9 @@ async fn an_interrupt_shows_its_question_and_the_page_answers_it() {
     for b in ["#push", "#stop"] {
         wait_disabled(&c, b, true).await;
     }
-    c.find(Locator::Css("#answer-text"))
-        .await
-        .unwrap()
-        .send_keys("approved")
-        .await
-        .unwrap();
+    type_into(&c, "#answer-text", "approved").await;
     screenshot_to(&c, "7-interrupt.png").await;
-    c.find(Locator::Css("#answer"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&c, "#answer").await;
     wait_api(&app, "/sessions/ask", "the answer resumed it", |v| {
         v["interrupt"].is_null() && v["status"] == "running"
     })
@@ -1080,7 +996,5 @@ async fn an_interrupt_shows_its_question_and_the_page_answers_it() {
     );
     screenshot_to(&c, "8-answered.png").await;
 
-    c.close().await.expect("close the browser");
-    server.abort();
-    rt.stop(StopOptions::immediate()).await.unwrap();
+    finish(c, server, rt).await;
 }

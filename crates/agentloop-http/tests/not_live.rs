@@ -11,11 +11,9 @@ use std::time::Duration;
 use agentloop::store::{now_ms, MemoryStore};
 use agentloop::{store::SessionRecord, store::SessionStatus, CheckpointStore, Runtime};
 use agentloop_http::{router, HttpOptions};
-use agentloop_sim::{Script, SimEvent, SimItem};
+use agentloop_sim::{SimEvent, SimItem};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use http_body_util::BodyExt;
-use serde_json::json;
 
 mod common;
 use common::*;
@@ -43,13 +41,12 @@ async fn retry_after(
         .header("content-type", "application/json");
     let body = Body::from(body.unwrap_or("{}").to_string());
     let resp = send(app, req.body(body).unwrap()).await;
-    let status = resp.status();
     let after = resp
         .headers()
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let (status, bytes) = status_body(resp).await;
     (status, after, String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -67,13 +64,7 @@ async fn stored_but_not_live_is_503_with_retry_after_until_the_sweep_recovers_it
         .store(store.clone() as Arc<dyn CheckpointStore<SimItem>>)
         .heartbeat(BEAT, LEASE)
         .flush_logs(None)
-        .register_agent("sim", |_cfg: &[u8]| {
-            Ok(agentloop_sim::SimAgent::new(Script::react(
-                1,
-                Duration::ZERO,
-                Duration::ZERO,
-            )))
-        })
+        .register_agent("sim", |_cfg: &[u8]| Ok(react_agent()))
         .start()
         .await
         .unwrap();
@@ -103,8 +94,7 @@ async fn stored_but_not_live_is_503_with_retry_after_until_the_sweep_recovers_it
         "text/event-stream"
     );
     assert!(resp.headers().get("retry-after").is_some());
-    let text =
-        String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    let text = String::from_utf8_lossy(&status_body(resp).await.1).into_owned();
     let retry: u64 = text
         .lines()
         .find_map(|l| l.strip_prefix("retry: "))
@@ -125,13 +115,7 @@ async fn stored_but_not_live_is_503_with_retry_after_until_the_sweep_recovers_it
     );
 
     // Stored, not running: 409 with what to do. Nothing stored: 404.
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions/done/items",
-        Some(json!({"item": {"id": 2, "text": "x"}})),
-    )
-    .await;
+    let (s, v) = common::push(&app, "done", 2, "x").await;
     assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "wrong_state"), "{v}");
     assert!(
         v["message"].as_str().unwrap().contains("spawn it again"),
@@ -140,13 +124,7 @@ async fn stored_but_not_live_is_503_with_retry_after_until_the_sweep_recovers_it
     let (s, v) = call(&app, "POST", "/sessions/asks/stop", None).await;
     assert_eq!((s, code(&v)), (StatusCode::CONFLICT, "wrong_state"), "{v}");
     assert!(v["message"].as_str().unwrap().contains("answer"), "{v}");
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions/nobody/items",
-        Some(json!({"item": {"id": 3, "text": "x"}})),
-    )
-    .await;
+    let (s, v) = common::push(&app, "nobody", 3, "x").await;
     assert_eq!(
         (s, code(&v)),
         (StatusCode::NOT_FOUND, "unknown_session"),

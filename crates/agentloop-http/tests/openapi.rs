@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::contract::{check_event, document};
-use common::{call, code, read_until, runtime, send, sse_events};
+use common::{call, code, react_agent, read_until, runtime, send, spawn, sse_events, status_body};
 use serde_json::{json, Value};
 
 /// Where the document is checked in.
@@ -289,12 +289,7 @@ async fn every_documented_route_is_served_and_every_other_method_is_refused() {
                 Body::from("{}")
             };
             // (The event stream's session does not exist: a 404, not an open stream.)
-            let resp = send(&app, req.body(body).unwrap()).await;
-            let status = resp.status();
-            let bytes = http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
+            let (status, bytes) = status_body(send(&app, req.body(body).unwrap()).await).await;
             let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             if documented {
                 assert!(
@@ -317,13 +312,7 @@ async fn every_documented_route_is_served_and_every_other_method_is_refused() {
 async fn answers_of_every_route_match_the_document() {
     let dir = tempfile::tempdir().unwrap();
     let (rt, _) = common::Rt::builder()
-        .register_agent("sim", |_cfg: &[u8]| {
-            Ok(agentloop_sim::SimAgent::new(agentloop_sim::Script::react(
-                1,
-                Duration::ZERO,
-                Duration::ZERO,
-            )))
-        })
+        .register_agent("sim", |_cfg: &[u8]| Ok(react_agent()))
         .data_dir(dir.path())
         .flush_logs(None)
         .start()
@@ -346,14 +335,10 @@ async fn answers_of_every_route_match_the_document() {
     assert_eq!(&served, document(), "/openapi.json serves the document");
 
     // A persistent session with history, spawned, pushed to, read and listed.
-    let (s, v) = call(
+    let (s, v) = spawn(
         &app,
-        "POST",
-        "/sessions",
-        Some(
-            json!({"id": "c1", "kind": "sim", "persistent": true, "history": 4,
+        json!({"id": "c1", "kind": "sim", "persistent": true, "history": 4,
                     "durability": "sync", "events": {"count": 100, "max_age_s": 60}}),
-        ),
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -472,13 +457,7 @@ async fn answers_of_every_route_match_the_document() {
     let (s, v) = call(&app, "POST", "/sessions/c1-fork/detach", None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     note("post", "/sessions/{id}/detach", s);
-    let (s, _) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "c2", "kind": "sim"})),
-    )
-    .await;
+    let (s, _) = spawn(&app, json!({"id": "c2", "kind": "sim"})).await;
     assert_eq!(s, StatusCode::CREATED);
     let (s, v) = call(&app, "POST", "/sessions/c2/cancel", None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
@@ -502,22 +481,10 @@ async fn answers_of_every_route_match_the_document() {
 
     // Errors of the shapes the document names.
     for want in [StatusCode::CREATED, StatusCode::CONFLICT] {
-        let (s, v) = call(
-            &app,
-            "POST",
-            "/sessions",
-            Some(json!({"id": "c3", "kind": "sim"})),
-        )
-        .await;
+        let (s, v) = spawn(&app, json!({"id": "c3", "kind": "sim"})).await;
         assert_eq!(s, want, "{v}");
     }
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "x", "kind": "sim", "bogus": 1})),
-    )
-    .await;
+    let (s, v) = spawn(&app, json!({"id": "x", "kind": "sim", "bogus": 1})).await;
     assert_eq!(
         (s, code(&v)),
         (StatusCode::BAD_REQUEST, "bad_request"),

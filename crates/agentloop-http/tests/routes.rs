@@ -21,25 +21,13 @@ async fn sessions_are_spawned_listed_pushed_to_stopped_and_canceled() {
     assert_eq!(call(&app, "GET", "/healthz", None).await.0, StatusCode::OK);
     assert_eq!(call(&app, "GET", "/readyz", None).await.0, StatusCode::OK);
 
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "a", "kind": "sim"})),
-    )
-    .await;
+    let (s, v) = spawn(&app, json!({"id": "a", "kind": "sim"})).await;
     assert_eq!(
         (s, v["id"].as_str()),
         (StatusCode::CREATED, Some("a")),
         "{v}"
     );
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "b", "kind": "sim"})),
-    )
-    .await;
+    let (s, v) = spawn(&app, json!({"id": "b", "kind": "sim"})).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let (s, v) = call(&app, "GET", "/sessions", None).await;
     assert_eq!(s, StatusCode::OK);
@@ -52,13 +40,7 @@ async fn sessions_are_spawned_listed_pushed_to_stopped_and_canceled() {
     ids.sort();
     assert_eq!(ids, ["a", "b"]);
 
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions/a/items",
-        Some(json!({"item": {"id": 1, "text": "hello"}})),
-    )
-    .await;
+    let (s, v) = push(&app, "a", 1, "hello").await;
     assert_eq!(s, StatusCode::OK, "{v}");
     assert_eq!(v["preempt"], json!({"kind": "not_requested"}));
 
@@ -86,16 +68,13 @@ async fn errors_are_json_with_a_stable_code() {
             ..HttpOptions::default()
         },
     );
-    let spawn = |id: &str| json!({"id": id, "kind": "sim"});
-    assert_eq!(
-        call(&app, "POST", "/sessions", Some(spawn("x"))).await.0,
-        StatusCode::CREATED
-    );
+    let spawn_body = |id: &str| json!({"id": id, "kind": "sim"});
+    assert_eq!(spawn(&app, spawn_body("x")).await.0, StatusCode::CREATED);
     for (method, uri, body, status, want) in [
         (
             "POST",
             "/sessions",
-            Some(spawn("x")),
+            Some(spawn_body("x")),
             StatusCode::CONFLICT,
             "duplicate",
         ),
@@ -235,13 +214,7 @@ async fn errors_are_json_with_a_stable_code() {
     // accepted (whatever session it names), a spawn is refused.
     let mut push = (StatusCode::OK, json!(null));
     for _ in 0..200 {
-        push = call(
-            &app,
-            "POST",
-            "/sessions/x/items",
-            Some(json!({"item": {"id": 3, "text": "late"}})),
-        )
-        .await;
+        push = common::push(&app, "x", 3, "late").await;
         if push.0 == StatusCode::SERVICE_UNAVAILABLE {
             break;
         }
@@ -253,7 +226,7 @@ async fn errors_are_json_with_a_stable_code() {
         "{}",
         push.1
     );
-    let (s, v) = call(&app, "POST", "/sessions", Some(spawn("late"))).await;
+    let (s, v) = spawn(&app, spawn_body("late")).await;
     assert_eq!(
         (s, code(&v)),
         (StatusCode::SERVICE_UNAVAILABLE, "draining"),
@@ -304,13 +277,7 @@ async fn a_token_guards_every_route_but_the_probes() {
     // The probes answer without a token (load balancers do not carry one).
     assert_eq!(call(&app, "GET", "/healthz", None).await.0, StatusCode::OK);
     assert_eq!(call(&app, "GET", "/readyz", None).await.0, StatusCode::OK);
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "a", "kind": "sim"})),
-    )
-    .await;
+    let (s, v) = spawn(&app, json!({"id": "a", "kind": "sim"})).await;
     assert_eq!((s, code(&v)), (StatusCode::UNAUTHORIZED, "unauthorized"));
     // The page holds no data: it loads without a token (and sends the one it is given).
     assert_eq!(call(&app, "GET", "/", None).await.0, StatusCode::OK);
@@ -338,12 +305,7 @@ async fn a_token_guards_every_route_but_the_probes() {
 
 /// A bare GET's status.
 async fn status_of(app: &axum::Router, uri: &str) -> StatusCode {
-    common::send(
-        app,
-        Request::builder().uri(uri).body(Body::empty()).unwrap(),
-    )
-    .await
-    .status()
+    common::get(app, uri).await.status()
 }
 
 #[test]
@@ -379,24 +341,14 @@ fn without_a_token_only_loopback_is_served() {
 async fn without_a_token_a_web_page_cannot_drive_the_server() {
     use axum::body::Body;
     use axum::http::Request;
-    use http_body_util::BodyExt;
     let rt = runtime().await;
     let app = router(&rt, HttpOptions::default());
     assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/sessions",
-            Some(json!({"id": "v", "kind": "sim"}))
-        )
-        .await
-        .0,
+        spawn(&app, json!({"id": "v", "kind": "sim"})).await.0,
         StatusCode::CREATED
     );
     async fn raw(app: &axum::Router, req: Request<Body>) -> (StatusCode, serde_json::Value) {
-        let resp = send(app, req).await;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let (status, bytes) = status_body(send(app, req).await).await;
         (status, serde_json::from_slice(&bytes).unwrap_or_default())
     }
     // What a <form method=post> sends: form-encoded or text/plain, no preflight.
@@ -474,11 +426,7 @@ async fn probes_answer_while_every_request_slot_is_held() {
             ..HttpOptions::default()
         },
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, _server) = serve_loopback(app).await;
     // Two slow pushes: headers sent, the body never finished.
     let slow = || async move {
         let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -538,13 +486,7 @@ async fn probes_answer_while_every_request_slot_is_held() {
 async fn events_stream_as_sse_numbered_and_end_with_ended() {
     let rt = runtime().await;
     let app = router(&rt, HttpOptions::default());
-    call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "ev", "kind": "sim"})),
-    )
-    .await;
+    spawn(&app, json!({"id": "ev", "kind": "sim"})).await;
     let resp = open_events(&app, "ev", None).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(
@@ -554,13 +496,7 @@ async fn events_stream_as_sse_numbered_and_end_with_ended() {
     // A reconnect after event 0 on a session without a replay buffer says what it missed.
     let resumed = open_events(&app, "ev", Some(0)).await;
     assert_eq!(resumed.status(), StatusCode::OK);
-    let (s, _) = call(
-        &app,
-        "POST",
-        "/sessions/ev/items",
-        Some(json!({"item": {"id": 7, "text": "hi"}})),
-    )
-    .await;
+    let (s, _) = push(&app, "ev", 7, "hi").await;
     assert_eq!(s, StatusCode::OK);
     let (s, _) = call(
         &app,
@@ -615,13 +551,7 @@ async fn events_stream_as_sse_numbered_and_end_with_ended() {
     // Unknown sessions and bad ids are JSON errors.
     let (s, v) = call(&app, "GET", "/sessions/ghost/events", None).await;
     assert_eq!((s, code(&v)), (StatusCode::NOT_FOUND, "unknown_session"));
-    call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "ev2", "kind": "sim"})),
-    )
-    .await;
+    spawn(&app, json!({"id": "ev2", "kind": "sim"})).await;
     let bad = send(
         &app,
         Request::builder()
@@ -641,22 +571,10 @@ async fn events_stream_as_sse_numbered_and_end_with_ended() {
 async fn last_event_id_replays_exactly_the_missed_events() {
     let rt = runtime().await;
     let app = router(&rt, HttpOptions::default());
-    let (s, _) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "re", "kind": "sim", "replay": 64})),
-    )
-    .await;
+    let (s, _) = spawn(&app, json!({"id": "re", "kind": "sim", "replay": 64})).await;
     assert_eq!(s, StatusCode::CREATED);
     let mut first = open_events(&app, "re", None).await.into_body();
-    call(
-        &app,
-        "POST",
-        "/sessions/re/items",
-        Some(json!({"item": {"id": 1, "text": "a"}})),
-    )
-    .await;
+    push(&app, "re", 1, "a").await;
     let mut seen = read_until(&mut first, "turn_ended").await;
     let before = sse_events(&seen);
     let k = before[0].0; // the client "lost" everything after its first event
@@ -719,22 +637,10 @@ async fn oversize_bodies_are_refused_up_front_and_the_page_has_security_headers(
         },
     );
     assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/sessions",
-            Some(json!({"id": "b", "kind": "sim"}))
-        )
-        .await
-        .0,
+        spawn(&app, json!({"id": "b", "kind": "sim"})).await.0,
         StatusCode::CREATED
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let served = app.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, served).await;
-    });
+    let (addr, _server) = serve_loopback(app.clone()).await;
     let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
     // Headers only: the 10 MB body is never sent.
     c.write_all(
@@ -756,11 +662,7 @@ async fn oversize_bodies_are_refused_up_front_and_the_page_has_security_headers(
         "not canceled: {v}"
     );
 
-    let resp = send(
-        &app,
-        Request::builder().uri("/").body(Body::empty()).unwrap(),
-    )
-    .await;
+    let resp = common::get(&app, "/").await;
     let h = resp.headers();
     let csp = h["content-security-policy"].to_str().unwrap();
     assert!(
@@ -782,19 +684,7 @@ async fn an_idempotency_key_covers_the_preempt_and_does_not_keep_a_refusal() {
     let keyed = |key: &'static str, body: serde_json::Value| {
         let app = app.clone();
         async move {
-            let req = Request::builder()
-                .method("POST")
-                .uri("/sessions/late/items")
-                .header("content-type", "application/json")
-                .header("idempotency-key", key)
-                .body(Body::from(body.to_string()))
-                .unwrap();
-            let resp = send(&app, req).await;
-            let status = resp.status();
-            let bytes = http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
+            let (status, bytes) = post_keyed(&app, "/sessions/late/items", key, &body).await;
             (
                 status,
                 serde_json::from_slice::<serde_json::Value>(&bytes).unwrap_or_default(),
@@ -809,14 +699,7 @@ async fn an_idempotency_key_covers_the_preempt_and_does_not_keep_a_refusal() {
         "{v}"
     );
     assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/sessions",
-            Some(json!({"id": "late", "kind": "sim"}))
-        )
-        .await
-        .0,
+        spawn(&app, json!({"id": "late", "kind": "sim"})).await.0,
         StatusCode::CREATED
     );
     let (s, v) = keyed("k1", item.clone()).await;
@@ -896,22 +779,10 @@ async fn a_delayed_preempt_is_answered_at_acceptance_and_reported_in_events() {
         .await
         .unwrap();
     let app = router(&rt, HttpOptions::default());
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "slow", "kind": "slow"})),
-    )
-    .await;
+    let (s, v) = spawn(&app, json!({"id": "slow", "kind": "slow"})).await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     let mut events = open_events(&app, "slow", None).await.into_body();
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions/slow/items",
-        Some(json!({"item": {"id": 1, "text": "first"}})),
-    )
-    .await;
+    let (s, v) = push(&app, "slow", 1, "first").await;
     assert_eq!(s, StatusCode::OK, "{v}");
     read_until(&mut events, "turn_started").await;
     let answered = tokio::time::timeout(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use agentloop::{view::Redaction, Runtime, StopOptions};
 use agentloop_http::{router, HttpOptions};
-use agentloop_sim::{Fault, Ledger, Script, SimAgent, SimEvent, SimItem};
+use agentloop_sim::{Fault, Ledger, SimEvent, SimItem};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
@@ -33,7 +33,7 @@ async fn stored_runtime(dir: &std::path::Path, ledgers: Ledgers) -> Rt {
         .flush_logs(None)
         .redact(Redaction::fields(["text", "items"]))
         .register_agent("asks", move |_cfg: &[u8]| {
-            let a = SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO));
+            let a = react_agent();
             Ok(if built.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
                 a
             } else {
@@ -41,7 +41,7 @@ async fn stored_runtime(dir: &std::path::Path, ledgers: Ledgers) -> Rt {
             })
         })
         .register_agent("sim", move |_cfg: &[u8]| {
-            let a = SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO));
+            let a = react_agent();
             l.lock().push(a.ledger());
             Ok(a)
         })
@@ -65,31 +65,19 @@ where
     panic!("timed out waiting for {what}");
 }
 
-fn push_body(id: u64, text: &str) -> Option<Value> {
-    Some(json!({"item": {"id": id, "text": text}}))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_session_is_viewed_redacted_listed_answered_and_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let rt = stored_runtime(dir.path(), Ledgers::default()).await;
     let app = router(&rt, HttpOptions::default());
-    let (s, v) = call(
+    let (s, v) = spawn(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "ask", "kind": "asks", "persistent": true, "history": 4})),
+        json!({"id": "ask", "kind": "asks", "persistent": true, "history": 4}),
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
     // history needs a store behind it.
-    let (s, v) = call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "h", "kind": "sim", "history": 2})),
-    )
-    .await;
+    let (s, v) = spawn(&app, json!({"id": "h", "kind": "sim", "history": 2})).await;
     assert_eq!(
         (s, code(&v)),
         (StatusCode::BAD_REQUEST, "bad_request"),
@@ -97,17 +85,7 @@ async fn a_stored_session_is_viewed_redacted_listed_answered_and_deleted() {
     );
 
     // Turn 0 completes; turn 1 asks and the session stops awaiting an answer.
-    assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/sessions/ask/items",
-            push_body(1, "secret one")
-        )
-        .await
-        .0,
-        StatusCode::OK
-    );
+    assert_eq!(push(&app, "ask", 1, "secret one").await.0, StatusCode::OK);
     eventually("turn 0's checkpoint", || async {
         call(&app, "GET", "/sessions/ask/history", None)
             .await
@@ -116,17 +94,7 @@ async fn a_stored_session_is_viewed_redacted_listed_answered_and_deleted() {
             .is_some_and(|a| !a.is_empty())
     })
     .await;
-    assert_eq!(
-        call(
-            &app,
-            "POST",
-            "/sessions/ask/items",
-            push_body(2, "secret two")
-        )
-        .await
-        .0,
-        StatusCode::OK
-    );
+    assert_eq!(push(&app, "ask", 2, "secret two").await.0, StatusCode::OK);
     eventually("the interrupt", || async {
         let (_, v) = call(&app, "GET", "/sessions/ask", None).await;
         v["status"] == "stopped" && v["live"] == false
@@ -205,20 +173,13 @@ async fn a_stored_session_is_viewed_redacted_listed_answered_and_deleted() {
     .await;
 
     // A second session awaiting an answer is deleted with its history.
-    call(
+    spawn(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "ask2", "kind": "asks", "persistent": true, "history": 4})),
+        json!({"id": "ask2", "kind": "asks", "persistent": true, "history": 4}),
     )
     .await;
     for i in [10, 11] {
-        assert_eq!(
-            call(&app, "POST", "/sessions/ask2/items", push_body(i, "x"))
-                .await
-                .0,
-            StatusCode::OK
-        );
+        assert_eq!(push(&app, "ask2", i, "x").await.0, StatusCode::OK);
     }
     eventually("the second interrupt", || async {
         let (_, v) = call(&app, "GET", "/sessions/ask2", None).await;
@@ -243,21 +204,8 @@ async fn a_stored_session_is_viewed_redacted_listed_answered_and_deleted() {
 
 /// Sends one push with an `Idempotency-Key`.
 async fn keyed_push(app: &Router, key: &str, id: u64) -> (StatusCode, Value) {
-    let req = Request::builder()
-        .method("POST")
-        .uri("/sessions/k/items")
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(Body::from(
-            json!({"item": {"id": id, "text": "t"}}).to_string(),
-        ))
-        .unwrap();
-    let resp = send(app, req).await;
-    let status = resp.status();
-    let bytes = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
+    let body = json!({"item": {"id": id, "text": "t"}});
+    let (status, bytes) = post_keyed(app, "/sessions/k/items", key, &body).await;
     (status, serde_json::from_slice(&bytes).unwrap())
 }
 
@@ -267,13 +215,7 @@ async fn an_idempotent_retry_delivers_once_and_preempts_are_acknowledged() {
     let ledgers = Ledgers::default();
     let rt = stored_runtime(dir.path(), ledgers.clone()).await;
     let app = router(&rt, HttpOptions::default());
-    call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "k", "kind": "sim"})),
-    )
-    .await;
+    spawn(&app, json!({"id": "k", "kind": "sim"})).await;
 
     let first = keyed_push(&app, "order-1", 1).await;
     assert_eq!(first.0, StatusCode::OK, "{first:?}");
@@ -354,11 +296,9 @@ async fn detach_and_every_stop_mode() {
     let rt = stored_runtime(dir.path(), Ledgers::default()).await;
     let app = router(&rt, HttpOptions::default());
     for (id, persistent) in [("mem", false), ("bg", true), ("at", false), ("idle", false)] {
-        let (s, v) = call(
+        let (s, v) = spawn(
             &app,
-            "POST",
-            "/sessions",
-            Some(json!({"id": id, "kind": "sim", "persistent": persistent})),
+            json!({"id": id, "kind": "sim", "persistent": persistent}),
         )
         .await;
         assert_eq!(s, StatusCode::CREATED, "{v}");
@@ -435,13 +375,7 @@ async fn event_streams_are_bounded_and_cors_is_off_unless_configured() {
             ..HttpOptions::default()
         },
     );
-    call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "s", "kind": "sim"})),
-    )
-    .await;
+    spawn(&app, json!({"id": "s", "kind": "sim"})).await;
     let first = open_events(&app, "s", None).await;
     assert_eq!(first.status(), StatusCode::OK);
     let second = open_events(&app, "s", None).await;
@@ -492,27 +426,11 @@ async fn metrics_count_turns_pushes_checkpoints_and_sessions() {
     let ledgers = Ledgers::default();
     let rt = stored_runtime(dir.path(), ledgers.clone()).await;
     let app = router(&rt, HttpOptions::default());
-    call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "m", "kind": "sim", "persistent": true})),
-    )
-    .await;
+    spawn(&app, json!({"id": "m", "kind": "sim", "persistent": true})).await;
     for i in 0..3 {
-        assert_eq!(
-            call(&app, "POST", "/sessions/m/items", push_body(i, "t"))
-                .await
-                .0,
-            StatusCode::OK
-        );
+        assert_eq!(push(&app, "m", i, "t").await.0, StatusCode::OK);
     }
-    assert_eq!(
-        call(&app, "POST", "/sessions/ghost/items", push_body(9, "t"))
-            .await
-            .0,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(push(&app, "ghost", 9, "t").await.0, StatusCode::NOT_FOUND);
     eventually("three items delivered", || async {
         ledgers
             .lock()
@@ -551,32 +469,14 @@ async fn metrics_count_restarts_and_show_the_shutdown_phases() {
     let (rt, _) = Rt::builder()
         .flush_logs(None)
         .register_agent("flaky", |_cfg: &[u8]| {
-            Ok(
-                SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO)).with_fault(
-                    Some(0),
-                    0,
-                    Fault::Fail,
-                    true,
-                ),
-            )
+            Ok(react_agent().with_fault(Some(0), 0, Fault::Fail, true))
         })
         .start()
         .await
         .unwrap();
     let app = router(&rt, HttpOptions::default());
-    call(
-        &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "f", "kind": "flaky"})),
-    )
-    .await;
-    assert_eq!(
-        call(&app, "POST", "/sessions/f/items", push_body(1, "t"))
-            .await
-            .0,
-        StatusCode::OK
-    );
+    spawn(&app, json!({"id": "f", "kind": "flaky"})).await;
+    assert_eq!(push(&app, "f", 1, "t").await.0, StatusCode::OK);
     let metrics = || metrics_text(&app);
     eventually("a restart", || async {
         metrics()
@@ -647,20 +547,13 @@ async fn the_view_shows_a_cut_turns_durable_steps_and_metrics_count_them() {
         .await
         .unwrap();
     let app = router(&rt, HttpOptions::default());
-    let (s, v) = call(
+    let (s, v) = spawn(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "p", "kind": "pays", "persistent": true, "durability": "sync"})),
+        json!({"id": "p", "kind": "pays", "persistent": true, "durability": "sync"}),
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
-    assert_eq!(
-        call(&app, "POST", "/sessions/p/items", push_body(1, "buy"))
-            .await
-            .0,
-        StatusCode::OK
-    );
+    assert_eq!(push(&app, "p", 1, "buy").await.0, StatusCode::OK);
     eventually("the failed turn", || async {
         call(&app, "GET", "/sessions/p", None).await.1["live"] == false
     })
@@ -688,15 +581,13 @@ async fn a_kept_checkpoint_forks_into_a_new_session() {
     let dir = tempfile::tempdir().unwrap();
     let rt = stored_runtime(dir.path(), Ledgers::default()).await;
     let app = router(&rt, HttpOptions::default());
-    let (s, v) = call(
+    let (s, v) = spawn(
         &app,
-        "POST",
-        "/sessions",
-        Some(json!({"id": "src", "kind": "sim", "persistent": true, "history": 2})),
+        json!({"id": "src", "kind": "sim", "persistent": true, "history": 2}),
     )
     .await;
     assert_eq!(s, StatusCode::CREATED, "{v}");
-    let (s, v) = call(&app, "POST", "/sessions/src/items", push_body(1, "one")).await;
+    let (s, v) = push(&app, "src", 1, "one").await;
     assert_eq!(s, StatusCode::OK, "{v}");
     eventually("a kept checkpoint", || async {
         let (s, h) = call(&app, "GET", "/sessions/src/history", None).await;
@@ -743,20 +634,13 @@ async fn a_kept_checkpoint_forks_into_a_new_session() {
 
 /// `GET /metrics` as text.
 async fn metrics_text(app: &Router) -> String {
-    let req = Request::builder()
-        .uri("/metrics")
-        .body(Body::empty())
-        .unwrap();
-    let resp = send(app, req).await;
-    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = get(app, "/metrics").await;
     assert!(resp.headers()["content-type"]
         .to_str()
         .unwrap()
         .starts_with("application/openmetrics-text"));
-    let bytes = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
+    let (status, bytes) = status_body(resp).await;
+    assert_eq!(status, StatusCode::OK);
     String::from_utf8(bytes.to_vec()).unwrap()
 }
 
@@ -772,27 +656,19 @@ async fn a_session_kept_only_as_history_and_events_is_listed_everywhere() {
     let rt = stored_runtime(dir.path(), Ledgers::default()).await;
     let app = router(&rt, HttpOptions::default());
     for (id, persistent) in [("a-runs", false), ("b-kept", true), ("c-stops", true)] {
-        let (s, v) = call(
+        let (s, v) = spawn(
             &app,
-            "POST",
-            "/sessions",
-            Some(if persistent {
+            if persistent {
                 json!({"id": id, "kind": "sim", "persistent": true, "history": 3})
             } else {
                 json!({"id": id, "kind": "sim"})
-            }),
+            },
         )
         .await;
         assert_eq!(s, StatusCode::CREATED, "{id}: {v}");
     }
     for id in ["b-kept", "c-stops"] {
-        let (s, v) = call(
-            &app,
-            "POST",
-            &format!("/sessions/{id}/items"),
-            push_body(1, "x"),
-        )
-        .await;
+        let (s, v) = push(&app, id, 1, "x").await;
         assert_eq!(s, StatusCode::OK, "{v}");
         eventually("a kept checkpoint", || async {
             call(&app, "GET", &format!("/sessions/{id}/history"), None)
@@ -840,17 +716,13 @@ async fn a_session_kept_only_as_history_and_events_is_listed_everywhere() {
     let mut paged = Vec::new();
     let mut uri = "/sessions?limit=1".to_string();
     for _ in 0..5 {
-        let req = Request::builder().uri(&uri).body(Body::empty()).unwrap();
-        let resp = send(&app, req).await;
+        let resp = get(&app, &uri).await;
         assert_eq!(resp.status(), StatusCode::OK);
         let link = resp
             .headers()
             .get("link")
             .map(|l| l.to_str().unwrap().to_string());
-        let bytes = http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .unwrap()
-            .to_bytes();
+        let (_, bytes) = status_body(resp).await;
         let page: Value = serde_json::from_slice(&bytes).unwrap();
         paged.extend(
             page.as_array()

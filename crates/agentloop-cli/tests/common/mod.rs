@@ -28,6 +28,11 @@ impl TempDir {
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
     }
+
+    /// The path of `name` inside the directory, as text.
+    pub fn sub(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
 }
 
 impl Drop for TempDir {
@@ -583,4 +588,102 @@ pub fn post_json(url: &str, body: &serde_json::Value) -> (u16, Option<String>, s
         retry,
         r.body_mut().read_json().unwrap_or(serde_json::Value::Null),
     )
+}
+
+/// `GET url`: the status and the JSON answer (`null` when there is none).
+pub fn get(url: &str) -> (u16, serde_json::Value) {
+    let mut r = agent().get(url).call().expect("GET");
+    let status = r.status().as_u16();
+    (
+        status,
+        r.body_mut().read_json().unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `GET url`: the status only (the answer read and dropped).
+pub fn get_status(url: &str) -> u16 {
+    let mut r = agent().get(url).call().expect("GET");
+    let status = r.status().as_u16();
+    let _ = r.body_mut().read_to_string();
+    status
+}
+
+/// `POST url` with a JSON body: the status and the JSON answer (`null` when there is none).
+pub fn post(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let mut r = agent().post(url).send_json(body).expect("POST");
+    let status = r.status().as_u16();
+    (
+        status,
+        r.body_mut().read_json().unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// `POST {url}/sessions` with the spawn request `body`; it must answer 201.
+pub fn spawn(url: &str, body: serde_json::Value) {
+    let (status, v) = post(&format!("{url}/sessions"), body.clone());
+    assert_eq!(status, 201, "spawn {body}: {v}");
+}
+
+/// `POST {url}/sessions/{session}/items` of item `id` with `text`; it must answer 200.
+pub fn push_item(url: &str, session: &str, id: u64, text: &str) {
+    let (status, v) = post(
+        &format!("{url}/sessions/{session}/items"),
+        serde_json::json!({"item": {"id": id, "text": text}}),
+    );
+    assert_eq!(status, 200, "push {id} to {session}: {v}");
+}
+
+/// Writes `text` as the configuration file `dir/agentloop.toml`.
+pub fn write_config(dir: &Path, text: &str) {
+    std::fs::write(dir.join("agentloop.toml"), text).expect("the config");
+}
+
+/// Bytes a process printed, as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `agentloop ARGS...`, run to its end: its status and output.
+pub fn agentloop(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_agentloop"))
+        .args(args)
+        .output()
+        .expect("run the agentloop binary")
+}
+
+/// Checks that `out` is a success; returns its stdout.
+pub fn ok(out: &std::process::Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{}\nstderr:\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Checks that `out` exited with `code` and said `needle` on stderr.
+pub fn fails_saying(out: &std::process::Output, code: i32, needle: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr:\n{err}");
+    assert!(
+        err.contains(needle),
+        "stderr should contain {needle:?}:\n{err}"
+    );
+}
+
+/// Simulated items `message {id}`, one per id.
+pub fn sim_items(ids: &[u64]) -> Vec<agentloop_sim::SimItem> {
+    ids.iter()
+        .map(|&i| agentloop_sim::SimItem::new(i, format!("message {i}")))
+        .collect()
+}
+
+/// Spawns the persistent `sim` session `id` with `config` at `url`; it must answer 201.
+pub fn spawn_sim(url: &str, id: &str, config: serde_json::Value) {
+    spawn(
+        url,
+        serde_json::json!({"id": id, "kind": "sim", "persistent": true, "config": config}),
+    );
 }

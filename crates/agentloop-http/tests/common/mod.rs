@@ -16,15 +16,15 @@ use serde_json::{json, Value};
 
 pub type Rt = Runtime<SimItem, SimEvent>;
 
+/// A simulated agent of one round a turn, its model and tool calls instant.
+pub fn react_agent() -> SimAgent {
+    SimAgent::new(Script::react(1, Duration::ZERO, Duration::ZERO))
+}
+
+/// A runtime without a store, with kind `sim` (a [`react_agent`]).
 pub async fn runtime() -> Rt {
     let (rt, _) = Rt::builder()
-        .register_agent("sim", |_cfg: &[u8]| {
-            Ok(SimAgent::new(Script::react(
-                1,
-                Duration::ZERO,
-                Duration::ZERO,
-            )))
-        })
+        .register_agent("sim", |_cfg: &[u8]| Ok(react_agent()))
         .flush_logs(None)
         .start()
         .await
@@ -35,12 +35,7 @@ pub async fn runtime() -> Rt {
 /// Sends `req` to `app` over a real loopback socket: an HTTP/1.1 server of its own on
 /// 127.0.0.1:0 (left running, so a streamed answer keeps flowing) and hyper's client.
 pub async fn send(app: &Router, req: Request<Body>) -> axum::response::Response {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let app = app.clone();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, _server) = serve_loopback(app.clone()).await;
     let (mut parts, body) = req.into_parts();
     let method = parts.method.to_string();
     let path = parts
@@ -123,6 +118,71 @@ pub async fn call(
     (status, v)
 }
 
+/// Serves `app` on a fresh loopback port (127.0.0.1:0); returns its address and the
+/// server's task (left running unless the caller aborts it).
+pub async fn serve_loopback(
+    app: Router,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    (addr, server)
+}
+
+/// `POST /sessions` with `body` (a spawn request): the status and the answer.
+pub async fn spawn(app: &Router, body: Value) -> (StatusCode, Value) {
+    call(app, "POST", "/sessions", Some(body)).await
+}
+
+/// `POST /sessions/{id}/items` with item `n` of `text`: the status and the answer.
+pub async fn push(app: &Router, id: &str, n: u64, text: &str) -> (StatusCode, Value) {
+    call(
+        app,
+        "POST",
+        &format!("/sessions/{id}/items"),
+        Some(json!({"item": {"id": n, "text": text}})),
+    )
+    .await
+}
+
+/// `GET uri` with no body, through [`send`]: the whole response.
+pub async fn get(app: &Router, uri: &str) -> axum::response::Response {
+    send(
+        app,
+        Request::builder().uri(uri).body(Body::empty()).unwrap(),
+    )
+    .await
+}
+
+/// A response's status and its whole body.
+pub async fn status_body(resp: axum::response::Response) -> (StatusCode, axum::body::Bytes) {
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, bytes)
+}
+
+/// `POST uri` with the JSON `body` and an `Idempotency-Key` of `key`: the status and
+/// the whole answer.
+pub async fn post_keyed(
+    app: &Router,
+    uri: &str,
+    key: &str,
+    body: &Value,
+) -> (StatusCode, axum::body::Bytes) {
+    let req = Request::builder()
+        .method("POST")
+        .uri(uri)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    status_body(send(app, req).await).await
+}
+
+/// The `code` of a JSON error answer (`""` when there is none).
 pub fn code(v: &Value) -> &str {
     v["code"].as_str().unwrap_or("")
 }
