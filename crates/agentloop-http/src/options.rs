@@ -28,17 +28,17 @@ pub struct HttpOptions {
     /// with another). `None`: no authentication, so serve on loopback only
     /// ([`check_bind`]).
     pub token: Option<String>,
-    /// Requests in flight at once (429 above it). `None`: [`DEFAULT_MAX_REQUESTS`].
+    /// Requests in flight at once (429 above it). `None`: [`DEFAULT_MAX_REQUESTS`](crate::DEFAULT_MAX_REQUESTS).
     pub max_requests: Option<usize>,
     /// Event streams open at once (429 above it). `None`:
-    /// [`DEFAULT_MAX_EVENT_STREAMS`].
+    /// [`DEFAULT_MAX_EVENT_STREAMS`](crate::DEFAULT_MAX_EVENT_STREAMS).
     pub max_event_streams: Option<usize>,
     /// Origins allowed to call from a browser page served elsewhere (CORS). Empty: no
     /// CORS headers at all, so browsers allow same-origin calls only.
     pub cors_origins: Vec<String>,
-    /// Idempotency keys remembered at most. `None`: [`DEFAULT_IDEMPOTENCY_KEYS`].
+    /// Idempotency keys remembered at most. `None`: [`DEFAULT_IDEMPOTENCY_KEYS`](crate::DEFAULT_IDEMPOTENCY_KEYS).
     pub idempotency_keys: Option<usize>,
-    /// How long an idempotency key is remembered. `None`: [`DEFAULT_IDEMPOTENCY_TTL`].
+    /// How long an idempotency key is remembered. `None`: [`DEFAULT_IDEMPOTENCY_TTL`](crate::DEFAULT_IDEMPOTENCY_TTL).
     pub idempotency_ttl: Option<Duration>,
     /// The largest replay buffer a spawn may ask for (400 above it; S34a). `None`:
     /// [`agentloop::config::DEFAULT_MAX_REPLAY`].
