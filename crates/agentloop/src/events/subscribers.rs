@@ -467,9 +467,10 @@ impl<E: Clone + Send + 'static> Subscribers<E> {
     /// delivers them, holding the order gate until done. `None` means everything was
     /// delivered and the gate is released.
     ///
-    /// Call before reporting the turn's end to the actor, or with the [`EndHold`] taken
-    /// before reporting it (whose owed numbers the events take), then await the future
-    /// (if any): teardown may run meanwhile and `Ended` still comes after these events.
+    /// Call before the actor handles the turn's end (the actor calls it first thing
+    /// when it takes the report), or with the [`EndHold`] taken before reporting it
+    /// (whose owed numbers the events take), then await the future (if any): teardown
+    /// may run meanwhile and `Ended` still comes after these events.
     pub(crate) fn send_final(
         &self,
         events: Vec<SessionEvent<E>>,

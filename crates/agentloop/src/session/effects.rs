@@ -24,17 +24,28 @@ use crate::turn::agent::Agent;
 use crate::turn::control::TurnControl;
 use crate::turn::TurnCx;
 
-/// Performs one effect.
-pub(super) async fn perform<A: Agent>(
+/// What performing an effect at once left to await: the exit (the teardown's store
+/// and hook awaits) or a sleep (its teardown). Every other effect is performed without
+/// waiting, so a message whose effects are all of that kind is handled without an
+/// async performer (B1, B2).
+pub(super) enum Awaited<A: Agent> {
+    /// The session exits with this plan.
+    Exit(Box<crate::session::core::ExitPlan<A::Item>>),
+    /// The session tries to sleep (S39).
+    Sleep,
+}
+
+/// Performs one effect now, or hands it back as [`Awaited`] when it must be awaited
+/// (then [`perform_awaited`] performs it).
+pub(super) fn perform_now<A: Agent>(
     myself: &Myself<A>,
     state: &mut LoopState<A>,
     effect: Effect<A>,
-) {
+) -> Option<Awaited<A>> {
     match effect {
         Effect::Store { seq, op, steps } => {
-            let Some(store) = state.store.clone() else {
-                return;
-            };
+            // Without a store there is nothing to write, and nothing to await.
+            let store = state.store.clone()?;
             // Issued here, now: the store orders writes by call time. The completion
             // comes back from whichever thread completes the write (the store's
             // committer, S15c) as a message in this session's mailbox, and to the
@@ -61,7 +72,7 @@ pub(super) async fn perform<A: Agent>(
                 for tx in steps {
                     let _ = tx.send(result.is_ok());
                 }
-                let _ = me.send_message(internal::<A>(InternalMsg::Written {
+                me.send_message(internal::<A>(InternalMsg::Written {
                     seq,
                     result: result.clone(),
                 }));
@@ -100,7 +111,7 @@ pub(super) async fn perform<A: Agent>(
             let msg = InternalMsg::Due(event);
             let timer = myself.send_after(after, move || internal::<A>(msg));
             if let Some(id) = preempt {
-                state.preempt_timers.insert(id, timer.abort_handle());
+                state.preempt_timers.insert(id, timer);
             }
         }
         Effect::CancelTimers { ids } => {
@@ -111,9 +122,8 @@ pub(super) async fn perform<A: Agent>(
             }
         }
         Effect::Poll => {
-            let Some(store) = state.store.clone() else {
-                return;
-            };
+            // Without a store there is no record to poll.
+            let store = state.store.clone()?;
             let id = state.core.config.id.clone();
             let me = myself.clone();
             tokio::spawn(async move {
@@ -121,7 +131,7 @@ pub(super) async fn perform<A: Agent>(
                     Ok(Some(s)) => Some(s.status().clone()),
                     _ => None,
                 };
-                let _ = me.send_message(internal::<A>(InternalMsg::Polled { status }));
+                me.send_message(internal::<A>(InternalMsg::Polled { status }));
             });
         }
         Effect::TurnDurable { tx, durable } => {
@@ -139,8 +149,21 @@ pub(super) async fn perform<A: Agent>(
                 );
             }
         }
-        Effect::Exit(plan) => teardown(myself, state, *plan).await,
-        Effect::Sleep => {
+        Effect::Exit(plan) => return Some(Awaited::Exit(plan)),
+        Effect::Sleep => return Some(Awaited::Sleep),
+    }
+    None
+}
+
+/// Performs an effect that [`perform_now`] handed back.
+pub(super) async fn perform_awaited<A: Agent>(
+    myself: &Myself<A>,
+    state: &mut LoopState<A>,
+    awaited: Awaited<A>,
+) {
+    match awaited {
+        Awaited::Exit(plan) => teardown(myself, state, *plan).await,
+        Awaited::Sleep => {
             // S39: closed atomically against subscriptions; one that slipped in keeps
             // the session awake (the core tries again after another idle period).
             let plan = state.core.sleep_plan();
@@ -148,7 +171,7 @@ pub(super) async fn perform<A: Agent>(
                 state.core.begin_sleep();
                 teardown(myself, state, plan).await;
             } else {
-                let _ = myself.send_message(internal::<A>(InternalMsg::SleepRefused));
+                myself.send_message(internal::<A>(InternalMsg::SleepRefused));
             }
         }
     }
@@ -208,8 +231,10 @@ fn start_turn<A: Agent>(
                     .or_else(|| p.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic payload".into());
                 control.abandon(format!("turn task panicked: {msg}"));
-                let _ =
-                    myself.send_message(internal::<A>(InternalMsg::TurnFinished { turn: index }));
+                myself.send_message(internal::<A>(InternalMsg::TurnFinished {
+                    turn: index,
+                    finals: None,
+                }));
             }
         }
     };

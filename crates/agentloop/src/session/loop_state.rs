@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use ractor::ActorRef;
+use crate::session::session_ref::SessionRef;
 
 use crate::events::Subscribers;
 use crate::exit::ExitState;
@@ -95,7 +95,8 @@ impl<A: Agent> LoopState<A> {
 }
 
 /// The actor's own reference.
-pub(super) type Myself<A> = ActorRef<TurnLoopMsg<<A as Agent>::Item, <A as Agent>::Event>>;
+/// Where the session's own tasks and timers report to.
+pub(super) type Myself<A> = SessionRef<<A as Agent>::Item, <A as Agent>::Event>;
 
 /// Wraps an internal message (a task or timer reporting back).
 pub(super) fn internal<A: Agent>(msg: InternalMsg<A::Item>) -> TurnLoopMsg<A::Item, A::Event> {

@@ -11,6 +11,9 @@
 //! `crate::push`, the state handles read after the actor is gone in `crate::shared`.
 
 pub(crate) mod answer;
+#[cfg(feature = "bench-shell")]
+#[doc(hidden)]
+pub mod bench_shell;
 mod config;
 pub(crate) mod core;
 mod effects;
@@ -25,6 +28,7 @@ mod loop_state;
 pub(crate) mod messages;
 use agentloop_core::settings;
 pub(crate) mod restart;
+mod session_ref;
 mod spec;
 mod teardown;
 mod turn_loop;

@@ -97,7 +97,7 @@ pub(super) async fn teardown<A: Agent>(
     }
     // Process what is already queued (pushes become late, with their items handed
     // back), then stop; later sends are refused with the message handed back.
-    let _ = myself.drain();
+    myself.drain();
 }
 
 /// S21: each hook bounded by the timeout and isolated (its own task: a panic or a hang

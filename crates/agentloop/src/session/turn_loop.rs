@@ -17,10 +17,11 @@ use tracing::Instrument;
 
 use crate::events::Subscribers;
 use crate::session::core::{Core, CoreConfig, Effects, Event};
-use crate::session::effects::perform;
+use crate::session::effects::{perform_awaited, perform_now, Awaited};
 use crate::session::load::load;
 use crate::session::loop_state::{internal, LoopState, Myself};
 use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
+use crate::session::session_ref::SessionRef;
 use crate::session::SessionSpec;
 use crate::shared::SessionShared;
 use crate::store::{CheckpointStore, LoadedRecord};
@@ -58,56 +59,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
         myself: ActorRef<Self::Msg>,
         args: TurnLoopArgs<A>,
     ) -> Result<Self::State, ActorProcessingErr> {
-        // S42: OpenTelemetry's GenAI attribute for the conversation beside agentloop's.
-        let span = tracing::info_span!(
-            "session",
-            id = %args.config.id,
-            kind = %args.config.kind,
-            gen_ai.conversation.id = %args.config.id,
-        );
-        let mut config = args.config;
-        let core_config = CoreConfig::from_session(&mut config, args.store.is_some());
-        let mut core = Core::new(core_config, args.shared);
-        // `sync` writes every safe point; `sync` and `turn` write every durable step's
-        // journal entry (S1b).
-        if core.writes_turn_ends() {
-            let me = myself.clone();
-            core.progress_hook = Some(Arc::new(move |turn| {
-                // The session may be gone; then nobody needs the progress.
-                let _ = me.send_message(internal::<A>(InternalMsg::TurnProgress { turn }));
-            }));
-        }
-        if core.persists() && config.run.load_record {
-            if let Some(store) = &args.store {
-                load(&mut core, &**store, &config, args.preloaded)
-                    .instrument(span.clone())
-                    .await;
-            }
-        }
-        if let (Some(keeper), Some(store)) = (args.subscribers.keeper(), &args.store) {
-            if core.load_error.is_none() {
-                start_keeper(&core, keeper, store, config.run.load_record)
-                    .instrument(span.clone())
-                    .await;
-            }
-        }
-        Ok(LoopState {
-            core,
-            agent: args.agent,
-            store: args.store,
-            subscribers: args.subscribers,
-            writes: VecDeque::new(),
-            turn_task: None,
-            preempt_timers: Default::default(),
-            final_exit: None,
-            published: false,
-            effects: Vec::new(),
-            end_hooks: config.end_hooks,
-            hook_timeout: config.hook_timeout,
-            span,
-            metrics: config.run.metrics,
-            restart_oracle: config.run.restart_oracle,
-        })
+        Ok(start_state(SessionRef::Actor(myself), args).await)
     }
 
     async fn post_start(
@@ -115,20 +67,7 @@ impl<A: Agent> Actor for TurnLoop<A> {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        // Most sessions start idle and the start has no effects: decide first, and box
-        // the (large) future that performs effects only when there are some (B2).
-        let mut effects = std::mem::take(&mut state.effects);
-        // In the session's span: the start logs a record that failed to load.
-        let core = &mut state.core;
-        state
-            .span
-            .in_scope(|| core.handle(Event::Start, Instant::now(), &mut effects));
-        if effects.is_empty() {
-            state.effects = effects;
-        } else {
-            let span = state.span.clone();
-            Box::pin(perform_all(&myself, state, effects).instrument(span)).await;
-        }
+        start(&SessionRef::Actor(myself), state).await;
         Ok(())
     }
 
@@ -138,20 +77,113 @@ impl<A: Agent> Actor for TurnLoop<A> {
         msg: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let span = state.span.clone();
-        // Boxed: ractor keeps each actor's message loop in one allocation sized for the
-        // largest `handle` future; inlining every branch made that ~5 KiB per session
-        // (B2). One small allocation per message keeps idle sessions small.
-        Box::pin(handle_msg(&myself, msg, state).instrument(span)).await;
+        handle_message(&SessionRef::Actor(myself), msg, state).await;
         Ok(())
     }
 }
 
-async fn handle_msg<A: Agent>(
-    myself: &Myself<A>,
+/// The session's state at its start: the core, with the record loaded (S17, S18) and
+/// the keeper of events started (S20a).
+pub(super) async fn start_state<A: Agent>(me: Myself<A>, args: TurnLoopArgs<A>) -> LoopState<A> {
+    // S42: OpenTelemetry's GenAI attribute for the conversation beside agentloop's.
+    let span = tracing::info_span!(
+        "session",
+        id = %args.config.id,
+        kind = %args.config.kind,
+        gen_ai.conversation.id = %args.config.id,
+    );
+    let mut config = args.config;
+    let core_config = CoreConfig::from_session(&mut config, args.store.is_some());
+    let mut core = Core::new(core_config, args.shared);
+    // `sync` writes every safe point; `sync` and `turn` write every durable step's
+    // journal entry (S1b).
+    if core.writes_turn_ends() {
+        core.progress_hook = Some(Arc::new(move |turn| {
+            // The session may be gone; then nobody needs the progress.
+            me.send_message(internal::<A>(InternalMsg::TurnProgress { turn }));
+        }));
+    }
+    if core.persists() && config.run.load_record {
+        if let Some(store) = &args.store {
+            load(&mut core, &**store, &config, args.preloaded)
+                .instrument(span.clone())
+                .await;
+        }
+    }
+    if let (Some(keeper), Some(store)) = (args.subscribers.keeper(), &args.store) {
+        if core.load_error.is_none() {
+            start_keeper(&core, keeper, store, config.run.load_record)
+                .instrument(span.clone())
+                .await;
+        }
+    }
+    LoopState {
+        core,
+        agent: args.agent,
+        store: args.store,
+        subscribers: args.subscribers,
+        writes: VecDeque::new(),
+        turn_task: None,
+        preempt_timers: Default::default(),
+        final_exit: None,
+        published: false,
+        effects: Vec::new(),
+        end_hooks: config.end_hooks,
+        hook_timeout: config.hook_timeout,
+        span,
+        metrics: config.run.metrics,
+        restart_oracle: config.run.restart_oracle,
+    }
+}
+
+/// The session's start: the core's `Start` event, performed.
+pub(super) async fn start<A: Agent>(me: &Myself<A>, state: &mut LoopState<A>) {
+    // Most sessions start idle and the start has no effects: decide and perform at
+    // once; only what must be awaited gets a boxed future (B2).
+    let span = state.span.clone();
+    let rest = {
+        // In the session's span: the start logs a record that failed to load.
+        let _entered = span.enter();
+        let mut effects = std::mem::take(&mut state.effects);
+        state
+            .core
+            .handle(Event::Start, Instant::now(), &mut effects);
+        perform_effects(me, state, effects)
+    };
+    if let Some(rest) = rest {
+        Box::pin(perform_rest(me, state, rest).instrument(span)).await;
+    }
+}
+
+/// Handles one message.
+///
+/// Decided and performed at once, in the session's span: every effect but an exit or
+/// a sleep is performed without waiting, so the message's future holds nothing large
+/// and allocates nothing (B1). ractor keeps each actor's message loop in one
+/// allocation sized for the largest `handle` future; the awaited rest is boxed so that
+/// stays small too (B2).
+pub(super) async fn handle_message<A: Agent>(
+    me: &Myself<A>,
     msg: TurnLoopMsg<A::Item, A::Event>,
     state: &mut LoopState<A>,
 ) {
+    let span = state.span.clone();
+    let rest = {
+        let _entered = span.enter();
+        handle_now(me, msg, state)
+    };
+    if let Some(rest) = rest {
+        Box::pin(perform_rest(me, state, rest).instrument(span)).await;
+    }
+}
+
+/// Turns a message into a core event, hands it to the core and performs its effects;
+/// returns what must be awaited, if anything.
+fn handle_now<A: Agent>(
+    myself: &Myself<A>,
+    msg: TurnLoopMsg<A::Item, A::Event>,
+    state: &mut LoopState<A>,
+) -> Option<Rest<A>> {
     let event = match msg {
         TurnLoopMsg::Push {
             item,
@@ -171,14 +203,19 @@ async fn handle_msg<A: Agent>(
             reply,
         } => {
             let _ = reply.send(state.subscribers.subscribe(capacity, filter));
-            return;
+            return None;
         }
         TurnLoopMsg::Inspect { reply } => {
             let _ = reply.send(state.core.info());
-            return;
+            return None;
         }
         TurnLoopMsg::Internal(Internal(msg)) => match msg {
-            InternalMsg::TurnFinished { turn } => {
+            InternalMsg::TurnFinished { turn, finals } => {
+                // The turn's final events first, before anything the core decides:
+                // `Ended` and the next turn's events come after them (S20).
+                if let Some(finals) = finals {
+                    finals.deliver();
+                }
                 if state.core.turn.as_ref().is_some_and(|t| t.index == turn) {
                     state.turn_task = None;
                 }
@@ -206,27 +243,51 @@ async fn handle_msg<A: Agent>(
             InternalMsg::SleepRefused => Event::SleepRefused,
         },
     };
-    step(myself, state, event).await;
-}
-
-/// Feeds one event to the core and performs its effects.
-async fn step<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>, event: Event<A>) {
     let mut effects = std::mem::take(&mut state.effects);
     state.core.handle(event, Instant::now(), &mut effects);
-    perform_all(myself, state, effects).await;
+    perform_effects(myself, state, effects)
 }
 
-/// Performs `effects` in order, then hands the emptied vector back to the state so its
-/// capacity is reused by the next event.
-async fn perform_all<A: Agent>(
+/// An effect to await and the effects that come after it, in the core's order.
+struct Rest<A: Agent> {
+    awaited: Awaited<A>,
+    after: Effects<A>,
+}
+
+/// Performs `effects` in order until one must be awaited; that one and those after it
+/// are returned. The emptied vector goes back to the state, so its capacity is reused
+/// by the next event.
+fn perform_effects<A: Agent>(
     myself: &Myself<A>,
     state: &mut LoopState<A>,
     mut effects: Effects<A>,
-) {
-    for effect in effects.drain(..) {
-        perform(myself, state, effect).await;
+) -> Option<Rest<A>> {
+    let mut rest = None;
+    let mut drain = effects.drain(..);
+    for effect in drain.by_ref() {
+        if let Some(awaited) = perform_now(myself, state, effect) {
+            rest = Some(Rest {
+                awaited,
+                after: drain.by_ref().collect(),
+            });
+            break;
+        }
     }
+    drop(drain);
     state.effects = effects;
+    rest
+}
+
+/// Performs what must be awaited, and the effects after it, in order.
+async fn perform_rest<A: Agent>(myself: &Myself<A>, state: &mut LoopState<A>, rest: Rest<A>) {
+    let mut rest = rest;
+    loop {
+        perform_awaited(myself, state, rest.awaited).await;
+        match perform_effects(myself, state, rest.after) {
+            Some(more) => rest = more,
+            None => return,
+        }
+    }
 }
 
 /// How long a session's start waits for its first reservation of event numbers.

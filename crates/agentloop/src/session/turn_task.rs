@@ -4,22 +4,24 @@
 //! It owns the agent's futures for the turn: it waits for the order gate, runs `plan`
 //! (dropping it if a stop aborts planning), starts the turn, runs `run_turn` while
 //! watching the control block for Immediate cancels and cancel deadlines, catches
-//! panics, classifies the end, reports `TurnFinished` to the actor, and then delivers
-//! the turn's final events. It never touches the actor's state.
+//! panics, classifies the end, and reports `TurnFinished` to the actor with the turn's
+//! final events for it to deliver (under `sync` and `turn`, the report comes first and
+//! the task delivers them once the turn's end is durable). It never touches the
+//! actor's state.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use ractor::ActorRef;
 use tokio::time::Instant;
 
 use crate::events::{SessionEvent, Subscribers, TurnEnd};
 use crate::exit::FailureKind;
 use crate::session::core::TurnWork;
 use crate::session::ledger;
-use crate::session::messages::{Internal, InternalMsg, TurnLoopMsg};
+use crate::session::messages::{FinalEvents, Internal, InternalMsg, TurnLoopMsg};
+use crate::session::session_ref::SessionRef;
 use crate::store::codec;
 use crate::turn::agent::{Agent, AgentError, Turn, TurnOutcome, WakeUp};
 use crate::turn::control::TurnControl;
@@ -32,7 +34,7 @@ pub(crate) struct TurnTask<A: Agent> {
     pub(crate) control: Arc<TurnControl<A::Item, A::State>>,
     pub(crate) cx: TurnCx<A>,
     pub(crate) subscribers: Arc<Subscribers<A::Event>>,
-    pub(crate) myself: ActorRef<TurnLoopMsg<A::Item, A::Event>>,
+    pub(crate) myself: SessionRef<A::Item, A::Event>,
     pub(crate) work: TurnWork<A>,
     /// Where the turn's end is counted (S35).
     pub(crate) metrics: Option<Arc<crate::metrics::RuntimeMetrics>>,
@@ -93,15 +95,30 @@ enum Planned<A: Agent> {
     },
 }
 
-fn report_finished<I, E>(myself: &ActorRef<TurnLoopMsg<I, E>>, turn: u64)
+fn report_finished<I, E>(myself: &SessionRef<I, E>, turn: u64)
 where
     I: Send + Sync + 'static,
     E: Send + Sync + 'static,
 {
     // The actor may be gone (killed); then nobody needs the report.
     let msg: TurnLoopMsg<I, E> =
-        TurnLoopMsg::Internal(Internal(InternalMsg::TurnFinished { turn }));
-    let _ = myself.send_message(msg);
+        TurnLoopMsg::Internal(Internal(InternalMsg::TurnFinished { turn, finals: None }));
+    myself.send_message(msg);
+}
+
+/// Reports the turn's end and leaves its final events to the session to deliver (one
+/// wake-up at the turn's end, B1). A session that is gone refuses the message, and
+/// dropping it delivers the events here.
+fn report_finished_with<I, E>(myself: &SessionRef<I, E>, turn: u64, finals: FinalEvents)
+where
+    I: Send + Sync + 'static,
+    E: Send + Sync + 'static,
+{
+    let msg: TurnLoopMsg<I, E> = TurnLoopMsg::Internal(Internal(InternalMsg::TurnFinished {
+        turn,
+        finals: Some(finals),
+    }));
+    myself.send_message(msg);
 }
 
 impl<A: Agent> TurnTask<A> {
@@ -321,7 +338,7 @@ impl<A: Agent> TurnTask<A> {
         if matches!(end, TurnEnd::Preempted(_)) {
             finals.push(SessionEvent::Preempted { turn: index });
         }
-        let (durable, mut hold) = match control.take_durable_end() {
+        let (durable, hold) = match control.take_durable_end() {
             None => (false, None),
             Some(rx) => {
                 // The final events (these and `TurnEnded`) owe their numbers from now:
@@ -337,14 +354,33 @@ impl<A: Agent> TurnTask<A> {
             outcome: end,
             durable,
         });
-        let fin = subscribers.send_final(finals, gate, hold.as_mut());
         match hold {
-            // Queued (or registered in flight): `Ended` may follow now.
-            Some(hold) => drop(hold),
-            None => report_finished(&myself, index),
-        }
-        if let Some(fin) = fin {
-            fin.await;
+            Some(mut hold) => {
+                let fin = subscribers.send_final(finals, gate, Some(&mut hold));
+                // Queued (or registered in flight): `Ended` may follow now.
+                drop(hold);
+                if let Some(fin) = fin {
+                    fin.await;
+                }
+            }
+            // The session delivers them when it takes the report: what fits in the
+            // subscribers' buffers at once, the rest from a task of its own (the
+            // session never waits).
+            None => report_finished_with(
+                &myself,
+                index,
+                FinalEvents::new(move || {
+                    if let Some(fin) = subscribers.send_final(finals, gate, None) {
+                        match tokio::runtime::Handle::try_current() {
+                            Ok(rt) => drop(rt.spawn(fin)),
+                            Err(_) => tracing::warn!(
+                                turn = index,
+                                "a turn's final events for a full subscriber were dropped: no runtime to deliver them from"
+                            ),
+                        }
+                    }
+                }),
+            ),
         }
     }
 }
