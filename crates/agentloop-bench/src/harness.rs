@@ -66,7 +66,7 @@ pub async fn in_turn<A, B>(
     a: impl Future<Output = A>,
     b: impl Future<Output = B>,
 ) -> (A, B) {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         let a = a.await;
         (a, b.await)
     } else {
