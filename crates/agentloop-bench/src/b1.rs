@@ -15,18 +15,17 @@
 //! goes first alternates), after a warm-up of each. A round's sample is its mean time
 //! per round trip; each side's figure is the median over its rounds.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::{
-    Agent, AgentError, EventFilter, SessionEvent, SessionHandle, SessionSpec, StopOptions, Turn,
-    TurnCx, TurnOutcome,
-};
+use agentloop::{EventFilter, SessionEvent, SessionHandle, SessionSpec, StopOptions};
 use agentloop_sim::{SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::sync::mpsc;
 
-use crate::report::{print_table, ratio_line_max, summarize};
+use crate::harness::{in_turn, micros_per_op, stop_and_wait, workers, NoopAgent, Paired};
+use crate::report::ratio_line_max;
 
 /// Round trips per round.
 const OPS_PER_ROUND: u64 = 20_000;
@@ -39,6 +38,31 @@ const TARGET: f64 = 2.0;
 /// The capacity of the baseline's event channel (agentloop's default subscriber
 /// capacity, so both sides use the same kind of channel).
 const EVENT_CAPACITY: usize = agentloop::events::DEFAULT_EVENT_CAPACITY;
+/// Round trips of one side in a `B1_SIDE` probe.
+const PROBE_OPS: u64 = 200_000;
+
+/// One side of the figure: started, driven one round trip at a time, stopped.
+trait Side: Sized + Send + 'static {
+    /// Starts the side.
+    fn start() -> impl Future<Output = Self> + Send;
+
+    /// One round trip: cast the push, await its event.
+    fn round_trip(&mut self) -> impl Future<Output = ()> + Send;
+
+    /// Stops the side (and checks what it can).
+    fn stop(self) -> impl Future<Output = ()> + Send;
+
+    /// `ops` round trips in sequence; their wall time.
+    fn run(&mut self, ops: u64) -> impl Future<Output = Duration> + Send {
+        async move {
+            let t0 = Instant::now();
+            for _ in 0..ops {
+                self.round_trip().await;
+            }
+            t0.elapsed()
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------
 // Baseline: the bare mechanism.
@@ -101,7 +125,7 @@ struct Baseline {
     next: u64,
 }
 
-impl Baseline {
+impl Side for Baseline {
     async fn start() -> Self {
         let (tx, rx) = mpsc::channel(EVENT_CAPACITY);
         let (actor, join) = Actor::spawn(None, BaseActor, tx)
@@ -115,7 +139,6 @@ impl Baseline {
         }
     }
 
-    /// One round trip: cast the push, await the event.
     async fn round_trip(&mut self) {
         let n = self.next;
         self.next += 1;
@@ -130,14 +153,6 @@ impl Baseline {
         assert_eq!(got, n, "baseline event out of order");
     }
 
-    async fn run(&mut self, ops: u64) -> Duration {
-        let t0 = Instant::now();
-        for _ in 0..ops {
-            self.round_trip().await;
-        }
-        t0.elapsed()
-    }
-
     async fn stop(self) {
         self.actor.stop(None);
         self.join.await.expect("the baseline actor panicked");
@@ -147,35 +162,20 @@ impl Baseline {
 // ---------------------------------------------------------------------------------
 // agentloop: one session of the no-op agent.
 
-/// The no-op agent: default plan (consume everything), a turn that returns at once.
-struct NoopAgent;
-
-impl Agent for NoopAgent {
-    type Item = SimItem;
-    type Event = SimEvent;
-    type State = ();
-
-    async fn run_turn(
-        &self,
-        _turn: Turn<Self>,
-        _cx: TurnCx<Self>,
-    ) -> Result<TurnOutcome<()>, AgentError> {
-        Ok(TurnOutcome::Completed)
-    }
-}
-
 struct Agentloop {
     handle: SessionHandle<SimItem, SimEvent>,
     events: agentloop::EventStream<SimEvent>,
     next: u64,
 }
 
-impl Agentloop {
+impl Side for Agentloop {
+    /// One session of the no-op agent (default plan: consume everything; a turn that
+    /// returns at once).
     async fn start() -> Self {
-        let handle =
-            SessionHandle::spawn(SessionSpec::new("b1", "default"), Arc::new(NoopAgent), None)
-                .await
-                .expect("spawning the B1 session");
+        let agent = NoopAgent::<SimItem, SimEvent>::new();
+        let handle = SessionHandle::spawn(SessionSpec::new("b1", "default"), Arc::new(agent), None)
+            .await
+            .expect("spawning the B1 session");
         let events = handle.subscribe_filtered(EVENT_CAPACITY, EventFilter::turn_ends());
         Agentloop {
             handle,
@@ -184,7 +184,7 @@ impl Agentloop {
         }
     }
 
-    /// One round trip: cast the push, then read until `TurnEnded`.
+    /// Casts the push, then reads until `TurnEnded`.
     async fn round_trip(&mut self) {
         let n = self.next;
         self.next += 1;
@@ -201,20 +201,9 @@ impl Agentloop {
         }
     }
 
-    async fn run(&mut self, ops: u64) -> Duration {
-        let t0 = Instant::now();
-        for _ in 0..ops {
-            self.round_trip().await;
-        }
-        t0.elapsed()
-    }
-
     async fn stop(self) {
-        self.handle
-            .stop(StopOptions::bare())
-            .await
-            .expect("stopping the B1 session");
-        let exit = self.handle.wait().await;
+        let exit =
+            stop_and_wait(&self.handle, StopOptions::bare(), "stopping the B1 session").await;
         assert_eq!(
             exit.counters.turns_completed, self.next,
             "every push should have made exactly one completed turn"
@@ -222,29 +211,20 @@ impl Agentloop {
     }
 }
 
-fn micros_per_op(d: Duration, ops: u64) -> f64 {
-    d.as_secs_f64() * 1e6 / ops as f64
-}
-
-/// Per-round means (µs per round trip) of both sides.
-#[derive(Default)]
-struct Samples {
-    base: Vec<f64>,
-    agentloop: Vec<f64>,
-}
-
-/// Runs `rounds` interleaved rounds of `ops` round trips per side. The side that goes
-/// first alternates, so neither always runs on a "fresh" or a "tired" runtime.
-async fn interleaved(base: &mut Baseline, al: &mut Agentloop, rounds: usize, ops: u64) -> Samples {
-    let mut s = Samples::default();
-    for round in 0..rounds {
-        if round % 2 == 0 {
-            s.base.push(micros_per_op(base.run(ops).await, ops));
-            s.agentloop.push(micros_per_op(al.run(ops).await, ops));
-        } else {
-            s.agentloop.push(micros_per_op(al.run(ops).await, ops));
-            s.base.push(micros_per_op(base.run(ops).await, ops));
-        }
+/// A warm-up of `WARMUP_OPS` round trips per side, then `ROUNDS` interleaved rounds of
+/// `OPS_PER_ROUND` round trips per side (the side that goes first alternates, so
+/// neither always runs on a "fresh" or a "tired" runtime). Per-round means, µs per
+/// round trip.
+async fn interleaved(base: &mut Baseline, al: &mut Agentloop) -> Paired {
+    base.run(WARMUP_OPS).await;
+    al.run(WARMUP_OPS).await;
+    let mut s = Paired::default();
+    for round in 0..ROUNDS {
+        let (b, a) = in_turn(round, base.run(OPS_PER_ROUND), al.run(OPS_PER_ROUND)).await;
+        s.push(
+            micros_per_op(b, OPS_PER_ROUND),
+            micros_per_op(a, OPS_PER_ROUND),
+        );
     }
     s
 }
@@ -263,21 +243,17 @@ pub async fn run() {
     println!(
         "B1: turn round trip, no-op agent, 1 session; {ROUNDS} interleaved rounds of \
          {OPS_PER_ROUND} round trips per side, warm-up {WARMUP_OPS} per side; tokio workers: {}",
-        tokio::runtime::Handle::current().metrics().num_workers()
+        workers()
     );
     let mut base = Baseline::start().await;
     let mut al = Agentloop::start().await;
 
     // Diagnostic: the client on the main thread.
-    base.run(WARMUP_OPS).await;
-    al.run(WARMUP_OPS).await;
-    let main_thread = interleaved(&mut base, &mut al, ROUNDS, OPS_PER_ROUND).await;
+    let main_thread = interleaved(&mut base, &mut al).await;
 
     // The figure: the same client as a runtime task.
     let (base, al, on_worker) = tokio::spawn(async move {
-        base.run(WARMUP_OPS).await;
-        al.run(WARMUP_OPS).await;
-        let s = interleaved(&mut base, &mut al, ROUNDS, OPS_PER_ROUND).await;
+        let s = interleaved(&mut base, &mut al).await;
         (base, al, s)
     })
     .await
@@ -287,55 +263,47 @@ pub async fn run() {
     base.stop().await;
     al.stop().await;
 
-    let base_s = summarize(&main_thread.base);
-    let al_s = summarize(&main_thread.agentloop);
-    let wbase_s = summarize(&on_worker.base);
-    let wal_s = summarize(&on_worker.agentloop);
+    let sides = ["baseline (bare mechanism)", "agentloop"];
     println!();
-    print_table(
+    let figure = on_worker.table(
         "B1 turn round trip (the figure: client as a runtime task)",
         "µs/op",
-        &[("baseline (bare mechanism)", wbase_s), ("agentloop", wal_s)],
+        sides[0],
+        sides[1],
     );
     println!();
-    print_table(
+    let diagnostic = main_thread.table(
         "Diagnostic, not the figure: the same client on the main thread",
         "µs/op",
-        &[("baseline (bare mechanism)", base_s), ("agentloop", al_s)],
+        sides[0],
+        sides[1],
     );
-    println!(
-        "diagnostic ratio (client on the main thread)={:.2}",
-        al_s.median / base_s.median
-    );
+    println!("diagnostic ratio (client on the main thread)={diagnostic:.2}");
     println!();
-    println!(
-        "{}",
-        ratio_line_max("B1", wal_s.median / wbase_s.median, TARGET)
-    );
+    println!("{}", ratio_line_max("B1", figure, TARGET));
 }
 
 /// Diagnostic (`B1_SIDE=agentloop|baseline`): 200 000 round trips of one side with the
 /// client as a task, for `perf stat` / `strace -c` of that side alone. Prints µs per
 /// round trip; not a figure.
 async fn probe(side: &str) {
-    const N: u64 = 200_000;
     let per_op = match side {
-        "baseline" => tokio::spawn(async {
-            let mut b = Baseline::start().await;
-            let d = b.run(N).await;
-            b.stop().await;
-            micros_per_op(d, N)
-        })
-        .await
-        .expect("the probe panicked"),
-        _ => tokio::spawn(async {
-            let mut a = Agentloop::start().await;
-            let d = a.run(N).await;
-            a.stop().await;
-            micros_per_op(d, N)
-        })
-        .await
-        .expect("the probe panicked"),
+        "baseline" => probe_side::<Baseline>().await,
+        _ => probe_side::<Agentloop>().await,
     };
-    println!("B1 probe {side}: {per_op:.3} µs per round trip ({N} round trips, client as a task)");
+    println!(
+        "B1 probe {side}: {per_op:.3} µs per round trip ({PROBE_OPS} round trips, client as a task)"
+    );
+}
+
+/// `PROBE_OPS` round trips of side `S` with the client as a task; µs per round trip.
+async fn probe_side<S: Side>() -> f64 {
+    tokio::spawn(async {
+        let mut s = S::start().await;
+        let d = s.run(PROBE_OPS).await;
+        s.stop().await;
+        micros_per_op(d, PROBE_OPS)
+    })
+    .await
+    .expect("the probe panicked")
 }

@@ -22,15 +22,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::{
-    store::CheckpointActor, store::CheckpointClient, Agent, AgentError, CheckpointStore,
-    Durability, SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
+    Agent, AgentError, CheckpointStore, Durability, SessionHandle, SessionSpec, StopOptions, Turn,
+    TurnCx, TurnOutcome,
 };
 use tokio::sync::mpsc;
 
 use agentloop::store::{Engine, StoreDurability};
 
+use crate::harness::{in_turn, ms, stop_and_wait, Paired, TempStore};
 use crate::raw::RawSled;
-use crate::report::{print_table, ratio_line_max, summarize};
+use crate::report::ratio_line_max;
 use crate::tempdir::TempDir;
 
 /// Timed rounds (after one warm-up round).
@@ -120,24 +121,97 @@ fn baseline(raw: &RawSled, tree: &sled::Tree, round: usize) -> Duration {
     t0.elapsed()
 }
 
-/// Diagnostic (`B10_SIDE=store`): the store's own path for the same writes, without a
-/// session: 10 sequential journal-entry writes through the checkpoint client (each
-/// answered after its flush), against the same baseline.
+/// One baseline run on a blocking thread.
+async fn baseline_run(raw: &Arc<RawSled>, tree: &sled::Tree, round: usize) -> Duration {
+    let (raw, tree) = (raw.clone(), tree.clone());
+    tokio::task::spawn_blocking(move || baseline(&raw, &tree, round))
+        .await
+        .expect("the B10 baseline run panicked")
+}
+
+/// The diagnostics `B10_SIDE` selects (not the figure), each against the figure's
+/// baseline. (`B10_SIDE=in-turn` is another: the figure's rounds, with the turn
+/// writing its entries itself; see [`Stepper`].)
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Diagnostic {
+    /// `store`: the store's own path for the same writes, without a session: 10
+    /// sequential journal-entry writes through the checkpoint client (each answered
+    /// after its flush).
+    Store,
+    /// `backend`: the same writes straight to a `SledBackend`, on a blocking thread.
+    Backend,
+    /// `async-baseline`: raw sled driven from async code as an application must (never
+    /// blocking a tokio worker): one `spawn_blocking` per insert + flush, against the
+    /// figure's baseline (all ten on one blocking thread).
+    AsyncBaseline,
+}
+
+impl Diagnostic {
+    /// The diagnostic `B10_SIDE` names, if any.
+    fn from_env() -> Option<Self> {
+        match std::env::var("B10_SIDE").as_deref() {
+            Ok("store") => Some(Diagnostic::Store),
+            Ok("backend") => Some(Diagnostic::Backend),
+            Ok("async-baseline") => Some(Diagnostic::AsyncBaseline),
+            _ => None,
+        }
+    }
+
+    /// Its table's title, the baseline's and its side's labels, and its ratio's name.
+    fn labels(self) -> [&'static str; 4] {
+        match self {
+            Diagnostic::Store | Diagnostic::Backend => [
+                "diagnostic: the store's path alone (ms per 10 writes)",
+                "baseline",
+                "store.write x 10",
+                "store-only",
+            ],
+            Diagnostic::AsyncBaseline => [
+                "diagnostic: raw sled from async code (ms per 10 insert + flush)",
+                "baseline (one thread)",
+                "spawn_blocking each",
+                "async-baseline",
+            ],
+        }
+    }
+
+    /// Its rounds: `side` (which times itself), then the figure's baseline, in that
+    /// order every round, round 0 a warm-up. Prints their table and the ratio line
+    /// `B10 <name> ratio`.
+    async fn against_baseline(
+        self,
+        raw: &Arc<RawSled>,
+        tree: &sled::Tree,
+        mut side: impl AsyncFnMut(usize) -> Duration,
+    ) {
+        let [title, base, label, name] = self.labels();
+        let mut s = Paired::default();
+        for round in 0..=ROUNDS {
+            let a = side(round).await;
+            let b = baseline_run(raw, tree, round).await;
+            s.record(round, ms(b), ms(a));
+        }
+        let ratio = s.table(title, "ms", base, label);
+        println!("B10 {name} ratio {ratio:.2}");
+    }
+}
+
+/// Diagnostics `store` and `backend` (`d`): the same writes as a turn's, through the
+/// checkpoint client or straight to a backend.
 async fn store_only(
+    d: Diagnostic,
     store: &Arc<dyn CheckpointStore<u64>>,
     raw: &Arc<RawSled>,
     tree: &sled::Tree,
-    direct: bool,
 ) {
     use agentloop::store::{
         JournalChange, Payload, RecordHeader, RecordWrite, StateChange, WriteCondition,
     };
+    let direct = d == Diagnostic::Backend;
     let backend_dir = TempDir::new("b10", "backend");
     let backend =
         Arc::new(agentloop::store::SledBackend::open(backend_dir.path()).expect("a backend"));
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    for round in 0..=ROUNDS {
+    d.against_baseline(raw, tree, async |round| {
         let mut writes = Vec::new();
         for s in 0..STEPS {
             let entry = agentloop::store::codec::encode_journal_entry(
@@ -186,32 +260,15 @@ async fn store_only(
                 store.write(w).await.expect("a store write");
             }
         }
-        let a = t0.elapsed();
-        let (raw, tree) = (raw.clone(), tree.clone());
-        let b = tokio::task::spawn_blocking(move || baseline(&raw, &tree, round))
-            .await
-            .expect("baseline");
-        if round > 0 {
-            ours.push(a.as_secs_f64() * 1e3);
-            theirs.push(b.as_secs_f64() * 1e3);
-        }
-    }
-    let (a, b) = (summarize(&ours), summarize(&theirs));
-    print_table(
-        "diagnostic: the store's path alone (ms per 10 writes)",
-        "ms",
-        &[("baseline", b), ("store.write x 10", a)],
-    );
-    println!("B10 store-only ratio {:.2}", a.median / b.median);
+        t0.elapsed()
+    })
+    .await;
 }
 
-/// Diagnostic (`B10_SIDE=async-baseline`, not the figure): raw sled driven from async
-/// code as an application must (never blocking a tokio worker): one `spawn_blocking` per
-/// insert + flush, against the figure's baseline (all ten on one blocking thread).
+/// Diagnostic `async-baseline`: one `spawn_blocking` per insert + flush.
 async fn async_baseline(raw: &Arc<RawSled>, tree: &sled::Tree) {
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    for round in 0..=ROUNDS {
+    let d = Diagnostic::AsyncBaseline;
+    d.against_baseline(raw, tree, async |round| {
         let t0 = Instant::now();
         for s in 0..STEPS {
             let (raw, tree) = (raw.clone(), tree.clone());
@@ -224,23 +281,9 @@ async fn async_baseline(raw: &Arc<RawSled>, tree: &sled::Tree) {
             .await
             .expect("a blocking insert + flush");
         }
-        let a = t0.elapsed();
-        let (raw, tree) = (raw.clone(), tree.clone());
-        let b = tokio::task::spawn_blocking(move || baseline(&raw, &tree, round))
-            .await
-            .expect("baseline");
-        if round > 0 {
-            ours.push(a.as_secs_f64() * 1e3);
-            theirs.push(b.as_secs_f64() * 1e3);
-        }
-    }
-    let (a, b) = (summarize(&ours), summarize(&theirs));
-    print_table(
-        "diagnostic: raw sled from async code (ms per 10 insert + flush)",
-        "ms",
-        &[("baseline (one thread)", b), ("spawn_blocking each", a)],
-    );
-    println!("B10 async-baseline ratio {:.2}", a.median / b.median);
+        t0.elapsed()
+    })
+    .await;
 }
 
 /// Runs B10 and prints its tables and verdicts: the figure at `power` (the default),
@@ -263,13 +306,9 @@ pub async fn run() {
 
 /// B10 at `level` on both sides; the ratio of the medians (`None` for a diagnostic).
 async fn measure(level: StoreDurability) -> Option<f64> {
-    let dir = TempDir::new("b10", "store");
+    let temp = TempStore::<u64>::open("b10", Engine::Sled(level)).await;
+    let store = &temp.store;
     let raw_dir = TempDir::new("b10", "raw");
-    let client: CheckpointClient<u64> =
-        CheckpointActor::spawn_engine(dir.path(), Engine::Sled(level))
-            .await
-            .expect("starting the B10 checkpoint actor");
-    let store: Arc<dyn CheckpointStore<u64>> = Arc::new(client.clone());
     let (tx, mut took) = mpsc::unbounded_channel();
     let h: SessionHandle<u64, ()> = SessionHandle::spawn(
         SessionSpec::new("b10", "default")
@@ -291,66 +330,36 @@ async fn measure(level: StoreDurability) -> Option<f64> {
     .await
     .expect("opening raw sled");
     let tree = raw.db.open_tree("b10").expect("the raw tree");
-    if std::env::var("B10_SIDE").as_deref() == Ok("async-baseline") {
-        async_baseline(&raw, &tree).await;
-        return None;
-    }
-    match std::env::var("B10_SIDE").as_deref() {
-        Ok("store") => {
-            store_only(&store, &raw, &tree, false).await;
+    match Diagnostic::from_env() {
+        Some(Diagnostic::AsyncBaseline) => {
+            async_baseline(&raw, &tree).await;
             return None;
         }
-        Ok("backend") => {
-            store_only(&store, &raw, &tree, true).await;
+        Some(d) => {
+            store_only(d, store, &raw, &tree).await;
             return None;
         }
-        _ => {}
+        None => {}
     }
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
+    let mut s = Paired::default();
     for round in 0..=ROUNDS {
-        let raw_side = |raw: Arc<RawSled>, tree: sled::Tree| async move {
-            tokio::task::spawn_blocking(move || baseline(&raw, &tree, round))
-                .await
-                .expect("the baseline run")
-        };
-        let turn = |h: &SessionHandle<u64, ()>| {
-            let h = h.clone();
-            async move {
-                h.push(round as u64).await.expect("a B10 push");
-            }
-        };
-        let (a, b) = if round % 2 == 0 {
-            let b = raw_side(raw.clone(), tree.clone()).await;
-            turn(&h).await;
-            (took.recv().await.expect("the turn's time"), b)
-        } else {
-            turn(&h).await;
-            let a = took.recv().await.expect("the turn's time");
-            (a, raw_side(raw.clone(), tree.clone()).await)
-        };
-        if round > 0 {
-            ours.push(a.as_secs_f64() * 1e3);
-            theirs.push(b.as_secs_f64() * 1e3);
-        }
+        // The baseline first in even rounds; the agent times its turn's steps.
+        let (b, a) = in_turn(round, baseline_run(&raw, &tree, round), async {
+            h.push(round as u64).await.expect("a B10 push");
+            took.recv().await.expect("the turn's time")
+        })
+        .await;
+        s.record(round, ms(b), ms(a));
     }
-    h.stop(StopOptions::drain()).await.expect("stopping B10");
-    h.wait().await;
-    client.close().await.expect("closing the B10 store");
-    let (a, b) = (summarize(&ours), summarize(&theirs));
-    print_table(
+    stop_and_wait(&h, StopOptions::drain(), "stopping B10").await;
+    temp.client.close().await.expect("closing the B10 store");
+    Some(s.table(
         &format!("time for {STEPS} durable writes at {level} (ms per turn)"),
         "ms",
-        &[
-            (
-                &format!(
-                    "baseline: raw sled insert + {}",
-                    RawSled::flush_words(level)
-                ),
-                b,
-            ),
-            (&format!("agentloop: durable steps, sync, {level}"), a),
-        ],
-    );
-    Some(a.median / b.median)
+        &format!(
+            "baseline: raw sled insert + {}",
+            RawSled::flush_words(level)
+        ),
+        &format!("agentloop: durable steps, sync, {level}"),
+    ))
 }

@@ -14,9 +14,10 @@
 
 use std::time::{Duration, Instant};
 
-use agentloop::{Agent, AgentError, Runtime, SessionSpec, Turn, TurnCx, TurnOutcome};
+use agentloop::{Runtime, SessionSpec};
 
 use crate::b2::{release_free_memory, rss_kib};
+use crate::harness::{ms, NoopAgent};
 use crate::tempdir::TempDir;
 
 /// Sessions asleep (`B11_SESSIONS` overrides it for a quick look; the figure is 1 000 000).
@@ -29,23 +30,6 @@ const ROUNDS: usize = 1_000;
 const TARGET: f64 = 3.0;
 /// The memory target: bytes of RSS per sleeping session.
 const RSS_TARGET_B: f64 = 200.0;
-
-/// An agent whose turns do nothing.
-struct Idle;
-
-impl Agent for Idle {
-    type Item = u64;
-    type Event = ();
-    type State = ();
-
-    async fn run_turn(
-        &self,
-        _turn: Turn<Self>,
-        _cx: TurnCx<Self>,
-    ) -> Result<TurnOutcome<()>, AgentError> {
-        Ok(TurnOutcome::Completed)
-    }
-}
 
 fn id(i: usize) -> String {
     format!("b11-{i:07}")
@@ -71,7 +55,7 @@ pub async fn run() {
     let (rt, _) = Runtime::<u64, ()>::builder()
         .data_dir(dir.path())
         .flush_logs(None)
-        .register_agent("idle", |_cfg: &[u8]| Ok(Idle))
+        .register_agent("idle", |_cfg: &[u8]| Ok(NoopAgent::<u64, ()>::new()))
         .start()
         .await
         .expect("starting the B11 runtime");
@@ -139,12 +123,12 @@ pub async fn run() {
         sup.push(&target, k as u64)
             .await
             .expect("a push to a sleeping session");
-        sleeping.push(t.elapsed().as_secs_f64() * 1e3);
+        sleeping.push(ms(t.elapsed()));
         let t = Instant::now();
         sup.push("b11-live", k as u64)
             .await
             .expect("a push to the live session");
-        live.push(t.elapsed().as_secs_f64() * 1e3);
+        live.push(ms(t.elapsed()));
     }
     let (s50, l50) = (p50(&mut sleeping), p50(&mut live));
     let ratio = s50 / l50;

@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::event_log::Retention;
+use agentloop::store::Engine;
 use agentloop::{
-    events::EventCodec, store::CheckpointActor, store::CheckpointClient, Agent, AgentError,
-    CheckpointStore, Durability, EventStream, SessionEvent, SessionHandle, SessionSpec,
-    StopOptions, Turn, TurnCx, TurnOutcome,
+    events::EventCodec, Agent, AgentError, CheckpointStore, Durability, EventStream, SessionEvent,
+    SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 
-use crate::report::{print_table, ratio_line_max, summarize};
-use crate::tempdir::TempDir;
+use crate::harness::{in_turn, ms, stop_and_wait, Paired, TempStore};
+use crate::report::ratio_line_max;
 
 /// Timed rounds (after one warm-up round).
 const ROUNDS: usize = 200;
@@ -94,46 +94,30 @@ pub async fn run() {
          subscriber, in a session keeping its events in the store vs one that does not; \
          {ROUNDS} interleaved rounds after a warm-up; sled"
     );
-    let dir = TempDir::new("b13", "store");
-    let client: CheckpointClient<u64> = CheckpointActor::spawn(dir.path())
-        .await
-        .expect("starting the B13 checkpoint actor");
-    let store: Arc<dyn CheckpointStore<u64>> = Arc::new(client.clone());
-    let mut kept = session("b13-kept", &store, true).await;
-    let mut plain = session("b13-plain", &store, false).await;
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
+    let temp = TempStore::<u64>::open("b13", Engine::SLED).await;
+    let store = &temp.store;
+    let mut kept = session("b13-kept", store, true).await;
+    let mut plain = session("b13-plain", store, false).await;
+    // The session that does not keep its events is the baseline.
+    let mut s = Paired::default();
     for round in 0..=ROUNDS {
         let item = round as u64;
-        let (a, b) = match round % 2 {
-            0 => {
-                let a = turn(&mut kept, item).await;
-                (a, turn(&mut plain, item).await)
-            }
-            _ => {
-                let b = turn(&mut plain, item).await;
-                (turn(&mut kept, item).await, b)
-            }
-        };
-        if round > 0 {
-            ours.push(a.as_secs_f64() * 1e3);
-            theirs.push(b.as_secs_f64() * 1e3);
-        }
+        let (a, b) = in_turn(round, turn(&mut kept, item), turn(&mut plain, item)).await;
+        s.record(round, ms(b), ms(a));
     }
     let kept_events = store
         .read_events("b13-kept", 0, usize::MAX)
         .await
         .expect("reading the kept events");
     for (h, _) in [kept, plain] {
-        h.stop(StopOptions::bare()).await.expect("stop");
-        h.wait().await;
+        stop_and_wait(&h, StopOptions::bare(), "stop").await;
     }
-    let _ = client.close().await;
-    let (a, b) = (summarize(&ours), summarize(&theirs));
-    print_table(
+    let _ = temp.client.close().await;
+    let ratio = s.table(
         "B13: ms per turn (push to TurnEnded)",
         "ms",
-        &[("events not kept", b), ("events kept", a)],
+        "events not kept",
+        "events kept",
     );
     println!(
         "events kept in the store at the end: {} (numbers {}..={}; retention 10 000)",
@@ -141,5 +125,5 @@ pub async fn run() {
         kept_events.events.first().map_or(0, |e| e.seq),
         kept_events.last
     );
-    println!("{}", ratio_line_max("B13", a.median / b.median, TARGET));
+    println!("{}", ratio_line_max("B13", ratio, TARGET));
 }

@@ -47,6 +47,7 @@ use agentloop::{
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem};
 use ractor::{Actor, ActorProcessingErr, ActorRef, ActorStatus, RpcReplyPort, SupervisionEvent};
 
+use crate::harness::{micros_per_op, ms, workers, Holder, SimHandle};
 use crate::report::{median, print_table, ratio_line_max, summarize, Summary};
 
 /// Spawns per side per round.
@@ -59,8 +60,6 @@ const DIAG_ROUNDS: usize = 3;
 const TARGET: f64 = 1.25;
 /// The memory target: RSS per idle session, KiB.
 const RSS_TARGET_KIB: f64 = 12.0;
-
-type Handle = SessionHandle<SimItem, SimEvent>;
 
 // ---------------------------------------------------------------------------------
 // Memory: VmRSS, and handing free heap pages back to the kernel between sides.
@@ -131,31 +130,15 @@ struct SideRound {
 
 fn side_round(n: usize, spawn: Duration, settled: Duration, rss: [f64; 3]) -> SideRound {
     SideRound {
-        us_per_spawn: spawn.as_secs_f64() * 1e6 / n as f64,
+        us_per_spawn: micros_per_op(spawn, n as u64),
         kib_per_unit: (rss[1] - rss[0]) / n as f64,
         residue_kib_per_unit: (rss[2] - rss[0]) / n as f64,
-        settle_ms: settled.as_secs_f64() * 1e3,
+        settle_ms: ms(settled),
     }
 }
 
 // ---------------------------------------------------------------------------------
-// Diagnostic: raw ractor spawns of an empty actor (unlinked).
-
-struct Empty;
-
-impl Actor for Empty {
-    type Msg = ();
-    type State = ();
-    type Arguments = ();
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        _args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(())
-    }
-}
+// Diagnostic: raw ractor spawns of an empty actor (`Holder<()>`, unlinked).
 
 async fn raw_spawn_side(n: usize) -> SideRound {
     let mut actors = Vec::with_capacity(n);
@@ -164,7 +147,7 @@ async fn raw_spawn_side(n: usize) -> SideRound {
     let t0 = Instant::now();
     for _ in 0..n {
         actors.push(
-            Actor::spawn(None, Empty, ())
+            Actor::spawn(None, Holder::<()>::new(), ())
                 .await
                 .expect("spawning an empty actor"),
         );
@@ -230,7 +213,7 @@ async fn supervisor_side(n: usize, round: &str, batched: bool) -> SideRound {
     .await
     .expect("starting the B2 supervisor");
     let ids = ids(round, n);
-    let mut handles: Vec<Handle> = Vec::with_capacity(n);
+    let mut handles: Vec<SimHandle> = Vec::with_capacity(n);
     let mut batches: Vec<Vec<SessionSpec<SimItem>>> = Vec::new();
     let mut singles: Vec<SessionSpec<SimItem>> = Vec::new();
     let specs = ids.into_iter().map(|id| SessionSpec::new(id, "sim"));
@@ -277,7 +260,7 @@ async fn supervisor_side(n: usize, round: &str, batched: bool) -> SideRound {
 
 async fn direct_side(n: usize, round: &str) -> SideRound {
     let ids = ids(round, n);
-    let mut handles: Vec<Handle> = Vec::with_capacity(n);
+    let mut handles: Vec<SimHandle> = Vec::with_capacity(n);
     release_free_memory();
     let rss0 = rss_kib();
     let t0 = Instant::now();
@@ -346,7 +329,7 @@ impl Actor for BareSupervisor {
         match msg {
             BareSupMsg::Spawn(reply) => {
                 let (child, _join) =
-                    Actor::spawn_linked(None, Empty, (), myself.get_cell()).await?;
+                    Actor::spawn_linked(None, Holder::<()>::new(), (), myself.get_cell()).await?;
                 let _ = reply.send(child);
             }
         }
@@ -515,7 +498,7 @@ pub async fn run() {
          {ROUNDS} rounds (client on the main thread) + {DIAG_ROUNDS} (client as a task), \
          sides one at a time, order reversed every round, warm-up {} per side; tokio workers: {}",
         N / 10,
-        tokio::runtime::Handle::current().metrics().num_workers()
+        workers()
     );
     // Warm-up: a small round of each side.
     for side in SIDES {

@@ -41,14 +41,16 @@ use std::time::{Duration, Instant};
 use agentloop::store::{CheckpointStats, Engine, StoreDurability, Stored};
 use agentloop::{
     exit::CheckpointOutcome, store::CheckpointActor, store::CheckpointClient, CheckpointStore,
-    Durability, SessionHandle, SessionSpec, StopOptions,
+    Durability, ExitState, SessionHandle, SessionSpec, StopOptions,
 };
 use agentloop_core::table;
-use agentloop_sim::{Gate, Notice, Script, SimAgent, SimEvent, SimItem, SimStep};
+use agentloop_sim::{Gate, Notice, Script, SimAgent, SimItem, SimStep};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::harness::{mode_name, stats_delta, stop_and_wait, workers, SimHandle};
 use crate::report::{median, print_table, summarize};
+use crate::tempdir::TempDir;
 
 /// Concurrent stops (and records per baseline batch).
 const SESSIONS: usize = 64;
@@ -63,13 +65,7 @@ const PUSH_RUNS: usize = 3;
 /// How long one push-throughput measurement runs.
 const PUSH_WINDOW: Duration = Duration::from_millis(1500);
 
-type Handle = SessionHandle<SimItem, SimEvent>;
 type Store = CheckpointClient<SimItem>;
-
-// ---------------------------------------------------------------------------------
-// Temp dirs (removed at the end, and on a panic by `Drop`).
-
-use crate::tempdir::TempDir;
 
 // ---------------------------------------------------------------------------------
 // Baseline: raw sled.
@@ -167,12 +163,7 @@ impl RawSled {
     fn open(dir: &Path, template: Template, engine: Engine) -> Self {
         let db = match engine {
             Engine::Fjall(level) => {
-                let db = fjall::Database::builder(dir)
-                    .open()
-                    .expect("opening the baseline fjall db");
-                let ks = db
-                    .keyspace("sessions", fjall::KeyspaceCreateOptions::default)
-                    .expect("the baseline fjall keyspace");
+                let (db, ks) = crate::raw::open_fjall(dir, "sessions");
                 let mode = match level {
                     StoreDurability::Crash => fjall::PersistMode::Buffer,
                     StoreDurability::Power => fjall::PersistMode::SyncAll,
@@ -250,12 +241,44 @@ fn two_step_script() -> Script {
     }
 }
 
-fn mode_name(d: Durability) -> &'static str {
-    match d {
-        Durability::Exit => "exit",
-        Durability::Turn => "turn",
-        Durability::Sync => "sync",
+/// The figure's agent: the two-step script and a 4 KiB state, its steps held at a gate
+/// that lets the first pass (so the second waits), reporting to `probe`.
+fn parked_agent(probe: &mpsc::UnboundedSender<Notice>) -> SimAgent {
+    let gate = Gate::new();
+    gate.open(1); // the first step passes; the second waits
+    SimAgent::new(two_step_script())
+        .with_state_payload(STATE_BYTES)
+        .with_step_gate(gate)
+        .with_probe(probe.clone())
+}
+
+/// Waits until `SESSIONS` turns reported on `probe` began their second step: each is
+/// parked at its gate after its first safe point.
+async fn wait_parked(mut probe: mpsc::UnboundedReceiver<Notice>) {
+    let mut parked = 0;
+    while parked < SESSIONS {
+        match probe.recv().await {
+            Some(Notice::StepBegin { step: 1, .. }) => parked += 1,
+            Some(_) => {}
+            None => panic!("a B3 session ended before its turn was parked"),
+        }
     }
+}
+
+/// Stops every session at once (`StopOptions::immediate()`, one task each) and returns
+/// their exits as they come in.
+async fn stop_immediately(handles: Vec<SimHandle>) -> Vec<ExitState<SimItem>> {
+    let mut set = JoinSet::new();
+    for h in handles {
+        set.spawn(async move {
+            stop_and_wait(&h, StopOptions::immediate(), "stopping a B3 session").await
+        });
+    }
+    let mut exits = Vec::with_capacity(SESSIONS);
+    while let Some(exit) = set.join_next().await {
+        exits.push(exit.expect("a B3 stop task panicked"));
+    }
+    exits
 }
 
 /// The result of one stop round.
@@ -265,18 +288,6 @@ struct StopRound {
     /// The actor's counters over the timed part.
     waves: u64,
     ops: u64,
-}
-
-fn stats_delta(after: CheckpointStats, before: CheckpointStats) -> CheckpointStats {
-    CheckpointStats {
-        saves: after.saves - before.saves,
-        waves: after.waves - before.waves,
-        ops: after.ops - before.ops,
-        max_wave: after.max_wave,
-        bytes: after.bytes - before.bytes,
-        flushes: after.flushes - before.flushes,
-        wakes: after.wakes - before.wakes,
-    }
 }
 
 async fn stats(store: &Store) -> CheckpointStats {
@@ -290,20 +301,15 @@ struct Agentloop {
 
 impl Agentloop {
     /// Spawns 64 sessions with a turn parked after its first safe point.
-    async fn setup(&mut self, durability: Durability) -> Vec<Handle> {
+    async fn setup(&mut self, durability: Durability) -> Vec<SimHandle> {
         let round = self.round;
         self.round += 1;
         let before = stats(&self.store).await;
-        let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+        let (probe_tx, probe_rx) = mpsc::unbounded_channel();
         let dyn_store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(self.store.clone());
         let mut handles = Vec::with_capacity(SESSIONS);
         for s in 0..SESSIONS {
-            let gate = Gate::new();
-            gate.open(1); // the first step passes; the second waits
-            let agent = SimAgent::new(two_step_script())
-                .with_state_payload(STATE_BYTES)
-                .with_step_gate(gate)
-                .with_probe(probe_tx.clone());
+            let agent = parked_agent(&probe_tx);
             let id = format!("b3-{}-r{round:04}-s{s:02}", mode_name(durability));
             let config = SessionSpec::new(id, "default")
                 .kind("sim")
@@ -318,14 +324,7 @@ impl Agentloop {
             handles.push(h);
         }
         drop(probe_tx);
-        let mut parked = 0;
-        while parked < SESSIONS {
-            match probe_rx.recv().await {
-                Some(Notice::StepBegin { step: 1, .. }) => parked += 1,
-                Some(_) => {}
-                None => panic!("a B3 session ended before its turn was parked"),
-            }
-        }
+        wait_parked(probe_rx).await;
         if durability == Durability::Sync {
             // Let the safe-point writes (one per session, after the push's) land
             // before the timed part, so it measures only the stops.
@@ -348,21 +347,9 @@ impl Agentloop {
         let handles = self.setup(durability).await;
         let before = stats(&self.store).await;
         let t0 = Instant::now();
-        let mut set = JoinSet::new();
-        for h in handles {
-            set.spawn(async move {
-                h.stop(StopOptions::immediate())
-                    .await
-                    .expect("stopping a B3 session");
-                h.wait().await
-            });
-        }
-        let mut exits = Vec::with_capacity(SESSIONS);
-        while let Some(exit) = set.join_next().await {
-            exits.push(exit.expect("a B3 stop task panicked"));
-        }
+        let exits = stop_immediately(handles).await;
         let elapsed = t0.elapsed();
-        let d = stats_delta(stats(&self.store).await, before);
+        let d = stats_delta(&stats(&self.store).await, &before);
         for e in &exits {
             assert_eq!(
                 e.checkpoint,
@@ -420,48 +407,28 @@ async fn direct_saves_round(store: &Store, round: u64) -> (f64, u64) {
             .expect("a direct save failed");
     }
     let rate = SESSIONS as f64 / t0.elapsed().as_secs_f64();
-    let d = stats_delta(stats(store).await, before);
+    let d = stats_delta(&stats(store).await, &before);
     (rate, d.waves)
 }
 
 /// 64 non-persistent sessions parked like the figure's, stopped the same way: the
 /// session side of a stop without any store work. Stops / s.
 async fn no_store_round(round: u64) -> f64 {
-    let (probe_tx, mut probe_rx) = mpsc::unbounded_channel();
+    let (probe_tx, probe_rx) = mpsc::unbounded_channel();
     let mut handles = Vec::with_capacity(SESSIONS);
     for s in 0..SESSIONS {
-        let gate = Gate::new();
-        gate.open(1);
-        let agent = SimAgent::new(two_step_script())
-            .with_state_payload(STATE_BYTES)
-            .with_step_gate(gate)
-            .with_probe(probe_tx.clone());
+        let agent = parked_agent(&probe_tx);
         let config = SessionSpec::new(format!("b3-nostore-r{round:04}-s{s:02}"), "default");
-        let h: Handle = SessionHandle::spawn(config, Arc::new(agent), None)
+        let h: SimHandle = SessionHandle::spawn(config, Arc::new(agent), None)
             .await
             .expect("spawning a B3 session");
         h.push(SimItem::new(s as u64, "b3")).await.expect("push");
         handles.push(h);
     }
     drop(probe_tx);
-    let mut parked = 0;
-    while parked < SESSIONS {
-        match probe_rx.recv().await {
-            Some(Notice::StepBegin { step: 1, .. }) => parked += 1,
-            Some(_) => {}
-            None => panic!("a B3 session ended before its turn was parked"),
-        }
-    }
+    wait_parked(probe_rx).await;
     let t0 = Instant::now();
-    let mut set = JoinSet::new();
-    for h in handles {
-        set.spawn(async move {
-            h.stop(StopOptions::immediate()).await.expect("stop");
-            h.wait().await
-        });
-    }
-    while let Some(e) = set.join_next().await {
-        let e = e.expect("a stop task panicked");
+    for e in stop_immediately(handles).await {
         assert_eq!(e.interrupted_items.len(), 1);
     }
     SESSIONS as f64 / t0.elapsed().as_secs_f64()
@@ -470,7 +437,7 @@ async fn no_store_round(round: u64) -> f64 {
 // ---------------------------------------------------------------------------------
 // Push throughput of `Sync` sessions (acknowledged pushes per second).
 
-async fn spawn_noop_sync(store: &Store, id: String) -> Handle {
+async fn spawn_noop_sync(store: &Store, id: String) -> SimHandle {
     let dyn_store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(store.clone());
     let config = SessionSpec::new(id, "default")
         .kind("sim")
@@ -486,7 +453,7 @@ async fn spawn_noop_sync(store: &Store, id: String) -> Handle {
 }
 
 /// Sequential `push().await` for `window`; returns acknowledged pushes.
-async fn push_for(h: Handle, window: Duration) -> u64 {
+async fn push_for(h: SimHandle, window: Duration) -> u64 {
     let t0 = Instant::now();
     let mut n = 0;
     while t0.elapsed() < window {
@@ -495,10 +462,7 @@ async fn push_for(h: Handle, window: Duration) -> u64 {
             .expect("a sync push failed");
         n += 1;
     }
-    h.stop(StopOptions::bare())
-        .await
-        .expect("stopping a push session");
-    let exit = h.wait().await;
+    let exit = stop_and_wait(&h, StopOptions::bare(), "stopping a push session").await;
     assert_eq!(
         exit.counters.items_accepted, n,
         "every acked push was accepted"
@@ -610,7 +574,7 @@ async fn run_on(engine: Engine) -> f64 {
         "{id}: checkpoints saved and flushed per second, {STATE_BYTES} B state, {SESSIONS} \
          concurrent stops, engine {engine}; {ROUNDS} interleaved rounds per side, warm-up 1 \
          round per side; tokio workers: {}",
-        tokio::runtime::Handle::current().metrics().num_workers()
+        workers()
     );
     let al_dir = TempDir::new("b3", "agentloop");
     let raw_dir = TempDir::new("b3", "raw");

@@ -69,6 +69,7 @@ use agentloop::{
 };
 use agentloop_sim::{Gate, Script, SimAgent, SimEvent, SimItem, SimState, SimStep};
 
+use crate::harness::{mode_name, ms, stats_delta, workers};
 use crate::report::{median, print_table, summarize};
 use crate::tempdir::TempDir;
 
@@ -90,18 +91,6 @@ const SYNC_ROUNDS: usize = 3;
 const SAMPLE: Duration = Duration::from_millis(2);
 /// The target: report ≤ 250 ms after the last safe point.
 const TARGET_MS: f64 = 250.0;
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-fn mode_name(d: Durability) -> &'static str {
-    match d {
-        Durability::Exit => "exit",
-        Durability::Turn => "turn",
-        Durability::Sync => "sync",
-    }
-}
 
 fn session_id(i: usize) -> String {
     format!("b4-{i:05}")
@@ -360,7 +349,7 @@ async fn round(mode: Durability) -> Round {
     client.close().await.expect("closing the B4 store");
     let samples = sampler.await.expect("the B4 sampler panicked");
     let store_timeline = timeline(&samples, &before, requested, mode);
-    let store_stats = delta(&after, &before);
+    let store_stats = stats_delta(&after, &before);
 
     // The cuts.
     let cuts = std::mem::take(&mut *probe.cuts.lock().expect("probe lock"));
@@ -456,19 +445,6 @@ async fn stats(client: &CheckpointClient<SimItem>) -> CheckpointStats {
         .stats()
         .await
         .expect("reading the B4 store's counters")
-}
-
-/// The counters' growth from `a` to `b` (`max_wave`: the largest wave so far).
-fn delta(b: &CheckpointStats, a: &CheckpointStats) -> CheckpointStats {
-    CheckpointStats {
-        saves: b.saves - a.saves,
-        waves: b.waves - a.waves,
-        ops: b.ops - a.ops,
-        max_wave: b.max_wave,
-        flushes: b.flushes - a.flushes,
-        bytes: b.bytes - a.bytes,
-        wakes: b.wakes - a.wakes,
-    }
 }
 
 /// Lists the directory's records on a fresh `CheckpointActor` and checks each one.
@@ -726,7 +702,7 @@ pub async fn run() {
          interleaved; tokio workers: {}",
         STEP.as_millis(),
         BUSY.as_secs(),
-        tokio::runtime::Handle::current().metrics().num_workers()
+        workers()
     );
     let mut exit_rounds = Vec::new();
     let mut sync_rounds = Vec::new();

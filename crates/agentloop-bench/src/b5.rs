@@ -54,8 +54,9 @@ use agentloop::{
 };
 use agentloop_core::table::{self, KeyKind};
 use agentloop_sim::{Script, SimAgent, SimEvent, SimItem, SimState, SimStep};
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::Actor;
 
+use crate::harness::{ms, workers, Holder};
 use crate::report::{median, print_table, ratio_line_max, summarize};
 
 /// Interrupted sessions to recover.
@@ -163,25 +164,9 @@ async fn wait_unlocked(dir: &Path) {
 // ---------------------------------------------------------------------------------
 // Baseline: raw sled scan + decode + one ractor actor per record.
 
-/// An actor that holds a recovered record and does nothing.
-struct Holder;
-
-/// A recovered record: header, items (in entry order), state.
+/// A recovered record: header, items (in entry order), state. The baseline's actor
+/// (`Holder<Recovered>`) holds one and does nothing.
 type Recovered = (RecordHeader, Vec<SimItem>, SimState);
-
-impl Actor for Holder {
-    type Msg = ();
-    type State = Recovered;
-    type Arguments = Recovered;
-
-    async fn pre_start(
-        &self,
-        _myself: ActorRef<Self::Msg>,
-        args: Self::Arguments,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(args)
-    }
-}
 
 /// Opens sled, scans and decodes every `Interrupted` record with its items and state
 /// (one session's keys are contiguous: the head, then any loose items and state).
@@ -248,7 +233,7 @@ async fn baseline_round() -> (f64, f64) {
     let mut actors = Vec::with_capacity(records.len());
     for r in records {
         actors.push(
-            Actor::spawn(None, Holder, r)
+            Actor::spawn(None, Holder::<Recovered>::new(), r)
                 .await
                 .expect("spawning a holder"),
         );
@@ -269,7 +254,7 @@ async fn baseline_round() -> (f64, f64) {
         .await
         .expect("closing the baseline db panicked");
     drop(dir);
-    (elapsed.as_secs_f64() * 1e3, scanned.as_secs_f64() * 1e3)
+    (ms(elapsed), ms(scanned))
 }
 
 // ---------------------------------------------------------------------------------
@@ -336,7 +321,7 @@ async fn agentloop_round(mode: AgentMode) -> f64 {
         );
     }
     drop(dir);
-    elapsed.as_secs_f64() * 1e3
+    ms(elapsed)
 }
 
 /// Diagnostic: the store's part of `Runtime::start`, step by step, on its own
@@ -366,7 +351,6 @@ async fn store_steps_round() -> (f64, f64, f64) {
     let t3 = Instant::now();
     client.close().await.expect("closing the B5 store");
     drop(dir);
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     (
         ms(t1 - t0),
         ms(t2 - t1),
@@ -428,7 +412,7 @@ pub async fn run() {
          one at a time, order reversed every round, warm-up 1 round per side; the store at {}; \
          tokio workers: {}",
         level(),
-        tokio::runtime::Handle::current().metrics().num_workers()
+        workers()
     );
     let mut warm = Samples::default();
     for side in SIDES {

@@ -16,14 +16,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::{
-    store::CheckpointActor, store::CheckpointClient, CheckpointStore, Durability, SessionHandle,
-    SessionSpec, StopOptions,
-};
-use agentloop_sim::{Gate, Script, SimAgent, SimEvent, SimItem, SimStep};
+use agentloop::store::Engine;
+use agentloop::{CheckpointStore, Durability, SessionHandle, SessionSpec, StopOptions};
+use agentloop_sim::{Gate, Script, SimAgent, SimItem, SimStep};
 
+use crate::harness::{in_turn, stop_and_wait, SimHandle, TempStore};
 use crate::report::ratio_line_max;
-use crate::tempdir::TempDir;
 
 /// Timed rounds (after one warm-up round).
 const ROUNDS: usize = 7;
@@ -34,8 +32,6 @@ const LARGE: usize = 1_000;
 const PUSHES: usize = 100;
 /// The target: large / small p50 ≤ 1.2.
 const TARGET: f64 = 1.2;
-
-type Handle = SessionHandle<SimItem, SimEvent>;
 
 fn held_script() -> Script {
     Script {
@@ -52,7 +48,7 @@ async fn held_session(
     store: &Arc<dyn CheckpointStore<SimItem>>,
     id: String,
     backlog: usize,
-) -> Handle {
+) -> SimHandle {
     let gate = Gate::new();
     let h = SessionHandle::spawn(
         SessionSpec::new(id, "default")
@@ -74,7 +70,7 @@ async fn held_session(
 }
 
 /// Times `PUSHES` sequential pushes; returns their latencies in µs.
-async fn timed_pushes(h: &Handle, base: u64) -> Vec<f64> {
+async fn timed_pushes(h: &SimHandle, base: u64) -> Vec<f64> {
     let mut out = Vec::with_capacity(PUSHES);
     for i in 0..PUSHES {
         let item = SimItem::new(
@@ -88,11 +84,9 @@ async fn timed_pushes(h: &Handle, base: u64) -> Vec<f64> {
     out
 }
 
-async fn stop(h: Handle) {
-    h.stop(StopOptions::immediate().skip_checkpoint())
-        .await
-        .expect("stopping a B6 session");
-    h.wait().await;
+async fn stop(h: SimHandle) {
+    let options = StopOptions::immediate().skip_checkpoint();
+    stop_and_wait(&h, options, "stopping a B6 session").await;
 }
 
 fn percentile(samples: &[f64], p: f64) -> f64 {
@@ -108,24 +102,19 @@ pub async fn run() {
         "B6: sync push acknowledgement latency, {LARGE} items waiting vs {SMALL} (sequential pushes, \
          {PUSHES} per side per round, {ROUNDS} interleaved rounds after a warm-up; sled)"
     );
-    let dir = TempDir::new("b6", "store");
-    let client: CheckpointClient<SimItem> = CheckpointActor::spawn(dir.path())
-        .await
-        .expect("starting the B6 checkpoint actor");
-    let store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(client.clone());
+    let store = TempStore::<SimItem>::open("b6", Engine::SLED).await;
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut small_firsts = Vec::new();
     for round in 0..=ROUNDS {
-        let s = held_session(&store, format!("b6-small-r{round}"), SMALL).await;
-        let l = held_session(&store, format!("b6-large-r{round}"), LARGE).await;
-        let (rs, rl) = if round % 2 == 0 {
-            let a = timed_pushes(&s, 1_000_000).await;
-            (a, timed_pushes(&l, 1_000_000).await)
-        } else {
-            let b = timed_pushes(&l, 1_000_000).await;
-            (timed_pushes(&s, 1_000_000).await, b)
-        };
+        let s = held_session(&store.store, format!("b6-small-r{round}"), SMALL).await;
+        let l = held_session(&store.store, format!("b6-large-r{round}"), LARGE).await;
+        let (rs, rl) = in_turn(
+            round,
+            timed_pushes(&s, 1_000_000),
+            timed_pushes(&l, 1_000_000),
+        )
+        .await;
         if round > 0 {
             small_firsts.push(percentile(&rs, 0.5));
             small.extend(rs);
@@ -134,7 +123,7 @@ pub async fn run() {
         stop(s).await;
         stop(l).await;
     }
-    client.close().await.expect("closing the B6 store");
+    store.client.close().await.expect("closing the B6 store");
     let (s50, s99) = (percentile(&small, 0.5), percentile(&small, 0.99));
     let (l50, l99) = (percentile(&large, 0.5), percentile(&large, 0.99));
     println!("| side | backlog while timed | pushes | p50 µs | p99 µs |");

@@ -32,16 +32,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use agentloop::{
-    store::CheckpointActor, store::CheckpointClient, store::SessionRecord, Agent, AgentError,
-    CheckpointStore, Durability, InterruptInfo, SessionEvent, SessionHandle, SessionSpec,
-    StopOptions, Turn, TurnCx, TurnOutcome,
+    store::SessionRecord, Agent, AgentError, CheckpointStore, Durability, InterruptInfo,
+    SessionEvent, SessionHandle, SessionSpec, StopOptions, Turn, TurnCx, TurnOutcome,
 };
 use agentloop_sim::SimItem;
 
 use agentloop::store::{Engine, StoreDurability};
 
+use crate::harness::{in_turn, micros_per_op, stop_and_wait, Paired, TempStore};
 use crate::raw::RawSled;
-use crate::report::{print_table, ratio_line_max, summarize};
+use crate::report::ratio_line_max;
 use crate::tempdir::TempDir;
 
 /// Timed rounds (after one warm-up round).
@@ -139,10 +139,7 @@ async fn agentloop_round(store: &Arc<dyn CheckpointStore<SimItem>>, ids: &[Strin
                 t0.elapsed().as_secs_f64() * 1e6
             );
         }
-        h.stop(StopOptions::bare())
-            .await
-            .expect("stopping a B7 session");
-        h.wait().await;
+        stop_and_wait(&h, StopOptions::bare(), "stopping a B7 session").await;
     }
     total / ids.len() as f64
 }
@@ -197,19 +194,21 @@ pub async fn run() {
     println!("{}", ratio_line_max("B7", ratio, TARGET));
 }
 
+/// Diagnostic (`B7_PROBE`): prints `label` and the mean µs per one of `ids`
+/// operations since `t`.
+fn probe_line(label: &str, t: Instant, ids: usize) {
+    eprintln!("{label} {:.0} µs", micros_per_op(t.elapsed(), ids as u64));
+}
+
 /// B7 at `level` on both sides; the ratio of the medians.
 async fn measure(level: StoreDurability) -> f64 {
-    let dir = TempDir::new("b7", "store");
-    let client: CheckpointClient<SimItem> =
-        CheckpointActor::spawn_engine(dir.path(), Engine::Sled(level))
-            .await
-            .expect("starting the B7 checkpoint actor");
-    let store: Arc<dyn CheckpointStore<SimItem>> = Arc::new(client.clone());
+    let temp = TempStore::<SimItem>::open("b7", Engine::Sled(level)).await;
+    let store = &temp.store;
     let raw_dir = TempDir::new("b7", "raw");
     let raw = RawSled::open(raw_dir.path(), level);
     let db = &raw.db;
     // The baseline's values are as large as agentloop's stored record.
-    let probe = prepare(&store, usize::MAX).await;
+    let probe = prepare(store, usize::MAX).await;
     let size = match store.load_stored(&probe[0]).await {
         Ok(Some(agentloop::store::Stored::Current(r))) => {
             let header = agentloop::store::codec::encode_header(&r.header).map_or(0, |b| b.len());
@@ -222,33 +221,24 @@ async fn measure(level: StoreDurability) -> f64 {
     }
     println!("record size: {size} bytes");
     if std::env::var_os("B7_PROBE").is_some() {
-        let ids = prepare(&store, 999).await;
+        let ids = prepare(store, 999).await;
         let t = Instant::now();
         for id in &ids {
             store.load_stored(id).await.unwrap();
         }
-        eprintln!(
-            "load_stored {:.0} µs",
-            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
-        );
+        probe_line("load_stored", t, ids.len());
         let t = Instant::now();
         for id in &ids {
             let mut r = record(id);
             r.stop_cause = Some(format!("x{}", t.elapsed().as_nanos()));
             store.save(r).await.unwrap();
         }
-        eprintln!(
-            "save {:.0} µs",
-            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
-        );
+        probe_line("save", t, ids.len());
         let t = Instant::now();
         for _ in &ids {
             tokio::task::spawn_blocking(|| ()).await.unwrap();
         }
-        eprintln!(
-            "spawn_blocking {:.0} µs",
-            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
-        );
+        probe_line("spawn_blocking", t, ids.len());
         let t = Instant::now();
         tokio::task::block_in_place(|| {
             for (i, id) in ids.iter().enumerate() {
@@ -256,10 +246,7 @@ async fn measure(level: StoreDurability) -> f64 {
                 raw.flush();
             }
         });
-        eprintln!(
-            "raw insert+flush {:.0} µs",
-            t.elapsed().as_secs_f64() * 1e6 / ids.len() as f64
-        );
+        probe_line("raw insert+flush", t, ids.len());
         let bdir = TempDir::new("b7", "backend");
         let backend = agentloop::store::SledBackend::open_at(bdir.path(), level).unwrap();
         let mut tw = 0.0;
@@ -277,42 +264,25 @@ async fn measure(level: StoreDurability) -> f64 {
         });
         eprintln!("backend write and flush {:.0} µs", tw / ids.len() as f64);
     }
-    let mut ours = Vec::new();
-    let mut base = Vec::new();
+    let mut s = Paired::default();
     for round in 0..=ROUNDS {
-        let ids = prepare(&store, round).await;
+        let ids = prepare(store, round).await;
         let keys = prepare_raw(db, round, size);
         raw.flush();
-        let (a, b) = if round % 2 == 0 {
-            let a = agentloop_round(&store, &ids).await;
-            (
-                a,
-                tokio::task::block_in_place(|| raw_round(&raw, &keys, size)),
-            )
-        } else {
-            let b = tokio::task::block_in_place(|| raw_round(&raw, &keys, size));
-            (agentloop_round(&store, &ids).await, b)
-        };
-        if round > 0 {
-            ours.push(a);
-            base.push(b);
-        }
+        let (a, b) = in_turn(round, agentloop_round(store, &ids), async {
+            tokio::task::block_in_place(|| raw_round(&raw, &keys, size))
+        })
+        .await;
+        s.record(round, b, a);
     }
-    client.close().await.expect("closing the B7 store");
-    let (o, b) = (summarize(&ours), summarize(&base));
-    print_table(
+    temp.client.close().await.expect("closing the B7 store");
+    s.table(
         &format!("µs per resume at {level} (mean per round)"),
         "µs",
-        &[
-            (
-                &format!(
-                    "baseline: raw sled load + 2 × (insert + {})",
-                    RawSled::flush_words(level)
-                ),
-                b,
-            ),
-            ("agentloop: resume_with_answer → durable TurnEnded", o),
-        ],
-    );
-    o.median / b.median
+        &format!(
+            "baseline: raw sled load + 2 × (insert + {})",
+            RawSled::flush_words(level)
+        ),
+        "agentloop: resume_with_answer → durable TurnEnded",
+    )
 }

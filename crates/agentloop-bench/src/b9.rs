@@ -34,8 +34,9 @@ use agentloop::{
 };
 use agentloop_sim::SimItem;
 
+use crate::harness::{micros_per_op, workers};
 use crate::raw::RawSled;
-use crate::report::{print_table, ratio_line_max, summarize};
+use crate::report::{print_table, ratio_line_max, summarize, Summary};
 use crate::tempdir::TempDir;
 
 /// Timed rounds per side (odd, so the median is one round).
@@ -95,7 +96,7 @@ async fn agentloop_round(client: &Client, round: u64) -> f64 {
             loads * 1e6 / OPS as f64
         );
     }
-    t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
+    micros_per_op(t0.elapsed(), OPS as u64)
 }
 
 /// agentloop's own work of a round without any hand-off (diagnostic): on one blocking
@@ -129,12 +130,14 @@ fn inline_round(engine: &agentloop::store::Backend, round: u64) -> (f64, f64, f6
     (us(enc), us(apply), us(load))
 }
 
-/// A raw engine round of the same shape.
+/// A raw engine, driven in rounds of the same shape as agentloop's.
 trait Raw: Send + Sync + 'static {
-    fn round(&self, len: usize, round: u64) -> f64;
-}
+    /// One operation: insert `value` at `key`, make it durable at the engine's level,
+    /// get it back and check that it is version `n`.
+    fn save_load(&self, key: &str, value: &[u8], n: u64);
 
-impl Raw for RawSled {
+    /// One round: `OPS` operations on values of `len` bytes (each a new version, so the
+    /// engine writes it). Mean µs per operation.
     fn round(&self, len: usize, round: u64) -> f64 {
         let mut value = vec![0x5A; len];
         let t0 = Instant::now();
@@ -142,12 +145,18 @@ impl Raw for RawSled {
             let n = round * OPS as u64 + i;
             value[..8].copy_from_slice(&n.to_le_bytes());
             let key = format!("b9-{:02}", n % IDS as u64);
-            self.db.insert(&key, &value[..]).expect("sled insert");
-            self.flush();
-            let got = self.db.get(&key).expect("sled get").expect("the value");
-            assert_eq!(&got[..8], &n.to_le_bytes());
+            self.save_load(&key, &value, n);
         }
-        t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
+        micros_per_op(t0.elapsed(), OPS as u64)
+    }
+}
+
+impl Raw for RawSled {
+    fn save_load(&self, key: &str, value: &[u8], n: u64) {
+        self.db.insert(key, value).expect("sled insert");
+        self.flush();
+        let got = self.db.get(key).expect("sled get").expect("the value");
+        assert_eq!(&got[..8], &n.to_le_bytes());
     }
 }
 
@@ -159,30 +168,17 @@ struct RawFjall {
 
 impl RawFjall {
     fn open(dir: &Path, mode: fjall::PersistMode) -> Self {
-        let db = fjall::Database::builder(dir)
-            .open()
-            .expect("opening the raw fjall db");
-        let ks = db
-            .keyspace("b9", fjall::KeyspaceCreateOptions::default)
-            .expect("the raw fjall keyspace");
+        let (db, ks) = crate::raw::open_fjall(dir, "b9");
         RawFjall { db, ks, mode }
     }
 }
 
 impl Raw for RawFjall {
-    fn round(&self, len: usize, round: u64) -> f64 {
-        let mut value = vec![0x5A; len];
-        let t0 = Instant::now();
-        for i in 0..OPS as u64 {
-            let n = round * OPS as u64 + i;
-            value[..8].copy_from_slice(&n.to_le_bytes());
-            let key = format!("b9-{:02}", n % IDS as u64);
-            self.ks.insert(&key, &value[..]).expect("fjall insert");
-            self.db.persist(self.mode).expect("fjall persist");
-            let got = self.ks.get(&key).expect("fjall get").expect("the value");
-            assert_eq!(&got[..8], &n.to_le_bytes());
-        }
-        t0.elapsed().as_secs_f64() * 1e6 / OPS as f64
+    fn save_load(&self, key: &str, value: &[u8], n: u64) {
+        self.ks.insert(key, value).expect("fjall insert");
+        self.db.persist(self.mode).expect("fjall persist");
+        let got = self.ks.get(key).expect("fjall get").expect("the value");
+        assert_eq!(&got[..8], &n.to_le_bytes());
     }
 }
 
@@ -201,7 +197,7 @@ pub async fn run() {
         "B9: checkpoint save + load round through the public store API, one record of ~700 B; \
          {ROUNDS} interleaved rounds of {OPS} rounds per side, warm-up 1 round per side; \
          tokio workers: {}",
-        tokio::runtime::Handle::current().metrics().num_workers()
+        workers()
     );
     let dirs: Vec<TempDir> = [
         "fjall-crash",
@@ -260,7 +256,7 @@ pub async fn run() {
                 .await
                 .expect("an empty blocking job");
         }
-        hops.push(t0.elapsed().as_secs_f64() * 1e6 / OPS as f64);
+        hops.push(micros_per_op(t0.elapsed(), OPS as u64));
     }
     println!(
         "diag: one spawn_blocking round trip {:.1} µs (median of 5 x {OPS})",
@@ -325,34 +321,34 @@ pub async fn run() {
     drop(dirs);
 
     let sum: Vec<_> = s.iter().map(|v| summarize(v)).collect();
-    println!();
-    print_table(
-        "B9 save + load round at power (the figure: agentloop on fjall power / raw sled + fsync)",
-        "µs/op",
-        &[
-            ("baseline: raw sled insert + flush + fsync + get", sum[6]),
-            ("agentloop: fjall power, save + load", sum[4]),
-        ],
-    );
-    println!();
-    print_table(
-        "B9 at crash (second line: agentloop on fjall crash / raw sled)",
-        "µs/op",
-        &[
-            ("baseline: raw sled insert + flush + get", sum[0]),
-            ("agentloop: fjall crash, save + load", sum[1]),
-        ],
-    );
-    println!();
-    print_table(
-        "Beside it (not the figure)",
-        "µs/op",
-        &[
-            ("agentloop: sled power, save + load", sum[2]),
-            ("raw fjall insert + persist(Buffer) + get", sum[3]),
-            ("raw fjall insert + persist(SyncAll) + get", sum[5]),
-        ],
-    );
+    let tables: [(&str, &[(&str, Summary)]); 3] = [
+        (
+            "B9 save + load round at power (the figure: agentloop on fjall power / raw sled + fsync)",
+            &[
+                ("baseline: raw sled insert + flush + fsync + get", sum[6]),
+                ("agentloop: fjall power, save + load", sum[4]),
+            ],
+        ),
+        (
+            "B9 at crash (second line: agentloop on fjall crash / raw sled)",
+            &[
+                ("baseline: raw sled insert + flush + get", sum[0]),
+                ("agentloop: fjall crash, save + load", sum[1]),
+            ],
+        ),
+        (
+            "Beside it (not the figure)",
+            &[
+                ("agentloop: sled power, save + load", sum[2]),
+                ("raw fjall insert + persist(Buffer) + get", sum[3]),
+                ("raw fjall insert + persist(SyncAll) + get", sum[5]),
+            ],
+        ),
+    ];
+    for (title, rows) in tables {
+        println!();
+        print_table(title, "µs/op", rows);
+    }
     println!(
         "agentloop fjall crash / raw fjall Buffer = {:.2}; agentloop fjall power / raw fjall SyncAll = {:.2}; agentloop sled power / raw sled + fsync = {:.2}; B9 wall time {:.1} s",
         sum[1].median / sum[3].median,

@@ -26,6 +26,7 @@ mod c1;
 mod c2;
 mod c3;
 mod codec_choice;
+mod harness;
 mod raw;
 mod report;
 mod soak;

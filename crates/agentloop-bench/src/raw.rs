@@ -2,8 +2,8 @@
 //! that used sled directly would do to make the same bytes survive the same failure.
 //! At `crash` that is sled's `flush`; at `power` it is `flush` followed by an fsync of
 //! sled's data file, the same way agentloop's sled backend makes a group commit
-//! power-safe. This module only wraps the raw engine for the baselines; it never
-//! touches agentloop's store.
+//! power-safe. Raw fjall databases are opened here too. This module only wraps the
+//! raw engines for the baselines; it never touches agentloop's store.
 
 use std::fs::File;
 use std::path::Path;
@@ -52,4 +52,15 @@ impl RawSled {
             StoreDurability::Power => "flush + fsync",
         }
     }
+}
+
+/// Opens a raw fjall database in `dir` with one keyspace named `keyspace`. Blocks.
+pub fn open_fjall(dir: &Path, keyspace: &str) -> (fjall::Database, fjall::Keyspace) {
+    let db = fjall::Database::builder(dir)
+        .open()
+        .expect("opening the raw fjall db");
+    let ks = db
+        .keyspace(keyspace, fjall::KeyspaceCreateOptions::default)
+        .expect("the raw fjall keyspace");
+    (db, ks)
 }
