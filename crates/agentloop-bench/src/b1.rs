@@ -11,6 +11,10 @@
 //!   the turn task, the control block, catching panics, tracing spans, the order gate,
 //!   the in-flight accounting of final events, and the actor's bookkeeping.
 //!
+//! * Diagnostic, not the figure: the same session core, effects and turn task driven by
+//!   a plain tokio task instead of the ractor actor (`agentloop::session::bench_shell`,
+//!   the `bench-shell` feature), against the same baseline: ractor's share of B1.
+//!
 //! Both sides run in rounds of `OPS_PER_ROUND` round trips, interleaved (the side that
 //! goes first alternates), after a warm-up of each. A round's sample is its mean time
 //! per round trip; each side's figure is the median over its rounds.
@@ -211,11 +215,74 @@ impl Side for Agentloop {
     }
 }
 
+// ---------------------------------------------------------------------------------
+// Diagnostic: the same session core on a plain tokio task (ractor's share).
+
+/// The agentloop side's session core, effects and turn task driven by a plain tokio
+/// task and an unbounded channel instead of a ractor actor
+/// (`agentloop::session::bench_shell`). Not the product; it tells how much of the
+/// figure is ractor's.
+struct Shell {
+    shell: Option<agentloop::session::bench_shell::TaskShell<SimItem, SimEvent>>,
+    events: agentloop::EventStream<SimEvent>,
+    next: u64,
+}
+
+impl Side for Shell {
+    async fn start() -> Self {
+        let agent = NoopAgent::<SimItem, SimEvent>::new();
+        let shell = agentloop::session::bench_shell::spawn(
+            SessionSpec::new("b1-shell", "default"),
+            Arc::new(agent),
+        )
+        .await;
+        let events = shell.subscribe_filtered(EVENT_CAPACITY, EventFilter::turn_ends());
+        Shell {
+            shell: Some(shell),
+            events,
+            next: 0,
+        }
+    }
+
+    /// The same round trip as the agentloop side's.
+    async fn round_trip(&mut self) {
+        let n = self.next;
+        self.next += 1;
+        if let Some(shell) = &self.shell {
+            shell.push_nowait(SimItem::new(n, "x"));
+        }
+        loop {
+            match self.events.next().await {
+                Some(SessionEvent::TurnEnded { .. }) => break,
+                Some(SessionEvent::Ended(summary)) => {
+                    panic!("the B1 shell's session ended during the run: {summary:?}")
+                }
+                Some(_) => {}
+                None => panic!("the B1 shell's event stream closed during the run"),
+            }
+        }
+    }
+
+    async fn stop(mut self) {
+        let Some(shell) = self.shell.take() else {
+            return;
+        };
+        let exit = shell
+            .stop(StopOptions::bare())
+            .await
+            .expect("the B1 shell's session published no exit");
+        assert_eq!(
+            exit.counters.turns_completed, self.next,
+            "every push to the shell should have made exactly one completed turn"
+        );
+    }
+}
+
 /// A warm-up of `WARMUP_OPS` round trips per side, then `ROUNDS` interleaved rounds of
 /// `OPS_PER_ROUND` round trips per side (the side that goes first alternates, so
 /// neither always runs on a "fresh" or a "tired" runtime). Per-round means, µs per
 /// round trip.
-async fn interleaved(base: &mut Baseline, al: &mut Agentloop) -> Paired {
+async fn interleaved<B: Side, A: Side>(base: &mut B, al: &mut A) -> Paired {
     base.run(WARMUP_OPS).await;
     al.run(WARMUP_OPS).await;
     let mut s = Paired::default();
@@ -252,16 +319,27 @@ pub async fn run() {
     let main_thread = interleaved(&mut base, &mut al).await;
 
     // The figure: the same client as a runtime task.
-    let (base, al, on_worker) = tokio::spawn(async move {
+    let (mut base, al, on_worker) = tokio::spawn(async move {
         let s = interleaved(&mut base, &mut al).await;
         (base, al, s)
     })
     .await
     .expect("the B1 client task panicked");
 
+    // Diagnostic: the same core on a plain task against the same baseline, client as
+    // a task (what the figure would read without ractor's share).
+    let (base, shell, plain) = tokio::spawn(async move {
+        let mut shell = Shell::start().await;
+        let s = interleaved(&mut base, &mut shell).await;
+        (base, shell, s)
+    })
+    .await
+    .expect("the B1 shell's client task panicked");
+
     // Stopping checks that every agentloop push made exactly one completed turn.
     base.stop().await;
     al.stop().await;
+    shell.stop().await;
 
     let sides = ["baseline (bare mechanism)", "agentloop"];
     println!();
@@ -280,15 +358,26 @@ pub async fn run() {
     );
     println!("diagnostic ratio (client on the main thread)={diagnostic:.2}");
     println!();
+    let without_ractor = plain.table(
+        "Diagnostic, not the figure: the same session core on a plain tokio task (bench-only shell), client as a task",
+        "µs/op",
+        sides[0],
+        "agentloop core, plain task",
+    );
+    println!(
+        "diagnostic ratio (the core on a plain task)={without_ractor:.2}; the actor's figure above={figure:.2}"
+    );
+    println!();
     println!("{}", ratio_line_max("B1", figure, TARGET));
 }
 
-/// Diagnostic (`B1_SIDE=agentloop|baseline`): 200 000 round trips of one side with the
+/// Diagnostic (`B1_SIDE=agentloop|baseline|shell`): 200 000 round trips of one side with the
 /// client as a task, for `perf stat` / `strace -c` of that side alone. Prints µs per
 /// round trip; not a figure.
 async fn probe(side: &str) {
     let per_op = match side {
         "baseline" => probe_side::<Baseline>().await,
+        "shell" => probe_side::<Shell>().await,
         _ => probe_side::<Agentloop>().await,
     };
     println!(
