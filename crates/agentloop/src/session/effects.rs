@@ -68,7 +68,8 @@ pub(super) fn perform_now<A: Agent>(
                 if let (Some(control), true) = (&running, result.is_ok()) {
                     control.cut_on_record();
                 }
-                // Durable steps first: the turn task goes on at once (S1b).
+                // Durable steps and a turn's end first: the turn task goes on at once
+                // (S1b, S16b).
                 for tx in steps {
                     let _ = tx.send(result.is_ok());
                 }

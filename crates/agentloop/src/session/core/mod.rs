@@ -166,9 +166,10 @@ impl<A: Agent> From<Timed<A::Item>> for Event<A> {
 /// What the shell performs.
 pub(crate) enum Effect<A: Agent> {
     /// Issue this store operation now (writes are ordered when issued); report
-    /// `Written { seq }`. `steps` are durable steps (S1b) whose journal entry the write
-    /// holds: its completion answers them directly (whether it succeeded), without a
-    /// trip through the session's mailbox.
+    /// `Written { seq }`. `steps` wait for the write: durable steps (S1b) whose journal
+    /// entry it holds, and the turn whose end it records (S16b); its completion answers
+    /// them directly (whether it succeeded), without a trip through the session's
+    /// mailbox.
     Store {
         seq: u64,
         op: StoreOp,

@@ -358,7 +358,7 @@ impl<A: Agent> Core<A> {
         if self.writes_turn_ends() && !exiting {
             let write = self.write_live(fx);
             self.keep_in_history(turn, write, fx);
-            self.durable.turn_end_after(write, durable_tx);
+            self.turn_end_with(write, durable_tx, fx);
         } else if self.writes_turn_ends() {
             self.history_at_exit = Some(turn);
             self.durable.turn_end_at_exit(durable_tx);
@@ -375,6 +375,24 @@ impl<A: Agent> Core<A> {
 
     /// Issue 13 (4): the write `write` holds turn `turn`'s end; with a history, it also
     /// keeps a snapshot of the record it leaves.
+    /// The turn's end is held by write `write`. When that write is among this event's
+    /// effects, its task learns the result from the write's completion itself, as a
+    /// durable step does (S1b): no hop through the session's mailbox (issue 54). Else
+    /// the session answers it when the write's result comes back.
+    fn turn_end_with(&mut self, write: u64, tx: Option<super::DurableTx>, fx: &mut Effects<A>) {
+        let Some(tx) = tx else {
+            return;
+        };
+        let issued = fx.iter_mut().rev().find_map(|e| match e {
+            Effect::Store { seq, steps, .. } if *seq == write => Some(steps),
+            _ => None,
+        });
+        match issued {
+            Some(waiters) => waiters.push(tx),
+            None => self.durable.turn_end_after(write, Some(tx)),
+        }
+    }
+
     fn keep_in_history(&self, turn: u64, write: u64, fx: &mut Effects<A>) {
         if self.config.history == 0 {
             return;
