@@ -155,3 +155,37 @@ impl<I> InternalMsg<I> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::FinalEvents;
+
+    fn counting() -> (FinalEvents, Arc<AtomicUsize>) {
+        let n = Arc::new(AtomicUsize::new(0));
+        let m = n.clone();
+        let finals = FinalEvents::new(move || {
+            m.fetch_add(1, Ordering::SeqCst);
+        });
+        (finals, n)
+    }
+
+    /// A turn's final events are delivered once when the session takes the report.
+    #[test]
+    fn final_events_are_delivered_once() {
+        let (finals, n) = counting();
+        finals.deliver();
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+    }
+
+    /// A report the session never takes (refused, or dropped with a killed session's
+    /// mailbox) still delivers its turn's final events, once.
+    #[test]
+    fn final_events_dropped_undelivered_are_delivered_then() {
+        let (finals, n) = counting();
+        drop(finals);
+        assert_eq!(n.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,6 +1,6 @@
 //! The core without a runtime, by example: a `sync` push's write, an unstorable item
-//! handed back, and an idle session's sleep (S39), each driven through the harness of
-//! `mod.rs` one event at a time.
+//! handed back, an idle session's sleep (S39) and a turn's end answered by its write,
+//! each driven through the harness of `mod.rs` one event at a time.
 
 use super::*;
 
@@ -221,4 +221,48 @@ fn a_watched_or_unsupervised_session_does_not_sleep() {
         .timers
         .iter()
         .any(|t| matches!(t, crate::session::core::Timed::SleepDue { .. })));
+}
+
+/// S16b, issue 54: under `sync` and `turn`, the write that records a turn's end answers
+/// the turn's waiter from its completion, as it answers a durable step's (S1b): the
+/// turn task learns its end is durable without waiting for the session to take the
+/// write's result (`Written`) from its mailbox, and the session sends no `TurnDurable`
+/// of its own for it.
+#[test]
+fn the_write_of_a_turn_end_answers_the_turn_itself() {
+    for durability in [Durability::Sync, Durability::Turn] {
+        let mut h = Harness::new(true, durability);
+        h.push(false);
+        h.apply(Action::Plan {
+            k: 1,
+            r: 0,
+            reverse: false,
+        });
+        let mut durable_end = h
+            .turn
+            .as_ref()
+            .and_then(|t| t.control.take_durable_end())
+            .expect("a turn whose end is written waits for that write");
+        h.apply(Action::Finish(0));
+        // The harness performs each write at once and answers its waiters, but feeds
+        // no `Written` to the core until `Action::Written`.
+        assert_eq!(
+            durable_end.try_recv(),
+            Ok(true),
+            "{durability:?}: the turn's end is answered by its write's completion"
+        );
+        while !h.written.is_empty() {
+            h.apply(Action::Written);
+        }
+        assert!(
+            h.durable_ends.is_empty(),
+            "{durability:?}: the session answers no turn end itself: {:?}",
+            h.durable_ends
+        );
+        assert_eq!(
+            h.delivered,
+            vec![0],
+            "{durability:?}: the turn delivered its item"
+        );
+    }
 }
