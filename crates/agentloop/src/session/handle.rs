@@ -421,26 +421,30 @@ where
     /// Hands the session to the background (S23): see [`TurnLoopMsg::Detach`]. Refused
     /// with `DetachNeedsStore` for a session without a store.
     pub async fn detach(&self) -> Result<(), SessionError> {
-        let (tx, rx) = oneshot::channel();
-        let msg = TurnLoopMsg::Detach {
-            reply: RpcReplyPort::from(tx),
-        };
-        if self.actor.send_message(msg).is_err() {
-            return Err(SessionError::Exited(self.shared.id.clone()));
-        }
-        rx.await
-            .map_err(|_| SessionError::Exited(self.shared.id.clone()))?
+        self.ask_durable(|reply| TurnLoopMsg::Detach { reply })
+            .await
     }
 
     /// Writes the session's record now and answers once it is durable (a persistent
     /// session; one not persistent is refused with [`SessionError::NotPersistent`]).
     /// What a durable timer armed for a session not written yet relies on (S39).
     pub async fn checkpoint(&self) -> Result<(), SessionError> {
+        self.ask_durable(|reply| TurnLoopMsg::Checkpoint { reply })
+            .await
+    }
+
+    /// Sends the message `msg` makes with a reply port and awaits the answer (a write
+    /// made durable); a session that is gone, or goes before answering, is `Exited`.
+    async fn ask_durable(
+        &self,
+        msg: impl FnOnce(RpcReplyPort<Result<(), SessionError>>) -> TurnLoopMsg<I, E>,
+    ) -> Result<(), SessionError> {
         let (tx, rx) = oneshot::channel();
-        let msg = TurnLoopMsg::Checkpoint {
-            reply: RpcReplyPort::from(tx),
-        };
-        if self.actor.send_message(msg).is_err() {
+        if self
+            .actor
+            .send_message(msg(RpcReplyPort::from(tx)))
+            .is_err()
+        {
             return Err(SessionError::Exited(self.shared.id.clone()));
         }
         rx.await

@@ -82,28 +82,13 @@ impl<A: Agent> Core<A> {
         answer(fx, Ok(()));
     }
 
-    /// S23: hands the session to the background: the record becomes `Running` with the
-    /// in-flight and queued items in order (answered once that write is durable), the
-    /// session drains, and it polls its own record so a cancel written elsewhere is
-    /// honoured (S24).
     /// Writes the live record now and answers once it is durable (S39: a timer for a
     /// session whose record is not written yet). Refused after the exit and without a
     /// store.
     pub(super) fn on_checkpoint(&mut self, reply: DetachReply, fx: &mut Effects<A>) {
-        if self.exited || self.exit.is_some() {
-            fx.push(Effect::AnswerDetach {
-                reply,
-                result: Err(SessionError::Exited(self.config.id.clone())),
-            });
+        let Some(reply) = self.refuse_unless_stored(reply, SessionError::NotPersistent, fx) else {
             return;
-        }
-        if !self.persists() {
-            fx.push(Effect::AnswerDetach {
-                reply,
-                result: Err(SessionError::NotPersistent(self.config.id.clone())),
-            });
-            return;
-        }
+        };
         // Stored already (loaded, or written since): nothing to write, no I/O.
         if self.durable.stored {
             fx.push(Effect::AnswerDetach {
@@ -116,21 +101,37 @@ impl<A: Agent> Core<A> {
         self.durable.answer_written_after(seq, reply);
     }
 
+    /// Answers `reply` with the refusal when the session has exited (or is exiting) or
+    /// keeps no record (`no_store` names that error); else hands `reply` back.
+    fn refuse_unless_stored(
+        &self,
+        reply: DetachReply,
+        no_store: fn(String) -> SessionError,
+        fx: &mut Effects<A>,
+    ) -> Option<DetachReply> {
+        let refusal = if self.exited || self.exit.is_some() {
+            SessionError::Exited(self.config.id.clone())
+        } else if !self.persists() {
+            no_store(self.config.id.clone())
+        } else {
+            return Some(reply);
+        };
+        fx.push(Effect::AnswerDetach {
+            reply,
+            result: Err(refusal),
+        });
+        None
+    }
+
+    /// S23: hands the session to the background: the record becomes `Running` with the
+    /// in-flight and queued items in order (answered once that write is durable), the
+    /// session drains, and it polls its own record so a cancel written elsewhere is
+    /// honoured (S24).
     pub(super) fn on_detach(&mut self, reply: DetachReply, fx: &mut Effects<A>) {
-        if self.exited || self.exit.is_some() {
-            fx.push(Effect::AnswerDetach {
-                reply,
-                result: Err(SessionError::Exited(self.config.id.clone())),
-            });
+        let Some(reply) = self.refuse_unless_stored(reply, SessionError::DetachNeedsStore, fx)
+        else {
             return;
-        }
-        if !self.persists() {
-            fx.push(Effect::AnswerDetach {
-                reply,
-                result: Err(SessionError::DetachNeedsStore(self.config.id.clone())),
-            });
-            return;
-        }
+        };
         if self.detached {
             fx.push(Effect::AnswerDetach {
                 reply,
