@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -54,12 +55,16 @@ impl<A: Agent> Actor for TurnLoop<A> {
     type State = LoopState<A>;
     type Arguments = TurnLoopArgs<A>;
 
-    async fn pre_start(
+    // Not `async fn`s: an `async fn` here would keep its arguments (the spec, the
+    // message) in every session's task beside the future it hands them to (B2). The
+    // start's future is the whole of `pre_start`; `handle` decides and performs at once
+    // and its future holds only what must be awaited.
+    fn pre_start(
         &self,
         myself: ActorRef<Self::Msg>,
         args: TurnLoopArgs<A>,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(start_state(SessionRef::Actor(myself), args).await)
+    ) -> impl std::future::Future<Output = Result<Self::State, ActorProcessingErr>> + Send {
+        start_state(SessionRef::Actor(myself), args).map(Ok)
     }
 
     async fn post_start(
@@ -71,14 +76,22 @@ impl<A: Agent> Actor for TurnLoop<A> {
         Ok(())
     }
 
-    async fn handle(
+    fn handle(
         &self,
         myself: ActorRef<Self::Msg>,
         msg: Self::Msg,
         state: &mut Self::State,
-    ) -> Result<(), ActorProcessingErr> {
-        handle_message(&SessionRef::Actor(myself), msg, state).await;
-        Ok(())
+    ) -> impl std::future::Future<Output = Result<(), ActorProcessingErr>> + Send {
+        // Called by ractor inside the poll it guards against panics, like the future.
+        let me = SessionRef::Actor(myself);
+        let rest = decide_and_perform(&me, msg, state);
+        async move {
+            if let Some(rest) = rest {
+                let span = state.span.clone();
+                Box::pin(perform_rest(&me, state, rest).instrument(span)).await;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -155,26 +168,35 @@ pub(super) async fn start<A: Agent>(me: &Myself<A>, state: &mut LoopState<A>) {
     }
 }
 
-/// Handles one message.
+/// Handles one message, as the actor's `handle` does (the bench shell's loop).
 ///
 /// Decided and performed at once, in the session's span: every effect but an exit or
 /// a sleep is performed without waiting, so the message's future holds nothing large
 /// and allocates nothing (B1). ractor keeps each actor's message loop in one
 /// allocation sized for the largest `handle` future; the awaited rest is boxed so that
 /// stays small too (B2).
+#[cfg(feature = "bench-shell")]
 pub(super) async fn handle_message<A: Agent>(
     me: &Myself<A>,
     msg: TurnLoopMsg<A::Item, A::Event>,
     state: &mut LoopState<A>,
 ) {
-    let span = state.span.clone();
-    let rest = {
-        let _entered = span.enter();
-        handle_now(me, msg, state)
-    };
-    if let Some(rest) = rest {
+    if let Some(rest) = decide_and_perform(me, msg, state) {
+        let span = state.span.clone();
         Box::pin(perform_rest(me, state, rest).instrument(span)).await;
     }
+}
+
+/// The part of handling a message that never waits, in the session's span: what must
+/// be awaited is returned.
+fn decide_and_perform<A: Agent>(
+    me: &Myself<A>,
+    msg: TurnLoopMsg<A::Item, A::Event>,
+    state: &mut LoopState<A>,
+) -> Option<Rest<A>> {
+    let span = state.span.clone();
+    let _entered = span.enter();
+    handle_now(me, msg, state)
 }
 
 /// Turns a message into a core event, hands it to the core and performs its effects;
