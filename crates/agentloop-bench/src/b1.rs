@@ -193,16 +193,7 @@ impl Side for Agentloop {
         let n = self.next;
         self.next += 1;
         self.handle.push_nowait(SimItem::new(n, "x"));
-        loop {
-            match self.events.next().await {
-                Some(SessionEvent::TurnEnded { .. }) => break,
-                Some(SessionEvent::Ended(summary)) => {
-                    panic!("the B1 session ended during the run: {summary:?}")
-                }
-                Some(_) => {}
-                None => panic!("the B1 event stream closed during the run"),
-            }
-        }
+        until_turn_ended(&mut self.events, "the B1 session").await;
     }
 
     async fn stop(self) {
@@ -251,16 +242,7 @@ impl Side for Shell {
         if let Some(shell) = &self.shell {
             shell.push_nowait(SimItem::new(n, "x"));
         }
-        loop {
-            match self.events.next().await {
-                Some(SessionEvent::TurnEnded { .. }) => break,
-                Some(SessionEvent::Ended(summary)) => {
-                    panic!("the B1 shell's session ended during the run: {summary:?}")
-                }
-                Some(_) => {}
-                None => panic!("the B1 shell's event stream closed during the run"),
-            }
-        }
+        until_turn_ended(&mut self.events, "the B1 shell's session").await;
     }
 
     async fn stop(mut self) {
@@ -275,6 +257,21 @@ impl Side for Shell {
             exit.counters.turns_completed, self.next,
             "every push to the shell should have made exactly one completed turn"
         );
+    }
+}
+
+/// Reads `events` until `TurnEnded`; the session ending or the stream closing during
+/// the run is the bench's failure (`what` names the session).
+async fn until_turn_ended(events: &mut agentloop::EventStream<SimEvent>, what: &str) {
+    loop {
+        match events.next().await {
+            Some(SessionEvent::TurnEnded { .. }) => break,
+            Some(SessionEvent::Ended(summary)) => {
+                panic!("{what} ended during the run: {summary:?}")
+            }
+            Some(_) => {}
+            None => panic!("{what}'s event stream closed during the run"),
+        }
     }
 }
 
