@@ -68,12 +68,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 println!("turn {turn} started with {items} message(s)");
                 if turn == 0 {
                     let ack = session
-                        .push_with(
-                            "actually, about mountains".to_string(),
-                            PushOptions::preempt(
-                                Preempt::any_safe_point().timeout(Duration::from_secs(5)),
-                            ),
-                        )
+                        .push("actually, about mountains".to_string())
+                        .options(PushOptions::preempt(
+                            Preempt::any_safe_point().timeout(Duration::from_secs(5)),
+                        ))
                         .await?;
                     if let PreemptAck::Submitted { turn } = ack {
                         println!(

@@ -2,7 +2,7 @@
 //! probe that tells a test where the agent is, bounded waits, and the conservation
 //! check of DESIGN S10.
 
-use std::future::Future;
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,8 +49,9 @@ pub fn steps(n: usize) -> Script {
 
 /// Fails the test instead of hanging: on a paused clock, an idle runtime jumps to this
 /// deadline at once.
-pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(Duration::from_secs(120), fut).await {
+/// Takes anything awaitable (a push being made, too).
+pub async fn within<T>(what: &str, fut: impl IntoFuture<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(120), fut.into_future()).await {
         Ok(v) => v,
         Err(_) => panic!("timed out waiting for {what}"),
     }

@@ -38,10 +38,10 @@ async fn zero_durations_in_stop_options_are_refused() {
 async fn zero_durations_in_preempt_options_hand_the_item_back() {
     let h = spawn("zero-preempt", SimAgent::new(steps(1))).await;
     let e = h
-        .push_with(
-            item(1),
-            PushOptions::preempt(Preempt::any_safe_point().timeout(Duration::ZERO)),
-        )
+        .push(item(1))
+        .options(PushOptions::preempt(
+            Preempt::any_safe_point().timeout(Duration::ZERO),
+        ))
         .await
         .unwrap_err();
     match e {
@@ -53,10 +53,10 @@ async fn zero_durations_in_preempt_options_hand_the_item_back() {
     }
     // A strategy returning bad options is refused the same way.
     let e = h
-        .push_with(
-            item(2),
-            PushOptions::strategy(|_| Some(Preempt::any_safe_point().delay(Duration::ZERO))),
-        )
+        .push(item(2))
+        .options(PushOptions::strategy(|_| {
+            Some(Preempt::any_safe_point().delay(Duration::ZERO))
+        }))
         .await
         .unwrap_err();
     assert!(matches!(e, PushError::InvalidOptions { ref item, .. } if item.id == 2));

@@ -148,7 +148,7 @@ async fn run(s: Schedule, unit: fn(u64) -> Duration) -> Result<(), String> {
                 let h2 = h.clone();
                 acks.push((
                     next,
-                    tokio::spawn(async move { h2.push_with(it, opts).await }),
+                    tokio::spawn(async move { h2.push(it).options(opts).await }),
                 ));
             }
             Op::Stop(k) => {

@@ -23,9 +23,8 @@ use std::time::Duration;
 
 use agentloop::{
     config::ShutdownConfig, exit::CheckpointOutcome, supervisor::RestartBudget,
-    supervisor::RoutedPushError, supervisor::SessionEnd, CheckpointStore, Durability, ExitReason,
-    MemoryStore, Preempt, PushError, PushOptions, RestartPolicy, Runtime, SafePoint, SessionSpec,
-    StopOptions,
+    supervisor::SessionEnd, CheckpointStore, Durability, ExitReason, MemoryStore, Preempt,
+    PushError, PushOptions, RestartPolicy, Runtime, SafePoint, SessionSpec, StopOptions,
 };
 use agentloop_sim::{Fault, Ledger, PlanPolicy, Script, SimAgent, SimEvent, SimItem};
 use agentloop_tests::within;
@@ -483,7 +482,7 @@ async fn run(s: Schedule) -> Result<Stats, String> {
                 let (sup, id) = (sup.clone(), session_id(s));
                 pushes.push((
                     next,
-                    tokio::spawn(async move { sup.push_with(&id, item, options).await }),
+                    tokio::spawn(async move { sup.push(&id, item).options(options).await }),
                 ));
             }
             Op::Stop { s, how } => {
@@ -532,8 +531,7 @@ async fn run(s: Schedule) -> Result<Stats, String> {
             .map_err(|e| format!("push task: {e}"))?;
         let o = match r {
             Ok(_) => Pushed::Accepted,
-            Err(RoutedPushError::Push(PushError::Late { item }))
-            | Err(RoutedPushError::UnknownSession { item, .. }) => {
+            Err(PushError::Late { item }) | Err(PushError::UnknownSession { item, .. }) => {
                 if item.id != id {
                     return Err(format!("push of {id} handed back item {}", item.id));
                 }

@@ -123,11 +123,11 @@ async fn a_huge_timeout_means_no_deadline_not_a_panic() {
     // On a planning turn (activated by the turn task) ...
     let h2 = h.clone();
     let ack = tokio::spawn(async move {
-        h2.push_with(
-            item(2),
-            PushOptions::preempt(Preempt::after_tool_calls().timeout(Duration::MAX)),
-        )
-        .await
+        h2.push(item(2))
+            .options(PushOptions::preempt(
+                Preempt::after_tool_calls().timeout(Duration::MAX),
+            ))
+            .await
     });
     plan_gate.open_all();
     assert!(within("ack", ack).await.unwrap().is_ok());
@@ -276,7 +276,7 @@ async fn a_kill_during_a_hanging_hook_loses_nothing() {
 #[tokio::test(start_paused = true)]
 async fn push_nowait_queued_at_a_kill_is_not_lost() {
     let (h, _gate, _probe) = running("nowait-kill", SimAgent::new(steps(2))).await;
-    h.push_nowait(item(2)); // queued: the actor has not run since
+    h.push(item(2)).no_wait(); // queued: the actor has not run since
     h.actor().kill();
     let exit = within("exit", h.wait()).await;
     let late = ids(&h.take_late_items());
@@ -289,7 +289,7 @@ async fn push_nowait_queued_at_a_kill_is_not_lost() {
         "item 2 must be in exactly one place: late {late:?}, held {held:?}"
     );
     // After the exit a cast push is refused and listed too.
-    h.push_nowait(item(3));
+    h.push(item(3)).no_wait();
     assert_eq!(ids(&h.take_late_items()), vec![3]);
 }
 

@@ -106,7 +106,7 @@ async fn stopping_through_the_runtime_drops_no_queued_push() {
         .await
         .unwrap();
     for id in 0..200 {
-        h.push_nowait(item(id)); // queued in the session's mailbox
+        h.push(item(id)).no_wait(); // queued in the session's mailbox
     }
     let exits = rt.stop(StopOptions::bare()).await.unwrap();
     let exit = &exits[0];

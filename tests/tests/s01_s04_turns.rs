@@ -277,11 +277,13 @@ async fn s3_second_preempt_merges_modes() {
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
     // Only tool calls first: step 0 (model) would not end the turn...
-    h.push_with(item(2), PushOptions::preempt(Preempt::after_tool_calls()))
+    h.push(item(2))
+        .options(PushOptions::preempt(Preempt::after_tool_calls()))
         .await
         .unwrap();
     // ...but merged with AfterModelCall it ends right after step 0.
-    h.push_with(item(3), PushOptions::preempt(Preempt::after_model_call()))
+    h.push(item(3))
+        .options(PushOptions::preempt(Preempt::after_model_call()))
         .await
         .unwrap();
     gate.open(1);

@@ -119,7 +119,8 @@ async fn s6_plan_error_restores_original_order() {
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
     // Preempt turn 0 so item 1 is offered again as `preempted`, then 2, 3, 4 buffered.
-    h.push_with(item(2), PushOptions::preempt(Preempt::any_safe_point()))
+    h.push(item(2))
+        .options(PushOptions::preempt(Preempt::any_safe_point()))
         .await
         .unwrap();
     h.push(item(3)).await.unwrap();
@@ -171,7 +172,8 @@ async fn s6_stop_during_planning_restores_original_order() {
 async fn s7_preempt_when_idle_has_no_target() {
     let h = spawn("s7-idle", SimAgent::new(steps(1))).await;
     let ack = h
-        .push_with(item(1), PushOptions::preempt(Preempt::any_safe_point()))
+        .push(item(1))
+        .options(PushOptions::preempt(Preempt::any_safe_point()))
         .await
         .unwrap();
     assert_eq!(ack, PreemptAck::NoTarget);
@@ -186,7 +188,8 @@ async fn s7_preempt_when_idle_has_no_target() {
 async fn s7_preempt_running_turn_is_submitted() {
     let (h, gate, _probe) = running("s7-running", SimAgent::new(steps(2))).await;
     let ack = h
-        .push_with(item(2), PushOptions::preempt(Preempt::after_model_call()))
+        .push(item(2))
+        .options(PushOptions::preempt(Preempt::after_model_call()))
         .await
         .unwrap();
     assert_eq!(ack, PreemptAck::Submitted { turn: 0 });
@@ -216,7 +219,8 @@ async fn s7_preempt_during_planning_cancels_the_turn_when_it_starts() {
     probe.plan_begins(0).await;
     let h2 = h.clone();
     let ack = tokio::spawn(async move {
-        h2.push_with(item(2), PushOptions::preempt(Preempt::any_safe_point()))
+        h2.push(item(2))
+            .options(PushOptions::preempt(Preempt::any_safe_point()))
             .await
     });
     // The acknowledgement waits for the turn to become active.
@@ -242,11 +246,11 @@ async fn s7_delayed_preempt_after_target_ended_does_nothing() {
     let (h, gate, mut probe) = running("s7-delay", SimAgent::new(steps(2))).await;
     let h2 = h.clone();
     let ack = tokio::spawn(async move {
-        h2.push_with(
-            item(2),
-            PushOptions::preempt(Preempt::any_safe_point().delay(Duration::from_secs(10))),
-        )
-        .await
+        h2.push(item(2))
+            .options(PushOptions::preempt(
+                Preempt::any_safe_point().delay(Duration::from_secs(10)),
+            ))
+            .await
     });
     tokio::task::yield_now().await;
     // Turn 0 finishes before the delay; turn 1 (with item 2) waits at its gate.
@@ -270,10 +274,10 @@ async fn s7_delayed_preempt_is_submitted_after_the_delay() {
     let (h, gate, _probe) = running("s7-delay-run", SimAgent::new(steps(2))).await;
     let start = tokio::time::Instant::now();
     let ack = h
-        .push_with(
-            item(2),
-            PushOptions::preempt(Preempt::any_safe_point().delay(Duration::from_secs(3))),
-        )
+        .push(item(2))
+        .options(PushOptions::preempt(
+            Preempt::any_safe_point().delay(Duration::from_secs(3)),
+        ))
         .await
         .unwrap();
     assert_eq!(ack, PreemptAck::Submitted { turn: 0 });
@@ -291,12 +295,12 @@ async fn s7_preempt_timeout_escalates() {
     let mut events = h.subscribe();
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
-    h.push_with(
-        item(2),
-        PushOptions::preempt(Preempt::after_tool_calls().timeout(Duration::from_secs(2))),
-    )
-    .await
-    .unwrap();
+    h.push(item(2))
+        .options(PushOptions::preempt(
+            Preempt::after_tool_calls().timeout(Duration::from_secs(2)),
+        ))
+        .await
+        .unwrap();
     // Turn 1 starts after the escalation dropped turn 0.
     let (items, _) = probe.turn_begins(1).await;
     assert_eq!(items, vec![1, 2]);
@@ -345,7 +349,8 @@ async fn s8_preempted_turn_never_sets_interrupted_items() {
     let events = h.subscribe();
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
-    h.push_with(item(2), PushOptions::preempt(Preempt::any_safe_point()))
+    h.push(item(2))
+        .options(PushOptions::preempt(Preempt::any_safe_point()))
         .await
         .unwrap();
     gate.open(1);
@@ -397,7 +402,8 @@ async fn s8_preempted_signal_fires() {
     .await
     .unwrap();
     h.push(item(1)).await.unwrap();
-    h.push_with(item(2), PushOptions::preempt(Preempt::any_safe_point()))
+    h.push(item(2))
+        .options(PushOptions::preempt(Preempt::any_safe_point()))
         .await
         .unwrap();
     // Turn 1 gets [1, 2] and waits for a preempt that never comes: stop it.
@@ -428,14 +434,14 @@ async fn s9_strategy_sees_the_turn_it_lands_on() {
             })
         }
     };
-    let ack = h.push_with(item(1), strategy()).await.unwrap();
+    let ack = h.push(item(1)).options(strategy()).await.unwrap();
     assert_eq!(ack, PreemptAck::NotRequested);
     probe.at_step(0, 0).await;
-    let ack = h.push_with(item(2), strategy()).await.unwrap();
+    let ack = h.push(item(2)).options(strategy()).await.unwrap();
     assert_eq!(ack, PreemptAck::Submitted { turn: 0 });
     gate.open(1);
     probe.at_step(1, 0).await; // turn 1 holds [1, 2]
-    let ack = h.push_with(item(3), strategy()).await.unwrap();
+    let ack = h.push(item(3)).options(strategy()).await.unwrap();
     assert_eq!(ack, PreemptAck::Submitted { turn: 1 });
     gate.open_all();
     h.stop(StopOptions::drain()).await.unwrap();
@@ -515,11 +521,9 @@ async fn s7_delayed_preempts_go_with_their_turn() {
         .map(|i| {
             let h = h.clone();
             tokio::spawn(async move {
-                h.push_with(
-                    item(100 + i),
-                    PushOptions::preempt(Preempt::any_safe_point().delay(day)),
-                )
-                .await
+                h.push(item(100 + i))
+                    .options(PushOptions::preempt(Preempt::any_safe_point().delay(day)))
+                    .await
             })
         })
         .collect();

@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentloop::{
-    store::SessionStatus, supervisor::agent_kind, supervisor::RestartBudget,
-    supervisor::RoutedPushError, CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore,
-    RestartPolicy, SessionEvent, SessionSpec, StopOptions, SupervisorArgs, SupervisorError,
-    SupervisorHandle,
+    store::SessionStatus, supervisor::agent_kind, supervisor::RestartBudget, CheckpointStore,
+    Durability, EventFilter, ExitReason, MemoryStore, PushError, RestartPolicy, SessionEvent,
+    SessionSpec, StopOptions, SupervisorArgs, SupervisorError, SupervisorHandle,
 };
 use agentloop_sim::{Fault, Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -105,7 +104,7 @@ async fn s25_spawn_route_list_and_typed_errors() {
         Err(SupervisorError::NoStore(_))
     ));
     match sup.push("ghost", item(9)).await {
-        Err(RoutedPushError::UnknownSession { id, item }) => {
+        Err(PushError::UnknownSession { id, item }) => {
             assert_eq!((id.as_str(), item.id), ("ghost", 9), "the item comes back");
         }
         r => panic!("expected UnknownSession, got {r:?}"),

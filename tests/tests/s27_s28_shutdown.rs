@@ -392,7 +392,7 @@ async fn s27_drain_gate_refuses_spawns_and_hands_pushes_back_as_late() {
     assert!(matches!(err, SupervisorError::ShuttingDown(ref id) if id == "new"));
     assert!(err.to_string().contains("shutting down"), "{err}");
     match rt.supervisor().push("s", item(99)).await {
-        Err(agentloop::supervisor::RoutedPushError::Push(agentloop::PushError::Late { item })) => {
+        Err(agentloop::PushError::Late { item }) => {
             assert_eq!(item.id, 99, "the item is handed back")
         }
         other => panic!("expected a late push, got {other:?}"),

@@ -18,9 +18,9 @@ use agentloop::store::{SledBackend, WriteCondition};
 use agentloop::{
     config::ShutdownConfig, exit::CheckpointOutcome, exit::FailureKind, options::OptionsError,
     session::TurnLoopMsg, store::CheckpointActor, store::SessionRecord, store::SessionStatus,
-    store::StatusKind, supervisor::RoutedPushError, CheckpointStore, ExitReason, MemoryStore,
-    Preempt, PushError, PushOptions, Runtime, RuntimeError, SessionError, SessionHandle,
-    SessionSpec, SpawnError, StopOptions, StoreError, SupervisorError,
+    store::StatusKind, CheckpointStore, ExitReason, MemoryStore, Preempt, PushError, PushOptions,
+    Runtime, RuntimeError, SessionError, SessionHandle, SessionSpec, SpawnError, StopOptions,
+    StoreError, SupervisorError,
 };
 use agentloop_core::table::{self, header_key};
 use agentloop_sim::{Gate, Ledger, Notice, SimAgent, SimEvent, SimItem, SimState};
@@ -415,7 +415,7 @@ async fn s32_corrupt_records_are_reported_and_left_byte_for_byte() {
     );
     assert_eq!(exit.failure, Some(FailureKind::Record));
     match sup.push("flipped-status", item(50)).await.unwrap_err() {
-        RoutedPushError::UnknownSession { id, item } => {
+        PushError::UnknownSession { id, item } => {
             assert_eq!(
                 (id.as_str(), item),
                 ("flipped-status", agentloop_tests::item(50))
@@ -897,7 +897,7 @@ async fn s32_duplicate_ids_are_refused_and_the_live_session_keeps_everything() {
 // Pushes to unknown sessions.
 
 /// A push routed to an id with no live session comes back as
-/// `RoutedPushError::UnknownSession` carrying the very item; other requests by that id
+/// `PushError::UnknownSession` carrying the very item; other requests by that id
 /// get `SupervisorError::UnknownSession`. A stored-but-not-live record is not touched,
 /// and the live session keeps delivering every item in order.
 #[tokio::test(start_paused = true)]
@@ -916,8 +916,8 @@ async fn s32_pushes_to_unknown_sessions_hand_the_item_back() {
     let h = sup.spawn(SessionSpec::new("real", "sim")).await.unwrap();
     sup.push("real", item(1)).await.unwrap();
 
-    let unknown = |e: RoutedPushError<SimItem>, want_id: &str, want: u64| match e {
-        RoutedPushError::UnknownSession { ref id, ref item } => {
+    let unknown = |e: PushError<SimItem>, want_id: &str, want: u64| match e {
+        PushError::UnknownSession { ref id, ref item } => {
             assert_eq!(
                 (id.as_str(), item.clone()),
                 (want_id, agentloop_tests::item(want))
@@ -941,13 +941,12 @@ async fn s32_pushes_to_unknown_sessions_hand_the_item_back() {
         101,
     );
     unknown(
-        sup.push_with(
-            "ghost",
-            item(102),
-            PushOptions::preempt(Preempt::any_safe_point().timeout(Duration::from_secs(1))),
-        )
-        .await
-        .unwrap_err(),
+        sup.push("ghost", item(102))
+            .options(PushOptions::preempt(
+                Preempt::any_safe_point().timeout(Duration::from_secs(1)),
+            ))
+            .await
+            .unwrap_err(),
         "ghost",
         102,
     );
@@ -1074,32 +1073,32 @@ async fn s32_zero_and_negative_durations_are_refused_and_nothing_is_lost() {
         other => panic!("expected PushError::InvalidOptions, got {other}"),
     };
     handed_back(
-        h.push_with(
-            item(2),
-            PushOptions::preempt(Preempt::any_safe_point().timeout(Duration::ZERO)),
-        )
-        .await
-        .unwrap_err(),
+        h.push(item(2))
+            .options(PushOptions::preempt(
+                Preempt::any_safe_point().timeout(Duration::ZERO),
+            ))
+            .await
+            .unwrap_err(),
         2,
         "preempt.timeout",
     );
     handed_back(
-        h.push_with(
-            item(3),
-            PushOptions::preempt(Preempt::after_tool_calls().delay(Duration::ZERO)),
-        )
-        .await
-        .unwrap_err(),
+        h.push(item(3))
+            .options(PushOptions::preempt(
+                Preempt::after_tool_calls().delay(Duration::ZERO),
+            ))
+            .await
+            .unwrap_err(),
         3,
         "preempt.delay",
     );
     handed_back(
-        h.push_with(
-            item(4),
-            PushOptions::strategy(|_| Some(Preempt::any_safe_point().delay(Duration::ZERO))),
-        )
-        .await
-        .unwrap_err(),
+        h.push(item(4))
+            .options(PushOptions::strategy(|_| {
+                Some(Preempt::any_safe_point().delay(Duration::ZERO))
+            }))
+            .await
+            .unwrap_err(),
         4,
         "preempt.delay",
     );
@@ -1154,16 +1153,15 @@ async fn s32_zero_and_negative_durations_are_refused_and_nothing_is_lost() {
         .await
         .unwrap();
     match sup
-        .push_with(
-            "zero-sup",
-            item(10),
-            PushOptions::preempt(Preempt::any_safe_point().delay(Duration::ZERO)),
-        )
+        .push("zero-sup", item(10))
+        .options(PushOptions::preempt(
+            Preempt::any_safe_point().delay(Duration::ZERO),
+        ))
         .await
         .unwrap_err()
     {
-        RoutedPushError::Push(e) => handed_back(e, 10, "preempt.delay"),
-        other => panic!("expected RoutedPushError::Push, got {other}"),
+        e if e.is_session_answer() => handed_back(e, 10, "preempt.delay"),
+        other => panic!("expected the session's own refusal, got {other}"),
     }
     match sup
         .stop("zero-sup", StopOptions::graceful_timeout(Duration::ZERO))

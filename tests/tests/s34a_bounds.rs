@@ -8,9 +8,8 @@ use std::sync::Arc;
 
 use agentloop::{
     session::BufferBound, supervisor::agent_kind, supervisor::RestartBudget,
-    supervisor::RoutedPushError, supervisor::SessionLimits, CheckpointStore, MemoryStore,
-    PushError, SessionHandle, SessionSpec, StopOptions, SupervisorArgs, SupervisorError,
-    SupervisorHandle,
+    supervisor::SessionLimits, CheckpointStore, MemoryStore, PushError, SessionHandle, SessionSpec,
+    StopOptions, SupervisorArgs, SupervisorError, SupervisorHandle,
 };
 use agentloop_sim::{Gate, Notice, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -162,7 +161,7 @@ async fn a_supervisor_bounds_its_sessions_and_their_buffers() {
     sup.push("a", item(1)).await.unwrap();
     sup.push("a", item(2)).await.unwrap();
     match sup.push("a", item(3)).await {
-        Err(RoutedPushError::Push(PushError::Full { item, .. })) => assert_eq!(item.id, 3),
+        Err(PushError::Full { item, .. }) => assert_eq!(item.id, 3),
         other => panic!("expected Full, got {other:?}"),
     }
     // One ends: there is room for another.
@@ -207,7 +206,7 @@ async fn a_spec_bound_applies_under_the_supervisors_limits() {
     .unwrap();
     sup.push("tight", item(1)).await.unwrap();
     match sup.push("tight", item(2)).await {
-        Err(RoutedPushError::Push(PushError::Full { item, .. })) => assert_eq!(item.id, 2),
+        Err(PushError::Full { item, .. }) => assert_eq!(item.id, 2),
         other => panic!("expected Full at the spec's bound of 1, got {other:?}"),
     }
     // Looser than the limits: the limits hold.
@@ -218,7 +217,7 @@ async fn a_spec_bound_applies_under_the_supervisors_limits() {
         sup.push("loose", item(id)).await.unwrap();
     }
     match sup.push("loose", item(4)).await {
-        Err(RoutedPushError::Push(PushError::Full { item, .. })) => assert_eq!(item.id, 4),
+        Err(PushError::Full { item, .. }) => assert_eq!(item.id, 4),
         other => panic!("expected Full at the limits' bound of 3, got {other:?}"),
     }
 }
@@ -249,11 +248,11 @@ async fn idempotency_keys_live_with_the_record() {
     let keyed = |k: &str, fp: u64| PushOptions::new().idempotency_key(k, fp);
     let h = spawn_on_store(store.clone()).await;
     assert_eq!(
-        h.push_with(item(1), keyed("k1", 11)).await.unwrap(),
+        h.push(item(1)).options(keyed("k1", 11)).await.unwrap(),
         PreemptAck::NotRequested
     );
     assert_eq!(
-        h.push_with(item(1), keyed("k1", 11)).await.unwrap(),
+        h.push(item(1)).options(keyed("k1", 11)).await.unwrap(),
         PreemptAck::Duplicate
     );
     h.stop(StopOptions::immediate()).await.unwrap();
@@ -262,16 +261,16 @@ async fn idempotency_keys_live_with_the_record() {
     // Rebuilt from its record: the key is still known.
     let h = spawn_on_store(store.clone()).await;
     assert_eq!(
-        h.push_with(item(1), keyed("k1", 11)).await.unwrap(),
+        h.push(item(1)).options(keyed("k1", 11)).await.unwrap(),
         PreemptAck::Duplicate,
         "the record kept the key"
     );
-    match h.push_with(item(2), keyed("k1", 12)).await {
+    match h.push(item(2)).options(keyed("k1", 12)).await {
         Err(PushError::KeyReused { item }) => assert_eq!(item.id, 2),
         other => panic!("expected KeyReused, got {other:?}"),
     }
     assert_eq!(
-        h.push_with(item(3), keyed("k2", 13)).await.unwrap(),
+        h.push(item(3)).options(keyed("k2", 13)).await.unwrap(),
         PreemptAck::NotRequested
     );
     h.stop(StopOptions::immediate()).await.unwrap();
@@ -405,7 +404,7 @@ async fn more_lost_keyed_pushes_than_the_window_are_each_a_duplicate_after_a_res
     let pushes: Vec<_> = (1..=lost)
         .map(|i| {
             let h = h.clone();
-            async move { h.push_with(item(i), keyed(i)).await }
+            async move { h.push(item(i)).options(keyed(i)).await }
         })
         .collect();
     let unanswered = tokio::spawn(futures::future::join_all(pushes));
@@ -442,7 +441,7 @@ async fn more_lost_keyed_pushes_than_the_window_are_each_a_duplicate_after_a_res
     // The client retries every lost push, oldest first.
     let mut delivered_again = Vec::new();
     for i in 1..=lost {
-        match h.push_with(item(i), keyed(i)).await {
+        match h.push(item(i)).options(keyed(i)).await {
             Ok(PreemptAck::Duplicate) => {}
             other => delivered_again.push((i, format!("{other:?}"))),
         }

@@ -314,7 +314,7 @@ async fn nodes_that_disagree_about_membership_never_both_run_a_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_with_a_strategy_does_not_cross_nodes() {
     use agentloop::options::{PushOptions, PushStrategy};
-    use agentloop::supervisor::RoutedPushError;
+    use agentloop::PushError;
     use agentloop_cluster::{ClusterNode, NodeConfig};
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
@@ -356,24 +356,21 @@ async fn a_push_with_a_strategy_does_not_cross_nodes() {
     with_strategy.strategy = Some(
         Arc::new(|_: &agentloop::options::TurnView<'_, SimItem>| None) as PushStrategy<SimItem>,
     );
-    match b.push_anywhere("owned-by-a", item(2), with_strategy).await {
-        Err(RoutedPushError::NotForwardable { id, item }) => {
+    match b.push("owned-by-a", item(2)).options(with_strategy).await {
+        Err(PushError::NotForwardable { id, item }) => {
             assert_eq!((id.as_str(), item.id), ("owned-by-a", 2));
         }
         other => panic!("expected NotForwardable, got {other:?}"),
     }
-    match b
-        .push_anywhere("owned-by-a", item(3), PushOptions::new())
-        .await
-    {
-        Err(RoutedPushError::OwnerUnreachable { node, item, .. }) => {
+    match b.push("owned-by-a", item(3)).await {
+        Err(PushError::OwnerUnreachable { node, item, .. }) => {
             assert_eq!((node.as_str(), item.id), ("a", 3));
         }
         other => panic!("expected OwnerUnreachable, got {other:?}"),
     }
     assert!(matches!(
-        b.push_anywhere("nobody", item(4), PushOptions::new()).await,
-        Err(RoutedPushError::UnknownSession { .. })
+        b.push("nobody", item(4)).await,
+        Err(PushError::UnknownSession { .. })
     ));
     // And a public address is refused for a node: the cookie does not encrypt.
     let public = ClusterNode::start(
@@ -441,7 +438,6 @@ fn gated_busy_node_agent(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
     use agentloop::cluster::peers::connect_in_process;
-    use agentloop::options::PushOptions;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     let start = |name: &'static str| {
@@ -469,10 +465,7 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
     let pusher = tokio::spawn(async move {
         let mut acked = Vec::new();
         for id in 1..=120u64 {
-            match pushing
-                .push_anywhere("mover", item(id), PushOptions::new())
-                .await
-            {
+            match pushing.push("mover", item(id)).await {
                 Ok(_) => acked.push(id),
                 Err(e) => panic!("push {id}: {e}"),
             }
@@ -614,7 +607,6 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
         let sent_during = sent_during.clone();
         let coordinator = a.handle().shutdown_handle();
         tokio::spawn(async move {
-            use agentloop::options::PushOptions;
             let (mut acked, mut during) = (Vec::new(), 0);
             for k in 0..10_000u64 {
                 if done.load(Ordering::SeqCst) {
@@ -626,10 +618,7 @@ async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
                     sent_during.notify_one();
                 }
                 let id = &ids[(k % 4) as usize];
-                match ha
-                    .push_anywhere(id, item(1000 + k), PushOptions::new())
-                    .await
-                {
+                match ha.push(id, item(1000 + k)).await {
                     Ok(_) => {
                         acked.push(1000 + k);
                         during += usize::from(in_shutdown);
@@ -815,7 +804,6 @@ async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_agai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
     use agentloop::cluster::peers::connect_in_process;
-    use agentloop::options::PushOptions;
     use agentloop::{events::Sequenced, EventFilter, EventStream, SessionEvent};
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
@@ -834,9 +822,7 @@ async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
     let at_owner = a.subscribe_anywhere("watched", None, all).await.unwrap();
     let relayed = b.subscribe_anywhere("watched", None, all).await.unwrap();
     for id in 1..=5 {
-        b.push_anywhere("watched", item(id), PushOptions::new())
-            .await
-            .unwrap();
+        b.push("watched", item(id)).await.unwrap();
     }
     wait_until("five items delivered", || {
         turns.lock().iter().map(|(_, ids)| ids.len()).sum::<usize>() == 5
@@ -891,7 +877,6 @@ async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
 async fn when_a_node_joins_the_sessions_placement_gives_it_move_to_it() {
     use agentloop::cluster::peers::connect_in_process;
     use agentloop::cluster::rebalance::Rebalance;
-    use agentloop::options::PushOptions;
     use std::collections::BTreeSet;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
@@ -930,9 +915,7 @@ async fn when_a_node_joins_the_sessions_placement_gives_it_move_to_it() {
             .spawn(SessionSpec::new(id.clone(), "sim").persistent(true))
             .await
             .unwrap();
-        a.push_anywhere(id, item(i as u64), PushOptions::new())
-            .await
-            .unwrap();
+        a.push(id, item(i as u64)).await.unwrap();
     }
     let to_b: BTreeSet<String> = ids
         .iter()
@@ -971,9 +954,7 @@ async fn when_a_node_joins_the_sessions_placement_gives_it_move_to_it() {
     }
     // Pushes through a reach each session wherever it runs now.
     for (i, id) in ids.iter().enumerate() {
-        a.push_anywhere(id, item(100 + i as u64), PushOptions::new())
-            .await
-            .unwrap();
+        a.push(id, item(100 + i as u64)).await.unwrap();
     }
     wait_until("every push delivered", || {
         turns.lock().iter().map(|(_, ids)| ids.len()).sum::<usize>() == 2 * ids.len()

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use agentloop::{
-    CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore, PushOptions, Runtime,
-    SessionSpec, StopOptions,
+    CheckpointStore, Durability, EventFilter, ExitReason, MemoryStore, Runtime, SessionSpec,
+    StopOptions,
 };
 use agentloop_sim::{Ledger, SimAgent, SimEvent, SimItem};
 use agentloop_tests::*;
@@ -155,7 +155,7 @@ async fn pushes_racing_a_wake_keep_their_order() {
     // all answered together.
     let pushes = (0..40).map(|i| {
         let sup = sup.clone();
-        async move { sup.push_with("o", item(i), PushOptions::new()).await }
+        async move { sup.push("o", item(i)).await }
     });
     let answers = futures::future::join_all(pushes).await;
     for (i, a) in answers.iter().enumerate() {
@@ -490,10 +490,8 @@ async fn a_shutdown_during_a_wake_ends_it_cleanly() {
                 "accepted: delivered or saved ({kept:?})"
             );
         }
-        Err(agentloop::supervisor::RoutedPushError::Push(agentloop::PushError::Late {
-            item: back,
-        }))
-        | Err(agentloop::supervisor::RoutedPushError::UnknownSession { item: back, .. }) => {
+        Err(agentloop::PushError::Late { item: back })
+        | Err(agentloop::PushError::UnknownSession { item: back, .. }) => {
             assert_eq!(back, item(5), "handed back");
         }
         Err(e) => panic!("{e}"),
@@ -553,7 +551,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
             .expect("spawn");
     }
     match rt.supervisor().push("sleeper", item(2)).await {
-        Err(agentloop::supervisor::RoutedPushError::NotLive {
+        Err(agentloop::PushError::NotLive {
             item,
             why,
             retry_after,
@@ -591,7 +589,7 @@ async fn wakes_and_forks_count_against_the_session_bound() {
         loop {
             match rt.supervisor().push("sleeper", item(2)).await {
                 Ok(_) => break,
-                Err(agentloop::supervisor::RoutedPushError::NotLive { .. }) => {
+                Err(agentloop::PushError::NotLive { .. }) => {
                     tokio::time::sleep(Duration::from_millis(10)).await
                 }
                 Err(e) => panic!("{e}"),

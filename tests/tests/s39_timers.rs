@@ -239,7 +239,8 @@ async fn a_retried_fire_delivers_nothing_again_and_removes_the_timer() {
     let mut options = PushOptions::new();
     options.idempotency = Some((format!("timer/{n}/{due}"), 0));
     rt.supervisor()
-        .push_with("d", item(3), options)
+        .push("d", item(3))
+        .options(options)
         .await
         .expect("accepted");
     tokio::time::sleep(11 * MIN).await;

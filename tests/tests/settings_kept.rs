@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentloop::options::PushOptions;
 use agentloop::session::{RestartPolicy, SessionSettings};
 use agentloop::store::MemoryStore;
 use agentloop::{Durability, Runtime, SessionSpec, StopOptions};
@@ -46,10 +45,10 @@ async fn node(name: &'static str, store: Arc<MemoryStore<SimItem>>, delivered: D
 /// last of them.
 async fn push_and_run(rt: &Rt, delivered: &Delivered, ids: &[u64]) {
     for &id in ids {
-        rt.push_anywhere(EXIT, item(id), PushOptions::new())
+        rt.push(EXIT, item(id))
             .await
             .unwrap_or_else(|e| panic!("push {id}: {e}"));
-        rt.push_anywhere(HISTORY, item(1000 + id), PushOptions::new())
+        rt.push(HISTORY, item(1000 + id))
             .await
             .unwrap_or_else(|e| panic!("push {}: {e}", 1000 + id));
     }

@@ -154,13 +154,14 @@ async fn preempted_items_missing_from_window_write() {
     h.push(item(1)).await.unwrap();
     probe.at_step(0, 0).await;
     let ack = h
-        .push_with(item(2), PushOptions::preempt(Preempt::any_safe_point()))
+        .push(item(2))
+        .options(PushOptions::preempt(Preempt::any_safe_point()))
         .await
         .unwrap();
     eprintln!("preempt ack {ack:?}");
     // Let the turn reach its next safe point and be cut; push 3 is queued first.
     gate.open(1);
-    h.push_nowait(item(3));
+    h.push(item(3)).no_wait();
     probe
         .until("turn 1", |n| matches!(n, Notice::TurnBegin { turn: 1, .. }))
         .await;
@@ -344,7 +345,7 @@ async fn failed_plan_window_write_drops_offered_items_for_good() {
     h.push(item(1)).await.unwrap();
     probe.plan_begins(0).await;
     pg.open(1);
-    h.push_nowait(item(2));
+    h.push(item(2)).no_wait();
     let exit = within("exit", h.wait()).await;
     let stored = rec.inner.get("pf");
     eprintln!(
@@ -382,7 +383,7 @@ async fn failed_turn_window_write_drops_interrupted_items_for_good() {
     gate.open(1);
     probe.at_step(0, 1).await;
     gate.open(1);
-    h.push_nowait(item(2));
+    h.push(item(2)).no_wait();
     let exit = within("exit", h.wait()).await;
     let stored = rec.inner.get("ft").expect("record kept");
     eprintln!("exit {:?}; stored {:?}", exit.reason, held(&stored));

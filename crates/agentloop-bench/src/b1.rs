@@ -5,7 +5,7 @@
 //!   casts `Done` back to the actor; the actor then sends one event on a tokio mpsc
 //!   channel to the waiting client. The client casts the push and awaits the event.
 //! * agentloop: one session of a no-op agent (its turn returns at once). The client
-//!   pushes like the baseline client does, as a cast (`push_nowait`: no reply to wait
+//!   pushes like the baseline client does, as a cast (`push(item).no_wait()`: no reply to wait
 //!   for), and reads a turn-ends-only event stream (`EventFilter::turn_ends`) until
 //!   `TurnEnded`. Everything else the runtime does per turn is included: planning,
 //!   the turn task, the control block, catching panics, tracing spans, the order gate,
@@ -192,7 +192,7 @@ impl Side for Agentloop {
     async fn round_trip(&mut self) {
         let n = self.next;
         self.next += 1;
-        self.handle.push_nowait(SimItem::new(n, "x"));
+        self.handle.push(SimItem::new(n, "x")).no_wait();
         until_turn_ended(&mut self.events, "the B1 session").await;
     }
 

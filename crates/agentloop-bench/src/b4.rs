@@ -17,7 +17,7 @@
 //!   `TurnCx<Wrapper>` cannot be handed to `SimAgent::run_turn`, so its step loop is
 //!   repeated here.)
 //! * 10 000 persistent sessions spawned idle through the supervisor, then one
-//!   `push_nowait` each: every item starts a turn of 2 001 steps (≈ 20 s at 10 ms a
+//!   `push(item).no_wait()` each: every item starts a turn of 2 001 steps (≈ 20 s at 10 ms a
 //!   step), so every session is mid-turn and reaches a safe point every 10 ms (or as
 //!   often as two vCPUs manage: printed) when the shutdown comes. (Spawning each session
 //!   with its item instead makes the later spawns compete with the earlier sessions'
@@ -301,7 +301,7 @@ async fn round(mode: Durability) -> Round {
     let before = stats(&client).await;
     let t0 = Instant::now();
     for (i, h) in handles.iter().enumerate() {
-        h.push_nowait(SimItem::new(i as u64, "busy task"));
+        h.push(SimItem::new(i as u64, "busy task")).no_wait();
     }
     drop(handles);
     while probe.started.load(Ordering::Relaxed) < SESSIONS {

@@ -17,7 +17,7 @@
 //!   - the bare handler: an axum `Router` with one route, `POST /sessions/{id}/items`,
 //!     that reads the body as bytes, parses `{"item": …}` into the same item type with
 //!     `serde_json`, calls the push the router's push route ends in
-//!     (`RuntimeHandle::push_anywhere(id, item, PushOptions::new().answer_at_acceptance())`)
+//!     (`runtime.push(id, item).options(PushOptions::new().answer_at_acceptance())`)
 //!     and answers `{"preempt": {"kind": …}}` as JSON, as the router does.
 //! * Client side: one separate tokio runtime (current-thread, its own OS thread) drives
 //!   both through hyper's pooled HTTP/1.1 client (keep-alive, at most 64 requests in
@@ -88,7 +88,8 @@ async fn bare_push(State(rt): State<Handle>, Path(id): Path<String>, body: Bytes
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
     match rt
-        .push_anywhere(&id, b.item, PushOptions::new().answer_at_acceptance())
+        .push(&id, b.item)
+        .options(PushOptions::new().answer_at_acceptance())
         .await
     {
         Ok(ack) => {

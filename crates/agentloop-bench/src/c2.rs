@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agentloop::cluster::peers::connect_in_process;
-use agentloop::options::PushOptions;
 use agentloop::{Runtime, SessionSpec, StopOptions};
 use agentloop_postgres::local_server::LocalServer;
 use agentloop_postgres::{PostgresOptions, PostgresStore};
@@ -102,9 +101,7 @@ pub async fn run() {
         let mut i = 0u64;
         loop {
             i += 1;
-            let _ = pushing
-                .push_anywhere(ID, SimItem::new(i, "busy"), PushOptions::new())
-                .await;
+            let _ = pushing.push(ID, SimItem::new(i, "busy")).await;
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });

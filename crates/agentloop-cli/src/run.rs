@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use agentloop::config::RuntimeConfig;
 use agentloop::shutdown::{listen_for_signals, Signal};
 use agentloop::store::{Engine, StoreDurability};
-use agentloop::{supervisor::RoutedPushError, PushError, Runtime, SessionSpec, StopOptions};
+use agentloop::{PushError, Runtime, SessionSpec, StopOptions};
 use agentloop_sim::{Script, SimAgent, SimCounters, SimEvent, SimItem};
 use serde::{Deserialize, Serialize};
 
@@ -378,7 +378,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
                 // refuses the push and hands the item back: wait for its turns to take
                 // some, then push it again (nothing is lost or skipped).
                 let mut pushed = sup.push(&id, item).await;
-                while let Err(RoutedPushError::Push(PushError::Full { item, .. })) = pushed {
+                while let Err(PushError::Full { item, .. }) = pushed {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     pushed = sup.push(&id, item).await;
                 }
@@ -388,7 +388,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<bool, String> {
                             log.acked(&id, item_id);
                         }
                     }
-                    Err(RoutedPushError::Push(PushError::Late { .. })) => {
+                    Err(PushError::Late { .. }) => {
                         // The drain gate is closed: this run is shutting down.
                         progress.late.fetch_add(1, Ordering::Relaxed);
                         break;

@@ -35,7 +35,6 @@ use agentloop::options::PushOptions;
 use agentloop::push::{PreemptAck, PushError};
 use agentloop::runtime_handle::RuntimeHandle;
 use agentloop::store::{CheckpointStore, Stored};
-use agentloop::supervisor::RoutedPushError;
 
 /// How long a forwarded request may take before the caller hears `OwnerUnreachable`.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
@@ -294,14 +293,17 @@ where
                 timer,
             }
             .to_options();
-            match handle.supervisor().push_with(&session, item, options).await {
+            match handle
+                .supervisor()
+                .push(&session, item)
+                .options(options)
+                .await
+            {
                 Ok(ack) => PushAnswer::Accepted(ack.into()),
-                Err(RoutedPushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
-                Err(RoutedPushError::Push(PushError::Late { .. })) => PushAnswer::Late,
-                Err(RoutedPushError::Push(PushError::Full { full, .. })) => PushAnswer::Full(full),
-                Err(RoutedPushError::Push(PushError::NotDurable { error })) => {
-                    PushAnswer::NotDurable(error)
-                }
+                Err(PushError::UnknownSession { .. }) => PushAnswer::UnknownSession,
+                Err(PushError::Late { .. }) => PushAnswer::Late,
+                Err(PushError::Full { full, .. }) => PushAnswer::Full(full),
+                Err(PushError::NotDurable { error }) => PushAnswer::NotDurable(error),
                 Err(e) => PushAnswer::Refused(e.to_string()),
             }
         }
@@ -346,20 +348,20 @@ where
         item: I,
         options: Forwarded,
         forwardable: bool,
-    ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
+    ) -> BoxFuture<'static, Result<PreemptAck, PushError<I>>> {
         let store = self.store.clone();
         let me = self.me.clone();
         Box::pin(async move {
             let (owner, targets) = match targets(&*store, &me, &session).await {
                 Some(t) => t,
                 // Its record says this node, which does not run it: it ended, or moves.
-                None => return Err(RoutedPushError::UnknownSession { id: session, item }),
+                None => return Err(PushError::UnknownSession { id: session, item }),
             };
             if owner.is_some() && !forwardable {
-                return Err(RoutedPushError::NotForwardable { id: session, item });
+                return Err(PushError::NotForwardable { id: session, item });
             }
             if let (Some(node), true) = (&owner, targets.is_empty()) {
-                return Err(RoutedPushError::OwnerUnreachable {
+                return Err(PushError::OwnerUnreachable {
                     id: session,
                     node: node.clone(),
                     item,
@@ -367,10 +369,10 @@ where
                 });
             }
             if targets.is_empty() {
-                return Err(RoutedPushError::UnknownSession { id: session, item });
+                return Err(PushError::UnknownSession { id: session, item });
             }
             if !forwardable {
-                return Err(RoutedPushError::NotForwardable { id: session, item });
+                return Err(PushError::NotForwardable { id: session, item });
             }
             let request = match serde_json::to_value(&item) {
                 Ok(json) => Request::Push {
@@ -382,7 +384,7 @@ where
                     timer: options.timer.clone(),
                 },
                 Err(e) => {
-                    return Err(RoutedPushError::RefusedByOwner {
+                    return Err(PushError::RefusedByOwner {
                         id: session,
                         node: owner.unwrap_or_default(),
                         item,
@@ -395,26 +397,22 @@ where
                     Ok(PushAnswer::Accepted(ack)) => Ok(ack.into()),
                     // Not there: ask the next node (only when the record named none).
                     Ok(PushAnswer::UnknownSession) => continue,
-                    Ok(PushAnswer::Late) => Err(RoutedPushError::Push(PushError::Late { item })),
-                    Ok(PushAnswer::Full(full)) => {
-                        Err(RoutedPushError::Push(PushError::Full { item, full }))
-                    }
-                    Ok(PushAnswer::NotDurable(error)) => {
-                        Err(RoutedPushError::Push(PushError::NotDurable { error }))
-                    }
-                    Ok(PushAnswer::Refused(error)) => Err(RoutedPushError::RefusedByOwner {
+                    Ok(PushAnswer::Late) => Err(PushError::Late { item }),
+                    Ok(PushAnswer::Full(full)) => Err(PushError::Full { item, full }),
+                    Ok(PushAnswer::NotDurable(error)) => Err(PushError::NotDurable { error }),
+                    Ok(PushAnswer::Refused(error)) => Err(PushError::RefusedByOwner {
                         id: session,
                         node,
                         item,
                         error,
                     }),
-                    Ok(other) => Err(RoutedPushError::OwnerUnreachable {
+                    Ok(other) => Err(PushError::OwnerUnreachable {
                         id: session,
                         node,
                         item,
                         error: format!("a mismatched answer {other:?}"),
                     }),
-                    Err(error) => Err(RoutedPushError::OwnerUnreachable {
+                    Err(error) => Err(PushError::OwnerUnreachable {
                         id: session,
                         node,
                         item,
@@ -422,7 +420,7 @@ where
                     }),
                 };
             }
-            Err(RoutedPushError::UnknownSession { id: session, item })
+            Err(PushError::UnknownSession { id: session, item })
         })
     }
 

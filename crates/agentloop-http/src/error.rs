@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
-use agentloop::{supervisor::RoutedPushError, PushError, SessionError, SupervisorError};
+use agentloop::{PushError, SessionError, SupervisorError};
 
 /// An error answer: `{"code": "...", "message": "..."}` with its status.
 #[derive(Debug)]
@@ -310,36 +310,28 @@ impl From<agentloop::cluster::control::ControlError> for ApiError {
     }
 }
 
-impl<I> From<RoutedPushError<I>> for ApiError {
-    fn from(e: RoutedPushError<I>) -> Self {
+impl<I> From<PushError<I>> for ApiError {
+    fn from(e: PushError<I>) -> Self {
         let (status, code) = match &e {
-            RoutedPushError::UnknownSession { .. } => (StatusCode::NOT_FOUND, "unknown_session"),
-            RoutedPushError::Push(PushError::Late { .. }) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "draining")
+            PushError::UnknownSession { .. } => (StatusCode::NOT_FOUND, "unknown_session"),
+            PushError::Late { .. } => (StatusCode::SERVICE_UNAVAILABLE, "draining"),
+            PushError::NotStorable { .. } | PushError::InvalidOptions { .. } => {
+                (StatusCode::BAD_REQUEST, "bad_request")
             }
-            RoutedPushError::Push(
-                PushError::NotStorable { .. } | PushError::InvalidOptions { .. },
-            ) => (StatusCode::BAD_REQUEST, "bad_request"),
             // S34a: the record knows this key with another push.
-            RoutedPushError::Push(PushError::KeyReused { .. }) => {
-                (StatusCode::CONFLICT, "idempotency_mismatch")
-            }
+            PushError::KeyReused { .. } => (StatusCode::CONFLICT, "idempotency_mismatch"),
             // S34a: the session holds all it may; nothing was accepted.
-            RoutedPushError::Push(PushError::Full { .. }) => {
-                return ApiError::session_full(e.to_string())
-            }
-            RoutedPushError::Push(_) => (StatusCode::CONFLICT, "wrong_state"),
+            PushError::Full { .. } => return ApiError::session_full(e.to_string()),
+            PushError::NotDurable { .. } => (StatusCode::CONFLICT, "wrong_state"),
             // Issue 18: the session runs on another node.
-            RoutedPushError::NotForwardable { .. } => (StatusCode::CONFLICT, "not_forwardable"),
-            RoutedPushError::RefusedByOwner { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
-            RoutedPushError::OwnerUnreachable { .. } => {
-                (StatusCode::BAD_GATEWAY, "owner_unreachable")
-            }
+            PushError::NotForwardable { .. } => (StatusCode::CONFLICT, "not_forwardable"),
+            PushError::RefusedByOwner { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+            PushError::OwnerUnreachable { .. } => (StatusCode::BAD_GATEWAY, "owner_unreachable"),
             // Issue 28: stored, not live yet (retry) or not running (what to do).
-            RoutedPushError::NotLive { retry_after, .. } => {
+            PushError::NotLive { retry_after, .. } => {
                 return ApiError::not_live(e.to_string(), *retry_after)
             }
-            RoutedPushError::NotRunning { .. } => (StatusCode::CONFLICT, "wrong_state"),
+            PushError::NotRunning { .. } => (StatusCode::CONFLICT, "wrong_state"),
         };
         ApiError {
             status,

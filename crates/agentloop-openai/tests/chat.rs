@@ -301,12 +301,10 @@ async fn a_preempt_mid_stream_cuts_the_stream_and_the_next_turn_sees_both_messag
     h.push("first".into()).await.expect("push");
     first_token(&mut events).await;
     let began = Instant::now();
-    h.push_with(
-        "second".into(),
-        PushOptions::preempt(Preempt::at(SafePoint::AfterModelCall)),
-    )
-    .await
-    .expect("push");
+    h.push("second".into())
+        .options(PushOptions::preempt(Preempt::at(SafePoint::AfterModelCall)))
+        .await
+        .expect("push");
     let (_, end) = turn_events(&mut events, 0).await;
     assert!(matches!(end, agentloop::TurnEnd::Preempted(_)), "{end:?}");
     assert!(

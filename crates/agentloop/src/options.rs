@@ -164,7 +164,7 @@ pub struct PushOptions<I> {
     pub preempt: Option<Preempt>,
     /// A dynamic strategy; when set it replaces `preempt`.
     pub strategy: Option<PushStrategy<I>>,
-    /// Set by `SessionHandle::push_nowait`: accounts for the item if the message is
+    /// Set by `handle.push(item).no_wait()`: accounts for the item if the message is
     /// dropped unprocessed.
     pub(crate) unprocessed: Option<crate::shared::UnprocessedPush<I>>,
     /// Answer the push once its item is accepted (durable under `sync`), with

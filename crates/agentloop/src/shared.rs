@@ -120,7 +120,7 @@ impl<I: Clone> SessionShared<I> {
     }
 }
 
-/// Carried by a push sent without a reply (`SessionHandle::push_nowait`). Invariant:
+/// Carried by a push sent without a reply (`handle.push(item).no_wait()`). Invariant:
 /// if the message is dropped without being processed (the actor was killed with it
 /// queued), the item goes to the session's late list instead of vanishing (S10, S14).
 pub(crate) struct UnprocessedPush<I> {

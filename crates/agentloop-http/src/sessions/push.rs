@@ -147,7 +147,7 @@ pub(crate) async fn push<I: Item, E: Ev>(
     let runtime = st.runtime.clone();
     let session = id.clone();
     let deliver = async move {
-        match runtime.push_anywhere(&session, item, options).await {
+        match runtime.push(&session, item).options(options).await {
             Ok(ack) => Json(Pushed {
                 preempt: wire::preempt_ack(ack),
             })

@@ -13,12 +13,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::cluster::relay::Relays;
-use crate::push::PreemptAck;
+use crate::push::{PreemptAck, PushError};
 use crate::runtime_handle::forward::Forward;
 use crate::runtime_handle::forward::Forwarded;
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::Stored;
-use crate::supervisor::RoutedPushError;
 
 /// Each runtime and the event relays it serves to the others.
 type Peers<I, E> = Arc<RwLock<BTreeMap<String, (RuntimeHandle<I, E>, Arc<Relays<E>>)>>>;
@@ -77,7 +76,7 @@ where
         item: I,
         options: Forwarded,
         forwardable: bool,
-    ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>> {
+    ) -> BoxFuture<'static, Result<PreemptAck, PushError<I>>> {
         let me = self.me.clone();
         let peers = self.peers.clone();
         Box::pin(async move {
@@ -88,7 +87,7 @@ where
                 .map(|(n, (h, _))| (n.clone(), h.clone()))
                 .collect();
             let Some((_, any)) = all.first() else {
-                return Err(RoutedPushError::UnknownSession { id: session, item });
+                return Err(PushError::UnknownSession { id: session, item });
             };
             let owner = match any.store.as_ref() {
                 Some(s) => match s.load_stored(&session).await {
@@ -98,10 +97,10 @@ where
                 None => None,
             };
             if owner.as_deref() == Some(me.as_str()) {
-                return Err(RoutedPushError::UnknownSession { id: session, item });
+                return Err(PushError::UnknownSession { id: session, item });
             }
             if owner.is_some() && !forwardable {
-                return Err(RoutedPushError::NotForwardable { id: session, item });
+                return Err(PushError::NotForwardable { id: session, item });
             }
             let targets: Vec<_> = all
                 .into_iter()
@@ -110,12 +109,12 @@ where
             let mut item = item;
             for (_, h) in targets {
                 let options = options.to_options();
-                match h.supervisor.push_with(&session, item, options).await {
-                    Err(RoutedPushError::UnknownSession { item: back, .. }) => item = back,
+                match h.supervisor.push(&session, item).options(options).await {
+                    Err(PushError::UnknownSession { item: back, .. }) => item = back,
                     other => return other,
                 }
             }
-            Err(RoutedPushError::UnknownSession { id: session, item })
+            Err(PushError::UnknownSession { id: session, item })
         })
     }
 

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent};
 use crate::options::StopOptions;
+use crate::push::PushError;
 use crate::runtime_handle::control::ControlError;
 use crate::runtime_handle::forward::{Control, ControlOutcome, WireStop};
 use crate::runtime_handle::RuntimeHandle;
@@ -20,23 +21,41 @@ where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    /// Pushes to a session wherever it runs (issue 18, S36): here when this runtime runs
-    /// it, else, on a cluster node, at its owner. A push with an S9 strategy does not
-    /// cross nodes ([`crate::supervisor::RoutedPushError::NotForwardable`]). A session
-    /// that is stored but not live yet (being recovered, resumed or moved) answers
-    /// [`crate::supervisor::RoutedPushError::NotLive`] with when to push again; one
-    /// stored but not running, `NotRunning` with what to do (issue 28).
+    /// Pushes to a session by id wherever it runs (issue 18, S36): here when this
+    /// runtime runs it, else, on a cluster node, at its owner. Chain
+    /// [`PushById::options`](crate::push::PushById::options), then await it. A push with
+    /// an S9 strategy does not cross nodes
+    /// ([`PushError::NotForwardable`](crate::push::PushError::NotForwardable)). A
+    /// session that is stored but not live yet (being recovered, resumed or moved)
+    /// answers [`PushError::NotLive`](crate::push::PushError::NotLive) with when to push
+    /// again; one stored but not running, `NotRunning` with what to do (issue 28).
+    pub fn push<'a>(&'a self, id: &'a str, item: I) -> crate::push::PushById<'a, Self, I> {
+        crate::push::PushById::new(self, id, item)
+    }
+
+    /// Pushes to a session wherever it runs.
+    #[deprecated(
+        note = "one way to push (issue 54): `runtime.push(id, item).options(options).await`"
+    )]
     pub async fn push_anywhere(
         &self,
         id: &str,
         item: I,
         options: crate::options::PushOptions<I>,
-    ) -> Result<crate::push::PreemptAck, crate::supervisor::RoutedPushError<I>> {
-        use crate::supervisor::RoutedPushError;
+    ) -> Result<crate::push::PreemptAck, crate::push::PushError<I>> {
+        self.push_anywhere_now(id, item, options).await
+    }
+
+    async fn push_anywhere_now(
+        &self,
+        id: &str,
+        item: I,
+        options: crate::options::PushOptions<I>,
+    ) -> Result<crate::push::PreemptAck, crate::push::PushError<I>> {
         match self.push_routed(id, item, options).await {
-            Err(RoutedPushError::UnknownSession { id, item }) => match self.absence(&id).await {
-                Some(absence) => Err(RoutedPushError::stored(id, item, absence)),
-                None => Err(RoutedPushError::UnknownSession { id, item }),
+            Err(PushError::UnknownSession { id, item }) => match self.absence(&id).await {
+                Some(absence) => Err(stored(id, item, absence)),
+                None => Err(PushError::UnknownSession { id, item }),
             },
             other => other,
         }
@@ -47,10 +66,9 @@ where
         id: &str,
         item: I,
         options: crate::options::PushOptions<I>,
-    ) -> Result<crate::push::PreemptAck, crate::supervisor::RoutedPushError<I>> {
-        use crate::supervisor::RoutedPushError;
+    ) -> Result<crate::push::PreemptAck, crate::push::PushError<I>> {
         let Some(forwarder) = self.forwarder.get() else {
-            return self.supervisor.push_with(id, item, options).await;
+            return self.supervisor.push_here(id, item, options).await;
         };
         let strategy = options.strategy.is_some();
         let forwarded = crate::runtime_handle::forward::Forwarded::of(&options);
@@ -61,14 +79,13 @@ where
             Some(g) => Some(g.lock().await),
             None => None,
         };
-        use crate::push::PushError;
-        let late = |item| Err(RoutedPushError::Push(PushError::Late { item }));
-        match self.supervisor.push_with(id, item, options).await {
-            Err(RoutedPushError::UnknownSession { id, item }) => {
+        let late = |item| Err(PushError::Late { item });
+        match self.supervisor.push_here(id, item, options).await {
+            Err(PushError::UnknownSession { id, item }) => {
                 match forwarder.push(id, item, forwarded, !strategy).await {
                     // Held by a `migrate` shutdown for a session that stayed here:
                     // late (send it elsewhere), not unknown.
-                    Err(RoutedPushError::UnknownSession { item, .. })
+                    Err(PushError::UnknownSession { item, .. })
                         if gate.is_some() && self.shutdown.is_started().await =>
                     {
                         late(item)
@@ -79,7 +96,7 @@ where
             // Late because the session is moving (a move, or a `migrate` shutdown whose
             // drain gate refuses it here): in line behind the move, then to the node
             // that runs it now; late when it still runs nowhere else.
-            Err(RoutedPushError::Push(PushError::Late { item })) => {
+            Err(PushError::Late { item }) => {
                 let behind = match &gate {
                     Some(_) => None,
                     None => match self.moving.gate(id) {
@@ -92,7 +109,7 @@ where
                     .await;
                 drop(behind);
                 match forwarded {
-                    Err(RoutedPushError::UnknownSession { item, .. }) => late(item),
+                    Err(PushError::UnknownSession { item, .. }) => late(item),
                     other => other,
                 }
             }
@@ -348,5 +365,41 @@ where
                     error,
                 },
             })
+    }
+}
+
+impl<I, E> crate::push::sealed::Sealed for RuntimeHandle<I, E> {}
+
+impl<I, E> crate::push::PushTarget<I> for RuntimeHandle<I, E>
+where
+    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    fn push_by_id<'a>(
+        &'a self,
+        id: &'a str,
+        item: I,
+        options: crate::options::PushOptions<I>,
+    ) -> futures::future::BoxFuture<'a, Result<crate::push::PreemptAck, crate::push::PushError<I>>>
+    {
+        Box::pin(self.push_anywhere_now(id, item, options))
+    }
+}
+
+/// An `UnknownSession` for a session that is stored after all, told as what it is.
+fn stored<I>(id: String, item: I, absence: crate::liveness::Absence) -> PushError<I> {
+    match absence {
+        crate::liveness::Absence::NotLive { retry_after, why } => PushError::NotLive {
+            id,
+            item,
+            retry_after,
+            why,
+        },
+        crate::liveness::Absence::NotRunning { status, hint } => PushError::NotRunning {
+            id,
+            item,
+            status,
+            hint,
+        },
     }
 }

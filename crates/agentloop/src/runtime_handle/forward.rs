@@ -1,7 +1,7 @@
 //! Requests that cross nodes (issue 18, S36): what a node sends the owner of a session
 //! it does not run, and what it gets back. Only serializable requests cross: a push's
 //! item as JSON and a static preempt as data; a push with an S9 strategy (a closure)
-//! is refused with [`crate::supervisor::RoutedPushError::NotForwardable`].
+//! is refused with [`crate::push::PushError::NotForwardable`].
 //!
 //! This file owns the wire shapes and the [`Forward`] hook a cluster node installs on
 //! the runtime's handle; the transport is the `agentloop-cluster` crate
@@ -15,8 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::cancel::{CancelMode, CancelRequest, SafePoint};
 use crate::events::{EventFilter, EventStream};
 use crate::options::{Preempt, StopOptions};
-use crate::push::PreemptAck;
-use crate::supervisor::RoutedPushError;
+use crate::push::{PreemptAck, PushError};
 
 /// A request for the owner of a session.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -370,7 +369,7 @@ pub trait Forward<I, E>: Send + Sync + 'static {
         item: I,
         options: Forwarded,
         forwardable: bool,
-    ) -> BoxFuture<'static, Result<PreemptAck, RoutedPushError<I>>>;
+    ) -> BoxFuture<'static, Result<PreemptAck, PushError<I>>>;
 
     /// Asks node `node` to resume stored session `session`, whose lease was handed to
     /// it; resolves once it runs there (or why not).

@@ -30,7 +30,6 @@ use agentloop_core::timers::{TimerQueue, TimerRef};
 use crate::push::{PreemptAck, PushError};
 use crate::runtime_handle::RuntimeHandle;
 use crate::store::TimerChange;
-use crate::supervisor::RoutedPushError;
 use crate::timers::{Clock, Command, Notify};
 
 /// How many timers fire at once (each is a push that waits for its write).
@@ -247,7 +246,7 @@ where
         }
     };
     // Wherever it runs: here (woken if it sleeps), or at its owner on a cluster node.
-    match handle.push_anywhere(&t.session, item, options).await {
+    match handle.push(&t.session, item).options(options).await {
         Ok(PreemptAck::Duplicate) => {
             // Accepted before (a retried fire): the timer's change alone.
             match store.change_timer(&t.session, change).await {
@@ -267,7 +266,7 @@ where
             rearm(next);
             Fired::Done
         }
-        Err(RoutedPushError::UnknownSession { .. })
+        Err(PushError::UnknownSession { .. })
             if matches!(store.load_stored(&t.session).await, Ok(None)) =>
         {
             // Neither live nor stored: the session is gone (it ended before its record
@@ -279,12 +278,12 @@ where
             }
             Fired::Done
         }
-        Err(RoutedPushError::UnknownSession { .. })
-        | Err(RoutedPushError::NotLive { .. })
-        | Err(RoutedPushError::NotRunning { .. })
-        | Err(RoutedPushError::Push(PushError::Late { .. }))
-        | Err(RoutedPushError::Push(PushError::Full { .. }))
-        | Err(RoutedPushError::Push(PushError::NotDurable { .. })) => {
+        Err(PushError::UnknownSession { .. })
+        | Err(PushError::NotLive { .. })
+        | Err(PushError::NotRunning { .. })
+        | Err(PushError::Late { .. })
+        | Err(PushError::Full { .. })
+        | Err(PushError::NotDurable { .. }) => {
             tracing::debug!(session = %t.session, timer = t.id, retry_in = ?wait, "a due timer's session takes nothing here now; trying again");
             retry()
         }

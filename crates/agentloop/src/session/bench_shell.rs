@@ -73,7 +73,7 @@ where
     I: Clone + Send + Sync + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    /// Pushes `item` without waiting, as `SessionHandle::push_nowait` does.
+    /// Pushes `item` without waiting, as `handle.push(item).no_wait()` does.
     pub fn push_nowait(&self, item: I) {
         let mut options = PushOptions::new();
         options.unprocessed = Some(UnprocessedPush::new(item.clone(), self.shared.clone()));

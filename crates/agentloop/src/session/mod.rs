@@ -43,7 +43,7 @@ pub use config::{
     validate_session_id, BufferBound, Durability, EndHook, SessionIdError, MAX_SESSION_ID_LEN,
 };
 pub use fork::ForkError;
-pub use handle::{BoundClient, SessionHandle};
+pub use handle::{BoundClient, Push, Pushed, SessionHandle};
 pub use keys::{KeptKey, KEPT_KEYS, UNANSWERED_KEYS};
 pub use messages::{PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
 pub use settings::{RestartPolicy, SessionSettings};

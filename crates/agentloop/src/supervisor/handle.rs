@@ -6,7 +6,7 @@
 use super::actor::SessionSupervisor;
 use super::args::SupervisorArgs;
 use super::directory::Directory;
-use super::error::{gone, RoutedPushError, SupervisorError};
+use super::error::{gone, SupervisorError};
 use super::messages::{
     AttachMode, Attachment, BatchSpawn, ClosedGate, InternalMsg, SessionEnd, SessionSummary,
     SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
@@ -321,18 +321,33 @@ where
             .map_err(|e| SupervisorError::Session(SessionError::Store(e)))
     }
 
-    /// Pushes to a session by id.
-    pub async fn push(&self, id: &str, item: I) -> Result<PreemptAck, RoutedPushError<I>> {
-        self.push_with(id, item, PushOptions::new()).await
+    /// Pushes to a session by id, here (the supervisor's own sessions; a runtime's
+    /// `push` also reaches sessions on other nodes). Chain
+    /// [`PushById::options`](crate::push::PushById::options), then await it.
+    pub fn push<'a>(&'a self, id: &'a str, item: I) -> crate::push::PushById<'a, Self, I> {
+        crate::push::PushById::new(self, id, item)
     }
 
     /// Pushes with options to a session by id.
+    #[deprecated(
+        note = "one way to push (issue 54): `supervisor.push(id, item).options(options).await`"
+    )]
     pub async fn push_with(
         &self,
         id: &str,
         item: I,
         options: PushOptions<I>,
-    ) -> Result<PreemptAck, RoutedPushError<I>> {
+    ) -> Result<PreemptAck, PushError<I>> {
+        self.push_here(id, item, options).await
+    }
+
+    /// A push by id to a session this supervisor runs (or restarts, or wakes).
+    pub(crate) async fn push_here(
+        &self,
+        id: &str,
+        item: I,
+        options: PushOptions<I>,
+    ) -> Result<PreemptAck, PushError<I>> {
         use crate::metrics::PushResult;
         // The direct way (issue 31): a live incarnation takes the push on this task,
         // without the supervisor's mailbox or a routing task. An incarnation that ended
@@ -340,7 +355,7 @@ where
         let (item, options) = match self.directory.live(id) {
             Some(h) if !self.directory.gate_closed() => {
                 let retry_options = options.clone();
-                match h.push_with(item, options).await {
+                match h.push(item).options(options).await {
                     Ok(ack) => {
                         self.directory.count(PushResult::Accepted);
                         return Ok(ack);
@@ -361,7 +376,7 @@ where
                             PushError::Late { .. } => PushResult::Late,
                             _ => PushResult::Refused,
                         });
-                        return Err(RoutedPushError::Push(e));
+                        return Err(e);
                     }
                 }
             }
@@ -376,7 +391,7 @@ where
             reply,
         })
         .await
-        .unwrap_or(Err(RoutedPushError::Push(PushError::Late { item: copy })))
+        .unwrap_or(Err(PushError::Late { item: copy }))
     }
 
     /// Stops a session by id.
@@ -606,5 +621,22 @@ where
         })
         .await
         .unwrap_or_default()
+    }
+}
+
+impl<I, E> crate::push::sealed::Sealed for SupervisorHandle<I, E> {}
+
+impl<I, E> crate::push::PushTarget<I> for SupervisorHandle<I, E>
+where
+    I: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + 'static,
+{
+    fn push_by_id<'a>(
+        &'a self,
+        id: &'a str,
+        item: I,
+        options: PushOptions<I>,
+    ) -> futures::future::BoxFuture<'a, Result<PreemptAck, PushError<I>>> {
+        Box::pin(self.push_here(id, item, options))
     }
 }

@@ -3,9 +3,10 @@
 //! messages of the shutdown's drain gate, a routed push's retry and an answer's claim.
 //! Plain data: the actor handles them.
 
-use super::error::{RoutedPushError, SupervisorError};
+use super::error::SupervisorError;
 use crate::events::{EventFilter, EventStream};
 use crate::options::{PushOptions, StopOptions};
+use crate::push::PushError;
 use crate::session::SessionSpec;
 use crate::session::{BoundClient, ExitState, PreemptAck, SessionHandle, SessionInfo};
 use crate::store::{CheckpointStore, SessionStatus};
@@ -106,7 +107,7 @@ pub enum SupervisorMsg<I, E> {
         /// Preempt options.
         options: PushOptions<I>,
         /// Where to answer.
-        reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
+        reply: RpcReplyPort<Result<PreemptAck, PushError<I>>>,
     },
     /// Stop a session by id (an in-band Stop; never ractor's stop).
     Stop {
@@ -324,7 +325,7 @@ pub(crate) struct Reroute<I> {
     pub(super) id: String,
     pub(super) item: I,
     pub(super) options: PushOptions<I>,
-    pub(super) reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
+    pub(super) reply: RpcReplyPort<Result<PreemptAck, PushError<I>>>,
     pub(super) tries: u32,
 }
 

@@ -41,11 +41,13 @@ pub mod versions;
 
 pub use crate::session::RestartPolicy;
 
+#[allow(deprecated)]
+pub use crate::push::RoutedPushError;
 pub use crate::session::restart::RestartBudget;
 pub(crate) use crate::session::restart::RestartOracle;
 pub use crate::session::SessionSpec;
 pub use args::{SessionLimits, SupervisorArgs};
-pub use error::{RoutedPushError, SupervisorError};
+pub use error::SupervisorError;
 pub use handle::SupervisorHandle;
 pub use kind::{agent_kind, agent_kind_version, AgentKind};
 pub(crate) use messages::GateMember;

@@ -328,7 +328,7 @@ where
     ) -> SessionHandle<I, E> {
         // Ordered before anything routed later: casts from this actor arrive in order.
         for item in seed {
-            handle.push_nowait(item);
+            handle.push(item).no_wait();
         }
         if lineage.detached {
             // S23 across a restart: the new incarnation goes on in the background. Only

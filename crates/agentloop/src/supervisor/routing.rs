@@ -3,7 +3,6 @@
 //! incarnation has just ended and is restarting, again to the new one (bounded), so a
 //! push that meets a restart is delivered, not bounced (S26).
 
-use super::error::RoutedPushError;
 use super::messages::{InternalMsg, Reroute, SupervisorInternal, SupervisorMsg};
 use super::registry::SupervisorState;
 use crate::options::PushOptions;
@@ -18,7 +17,7 @@ pub(super) async fn route_push<I, E>(
     id: String,
     item: I,
     options: PushOptions<I>,
-    reply: RpcReplyPort<Result<PreemptAck, RoutedPushError<I>>>,
+    reply: RpcReplyPort<Result<PreemptAck, PushError<I>>>,
     tries: u32,
 ) where
     I: Clone + Send + Sync + 'static,
@@ -30,12 +29,12 @@ pub(super) async fn route_push<I, E>(
     if st.directory.gate_closed() {
         // S27 drain gate: the item goes back to the caller as a late item.
         st.directory.count_gate_late();
-        let _ = reply.send(Err(RoutedPushError::Push(PushError::Late { item })));
+        let _ = reply.send(Err(PushError::Late { item }));
         return;
     }
     if let Some(why) = st.wake_refused(&id) {
         count(PushResult::Refused);
-        let _ = reply.send(Err(RoutedPushError::NotLive {
+        let _ = reply.send(Err(PushError::NotLive {
             id,
             item,
             retry_after: std::time::Duration::from_secs(1),
@@ -45,7 +44,7 @@ pub(super) async fn route_push<I, E>(
     }
     let Some(h) = st.live(myself, &id).await else {
         count(PushResult::Refused);
-        let _ = reply.send(Err(RoutedPushError::UnknownSession { id, item }));
+        let _ = reply.send(Err(PushError::UnknownSession { id, item }));
         return;
     };
     let myself = myself.clone();
@@ -80,9 +79,7 @@ pub(super) async fn route_push<I, E>(
                     SupervisorInternal(InternalMsg::Reroute(r)),
                 ))) = myself.send_message(msg)
                 {
-                    let _ = r
-                        .reply
-                        .send(Err(RoutedPushError::Push(PushError::Late { item: r.item })));
+                    let _ = r.reply.send(Err(PushError::Late { item: r.item }));
                 }
             }
             Err(e) => {
@@ -90,7 +87,7 @@ pub(super) async fn route_push<I, E>(
                     PushError::Late { .. } => PushResult::Late,
                     _ => PushResult::Refused,
                 });
-                let _ = reply.send(Err(RoutedPushError::Push(e)));
+                let _ = reply.send(Err(e));
             }
         }
     });
