@@ -217,16 +217,15 @@ async fn s26_numbers_continue_across_a_restart() {
         "the record keeps the last number"
     );
 
-    let (h2, mut next) = SessionHandle::spawn_subscribed(
+    let (h2, mut next) = SessionHandle::spawn(
         SessionSpec::new("seq-restart", "default")
             .persistent(true)
             .kind("sim")
             .durability(agentloop::Durability::Exit),
         Arc::new(SimAgent::new(steps(1))),
         Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
-        8,
-        EventFilter::all(),
     )
+    .subscribed(8, EventFilter::all())
     .await
     .unwrap();
     let resumed = next
@@ -253,16 +252,15 @@ async fn sync_session(
         limit: Some(1),
         ..Default::default()
     });
-    SessionHandle::spawn_subscribed(
+    SessionHandle::spawn(
         SessionSpec::new(id, "default")
             .persistent(true)
             .kind("sim")
             .durability(agentloop::Durability::Sync),
         Arc::new(agent),
         Some(store.clone() as Arc<dyn CheckpointStore<SimItem>>),
-        64,
-        EventFilter::all(),
     )
+    .subscribed(64, EventFilter::all())
     .await
     .unwrap()
 }

@@ -286,13 +286,12 @@ async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
     .await
     .unwrap();
     let (h, mut at_spawn) = sup
-        .spawn_subscribed(
+        .spawn(
             agentloop::SessionSpec::new("resumed", "sim")
                 .persistent(true)
                 .restart(agentloop::RestartPolicy::Never),
-            64,
-            agentloop::EventFilter::all(),
         )
+        .subscribed(64, agentloop::EventFilter::all())
         .await
         .unwrap();
     // The resume turn is under way (its TurnStarted already sent) before anyone else
@@ -342,16 +341,15 @@ async fn s20_a_subscriber_attached_at_spawn_sees_the_resume_turn_start() {
 async fn s20_spawn_subscribed_without_a_supervisor() {
     let mem = Arc::new(MemoryStore::<SimItem>::new());
     mem.insert(resumable_record("direct"));
-    let (h, mut events) = SessionHandle::spawn_subscribed(
+    let (h, mut events) = SessionHandle::spawn(
         SessionSpec::new("direct", "default")
             .persistent(true)
             .kind("sim")
             .owner("me"),
         Arc::new(SimAgent::new(steps(1))),
         Some(mem.clone() as Arc<dyn CheckpointStore<SimItem>>),
-        8,
-        agentloop::EventFilter::all(),
     )
+    .subscribed(8, agentloop::EventFilter::all())
     .await
     .unwrap();
     let mut seen = Vec::new();
@@ -427,13 +425,12 @@ async fn s20_a_restarted_incarnation_has_no_subscriber_at_spawn() {
     .await
     .unwrap();
     let (_h, mut first_events) = sup
-        .spawn_subscribed(
+        .spawn(
             agentloop::SessionSpec::new("restarts", "sim")
                 .restart(agentloop::RestartPolicy::Permanent)
                 .initial_items(vec![item(1), item(2)]),
-            1,
-            agentloop::EventFilter::all(),
         )
+        .subscribed(1, agentloop::EventFilter::all())
         .await
         .unwrap();
     // The first incarnation fails its first turn; its stream ends with `Restarting`,

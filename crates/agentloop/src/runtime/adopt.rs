@@ -161,8 +161,12 @@ where
                         sweeper.retry();
                     }
                 }
-                let results =
-                    futures::future::join_all(specs.into_iter().map(|s| supervisor.spawn(s))).await;
+                let results = futures::future::join_all(
+                    specs
+                        .into_iter()
+                        .map(|s| std::future::IntoFuture::into_future(supervisor.spawn(s))),
+                )
+                .await;
                 let failed = results.iter().filter(|r| r.is_err()).count();
                 if failed > 0 {
                     tracing::warn!(

@@ -7,25 +7,24 @@
 
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorRef, MessagingErr, RpcReplyPort};
+use ractor::{Actor, ActorCell, ActorRef, RpcReplyPort};
 use tokio::sync::oneshot;
 
 use crate::error::{SessionError, SpawnError};
 use crate::events::{EventFilter, EventStream, Subscribers};
-use crate::options::{PushOptions, StopOptions};
-use crate::session::messages::{PreemptAck, PushError, SessionInfo, TurnLoopMsg};
+use crate::options::StopOptions;
+use crate::session::messages::{SessionInfo, TurnLoopMsg};
 use crate::session::turn_loop::{TurnLoop, TurnLoopArgs};
 use crate::session::{validate_session_id, ExitReason, ExitState, SessionSpec};
 use crate::shared::SessionShared;
-use crate::shared::UnprocessedPush;
 use crate::store::CheckpointStore;
 use crate::turn::agent::Agent;
 
 /// A handle on one session. Generic only over the item and event types, so sessions of
 /// different agent kinds can sit side by side.
 pub struct SessionHandle<I, E> {
-    actor: ActorRef<TurnLoopMsg<I, E>>,
-    shared: Arc<SessionShared<I>>,
+    pub(super) actor: ActorRef<TurnLoopMsg<I, E>>,
+    pub(super) shared: Arc<SessionShared<I>>,
     subscribers: Arc<Subscribers<E>>,
     event_capacity: usize,
 }
@@ -54,53 +53,6 @@ where
     I: Clone + Send + Sync + 'static,
     E: Clone + Send + Sync + 'static,
 {
-    /// Spawns a session of `agent` (unsupervised).
-    pub async fn spawn<A>(
-        config: SessionSpec<I>,
-        agent: Arc<A>,
-        store: Option<Arc<dyn CheckpointStore<I>>>,
-    ) -> Result<Self, SpawnError>
-    where
-        A: Agent<Item = I, Event = E>,
-    {
-        Self::spawn_inner(config, agent, store, None, None).await
-    }
-
-    /// Spawns a session of `agent` linked under `supervisor` (S25).
-    pub async fn spawn_linked<A>(
-        config: SessionSpec<I>,
-        agent: Arc<A>,
-        store: Option<Arc<dyn CheckpointStore<I>>>,
-        supervisor: ActorCell,
-    ) -> Result<Self, SpawnError>
-    where
-        A: Agent<Item = I, Event = E>,
-    {
-        Self::spawn_inner(config, agent, store, Some(supervisor), None).await
-    }
-
-    /// Spawns a session of `agent` (unsupervised) with a subscriber attached before its
-    /// actor starts: the stream sees every event of the session from the first, also
-    /// when the first turn (a resume, S17) starts and ends before this call returns.
-    /// `capacity` bounds the stream's buffer (backpressure, S20).
-    pub async fn spawn_subscribed<A>(
-        mut config: SessionSpec<I>,
-        agent: Arc<A>,
-        store: Option<Arc<dyn CheckpointStore<I>>>,
-        capacity: usize,
-        filter: EventFilter,
-    ) -> Result<(Self, EventStream<E>), SpawnError>
-    where
-        A: Agent<Item = I, Event = E>,
-    {
-        config.subscribe = Some((capacity, filter));
-        let handle = Self::spawn_inner(config, agent, store, None, None).await?;
-        let events = handle
-            .take_events_at_spawn()
-            .expect("spawn_inner registers the subscriber asked for at spawn");
-        Ok((handle, events))
-    }
-
     /// Answers the business interrupt of session `config.id` and resumes it (S4; see
     /// `crate::session::answer`): the answer and this owner's claim are written to the
     /// record in one durable write before anything starts, then the session is spawned
@@ -192,7 +144,7 @@ where
         self.subscribers.take_at_spawn()
     }
 
-    async fn spawn_inner<A>(
+    pub(super) async fn spawn_inner<A>(
         mut config: SessionSpec<I>,
         agent: Arc<A>,
         store: Option<Arc<dyn CheckpointStore<I>>>,
@@ -327,89 +279,6 @@ where
     /// The TurnLoop actor, for `cast!` / `call!` and supervision.
     pub fn actor(&self) -> &ActorRef<TurnLoopMsg<I, E>> {
         &self.actor
-    }
-
-    /// Pushes an item (S5): the one way to push to a session you hold a handle on.
-    /// Chain [`Push::options`] for preempts, strategies, idempotency keys and timers
-    /// (S7, S9, S34a), then await it: it resolves when the item was accepted
-    /// (`PreemptAck::NotRequested` without a preempt) and its preempt (if any) was
-    /// submitted or found nothing to cancel; a rejection hands the item back (S14).
-    /// [`Push::no_wait`] sends it without waiting for the answer, like another actor's
-    /// `cast!`.
-    ///
-    /// ```no_run
-    /// # async fn f(h: agentloop::SessionHandle<String, ()>) -> Result<(), agentloop::PushError<String>> {
-    /// use agentloop::{Preempt, PushOptions};
-    /// h.push("hello".to_string()).await?;
-    /// h.push("stop that".to_string())
-    ///     .options(PushOptions::new().preempt(Preempt::AtSafePoint))
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn push(&self, item: I) -> Push<'_, I, E> {
-        Push {
-            handle: self,
-            item,
-            options: PushOptions::new(),
-        }
-    }
-
-    /// Pushes an item with options (S7, S9).
-    #[deprecated(note = "one way to push (issue 54): `handle.push(item).options(options).await`")]
-    pub async fn push_with(
-        &self,
-        item: I,
-        options: PushOptions<I>,
-    ) -> Result<PreemptAck, PushError<I>> {
-        self.push_sent(item, options).await
-    }
-
-    /// Sends a push now, so pushes sent one after the other reach the session in that
-    /// order whoever awaits their answers; the future resolves to the answer.
-    pub(crate) fn push_sent(&self, item: I, options: PushOptions<I>) -> Pushed<I> {
-        // A copy for the one case where the actor drops the message unanswered (it was
-        // killed with the push still queued): the caller still gets the item back.
-        let copy = item.clone();
-        let (tx, rx) = oneshot::channel();
-        let msg = TurnLoopMsg::Push {
-            item,
-            options,
-            reply: Some(RpcReplyPort::from(tx)),
-        };
-        let shared = self.shared.clone();
-        let state = match self.actor.send_message(msg) {
-            Ok(()) => PushedState::Waiting { rx, copy, shared },
-            Err(e) => PushedState::Refused {
-                item: match e {
-                    MessagingErr::SendErr(TurnLoopMsg::Push { item, .. }) => item,
-                    _ => copy,
-                },
-                shared,
-            },
-        };
-        Pushed { state: Some(state) }
-    }
-
-    /// Pushes an item without waiting for the session's answer, like another actor's
-    /// `cast!`.
-    #[deprecated(note = "one way to push (issue 54): `handle.push(item).no_wait()`")]
-    pub fn push_nowait(&self, item: I) {
-        self.push(item).no_wait()
-    }
-
-    /// Sends a push whose answer nobody waits for. A rejection is not reported, but the
-    /// item is never lost: a late item goes to the late list (S14), and so does an item
-    /// whose send fails because the session is gone.
-    fn send_unanswered(&self, item: I, mut options: PushOptions<I>) {
-        options.unprocessed = Some(UnprocessedPush::new(item.clone(), self.shared.clone()));
-        let msg = TurnLoopMsg::Push {
-            item,
-            options,
-            reply: None,
-        };
-        // A refused send hands the message back; dropping it lets its guard put the
-        // item on the late list.
-        drop(self.actor.send_message(msg));
     }
 
     /// Stops the session (S11). Idempotent: stopping an exited session is Ok.
@@ -619,111 +488,6 @@ impl Drop for BoundClient {
     fn drop(&mut self) {
         if let Some(disconnect) = self.disconnect.take() {
             disconnect();
-        }
-    }
-}
-
-/// A push to a session by its handle, being made ([`SessionHandle::push`]): chain
-/// [`Push::options`], then await it, or send it with [`Push::no_wait`]. Nothing is sent
-/// before one of those.
-#[must_use = "a push is sent when it is awaited, or by `.no_wait()`"]
-pub struct Push<'h, I, E> {
-    handle: &'h SessionHandle<I, E>,
-    item: I,
-    options: PushOptions<I>,
-}
-
-impl<I, E> Push<'_, I, E>
-where
-    I: Clone + Send + Sync + 'static,
-    E: Clone + Send + Sync + 'static,
-{
-    /// The push's options (S7 preempt, S9 strategy, S34a idempotency key, S39 timer);
-    /// without them a push only buffers its item.
-    pub fn options(mut self, options: PushOptions<I>) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Sends the push without waiting for the session's answer, like another actor's
-    /// `cast!`. A rejection is not reported to the caller, but the item is never lost:
-    /// a late item goes to the late list (S14), and so does an item whose send fails
-    /// because the session is gone.
-    pub fn no_wait(self) {
-        self.handle.send_unanswered(self.item, self.options)
-    }
-}
-
-impl<I, E> std::future::IntoFuture for Push<'_, I, E>
-where
-    I: Clone + Send + Sync + 'static,
-    E: Clone + Send + Sync + 'static,
-{
-    type Output = Result<PreemptAck, PushError<I>>;
-    type IntoFuture = Pushed<I>;
-
-    /// Sends the push; the future resolves to the session's answer.
-    fn into_future(self) -> Pushed<I> {
-        self.handle.push_sent(self.item, self.options)
-    }
-}
-
-/// A push sent to a session, waiting for its answer (awaiting a [`Push`]). The message
-/// is already in the session's mailbox: dropping this does not take it back. If the
-/// session goes without answering, the item comes back as `Late` and is kept in its
-/// late list (S14).
-#[must_use = "the push is sent; await this for its answer"]
-pub struct Pushed<I> {
-    state: Option<PushedState<I>>,
-}
-
-// Nothing in it is pinned: the receiver is polled through `Pin::new` (it is `Unpin`),
-// and the items are only moved out once it resolves.
-impl<I> Unpin for Pushed<I> {}
-
-enum PushedState<I> {
-    /// The session's mailbox refused the message (the session is gone).
-    Refused {
-        item: I,
-        shared: Arc<SessionShared<I>>,
-    },
-    /// Sent; the answer comes on `rx`. `copy` is handed back if none comes.
-    Waiting {
-        rx: oneshot::Receiver<Result<PreemptAck, PushError<I>>>,
-        copy: I,
-        shared: Arc<SessionShared<I>>,
-    },
-}
-
-impl<I: Clone> std::future::Future for Pushed<I> {
-    type Output = Result<PreemptAck, PushError<I>>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        use std::task::Poll;
-        if let Some(PushedState::Waiting { rx, .. }) = self.state.as_mut() {
-            match std::pin::Pin::new(rx).poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(answer)) => {
-                    self.state = None;
-                    return Poll::Ready(answer);
-                }
-                // The session went without answering: the item comes back below.
-                Poll::Ready(Err(_)) => {}
-            }
-        }
-        match self.state.take() {
-            Some(PushedState::Waiting {
-                copy: item, shared, ..
-            })
-            | Some(PushedState::Refused { item, shared }) => {
-                shared.push_late(item.clone());
-                Poll::Ready(Err(PushError::Late { item }))
-            }
-            // As `async` blocks do: a future is not polled after it resolved.
-            None => panic!("a push's answer was polled after it resolved"),
         }
     }
 }

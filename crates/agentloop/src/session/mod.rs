@@ -21,6 +21,8 @@ pub(crate) mod fork;
 mod handle;
 mod info;
 pub(crate) mod keys;
+mod push;
+mod spawn;
 pub(crate) use agentloop_core::ledger;
 mod load;
 pub(crate) use load::judge_owner;
@@ -43,9 +45,11 @@ pub use config::{
     validate_session_id, BufferBound, Durability, EndHook, SessionIdError, MAX_SESSION_ID_LEN,
 };
 pub use fork::ForkError;
-pub use handle::{BoundClient, Push, Pushed, SessionHandle};
+pub use handle::{BoundClient, SessionHandle};
 pub use keys::{KeptKey, KEPT_KEYS, UNANSWERED_KEYS};
 pub use messages::{PreemptAck, PushError, PushReply, SessionInfo, TurnLoopMsg};
+pub use push::{Push, Pushed};
 pub use settings::{RestartPolicy, SessionSettings};
+pub use spawn::{SessionSpawn, SessionSpawnSubscribed};
 pub(crate) use spec::RunContext;
 pub use spec::SessionSpec;

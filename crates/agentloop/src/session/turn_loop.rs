@@ -29,7 +29,7 @@ use crate::store::{CheckpointStore, LoadedRecord};
 use crate::turn::agent::Agent;
 
 /// The TurnLoop actor (one per session). Spawn it through
-/// [`crate::session::SessionHandle::spawn`] or [`crate::session::SessionHandle::spawn_linked`].
+/// [`crate::session::SessionHandle::spawn`] (`.linked(parent)` under your actor).
 pub(crate) struct TurnLoop<A: Agent>(PhantomData<fn() -> A>);
 
 impl<A: Agent> Default for TurnLoop<A> {

@@ -104,8 +104,8 @@ where
         self.ask(build).await.unwrap_or_else(|| Err(gone()))
     }
 
-    /// Spawns a session.
-    pub async fn spawn(
+    /// Starts a session (the body of [`SupervisorHandle::spawn`]).
+    pub(super) async fn spawn_now(
         &self,
         spec: SessionSpec<I>,
     ) -> Result<SessionHandle<I, E>, SupervisorError> {
@@ -144,11 +144,9 @@ where
         answers
     }
 
-    /// Spawns a session with a subscriber attached before its actor starts: the
-    /// stream sees every event of this incarnation from the first, also when the first
-    /// turn (a resume, S17) starts before this call returns. A restarted incarnation
-    /// is a new session to subscribe to; this stream ends with the first one's `Ended`.
-    pub async fn spawn_subscribed(
+    /// Starts a session with a subscriber attached before its actor starts (the body
+    /// of [`Spawn::subscribed`](super::Spawn::subscribed)).
+    pub(super) async fn spawn_subscribed_now(
         &self,
         spec: SessionSpec<I>,
         capacity: usize,
@@ -216,7 +214,7 @@ where
             None => spec.durability(durability),
         };
         spec.preloaded = Some(Box::new(record));
-        self.spawn_subscribed(spec, capacity, EventFilter::all())
+        self.spawn_subscribed_now(spec, capacity, EventFilter::all())
             .await
             .map_err(|e| crate::session::AnswerError::Spawn {
                 id: id.to_string(),
@@ -277,7 +275,7 @@ where
             .persistent(true)
             .settings(settings);
         spec.preloaded = Some(Box::new(record));
-        match self.spawn(spec).await {
+        match self.spawn_now(spec).await {
             Ok(handle) => Ok(handle),
             // Another spawn took the last place meanwhile: the fork's record goes, so
             // a refused fork leaves nothing behind.

@@ -107,7 +107,9 @@ where
             });
         Box::pin(async move {
             let agent = Arc::new(agent?);
-            Ok(SessionHandle::spawn_linked(spec, agent, store, supervisor).await?)
+            Ok(SessionHandle::spawn(spec, agent, store)
+                .linked(supervisor)
+                .await?)
         })
     }
 

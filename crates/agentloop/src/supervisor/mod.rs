@@ -37,6 +37,7 @@ mod messages;
 mod registry;
 mod routing;
 mod sleepers;
+mod spawn;
 pub mod versions;
 
 pub use crate::session::RestartPolicy;
@@ -55,3 +56,4 @@ pub use messages::{
     AttachMode, Attachment, BatchSpawn, RestartUse, SessionEnd, SessionSummary, SessionsByState,
     SubscribedSpawn, SupervisorMsg, MAX_SPAWN_BATCH,
 };
+pub use spawn::{Spawn, SpawnSubscribed};
