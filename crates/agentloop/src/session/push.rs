@@ -31,7 +31,7 @@ where
     /// use agentloop::{Preempt, PushOptions};
     /// h.push("hello".to_string()).await?;
     /// h.push("stop that".to_string())
-    ///     .options(PushOptions::new().preempt(Preempt::AtSafePoint))
+    ///     .options(PushOptions::preempt(Preempt::any_safe_point()))
     ///     .await?;
     /// # Ok(()) }
     /// ```
