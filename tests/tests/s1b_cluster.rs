@@ -158,7 +158,7 @@ fn each_once(service: &Service, session: &str) -> HashMap<String, Vec<&'static s
 /// record, and the new owner replays the finished steps and runs the rest, each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steps_survive_a_planned_move_each_run_once() {
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let shared = Shared::new();
     let a = node("a", store.clone(), &shared, Some(1)).await;

@@ -437,7 +437,7 @@ fn gated_busy_node_agent(
 /// order it was pushed, and the record ends the new owner's at a later epoch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     let start = |name: &'static str| {
@@ -551,7 +551,7 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
 /// node, and each item is delivered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     use agentloop::config::ShutdownConfig;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
@@ -714,7 +714,7 @@ async fn runs_on_a_again(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_whose_hand_over_fails_resumes_the_session_in_place() {
     use agentloop::cluster::migrate::MigrateError;
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     let inner = Arc::new(MemoryStore::<SimItem>::new());
     let view = Arc::new(PausableBeats {
         inner: inner.clone(),
@@ -758,7 +758,7 @@ async fn a_move_whose_hand_over_fails_resumes_the_session_in_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_again() {
     use agentloop::cluster::migrate::MigrateError;
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     let gate = Gate::new();
@@ -803,7 +803,7 @@ async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_agai
 /// number replays from the owner's buffer; a session that runs nowhere is unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     use agentloop::{events::Sequenced, EventFilter, EventStream, SessionEvent};
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
@@ -875,7 +875,7 @@ async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
 /// nothing moves again (no back and forth between the two nodes' rounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_a_node_joins_the_sessions_placement_gives_it_move_to_it() {
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     use agentloop::cluster::rebalance::Rebalance;
     use std::collections::BTreeSet;
     let store = Arc::new(MemoryStore::<SimItem>::new());

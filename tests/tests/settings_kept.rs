@@ -72,7 +72,7 @@ fn stored_settings(store: &MemoryStore<SimItem>, id: &str) -> Option<SessionSett
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_durability_and_history_three_survive_two_restarts_and_a_move() {
-    use agentloop::cluster::peers::connect_in_process;
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let delivered: Delivered = Arc::default();
     let exit = SessionSettings {

@@ -4,7 +4,7 @@
 //! same session on one node (the baseline), both on the same PostgreSQL store. Target:
 //! median move / median baseline ≤ 2 over 30 of each.
 //!
-//! Both nodes run in this process, connected in process (`cluster::peers`: the move's
+//! Both nodes run in this process, connected in process (`agentloop_cluster::peers`: the move's
 //! hand-over request is a direct call instead of a loopback RPC, a few hundred
 //! microseconds less than across processes); each has its own PostgreSQL connections.
 //! PostgreSQL is a throwaway server on loopback at its defaults (fsync on).
@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop::cluster::peers::connect_in_process;
+use agentloop_cluster::peers::connect_in_process;
 use agentloop::{Runtime, SessionSpec, StopOptions};
 use agentloop_postgres::local_server::LocalServer;
 use agentloop_postgres::{PostgresOptions, PostgresStore};

@@ -66,8 +66,10 @@ impl<E> EventStream<E> {
     /// A stream fed by a relay of another node's stream (issue 18): its events in
     /// order, `Ended` last, then `None`. When the relay closes the channel without
     /// `Ended` (the owner was lost), the stream ends there: resubscribe after the last
-    /// number seen.
-    pub(crate) fn relayed(rx: mpsc::Receiver<Sequenced<E>>) -> Self {
+    /// number seen. The routers that carry events across nodes (the `agentloop-cluster`
+    /// crate's relays) build it; a program has no use for it.
+    #[doc(hidden)]
+    pub fn relayed(rx: mpsc::Receiver<Sequenced<E>>) -> Self {
         EventStream {
             rx,
             slot: None,

@@ -53,7 +53,7 @@ pub enum Request {
         op: Control,
     },
     /// Open a relay of the event stream of a session the receiving node runs
-    /// (`cluster/relay.rs`), after event `after` when given.
+    /// (the `agentloop-cluster` crate's `relay`), after event `after` when given.
     Subscribe {
         /// The session.
         session: String,

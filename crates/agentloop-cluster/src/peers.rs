@@ -12,12 +12,12 @@ use parking_lot::RwLock;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::relay::Relays;
-use crate::push::{PreemptAck, PushError};
-use crate::runtime_handle::forward::Forward;
-use crate::runtime_handle::forward::Forwarded;
-use crate::runtime_handle::RuntimeHandle;
-use crate::store::Stored;
+use crate::relay::Relays;
+use agentloop::push::{PreemptAck, PushError};
+use agentloop::cluster::forward::{Control, ControlOutcome, Forward, Forwarded, PushAnswer, Request};
+use agentloop::events::{EventFilter, EventStream};
+use agentloop::runtime_handle::RuntimeHandle;
+use agentloop::store::Stored;
 
 /// Each runtime and the event relays it serves to the others.
 type Peers<I, E> = Arc<RwLock<BTreeMap<String, (RuntimeHandle<I, E>, Arc<Relays<E>>)>>>;
@@ -25,7 +25,7 @@ type Peers<I, E> = Arc<RwLock<BTreeMap<String, (RuntimeHandle<I, E>, Arc<Relays<
 /// Connects runtimes of one process as cluster peers: each gets a forwarder to the
 /// others. Every runtime must be a node (`RuntimeBuilder::node`) named as given.
 /// Event streams cross as they do between processes: relayed as JSON
-/// (`cluster/relay.rs`).
+/// ([`crate::relay`]).
 pub fn connect_in_process<I, E>(nodes: &[(&str, &RuntimeHandle<I, E>)])
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
@@ -89,7 +89,7 @@ where
             let Some((_, any)) = all.first() else {
                 return Err(PushError::UnknownSession { id: session, item });
             };
-            let owner = match any.store.as_ref() {
+            let owner = match any.store() {
                 Some(s) => match s.load_stored(&session).await {
                     Ok(Some(Stored::Current(r))) => r.header.owner.clone(),
                     _ => None,
@@ -109,7 +109,7 @@ where
             let mut item = item;
             for (_, h) in targets {
                 let options = options.to_options();
-                match h.supervisor.push(&session, item).options(options).await {
+                match h.supervisor().push(&session, item).options(options).await {
                     Err(PushError::UnknownSession { item: back, .. }) => item = back,
                     other => return other,
                 }
@@ -125,9 +125,8 @@ where
     fn control(
         &self,
         session: String,
-        op: crate::runtime_handle::forward::Control,
-    ) -> BoxFuture<'static, crate::runtime_handle::forward::ControlOutcome> {
-        use crate::runtime_handle::forward::ControlOutcome;
+        op: Control,
+    ) -> BoxFuture<'static, ControlOutcome> {
         let peers = self.others();
         Box::pin(async move {
             for (_, h, _) in peers {
@@ -144,13 +143,9 @@ where
         &self,
         session: String,
         after: Option<u64>,
-        filter: crate::events::EventFilter,
-    ) -> BoxFuture<
-        'static,
-        Result<crate::events::EventStream<E>, crate::runtime_handle::forward::ControlOutcome>,
-    > {
-        use crate::cluster::relay::{pump, Ask};
-        use crate::runtime_handle::forward::{ControlOutcome, PushAnswer, Request};
+        filter: EventFilter,
+    ) -> BoxFuture<'static, Result<EventStream<E>, ControlOutcome>> {
+        use crate::relay::{pump, Ask};
         let peers = self.others();
         Box::pin(async move {
             for (node, h, relays) in peers {

@@ -9,7 +9,8 @@
 //! A relayed stream carries the owner's sequence numbers, ends with the owner's
 //! `Ended`, and ends without it when the owner is lost (the subscriber resubscribes
 //! after the last number it saw, S20). This file owns relays only: subscribing is the
-//! supervisor's, the transport the forwarder's.
+//! supervisor's, the transport the forwarder's (the node's, `node.rs`, or the
+//! in-process peers', `peers.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,10 +26,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::events::{EventFilter, EventStream, Sequenced, SessionEvent, DEFAULT_EVENT_CAPACITY};
-use crate::runtime_handle::forward::{PushAnswer, Request, RELAY_POLL};
-use crate::runtime_handle::RuntimeHandle;
-use crate::supervisor::SupervisorError;
+use agentloop::events::{
+    EventFilter, EventStream, Sequenced, SessionEvent, DEFAULT_EVENT_CAPACITY,
+};
+use agentloop::cluster::forward::{PushAnswer, Request, RELAY_POLL};
+use agentloop::runtime_handle::RuntimeHandle;
+use agentloop::SupervisorError;
 
 /// A relay nobody polled for this long is closed (its subscriber's node went away
 /// without closing it).
@@ -76,11 +79,11 @@ where
         let subscribed = match after {
             Some(after) => {
                 handle
-                    .supervisor
+                    .supervisor()
                     .subscribe_after(session, after, filter)
                     .await
             }
-            None => handle.supervisor.subscribe(session, filter).await,
+            None => handle.supervisor().subscribe(session, filter).await,
         };
         match subscribed {
             Ok(events) => {
@@ -269,7 +272,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitSummary};
+    use agentloop::exit::{CheckpointOutcome, ExitCounters, ExitReason, ExitSummary};
 
     fn started(seq: u64) -> Sequenced<u32> {
         Sequenced {
