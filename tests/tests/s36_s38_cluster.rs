@@ -551,8 +551,8 @@ async fn a_planned_move_of_a_busy_session_loses_and_repeats_nothing() {
 /// node, and each item is delivered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_migrate_shutdown_hands_every_session_to_the_other_node() {
-    use agentloop_cluster::peers::connect_in_process;
     use agentloop::config::ShutdownConfig;
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     // a's steps wait for this gate: its shutdown cannot hand a session over (each
@@ -803,8 +803,8 @@ async fn a_move_the_new_node_cannot_resume_runs_the_session_on_the_old_node_agai
 /// number replays from the owner's buffer; a session that runs nowhere is unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
-    use agentloop_cluster::peers::connect_in_process;
     use agentloop::{events::Sequenced, EventFilter, EventStream, SessionEvent};
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();
     let a = node("a", store.clone(), turns.clone(), None).await;
@@ -875,8 +875,8 @@ async fn a_sessions_events_stream_from_another_node_as_they_do_at_its_owner() {
 /// nothing moves again (no back and forth between the two nodes' rounds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_a_node_joins_the_sessions_placement_gives_it_move_to_it() {
-    use agentloop_cluster::peers::connect_in_process;
     use agentloop::cluster::rebalance::Rebalance;
+    use agentloop_cluster::peers::connect_in_process;
     use std::collections::BTreeSet;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     let turns: Turns = Arc::default();

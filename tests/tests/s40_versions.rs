@@ -534,8 +534,8 @@ async fn s40_a_restart_after_a_failure_runs_the_same_version() {
 /// it stays `Interrupted` under `b`, kept at its version, for a node that runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s40_a_migrate_shutdown_hands_over_only_what_the_other_node_runs() {
-    use agentloop_cluster::peers::connect_in_process;
     use agentloop::config::ShutdownConfig;
+    use agentloop_cluster::peers::connect_in_process;
     let store = Arc::new(MemoryStore::<SimItem>::new());
     // A session version 1 left on `b`.
     let mut old = agentloop::store::SessionRecord::<SimItem>::new("old", "counter", 0);

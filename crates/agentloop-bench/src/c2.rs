@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentloop_cluster::peers::connect_in_process;
 use agentloop::{Runtime, SessionSpec, StopOptions};
+use agentloop_cluster::peers::connect_in_process;
 use agentloop_postgres::local_server::LocalServer;
 use agentloop_postgres::{PostgresOptions, PostgresStore};
 use agentloop_sim::{Notice, Script, SimAgent, SimEvent, SimItem, SimStep};

@@ -21,6 +21,4 @@ pub mod relay;
 #[cfg(feature = "nodes")]
 mod node;
 #[cfg(feature = "nodes")]
-pub use node::{
-    is_private, ClusterNode, NodeConfig, NodeError, NodeMsg, NodeTls, FORWARD_TIMEOUT,
-};
+pub use node::{is_private, ClusterNode, NodeConfig, NodeError, NodeMsg, NodeTls, FORWARD_TIMEOUT};

@@ -21,11 +21,11 @@ use ractor_cluster::{NodeServer, NodeServerMessage, RactorClusterMessage};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::relay::{pump, Ask, Relays};
 use agentloop::cluster::forward::Forwarded;
 use agentloop::cluster::forward::{
     Control, ControlOutcome, Forward, PushAnswer, Request, WirePreempt,
 };
-use crate::relay::{pump, Ask, Relays};
 use agentloop::events::{EventFilter, EventStream};
 use agentloop::options::PushOptions;
 use agentloop::push::{PreemptAck, PushError};

@@ -13,9 +13,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::relay::Relays;
-use agentloop::push::{PreemptAck, PushError};
-use agentloop::cluster::forward::{Control, ControlOutcome, Forward, Forwarded, PushAnswer, Request};
+use agentloop::cluster::forward::{
+    Control, ControlOutcome, Forward, Forwarded, PushAnswer, Request,
+};
 use agentloop::events::{EventFilter, EventStream};
+use agentloop::push::{PreemptAck, PushError};
 use agentloop::runtime_handle::RuntimeHandle;
 use agentloop::store::Stored;
 
@@ -122,11 +124,7 @@ where
         node != self.me && self.peers.read().contains_key(node)
     }
 
-    fn control(
-        &self,
-        session: String,
-        op: Control,
-    ) -> BoxFuture<'static, ControlOutcome> {
+    fn control(&self, session: String, op: Control) -> BoxFuture<'static, ControlOutcome> {
         let peers = self.others();
         Box::pin(async move {
             for (_, h, _) in peers {

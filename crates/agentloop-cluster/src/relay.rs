@@ -26,10 +26,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use agentloop::cluster::forward::{PushAnswer, Request, RELAY_POLL};
 use agentloop::events::{
     EventFilter, EventStream, Sequenced, SessionEvent, DEFAULT_EVENT_CAPACITY,
 };
-use agentloop::cluster::forward::{PushAnswer, Request, RELAY_POLL};
 use agentloop::runtime_handle::RuntimeHandle;
 use agentloop::SupervisorError;
 
