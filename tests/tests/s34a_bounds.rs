@@ -269,6 +269,11 @@ async fn idempotency_keys_live_with_the_record() {
         Err(PushError::KeyReused { item }) => assert_eq!(item.id, 2),
         other => panic!("expected KeyReused, got {other:?}"),
     }
+    // The same two answers to pushes sent without a reply (`no_wait`): nobody hears
+    // the refusal, so its item is kept in the late list (S14, nothing lost); the retry
+    // of a kept key delivers nothing and is no late item either.
+    h.push(item(4)).options(keyed("k1", 14)).no_wait();
+    h.push(item(1)).options(keyed("k1", 11)).no_wait();
     assert_eq!(
         h.push(item(3)).options(keyed("k2", 13)).await.unwrap(),
         PreemptAck::NotRequested
@@ -276,6 +281,8 @@ async fn idempotency_keys_live_with_the_record() {
     h.stop(StopOptions::immediate()).await.unwrap();
     let second = within("exit", h.wait()).await;
     assert_eq!(second.counters.items_accepted, 1, "only the new key's item");
+    let late: Vec<u64> = second.late_items.iter().map(|i| i.id).collect();
+    assert_eq!(late, vec![4], "the refused item without a reply is kept, once");
 }
 
 /// What [`LosesAnswers`] does with a write.

@@ -12,6 +12,7 @@ use ractor::ActorCell;
 
 use crate::error::SpawnError;
 use crate::events::{EventFilter, EventStream};
+use crate::options::StopOptions;
 use crate::session::{SessionHandle, SessionSpec};
 use crate::store::CheckpointStore;
 use crate::turn::agent::Agent;
@@ -152,10 +153,16 @@ impl<A: Agent> IntoFuture for SessionSpawnSubscribed<A> {
             let handle = SessionHandle::spawn_inner(spec, agent, store, parent, None).await?;
             match handle.take_events_at_spawn() {
                 Some(events) => Ok((handle, events)),
-                None => Err(SpawnError::Actor {
-                    id,
-                    reason: "the subscriber asked for at spawn was not registered".into(),
-                }),
+                // Not reached (the spawn registers the subscriber the spec asked
+                // for); a session nobody would hold is not left running.
+                None => {
+                    let why = "the subscriber asked for at spawn was not registered";
+                    let _ = handle.stop(StopOptions::immediate().cause(why)).await;
+                    Err(SpawnError::Actor {
+                        id,
+                        reason: why.into(),
+                    })
+                }
             }
         })
     }

@@ -94,8 +94,17 @@ impl<A: Agent> Core<A> {
                     }
                     _ => Err(PushError::KeyReused { item }),
                 };
-                if let Some(reply) = reply {
-                    fx.push(Effect::AnswerPush { reply, result });
+                match (reply, result) {
+                    (Some(reply), result) => fx.push(Effect::AnswerPush { reply, result }),
+                    // A push sent without a reply (`no_wait`) whose key was used for
+                    // something else: nobody hears the refusal, so its item is kept
+                    // in the late list, as every refused item without a reply is (S14).
+                    (None, Err(PushError::KeyReused { item })) => {
+                        tracing::warn!(session = %self.config.id,
+                            "push without a reply refused: its idempotency key was used for another push; its item is kept in the late list");
+                        self.shared.push_late(item);
+                    }
+                    (None, _) => {}
                 }
                 return;
             }
