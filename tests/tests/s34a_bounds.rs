@@ -282,7 +282,11 @@ async fn idempotency_keys_live_with_the_record() {
     let second = within("exit", h.wait()).await;
     assert_eq!(second.counters.items_accepted, 1, "only the new key's item");
     let late: Vec<u64> = second.late_items.iter().map(|i| i.id).collect();
-    assert_eq!(late, vec![4], "the refused item without a reply is kept, once");
+    assert_eq!(
+        late,
+        vec![4],
+        "the refused item without a reply is kept, once"
+    );
 }
 
 /// What [`LosesAnswers`] does with a write.
