@@ -28,16 +28,15 @@ impl Drop for ReleaseAll<'_> {
     }
 }
 
-/// The `migrate` shutdown strategy's view of a cluster node's runtime.
-pub(crate) struct NodeHandOver<I, E>(pub(crate) RuntimeHandle<I, E>);
-
-impl<I, E> crate::shutdown::HandOver for NodeHandOver<I, E>
+/// The `migrate` shutdown strategy's view of a cluster node's runtime (installed with
+/// its router, `RuntimeHandle::set_forwarder`).
+impl<I, E> crate::shutdown::HandOver for RuntimeHandle<I, E>
 where
     I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
     E: Clone + Send + Sync + 'static,
 {
     fn hold(&self) -> futures::future::BoxFuture<'static, ()> {
-        let h = self.0.clone();
+        let h = self.clone();
         Box::pin(async move {
             // The sessions running now; one spawned later is refused (the runtime
             // drains).
@@ -48,7 +47,7 @@ where
     }
 
     fn hand_over(&self) -> futures::future::BoxFuture<'static, usize> {
-        let h = self.0.clone();
+        let h = self.clone();
         Box::pin(async move { h.hand_over_all().await })
     }
 }

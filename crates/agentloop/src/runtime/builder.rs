@@ -324,7 +324,8 @@ where
     /// Starts the store, the lease, the supervisor and the shutdown coordinator, then
     /// resumes what a previous run left resumable.
     pub async fn start(mut self) -> Result<(Runtime<I, E>, StartReport), RuntimeError> {
-        // A cluster node can hand its sessions over at shutdown (issue 18, S38).
+        // A cluster node can hand its sessions over at shutdown (issue 18, S38), once a
+        // router is installed (`RuntimeHandle::set_forwarder` sets the hand-over).
         let hand_over: Arc<std::sync::OnceLock<Arc<dyn crate::shutdown::HandOver>>> =
             Arc::default();
         if self.node.is_some() {
@@ -424,6 +425,7 @@ where
         let runtime = Runtime {
             handle: RuntimeHandle {
                 forwarder: Arc::default(),
+                hand_over: Arc::downgrade(&hand_over),
                 moving: Default::default(),
                 lease_timeout: self.lease_timeout,
                 heartbeat: self.heartbeat,
@@ -451,9 +453,6 @@ where
             timers: parking_lot::Mutex::new(None),
         };
         let _ = runtime.handle.timer_service.set(timer_channel.0.clone());
-        let _ = hand_over.set(Arc::new(crate::cluster::migrate::NodeHandOver(
-            runtime.handle.clone(),
-        )));
         // The shutdown's phase durations, once it happened.
         let phases = runtime.handle.shutdown.clone();
         tokio::spawn(async move {

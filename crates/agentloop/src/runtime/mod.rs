@@ -15,8 +15,6 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cluster::adopt::{should_adopt, Membership, Sweeper};
-use crate::cluster::rebalance::{Rebalance, Rebalancer};
 use crate::config::{ConfigError, RuntimeConfig, ShutdownConfig};
 use crate::error::SpawnError;
 use crate::liveness::{holder, resumable, Resumable};
@@ -35,6 +33,8 @@ use crate::supervisor::{
     AgentKind, RestartBudget, SessionEnd, SessionSpec, SupervisorArgs, SupervisorHandle,
 };
 use crate::turn::agent::Agent;
+use agentloop_core::adopt::{should_adopt, Membership, Sweeper};
+use agentloop_core::rebalance::{Rebalance, Rebalancer};
 use tokio::sync::mpsc;
 
 use crate::store::Stored;

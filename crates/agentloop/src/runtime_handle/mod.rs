@@ -40,6 +40,11 @@ pub struct RuntimeHandle<I, E> {
     /// it; issue 18).
     pub(crate) forwarder:
         Arc<std::sync::OnceLock<Arc<dyn crate::runtime_handle::forward::Forward<I, E>>>>,
+    /// Where the `migrate` shutdown strategy finds how to hand this node's sessions
+    /// over (issue 18, S38): set with the forwarder, so a runtime hands over only
+    /// when it can reach other nodes. Weak: the strategy owns it (the hand-over holds
+    /// this handle, which must not hold itself).
+    pub(crate) hand_over: std::sync::Weak<std::sync::OnceLock<Arc<dyn crate::shutdown::HandOver>>>,
     /// Sessions this node moved or is moving to another (issue 18, S38): pushes for
     /// them queue on the session's gate, in arrival order, and go to the new owner.
     pub(crate) moving: crate::runtime_handle::moving::Moving,
@@ -76,6 +81,7 @@ impl<I, E> Clone for RuntimeHandle<I, E> {
             redaction: self.redaction.clone(),
             metrics: self.metrics.clone(),
             forwarder: self.forwarder.clone(),
+            hand_over: self.hand_over.clone(),
             timer_bounds: self.timer_bounds,
             moving: self.moving.clone(),
             lease_timeout: self.lease_timeout,
@@ -105,10 +111,20 @@ where
         &self.supervisor
     }
 
-    /// Installs how this runtime reaches sessions other nodes run (a cluster node does,
-    /// once); `false` when one was already installed.
+    /// Installs how this runtime reaches sessions other nodes run (a router does, once:
+    /// a cluster node, or the in-process peers); `false` when one was already
+    /// installed. With it comes the `migrate` shutdown's hand-over (S38): from now on
+    /// this node can hand its sessions to the others.
     pub fn set_forwarder(&self, f: Arc<dyn crate::runtime_handle::forward::Forward<I, E>>) -> bool {
-        self.forwarder.set(f).is_ok()
+        if self.forwarder.set(f).is_err() {
+            return false;
+        }
+        // Only a node has the `migrate` strategy, which owns the cell.
+        if let Some(cell) = self.hand_over.upgrade() {
+            let hand_over: Arc<dyn crate::shutdown::HandOver> = Arc::new(self.clone());
+            let _ = cell.set(hand_over);
+        }
+        true
     }
 
     /// The checkpoint store, if any.
