@@ -12,11 +12,7 @@
 
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-use serde::Serialize;
-
 use crate::runtime_handle::moving::Moving;
-use crate::runtime_handle::RuntimeHandle;
 use crate::store::{now_ms, RecordWrite, SessionStatus, StoreError, Stored};
 
 /// Opens every gate a `migrate` shutdown held, whichever way its hand-over returns.
@@ -25,30 +21,6 @@ pub(crate) struct ReleaseAll<'a>(pub(crate) &'a Moving);
 impl Drop for ReleaseAll<'_> {
     fn drop(&mut self) {
         self.0.release_all();
-    }
-}
-
-/// The `migrate` shutdown strategy's view of a cluster node's runtime (installed with
-/// its router, `RuntimeHandle::set_forwarder`).
-impl<I, E> crate::shutdown::HandOver for RuntimeHandle<I, E>
-where
-    I: Clone + Send + Sync + Serialize + DeserializeOwned + std::fmt::Debug + 'static,
-    E: Clone + Send + Sync + 'static,
-{
-    fn hold(&self) -> futures::future::BoxFuture<'static, ()> {
-        let h = self.clone();
-        Box::pin(async move {
-            // The sessions running now; one spawned later is refused (the runtime
-            // drains).
-            for s in h.supervisor.list().await {
-                h.moving.hold(&s.id);
-            }
-        })
-    }
-
-    fn hand_over(&self) -> futures::future::BoxFuture<'static, usize> {
-        let h = self.clone();
-        Box::pin(async move { h.hand_over_all().await })
     }
 }
 

@@ -13,6 +13,7 @@
 mod by_id;
 pub mod control;
 pub mod forward;
+mod hand_over;
 pub(crate) mod moving;
 pub(crate) mod timer_service;
 mod timers;
@@ -109,22 +110,6 @@ where
     /// The session supervisor.
     pub fn supervisor(&self) -> &SupervisorHandle<I, E> {
         &self.supervisor
-    }
-
-    /// Installs how this runtime reaches sessions other nodes run (a router does, once:
-    /// a cluster node, or the in-process peers); `false` when one was already
-    /// installed. With it comes the `migrate` shutdown's hand-over (S38): from now on
-    /// this node can hand its sessions to the others.
-    pub fn set_forwarder(&self, f: Arc<dyn crate::runtime_handle::forward::Forward<I, E>>) -> bool {
-        if self.forwarder.set(f).is_err() {
-            return false;
-        }
-        // Only a node has the `migrate` strategy, which owns the cell.
-        if let Some(cell) = self.hand_over.upgrade() {
-            let hand_over: Arc<dyn crate::shutdown::HandOver> = Arc::new(self.clone());
-            let _ = cell.set(hand_over);
-        }
-        true
     }
 
     /// The checkpoint store, if any.

@@ -121,8 +121,8 @@ impl ShutdownStrategy for Drain {
     }
 }
 
-/// What the `migrate` strategy asks of a cluster node's runtime (which builds it;
-/// type-erased like the phases).
+/// What the `migrate` strategy asks of a cluster node's runtime (installed with the
+/// node's router, `RuntimeHandle::set_forwarder`; type-erased like the phases).
 pub trait HandOver: Send + Sync {
     /// Before the drain gate: pushes for the sessions running now wait in line from
     /// here on, in arrival order, instead of being refused as late (S38).
@@ -135,7 +135,8 @@ pub trait HandOver: Send + Sync {
 /// A cluster node's shutdown (issue 18, S38): every session stops at its next safe
 /// point (as `cooperative`), then each one left `Interrupted` is handed to the live
 /// node placement names and resumed there, instead of waiting for this node to come
-/// back. What cannot move stays `Interrupted` here and is adopted after the lease.
+/// back. What cannot move stays `Interrupted` here and is adopted after the lease. A node
+/// with no router (it reaches no other node) hands nothing over.
 #[derive(Clone)]
 pub struct Migrate {
     pub(crate) hand_over: Arc<std::sync::OnceLock<Arc<dyn HandOver>>>,
@@ -154,10 +155,10 @@ impl ShutdownStrategy for Migrate {
 
     fn run<'a>(&'a self, cx: &'a mut ShutdownCx) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let hand_over = self.hand_over.get().cloned();
             cx.grace(StopOptions::graceful()).await;
             cx.force().await;
-            if let Some(hand_over) = hand_over {
+            // Read after the force: a router installed meanwhile still hands over.
+            if let Some(hand_over) = self.hand_over.get().cloned() {
                 let moved = hand_over.hand_over().await;
                 tracing::info!(moved, "handed the sessions over to the other nodes");
             }
