@@ -25,9 +25,9 @@ where
     /// runtime runs it, else, on a cluster node, at its owner. Chain
     /// [`PushById::options`](crate::push::PushById::options), then await it. A push with
     /// an S9 strategy does not cross nodes
-    /// ([`PushError::NotForwardable`](crate::push::PushError::NotForwardable)). A
+    /// ([`PushError::NotForwardable`]). A
     /// session that is stored but not live yet (being recovered, resumed or moved)
-    /// answers [`PushError::NotLive`](crate::push::PushError::NotLive) with when to push
+    /// answers [`PushError::NotLive`] with when to push
     /// again; one stored but not running, `NotRunning` with what to do (issue 28).
     pub fn push<'a>(&'a self, id: &'a str, item: I) -> crate::push::PushById<'a, Self, I> {
         crate::push::PushById::new(self, id, item)
