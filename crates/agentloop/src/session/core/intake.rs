@@ -94,17 +94,17 @@ impl<A: Agent> Core<A> {
                     }
                     _ => Err(PushError::KeyReused { item }),
                 };
-                match (reply, result) {
-                    (Some(reply), result) => fx.push(Effect::AnswerPush { reply, result }),
-                    // A push sent without a reply (`no_wait`) whose key was used for
-                    // something else: nobody hears the refusal, so its item is kept
-                    // in the late list, as every refused item without a reply is (S14).
-                    (None, Err(PushError::KeyReused { item })) => {
-                        tracing::warn!(session = %self.config.id,
-                            "push without a reply refused: its idempotency key was used for another push; its item is kept in the late list");
-                        self.shared.push_late(item);
+                match result {
+                    Err(error) => self.refuse(reply, error, fx),
+                    // A retry: delivered before, nothing is delivered again.
+                    Ok(ack) => {
+                        if let Some(reply) = reply {
+                            fx.push(Effect::AnswerPush {
+                                reply,
+                                result: Ok(ack),
+                            });
+                        }
                     }
-                    (None, _) => {}
                 }
                 return;
             }
@@ -123,14 +123,7 @@ impl<A: Agent> Core<A> {
                 max_bytes: bound.bytes,
             };
             tracing::debug!(session = %self.config.id, %full, "push refused: the session is full");
-            match reply {
-                Some(reply) => fx.push(Effect::AnswerPush {
-                    reply,
-                    result: Err(PushError::Full { item, full }),
-                }),
-                // Nobody to hand it to: kept in the late list, never dropped.
-                None => self.shared.push_late(item),
-            }
+            self.refuse(reply, PushError::Full { item, full }, fx);
             return;
         }
         // S39: a timer's fire is written at once, its removal (or move) with its item.
@@ -222,17 +215,7 @@ impl<A: Agent> Core<A> {
         reply: Option<PushReply<A::Item>>,
         fx: &mut Effects<A>,
     ) {
-        match reply {
-            Some(reply) => fx.push(Effect::AnswerPush {
-                reply,
-                result: Err(PushError::InvalidOptions { item, error }),
-            }),
-            None => {
-                tracing::warn!(session = %self.config.id, %error,
-                    "push without a reply refused for its options; its item is kept in the late list");
-                self.shared.push_late(item);
-            }
-        }
+        self.refuse(reply, PushError::InvalidOptions { item, error }, fx);
     }
 
     /// A push whose item cannot be stored (S15a): handed back with the type, the field
@@ -246,12 +229,31 @@ impl<A: Agent> Core<A> {
         fx: &mut Effects<A>,
     ) {
         tracing::warn!(session = %self.config.id, %error, "push refused: the item cannot be stored");
+        self.refuse(reply, PushError::NotStorable { item, error }, fx);
+    }
+
+    /// Refuses a push that was not accepted (S12, S15a, S34a): the error, with the item,
+    /// goes to whoever waits for the answer. A push sent without a reply (`no_wait`, a
+    /// `cast!`) has nobody to hand the item back to, so it is kept in the late list,
+    /// with a WARN: a refused item never vanishes (S10, S14). Not counted as late.
+    fn refuse(
+        &self,
+        reply: Option<PushReply<A::Item>>,
+        error: PushError<A::Item>,
+        fx: &mut Effects<A>,
+    ) {
         match reply {
             Some(reply) => fx.push(Effect::AnswerPush {
                 reply,
-                result: Err(PushError::NotStorable { item, error }),
+                result: Err(error),
             }),
-            None => self.shared.push_late(item),
+            None => {
+                tracing::warn!(session = %self.config.id, %error,
+                    "a push sent without a reply was refused; its item is kept in the late list");
+                if let Some(item) = error.into_item() {
+                    self.shared.push_late(item);
+                }
+            }
         }
     }
 
